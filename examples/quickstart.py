@@ -1,0 +1,77 @@
+"""Quickstart: replace `psum(x @ w)` in a shard_map program with jax_flashoverlap.
+
+Runs anywhere: on a GPU machine the real overlapped kernels run over all local GPUs; on a CPU
+machine it simulates 8 devices and runs the reference path. Prints the path taken, the
+relative error against XLA's own `psum(x @ w)` and the time of both.
+
+    python examples/quickstart.py [--m 4096 --n 8192 --k 8192 --iters 20]
+"""
+
+import argparse
+import os
+import time
+
+if not os.path.exists("/dev/nvidia0") and "xla_force_host_platform_device_count" not in \
+    os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             " --xla_force_host_platform_device_count=8").strip()
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import jax_flashoverlap as fo
+
+
+def timed(fn, *args, iters):
+  out = fn(*args)
+  out.block_until_ready()
+  start = time.perf_counter()
+  for _ in range(iters):
+    out = fn(*args)
+  out.block_until_ready()
+  return out, (time.perf_counter() - start) / iters * 1e3
+
+
+def main():
+  gpu = jax.default_backend() == "gpu"
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--m", type=int, default=4096 if gpu else 256)
+  parser.add_argument("--n", type=int, default=8192 if gpu else 512)
+  parser.add_argument("--k", type=int, default=8192 if gpu else 1024, help="global K")
+  parser.add_argument("--iters", type=int, default=20 if gpu else 3)
+  args = parser.parse_args()
+
+  devices = jax.devices()
+  mesh = Mesh(np.array(devices), ("tp",))
+  n_dev = len(devices)
+  print(f"backend={jax.default_backend()} devices={n_dev} "
+        f"path={fo.info()['paths']['matmul_all_reduce']['why']}")
+
+  kx, kw = jax.random.split(jax.random.key(int(time.time())))
+  x = jax.random.normal(kx, (args.m, args.k), jnp.float32).astype(jnp.bfloat16)
+  w = (jax.random.normal(kw, (args.k, args.n), jnp.float32) / np.sqrt(args.k)).astype(
+      jnp.bfloat16)
+  x = jax.device_put(x, NamedSharding(mesh, P(None, "tp")))  # row-parallel: K is sharded
+  w = jax.device_put(w, NamedSharding(mesh, P("tp", None)))
+
+  specs = dict(mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)), out_specs=P(None, None))
+  xla = jax.jit(jax.shard_map(lambda x, w: lax.psum(x @ w, "tp"), **specs))
+  ours = jax.jit(jax.shard_map(lambda x, w: fo.matmul_all_reduce(x, w, "tp"), **specs))
+
+  ref, t_xla = timed(xla, x, w, iters=args.iters)
+  out, t_ours = timed(ours, x, w, iters=args.iters)
+  ref32 = ref.astype(jnp.float32)
+  err = float(jnp.linalg.norm(out.astype(jnp.float32) - ref32) / jnp.linalg.norm(ref32))
+  print(f"M={args.m} N={args.n} K={args.k} dtype=bfloat16")
+  print(f"relative error vs XLA psum(x @ w): {err:.2e}")
+  print(f"XLA dot+psum: {t_xla:.3f} ms   jax_flashoverlap: {t_ours:.3f} ms   "
+        f"speedup {t_xla / t_ours:.2f}x")
+  if not err < 1e-2:
+    raise SystemExit(f"FAILED: relative error {err:.2e} >= 1e-2")
+
+
+if __name__ == "__main__":
+  main()

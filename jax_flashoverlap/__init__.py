@@ -1,0 +1,22 @@
+"""jax_flashoverlap: tile-wise overlap of a tensor-parallel GEMM and its collective (FlashOverlap)
+for JAX on NVIDIA GPUs.
+
+Per-device ops (inside jax.shard_map): matmul_all_reduce, matmul_reduce_scatter, matmul.
+Global view (under jax.jit with NamedSharding inputs): row_parallel_matmul.
+"""
+
+from jax_flashoverlap.ops import matmul, matmul_all_reduce, matmul_reduce_scatter
+from jax_flashoverlap.sharding import row_parallel_matmul
+from jax_flashoverlap._info import info
+from jax_flashoverlap._validation import AxisNameError
+from jax_flashoverlap._version import __version__
+
+__all__ = [
+    "matmul",
+    "matmul_all_reduce",
+    "matmul_reduce_scatter",
+    "row_parallel_matmul",
+    "info",
+    "AxisNameError",
+    "__version__",
+]

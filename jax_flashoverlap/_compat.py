@@ -1,0 +1,112 @@
+"""Every private or moving JAX import, in one place.
+
+Supported: JAX 0.10 (CPU machines, CI) and 0.11 (the GPU machine). When JAX moves an API,
+this is the only file that changes.
+"""
+
+from __future__ import annotations
+
+import jax
+from jax import lax
+
+# Primitives and their rule tables.
+try:
+  from jax.extend.core import Primitive
+except ImportError:  # pragma: no cover - very old JAX
+  from jax.core import Primitive  # type: ignore
+
+from jax.interpreters import batching, mlir  # noqa: F401  (re-exported)
+
+from jax._src import api_util as _api_util
+from jax._src.interpreters import partial_eval as _pe
+
+# shard_map moved from jax.experimental to jax in 0.6/0.7.
+if hasattr(jax, "shard_map"):
+  shard_map = jax.shard_map
+else:  # pragma: no cover
+  from jax.experimental.shard_map import shard_map  # type: ignore
+
+from jax.experimental.custom_partitioning import custom_partitioning  # noqa: F401
+
+try:
+  from jax.experimental.custom_partitioning import SdyShardingRule
+except ImportError:  # pragma: no cover
+  SdyShardingRule = None  # type: ignore
+
+
+def abstract_eval_fun(fun, *avals):
+  """Output avals of `fun(*avals)` traced abstractly.
+
+  Our primitives take their output types from tracing the reference composition, so shape,
+  dtype, sharding and the shard_map varying-axes type (vma / manual_axis_type, which differs
+  between JAX versions) always match what `psum(x @ w)` would give.
+  """
+  debug = _api_util.debug_info("jax_flashoverlap", fun, avals, {})
+  return _pe.abstract_eval_fun(fun, *avals, debug_info=debug)
+
+
+def bound_axis_names() -> list:
+  """Mesh axis names bound at the current trace point (shard_map / vmap axes)."""
+  try:
+    from jax.extend.core import unsafe_get_axis_names_DO_NOT_USE as names
+  except ImportError:  # pragma: no cover
+    from jax._src.core import unsafe_get_axis_names as names  # type: ignore
+  return list(names())
+
+
+def axis_size(axis_name) -> int:
+  if hasattr(lax, "axis_size"):
+    return int(lax.axis_size(axis_name))
+  return int(lax.psum(1, axis_name))  # pragma: no cover
+
+
+def lowering_mesh(ctx):
+  """The concrete Mesh of the enclosing shard_map in a lowering rule, or None."""
+  axis_context = getattr(ctx.module_context, "axis_context", None)
+  mesh = getattr(axis_context, "mesh", None)
+  if mesh is None or not hasattr(mesh, "devices"):
+    return None
+  return mesh
+
+
+def lowering_platforms(ctx) -> tuple:
+  return tuple(ctx.module_context.platforms)
+
+
+def use_shardy() -> bool:
+  try:
+    return bool(jax.config.jax_use_shardy_partitioner)
+  except AttributeError:  # pragma: no cover
+    return False
+
+
+def ffi_lowering(target_name: str, **kwargs):
+  return jax.ffi.ffi_lowering(target_name, **kwargs)
+
+
+def register_ffi_target(name: str, capsule, platform: str) -> None:
+  jax.ffi.register_ffi_target(name, capsule, platform=platform)
+
+
+def apply_primitive(prim, *args, **params):
+  """Eager evaluation of a primitive (compiles it on its own)."""
+  from jax._src import dispatch
+  return dispatch.apply_primitive(prim, *args, **params)
+
+
+def mesh_axis_names():
+  """Axis names of the current abstract mesh, or None when no mesh is set (then unknown)."""
+  get = getattr(jax.sharding, "get_abstract_mesh", None)
+  if get is None:  # pragma: no cover
+    return None
+  mesh = get()
+  if mesh is None or getattr(mesh, "empty", False):
+    return None
+  return tuple(mesh.axis_names)
+
+
+# vmap's marker for an unbatched operand (moved out of jax.interpreters.batching in 0.10).
+try:
+  from jax._src.interpreters.batching import not_mapped
+except ImportError:  # pragma: no cover
+  not_mapped = None

@@ -1,0 +1,67 @@
+"""`jax_flashoverlap.info()` and `python -m jax_flashoverlap.info`: what is installed and
+which path (CUDA custom calls or the reference composition) each op takes here, and why."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+
+from jax_flashoverlap import _ext, _version
+
+OP_TARGETS = {
+    "matmul": "flashoverlap_gemm",
+    "matmul_all_reduce": "flashoverlap_gemm_all_reduce",
+    "matmul_reduce_scatter": "flashoverlap_gemm_reduce_scatter",
+}
+
+
+def info() -> dict:
+  """Versions, build, GPU and the path each op takes on this machine (a JSON-able dict)."""
+  import jax
+  import jaxlib
+  gpus = []
+  try:
+    gpus = [d.device_kind for d in jax.devices("gpu")]
+  except RuntimeError:
+    pass
+  out = {
+      "jax_flashoverlap": _version.__version__,
+      "python": platform.python_version(),
+      "jax": jax.__version__,
+      "jaxlib": jaxlib.__version__,
+      "default_backend": jax.default_backend(),
+      "gpus": gpus,
+      "gpu_name": gpus[0] if gpus else None,
+      "extension_built": _ext.HAS_CUDA_EXT,
+      "extension_error": _ext.EXT_IMPORT_ERROR,
+      "force_reference": _ext.force_reference(),
+      "ffi_targets": sorted(_ext.available_targets()),
+  }
+  if _ext.ext is not None:
+    out["build"] = dict(_ext.ext.build_info())
+    try:
+      out["nccl_version"] = _ext.ext.nccl_version()
+    except Exception as err:  # NCCL missing at run time: report, do not fail
+      out["nccl_version"] = f"unavailable ({err})"
+  else:
+    out["build"] = None
+    out["nccl_version"] = None
+  paths = {}
+  for op, target in OP_TARGETS.items():
+    use, why = _ext.check_cuda_path(target, gpu_present=bool(gpus))
+    if not gpus:
+      use, why = False, f"no GPU: {op} lowers to the reference composition on {jax.default_backend()}"
+    paths[op] = {"cuda_custom_call": use, "why": why}
+  out["paths"] = paths
+  return out
+
+
+def main(argv=None) -> int:
+  json.dump(info(), sys.stdout, indent=2, default=str)
+  sys.stdout.write("\n")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

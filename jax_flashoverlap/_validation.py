@@ -1,0 +1,90 @@
+"""Trace-time checks of user input: clear exceptions that name the argument and what was
+expected, before anything reaches a kernel."""
+
+from __future__ import annotations
+
+import numpy as np
+import jax.numpy as jnp
+
+from jax_flashoverlap import _compat, comm
+
+SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+ALIGN = 8  # N and K: 16-byte rows for TMA in 2-byte dtypes
+
+
+class AxisNameError(NameError, ValueError):
+  """`axis_name` is not a mesh axis bound by an enclosing shard_map."""
+
+
+def _shape_dtype(op, name, value):
+  shape = getattr(value, "shape", None)
+  dtype = getattr(value, "dtype", None)
+  if shape is None or dtype is None:
+    raise TypeError(f"{op}: {name} must be an array, got {type(value).__name__}")
+  return tuple(shape), jnp.dtype(dtype)
+
+
+def check_operands(op: str, x, w, *, x_rank: str = ">=2") -> tuple:
+  """Validates x [..., K] (or exactly [M, K] when x_rank == "2") and w [K, N].
+
+  Returns (m, k, n) with m the product of x's leading dims.
+  """
+  xs, xd = _shape_dtype(op, "x", x)
+  ws, wd = _shape_dtype(op, "w", w)
+  names = ", ".join(str(d) for d in SUPPORTED_DTYPES)
+  for name, dtype in (("x", xd), ("w", wd)):
+    if dtype not in SUPPORTED_DTYPES:
+      raise TypeError(f"{op}: {name} has dtype {dtype}; expected one of {names}")
+  if xd != wd:
+    raise TypeError(f"{op}: x and w must have the same dtype, got x {xd} and w {wd}")
+  if len(ws) != 2:
+    raise ValueError(f"{op}: w must be a 2-D weight [K, N], got shape {ws}")
+  if x_rank == "2" and len(xs) != 2:
+    raise ValueError(f"{op}: x must be 2-D [M, K], got shape {xs}")
+  if len(xs) < 2:
+    raise ValueError(f"{op}: x must have at least 2 dims [..., K], got shape {xs}")
+  k, n = ws
+  if xs[-1] != k:
+    raise ValueError(f"{op}: contracting dims differ: x has K={xs[-1]} (last dim of x, shape "
+                     f"{xs}) but w has K={k} (first dim of w, shape {ws})")
+  if 0 in xs:
+    raise ValueError(f"{op}: x must not be empty, got shape {xs}")
+  if 0 in ws:
+    raise ValueError(f"{op}: w must not be empty, got shape {ws}")
+  if k % ALIGN:
+    raise ValueError(f"{op}: K (last dim of x, first dim of w) must be a multiple of {ALIGN}, "
+                     f"got K={k} (x shape {xs}, w shape {ws})")
+  if n % ALIGN:
+    raise ValueError(f"{op}: N (last dim of w) must be a multiple of {ALIGN}, got N={n} "
+                     f"(w shape {ws})")
+  return int(np.prod(xs[:-1])), int(k), int(n)
+
+
+def check_axis_name(op: str, axis_name) -> int:
+  """Checks every axis in `axis_name` is a bound shard_map mesh axis; returns the group size."""
+  axes = comm.normalize_axes(axis_name)
+  if not axes:
+    raise AxisNameError(f"{op}: axis_name must name at least one mesh axis, got {axis_name!r}")
+  bound = _compat.bound_axis_names()
+  mesh_axes = _compat.mesh_axis_names()
+  for a in axes:
+    if not isinstance(a, str):
+      raise TypeError(f"{op}: axis_name must be a mesh axis name (str) or a tuple of them, "
+                      f"got {axis_name!r}")
+    if a not in bound:
+      where = (f"the bound axes are {tuple(bound)}" if bound
+               else "no axis is bound here: call it inside jax.shard_map")
+      raise AxisNameError(f"{op}: axis_name {a!r} is not bound; {where}")
+    if mesh_axes is not None and a not in mesh_axes:
+      raise AxisNameError(f"{op}: axis_name {a!r} is not an axis of the enclosing mesh "
+                          f"{tuple(mesh_axes)}; vmap axis names are not supported")
+  return int(np.prod([_compat.axis_size(a) for a in axes]))
+
+
+def check_comm_sms(op: str, comm_sms) -> None:
+  if comm_sms is None:
+    return
+  if not isinstance(comm_sms, (int, np.integer)) or isinstance(comm_sms, bool):
+    raise TypeError(f"{op}: comm_sms must be an int or None, got {comm_sms!r}")
+  if not 0 <= int(comm_sms) < 132:
+    raise ValueError(f"{op}: comm_sms must be in [0, 132), got {comm_sms}")

@@ -1,0 +1,175 @@
+"""Per-device primitives: abstract evaluation, lowerings (CUDA custom call / reference), vmap.
+
+Each primitive takes 2-D operands x [M, K], w [K, N] (ops.py flattens and validates):
+
+    flashoverlap_gemm                 x @ w
+    flashoverlap_gemm_all_reduce      psum(x @ w, axis_name)
+    flashoverlap_gemm_reduce_scatter  psum_scatter(x @ w, axis_name, scatter_dimension=0, tiled=True)
+
+Output types come from tracing that reference composition, so shard_map's varying-axes typing
+(check_vma=True) is exactly XLA's own. On CPU (and wherever the CUDA path is unavailable) the
+primitive lowers to the reference; on CUDA to the FFI target of the same name.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jax_flashoverlap import _compat, _ext, comm, plan as plan_lib
+
+# --- reference compositions (also the CPU lowering) --------------------------------------
+
+
+def _dot(x, w):
+  return jnp.matmul(x, w)
+
+
+def reference_gemm(x, w):
+  return _dot(x, w)
+
+
+def reference_gemm_all_reduce(x, w, *, axis_name):
+  return lax.psum(_dot(x, w), axis_name)
+
+
+def reference_gemm_reduce_scatter(x, w, *, axis_name):
+  return lax.psum_scatter(_dot(x, w), axis_name, scatter_dimension=0, tiled=True)
+
+
+# --- primitive construction --------------------------------------------------------------
+
+
+def _make_primitive(name, reference):
+  prim = _compat.Primitive(name)
+  prim.def_impl(functools.partial(_compat.apply_primitive, prim))
+
+  def abstract_eval(x, w, **params):
+    params = _reference_params(params)
+    (out,) = _compat.abstract_eval_fun(lambda a, b: (reference(a, b, **params),), x, w)
+    return out
+
+  prim.def_abstract_eval(abstract_eval)
+  lowered_reference = _compat.mlir.lower_fun(
+      lambda x, w, **params: reference(x, w, **_reference_params(params)),
+      multiple_results=False)
+  _compat.mlir.register_lowering(prim, lowered_reference)
+  return prim, lowered_reference
+
+
+def _reference_params(params):
+  """Params the reference composition understands (it ignores tuning knobs)."""
+  return {k: v for k, v in params.items() if k == "axis_name"}
+
+
+gemm_p, _gemm_reference_lowering = _make_primitive("flashoverlap_gemm", reference_gemm)
+gemm_all_reduce_p, _ar_reference_lowering = _make_primitive(
+    "flashoverlap_gemm_all_reduce", reference_gemm_all_reduce)
+gemm_reduce_scatter_p, _rs_reference_lowering = _make_primitive(
+    "flashoverlap_gemm_reduce_scatter", reference_gemm_reduce_scatter)
+
+# --- CUDA lowerings ------------------------------------------------------------------------
+
+# Groups the plain GEMM signals into: enough to exercise (and time) the signaling path.
+GEMM_SIGNAL_GROUPS = 4
+
+
+def _gemm_cuda_lowering(ctx, x, w, *, comm_sms):
+  use_cuda, _ = _ext.check_cuda_path(gemm_p.name)
+  if not use_cuda:
+    return _gemm_reference_lowering(ctx, x, w)
+  return _compat.ffi_lowering(gemm_p.name)(
+      ctx, x, w, comm_sms=np.int32(comm_sms), num_groups=np.int32(GEMM_SIGNAL_GROUPS))
+
+
+def _collective_cuda_lowering(prim, reference_lowering, collective):
+  def lowering(ctx, x, w, *, axis_name, comm_sms):
+    use_cuda, _ = _ext.check_cuda_path(prim.name)
+    if not use_cuda:
+      return reference_lowering(ctx, x, w, axis_name=axis_name)
+    mesh = _compat.lowering_mesh(ctx)
+    world = _world_size(mesh, axis_name)
+    x_aval, w_aval = ctx.avals_in
+    m, k = x_aval.shape
+    n = w_aval.shape[1]
+    plan = plan_lib.default_plan(collective, m, n, k, world, np.dtype(x_aval.dtype).itemsize)
+    if comm_sms is not None:
+      plan = plan_lib.GroupPlan(plan.collective, plan.rows_per_block, plan.band_rows,
+                                int(comm_sms))
+      plan.validate()
+    return _compat.ffi_lowering(prim.name)(
+        ctx, x, w,
+        comm_id=np.int64(comm.comm_id_for(mesh, axis_name)),
+        world_size=np.int32(world),
+        comm_sms=np.int32(plan.comm_sms),
+        band_rows=np.asarray(plan.band_rows, dtype=np.int32))
+  return lowering
+
+
+def _world_size(mesh, axis_name):
+  if mesh is None:
+    raise ValueError("jax_flashoverlap: the CUDA lowering needs the concrete mesh of the "
+                     "enclosing shard_map (got none)")
+  return int(np.prod([mesh.shape[a] for a in comm.normalize_axes(axis_name)]))
+
+
+_compat.mlir.register_lowering(gemm_p, _gemm_cuda_lowering, platform="cuda")
+_compat.mlir.register_lowering(
+    gemm_all_reduce_p,
+    _collective_cuda_lowering(gemm_all_reduce_p, _ar_reference_lowering, "all_reduce"),
+    platform="cuda")
+_compat.mlir.register_lowering(
+    gemm_reduce_scatter_p,
+    _collective_cuda_lowering(gemm_reduce_scatter_p, _rs_reference_lowering, "reduce_scatter"),
+    platform="cuda")
+
+# --- batching (vmap) -------------------------------------------------------------------------
+# x batched, w not: fold the batch into M (for reduce-scatter, rank-major so each rank still
+# gets its own rows of every batch element). w batched, x not: fold the batch into N. Both
+# batched: one call per batch element (lax.map).
+
+
+def _fold_x_rows(x, batch_axis_size, world):
+  """x [B, M, K] -> [B*M, K] ordered [world, B, M/world] so a tiled scatter stays per batch."""
+  b, m, k = x.shape
+  if world == 1:
+    return x.reshape(b * m, k)
+  return x.reshape(b, world, m // world, k).transpose(1, 0, 2, 3).reshape(b * m, k)
+
+
+def _batch_rule(prim, world_of):
+  def rule(args, dims, **params):
+    x, w = args
+    bx, bw = dims
+    not_mapped = _compat.not_mapped
+    world = world_of(params)
+    if bx is not not_mapped and bw is not_mapped:
+      x = jnp.moveaxis(x, bx, 0)
+      b, m = x.shape[0], x.shape[1]
+      out = prim.bind(_fold_x_rows(x, b, world), w, **params)
+      rows = out.shape[0] // b
+      return out.reshape(b, rows, out.shape[1]), 0
+    if bx is not_mapped and bw is not not_mapped:
+      w = jnp.moveaxis(w, bw, 0)
+      b, k, n = w.shape
+      out = prim.bind(x, w.transpose(1, 0, 2).reshape(k, b * n), **params)
+      return out.reshape(out.shape[0], b, n).transpose(1, 0, 2), 0
+    x = jnp.moveaxis(x, bx, 0)
+    w = jnp.moveaxis(w, bw, 0)
+    return lax.map(lambda xw: prim.bind(xw[0], xw[1], **params), (x, w)), 0
+  return rule
+
+
+def _collective_world(params):
+  return _compat.axis_size(params["axis_name"])
+
+
+_compat.batching.primitive_batchers[gemm_p] = _batch_rule(gemm_p, lambda params: 1)
+_compat.batching.primitive_batchers[gemm_all_reduce_p] = _batch_rule(
+    gemm_all_reduce_p, lambda params: 1)
+_compat.batching.primitive_batchers[gemm_reduce_scatter_p] = _batch_rule(
+    gemm_reduce_scatter_p, _collective_world)

@@ -1,0 +1,124 @@
+"""Global-view row-parallel GEMM under plain `jax.jit` (no shard_map), via custom_partitioning.
+
+    x: [M, K] sharded P(dp, tp)   w: [K, N] sharded P(tp, None)
+    row_parallel_matmul(x, w, reduce="all_reduce")     -> [M, N] sharded P(dp, None)
+    row_parallel_matmul(x, w, reduce="reduce_scatter") -> [M, N] sharded P((dp, tp), None)
+
+The partitioner picks the contracting mesh axis from x's sharding on K (or `axis_name`),
+keeps any mesh axes that shard M (data parallel), and runs the per-device op on each shard.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jax_flashoverlap import _compat, _validation, ops
+
+REDUCTIONS = ("all_reduce", "reduce_scatter")
+
+
+def row_parallel_matmul(x, w, reduce: str = "all_reduce", axis_name=None):
+  """x [M, K] @ w [K, N] with K sharded over one mesh axis, reduced by `reduce`.
+
+  Returns the same values as `x @ w` under XLA's sharding; the output is replicated over the
+  contracting axis ("all_reduce") or has its rows sharded over it ("reduce_scatter").
+  `axis_name`: the contracting mesh axis; by default, the one that shards x's last dim.
+  """
+  op = "jax_flashoverlap.row_parallel_matmul"
+  if reduce not in REDUCTIONS:
+    raise ValueError(f"{op}: reduce must be one of {REDUCTIONS}, got {reduce!r}")
+  _validation.check_operands(op, x, w, x_rank="2")
+  if axis_name is not None and not isinstance(axis_name, str):
+    raise TypeError(f"{op}: axis_name must be a mesh axis name (str) or None, got {axis_name!r}")
+  return _row_parallel(x, w, reduce, axis_name)
+
+
+def _spec_axes(entry) -> tuple:
+  if entry is None:
+    return ()
+  return tuple(entry) if isinstance(entry, tuple) else (entry,)
+
+
+def _spec(sharding, ndim) -> tuple:
+  spec = tuple(getattr(sharding, "spec", P()))
+  return spec + (None,) * (ndim - len(spec))
+
+
+def _layout(mesh, x_sharding, w_sharding, reduce, axis_name):
+  """Chooses (m_axes, k_axis) from the operands' shardings."""
+  x_spec = _spec(x_sharding, 2)
+  w_spec = _spec(w_sharding, 2)
+  k_axes = _spec_axes(x_spec[1]) or _spec_axes(w_spec[0])
+  if axis_name is not None:
+    if axis_name not in mesh.axis_names:
+      raise ValueError(f"jax_flashoverlap.row_parallel_matmul: axis_name {axis_name!r} is not "
+                       f"an axis of the mesh {tuple(mesh.axis_names)}")
+    k_axis = axis_name
+  elif len(k_axes) > 1:
+    raise ValueError("jax_flashoverlap.row_parallel_matmul: K is sharded over several mesh "
+                     f"axes {k_axes}; pass axis_name to pick one")
+  else:
+    k_axis = k_axes[0] if k_axes else None
+  m_axes = tuple(a for a in _spec_axes(x_spec[0]) if a != k_axis)
+  return m_axes, k_axis
+
+
+def _out_spec(m_axes, k_axis, reduce):
+  rows = m_axes + ((k_axis,) if reduce == "reduce_scatter" and k_axis else ())
+  return P(rows if rows else None, None)
+
+
+def _m_entry(m_axes):
+  return m_axes if m_axes else None
+
+
+@functools.partial(_compat.custom_partitioning, static_argnums=(2, 3))
+def _row_parallel(x, w, reduce, axis_name):
+  # Unpartitioned semantics (also what runs if nothing is sharded).
+  return ops.matmul(x, w)
+
+
+def _infer(reduce, axis_name, mesh, arg_shapes, result_shape):
+  x, w = arg_shapes
+  m_axes, k_axis = _layout(mesh, x.sharding, w.sharding, reduce, axis_name)
+  return NamedSharding(mesh, _out_spec(m_axes, k_axis, reduce))
+
+
+def _partition(reduce, axis_name, mesh, arg_shapes, result_shape):
+  x, w = arg_shapes
+  m_axes, k_axis = _layout(mesh, x.sharding, w.sharding, reduce, axis_name)
+  op = "jax_flashoverlap.row_parallel_matmul"
+  if reduce == "reduce_scatter" and k_axis is not None:
+    m_local = x.shape[0]
+    for a in m_axes:
+      m_local //= mesh.shape[a]
+    if m_local % mesh.shape[k_axis]:
+      raise ValueError(f"{op}: reduce_scatter needs the rows of each shard ({m_local}) to be "
+                       f"divisible by the size {mesh.shape[k_axis]} of axis {k_axis!r}")
+  arg_shardings = (NamedSharding(mesh, P(_m_entry(m_axes), k_axis)),
+                   NamedSharding(mesh, P(k_axis, None)))
+  out_sharding = NamedSharding(mesh, _out_spec(m_axes, k_axis, reduce))
+
+  def lower(x, w):
+    if k_axis is None:
+      return ops.matmul(x, w)
+    if reduce == "all_reduce":
+      return ops.matmul_all_reduce(x, w, k_axis)
+    return ops.matmul_reduce_scatter(x, w, k_axis)
+
+  return mesh, lower, out_sharding, arg_shardings
+
+
+def _def_partition():
+  kwargs = dict(partition=_partition, infer_sharding_from_operands=_infer)
+  if _compat.SdyShardingRule is not None:
+    # Shardy: K is a contracting (reduction) factor; M and N pass through.
+    kwargs["sharding_rule"] = "m k, k n -> m n"
+    kwargs["reduction_factors"] = ("k",)
+  _row_parallel.def_partition(**kwargs)
+
+
+_def_partition()

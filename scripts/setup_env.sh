@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Sets up .venv for jax_flashoverlap on a fresh machine and builds the package in place.
+#   CPU machine: installs jax (CPU), the build deps and test deps from PyPI; builds the CUDA
+#                extension too when nvcc is present (headers only; no GPU needed).
+#   GPU machine: reuses the system's CUDA jax / NCCL (--system-site-packages); wheels in
+#                .whl/ (e.g. nvidia-cutlass, carried to machines with no index) are used first.
+# Env: PYTHON (default python3), JAX_FLASHOVERLAP_BUILD_CUDA (auto|1|0), VENV (default .venv).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+VENV="${VENV:-.venv}"
+
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PYTHON" -m venv --system-site-packages "$VENV"
+fi
+PY="$VENV/bin/python"
+
+have() { "$PY" -c "import $1" >/dev/null 2>&1; }
+pip_install() {
+  if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --find-links .whl "$@" 2>/dev/null && return 0
+  fi
+  "$PY" -m pip install -q "$@"
+}
+
+need=()
+have jax || need+=("jax>=0.10")
+have pytest || need+=(pytest)
+have pybind11 || need+=(pybind11)
+have flax || need+=(flax)
+"$PY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('nvidia.nccl') is None)" 2>/dev/null \
+  || need+=(nvidia-nccl-cu13)
+have cutlass_library || need+=(nvidia-cutlass)
+have setuptools || need+=(setuptools)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "[setup_env] installing: ${need[*]}"
+  pip_install "${need[@]}"
+fi
+
+echo "[setup_env] building jax_flashoverlap (JAX_FLASHOVERLAP_BUILD_CUDA=${JAX_FLASHOVERLAP_BUILD_CUDA:-auto})"
+"$PY" setup.py -q build_ext --inplace
+# Make the checkout importable from the venv (like an editable install, without pip).
+site_dir="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+echo "$(pwd)" > "$site_dir/jax_flashoverlap_checkout.pth"
+"$PY" -c "import jax_flashoverlap as fo, json; i = fo.info(); print('[setup_env] extension built:', i['extension_built'], '| backend:', i['default_backend'], '| gpus:', i['gpus'])"

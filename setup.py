@@ -1,0 +1,224 @@
+"""Build of jax_flashoverlap and its optional CUDA extension `jax_flashoverlap._xla_ffi`.
+
+The extension is built when nvcc is found (JAX_FLASHOVERLAP_BUILD_CUDA=auto, the default),
+always (=1: a build failure is an error, as in CI) or never (=0). Headers come from:
+  XLA FFI   jax.ffi.include_dir()
+  NCCL      the nvidia-nccl-cu13 / -cu12 wheel (nvidia/nccl/include)
+  CUTLASS   the nvidia-cutlass wheel (cutlass_library/source/include)
+Objects are cached under build/obj by a hash of their source, the project's headers and the
+flags, so a rebuild (or a build on the GPU machine with build/ carried over) only compiles
+what changed. JAX_FLASHOVERLAP_NVCC_THREADS sets parallel compile jobs.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+SRC = ROOT / "xla_ffi"
+EXT_NAME = "jax_flashoverlap._xla_ffi"
+CUDA_ARCH_FLAGS = ["-gencode=arch=compute_90a,code=sm_90a"]
+
+
+def _log(msg: str) -> None:
+  print(f"[jax_flashoverlap build] {msg}", flush=True)
+
+
+def _build_mode() -> str:
+  mode = os.environ.get("JAX_FLASHOVERLAP_BUILD_CUDA", "auto").strip().lower()
+  if mode not in ("auto", "1", "0", "on", "off", "true", "false"):
+    raise SystemExit(f"JAX_FLASHOVERLAP_BUILD_CUDA must be auto, 1 or 0, got {mode!r}")
+  return {"on": "1", "true": "1", "off": "0", "false": "0"}.get(mode, mode)
+
+
+def _find_nvcc() -> str | None:
+  cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+  if cuda_home and (Path(cuda_home) / "bin" / "nvcc").exists():
+    return str(Path(cuda_home) / "bin" / "nvcc")
+  found = shutil.which("nvcc")
+  if found:
+    return found
+  default = Path("/usr/local/cuda/bin/nvcc")
+  return str(default) if default.exists() else None
+
+
+def _cuda_home(nvcc: str) -> Path:
+  candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"),
+                str(Path(nvcc).resolve().parent.parent), "/usr/local/cuda"]
+  for c in candidates:
+    if c and (Path(c) / "include" / "cuda_runtime.h").exists():
+      return Path(c)
+  raise RuntimeError(f"no CUDA toolkit headers found next to {nvcc} (set CUDA_HOME)")
+
+
+def _package_dir(name: str) -> Path | None:
+  try:
+    spec = importlib.util.find_spec(name)
+  except ModuleNotFoundError:
+    return None
+  if spec is None:
+    return None
+  locations = list(spec.submodule_search_locations or [])
+  return Path(locations[0]) if locations else Path(spec.origin).parent
+
+
+def _dependency_dirs(nvcc: str) -> dict:
+  """Include and library dirs of every dependency; raises with a clear message if missing."""
+  cuda_home = _cuda_home(nvcc)
+  missing = []
+  try:
+    import jax.ffi
+    xla_include = Path(jax.ffi.include_dir())
+  except ImportError:
+    xla_include = None
+    missing.append("jax (for the XLA FFI headers: pip install jax)")
+  try:
+    import pybind11
+    pybind_include = Path(pybind11.get_include())
+  except ImportError:
+    pybind_include = None
+    missing.append("pybind11")
+  nccl = _package_dir("nvidia.nccl")
+  if nccl is None or not (nccl / "include" / "nccl.h").exists():
+    missing.append("nvidia-nccl-cu13 (or -cu12) for NCCL headers and libnccl.so.2")
+  cutlass = _package_dir("cutlass_library")
+  cutlass_include = cutlass / "source" / "include" if cutlass else None
+  if cutlass_include is None or not (cutlass_include / "cutlass" / "cutlass.h").exists():
+    missing.append("nvidia-cutlass (CUTLASS headers)")
+  if missing:
+    raise RuntimeError("cannot build the CUDA extension; missing: " + "; ".join(missing))
+  return {
+      "cuda_include": cuda_home / "include",
+      "cuda_lib": cuda_home / "lib64",
+      "xla": xla_include,
+      "pybind11": pybind_include,
+      "python": Path(sysconfig.get_paths()["include"]),
+      "nccl_include": nccl / "include",
+      "nccl_lib": nccl / "lib",
+      "cutlass": cutlass_include,
+      "cutlass_util": cutlass / "source" / "tools" / "util" / "include",
+  }
+
+
+def _sources() -> list:
+  return sorted(p for p in SRC.rglob("*") if p.suffix in (".cu", ".cc"))
+
+
+def _headers_digest() -> str:
+  h = hashlib.sha256()
+  for p in sorted(SRC.rglob("*")):
+    if p.suffix in (".h", ".cuh", ".hpp", ".inl"):
+      h.update(str(p.relative_to(ROOT)).encode())
+      h.update(p.read_bytes())
+  return h.hexdigest()
+
+
+class CudaBuildExt(build_ext):
+  """Compiles xla_ffi/ with nvcc (device code) and the host compiler, links one module."""
+
+  def build_extension(self, ext):
+    mode = _build_mode()
+    nvcc = _find_nvcc()
+    if mode == "0" or (mode == "auto" and nvcc is None):
+      why = "disabled by JAX_FLASHOVERLAP_BUILD_CUDA=0" if mode == "0" else "nvcc not found"
+      _log(f"skipping the CUDA extension ({why}); ops will use the reference path")
+      return
+    try:
+      if nvcc is None:
+        raise RuntimeError("JAX_FLASHOVERLAP_BUILD_CUDA=1 but nvcc was not found "
+                           "(set CUDA_HOME or put nvcc on PATH)")
+      self._build(ext, nvcc)
+    except Exception as err:
+      if mode == "1":
+        raise
+      _log(f"CUDA extension NOT built: {err}")
+
+  def _build(self, ext, nvcc: str) -> None:
+    dirs = _dependency_dirs(nvcc)
+    includes = [ROOT, dirs["xla"], dirs["cuda_include"], dirs["nccl_include"], dirs["cutlass"],
+                dirs["cutlass_util"], dirs["pybind11"], dirs["python"]]
+    inc_flags = [f"-I{p}" for p in includes]
+    common = ["-O3", "-DNDEBUG", "-std=c++17", "-fPIC"]
+    cu_flags = ["-std=c++17", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr",
+                "-Xcompiler=-fPIC", "-Xptxas=--warn-on-spills", *CUDA_ARCH_FLAGS]
+    cxx = os.environ.get("CXX", "g++")
+    obj_dir = ROOT / "build" / "obj"
+    obj_dir.mkdir(parents=True, exist_ok=True)
+    headers = _headers_digest()
+
+    def command(src: Path, obj: Path) -> list:
+      if src.suffix == ".cu":
+        return [nvcc, *cu_flags, *inc_flags, "-c", str(src), "-o", str(obj)]
+      return [cxx, *common, *inc_flags, "-c", str(src), "-o", str(obj)]
+
+    jobs = []
+    for src in _sources():
+      probe = command(src, Path("OBJ"))
+      key = hashlib.sha256(src.read_bytes() + headers.encode() + " ".join(
+          str(c) for c in probe).encode() + sys.version.encode()).hexdigest()[:20]
+      obj = obj_dir / f"{src.stem}.{key}.o"
+      jobs.append((src, obj, command(src, obj)))
+
+    def compile_one(job):
+      src, obj, cmd = job
+      if obj.exists():
+        return f"cached {src.relative_to(ROOT)}"
+      proc = subprocess.run(cmd, capture_output=True, text=True)
+      out = proc.stdout + proc.stderr
+      if proc.returncode != 0:
+        raise RuntimeError(f"compiling {src.relative_to(ROOT)} failed:\n{' '.join(cmd)}\n{out}")
+      # A wgmma serialized by ptxas (C75xx) silently costs most of the GEMM's speed.
+      if "C75" in out:
+        raise RuntimeError(f"ptxas warning in {src.relative_to(ROOT)} (treated as error):\n{out}")
+      return f"compiled {src.relative_to(ROOT)}" + (f"\n{out}" if out.strip() else "")
+
+    threads = int(os.environ.get("JAX_FLASHOVERLAP_NVCC_THREADS", os.cpu_count() or 2))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+      for msg in pool.map(compile_one, jobs):
+        _log(msg)
+
+    target = Path(self.get_ext_fullpath(ext.name))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    nccl_lib = dirs["nccl_lib"]
+    link = [cxx, "-shared", "-o", str(target), *[str(o) for _, o, _ in jobs],
+            f"-L{dirs['cuda_lib']}", "-lcudart_static", "-ldl", "-lrt", "-lpthread",
+            f"-L{nccl_lib}", "-l:libnccl.so.2",
+            # The wheel's NCCL, wherever the venv is; and the one next to an installed package.
+            f"-Wl,-rpath,{nccl_lib}", "-Wl,-rpath,$ORIGIN/../nvidia/nccl/lib"]
+    proc = subprocess.run(link, capture_output=True, text=True)
+    if proc.returncode != 0:
+      raise RuntimeError(f"linking failed:\n{' '.join(link)}\n{proc.stdout}{proc.stderr}")
+    _log(f"built {target}")
+
+
+setup(
+    name="jax_flashoverlap",
+    version="0.1.0",
+    description="Tile-wise overlap of tensor-parallel GEMMs and their collectives "
+                "(FlashOverlap) for JAX on NVIDIA GPUs",
+    packages=find_packages(include=["jax_flashoverlap", "jax_flashoverlap.*"]),
+    package_data={"jax_flashoverlap": ["configs/*.json"]},
+    python_requires=">=3.10",
+    install_requires=["jax>=0.10", "numpy"],
+    extras_require={
+        "cuda12": ["jax[cuda12]", "nvidia-nccl-cu12", "nvidia-cutlass", "pybind11"],
+        "cuda13": ["jax[cuda13]", "nvidia-nccl-cu13", "nvidia-cutlass", "pybind11"],
+        "build": ["pybind11", "nvidia-nccl-cu13", "nvidia-cutlass"],
+        "flax": ["flax"],
+        "test": ["pytest", "flax"],
+    },
+    ext_modules=[Extension(EXT_NAME, sources=[])],
+    cmdclass={"build_ext": CudaBuildExt},
+    zip_safe=False,
+)

@@ -1,0 +1,81 @@
+// Signaling GEMM: out = x @ w (fp32 accumulation) on sm_90a, and after each output tile
+// is stored and globally visible, one atomicAdd on the counter of the tile's
+// communication group. Framework-free: no XLA or Python headers here.
+//
+// Group layout (DESIGN.md, "Groups that need no reordering pass"):
+//   The M rows are split into `num_blocks` equal rank blocks (1 for a plain GEMM or an
+//   all-reduce, the world size for a reduce-scatter), each of rows_per_block = M / num_blocks
+//   rows. Inside every block, rows [band_rows[g], band_rows[g+1]) form band g. Group g is
+//   band g of every block. Its tiles are written to one contiguous span of `out`:
+//
+//     group g occupies rows [num_blocks * band_rows[g], num_blocks * band_rows[g+1]) of out;
+//     source row  j * rows_per_block + o  (block j, o in band g)  is stored at out row
+//     num_blocks * band_rows[g] + j * (band_rows[g+1] - band_rows[g]) + (o - band_rows[g]).
+//
+//   With num_blocks == 1 this is the identity (row-major [M, N]). With num_blocks == n,
+//   ncclReduceScatter(out + num_blocks*band_rows[g]*N, recv + band_rows[g]*N,
+//   (band_rows[g+1]-band_rows[g])*N) lands rank r's band at its place in a contiguous
+//   [M/n, N] result.
+//
+//   Tiles never straddle a band or a block (each band is tiled on its own), so every tile
+//   belongs to exactly one group. Groups are scheduled in order: all tiles of group g are
+//   handed out before any tile of group g+1.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace flashoverlap {
+
+enum class GemmDType : int { kBFloat16 = 0, kFloat16 = 1 };
+
+constexpr int kMaxGroups = 64;
+
+struct GroupLayout {
+  int num_blocks = 1;   // rank blocks; M % num_blocks == 0
+  int num_groups = 1;   // 1 <= num_groups <= kMaxGroups
+  // band_rows[0] == 0 < band_rows[1] < ... < band_rows[num_groups] == M / num_blocks.
+  int band_rows[kMaxGroups + 1] = {0};
+};
+
+struct SignalingGemmArgs {
+  const void* x = nullptr;  // [M, K] row-major
+  const void* w = nullptr;  // [K, N] row-major
+  void* out = nullptr;      // [M, N] in the group layout above, dtype of x
+  int64_t m = 0, n = 0, k = 0;  // N and K multiples of 8, M >= 1
+  GemmDType dtype = GemmDType::kBFloat16;
+  // Device array of layout.num_groups int32 counters, zeroed by the caller before the
+  // launch; counter[g] reaches TilesInGroup(g) once group g is complete and visible.
+  // May be null: then no signal is sent.
+  int32_t* counters = nullptr;
+  int comm_sms = 0;  // SMs left free for communication: persistent grid = SMs - comm_sms
+  GroupLayout layout;
+};
+
+// Tile shape the launcher picks for these args (host-side, deterministic for a given
+// device type and args). cluster_m CTAs along M form one thread-block cluster that
+// shares (multicasts) the w tile; a band whose height is not a multiple of
+// block_m * cluster_m leaves one idle CTA per cluster row at its end, so callers that
+// choose band_rows should prefer multiples of row_align = block_m * cluster_m.
+struct GemmTileShape {
+  int block_m = 0;
+  int block_n = 0;
+  int cluster_m = 1;   // extension: CTAs per cluster along M (1 or 2)
+  int row_align() const { return block_m * cluster_m; }
+};
+GemmTileShape ChooseTileShape(const SignalingGemmArgs& args);
+
+// Number of tiles of group g, i.e. the value counter[g] reaches (host-side).
+int64_t TilesInGroup(const SignalingGemmArgs& args, int group);
+
+// Checks args (shapes, layout, alignment) and launches on `stream`. Returns
+// cudaErrorInvalidValue for bad args (message through LastSignalingGemmError()),
+// cudaErrorNotSupported below sm_90, or the launch error.
+cudaError_t LaunchSignalingGemm(const SignalingGemmArgs& args, cudaStream_t stream);
+
+// Human-readable reason for the last cudaErrorInvalidValue / NotSupported returned by
+// LaunchSignalingGemm on this host thread.
+const char* LastSignalingGemmError();
+
+}  // namespace flashoverlap
