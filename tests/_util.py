@@ -1,0 +1,157 @@
+"""Helpers shared by the CPU tests: meshes, shard_map wrapper, inputs, references, comparisons."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import Mesh, PartitionSpec as P
+
+DTYPES = [jnp.bfloat16, jnp.float16]
+DTYPE_IDS = ["bf16", "f16"]
+
+# Tolerances for comparing against the *same* computation done by XLA in the same dtype.
+# The op may accumulate / reduce in a different order or precision than XLA's reference, so
+# allow a few units in the last place of the largest output value.
+_SAME_DTYPE_TOL = {jnp.dtype(jnp.bfloat16): 2.0**-5, jnp.dtype(jnp.float16): 2.0**-8}
+# Relative Frobenius error bound against the float32 reference (spec: < 1e-2).
+REL_FRO_TOL = 1e-2
+
+
+# ----------------------------------------------------------------------------- meshes
+
+def _need_devices(n: int):
+    have = len(jax.devices())
+    if have < n:
+        pytest.skip(f"needs {n} devices, have {have} ({jax.devices()[0].platform})")
+
+
+def _mesh(devs, names):
+    try:
+        from jax.sharding import AxisType
+
+        return Mesh(devs, names, axis_types=(AxisType.Auto,) * len(names))
+    except (ImportError, TypeError):  # older JAX: no axis types, Auto is the only behaviour
+        return Mesh(devs, names)
+
+
+def make_mesh_1d(n: int, name: str = "tp") -> Mesh:
+    _need_devices(n)
+    return _mesh(np.array(jax.devices()[:n]), (name,))
+
+
+def make_mesh_2d(dp: int, tp: int) -> Mesh:
+    _need_devices(dp * tp)
+    return _mesh(np.array(jax.devices()[: dp * tp]).reshape(dp, tp), ("dp", "tp"))
+
+
+# ----------------------------------------------------------------------------- shard_map
+
+def shard_map(body, mesh, in_specs, out_specs):
+    """jax.shard_map with the replication/varying-axes check ON (the default; stated explicitly).
+
+    Falls back to jax.experimental.shard_map (check_rep=True) on a JAX that lacks jax.shard_map.
+    """
+    if hasattr(jax, "shard_map"):
+        return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=True)
+    from jax.experimental.shard_map import shard_map as _sm  # pragma: no cover (old JAX)
+
+    return _sm(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=True)
+
+
+# ----------------------------------------------------------------------------- inputs
+
+def rand(rng: np.random.Generator, shape, dtype, scale: float = 1.0):
+    """Fresh standard-normal input (never zeros) in `dtype`."""
+    a = rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)
+    if a.size:
+        assert np.count_nonzero(a) > 0
+    return jnp.asarray(a, dtype=dtype)
+
+
+def f32(a):
+    return np.asarray(jnp.asarray(a, jnp.float32), dtype=np.float64)
+
+
+# ----------------------------------------------------------------------------- references
+
+def ref_all_reduce(x, w, axis_name):
+    return lax.psum(x @ w, axis_name)
+
+
+def ref_reduce_scatter(x, w, axis_name):
+    return lax.psum_scatter(x @ w, axis_name, scatter_dimension=0, tiled=True)
+
+
+def ref_matmul(x, w):
+    return x @ w
+
+
+def op_fn(fo, name: str, axis_name: str = "tp"):
+    """(our per-device function, reference per-device function) for op `name`."""
+    if name == "all_reduce":
+        return (lambda x, w: fo.matmul_all_reduce(x, w, axis_name),
+                lambda x, w: ref_all_reduce(x, w, axis_name))
+    if name == "reduce_scatter":
+        return (lambda x, w: fo.matmul_reduce_scatter(x, w, axis_name),
+                lambda x, w: ref_reduce_scatter(x, w, axis_name))
+    if name == "matmul":
+        return (lambda x, w: fo.matmul(x, w), ref_matmul)
+    raise ValueError(name)
+
+
+PRIMITIVE_NAMES = {
+    "all_reduce": "flashoverlap_gemm_all_reduce",
+    "reduce_scatter": "flashoverlap_gemm_reduce_scatter",
+    "matmul": "flashoverlap_gemm",
+}
+
+
+# ----------------------------------------------------------------------------- comparisons
+
+def rel_fro(out, ref) -> float:
+    o, r = f32(out), f32(ref)
+    return float(np.linalg.norm((o - r).ravel()) / max(np.linalg.norm(r.ravel()), 1e-30))
+
+
+def assert_close(out, ref, dtype=None):
+    """`out` equals `ref` (same computation by XLA in the same dtype) up to low-precision rounding."""
+    assert out.shape == ref.shape, f"shape {out.shape} != reference {ref.shape}"
+    assert out.dtype == ref.dtype, f"dtype {out.dtype} != reference {ref.dtype}"
+    tol = _SAME_DTYPE_TOL[jnp.dtype(dtype or ref.dtype)]
+    r = f32(ref)
+    scale = max(1.0, float(np.max(np.abs(r)))) if r.size else 1.0
+    np.testing.assert_allclose(f32(out), r, rtol=tol, atol=tol * scale)
+
+
+def assert_rel_fro(out, ref32, tol: float = REL_FRO_TOL):
+    """Relative Frobenius error of a low-precision result against the float32 reference."""
+    assert out.shape == ref32.shape, f"shape {out.shape} != reference {ref32.shape}"
+    assert np.all(np.isfinite(f32(out))), "non-finite values in output"
+    err = rel_fro(out, ref32)
+    assert err < tol, f"relative Frobenius error {err:.3e} >= {tol}"
+
+
+def check_against_refs(out, ref_same, ref32):
+    """Both checks from the spec: same-dtype XLA reference and float32-upcast reference."""
+    assert_close(out, ref_same)
+    assert_rel_fro(out, ref32)
+
+
+def upcast(*arrays):
+    return tuple(jnp.asarray(a, jnp.float32) for a in arrays)
+
+
+def spec_axes(entry):
+    """Mesh axis names in one PartitionSpec entry (None, 'a' or ('a', 'b')) as a tuple."""
+    if entry is None:
+        return ()
+    if isinstance(entry, (tuple, list)):
+        return tuple(entry)
+    return (entry,)
+
+
+def all_spec_axes(spec):
+    return tuple(a for e in spec for a in spec_axes(e))

@@ -1,0 +1,66 @@
+"""Shared pytest setup for jax_flashoverlap.
+
+XLA_FLAGS must be set before JAX initialises its CPU backend, so this happens at the very top of
+the conftest (pytest imports conftest.py before any test module). An existing XLA_FLAGS is kept
+(the device-count flag is appended), and nothing is added when a GPU platform is requested
+through JAX_PLATFORMS (the GPU tests then see the real devices).
+"""
+import os
+
+_FORCE_FLAG = "--xla_force_host_platform_device_count=8"
+
+
+def _gpu_platform_requested() -> bool:
+    plats = (os.environ.get("JAX_PLATFORMS", "") + "," + os.environ.get("JAX_PLATFORM_NAME", "")).lower()
+    return any(p in plats for p in ("cuda", "gpu", "rocm"))
+
+
+if not _gpu_platform_requested():
+    _flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in _flags:
+        os.environ["XLA_FLAGS"] = (_flags + " " + _FORCE_FLAG).strip()
+
+import jax  # noqa: E402  (must come after XLA_FLAGS)
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import zlib  # noqa: E402
+
+from _util import make_mesh_1d, make_mesh_2d  # noqa: E402
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs an NVIDIA GPU and the built CUDA extension")
+    config.addinivalue_line("markers", "multigpu: needs >= 2 GPUs and the built CUDA extension")
+    config.addinivalue_line("markers", "slow: slower CPU tests (subprocesses)")
+
+
+@pytest.fixture(scope="session")
+def fo():
+    """The package under test, imported lazily so that a missing/broken package fails the tests
+    that need it (loudly, as errors) instead of breaking collection of the whole suite."""
+    import jax_flashoverlap
+
+    return jax_flashoverlap
+
+
+@pytest.fixture
+def rng(request):
+    """A numpy Generator seeded from the test id: different inputs in every test, reproducible."""
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture(params=[2, 4, 8], ids=lambda n: f"tp{n}")
+def tp_mesh(request):
+    """1-D mesh ('tp',) of 2, 4 and 8 devices."""
+    return make_mesh_1d(request.param)
+
+
+@pytest.fixture
+def mesh4():
+    return make_mesh_1d(4)
+
+
+@pytest.fixture
+def mesh2d():
+    """2-D mesh (dp=2, tp=4); collectives run over 'tp' only."""
+    return make_mesh_2d(2, 4)

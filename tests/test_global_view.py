@@ -1,0 +1,120 @@
+"""Global view: row_parallel_matmul under jax.jit with NamedSharding inputs, no shard_map.
+
+x [M, K] sharded on K over one mesh axis, w [K, N] sharded on K over the same axis.
+all_reduce: output [M, N] replicated over that axis; reduce_scatter: rows sharded over it.
+Other mesh axes (dp on M) pass through. Values equal x @ w computed by XLA with its own sharding.
+"""
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from _util import (DTYPES, DTYPE_IDS, all_spec_axes, assert_close, assert_rel_fro,
+                   check_against_refs, f32, make_mesh_1d, rand, spec_axes, upcast)
+
+
+def _put(mesh, a, spec):
+    return jax.device_put(a, NamedSharding(mesh, spec))
+
+
+def _inputs(mesh, rng, dt, reduce, dp=False):
+    tp = mesh.shape["tp"]
+    ndp = mesh.shape["dp"] if dp else 1
+    M = ndp * (5 if reduce == "all_reduce" else 3 * tp)  # odd M for all_reduce
+    K, N = 16 * tp, 24
+    x = rand(rng, (M, K), dt)
+    w = rand(rng, (K, N), dt)
+    x_spec = P("dp", "tp") if dp else P(None, "tp")
+    return _put(mesh, x, x_spec), _put(mesh, w, P("tp", None))
+
+
+def _check_out_sharding(out, reduce, dp):
+    spec = out.sharding.spec
+    axes = all_spec_axes(spec)
+    row_axes = spec_axes(spec[0]) if len(spec) else ()
+    if reduce == "all_reduce":
+        assert "tp" not in axes, f"all_reduce output must be replicated over tp, got {spec}"
+        if not dp:
+            assert out.sharding.is_fully_replicated, spec
+    else:
+        assert "tp" in row_axes, f"reduce_scatter output rows must be sharded over tp, got {spec}"
+        assert len(spec) < 2 or "tp" not in spec_axes(spec[1]), spec
+    if dp:
+        assert "dp" in row_axes, f"dp sharding of M must pass through, got {spec}"
+    else:
+        assert "dp" not in axes
+
+
+def _run(fo, x, w, reduce, axis_name):
+    f = jax.jit(lambda a, b: fo.row_parallel_matmul(a, b, reduce=reduce, axis_name=axis_name))
+    return f(x, w)
+
+
+def _xla(x, w):
+    return jax.jit(lambda a, b: a @ b)(x, w)
+
+
+@pytest.mark.parametrize("reduce", ["all_reduce", "reduce_scatter"])
+def test_global_view_1d(fo, tp_mesh, reduce, rng):
+    x, w = _inputs(tp_mesh, rng, jnp.bfloat16, reduce)
+    out = _run(fo, x, w, reduce, None)
+    assert out.shape == (x.shape[0], w.shape[1]) and out.dtype == x.dtype
+    check_against_refs(out, _xla(x, w), np.matmul(f32(x), f32(w)))
+    _check_out_sharding(out, reduce, dp=False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("reduce", ["all_reduce", "reduce_scatter"])
+def test_global_view_explicit_axis_name(fo, mesh4, reduce, dtype, rng):
+    x, w = _inputs(mesh4, rng, dtype, reduce)
+    out = _run(fo, x, w, reduce, "tp")
+    check_against_refs(out, _xla(x, w), np.matmul(f32(x), f32(w)))
+    _check_out_sharding(out, reduce, dp=False)
+
+
+@pytest.mark.parametrize("axis_name", [None, "tp"], ids=["infer_axis", "axis_tp"])
+@pytest.mark.parametrize("reduce", ["all_reduce", "reduce_scatter"])
+def test_global_view_2d_dp_tp(fo, mesh2d, reduce, axis_name, rng):
+    x, w = _inputs(mesh2d, rng, jnp.bfloat16, reduce, dp=True)
+    assert x.sharding.spec == P("dp", "tp")
+    out = _run(fo, x, w, reduce, axis_name)
+    check_against_refs(out, _xla(x, w), np.matmul(f32(x), f32(w)))
+    _check_out_sharding(out, reduce, dp=True)
+
+
+@pytest.mark.parametrize("reduce", ["all_reduce", "reduce_scatter"])
+def test_global_view_output_feeds_next_op(fo, mesh4, reduce, rng):
+    """The output is a normal sharded array inside the same jit (used by following XLA ops)."""
+    x, w = _inputs(mesh4, rng, jnp.bfloat16, reduce)
+
+    def f(a, b):
+        y = fo.row_parallel_matmul(a, b, reduce=reduce)
+        return jnp.tanh(y) * 2
+
+    got = jax.jit(f)(x, w)
+    want = jax.jit(lambda a, b: jnp.tanh(a @ b) * 2)(x, w)
+    assert_close(got, want)
+
+
+@pytest.mark.parametrize("reduce", ["all_reduce", "reduce_scatter"])
+@pytest.mark.parametrize("dp", [False, True], ids=["tp", "dp_tp"])
+def test_global_view_grad(fo, reduce, dp, rng):
+    from _util import make_mesh_2d
+
+    mesh = make_mesh_2d(2, 4) if dp else make_mesh_1d(4)
+    x, w = _inputs(mesh, rng, jnp.bfloat16, reduce, dp=dp)
+    ct = jnp.asarray(rng.standard_normal((x.shape[0], w.shape[1]), dtype=np.float32))
+
+    def grads(mm, a, b):
+        loss = lambda a, b: jnp.sum(mm(a, b).astype(jnp.float32) * ct)
+        return jax.jit(jax.grad(loss, argnums=(0, 1)))(a, b)
+
+    got = grads(lambda a, b: fo.row_parallel_matmul(a, b, reduce=reduce), x, w)
+    want = grads(lambda a, b: a @ b, x, w)
+    want32 = grads(lambda a, b: a @ b, *upcast(x, w))
+    for g, r, r32, a in zip(got, want, want32, (x, w)):
+        assert g.shape == a.shape and g.dtype == a.dtype
+        assert_close(g, r)
+        assert_rel_fro(g, r32)

@@ -1,0 +1,192 @@
+"""info(), `python -m jax_flashoverlap.info`, and the switches (force-reference env var, the
+one-time warning when a GPU is present but the extension is not built).
+
+Things that depend on import-time/process state run in a fresh subprocess.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import jax
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FORCE_ENV = "JAX_FLASHOVERLAP_FORCE_REFERENCE"
+
+
+def _env(**overrides):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop(FORCE_ENV, None)
+    for k, v in overrides.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    return env
+
+
+def _py(code, **env):
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO,
+                          env=_env(**env), capture_output=True, text=True, timeout=240)
+
+
+def _walk(d, prefix=""):
+    """(dotted key, value) for every entry of a nested dict."""
+    if isinstance(d, dict):
+        for k, v in d.items():
+            key = f"{prefix}.{k}" if prefix else str(k)
+            yield key, v
+            yield from _walk(v, key)
+
+
+def _find(d, *words):
+    """Values of keys whose last component contains any of `words` (case-insensitive)."""
+    return [v for k, v in _walk(d) if any(w in k.rsplit(".", 1)[-1].lower() for w in words)]
+
+
+# ------------------------------------------------------------------ info()
+
+def test_info_is_a_json_able_dict(fo):
+    d = fo.info()
+    assert isinstance(d, dict) and d
+    json.dumps(d, default=str)  # printable by the CLI
+
+
+def test_info_reports_versions(fo):
+    d = fo.info()
+    values = [v for _, v in _walk(d)]
+    assert jax.__version__ in values, f"jax version {jax.__version__} not reported: {d}"
+    assert any("version" in k.lower() or k.lower() in ("jax", "jaxlib", "jax_flashoverlap")
+               for k, _ in _walk(d))
+
+
+def test_info_reports_extension_build_state(fo):
+    d = fo.info()
+    built = [v for v in _find(d, "built", "has_cuda_ext", "extension") if isinstance(v, bool)]
+    assert built, f"no boolean 'extension built' entry in {d}"
+
+
+def test_info_reports_gpu_and_nccl(fo):
+    d = fo.info()
+    assert _find(d, "gpu"), f"no GPU entry in {d}"
+    assert _find(d, "nccl"), f"no NCCL version entry in {d}"
+    if jax.devices()[0].platform == "cpu":
+        names = [v for v in _find(d, "gpu_name") if v]
+        assert not names, f"GPU name reported on a CPU-only machine: {names}"
+
+
+def test_info_explains_cuda_path(fo):
+    """For each op (or globally), whether the CUDA path is in use and a human-readable reason."""
+    d = fo.info()
+    reasons = [v for v in _find(d, "why", "reason") if isinstance(v, str) and v.strip()]
+    assert reasons, f"no reason for the CUDA path in {d}"
+    if jax.devices()[0].platform == "cpu":
+        use = [v for v in _find(d, "cuda_custom_call", "cuda_path", "use_cuda") if isinstance(v, bool)]
+        assert use and not any(use), f"CUDA path reported in use on CPU: {d}"
+
+
+def test_info_module_cli():
+    r = subprocess.run([sys.executable, "-m", "jax_flashoverlap.info"], cwd=REPO, env=_env(),
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip(), "nothing printed"
+    assert jax.__version__ in r.stdout
+
+
+# ------------------------------------------------------------------ force-reference switch
+
+_INFO_JSON = """
+import json, jax_flashoverlap as fo
+print(json.dumps(fo.info(), default=str))
+"""
+
+
+def test_force_reference_env_reported_by_info():
+    on = _py(_INFO_JSON, **{FORCE_ENV: "1"})
+    off = _py(_INFO_JSON)
+    assert on.returncode == 0, on.stderr
+    assert off.returncode == 0, off.stderr
+    d_on, d_off = json.loads(on.stdout.strip().splitlines()[-1]), json.loads(off.stdout.strip().splitlines()[-1])
+    flags_on = [v for v in _find(d_on, "force") if isinstance(v, bool)]
+    flags_off = [v for v in _find(d_off, "force") if isinstance(v, bool)]
+    assert flags_on and all(flags_on), f"force-reference not reported: {d_on}"
+    assert flags_off and not any(flags_off), f"force-reference reported without the env var: {d_off}"
+
+
+_CUDA_LOWER = """
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import jax, jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+import jax_flashoverlap as fo
+mesh = Mesh(np.array(jax.devices()[:4]), ("tp",))
+f = jax.shard_map(lambda a, b: fo.matmul_all_reduce(a, b, "tp"), mesh=mesh,
+                  in_specs=(P(None, "tp"), P("tp", None)), out_specs=P())
+args = (jax.ShapeDtypeStruct((8, 64), jnp.bfloat16), jax.ShapeDtypeStruct((64, 16), jnp.bfloat16))
+text = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+print("CUSTOM_CALL" if "flashoverlap_gemm_all_reduce" in text else "REFERENCE")
+"""
+
+
+def test_force_reference_env_changes_cuda_lowering():
+    """The only observable on CPU: with the switch, even a CUDA lowering uses the reference path."""
+    on = _py(_CUDA_LOWER, JAX_PLATFORMS="cpu", **{FORCE_ENV: "1"})
+    off = _py(_CUDA_LOWER, JAX_PLATFORMS="cpu")
+    assert on.returncode == 0, on.stderr
+    assert off.returncode == 0, off.stderr
+    assert on.stdout.strip().splitlines()[-1] == "REFERENCE", on.stdout
+    assert off.stdout.strip().splitlines()[-1] == "CUSTOM_CALL", off.stdout
+
+
+# ------------------------------------------------------------------ missing-extension warning
+
+def test_missing_extension_warning_once(fo, tmp_path):
+    """A GPU present without the built extension warns once (RuntimeWarning subclass).
+
+    A real GPU cannot be faked on CPU; the package exposes `_ext.check_cuda_path(target,
+    gpu_present=...)` as the hook. It runs in a fresh process on a copy of the package without
+    its compiled modules (*.so), i.e. really "not built", so the once-only state is clean and the
+    test runs whether or not the extension was built on this machine.
+    """
+    ext = getattr(fo, "_ext", None)
+    hook = getattr(ext, "check_cuda_path", None)
+    if hook is None:
+        pytest.skip("no testable hook (jax_flashoverlap._ext.check_cuda_path) for the warning")
+    pkg = os.path.dirname(os.path.abspath(fo.__file__))
+    shutil.copytree(pkg, tmp_path / "jax_flashoverlap",
+                    ignore=shutil.ignore_patterns("*.so", "*.pyd", "*.dylib", "__pycache__"))
+    code = """
+    import json, warnings
+    import jax_flashoverlap
+    from jax_flashoverlap import _ext
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        first = _ext.check_cuda_path("flashoverlap_gemm_all_reduce", gpu_present=True)
+        second = _ext.check_cuda_path("flashoverlap_gemm", gpu_present=True)
+    print(json.dumps({
+        "file": jax_flashoverlap.__file__,
+        "has_ext": bool(getattr(_ext, "HAS_CUDA_EXT", False)),
+        "first": list(first), "second": list(second),
+        "warnings": [[w.category.__name__, issubclass(w.category, RuntimeWarning), str(w.message)]
+                     for w in rec]}))
+    """
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=str(tmp_path),
+                       env=_env(PYTHONPATH=str(tmp_path)), capture_output=True, text=True,
+                       timeout=240)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["file"].startswith(str(tmp_path)), out["file"]
+    assert out["has_ext"] is False, "the copy without *.so still reports the extension as built"
+    assert len(out["warnings"]) == 1, out["warnings"]
+    name, is_runtime, message = out["warnings"][0]
+    assert is_runtime, f"{name} is not a RuntimeWarning subclass"
+    assert "extension" in message.lower() and "gpu" in message.lower(), message
+    # without the extension the CUDA path is not taken, and a reason is given
+    assert out["first"][0] is False and out["second"][0] is False, out
+    assert out["first"][1], out

@@ -1,0 +1,152 @@
+"""The ops are real JAX primitives, and their CUDA lowering is an XLA FFI custom call.
+
+Cross-platform lowering works without a GPU on this JAX: `jax.jit(f).trace(*args)
+.lower(lowering_platforms=("cuda",))` of a shard_map program over a mesh of *CPU* devices lowers
+with the CUDA rules (checked here), and so does the same program over a
+`jax.sharding.AbstractMesh` traced with `jax.ShapeDtypeStruct` arguments (no devices at all).
+Both are tested. Nothing is compiled or run for CUDA.
+"""
+import re
+
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import AbstractMesh, PartitionSpec as P
+
+from _util import PRIMITIVE_NAMES, make_mesh_1d, make_mesh_2d, shard_map
+
+OPS = ["all_reduce", "reduce_scatter", "matmul"]
+
+
+def _program(fo, name, mesh, tp_only_2d=False):
+    """(shard_map program, abstract args) using op `name` over axis 'tp' of `mesh`."""
+    n = mesh.shape["tp"]
+    dp = "dp" if tp_only_2d else None
+    ndp = mesh.shape["dp"] if tp_only_2d else 1
+    if name == "all_reduce":
+        body = lambda a, b: fo.matmul_all_reduce(a, b, "tp")
+        x, w = (ndp * 5, 16 * n), (16 * n, 24)
+        specs = (P(dp, "tp"), P("tp", None)), P(dp, None)
+    elif name == "reduce_scatter":
+        body = lambda a, b: fo.matmul_reduce_scatter(a, b, "tp")
+        x, w = (ndp * 3 * n, 16 * n), (16 * n, 32)
+        specs = (P(dp, "tp"), P("tp", None)), P((dp, "tp") if dp else "tp", None)
+    else:
+        body = lambda a, b: fo.matmul(a, b)
+        x, w = (ndp * 5 * n, 24), (24, 16)
+        specs = (P((dp, "tp") if dp else "tp", None), P()), P((dp, "tp") if dp else "tp", None)
+    f = shard_map(body, mesh, specs[0], specs[1])
+    args = (jax.ShapeDtypeStruct(x, jnp.bfloat16), jax.ShapeDtypeStruct(w, jnp.bfloat16))
+    return f, args
+
+
+def _prim_re(prim):
+    # whole name: 'flashoverlap_gemm' must not match inside 'flashoverlap_gemm_all_reduce'
+    return rf"(?<![A-Za-z0-9_]){re.escape(prim)}(?![A-Za-z0-9_])"
+
+
+# ------------------------------------------------------------------ primitives in the jaxpr
+
+@pytest.mark.parametrize("name", OPS)
+def test_jaxpr_shows_primitive(fo, name):
+    f, args = _program(fo, name, make_mesh_1d(4))
+    text = str(jax.make_jaxpr(f)(*args))
+    assert re.search(_prim_re(PRIMITIVE_NAMES[name]), text), text
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_eval_shape_of_program(fo, name):
+    """Abstract evaluation (no lowering) gives the right global result shape and dtype."""
+    f, args = _program(fo, name, make_mesh_1d(4))
+    out = jax.eval_shape(f, *args)
+    M, N = args[0].shape[0], args[1].shape[1]
+    assert out.shape == (M, N) and out.dtype == jnp.bfloat16
+
+
+# ------------------------------------------------------------------ CUDA lowering without a GPU
+
+def _cuda_text(f, args):
+    return jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def _custom_call_lines(text, target):
+    pat = re.compile(
+        rf'(stablehlo\.custom_call\s+@{re.escape(target)}(?![A-Za-z0-9_])'
+        rf'|custom_call_target\s*=\s*"{re.escape(target)}")')
+    return [ln for ln in text.splitlines() if pat.search(ln)]
+
+
+def _check_cuda_lowering(text, name, per_device_out):
+    target = PRIMITIVE_NAMES[name]
+    lines = _custom_call_lines(text, target)
+    assert lines, f"no custom_call to {target} in CUDA lowering:\n{text}"
+    call = "\n".join(lines)
+    required = ["comm_sms"] + (["comm_id"] if name != "matmul" else [])
+    for attr in required:
+        assert re.search(rf"\b{attr}\b", call), f"attribute {attr} missing from:\n{call}"
+    M, N = per_device_out
+    assert f"tensor<{M}x{N}xbf16>" in call, f"per-device result {M}x{N}xbf16 not in:\n{call}"
+
+
+def _per_device_out(name, n, args):
+    M, N = args[0].shape[0], args[1].shape[1]
+    if name == "reduce_scatter":
+        return M // n, N
+    if name == "matmul":
+        return M // n, N
+    return M, N
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_cuda_lowering_cpu_mesh(fo, name):
+    mesh = make_mesh_1d(4)
+    f, args = _program(fo, name, mesh)
+    text = _cuda_text(f, args)
+    _check_cuda_lowering(text, name, _per_device_out(name, 4, args))
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_cuda_lowering_abstract_mesh(fo, name):
+    mesh = AbstractMesh((4,), ("tp",))
+    f, args = _program(fo, name, mesh)
+    text = _cuda_text(f, args)
+    _check_cuda_lowering(text, name, _per_device_out(name, 4, args))
+
+
+@pytest.mark.parametrize("name", ["all_reduce", "reduce_scatter"])
+def test_cuda_lowering_2d_mesh(fo, name):
+    """Collective over 'tp' of a (dp=2, tp=4) mesh."""
+    mesh = make_mesh_2d(2, 4)
+    f, args = _program(fo, name, mesh, tp_only_2d=True)
+    text = _cuda_text(f, args)
+    M, N = args[0].shape[0] // 2, args[1].shape[1]
+    _check_cuda_lowering(text, name, (M // 4 if name == "reduce_scatter" else M, N))
+
+
+def test_cuda_lowering_distinct_comm_ids_per_axis(fo):
+    """Two collectives over different mesh axes in one program must not share a communicator id."""
+    mesh = make_mesh_2d(2, 4)
+
+    def body(a, b, c, d):
+        return fo.matmul_all_reduce(a, b, "tp"), fo.matmul_all_reduce(c, d, "dp")
+
+    f = shard_map(body, mesh, (P(None, "tp"), P("tp", None), P(None, "dp"), P("dp", None)),
+                  (P(), P()))
+    args = tuple(jax.ShapeDtypeStruct(s, jnp.bfloat16)
+                 for s in [(8, 64), (64, 32), (8, 32), (32, 16)])
+    text = _cuda_text(f, args)
+    lines = _custom_call_lines(text, PRIMITIVE_NAMES["all_reduce"])
+    assert len(lines) == 2, text
+    ids = [re.search(r"comm_id\s*=\s*([^,}\s]+)", ln) for ln in lines]
+    assert all(ids), lines
+    assert ids[0].group(1) != ids[1].group(1), lines
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_cpu_lowering_has_no_custom_call(fo, name):
+    """On CPU the primitives lower to the reference composition (DESIGN.md, primitives.py)."""
+    f, args = _program(fo, name, make_mesh_1d(4))
+    text = jax.jit(f).trace(*args).lower().as_text()
+    assert "flashoverlap_gemm" not in text, text
+    assert "dot_general" in text

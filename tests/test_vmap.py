@@ -1,0 +1,71 @@
+"""jax.vmap of each op over a leading batch axis, inside shard_map (check_vma=True).
+
+Two batching modes: x batched and w unbatched (in_axes=(0, None)), and both batched (in_axes=(0, 0)).
+The reference is jax.vmap of the reference composition (JAX batches psum / psum_scatter itself).
+"""
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from _util import (DTYPES, DTYPE_IDS, check_against_refs, f32, make_mesh_1d, op_fn, rand,
+                   rel_fro, shard_map, upcast, REL_FRO_TOL)
+
+B = 3
+
+
+def _case(name, n, rng, dt, w_batched):
+    """Batched global inputs and specs. Per device: x [B, M, K_local] (or [B, M_local, K])."""
+    if name == "all_reduce":
+        x = rand(rng, (B, 5, 16 * n), dt)
+        xs, os_ = P(None, None, "tp"), P()
+        w_shape, ws = (16 * n, 24), P("tp", None)
+    elif name == "reduce_scatter":
+        x = rand(rng, (B, 3 * n, 16 * n), dt)
+        xs, os_ = P(None, None, "tp"), P(None, "tp", None)
+        w_shape, ws = (16 * n, 32), P("tp", None)
+    else:
+        x = rand(rng, (B, 5 * n, 24), dt)
+        xs, os_ = P(None, "tp", None), P(None, "tp", None)
+        w_shape, ws = (24, 16), P()
+    if w_batched:
+        w = rand(rng, (B,) + w_shape, dt)
+        ws = P(None, *ws) if len(ws) else P()
+    else:
+        w = rand(rng, w_shape, dt)
+    return x, w, xs, ws, os_
+
+
+def _run(body, mesh, in_axes, specs, x, w):
+    xs, ws, os_ = specs
+    return jax.jit(shard_map(jax.vmap(body, in_axes=in_axes), mesh, (xs, ws), os_))(x, w)
+
+
+@pytest.mark.parametrize("w_batched", [False, True], ids=["w_unbatched", "w_batched"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("name", ["all_reduce", "reduce_scatter", "matmul"])
+def test_vmap(fo, mesh4, name, dtype, w_batched, rng):
+    x, w, xs, ws, os_ = _case(name, 4, rng, dtype, w_batched)
+    in_axes = (0, 0 if w_batched else None)
+    op, ref = op_fn(fo, name)
+    got = _run(op, mesh4, in_axes, (xs, ws, os_), x, w)
+    want = _run(ref, mesh4, in_axes, (xs, ws, os_), x, w)
+    want32 = _run(ref, mesh4, in_axes, (xs, ws, os_), *upcast(x, w))
+    check_against_refs(got, want, want32)
+    # global math, per batch element
+    glob = np.matmul(f32(x), f32(w))
+    assert got.shape == glob.shape
+    assert rel_fro(got, glob) < REL_FRO_TOL
+
+
+@pytest.mark.parametrize("name", ["all_reduce", "reduce_scatter"])
+def test_vmap_mesh_of_2(fo, name, rng):
+    mesh = make_mesh_1d(2)
+    x, w, xs, ws, os_ = _case(name, 2, rng, jnp.bfloat16, w_batched=False)
+    op, ref = op_fn(fo, name)
+    got = _run(op, mesh, (0, None), (xs, ws, os_), x, w)
+    want = _run(ref, mesh, (0, None), (xs, ws, os_), x, w)
+    want32 = _run(ref, mesh, (0, None), (xs, ws, os_), *upcast(x, w))
+    check_against_refs(got, want, want32)
