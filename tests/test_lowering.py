@@ -48,11 +48,27 @@ def _prim_re(prim):
 
 # ------------------------------------------------------------------ primitives in the jaxpr
 
+def _primitive_names(jaxpr):
+    """Names of all primitives in a (Closed)Jaxpr, recursing into sub-jaxprs in eqn params."""
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    names = []
+    for eqn in jaxpr.eqns:
+        names.append(eqn.primitive.name)
+        for v in eqn.params.values():
+            for sub in (v if isinstance(v, (list, tuple)) else (v,)):
+                if hasattr(sub, "eqns") or hasattr(getattr(sub, "jaxpr", None), "eqns"):
+                    names.extend(_primitive_names(sub))
+    return names
+
+
 @pytest.mark.parametrize("name", OPS)
 def test_jaxpr_shows_primitive(fo, name):
     f, args = _program(fo, name, make_mesh_1d(4))
-    text = str(jax.make_jaxpr(f)(*args))
+    jaxpr = jax.make_jaxpr(f)(*args)
+    text = str(jaxpr)
     assert re.search(_prim_re(PRIMITIVE_NAMES[name]), text), text
+    # a real primitive (an equation whose primitive has that name), not just a name in a param
+    assert PRIMITIVE_NAMES[name] in _primitive_names(jaxpr), (_primitive_names(jaxpr), text)
 
 
 @pytest.mark.parametrize("name", OPS)
