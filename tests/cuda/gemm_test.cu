@@ -1,286 +1,329 @@
 // Standalone test + benchmark of the signaling GEMM (not part of the Python extension).
-//   gemm_test correctness  : fresh random inputs, poisoned output, fp32 reference, counters
+//   gemm_test correctness  : fresh random inputs, poisoned output, fp32 reference, counters, API errors
 //   gemm_test signal       : a watcher kernel checks each group as soon as its counter completes
 //   gemm_test bench        : CUDA-event timing vs cublasGemmEx (bf16, fp32 accumulation)
-//   gemm_test sanitize     : small shapes for compute-sanitizer (memcheck/racecheck/synccheck)
+//   gemm_test sanitize     : small shapes, for compute-sanitizer memcheck/racecheck/synccheck
 //   gemm_test all          : correctness + signal + bench
-// Options: --json PATH (results), --quick (fewer shapes). cuBLAS is loaded with dlopen
-// (CUBLAS_LIB or libcublas.so.13 on the loader path); without it only timing of cuBLAS is skipped.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-#include <dlfcn.h>
-#include <library_types.h>
+// Options: --json PATH. Exit code 1 if any check failed.
+#include "gemm_test_common.cuh"
 
-#include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <string>
-#include <vector>
+struct Shape3 { int64_t m, n, k; };
+// DESIGN.md per-GPU shapes (global K split over 2 GPUs).
+const Shape3 kDesignShapes[] = {{4096, 8192, 4096}, {8192, 8192, 4096}, {16384, 8192, 8192},
+                                {8192, 28672, 4096}, {8192, 8192, 14336}};
 
-#include "../../xla_ffi/kernels/signaling_gemm.h"
-
-using namespace flashoverlap;
-
-#define CK(expr)                                                                              \
-  do {                                                                                        \
-    cudaError_t e_ = (expr);                                                                  \
-    if (e_ != cudaSuccess) {                                                                  \
-      fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, __LINE__, \
-              #expr);                                                                         \
-      exit(2);                                                                                \
-    }                                                                                         \
-  } while (0)
-
-// ---------------------------------------------------------------- cuBLAS via dlopen
-typedef void* cublasHandle_t;
-typedef int (*CreateFn)(cublasHandle_t*);
-typedef int (*SetStreamFn)(cublasHandle_t, cudaStream_t);
-typedef int (*GemmExFn)(cublasHandle_t, int, int, int, int, int, const void*, const void*, cudaDataType, int,
-                        const void*, cudaDataType, int, const void*, void*, cudaDataType, int, int, int);
-struct Cublas {
-  cublasHandle_t h = nullptr;
-  SetStreamFn set_stream = nullptr;
-  GemmExFn gemm = nullptr;
-  bool ok() const { return gemm != nullptr; }
-  void Load() {
-    const char* env = getenv("CUBLAS_LIB");
-    void* lib = dlopen(env ? env : "libcublas.so.13", RTLD_NOW | RTLD_LOCAL);
-    if (!lib) { fprintf(stderr, "cuBLAS not loaded: %s\n", dlerror()); return; }
-    auto create = (CreateFn)dlsym(lib, "cublasCreate_v2");
-    set_stream = (SetStreamFn)dlsym(lib, "cublasSetStream_v2");
-    auto gemm_fn = (GemmExFn)dlsym(lib, "cublasGemmEx");
-    if (!create || !set_stream || !gemm_fn || create(&h) != 0) { fprintf(stderr, "cuBLAS symbols missing\n"); return; }
-    gemm = gemm_fn;
+struct Problem {
+  Shape3 s;
+  GemmDType dt;
+  Buf x, w, out;
+  Buf ref;  // fp32 [M,N]
+  Problem(Shape3 s_, GemmDType dt_, uint64_t seed, cudaStream_t st, bool with_ref = true)
+      : s(s_), dt(dt_), x(s_.m * s_.k * 2), w(s_.k * s_.n * 2), out(s_.m * s_.n * 2),
+        ref(with_ref ? s_.m * s_.n * 4 : 16) {
+    Fill(x.p, s.m * s.k, dt, seed, st);
+    Fill(w.p, s.k * s.n, dt, seed + 1, st);
+    if (with_ref) Reference(x.p, w.p, (float*)ref.p, int(s.m), int(s.n), int(s.k), dt, st);
   }
-  // Row-major out[M,N] = x[M,K] @ w[K,N]  ==  column-major out^T = w^T x^T.
-  int Run(const void* x, const void* w, void* out, int M, int N, int K, GemmDType dt, cudaStream_t s) {
-    const float one = 1.f, zero = 0.f;
-    const cudaDataType t = dt == GemmDType::kBFloat16 ? CUDA_R_16BF : CUDA_R_16F;
-    set_stream(h, s);
-    return gemm(h, 0, 0, N, M, K, &one, w, t, N, x, t, K, &zero, out, t, N, /*COMPUTE_32F*/ 68,
-                /*CUBLAS_GEMM_DEFAULT*/ -1);
+  SignalingGemmArgs Args(const GroupLayout& L, int comm_sms) const {
+    SignalingGemmArgs a;
+    a.x = x.p; a.w = w.p; a.out = out.p;
+    a.m = s.m; a.n = s.n; a.k = s.k;
+    a.dtype = dt; a.comm_sms = comm_sms; a.layout = L;
+    return a;
   }
 };
 
-// ---------------------------------------------------------------- device helpers
-__device__ __forceinline__ float ToF(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float ToF(__half v) { return __half2float(v); }
-template <class T> __device__ __forceinline__ T FromF(float v);
-template <> __device__ __forceinline__ __nv_bfloat16 FromF(float v) { return __float2bfloat16(v); }
-template <> __device__ __forceinline__ __half FromF(float v) { return __float2half(v); }
-
-__device__ __forceinline__ uint32_t Hash(uint64_t x) {
-  x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ULL; x ^= x >> 33;
-  return uint32_t(x);
-}
-template <class T>
-__global__ void FillRandom(T* p, int64_t n, uint64_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    p[i] = FromF<T>(Hash(seed * 0x9E3779B97F4A7C15ULL + i) * (2.0f / 4294967296.0f) - 1.0f);
+std::string LayoutStr(const GroupLayout& L) {
+  std::string b = "[";
+  for (int g = 0; g <= L.num_groups; ++g) b += std::to_string(L.band_rows[g]) + (g < L.num_groups ? "," : "]");
+  return b;
 }
 
-// fp32 reference, 64x64 tile per block, 4x4 per thread.
-template <class T>
-__global__ void RefGemm(const T* x, const T* w, float* ref, int M, int N, int K) {
-  __shared__ float sx[16][65], sw[16][65];
-  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  const int m0 = blockIdx.y * 64, n0 = blockIdx.x * 64;
-  float acc[4][4] = {};
-  for (int k0 = 0; k0 < K; k0 += 16) {
-    for (int i = threadIdx.x; i < 64 * 16; i += 256) {
-      const int r = i / 16, c = i % 16;  // x tile: 64 rows x 16 k
-      sx[c][r] = (m0 + r < M && k0 + c < K) ? ToF(x[int64_t(m0 + r) * K + k0 + c]) : 0.f;
-      const int kr = i / 64, nc = i % 64;  // w tile: 16 k x 64 cols
-      sw[kr][nc] = (k0 + kr < K && n0 + nc < N) ? ToF(w[int64_t(k0 + kr) * N + n0 + nc]) : 0.f;
-    }
-    __syncthreads();
-    for (int kk = 0; kk < 16; ++kk)
-      for (int i = 0; i < 4; ++i)
-        for (int j = 0; j < 4; ++j) acc[i][j] += sx[kk][ty * 4 + i] * sw[kk][tx * 4 + j];
-    __syncthreads();
-  }
-  for (int i = 0; i < 4; ++i)
-    for (int j = 0; j < 4; ++j) {
-      const int r = m0 + ty * 4 + i, c = n0 + tx * 4 + j;
-      if (r < M && c < N) ref[int64_t(r) * N + c] = acc[i][j];
-    }
+void CheckCase(const char* tag, Problem& p, const GroupLayout& L, int comm, int* counters, cudaStream_t s,
+               const char* force_tile = nullptr) {
+  if (force_tile) setenv("FLASHOVERLAP_GEMM_TILE", force_tile, 1); else unsetenv("FLASHOVERLAP_GEMM_TILE");
+  SignalingGemmArgs a = p.Args(L, comm);
+  const GemmTileShape ts = ChooseTileShape(a);
+  RunResult r = RunAndCheck(a, (const float*)p.ref.p, counters, s);
+  unsetenv("FLASHOVERLAP_GEMM_TILE");
+  const bool pass = r.launch == cudaSuccess && r.bad == 0 && r.rel_err < 1e-2 && r.counters_ok;
+  if (!pass) ++g_failures;
+  char buf[768];
+  snprintf(buf, sizeof buf,
+           "{\"tag\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"dtype\":\"%s\",\"num_blocks\":%d,\"bands\":\"%s\","
+           "\"comm_sms\":%d,\"tile\":\"%dx%d c%d\",\"launch\":\"%s\",\"rel_err\":%.3e,\"nonfinite\":%llu,"
+           "\"counters_ok\":%s,\"pass\":%s}",
+           tag, (long long)p.s.m, (long long)p.s.n, (long long)p.s.k, DtName(p.dt), L.num_blocks, LayoutStr(L).c_str(),
+           comm, ts.block_m, ts.block_n, ts.cluster_m, cudaGetErrorName(r.launch), r.rel_err, r.bad,
+           r.counters_ok ? "true" : "false", pass ? "true" : "false");
+  AddJson(buf);
+  printf("%-6s %-5s %6lldx%6lldx%6lld nb=%d bands=%-28s comm=%2d tile=%dx%d c%d rel_err=%.2e nonfinite=%llu counters=%s %s\n",
+         tag, DtName(p.dt), (long long)p.s.m, (long long)p.s.n, (long long)p.s.k, L.num_blocks, LayoutStr(L).c_str(),
+         comm, ts.block_m, ts.block_n, ts.cluster_m, r.rel_err, r.bad, r.counters_ok ? "ok" : "BAD",
+         pass ? "PASS" : "FAIL");
+  fflush(stdout);
 }
 
-// sum (out - ref)^2, sum ref^2 over logical rows; out row of logical row r is dst[r].
-// Poisoned (0xFFFF) or non-finite outputs are counted separately.
-template <class T>
-__global__ void ErrorStats(const T* out, const float* ref, const int* dst, int64_t M, int64_t N, double* acc,
-                           unsigned long long* bad) {
-  double d2 = 0, r2 = 0;
-  unsigned long long nbad = 0;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < M * N; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = i / N, c = i % N;
-    const float o = ToF(out[int64_t(dst[r]) * N + c]);
-    const float e = ref[i];
-    if (!isfinite(o)) { ++nbad; continue; }
-    d2 += double(o - e) * (o - e);
-    r2 += double(e) * e;
-  }
-  for (int off = 16; off > 0; off /= 2) {
-    d2 += __shfl_down_sync(0xffffffffu, d2, off);
-    r2 += __shfl_down_sync(0xffffffffu, r2, off);
-    nbad += __shfl_down_sync(0xffffffffu, nbad, off);
-  }
-  if (threadIdx.x % 32 == 0) { atomicAdd(acc, d2); atomicAdd(acc + 1, r2); atomicAdd(bad, nbad); }
-}
-
-__device__ __forceinline__ int LoadAcquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ uint64_t GlobalTimer() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
-
-// One block per group: wait (acquire) until the group's counter is complete, then check
-// every element of the group's rows: never the poison pattern, and close to the fp32
-// reference. Also records whether the last group was still incomplete at that moment,
-// i.e. whether the check really ran while the GEMM was still writing.
-struct WatchOut {
-  unsigned long long unwritten, wrong;
-  int timed_out, seen_early;
-};
-template <class T>
-__global__ void Watcher(const int* counters, const int* expected, int num_groups, const int* group_row0,
-                        const T* out, const float* ref, const int* src_of_dst, int N, WatchOut* res) {
-  const int g = blockIdx.x;
-  __shared__ int ok;
-  if (threadIdx.x == 0) {
-    const uint64_t t0 = GlobalTimer();
-    ok = 1;
-    while (LoadAcquire(counters + g) < expected[g]) {
-      if (GlobalTimer() - t0 > 10000000000ull) { ok = 0; atomicAdd(&res->timed_out, 1); break; }
-    }
-    if (ok && LoadAcquire(counters + num_groups - 1) < expected[num_groups - 1]) atomicAdd(&res->seen_early, 1);
-  }
-  __syncthreads();
-  if (!ok) return;
-  unsigned long long unwritten = 0, wrong = 0;
-  const int64_t r0 = group_row0[g], r1 = group_row0[g + 1];
-  const int64_t chunks = (r1 - r0) * N / 8;
-  for (int64_t i = threadIdx.x; i < chunks; i += blockDim.x) {
-    const int64_t e0 = r0 * N + i * 8;
-    const int64_t row = e0 / N, col = e0 % N;
-    const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(out + e0));  // L2, never a stale L1 line
-    const uint16_t* h = reinterpret_cast<const uint16_t*>(&raw);
-    const float* rf = ref + int64_t(src_of_dst[row]) * N + col;
-    for (int j = 0; j < 8; ++j) {
-      if (h[j] == 0xFFFF) { ++unwritten; continue; }
-      T v; memcpy(&v, h + j, 2);
-      const float o = ToF(v), e = rf[j];
-      if (!(fabsf(o - e) <= 0.02f * fabsf(e) + 0.5f)) ++wrong;
-    }
-  }
-  if (unwritten) atomicAdd(&res->unwritten, unwritten);
-  if (wrong) atomicAdd(&res->wrong, wrong);
-}
-
-// ---------------------------------------------------------------- host helpers
-struct Buf {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit Buf(size_t b) : bytes(b) { CK(cudaMalloc(&p, b < 16 ? 16 : b)); }
-  ~Buf() { cudaFree(p); }
-  Buf(const Buf&) = delete;
-};
-
-void Fill(void* p, int64_t n, GemmDType dt, uint64_t seed, cudaStream_t s) {
-  if (dt == GemmDType::kBFloat16) FillRandom<<<1024, 256, 0, s>>>((__nv_bfloat16*)p, n, seed);
-  else FillRandom<<<1024, 256, 0, s>>>((__half*)p, n, seed);
-  CK(cudaGetLastError());
-}
-void Reference(const void* x, const void* w, float* ref, int M, int N, int K, GemmDType dt, cudaStream_t s) {
-  dim3 grid((N + 63) / 64, (M + 63) / 64);
-  if (dt == GemmDType::kBFloat16) RefGemm<<<grid, 256, 0, s>>>((const __nv_bfloat16*)x, (const __nv_bfloat16*)w, ref, M, N, K);
-  else RefGemm<<<grid, 256, 0, s>>>((const __half*)x, (const __half*)w, ref, M, N, K);
-  CK(cudaGetLastError());
-}
-
-// Layout with num_blocks rank blocks and bands at the given offsets inside a block.
-GroupLayout MakeLayout(int64_t M, int num_blocks, std::vector<int> bands) {
-  GroupLayout L;
-  L.num_blocks = num_blocks;
-  L.num_groups = int(bands.size()) - 1;
-  for (size_t i = 0; i < bands.size(); ++i) L.band_rows[i] = bands[i];
-  (void)M;
-  return L;
-}
-// num_groups bands of equal-ish size, aligned to `align` rows.
-GroupLayout EvenLayout(int64_t M, int num_blocks, int groups, int align) {
-  const int64_t rows = M / num_blocks;
-  const int64_t units = (rows + align - 1) / align;
-  if (groups > units) groups = int(units);
-  std::vector<int> b;
-  for (int g = 0; g <= groups; ++g) b.push_back(int(std::min<int64_t>(rows, (units * g / groups) * align)));
-  return MakeLayout(M, num_blocks, b);
-}
-// dst row of every logical row (signaling_gemm.h).
-std::vector<int> DstRows(int64_t M, const GroupLayout& L) {
-  std::vector<int> d(M);
-  const int64_t rpb = M / L.num_blocks;
-  for (int64_t r = 0; r < M; ++r) {
-    const int64_t j = r / rpb, o = r % rpb;
-    int g = 0;
-    while (L.band_rows[g + 1] <= o) ++g;
-    const int64_t h = L.band_rows[g + 1] - L.band_rows[g];
-    d[r] = int(L.num_blocks * L.band_rows[g] + j * h + (o - L.band_rows[g]));
-  }
-  return d;
-}
-
-std::string g_json_cases;  // comma-separated JSON objects
-int g_failures = 0;
-void AddJson(const std::string& obj) { g_json_cases += (g_json_cases.empty() ? "" : ",\n") + obj; }
-const char* DtName(GemmDType d) { return d == GemmDType::kBFloat16 ? "bf16" : "f16"; }
-
-struct RunResult {
-  cudaError_t launch;
-  double rel_err;
-  unsigned long long bad;
-  bool counters_ok;
-};
-
-// Poison, zero counters, launch, compare with the fp32 reference and check counters.
-RunResult RunAndCheck(SignalingGemmArgs a, const float* ref, int* counters, cudaStream_t s) {
-  RunResult r{};
-  const GroupLayout& L = a.layout;
-  CK(cudaMemsetAsync(a.out, 0xFF, size_t(a.m) * a.n * 2, s));
-  CK(cudaMemsetAsync(counters, 0, sizeof(int) * kMaxGroups, s));
-  a.counters = counters;
-  r.launch = LaunchSignalingGemm(a, s);
-  if (r.launch != cudaSuccess) { fprintf(stderr, "launch: %s\n", LastSignalingGemmError()); return r; }
-  CK(cudaGetLastError());
-  std::vector<int> dst = DstRows(a.m, L);
-  Buf d_dst(dst.size() * 4), acc(16), bad(8);
-  CK(cudaMemcpyAsync(d_dst.p, dst.data(), dst.size() * 4, cudaMemcpyHostToDevice, s));
-  CK(cudaMemsetAsync(acc.p, 0, 16, s));
-  CK(cudaMemsetAsync(bad.p, 0, 8, s));
-  if (a.dtype == GemmDType::kBFloat16)
-    ErrorStats<<<1024, 256, 0, s>>>((const __nv_bfloat16*)a.out, ref, (int*)d_dst.p, a.m, a.n, (double*)acc.p, (unsigned long long*)bad.p);
-  else
-    ErrorStats<<<1024, 256, 0, s>>>((const __half*)a.out, ref, (int*)d_dst.p, a.m, a.n, (double*)acc.p, (unsigned long long*)bad.p);
-  CK(cudaGetLastError());
-  double h_acc[2];
-  int h_cnt[kMaxGroups];
-  CK(cudaMemcpyAsync(h_acc, acc.p, 16, cudaMemcpyDeviceToHost, s));
-  CK(cudaMemcpyAsync(&r.bad, bad.p, 8, cudaMemcpyDeviceToHost, s));
-  CK(cudaMemcpyAsync(h_cnt, counters, sizeof(h_cnt), cudaMemcpyDeviceToHost, s));
+void ApiChecks(cudaStream_t s) {
+  Problem p({256, 256, 64}, GemmDType::kBFloat16, 7, s, false);
+  auto expect = [&](const char* what, SignalingGemmArgs a, cudaError_t want) {
+    const cudaError_t got = LaunchSignalingGemm(a, s);
+    const bool pass = got == want && (want == cudaSuccess || strlen(LastSignalingGemmError()) > 0);
+    if (!pass) ++g_failures;
+    printf("api    %-34s -> %-22s msg='%s' %s\n", what, cudaGetErrorName(got), got ? LastSignalingGemmError() : "",
+           pass ? "PASS" : "FAIL");
+    char buf[512];
+    snprintf(buf, sizeof buf, "{\"tag\":\"api\",\"what\":\"%s\",\"got\":\"%s\",\"pass\":%s}", what,
+             cudaGetErrorName(got), pass ? "true" : "false");
+    AddJson(buf);
+  };
+  GroupLayout L = EvenLayout(256, 1, 2, 128);
+  SignalingGemmArgs a = p.Args(L, 0);
+  SignalingGemmArgs b = a; b.x = (char*)a.x + 2; expect("misaligned x", b, cudaErrorInvalidValue);
+  b = a; b.n = 12; expect("N not multiple of 8", b, cudaErrorInvalidValue);
+  b = a; b.layout.band_rows[2] = 200; expect("bands not ending at M/num_blocks", b, cudaErrorInvalidValue);
+  b = a; b.layout.num_blocks = 3; expect("M not multiple of num_blocks", b, cudaErrorInvalidValue);
+  b = a; b.layout.num_groups = 0; expect("num_groups 0", b, cudaErrorInvalidValue);
+  b = a; b.comm_sms = 100000; expect("comm_sms too large", b, cudaErrorInvalidValue);
+  b = a; b.counters = nullptr; expect("no counters (no signal)", b, cudaSuccess);
   CK(cudaStreamSynchronize(s));
-  r.rel_err = std::sqrt(h_acc[0] / std::max(h_acc[1], 1e-30));
-  r.counters_ok = true;
-  for (int g = 0; g < L.num_groups; ++g) r.counters_ok &= (h_cnt[g] == TilesInGroup(a, g));
-  return r;
 }
 
-#include "gemm_test_modes.inc"
+void Correctness(bool quick, int* counters, cudaStream_t s) {
+  ApiChecks(s);
+  uint64_t seed = 1000;
+  int i = 0;
+  for (const Shape3& sh : kDesignShapes) {
+    if (quick && i++ > 0) break;
+    {
+      Problem p(sh, GemmDType::kBFloat16, seed += 10, s);
+      CheckCase("design", p, EvenLayout(sh.m, 1, 4, 256), 0, counters, s);
+      CheckCase("design", p, EvenLayout(sh.m, 2, 3, 256), 8, counters, s);
+      CheckCase("design", p, EvenLayout(sh.m, 1, 1, 256), 16, counters, s);
+      if (sh.m == 8192 && sh.n == 8192 && sh.k == 4096)
+        CheckCase("design", p, EvenLayout(sh.m, 1, 4, 128), 0, counters, s, "128");
+    }
+    {
+      Problem p(sh, GemmDType::kFloat16, seed += 10, s);
+      CheckCase("design", p, EvenLayout(sh.m, 4, 2, 256), 0, counters, s);
+    }
+  }
+  // Odd shapes: partial tiles in M, N and K, bands not aligned to tiles, idle cluster partners.
+  struct Odd { Shape3 s; GemmDType dt; int nb; std::vector<int> bands; int comm; const char* tile; };
+  const GemmDType B = GemmDType::kBFloat16, H = GemmDType::kFloat16;
+  const std::vector<Odd> odd = {
+      {{1, 8, 8}, B, 1, {0, 1}, 0, nullptr},
+      {{1, 7168, 1000}, H, 1, {0, 1}, 8, nullptr},
+      {{1, 8, 1000}, B, 1, {0, 1}, 16, "256"},
+      {{127, 8, 1000}, H, 1, {0, 50, 127}, 0, nullptr},
+      {{127, 7168, 1000}, B, 1, {0, 50, 127}, 8, nullptr},
+      {{127, 7168, 1000}, H, 1, {0, 127}, 16, "256"},
+      {{5000, 8, 1000}, B, 2, {0, 700, 1800, 2500}, 0, nullptr},
+      {{5000, 8, 1000}, H, 1, {0, 1000, 2100, 3333, 4096, 5000}, 8, "256"},
+      {{5000, 7168, 1000}, B, 1, {0, 1000, 2100, 3333, 4096, 5000}, 16, nullptr},
+      {{5000, 7168, 1000}, H, 2, {0, 700, 1800, 2500}, 0, nullptr},
+      {{5000, 7168, 1000}, B, 4, {0, 256, 1250}, 8, nullptr},
+      {{5000, 7168, 1000}, H, 4, {0, 300, 1250}, 16, "128"},
+      {{5000, 7168, 8}, B, 2, {0, 2500}, 0, nullptr},
+  };
+  for (const Odd& o : odd) {
+    Problem p(o.s, o.dt, seed += 10, s);
+    CheckCase("odd", p, MakeLayout(o.s.m, o.nb, o.bands), o.comm, counters, s, o.tile);
+  }
+}
+
+// ---------------------------------------------------------------- signal visibility
+void SignalTest(bool quick, int* counters, cudaStream_t s) {
+  cudaStream_t s_watch;
+  CK(cudaStreamCreateWithFlags(&s_watch, cudaStreamNonBlocking));
+  struct Sig { Shape3 s; int nb, groups, comm; };
+  std::vector<Sig> cases = {{{8192, 8192, 4096}, 1, 4, 16}, {{8192, 8192, 4096}, 2, 4, 16},
+                            {{16384, 8192, 8192}, 1, 4, 16}, {{8192, 8192, 4096}, 1, 4, 8}};
+  if (quick) cases.resize(2);
+  uint64_t seed = 5000;
+  for (const Sig& c : cases) {
+    Problem p(c.s, GemmDType::kBFloat16, seed += 10, s);
+    const GroupLayout L = EvenLayout(c.s.m, c.nb, c.groups, 256);
+    SignalingGemmArgs a = p.Args(L, c.comm);
+    a.counters = counters;
+    const std::vector<int> dst = DstRows(c.s.m, L);
+    std::vector<int> src(dst.size());
+    for (size_t r = 0; r < dst.size(); ++r) src[dst[r]] = int(r);
+    std::vector<int> expected(L.num_groups), row0(L.num_groups + 1);
+    for (int g = 0; g < L.num_groups; ++g) expected[g] = int(TilesInGroup(a, g));
+    for (int g = 0; g <= L.num_groups; ++g) row0[g] = L.num_blocks * L.band_rows[g];
+    Buf d_src(src.size() * 4), d_exp(expected.size() * 4), d_row0(row0.size() * 4), d_res(sizeof(WatchOut));
+    CK(cudaMemcpy(d_src.p, src.data(), src.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_exp.p, expected.data(), expected.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_row0.p, row0.data(), row0.size() * 4, cudaMemcpyHostToDevice));
+    WatchOut total{};
+    const int iters = 3;
+    for (int it = 0; it < iters; ++it) {
+      CK(cudaMemset(a.out, 0xFF, size_t(a.m) * a.n * 2));
+      CK(cudaMemset(counters, 0, sizeof(int) * kMaxGroups));
+      CK(cudaMemset(d_res.p, 0, sizeof(WatchOut)));
+      CK(cudaDeviceSynchronize());
+      // Watcher first so its few blocks are resident before the GEMM fills the machine.
+      Watcher<<<L.num_groups, 1024, 0, s_watch>>>(counters, (int*)d_exp.p, L.num_groups, (int*)d_row0.p,
+                                                  (const __nv_bfloat16*)a.out, (const float*)p.ref.p,
+                                                  (int*)d_src.p, int(a.n), (WatchOut*)d_res.p);
+      CK(cudaGetLastError());
+      const cudaError_t e = LaunchSignalingGemm(a, s);
+      if (e != cudaSuccess) { fprintf(stderr, "launch: %s\n", LastSignalingGemmError()); exit(2); }
+      CK(cudaDeviceSynchronize());
+      WatchOut h;
+      CK(cudaMemcpy(&h, d_res.p, sizeof h, cudaMemcpyDeviceToHost));
+      total.unwritten += h.unwritten; total.wrong += h.wrong;
+      total.timed_out += h.timed_out; total.seen_early += h.seen_early;
+    }
+    const bool pass = total.unwritten == 0 && total.wrong == 0 && total.timed_out == 0;
+    if (!pass) ++g_failures;
+    printf("signal bf16 %6lldx%6lldx%6lld nb=%d groups=%d comm=%2d x%d: unwritten=%llu wrong=%llu timed_out=%d "
+           "groups_checked_while_gemm_running=%d/%d %s\n",
+           (long long)c.s.m, (long long)c.s.n, (long long)c.s.k, c.nb, L.num_groups, c.comm, iters, total.unwritten,
+           total.wrong, total.timed_out, total.seen_early, iters * L.num_groups, pass ? "PASS" : "FAIL");
+    char buf[512];
+    snprintf(buf, sizeof buf,
+             "{\"tag\":\"signal\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"num_blocks\":%d,\"groups\":%d,\"comm_sms\":%d,"
+             "\"runs\":%d,\"unwritten\":%llu,\"wrong\":%llu,\"timed_out\":%d,\"groups_checked_while_running\":%d,"
+             "\"groups_checked\":%d,\"pass\":%s}",
+             (long long)c.s.m, (long long)c.s.n, (long long)c.s.k, c.nb, L.num_groups, c.comm, iters, total.unwritten,
+             total.wrong, total.timed_out, total.seen_early, iters * L.num_groups, pass ? "true" : "false");
+    AddJson(buf);
+    fflush(stdout);
+  }
+  CK(cudaStreamDestroy(s_watch));
+}
+
+// ---------------------------------------------------------------- timing
+template <class F>
+float MedianMs(F launch, int* counters, cudaStream_t s, int warmup = 5, int iters = 40) {
+  cudaEvent_t e0[64], e1[64];
+  for (int i = 0; i < iters; ++i) { CK(cudaEventCreate(&e0[i])); CK(cudaEventCreate(&e1[i])); }
+  for (int i = 0; i < warmup; ++i) launch(i);
+  for (int i = 0; i < iters; ++i) {
+    if (counters) CK(cudaMemsetAsync(counters, 0, sizeof(int) * kMaxGroups, s));
+    CK(cudaEventRecord(e0[i], s));
+    launch(i);
+    CK(cudaEventRecord(e1[i], s));
+  }
+  CK(cudaStreamSynchronize(s));
+  std::vector<float> t(iters);
+  for (int i = 0; i < iters; ++i) {
+    CK(cudaEventElapsedTime(&t[i], e0[i], e1[i]));
+    cudaEventDestroy(e0[i]); cudaEventDestroy(e1[i]);
+  }
+  std::sort(t.begin(), t.end());
+  return t[iters / 2];
+}
+
+void Bench(bool quick, Cublas& cublas, int* counters, cudaStream_t s) {
+  std::string table;
+  int i = 0;
+  for (const Shape3& sh : kDesignShapes) {
+    if (quick && i++ > 0) break;
+    const int kSets = 3;  // rotating inputs: 3 sets >> 60 MB of L2
+    std::vector<Problem*> sets;
+    for (int k = 0; k < kSets; ++k) sets.push_back(new Problem(sh, GemmDType::kBFloat16, 900 + k, s, false));
+    const double flop = 2.0 * sh.m * sh.n * sh.k;
+    float t_cublas = -1;
+    if (cublas.ok()) {
+      t_cublas = MedianMs([&](int it) {
+        Problem* p = sets[it % kSets];
+        if (cublas.Run(p->x.p, p->w.p, p->out.p, int(sh.m), int(sh.n), int(sh.k), GemmDType::kBFloat16, s) != 0) {
+          fprintf(stderr, "cublasGemmEx failed\n"); exit(2);
+        }
+      }, nullptr, s);
+    }
+    auto ours = [&](int comm, int groups, bool signal, int panel) {
+      if (panel > 0) setenv("FLASHOVERLAP_GEMM_PANEL", std::to_string(panel).c_str(), 1);
+      else unsetenv("FLASHOVERLAP_GEMM_PANEL");
+      const float t = MedianMs([&](int it) {
+        Problem* p = sets[it % kSets];
+        SignalingGemmArgs a = p->Args(EvenLayout(sh.m, 1, groups, 256), comm);
+        a.counters = signal ? counters : nullptr;
+        if (LaunchSignalingGemm(a, s) != cudaSuccess) { fprintf(stderr, "launch: %s\n", LastSignalingGemmError()); exit(2); }
+      }, signal ? counters : nullptr, s);
+      unsetenv("FLASHOVERLAP_GEMM_PANEL");
+      return t;
+    };
+    struct V { const char* name; int comm, groups; bool signal; int panel; float ms; };
+    std::vector<V> vs = {{"g4 sig", 0, 4, true, 0, 0},     {"g1 sig", 0, 1, true, 0, 0},
+                         {"g4 nosig", 0, 4, false, 0, 0},  {"g4 sig p4", 0, 4, true, 4, 0},
+                         {"g4 sig p16", 0, 4, true, 16, 0}, {"g4 sig p2", 0, 4, true, 2, 0},
+                         {"g4 sig", 8, 4, true, 0, 0},     {"g4 sig", 16, 4, true, 0, 0}};
+    for (V& v : vs) v.ms = ours(v.comm, v.groups, v.signal, v.panel);
+    for (const V& v : vs) {
+      const double ratio = t_cublas > 0 ? t_cublas / v.ms : 0;
+      char buf[512];
+      snprintf(buf, sizeof buf,
+               "{\"tag\":\"bench\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"dtype\":\"bf16\",\"variant\":\"%s\",\"comm_sms\":%d,"
+               "\"groups\":%d,\"signal\":%s,\"panel\":%d,\"ms\":%.4f,\"tflops\":%.1f,\"cublas_ms\":%.4f,"
+               "\"cublas_over_ours\":%.3f}",
+               (long long)sh.m, (long long)sh.n, (long long)sh.k, v.name, v.comm, v.groups, v.signal ? "true" : "false",
+               v.panel ? v.panel : 8, v.ms, flop / v.ms * 1e-9, t_cublas, ratio);
+      AddJson(buf);
+      char line[256];
+      snprintf(line, sizeof line, "%6lldx%6lldx%6lld  %-11s comm=%2d  ours %.3f ms (%4.0f TF/s)  cublas %.3f ms  ratio %.3f\n",
+               (long long)sh.m, (long long)sh.n, (long long)sh.k, v.name, v.comm, v.ms, flop / v.ms * 1e-9, t_cublas,
+               ratio);
+      table += line;
+      printf("%s", line);
+      fflush(stdout);
+    }
+    for (Problem* p : sets) delete p;
+  }
+  printf("\n==== bench (median of 40, bf16, rotating inputs; ratio = cuBLAS time / our time) ====\n%s", table.c_str());
+}
+
+void Sanitize(int* counters, cudaStream_t s) {
+  struct C { Shape3 s; GemmDType dt; int nb; std::vector<int> bands; const char* tile; };
+  const std::vector<C> cs = {{{300, 264, 200}, GemmDType::kBFloat16, 2, {0, 50, 100, 150}, "256"},
+                             {{300, 264, 200}, GemmDType::kFloat16, 2, {0, 50, 100, 150}, "128"},
+                             {{1, 8, 8}, GemmDType::kBFloat16, 1, {0, 1}, "256"},
+                             {{130, 136, 72}, GemmDType::kFloat16, 1, {0, 70, 130}, nullptr}};
+  uint64_t seed = 77;
+  for (const C& c : cs) {
+    Problem p(c.s, c.dt, seed += 10, s);
+    CheckCase("sanit", p, MakeLayout(c.s.m, c.nb, c.bands), 0, counters, s, c.tile);
+  }
+}
+
+int main(int argc, char** argv) {
+  std::string mode = argc > 1 ? argv[1] : "all";
+  std::string json_path;
+  bool quick = false;
+  for (int i = 2; i < argc; ++i) {
+    if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
+    else if (!strcmp(argv[i], "--quick")) quick = true;
+  }
+  CK(cudaSetDevice(0));
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  printf("device: %s, %d SMs, cc %d.%d\n", prop.name, prop.multiProcessorCount, prop.major, prop.minor);
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  int* counters;
+  CK(cudaMalloc(&counters, sizeof(int) * kMaxGroups));
+  Cublas cublas;
+  if (mode == "bench" || mode == "all") cublas.Load();
+
+  if (mode == "correctness" || mode == "all") Correctness(quick, counters, s);
+  if (mode == "signal" || mode == "all") SignalTest(quick, counters, s);
+  if (mode == "bench" || mode == "all") Bench(quick, cublas, counters, s);
+  if (mode == "sanitize") Sanitize(counters, s);
+  CK(cudaDeviceSynchronize());
+
+  if (!json_path.empty()) {
+    FILE* f = fopen(json_path.c_str(), "w");
+    if (f) {
+      fprintf(f, "{\"mode\":\"%s\",\"device\":\"%s\",\"sms\":%d,\"failures\":%d,\"cublas\":%s,\"results\":[\n%s\n]}\n",
+              mode.c_str(), prop.name, prop.multiProcessorCount, g_failures, cublas.ok() ? "true" : "false",
+              g_json_cases.c_str());
+      fclose(f);
+    }
+  }
+  printf("%s: %d failure(s)\n", mode.c_str(), g_failures);
+  CK(cudaFree(counters));
+  return g_failures ? 1 : 0;
+}

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Builds tests/cuda/gemm_test (standalone test + benchmark of the signaling GEMM) with nvcc.
+#   tests/cuda/build.sh [BUILD_DIR]      (default: .build at the repository root)
+# CUTLASS headers: $CUTLASS_DIR (the folder holding include/ and tools/util/include), else
+# the nvidia-cutlass wheel's copy found through python's cutlass_library, else .cutlass/.
+# The kernel instantiations compile in parallel; any ptxas C75xx warning (e.g. C7510, wgmma
+# serialized) fails the build, since it means a slow kernel.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+BUILD="${1:-$ROOT/.build}"
+mkdir -p "$BUILD"
+if [[ -z "${CUTLASS_DIR:-}" ]]; then
+  CUTLASS_DIR="$(python3 -c 'import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), "source"))' 2>/dev/null || true)"
+  [[ -d "$CUTLASS_DIR/include/cute" ]] || CUTLASS_DIR="$ROOT/.cutlass"
+fi
+[[ -d "$CUTLASS_DIR/include/cute" ]] || { echo "CUTLASS headers not found (set CUTLASS_DIR)"; exit 1; }
+NVCC="${NVCC:-nvcc}"
+FLAGS=(-std=c++17 -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Xcompiler -fPIC
+       -I"$CUTLASS_DIR/include" -I"$CUTLASS_DIR/tools/util/include")
+SRCS=(xla_ffi/kernels/signaling_gemm_bf16_128x256.cu xla_ffi/kernels/signaling_gemm_bf16_128x128.cu
+      xla_ffi/kernels/signaling_gemm_f16_128x256.cu xla_ffi/kernels/signaling_gemm_f16_128x128.cu
+      xla_ffi/kernels/signaling_gemm.cu tests/cuda/gemm_test.cu)
+export NVCC BUILD ROOT
+export FLAGS_STR="${FLAGS[*]}"
+compile() {
+  local src="$1" name
+  name="$(basename "${src%.cu}")"
+  local t0=$SECONDS
+  if ! $NVCC $FLAGS_STR -Xptxas -v -c "$ROOT/$src" -o "$BUILD/$name.o" >"$BUILD/$name.log" 2>&1; then
+    cat "$BUILD/$name.log"; echo "FAILED: $src"; return 1
+  fi
+  if grep -q "C75[0-9][0-9]" "$BUILD/$name.log"; then
+    grep "C75" "$BUILD/$name.log"; echo "FAILED (ptxas C75xx warning): $src"; return 1
+  fi
+  echo "compiled $src in $((SECONDS - t0)) s"
+}
+export -f compile
+JOBS="${JOBS:-$(nproc)}"
+printf '%s\n' "${SRCS[@]}" | xargs -P "$JOBS" -I{} bash -c 'compile {}'
+$NVCC -o "$BUILD/gemm_test" "$BUILD"/signaling_gemm_*.o "$BUILD/signaling_gemm.o" "$BUILD/gemm_test.o" -ldl
+echo "built $BUILD/gemm_test"

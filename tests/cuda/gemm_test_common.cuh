@@ -1,0 +1,281 @@
+// Helpers of the standalone signaling-GEMM test (gemm_test.cu): cuBLAS through dlopen,
+// random fill, an fp32 reference GEMM, error statistics, the signal watcher kernel, and
+// group-layout helpers.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <library_types.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "../../xla_ffi/kernels/signaling_gemm.h"
+
+using namespace flashoverlap;
+
+#define CK(expr)                                                                              \
+  do {                                                                                        \
+    cudaError_t e_ = (expr);                                                                  \
+    if (e_ != cudaSuccess) {                                                                  \
+      fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, __LINE__, \
+              #expr);                                                                         \
+      exit(2);                                                                                \
+    }                                                                                         \
+  } while (0)
+
+// ---------------------------------------------------------------- cuBLAS via dlopen
+typedef void* cublasHandle_t;
+typedef int (*CreateFn)(cublasHandle_t*);
+typedef int (*SetStreamFn)(cublasHandle_t, cudaStream_t);
+typedef int (*GemmExFn)(cublasHandle_t, int, int, int, int, int, const void*, const void*, cudaDataType, int,
+                        const void*, cudaDataType, int, const void*, void*, cudaDataType, int, int, int);
+struct Cublas {
+  cublasHandle_t h = nullptr;
+  SetStreamFn set_stream = nullptr;
+  GemmExFn gemm = nullptr;
+  bool ok() const { return gemm != nullptr; }
+  void Load() {
+    const char* env = getenv("CUBLAS_LIB");
+    void* lib = dlopen(env ? env : "libcublas.so.13", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) { fprintf(stderr, "cuBLAS not loaded: %s\n", dlerror()); return; }
+    auto create = (CreateFn)dlsym(lib, "cublasCreate_v2");
+    set_stream = (SetStreamFn)dlsym(lib, "cublasSetStream_v2");
+    auto gemm_fn = (GemmExFn)dlsym(lib, "cublasGemmEx");
+    if (!create || !set_stream || !gemm_fn || create(&h) != 0) { fprintf(stderr, "cuBLAS symbols missing\n"); return; }
+    gemm = gemm_fn;
+  }
+  // Row-major out[M,N] = x[M,K] @ w[K,N]  ==  column-major out^T = w^T x^T.
+  int Run(const void* x, const void* w, void* out, int M, int N, int K, GemmDType dt, cudaStream_t s) {
+    const float one = 1.f, zero = 0.f;
+    const cudaDataType t = dt == GemmDType::kBFloat16 ? CUDA_R_16BF : CUDA_R_16F;
+    set_stream(h, s);
+    return gemm(h, 0, 0, N, M, K, &one, w, t, N, x, t, K, &zero, out, t, N, /*COMPUTE_32F*/ 68,
+                /*CUBLAS_GEMM_DEFAULT*/ -1);
+  }
+};
+
+// ---------------------------------------------------------------- device helpers
+__device__ __forceinline__ float ToF(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float ToF(__half v) { return __half2float(v); }
+template <class T> __device__ __forceinline__ T FromF(float v);
+template <> __device__ __forceinline__ __nv_bfloat16 FromF(float v) { return __float2bfloat16(v); }
+template <> __device__ __forceinline__ __half FromF(float v) { return __float2half(v); }
+
+__device__ __forceinline__ uint32_t Hash(uint64_t x) {
+  x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ULL; x ^= x >> 33;
+  return uint32_t(x);
+}
+template <class T>
+__global__ void FillRandom(T* p, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    p[i] = FromF<T>(Hash(seed * 0x9E3779B97F4A7C15ULL + i) * (2.0f / 4294967296.0f) - 1.0f);
+}
+
+// fp32 reference, 64x64 tile per block, 4x4 per thread.
+template <class T>
+__global__ void RefGemm(const T* x, const T* w, float* ref, int M, int N, int K) {
+  __shared__ float sx[16][65], sw[16][65];
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const int m0 = blockIdx.y * 64, n0 = blockIdx.x * 64;
+  float acc[4][4] = {};
+  for (int k0 = 0; k0 < K; k0 += 16) {
+    for (int i = threadIdx.x; i < 64 * 16; i += 256) {
+      const int r = i / 16, c = i % 16;  // x tile: 64 rows x 16 k
+      sx[c][r] = (m0 + r < M && k0 + c < K) ? ToF(x[int64_t(m0 + r) * K + k0 + c]) : 0.f;
+      const int kr = i / 64, nc = i % 64;  // w tile: 16 k x 64 cols
+      sw[kr][nc] = (k0 + kr < K && n0 + nc < N) ? ToF(w[int64_t(k0 + kr) * N + n0 + nc]) : 0.f;
+    }
+    __syncthreads();
+    for (int kk = 0; kk < 16; ++kk)
+      for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j) acc[i][j] += sx[kk][ty * 4 + i] * sw[kk][tx * 4 + j];
+    __syncthreads();
+  }
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 4; ++j) {
+      const int r = m0 + ty * 4 + i, c = n0 + tx * 4 + j;
+      if (r < M && c < N) ref[int64_t(r) * N + c] = acc[i][j];
+    }
+}
+
+// sum (out - ref)^2, sum ref^2 over logical rows; out row of logical row r is dst[r].
+// Poisoned (0xFFFF) or non-finite outputs are counted separately.
+template <class T>
+__global__ void ErrorStats(const T* out, const float* ref, const int* dst, int64_t M, int64_t N, double* acc,
+                           unsigned long long* bad) {
+  double d2 = 0, r2 = 0;
+  unsigned long long nbad = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < M * N; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / N, c = i % N;
+    const float o = ToF(out[int64_t(dst[r]) * N + c]);
+    const float e = ref[i];
+    if (!isfinite(o)) { ++nbad; continue; }
+    d2 += double(o - e) * (o - e);
+    r2 += double(e) * e;
+  }
+  for (int off = 16; off > 0; off /= 2) {
+    d2 += __shfl_down_sync(0xffffffffu, d2, off);
+    r2 += __shfl_down_sync(0xffffffffu, r2, off);
+    nbad += __shfl_down_sync(0xffffffffu, nbad, off);
+  }
+  if (threadIdx.x % 32 == 0) { atomicAdd(acc, d2); atomicAdd(acc + 1, r2); atomicAdd(bad, nbad); }
+}
+
+__device__ __forceinline__ int LoadAcquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint64_t GlobalTimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+
+// One block per group: wait (acquire) until the group's counter is complete, then check
+// every element of the group's rows: never the poison pattern, and close to the fp32
+// reference. Also records whether the last group was still incomplete at that moment,
+// i.e. whether the check really ran while the GEMM was still writing.
+struct WatchOut {
+  unsigned long long unwritten, wrong;
+  int timed_out, seen_early;
+};
+template <class T>
+__global__ void Watcher(const int* counters, const int* expected, int num_groups, const int* group_row0,
+                        const T* out, const float* ref, const int* src_of_dst, int N, WatchOut* res) {
+  const int g = blockIdx.x;
+  __shared__ int ok;
+  if (threadIdx.x == 0) {
+    const uint64_t t0 = GlobalTimer();
+    ok = 1;
+    while (LoadAcquire(counters + g) < expected[g]) {
+      if (GlobalTimer() - t0 > 10000000000ull) { ok = 0; atomicAdd(&res->timed_out, 1); break; }
+    }
+    if (ok && LoadAcquire(counters + num_groups - 1) < expected[num_groups - 1]) atomicAdd(&res->seen_early, 1);
+  }
+  __syncthreads();
+  if (!ok) return;
+  unsigned long long unwritten = 0, wrong = 0;
+  const int64_t r0 = group_row0[g], r1 = group_row0[g + 1];
+  const int64_t chunks = (r1 - r0) * N / 8;
+  for (int64_t i = threadIdx.x; i < chunks; i += blockDim.x) {
+    const int64_t e0 = r0 * N + i * 8;
+    const int64_t row = e0 / N, col = e0 % N;
+    const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(out + e0));  // L2, never a stale L1 line
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(&raw);
+    const float* rf = ref + int64_t(src_of_dst[row]) * N + col;
+    for (int j = 0; j < 8; ++j) {
+      if (h[j] == 0xFFFF) { ++unwritten; continue; }
+      T v; memcpy(&v, h + j, 2);
+      const float o = ToF(v), e = rf[j];
+      if (!(fabsf(o - e) <= 0.02f * fabsf(e) + 0.5f)) ++wrong;
+    }
+  }
+  if (unwritten) atomicAdd(&res->unwritten, unwritten);
+  if (wrong) atomicAdd(&res->wrong, wrong);
+}
+
+// ---------------------------------------------------------------- host helpers
+struct Buf {
+  void* p = nullptr;
+  size_t bytes = 0;
+  explicit Buf(size_t b) : bytes(b) { CK(cudaMalloc(&p, b < 16 ? 16 : b)); }
+  ~Buf() { cudaFree(p); }
+  Buf(const Buf&) = delete;
+};
+
+void Fill(void* p, int64_t n, GemmDType dt, uint64_t seed, cudaStream_t s) {
+  if (dt == GemmDType::kBFloat16) FillRandom<<<1024, 256, 0, s>>>((__nv_bfloat16*)p, n, seed);
+  else FillRandom<<<1024, 256, 0, s>>>((__half*)p, n, seed);
+  CK(cudaGetLastError());
+}
+void Reference(const void* x, const void* w, float* ref, int M, int N, int K, GemmDType dt, cudaStream_t s) {
+  dim3 grid((N + 63) / 64, (M + 63) / 64);
+  if (dt == GemmDType::kBFloat16) RefGemm<<<grid, 256, 0, s>>>((const __nv_bfloat16*)x, (const __nv_bfloat16*)w, ref, M, N, K);
+  else RefGemm<<<grid, 256, 0, s>>>((const __half*)x, (const __half*)w, ref, M, N, K);
+  CK(cudaGetLastError());
+}
+
+// Layout with num_blocks rank blocks and bands at the given offsets inside a block.
+GroupLayout MakeLayout(int64_t M, int num_blocks, std::vector<int> bands) {
+  GroupLayout L;
+  L.num_blocks = num_blocks;
+  L.num_groups = int(bands.size()) - 1;
+  for (size_t i = 0; i < bands.size(); ++i) L.band_rows[i] = bands[i];
+  (void)M;
+  return L;
+}
+// num_groups bands of equal-ish size, aligned to `align` rows.
+GroupLayout EvenLayout(int64_t M, int num_blocks, int groups, int align) {
+  const int64_t rows = M / num_blocks;
+  const int64_t units = (rows + align - 1) / align;
+  if (groups > units) groups = int(units);
+  std::vector<int> b;
+  for (int g = 0; g <= groups; ++g) b.push_back(int(std::min<int64_t>(rows, (units * g / groups) * align)));
+  return MakeLayout(M, num_blocks, b);
+}
+// dst row of every logical row (signaling_gemm.h).
+std::vector<int> DstRows(int64_t M, const GroupLayout& L) {
+  std::vector<int> d(M);
+  const int64_t rpb = M / L.num_blocks;
+  for (int64_t r = 0; r < M; ++r) {
+    const int64_t j = r / rpb, o = r % rpb;
+    int g = 0;
+    while (L.band_rows[g + 1] <= o) ++g;
+    const int64_t h = L.band_rows[g + 1] - L.band_rows[g];
+    d[r] = int(L.num_blocks * L.band_rows[g] + j * h + (o - L.band_rows[g]));
+  }
+  return d;
+}
+
+std::string g_json_cases;  // comma-separated JSON objects
+int g_failures = 0;
+void AddJson(const std::string& obj) { g_json_cases += (g_json_cases.empty() ? "" : ",\n") + obj; }
+const char* DtName(GemmDType d) { return d == GemmDType::kBFloat16 ? "bf16" : "f16"; }
+
+struct RunResult {
+  cudaError_t launch;
+  double rel_err;
+  unsigned long long bad;
+  bool counters_ok;
+};
+
+// Poison, zero counters, launch, compare with the fp32 reference and check counters.
+RunResult RunAndCheck(SignalingGemmArgs a, const float* ref, int* counters, cudaStream_t s) {
+  RunResult r{};
+  const GroupLayout& L = a.layout;
+  CK(cudaMemsetAsync(a.out, 0xFF, size_t(a.m) * a.n * 2, s));
+  CK(cudaMemsetAsync(counters, 0, sizeof(int) * kMaxGroups, s));
+  a.counters = counters;
+  r.launch = LaunchSignalingGemm(a, s);
+  if (r.launch != cudaSuccess) { fprintf(stderr, "launch: %s\n", LastSignalingGemmError()); return r; }
+  CK(cudaGetLastError());
+  std::vector<int> dst = DstRows(a.m, L);
+  Buf d_dst(dst.size() * 4), acc(16), bad(8);
+  CK(cudaMemcpyAsync(d_dst.p, dst.data(), dst.size() * 4, cudaMemcpyHostToDevice, s));
+  CK(cudaMemsetAsync(acc.p, 0, 16, s));
+  CK(cudaMemsetAsync(bad.p, 0, 8, s));
+  if (a.dtype == GemmDType::kBFloat16)
+    ErrorStats<<<1024, 256, 0, s>>>((const __nv_bfloat16*)a.out, ref, (int*)d_dst.p, a.m, a.n, (double*)acc.p, (unsigned long long*)bad.p);
+  else
+    ErrorStats<<<1024, 256, 0, s>>>((const __half*)a.out, ref, (int*)d_dst.p, a.m, a.n, (double*)acc.p, (unsigned long long*)bad.p);
+  CK(cudaGetLastError());
+  double h_acc[2];
+  int h_cnt[kMaxGroups];
+  CK(cudaMemcpyAsync(h_acc, acc.p, 16, cudaMemcpyDeviceToHost, s));
+  CK(cudaMemcpyAsync(&r.bad, bad.p, 8, cudaMemcpyDeviceToHost, s));
+  CK(cudaMemcpyAsync(h_cnt, counters, sizeof(h_cnt), cudaMemcpyDeviceToHost, s));
+  CK(cudaStreamSynchronize(s));
+  r.rel_err = std::sqrt(h_acc[0] / std::max(h_acc[1], 1e-30));
+  r.counters_ok = true;
+  for (int g = 0; g < L.num_groups; ++g) r.counters_ok &= (h_cnt[g] == TilesInGroup(a, g));
+  return r;
+}
+

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Runs the signaling-GEMM checks on a GPU machine (H100/H200):
+#   (a) correctness, (b) signal visibility, (c) timing vs cuBLAS, (d) compute-sanitizer
+#   memcheck / racecheck / synccheck on small shapes.
+#   tests/cuda/run_gpu.sh [RESULT_DIR]     (default: $OUT, else .build/results)
+# Uses .build/gemm_test if it exists and starts (a copy built elsewhere: static cudart),
+# else builds it with tests/cuda/build.sh (needs CUTLASS headers, see there).
+# cuBLAS is found through CUBLAS_LIB or searched for libcublas.so.13 under /usr and /opt.
+set -uo pipefail
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+RES="${1:-${OUT:-$ROOT/.build/results}}"
+mkdir -p "$RES"
+export NCCL_NVLS_ENABLE=0
+BIN="$ROOT/.build/gemm_test"
+LOG="$RES/run.log"
+: >"$LOG"
+say() { echo "$@" | tee -a "$LOG"; }
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader 2>&1 | tee -a "$LOG"
+if ! "$BIN" none >/dev/null 2>&1; then
+  say "prebuilt binary missing or not runnable here; building"
+  "$ROOT/tests/cuda/build.sh" "$ROOT/.build" 2>&1 | tee -a "$LOG" || { say "BUILD FAILED"; exit 1; }
+fi
+if [[ -z "${CUBLAS_LIB:-}" ]]; then
+  CUBLAS_LIB="$(find /usr /opt -name 'libcublas.so.13*' -not -name '*Lt*' 2>/dev/null | head -1)"
+  export CUBLAS_LIB
+fi
+say "cuBLAS: ${CUBLAS_LIB:-not found}"
+if command -v cuobjdump >/dev/null; then
+  cuobjdump --dump-sass "$BIN" > "$RES/sass.txt" 2>/dev/null
+  say "SASS: $(grep -c HGMMA "$RES/sass.txt") HGMMA, $(grep -c 'STL\|LDL' "$RES/sass.txt") local-memory ops"
+  gzip -f "$RES/sass.txt"
+fi
+
+declare -A RC
+step() {  # name timeout_s args...
+  local name="$1" t="$2"; shift 2
+  local t0=$SECONDS
+  timeout "$t" "$@" 2>&1 | tee -a "$LOG"
+  RC[$name]=${PIPESTATUS[0]}
+  say "== step $name: rc=${RC[$name]} ($((SECONDS - t0)) s)"
+}
+# Smoke test first: a hang or crash here means nothing else is worth running.
+step smoke 60 "$BIN" sanitize
+if [[ ${RC[smoke]} -ne 0 ]]; then say "SMOKE FAILED"; exit 1; fi
+step correctness 240 "$BIN" correctness --json "$RES/correctness.json"
+step signal 120 "$BIN" signal --json "$RES/signal.json"
+step bench 240 "$BIN" bench --json "$RES/bench.json"
+SAN="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)"
+if [[ -n "$SAN" ]]; then
+  for tool in memcheck racecheck synccheck; do
+    step "$tool" 300 "$SAN" --tool "$tool" --error-exitcode 3 "$BIN" sanitize
+  done
+else
+  say "compute-sanitizer not found"
+fi
+say "==== summary ===="
+for k in smoke correctness signal bench memcheck racecheck synccheck; do say "$k: rc=${RC[$k]:-not run}"; done
+grep -E "^ *[0-9]+x|ratio|ERROR SUMMARY|RACECHECK SUMMARY|failure" "$LOG" | tail -60

@@ -1,0 +1,99 @@
+// XLA FFI handler flashoverlap_gemm: the signaling GEMM on its own (no communication), so
+// that the kernel, its group layout and its signals are exercised and timed from JAX.
+// Decodes and validates the buffers, splits M into `num_groups` row bands, takes the
+// group counters from XLA's scratch allocator, and launches on XLA's stream.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../kernels/signaling_gemm.h"
+#include "check.h"
+#include "handlers.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace flashoverlap {
+namespace {
+
+// M rows -> `num_groups` bands of whole row_align units (block_m * cluster_m rows, so no
+// cluster is left half idle); units spread as evenly as possible, the last band may be
+// partial. Fewer bands than asked when M has fewer units than that.
+int SplitRows(int64_t m, int num_groups, int row_align, GroupLayout* layout) {
+  const int64_t units = (m + row_align - 1) / row_align;
+  int64_t groups = num_groups < units ? num_groups : units;
+  if (groups < 1) groups = 1;
+  layout->num_blocks = 1;
+  layout->num_groups = int(groups);
+  for (int64_t g = 0; g <= groups; ++g) {
+    const int64_t rows = (units * g / groups) * row_align;
+    layout->band_rows[g] = int(rows < m ? rows : m);
+  }
+  return int(groups);
+}
+
+ffi::Error GemmImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer x,
+                    ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out, int32_t comm_sms,
+                    int32_t num_groups) {
+  const ffi::DataType dt = x.element_type();
+  FO_CHECK_ARG(dt == ffi::DataType::BF16 || dt == ffi::DataType::F16,
+               "flashoverlap_gemm: x must be bfloat16 or float16");
+  FO_CHECK_ARG(w.element_type() == dt && out->element_type() == dt,
+               "flashoverlap_gemm: x, w and out must have the same dtype");
+  const auto xd = x.dimensions();
+  const auto wd = w.dimensions();
+  const auto od = out->dimensions();
+  FO_CHECK_ARG(xd.size() == 2 && wd.size() == 2 && od.size() == 2,
+               "flashoverlap_gemm: x, w and out must be rank 2, got ranks " << xd.size() << ", "
+                                                                           << wd.size() << ", " << od.size());
+  const int64_t m = xd[0], k = xd[1], n = wd[1];
+  FO_CHECK_ARG(wd[0] == k, "flashoverlap_gemm: contraction mismatch, x is [" << m << "," << k << "], w is ["
+                                                                            << wd[0] << "," << n << "]");
+  FO_CHECK_ARG(od[0] == m && od[1] == n,
+               "flashoverlap_gemm: out must be [" << m << "," << n << "], got [" << od[0] << "," << od[1] << "]");
+  FO_CHECK_ARG(m >= 1 && n >= 8 && k >= 8 && n % 8 == 0 && k % 8 == 0,
+               "flashoverlap_gemm: need M >= 1 and N, K positive multiples of 8; got M=" << m << " N=" << n
+                                                                                        << " K=" << k);
+  FO_CHECK_ARG(num_groups >= 1 && num_groups <= kMaxGroups,
+               "flashoverlap_gemm: num_groups must be in [1, " << kMaxGroups << "], got " << num_groups);
+  FO_CHECK_ARG(comm_sms >= 0, "flashoverlap_gemm: comm_sms must be >= 0, got " << comm_sms);
+
+  SignalingGemmArgs args;
+  args.x = x.untyped_data();
+  args.w = w.untyped_data();
+  args.out = out->untyped_data();
+  args.m = m;
+  args.n = n;
+  args.k = k;
+  args.dtype = dt == ffi::DataType::BF16 ? GemmDType::kBFloat16 : GemmDType::kFloat16;
+  args.comm_sms = comm_sms;
+  const GemmTileShape ts = ChooseTileShape(args);
+  const int groups = SplitRows(m, num_groups, ts.row_align(), &args.layout);
+
+  // Counters live only for this call: the scratch allocation is valid until the handler
+  // returns, and everything using it is ordered on `stream`.
+  std::optional<void*> counters = scratch.Allocate(sizeof(int32_t) * kMaxGroups, 16);
+  FO_CHECK(counters.has_value(), "flashoverlap_gemm: scratch allocation of the group counters failed");
+  args.counters = static_cast<int32_t*>(*counters);
+  FO_CHECK_CUDA(cudaMemsetAsync(args.counters, 0, sizeof(int32_t) * groups, stream));
+
+  const cudaError_t e = LaunchSignalingGemm(args, stream);
+  FO_CHECK_ARG(e != cudaErrorInvalidValue, "flashoverlap_gemm: " << LastSignalingGemmError());
+  if (e == cudaErrorNotSupported) {
+    return ffi::Error(ffi::ErrorCode::kUnimplemented,
+                      FormatError(__FILE__, __LINE__, std::string("flashoverlap_gemm: ") + LastSignalingGemmError()));
+  }
+  FO_CHECK(e == cudaSuccess, "flashoverlap_gemm: " << LastSignalingGemmError() << " (" << cudaGetErrorName(e) << ")");
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace flashoverlap
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FlashoverlapGemm, flashoverlap::GemmImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<xla::ffi::ScratchAllocator>()
+                                  .Arg<xla::ffi::AnyBuffer>()  // x [M, K]
+                                  .Arg<xla::ffi::AnyBuffer>()  // w [K, N]
+                                  .Ret<xla::ffi::AnyBuffer>()  // out [M, N]
+                                  .Attr<int32_t>("comm_sms")
+                                  .Attr<int32_t>("num_groups"));

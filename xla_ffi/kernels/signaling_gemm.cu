@@ -1,0 +1,193 @@
+// Launcher of the signaling GEMM: validates arguments, picks the tile shape, builds the
+// tile schedule (group order, panels) and dispatches to one of the four instantiations.
+// Host code only; the kernels live in signaling_gemm_<dtype>_<tile>.cu.
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "signaling_gemm.h"
+#include "signaling_gemm_instances.h"
+#include "tile_schedule.h"
+
+namespace flashoverlap {
+namespace {
+
+thread_local std::string g_last_error;
+
+cudaError_t Fail(cudaError_t code, const std::string& msg) {
+  g_last_error = msg;
+  return code;
+}
+
+// Multiprocessor count and compute capability per device, read once (attributes are
+// cheap, but this runs on every launch from several host threads).
+struct DeviceInfo {
+  int sms = 0;
+  int major = 0, minor = 0;
+};
+
+cudaError_t GetDeviceInfo(int* device, DeviceInfo* info) {
+  static std::atomic<int> sms_cache[kMaxDevices];
+  static std::atomic<int> cc_cache[kMaxDevices];
+  cudaError_t e = cudaGetDevice(device);
+  if (e != cudaSuccess) return e;
+  if (*device < 0 || *device >= kMaxDevices) return cudaErrorInvalidDevice;
+  int sms = sms_cache[*device].load(std::memory_order_relaxed);
+  int cc = cc_cache[*device].load(std::memory_order_relaxed);
+  if (sms == 0 || cc == 0) {
+    if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, *device)) != cudaSuccess) return e;
+    int major = 0, minor = 0;
+    if ((e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, *device)) != cudaSuccess) return e;
+    if ((e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, *device)) != cudaSuccess) return e;
+    cc = major * 10 + minor;
+    sms_cache[*device].store(sms, std::memory_order_relaxed);
+    cc_cache[*device].store(cc, std::memory_order_relaxed);
+  }
+  info->sms = sms;
+  info->major = cc / 10;
+  info->minor = cc % 10;
+  return cudaSuccess;
+}
+
+const InstanceOps& PickInstance(GemmDType dtype, const GemmTileShape& ts) {
+  const bool wide = ts.block_n == 256;
+  if (dtype == GemmDType::kFloat16) return wide ? SignalingGemmF16Tile128x256() : SignalingGemmF16Tile128x128();
+  return wide ? SignalingGemmBf16Tile128x256() : SignalingGemmBf16Tile128x128();
+}
+
+// Optional integer override from the environment (tuning and tests only).
+int EnvInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  return std::atoi(v);
+}
+
+int64_t CeilDiv64(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+std::string ValidateLayout(const SignalingGemmArgs& a) {
+  const GroupLayout& L = a.layout;
+  if (L.num_blocks < 1) return "layout.num_blocks must be >= 1";
+  if (a.m % L.num_blocks != 0) return "M must be a multiple of layout.num_blocks";
+  if (L.num_groups < 1 || L.num_groups > kMaxGroups)
+    return "layout.num_groups must be in [1, " + std::to_string(kMaxGroups) + "]";
+  const int64_t rows = a.m / L.num_blocks;
+  if (L.band_rows[0] != 0) return "layout.band_rows[0] must be 0";
+  for (int g = 0; g < L.num_groups; ++g) {
+    if (L.band_rows[g + 1] <= L.band_rows[g])
+      return "layout.band_rows must be strictly increasing (band " + std::to_string(g) + " is empty)";
+  }
+  if (L.band_rows[L.num_groups] != rows)
+    return "layout.band_rows[num_groups] must equal M / num_blocks = " + std::to_string(rows);
+  return "";
+}
+
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+}  // namespace
+
+const char* LastSignalingGemmError() { return g_last_error.c_str(); }
+
+GemmTileShape ChooseTileShape(const SignalingGemmArgs& args) {
+  // 128x256 tiles (2x1 clusters multicasting w) are the fastest per flop; use them once
+  // there is at least one full wave of them, else 128x128 tiles (no cluster: small-M
+  // problems would leave half of each cluster idle). FLASHOVERLAP_GEMM_TILE=128 or 256
+  // forces a shape (tests).
+  GemmTileShape wide{128, 256, 2};
+  GemmTileShape narrow{128, 128, 1};
+  const int forced = EnvInt("FLASHOVERLAP_GEMM_TILE", 0);
+  if (forced == 256) return wide;
+  if (forced == 128) return narrow;
+  int device = 0;
+  DeviceInfo info;
+  int sms = 132;  // H100/H200 SXM; only used if the query fails (launch reports that error)
+  if (GetDeviceInfo(&device, &info) == cudaSuccess) sms = info.sms;
+  const int64_t usable = sms - (args.comm_sms > 0 ? args.comm_sms : 0);
+  const int64_t wide_tiles = CeilDiv64(args.m, 128) * CeilDiv64(args.n, 256);
+  return wide_tiles >= usable ? wide : narrow;
+}
+
+int64_t TilesInGroup(const SignalingGemmArgs& args, int group) {
+  const GroupLayout& L = args.layout;
+  if (group < 0 || group >= L.num_groups) return 0;
+  const GemmTileShape ts = ChooseTileShape(args);
+  const int64_t h = L.band_rows[group + 1] - L.band_rows[group];
+  return int64_t(L.num_blocks) * CeilDiv64(h, ts.block_m) * CeilDiv64(args.n, ts.block_n);
+}
+
+cudaError_t LaunchSignalingGemm(const SignalingGemmArgs& args, cudaStream_t stream) {
+  // --- arguments ---
+  if (args.dtype != GemmDType::kBFloat16 && args.dtype != GemmDType::kFloat16)
+    return Fail(cudaErrorInvalidValue, "dtype must be bf16 or f16");
+  if (args.m < 1) return Fail(cudaErrorInvalidValue, "M must be >= 1");
+  if (args.n < 8 || args.n % 8 != 0 || args.k < 8 || args.k % 8 != 0)
+    return Fail(cudaErrorInvalidValue, "N and K must be positive multiples of 8 (16-byte rows for TMA), got N=" +
+                                           std::to_string(args.n) + " K=" + std::to_string(args.k));
+  // 32-bit TMA coordinates and int row arithmetic in the kernel.
+  if (args.m > (int64_t(1) << 30) || args.n > (int64_t(1) << 30) || args.k > (int64_t(1) << 30))
+    return Fail(cudaErrorInvalidValue, "M, N and K must be < 2^30");
+  if (args.x == nullptr || args.w == nullptr || args.out == nullptr)
+    return Fail(cudaErrorInvalidValue, "x, w and out must be non-null");
+  if (!Aligned16(args.x) || !Aligned16(args.w) || !Aligned16(args.out))
+    return Fail(cudaErrorInvalidValue, "x, w and out must be 16-byte aligned (TMA and vector stores)");
+  if (args.counters != nullptr && (reinterpret_cast<uintptr_t>(args.counters) & 3) != 0)
+    return Fail(cudaErrorInvalidValue, "counters must be 4-byte aligned");
+  const std::string layout_error = ValidateLayout(args);
+  if (!layout_error.empty()) return Fail(cudaErrorInvalidValue, layout_error);
+
+  // --- device ---
+  int device = 0;
+  DeviceInfo info;
+  cudaError_t e = GetDeviceInfo(&device, &info);
+  if (e != cudaSuccess) return Fail(e, std::string("device query failed: ") + cudaGetErrorString(e));
+  if (info.major != 9 || info.minor != 0)
+    return Fail(cudaErrorNotSupported, "the signaling GEMM needs an sm_90 GPU (H100/H200); this device is sm_" +
+                                           std::to_string(info.major * 10 + info.minor));
+  if (args.comm_sms < 0 || args.comm_sms >= info.sms)
+    return Fail(cudaErrorInvalidValue, "comm_sms must be in [0, " + std::to_string(info.sms) + ")");
+
+  const GemmTileShape ts = ChooseTileShape(args);
+  const InstanceOps& ops = PickInstance(args.dtype, ts);
+  int max_clusters = 0;
+  e = ops.prepare(device, &max_clusters);
+  if (e != cudaSuccess) return Fail(e, std::string("kernel setup failed: ") + cudaGetErrorString(e));
+
+  // --- schedule ---
+  TileSchedule s;
+  s.m = int(args.m);
+  s.n = int(args.n);
+  s.num_blocks = args.layout.num_blocks;
+  s.num_groups = args.layout.num_groups;
+  s.rows_per_block = int(args.m / args.layout.num_blocks);
+  s.block_m = ts.block_m;
+  s.block_n = ts.block_n;
+  s.cluster_m = ts.cluster_m;
+  s.n_tiles = int(CeilDiv64(args.n, ts.block_n));
+  // 8 cluster rows x ~8 column tiles per wave of ~66 units: about square, see tile_schedule.h.
+  s.panel = EnvInt("FLASHOVERLAP_GEMM_PANEL", 8);
+  if (s.panel < 1) s.panel = 1;
+  int64_t units = 0;
+  for (int g = 0; g <= s.num_groups; ++g) {
+    s.band_rows[g] = args.layout.band_rows[g];
+    s.unit_start[g] = int(units);
+    if (g < s.num_groups) units += int64_t(ClusterRowsInGroup(s, g)) * s.n_tiles;
+    if (units > (int64_t(1) << 30)) return Fail(cudaErrorInvalidValue, "too many tiles");
+  }
+  s.num_units = int(units);
+
+  // Persistent grid: one cluster per unit at most, never more than fit at once, and
+  // comm_sms multiprocessors left for the collective (whole clusters only).
+  const int allowed = (info.sms - args.comm_sms) / ts.cluster_m;
+  if (allowed < 1) return Fail(cudaErrorInvalidValue, "comm_sms leaves no room for one cluster");
+  int clusters = allowed < max_clusters ? allowed : max_clusters;
+  if (clusters > s.num_units) clusters = s.num_units;
+
+  e = ops.launch(args, s, clusters, stream);
+  if (e != cudaSuccess) return Fail(e, std::string("kernel launch failed: ") + cudaGetErrorString(e));
+  return cudaSuccess;
+}
+
+}  // namespace flashoverlap

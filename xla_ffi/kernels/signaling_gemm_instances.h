@@ -1,0 +1,29 @@
+// Internal interface between the dispatching launcher (signaling_gemm.cu) and the kernel
+// instantiations (one .cu each, ~60 s of nvcc apiece, so they compile in parallel).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "signaling_gemm.h"
+#include "tile_schedule.h"
+
+namespace flashoverlap {
+
+constexpr int kMaxDevices = 64;
+
+struct InstanceOps {
+  int block_m, block_n, cluster_m, stages, smem_bytes;
+  // Once per device (cached, thread-safe): smem opt-in and max co-resident clusters.
+  cudaError_t (*prepare)(int device, int* max_clusters);
+  // Builds TMA descriptors and launches num_clusters clusters on `stream`.
+  cudaError_t (*launch)(const SignalingGemmArgs& args, const TileSchedule& sched,
+                        int num_clusters, cudaStream_t stream);
+};
+
+// One per instantiation file.
+const InstanceOps& SignalingGemmBf16Tile128x256();  // cluster 2x1
+const InstanceOps& SignalingGemmBf16Tile128x128();  // cluster 1x1
+const InstanceOps& SignalingGemmF16Tile128x256();   // cluster 2x1
+const InstanceOps& SignalingGemmF16Tile128x128();   // cluster 1x1
+
+}  // namespace flashoverlap

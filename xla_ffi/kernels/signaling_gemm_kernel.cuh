@@ -1,0 +1,351 @@
+// The signaling GEMM kernel (sm_90a): CUTLASS's TMA + wgmma warp-specialized cooperative
+// mainloop collective, wrapped in our own persistent kernel layer (tile order from
+// tile_schedule.h, register->smem->global epilogue with a row remap, one signal per tile).
+// Included by exactly one .cu per instantiation (signaling_gemm_<dtype>_<tile>.cu).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <mutex>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/arch/reg_reconfig.h"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/pipeline/pipeline.hpp"
+#include "cutlass/util/packed_stride.hpp"
+
+#include "signaling_gemm_instances.h"
+#include "tile_schedule.h"
+
+namespace flashoverlap {
+namespace sg {
+
+using namespace cute;
+
+template <class Element_, int kBlockM, int kBlockN, int kClusterM>
+struct Config {
+  using Element = Element_;
+  static constexpr int BM = kBlockM, BN = kBlockN, CM = kClusterM, BK = 64;
+  using TileShape = Shape<Int<BM>, Int<BN>, Int<BK>>;
+  using ClusterShape = Shape<Int<CM>, _1, _1>;
+
+  // Epilogue staging: each consumer warpgroup owns 64 tile rows and stages them in two
+  // halves of 32 rows (the wgmma accumulator holds rows r and r+8 of each 16-row warp
+  // slice in separate registers, so "half" = that +8 bit). Rows are padded by 16 bytes:
+  // the bf16x2 register stores of a warp then hit 32 distinct banks, and every row stays
+  // 16-byte aligned for the vector copy-out. Half-tile staging (34 KB for BN=256) instead
+  // of the whole tile (68 KB) keeps room for 4 mainloop stages.
+  static constexpr int kEpiRows = 32;
+  static constexpr int kEpiPitchWords = (BN + 8) / 2;  // 32-bit words per staged row
+  static constexpr int kEpiWords = 2 * kEpiRows * kEpiPitchWords;
+  static constexpr int kEpiBytes = kEpiWords * 4;
+
+  static constexpr int kSmemCapacity = 232448;  // sm_90 opt-in dynamic smem per block
+  static constexpr int kStageBytes = (BM + BN) * BK * int(sizeof(Element));
+  static constexpr int kStages = (kSmemCapacity - kEpiBytes - 1024) / kStageBytes;
+
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+      Element, cutlass::layout::RowMajor, 8,   // x [M,K]: K-major
+      Element, cutlass::layout::RowMajor, 8,   // w [K,N]: N-major
+      float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCount<kStages>,
+      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+  using TiledMma = typename Mainloop::TiledMma;
+  using Pipeline = typename Mainloop::MainloopPipeline;
+  using PipelineState = typename Mainloop::PipelineState;
+
+  struct SharedStorage {
+    // Mainloop tiles first: the dynamic smem window starts 1024-byte aligned, which the
+    // 128-byte TMA/wgmma swizzle needs.
+    typename Mainloop::TensorStorage mainloop;
+    alignas(16) uint32_t epi[kEpiWords];
+    alignas(16) typename Mainloop::PipelineStorage pipeline;
+  };
+  static_assert(sizeof(SharedStorage) <= kSmemCapacity, "shared memory over the sm_90 limit");
+
+  struct Params {
+    typename Mainloop::Params mainloop;  // TMA descriptors for x and w
+    void* out;
+    int32_t* counters;
+    int k_tiles;
+    int num_clusters;
+    TileSchedule sched;
+  };
+
+  static constexpr int kThreads = 384;  // 1 producer warpgroup + 2 consumer warpgroups
+};
+
+// The epilogue addresses accumulator registers by the documented wgmma D-fragment layout
+// (thread t, value v = v0 + 2*v1 + 4*v2 -> row 64*(t/128) + 16*((t/32)%4) + (t%32)/4 + 8*v1,
+// column 8*v2 + 2*(t%4) + v0). Prove at compile time that CuTe's TiledMma agrees, on a
+// sample of threads covering every warp and both warpgroups and on all values.
+template <class Cfg>
+constexpr bool AccumulatorLayoutIsCanonical() {
+  constexpr auto tv = typename Cfg::TiledMma{}.get_layoutC_TV();
+  constexpr int kThreadsSample[] = {0, 1, 2, 3, 4, 5, 7, 31, 32, 45, 64, 97, 127,
+                                    128, 129, 161, 200, 224, 255};
+  for (int t : kThreadsSample) {
+    for (int v = 0; v < Cfg::BN / 2; ++v) {
+      const int v0 = v % 2, v1 = (v / 2) % 2, v2 = v / 4;
+      const int m = 64 * (t / 128) + 16 * ((t / 32) % 4) + (t % 32) / 4 + 8 * v1;
+      const int n = 8 * v2 + 2 * (t % 4) + v0;
+      if (int(tv(t, v)) != m + Cfg::BM * n) return false;
+    }
+  }
+  return size(tv) == 256 * (Cfg::BM * Cfg::BN / 256);
+}
+
+__device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+template <class Element>
+__device__ __forceinline__ uint32_t PackPair(float a, float b) {
+  if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+// Named barrier ids: 0 is __syncthreads; CUTLASS's own epilogues reserve a few low ids.
+// We run no CUTLASS epilogue, but stay clear of them anyway.
+constexpr int kBarWarpGroup0 = 8;   // +1 for consumer warpgroup 1
+constexpr int kBarConsumers = 10;   // both consumer warpgroups (256 threads)
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Mainloop = typename Cfg::Mainloop;
+  using Pipeline = typename Cfg::Pipeline;
+  using PipelineState = typename Cfg::PipelineState;
+  using X = Underscore;
+  constexpr int BN = Cfg::BN, CM = Cfg::CM;
+
+  extern __shared__ __align__(1024) char smem_raw[];
+  auto& ss = *reinterpret_cast<typename Cfg::SharedStorage*>(smem_raw);
+
+  const int thread_idx = int(threadIdx.x);
+  const int warp_group = cutlass::canonical_warp_group_idx();
+  const int warp_in_group = cutlass::canonical_warp_idx_sync() % 4;
+  const int lane = cutlass::canonical_lane_idx();
+  const uint32_t rank_in_cluster = cute::block_rank_in_cluster();
+  const int rank_m = int(rank_in_cluster) % CM;
+  const int cluster_id = int(blockIdx.x) / CM;
+  const TileSchedule& sched = params.sched;
+
+  if (thread_idx == 0) Mainloop::prefetch_tma_descriptors(params.mainloop);
+
+  typename Pipeline::Params pp;
+  pp.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer
+                            : Pipeline::ThreadCategory::Consumer;
+  if (warp_group == 0 && warp_in_group != 0) pp.role = Pipeline::ThreadCategory::NonParticipant;
+  pp.is_leader = (thread_idx % 128) == 0;
+  pp.num_consumers = 256;
+  pp.transaction_bytes = params.mainloop.tma_transaction_bytes;
+  Pipeline pipeline(ss.pipeline, pp, typename Cfg::ClusterShape{});
+
+  // Barrier initialisation must be visible to every CTA of the cluster before any TMA
+  // multicast or remote arrive touches it.
+  if constexpr (CM > 1) {
+    cute::cluster_arrive_relaxed();
+    cute::cluster_wait();
+  } else {
+    __syncthreads();
+  }
+
+  Mainloop mainloop;
+  const int M = sched.m, N = sched.n;
+
+  if (warp_group == 0) {
+    // Producer warpgroup: one warp issues the TMA loads of every unit this cluster owns.
+    cutlass::arch::warpgroup_reg_dealloc<40>();
+    if (warp_in_group == 0) {
+      PipelineState write_state = cutlass::make_producer_start_state<Pipeline>();
+      const int k_extent = params.k_tiles * Cfg::BK;
+      Tensor mA = params.mainloop.tma_load_a.get_tma_tensor(make_shape(M, k_extent, 1));
+      Tensor mB = params.mainloop.tma_load_b.get_tma_tensor(make_shape(N, k_extent, 1));
+      Tensor gB_nkl = local_tile(mB, typename Cfg::TileShape{}, make_coord(_, _, _), Step<X, _1, _1>{});
+      for (int unit = cluster_id; unit < sched.num_units; unit += params.num_clusters) {
+        const TileWork w = DecodeUnit(sched, unit, rank_m);
+        // Tiles start at arbitrary rows (band and rank-block offsets), so shift the TMA
+        // coordinate space to the tile's first row and take tile 0. Rows past M read as
+        // zeros (TMA bounds), rows of a neighbouring band are computed but never stored.
+        Tensor gA_mkl = local_tile(domain_offset(make_coord(w.src_row, 0, 0), mA),
+                                   typename Cfg::TileShape{}, make_coord(_, _, _), Step<_1, X, _1>{});
+        auto k_iter = make_coord_iterator(idx2crd(0, shape<3>(gA_mkl)), shape<3>(gA_mkl));
+        mainloop.load(params.mainloop, pipeline, write_state, cute::make_tuple(gA_mkl, gB_nkl),
+                      make_coord(0, w.n_tile, _, 0), k_iter, params.k_tiles, lane,
+                      rank_in_cluster, ss.mainloop);
+        write_state.advance(params.k_tiles);
+      }
+      // Keep this CTA alive until every consumer of the cluster released our stages.
+      mainloop.load_tail(pipeline, write_state);
+    }
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<232>();
+    // Same numbering as CUTLASS's cooperative kernel: mma warpgroup = (thread % 256) / 128.
+    const int mma_thread = thread_idx % 256;
+    const int mwg = mma_thread / 128;            // rows [64*mwg, 64*mwg+64) of the tile
+    const int wg_thread = mma_thread % 128;
+    const int mwarp = wg_thread / 32;
+    uint32_t* epi = ss.epi + mwg * Cfg::kEpiRows * Cfg::kEpiPitchWords;
+    char* out = static_cast<char*>(params.out);
+    typename Cfg::TiledMma tiled_mma;
+    PipelineState read_state;
+
+    for (int unit = cluster_id; unit < sched.num_units; unit += params.num_clusters) {
+      const TileWork w = DecodeUnit(sched, unit, rank_m);
+      auto accum = partition_fragment_C(tiled_mma, take<0, 2>(typename Cfg::TileShape{}));
+      mainloop.mma(pipeline, read_state, accum, params.k_tiles, mma_thread, ss.mainloop,
+                   params.mainloop);
+      mainloop.mma_tail(pipeline, read_state, params.k_tiles);
+      read_state.advance(params.k_tiles);
+      if (w.rows <= 0) continue;  // idle cluster partner past the band end: CTA-uniform
+
+      const int n0 = w.n_tile * BN;
+      CUTLASS_PRAGMA_UNROLL
+      for (int half = 0; half < 2; ++half) {
+        // Registers -> padded smem rows (local row = 8*warp + lane/4).
+        CUTLASS_PRAGMA_UNROLL
+        for (int v2 = 0; v2 < BN / 8; ++v2) {
+          epi[(8 * mwarp + lane / 4) * Cfg::kEpiPitchWords + 4 * v2 + lane % 4] =
+              PackPair<typename Cfg::Element>(accum(4 * v2 + 2 * half), accum(4 * v2 + 2 * half + 1));
+        }
+        NamedBarrierSync(kBarWarpGroup0 + mwg, 128);
+        // smem -> global, 16 bytes per thread, a warp covers whole contiguous row spans.
+        constexpr int kChunksPerRow = BN / 8;
+        CUTLASS_PRAGMA_UNROLL
+        for (int it = 0; it < Cfg::kEpiRows * kChunksPerRow / 128; ++it) {
+          const int id = it * 128 + wg_thread;
+          const int lr = id / kChunksPerRow;
+          const int ch = id % kChunksPerRow;
+          const int tile_row = 64 * mwg + 16 * (lr / 8) + 8 * half + lr % 8;
+          const int col = n0 + 8 * ch;
+          if (tile_row < w.rows && col < N) {
+            const uint4 v = *reinterpret_cast<const uint4*>(epi + lr * Cfg::kEpiPitchWords + 4 * ch);
+            const int64_t off = (int64_t(w.dst_row) + tile_row) * N + col;
+            *reinterpret_cast<uint4*>(out + off * 2) = v;
+          }
+        }
+        if (half == 0) NamedBarrierSync(kBarWarpGroup0 + mwg, 128);  // WAR on the staging rows
+      }
+      // Signal: every consumer thread's stores precede this barrier; the releasing thread's
+      // gpu-scope fence then orders all of them (cumulatively, through the barrier) before
+      // the counter increment. This barrier also protects the staging rows of the next tile.
+      NamedBarrierSync(kBarConsumers, 256);
+      if (mma_thread == 0 && params.counters != nullptr) {
+        __threadfence();
+        atomicAdd(params.counters + w.group, 1);
+      }
+    }
+  }
+#endif
+}
+
+// ---- host side -----------------------------------------------------------------------
+
+template <class Cfg>
+struct Instance {
+  static constexpr int kSmemBytes = int(sizeof(typename Cfg::SharedStorage));
+
+  // Per-device one-time setup: opt in to the large smem size, ask the occupancy API how
+  // many clusters of this kernel (with its real smem size) can be resident at once.
+  static cudaError_t Prepare(int device, int* max_clusters) {
+    static std::mutex mu;
+    static int cached[kMaxDevices] = {0};
+    if (device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
+    std::lock_guard<std::mutex> lock(mu);
+    if (cached[device] > 0) {
+      *max_clusters = cached[device];
+      return cudaSuccess;
+    }
+    auto kernel = &SignalingGemmKernel<Cfg>;
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    if (e != cudaSuccess) return e;
+    if (Cfg::CM > 1) {
+      e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 0);
+      if (e != cudaSuccess) return e;
+    }
+    int sms = 0;
+    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (e != cudaSuccess) return e;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((sms / Cfg::CM) * Cfg::CM, 1, 1);
+    cfg.blockDim = dim3(Cfg::kThreads, 1, 1);
+    cfg.dynamicSmemBytes = kSmemBytes;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = Cfg::CM;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
+    if (e != cudaSuccess) return e;
+    if (clusters <= 0) return cudaErrorInvalidConfiguration;
+    cached[device] = clusters;
+    *max_clusters = clusters;
+    return cudaSuccess;
+  }
+
+  static cudaError_t Launch(const SignalingGemmArgs& args, const TileSchedule& sched,
+                            int num_clusters, cudaStream_t stream) {
+    using Element = typename Cfg::Element;
+    using Mainloop = typename Cfg::Mainloop;
+    const int M = int(args.m), N = int(args.n), K = int(args.k);
+    typename Mainloop::Arguments ml_args{
+        static_cast<const Element*>(args.x),
+        cutlass::make_cute_packed_stride(typename Mainloop::StrideA{}, make_shape(M, K, 1)),
+        static_cast<const Element*>(args.w),
+        cutlass::make_cute_packed_stride(typename Mainloop::StrideB{}, make_shape(N, K, 1))};
+    typename Cfg::Params params;
+    // Builds the TMA descriptors (driver entry point reached through the runtime).
+    params.mainloop = Mainloop::to_underlying_arguments(make_shape(M, N, K, 1), ml_args, nullptr);
+    params.out = args.out;
+    params.counters = args.counters;
+    params.k_tiles = (K + Cfg::BK - 1) / Cfg::BK;
+    params.num_clusters = num_clusters;
+    params.sched = sched;
+
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(num_clusters * Cfg::CM, 1, 1);
+    cfg.blockDim = dim3(Cfg::kThreads, 1, 1);
+    cfg.dynamicSmemBytes = kSmemBytes;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = Cfg::CM;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, &SignalingGemmKernel<Cfg>, params);
+  }
+};
+
+// Defines the InstanceOps getter declared in signaling_gemm_instances.h.
+#define FO_DEFINE_SIGNALING_GEMM_INSTANCE(NAME, ELEMENT, BM, BN, CM)                        \
+  namespace {                                                                               \
+  using NAME##Cfg = ::flashoverlap::sg::Config<ELEMENT, BM, BN, CM>;                         \
+  static_assert(::flashoverlap::sg::AccumulatorLayoutIsCanonical<NAME##Cfg>(),              \
+                "wgmma accumulator layout differs from the one the epilogue assumes");      \
+  }                                                                                         \
+  const InstanceOps& NAME() {                                                               \
+    static const InstanceOps ops = {BM, BN, CM, NAME##Cfg::kStages,                          \
+                                    ::flashoverlap::sg::Instance<NAME##Cfg>::kSmemBytes,   \
+                                    &::flashoverlap::sg::Instance<NAME##Cfg>::Prepare,      \
+                                    &::flashoverlap::sg::Instance<NAME##Cfg>::Launch};      \
+    return ops;                                                                             \
+  }
+
+}  // namespace sg
+}  // namespace flashoverlap

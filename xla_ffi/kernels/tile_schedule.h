@@ -1,0 +1,90 @@
+// Tile order of the signaling GEMM: maps a work-unit index to the output tile one CTA
+// computes. Shared by the host launcher (which fills TileSchedule) and the device kernel
+// (which decodes units); no CUTLASS, XLA or Python headers.
+//
+// A work unit is one cluster's job: cluster_m vertically adjacent tiles of block_m rows
+// that share one block_n column range (the cluster multicasts the w tile to all of them).
+// Units are numbered group by group (all of group g before any of g+1), so a persistent
+// grid that hands unit u to cluster u % grid finishes groups roughly in order and the
+// first groups' communication can start early.
+//
+// Inside a group, the "cluster rows" are the cluster_m*block_m-row slices of band g of
+// every rank block (block-major). They are walked in panels of `panel` cluster rows;
+// inside a panel the unit index runs down the rows first, then across the column tiles.
+// A wave of G consecutive units therefore covers ~panel rows x G/panel columns, which
+// keeps both the x rows and the w columns it touches small enough to stay in L2
+// (row-major order would stream all of w through L2 once per wave).
+#pragma once
+
+#include "signaling_gemm.h"
+
+#if defined(__CUDACC__)
+#define FO_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define FO_HOST_DEVICE inline
+#endif
+
+namespace flashoverlap {
+
+struct TileSchedule {
+  int m = 0, n = 0;
+  int num_blocks = 1, num_groups = 1, rows_per_block = 0;
+  int block_m = 128, block_n = 256, cluster_m = 1;
+  int n_tiles = 0;
+  int panel = 8;       // cluster rows per L2 panel, >= 1
+  int num_units = 0;   // total work units
+  int band_rows[kMaxGroups + 1] = {0};
+  int unit_start[kMaxGroups + 1] = {0};  // units before group g; unit_start[num_groups] == num_units
+};
+
+struct TileWork {
+  int group;
+  int n_tile;
+  int src_row;  // first row of x (and of the logical output) this CTA's tile covers
+  int dst_row;  // first row of `out` where that tile is stored (group layout)
+  int rows;     // valid rows, <= block_m; <= 0 means an idle cluster partner (no store, no signal)
+};
+
+FO_HOST_DEVICE int CeilDiv(int a, int b) { return (a + b - 1) / b; }
+FO_HOST_DEVICE int MinInt(int a, int b) { return a < b ? a : b; }
+
+// Cluster rows of group g: band g of every rank block, each cut into cluster_m*block_m rows.
+FO_HOST_DEVICE int ClusterRowsInGroup(const TileSchedule& s, int g) {
+  const int h = s.band_rows[g + 1] - s.band_rows[g];
+  return s.num_blocks * CeilDiv(h, s.block_m * s.cluster_m);
+}
+
+// rank_m: this CTA's rank along M inside its cluster (0 .. cluster_m-1).
+FO_HOST_DEVICE TileWork DecodeUnit(const TileSchedule& s, int unit, int rank_m) {
+  // Largest g with unit_start[g] <= unit (binary search: <= 7 steps for 64 groups).
+  int lo = 0, hi = s.num_groups - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (s.unit_start[mid] <= unit) lo = mid; else hi = mid - 1;
+  }
+  const int g = lo;
+  const int band0 = s.band_rows[g];
+  const int h = s.band_rows[g + 1] - band0;
+  const int crow_rows = s.block_m * s.cluster_m;
+  const int ct = CeilDiv(h, crow_rows);           // cluster rows per rank block
+  const int total_rows = s.num_blocks * ct;       // cluster rows in the group
+  const int local = unit - s.unit_start[g];
+  const int panel_units = s.panel * s.n_tiles;
+  const int p = local / panel_units;
+  const int within = local - p * panel_units;
+  const int rows_in_panel = MinInt(s.panel, total_rows - p * s.panel);
+  const int crow = p * s.panel + within % rows_in_panel;
+  TileWork w;
+  w.group = g;
+  w.n_tile = within / rows_in_panel;
+  const int j = crow / ct;                        // rank block
+  const int o = (crow - j * ct) * crow_rows + rank_m * s.block_m;  // offset inside the band
+  w.rows = MinInt(s.block_m, h - o);
+  w.src_row = j * s.rows_per_block + band0 + o;
+  // Group g occupies out rows [num_blocks*band0, num_blocks*band_rows[g+1]); block j's part
+  // of it starts j*h rows in (signaling_gemm.h).
+  w.dst_row = s.num_blocks * band0 + j * h + o;
+  return w;
+}
+
+}  // namespace flashoverlap
