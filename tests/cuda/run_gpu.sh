@@ -41,19 +41,19 @@ step() {  # name timeout_s args...
   say "== step $name: rc=${RC[$name]} ($((SECONDS - t0)) s)"
 }
 # Smoke test first: a hang or crash here means nothing else is worth running.
-step smoke 60 "$BIN" sanitize
+step smoke 45 "$BIN" sanitize
 if [[ ${RC[smoke]} -ne 0 ]]; then say "SMOKE FAILED"; exit 1; fi
-step correctness 240 "$BIN" correctness --json "$RES/correctness.json"
-step signal 120 "$BIN" signal --json "$RES/signal.json"
-step bench 240 "$BIN" bench --json "$RES/bench.json"
+step correctness 120 "$BIN" correctness --json "$RES/correctness.json"
+step signal 50 "$BIN" signal --json "$RES/signal.json"
+step bench 120 "$BIN" bench --json "$RES/bench.json"
 SAN="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)"
 if [[ -n "$SAN" ]]; then
   for tool in memcheck racecheck synccheck; do
-    step "$tool" 300 "$SAN" --tool "$tool" --error-exitcode 3 "$BIN" sanitize
+    step "$tool" 90 "$SAN" --tool "$tool" --error-exitcode 3 "$BIN" sanitize
   done
 else
   say "compute-sanitizer not found"
 fi
 say "==== summary ===="
 for k in smoke correctness signal bench memcheck racecheck synccheck; do say "$k: rc=${RC[$k]:-not run}"; done
-grep -E "^ *[0-9]+x|ratio|ERROR SUMMARY|RACECHECK SUMMARY|failure" "$LOG" | tail -60
+grep -E "FAIL|ERROR SUMMARY|RACECHECK SUMMARY|SYNCCHECK|failure\(s\)|^signal" "$LOG" | tail -40; sed -n "/==== bench/,/failure/p" "$LOG" | tail -45
