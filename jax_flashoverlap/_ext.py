@@ -14,6 +14,9 @@ import warnings
 from jax_flashoverlap import _compat
 
 FORCE_REFERENCE_ENV = "JAX_FLASHOVERLAP_FORCE_REFERENCE"
+# "0" turns off the cost model's fallback to XLA's dot + collective for shapes where overlap
+# is predicted not to pay: every shape then runs our kernels (tests, benchmarks).
+FALLBACK_ENV = "JAX_FLASHOVERLAP_FALLBACK"
 
 def _load_extension():
   import importlib
@@ -41,6 +44,10 @@ class ExtensionMissingWarning(RuntimeWarning):
 def force_reference() -> bool:
   """True when the env var asks for the reference path on every platform."""
   return os.environ.get(FORCE_REFERENCE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def fallback_enabled() -> bool:
+  return os.environ.get(FALLBACK_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 @functools.lru_cache(maxsize=None)

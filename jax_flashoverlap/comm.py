@@ -9,7 +9,9 @@ one without talking to the others.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
+import threading
 
 import numpy as np
 
@@ -43,3 +45,66 @@ def axis_groups(mesh, axis_name) -> list:
   moved = np.transpose(devices, order)
   group_size = int(np.prod([devices.shape[names.index(a)] for a in axes]))
   return [list(row) for row in moved.reshape(-1, group_size)]
+
+
+# --- communicator creation (CUDA extension) ------------------------------------------------
+
+_lock = threading.Lock()
+_atexit_registered = False
+
+
+def mesh_is_local_gpu(mesh) -> bool:
+  """True when the mesh's devices are GPUs (this lowering is for this machine)."""
+  if mesh is None:
+    return False
+  first = np.asarray(mesh.devices).flat[0]
+  return getattr(first, "platform", "") in ("gpu", "cuda")
+
+
+def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int) -> int:
+  """Creates (once) this process's NCCL communicators for `axis_name` over `mesh`, each with
+  a registered workspace of at least `workspace_bytes`; returns their comm_id.
+
+  Called on the host when an op is lowered, i.e. before any handler can run: never lazily
+  inside an execute handler (DESIGN.md). Single process: every group's local ranks are
+  initialized together.
+  """
+  import jax
+
+  from jax_flashoverlap import _ext
+  ext = _ext.ext
+  if ext is None:
+    raise RuntimeError("jax_flashoverlap: the CUDA extension is not built")
+  cid = comm_id_for(mesh, axis_name)
+  with _lock:
+    if ext.has_communicators(cid):
+      ext.ensure_workspace(cid, int(workspace_bytes))
+      return cid
+    me = jax.process_index()
+    for group in axis_groups(mesh, axis_name):
+      local = [(rank, int(d.local_hardware_id)) for rank, d in enumerate(group)
+               if d.process_index == me]
+      if not local:
+        continue
+      if len(local) != len(group):
+        raise NotImplementedError(
+            "jax_flashoverlap: an axis group spanning several processes needs the "
+            "multi-process communicator setup (jax.distributed), not available yet")
+      ext.create_communicators(cid, ext.nccl_unique_id(), len(group), local, int(comm_sms),
+                               int(workspace_bytes))
+    _register_atexit()
+  return cid
+
+
+def destroy_communicators() -> None:
+  """Destroys every communicator of this process (also done at exit)."""
+  from jax_flashoverlap import _ext
+  if _ext.ext is not None:
+    _ext.ext.destroy_communicators(0)
+
+
+def _register_atexit() -> None:
+  global _atexit_registered
+  if not _atexit_registered:
+    atexit.register(destroy_communicators)
+    _atexit_registered = True

@@ -1,32 +1,61 @@
 """Group plans: how the GEMM's output rows are split into communication groups.
 
-A plan is a pure function of (collective, shape, dtype, world size) so every rank of an axis
-derives the same one (DESIGN.md, "Communicators"). It travels to the FFI handler as custom-call
-attributes, i.e. it is part of the compiled program, identical on every device.
+A plan is a pure function of (collective, shape, dtype, world size, machine profile), so every
+rank of an axis derives the same one (DESIGN.md, "Communicators"). It travels to the FFI
+handler as custom-call attributes, i.e. it is part of the compiled program.
 
 `band_rows` are boundaries inside one rank block of rows (the whole M for all-reduce, M / n
-rows for reduce-scatter; see xla_ffi/kernels/signaling_gemm.h).
+rows for reduce-scatter; xla_ffi/kernels/signaling_gemm.h).
+
+The default plan comes from a cost model (the FlashOverlap paper's, on our schedule):
+
+    gemm_end[g] = (waves until group g's last work unit is done) * unit time * interference
+    comm_end[g] = max(gemm_end[g], comm_end[g-1]) + comm_time(bytes of group g)
+
+minimized exactly by dynamic programming over group boundaries (boundaries on cluster rows:
+the kernel's unit of work). When the best plan is not predicted to beat XLA's serial
+dot + collective, the op falls back to that (so it is never slower than XLA by design).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
-# Measured on 2 x H200 (DESIGN.md): 8 SMs left free with symmetric NCCL windows overlapped
-# best among 8/16/24; 16 did not overlap at one shape. Tuned configs override this.
-DEFAULT_COMM_SMS = 8
-# Tile height of the signaling GEMM; bands are aligned to it so no tile is partial inside.
-ROW_ALIGN = 128
 MAX_GROUPS = 64  # xla_ffi/kernels/signaling_gemm.h: kMaxGroups
+NUM_SMS = 132    # H100 / H200 SXM
+
+
+@dataclasses.dataclass(frozen=True)
+class MachineProfile:
+  """Calibration of the cost model. Defaults: 2 x H200, NCCL 2.28, bf16 (DESIGN.md tables)."""
+  sm_flops: float = 5.3e12          # dense bf16 flop/s per SM in the GEMM (~700 TFLOP/s / 132)
+  interference: float = 1.06        # GEMM slowdown while NCCL runs beside it
+  comm_latency: float = 20e-6       # per NCCL call (launch + sync)
+  # Bus bandwidths (bytes/s) of our capped, registered-window collectives on comm_sms CTAs.
+  all_reduce_busbw: float = 210e9
+  reduce_scatter_busbw: float = 126e9
+  copy_bandwidth: float = 1.5e12    # workspace -> output copy (copy engine), bytes/s
+  # XLA's own uncapped collectives (the baseline we must beat).
+  xla_all_reduce_busbw: float = 227e9
+  xla_reduce_scatter_busbw: float = 200e9
+  comm_sms: int = 8                 # SMs left to NCCL (measured best of 8/16/24)
+  min_gain: float = 0.03            # fall back unless predicted >= 3% faster
+
+
+DEFAULT_PROFILE = MachineProfile()
 
 
 @dataclasses.dataclass(frozen=True)
 class GroupPlan:
-  collective: str  # "all_reduce" | "reduce_scatter" | "none"
+  collective: str        # "all_reduce" | "reduce_scatter"
   rows_per_block: int
-  band_rows: tuple  # 0 = b_0 < ... < b_G = rows_per_block
+  band_rows: tuple       # 0 = b_0 < ... < b_G = rows_per_block
   comm_sms: int
+  overlap: bool = True   # False: run XLA's dot + collective instead
+  predicted_s: float = 0.0
+  baseline_s: float = 0.0
 
   @property
   def num_groups(self) -> int:
@@ -40,33 +69,114 @@ class GroupPlan:
       raise ValueError(f"plan band_rows {b} must be strictly increasing")
     if self.num_groups > MAX_GROUPS:
       raise ValueError(f"plan has {self.num_groups} groups; at most {MAX_GROUPS} are supported")
-    if not 0 <= self.comm_sms < 132:
-      raise ValueError(f"plan comm_sms={self.comm_sms} must be in [0, 132)")
+    if not 0 <= self.comm_sms < NUM_SMS:
+      raise ValueError(f"plan comm_sms={self.comm_sms} must be in [0, {NUM_SMS})")
 
 
-def even_bands(rows: int, num_groups: int, align: int = ROW_ALIGN) -> tuple:
-  """Splits `rows` into at most `num_groups` bands whose boundaries are multiples of `align`."""
-  tiles = max(1, math.ceil(rows / align))
-  num_groups = max(1, min(num_groups, tiles))
-  bounds = [0]
-  for g in range(1, num_groups):
-    bounds.append(min(rows, (tiles * g // num_groups) * align))
-  bounds.append(rows)
-  return tuple(sorted(set(bounds)))
+@dataclasses.dataclass(frozen=True)
+class _Kernel:
+  """Mirror of the launcher's choices (xla_ffi/kernels/signaling_gemm.cu: ChooseTileShape)."""
+  block_m: int
+  block_n: int
+  cluster_m: int
+  grid: int  # clusters
+
+  @property
+  def rows_per_unit(self) -> int:
+    return self.block_m * self.cluster_m
 
 
-def default_plan(collective: str, m: int, n: int, k: int, world_size: int,
-                 itemsize: int = 2) -> GroupPlan:
-  """Deterministic default plan.
+def _kernel(m: int, n: int, comm_sms: int) -> _Kernel:
+  usable = NUM_SMS - comm_sms
+  wide_tiles = math.ceil(m / 128) * math.ceil(n / 256)
+  if wide_tiles >= usable:
+    return _Kernel(128, 256, 2, usable // 2)
+  return _Kernel(128, 128, 1, usable)
 
-  Heuristic until the cost model lands: about one group per 2 MiB of output per rank block,
-  between 1 and 8 groups (small first groups start communication early; many groups pay NCCL
-  launch latency).
+
+def _comm_time(collective: str, group_bytes: float, world: int, p: MachineProfile) -> float:
+  if collective == "all_reduce":
+    wire = group_bytes * 2 * (world - 1) / world / p.all_reduce_busbw
+    return p.comm_latency + wire + group_bytes / p.copy_bandwidth
+  return p.comm_latency + group_bytes * (world - 1) / world / p.reduce_scatter_busbw
+
+
+def baseline_time(collective: str, m: int, n: int, k: int, world: int, itemsize: int = 2,
+                  profile: MachineProfile = DEFAULT_PROFILE) -> float:
+  """Predicted XLA dot (all SMs) followed by XLA's collective."""
+  p = profile
+  gemm = 2.0 * m * n * k / (p.sm_flops * NUM_SMS)
+  nbytes = m * n * itemsize
+  if collective == "all_reduce":
+    comm = p.comm_latency + nbytes * 2 * (world - 1) / world / p.xla_all_reduce_busbw
+  else:
+    comm = p.comm_latency + nbytes * (world - 1) / world / p.xla_reduce_scatter_busbw
+  return gemm + comm
+
+
+def plan_time(collective: str, m: int, n: int, k: int, world: int, band_rows, comm_sms: int,
+              itemsize: int = 2, profile: MachineProfile = DEFAULT_PROFILE) -> float:
+  """Predicted time of a given plan (the same model the search minimizes)."""
+  p = profile
+  blocks = world if collective == "reduce_scatter" else 1
+  kern = _kernel(m, n, comm_sms)
+  unit_time = 2.0 * kern.block_m * kern.block_n * k / p.sm_flops * p.interference
+  n_tiles = math.ceil(n / kern.block_n)
+  units = 0
+  comm_end = 0.0
+  for b0, b1 in zip(band_rows, band_rows[1:]):
+    units += blocks * math.ceil((b1 - b0) / kern.rows_per_unit) * n_tiles
+    gemm_end = math.ceil(units / kern.grid) * unit_time
+    group_bytes = blocks * (b1 - b0) * n * itemsize
+    comm_end = max(gemm_end, comm_end) + _comm_time(collective, group_bytes, world, p)
+  return comm_end
+
+
+@functools.lru_cache(maxsize=512)
+def default_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: int = 2,
+                 profile: MachineProfile = DEFAULT_PROFILE) -> GroupPlan:
+  """The cost model's best plan for this problem (deterministic; identical on every rank).
+
+  m is the per-device GEMM's M (all rows of x), k its K (the local shard of the global K).
   """
-  blocks = world_size if collective == "reduce_scatter" else 1
+  if collective not in ("all_reduce", "reduce_scatter"):
+    raise ValueError(f"unknown collective {collective!r}")
+  p = profile
+  blocks = world if collective == "reduce_scatter" else 1
   rows = m // blocks
-  out_bytes = m * n * itemsize
-  groups = int(min(8, max(1, out_bytes // (2 << 20))))
-  plan = GroupPlan(collective, rows, even_bands(rows, groups), DEFAULT_COMM_SMS)
+  comm_sms = p.comm_sms
+  kern = _kernel(m, n, comm_sms)
+  step = kern.rows_per_unit
+  cuts = list(range(step, rows, step)) + [rows]  # candidate boundaries, in rows
+  cuts = [0] + cuts
+
+  # best[j]: minimal comm_end with a group ending at cuts[j]; DP over the previous boundary.
+  unit_time = 2.0 * kern.block_m * kern.block_n * k / p.sm_flops * p.interference
+  n_tiles = math.ceil(n / kern.block_n)
+
+  def units_upto(j):
+    return blocks * math.ceil(cuts[j] / step) * n_tiles
+
+  inf = float("inf")
+  best = [0.0] + [inf] * (len(cuts) - 1)
+  prev = [0] * len(cuts)
+  count = [0] * len(cuts)
+  for j in range(1, len(cuts)):
+    gemm_end = math.ceil(units_upto(j) / kern.grid) * unit_time
+    for i in range(j):
+      if best[i] == inf or count[i] + 1 > MAX_GROUPS:
+        continue
+      group_bytes = blocks * (cuts[j] - cuts[i]) * n * itemsize
+      t = max(gemm_end, best[i]) + _comm_time(collective, group_bytes, world, p)
+      if t < best[j] - 1e-12:
+        best[j], prev[j], count[j] = t, i, count[i] + 1
+  bounds = [len(cuts) - 1]
+  while bounds[-1] != 0:
+    bounds.append(prev[bounds[-1]])
+  band_rows = tuple(cuts[j] for j in reversed(bounds))
+  predicted = best[-1]
+  baseline = baseline_time(collective, m, n, k, world, itemsize, p)
+  overlap = predicted < baseline * (1.0 - p.min_gain)
+  plan = GroupPlan(collective, rows, band_rows, comm_sms, overlap, predicted, baseline)
   plan.validate()
   return plan

@@ -13,6 +13,7 @@ primitive lowers to the reference; on CUDA to the FFI target of the same name.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -97,13 +98,19 @@ def _collective_cuda_lowering(prim, reference_lowering, collective):
     m, k = x_aval.shape
     n = w_aval.shape[1]
     plan = plan_lib.default_plan(collective, m, n, k, world, np.dtype(x_aval.dtype).itemsize)
+    if comm_sms is None and not plan.overlap and _ext.fallback_enabled():
+      # The cost model predicts no gain: XLA's own dot + collective (never slower than XLA).
+      return reference_lowering(ctx, x, w, axis_name=axis_name)
     if comm_sms is not None:
-      plan = plan_lib.GroupPlan(plan.collective, plan.rows_per_block, plan.band_rows,
-                                int(comm_sms))
+      plan = dataclasses.replace(plan, comm_sms=int(comm_sms))
       plan.validate()
+    comm_id = comm.comm_id_for(mesh, axis_name)
+    if comm.mesh_is_local_gpu(mesh):  # not cross-lowering: the program runs here
+      comm.ensure_communicators(mesh, axis_name, comm_sms=plan.comm_sms,
+                                workspace_bytes=m * n * np.dtype(x_aval.dtype).itemsize)
     return _compat.ffi_lowering(prim.name)(
         ctx, x, w,
-        comm_id=np.int64(comm.comm_id_for(mesh, axis_name)),
+        comm_id=np.int64(comm_id),
         world_size=np.int32(world),
         comm_sms=np.int32(plan.comm_sms),
         band_rows=np.asarray(plan.band_rows, dtype=np.int32))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jax_flashoverlap import _compat, _validation, ops
@@ -33,7 +34,27 @@ def row_parallel_matmul(x, w, reduce: str = "all_reduce", axis_name=None):
   _validation.check_operands(op, x, w, x_rank="2")
   if axis_name is not None and not isinstance(axis_name, str):
     raise TypeError(f"{op}: axis_name must be a mesh axis name (str) or None, got {axis_name!r}")
+  return _row_parallel_vjp(x, w, reduce, axis_name)
+
+
+# custom_partitioning has no autodiff rule; the global-view gradient is that of x @ w (the
+# reduction only decides the output's sharding), left to XLA's own sharded dots.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _row_parallel_vjp(x, w, reduce, axis_name):
   return _row_parallel(x, w, reduce, axis_name)
+
+
+def _row_parallel_fwd(x, w, reduce, axis_name):
+  return _row_parallel(x, w, reduce, axis_name), (x, w)
+
+
+def _row_parallel_bwd(reduce, axis_name, res, ct):
+  x, w = res
+  _, vjp = jax.vjp(jnp.matmul, x, w)
+  return vjp(ct.astype(x.dtype))
+
+
+_row_parallel_vjp.defvjp(_row_parallel_fwd, _row_parallel_bwd)
 
 
 def _spec_axes(entry) -> tuple:

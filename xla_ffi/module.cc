@@ -3,8 +3,14 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
+#include <cstring>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include "xla_ffi/comm/communicator.h"
 
 #include "cutlass/version.h"
 #include "xla_ffi/ffi/handlers.h"
@@ -47,6 +53,71 @@ std::string NcclVersion() {
   return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
 }
 
+void ThrowIfError(const flashoverlap::Status& status) {
+  if (!status.ok()) throw std::runtime_error(status.message);
+}
+
+py::bytes NcclUniqueId() {
+  ncclUniqueId id;
+  ThrowIfError(flashoverlap::NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId"));
+  return py::bytes(id.internal, sizeof(id.internal));
+}
+
+void CreateCommunicators(int64_t comm_id, const py::bytes& unique_id, int world_size,
+                         const std::vector<std::pair<int, int>>& local_rank_device,
+                         int comm_sms, size_t workspace_bytes) {
+  std::string raw = unique_id;
+  if (raw.size() != sizeof(ncclUniqueId::internal)) {
+    throw std::invalid_argument("unique_id must be " +
+                                std::to_string(sizeof(ncclUniqueId::internal)) + " bytes");
+  }
+  ncclUniqueId id;
+  std::memcpy(id.internal, raw.data(), raw.size());
+  std::vector<flashoverlap::LocalRank> local;
+  for (auto [rank, device] : local_rank_device) local.push_back({rank, device});
+  flashoverlap::Status status;
+  {
+    py::gil_scoped_release release;  // NCCL init blocks until every rank has joined
+    status = flashoverlap::CreateCommunicators(comm_id, id, world_size, local, comm_sms,
+                                               workspace_bytes);
+  }
+  ThrowIfError(status);
+}
+
+void EnsureWorkspace(int64_t comm_id, size_t bytes) {
+  flashoverlap::Status status;
+  {
+    py::gil_scoped_release release;
+    status = flashoverlap::EnsureWorkspace(comm_id, bytes);
+  }
+  ThrowIfError(status);
+}
+
+void DestroyCommunicators(int64_t comm_id) {
+  flashoverlap::Status status;
+  {
+    py::gil_scoped_release release;
+    status = flashoverlap::DestroyCommunicators(comm_id);
+  }
+  ThrowIfError(status);
+}
+
+py::list ListCommunicators() {
+  py::list out;
+  for (const auto& c : flashoverlap::ListCommunicators()) {
+    py::dict d;
+    d["comm_id"] = c.comm_id;
+    d["device"] = c.device;
+    d["rank"] = c.rank;
+    d["world_size"] = c.world_size;
+    d["comm_sms"] = c.comm_sms;
+    d["workspace_bytes"] = c.workspace_bytes;
+    d["wait_method"] = c.wait_method;
+    out.append(d);
+  }
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_xla_ffi, m) {
@@ -54,4 +125,15 @@ PYBIND11_MODULE(_xla_ffi, m) {
   m.def("registrations", &Registrations, "FFI target name -> handler capsule (platform CUDA)");
   m.def("build_info", &BuildInfo, "Versions the extension was compiled against");
   m.def("nccl_version", &NcclVersion, "Version of the NCCL library loaded at run time");
+  m.def("nccl_unique_id", &NcclUniqueId, "A new ncclUniqueId, as bytes");
+  m.def("create_communicators", &CreateCommunicators, py::arg("comm_id"), py::arg("unique_id"),
+        py::arg("world_size"), py::arg("local_rank_device"), py::arg("comm_sms"),
+        py::arg("workspace_bytes"),
+        "Creates this process's communicators of one group (all local ranks at once)");
+  m.def("ensure_workspace", &EnsureWorkspace, py::arg("comm_id"), py::arg("bytes"),
+        "Grows the registered workspaces of comm_id to at least `bytes`");
+  m.def("destroy_communicators", &DestroyCommunicators, py::arg("comm_id") = 0,
+        "Destroys the communicators of comm_id (0: all)");
+  m.def("has_communicators", &flashoverlap::HasCommunicators, py::arg("comm_id"));
+  m.def("list_communicators", &ListCommunicators);
 }

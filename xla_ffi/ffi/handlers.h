@@ -1,9 +1,19 @@
-// Every XLA FFI handler of the extension: one declaration and one line in the X-macro list
-// per handler. module.cc registers each list entry as an FFI target on platform CUDA.
-// Naming (DESIGN.md): C++ GemmImpl -> handler FlashoverlapGemm -> target "flashoverlap_gemm".
+// XLA FFI handler symbols exported by the extension, one declaration and one X-macro entry
+// per handler. Naming: C++ <Name>Impl -> handler symbol Flashoverlap<Name> -> FFI target
+// flashoverlap_<name>. xla_ffi/module.cc registers every entry of FLASHOVERLAP_FFI_HANDLERS
+// as a custom-call target on platform "CUDA".
 #pragma once
 
-#include "xla/ffi/api/ffi.h"
+#include "xla/ffi/api/api.h"
 
-// X(target_name, handler_symbol). Add an entry when its handler's .cc/.cu file lands.
-#define FLASHOVERLAP_FFI_HANDLERS(X)
+// flashoverlap_gemm: out[M,N] = x[M,K] @ w[K,N] through the signaling GEMM (gemm.cc).
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FlashoverlapGemm);
+// flashoverlap_gemm_all_reduce / _reduce_scatter: GEMM overlapped with NCCL (gemm_collective.cc).
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FlashoverlapGemmAllReduce);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FlashoverlapGemmReduceScatter);
+
+// X(target_name, handler_symbol)
+#define FLASHOVERLAP_FFI_HANDLERS(X)                                      \
+  X("flashoverlap_gemm", FlashoverlapGemm)                                \
+  X("flashoverlap_gemm_all_reduce", FlashoverlapGemmAllReduce)            \
+  X("flashoverlap_gemm_reduce_scatter", FlashoverlapGemmReduceScatter)

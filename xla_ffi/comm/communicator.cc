@@ -1,0 +1,235 @@
+#include "xla_ffi/comm/communicator.h"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <utility>
+
+namespace flashoverlap {
+namespace {
+
+using Key = std::pair<int64_t, int>;
+
+std::mutex& RegistryMutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+std::map<Key, std::unique_ptr<Communicator>>& Registry() {
+  static auto* registry = new std::map<Key, std::unique_ptr<Communicator>>();
+  return *registry;
+}
+
+// Restores the calling thread's current device on scope exit.
+class DeviceScope {
+ public:
+  DeviceScope() { cudaGetDevice(&previous_); }
+  ~DeviceScope() { cudaSetDevice(previous_); }
+
+ private:
+  int previous_ = 0;
+};
+
+std::vector<Communicator*> LocalMembers(int64_t comm_id) {
+  std::vector<Communicator*> out;
+  for (auto& [key, comm] : Registry()) {
+    if (comm_id == 0 || key.first == comm_id) out.push_back(comm.get());
+  }
+  return out;
+}
+
+// Workspaces grow in 8 MiB steps (fewer re-registrations as shapes vary).
+size_t RoundWorkspace(size_t bytes) {
+  constexpr size_t kStep = size_t{8} << 20;
+  return (bytes + kStep - 1) / kStep * kStep;
+}
+
+Status ReleaseWorkspaces(const std::vector<Communicator*>& comms) {
+  for (Communicator* c : comms) {
+    FO_RETURN_IF_CUDA(cudaSetDevice(c->device));
+    FO_RETURN_IF_CUDA(cudaDeviceSynchronize());  // nothing may still use the old buffer
+  }
+  FO_RETURN_IF_NCCL(ncclGroupStart());
+  for (Communicator* c : comms) {
+    if (c->window != nullptr) {
+      ncclResult_t res = ncclCommWindowDeregister(c->comm, c->window);
+      if (res != ncclSuccess) {
+        ncclGroupEnd();
+        return NcclStatus(res, "ncclCommWindowDeregister");
+      }
+    }
+  }
+  FO_RETURN_IF_NCCL(ncclGroupEnd());
+  for (Communicator* c : comms) {
+    c->window = nullptr;
+    if (c->workspace != nullptr) {
+      FO_RETURN_IF_CUDA(cudaSetDevice(c->device));
+      FO_RETURN_IF_NCCL(ncclMemFree(c->workspace));
+    }
+    c->workspace = nullptr;
+    c->workspace_bytes = 0;
+  }
+  return Status::Ok();
+}
+
+// Allocates with ncclMemAlloc and registers a symmetric window, for all comms together
+// (registration is collective over each communicator's group).
+Status AllocateWorkspaces(const std::vector<Communicator*>& comms, size_t bytes) {
+  for (Communicator* c : comms) {
+    FO_RETURN_IF_CUDA(cudaSetDevice(c->device));
+    FO_RETURN_IF_NCCL(ncclMemAlloc(&c->workspace, bytes));
+    c->workspace_bytes = bytes;
+  }
+  FO_RETURN_IF_NCCL(ncclGroupStart());
+  for (Communicator* c : comms) {
+    ncclResult_t res = ncclCommWindowRegister(c->comm, c->workspace, bytes, &c->window,
+                                              NCCL_WIN_COLL_SYMMETRIC);
+    if (res != ncclSuccess) {
+      ncclGroupEnd();
+      return NcclStatus(res, "ncclCommWindowRegister");
+    }
+  }
+  FO_RETURN_IF_NCCL(ncclGroupEnd());
+  return Status::Ok();
+}
+
+Status CreateStreamAndEvents(Communicator& c) {
+  int least = 0, greatest = 0;
+  FO_RETURN_IF_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  FO_RETURN_IF_CUDA(cudaStreamCreateWithPriority(&c.stream, cudaStreamNonBlocking, greatest));
+  FO_RETURN_IF_CUDA(cudaEventCreateWithFlags(&c.gemm_started, cudaEventDisableTiming));
+  FO_RETURN_IF_CUDA(cudaEventCreateWithFlags(&c.comm_done, cudaEventDisableTiming));
+  FO_RETURN_IF_CUDA(cudaMalloc(&c.counters, sizeof(int32_t) * kMaxGroups));
+  FO_RETURN_IF_CUDA(cudaMemset(c.counters, 0, sizeof(int32_t) * kMaxGroups));
+  return Status::Ok();
+}
+
+Status DestroyOne(Communicator& c) {
+  FO_RETURN_IF_CUDA(cudaSetDevice(c.device));
+  if (c.stream) FO_RETURN_IF_CUDA(cudaStreamDestroy(c.stream));
+  if (c.gemm_started) FO_RETURN_IF_CUDA(cudaEventDestroy(c.gemm_started));
+  if (c.comm_done) FO_RETURN_IF_CUDA(cudaEventDestroy(c.comm_done));
+  if (c.counters) FO_RETURN_IF_CUDA(cudaFree(c.counters));
+  c.stream = nullptr;
+  c.gemm_started = c.comm_done = nullptr;
+  c.counters = nullptr;
+  if (c.comm) FO_RETURN_IF_NCCL(ncclCommDestroy(c.comm));
+  c.comm = nullptr;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status CreateCommunicators(int64_t comm_id, const ncclUniqueId& id, int world_size,
+                           const std::vector<LocalRank>& local, int comm_sms,
+                           size_t workspace_bytes) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  if (comm_id == 0) return Status::Error("comm_id must be non-zero");
+  if (local.empty()) return Status::Error("no local ranks given");
+  for (const LocalRank& lr : local) {
+    if (lr.rank < 0 || lr.rank >= world_size) {
+      return Status::Error("rank " + std::to_string(lr.rank) + " outside [0, " +
+                           std::to_string(world_size) + ")");
+    }
+    if (Registry().count({comm_id, lr.device})) {
+      return Status::Error("a communicator for comm_id " + std::to_string(comm_id) +
+                           " on device " + std::to_string(lr.device) + " already exists");
+    }
+  }
+  DeviceScope restore_device;
+  std::vector<std::unique_ptr<Communicator>> made;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 1;
+  if (comm_sms > 0) {  // comm_sms == 0: NCCL keeps its own CTA count (nothing left free)
+    config.minCTAs = comm_sms;
+    config.maxCTAs = comm_sms;
+  }
+  FO_RETURN_IF_NCCL(ncclGroupStart());
+  for (const LocalRank& lr : local) {
+    auto c = std::make_unique<Communicator>();
+    c->comm_id = comm_id;
+    c->device = lr.device;
+    c->rank = lr.rank;
+    c->world_size = world_size;
+    c->comm_sms = comm_sms;
+    cudaError_t err = cudaSetDevice(lr.device);
+    ncclResult_t res = err == cudaSuccess
+                           ? ncclCommInitRankConfig(&c->comm, world_size, id, lr.rank, &config)
+                           : ncclInvalidArgument;
+    if (res != ncclSuccess) {
+      ncclGroupEnd();
+      return err != cudaSuccess ? CudaStatus(err, "cudaSetDevice")
+                                : NcclStatus(res, "ncclCommInitRankConfig");
+    }
+    made.push_back(std::move(c));
+  }
+  FO_RETURN_IF_NCCL(ncclGroupEnd());
+  std::vector<Communicator*> members;
+  for (auto& c : made) {
+    FO_RETURN_IF_CUDA(cudaSetDevice(c->device));
+    FO_RETURN_IF_NOT_OK(CreateStreamAndEvents(*c));
+    c->wait_method = ChosenWaitMethod(c->device);
+    members.push_back(c.get());
+  }
+  if (workspace_bytes > 0) {
+    FO_RETURN_IF_NOT_OK(AllocateWorkspaces(members, RoundWorkspace(workspace_bytes)));
+  }
+  for (auto& c : made) {
+    int device = c->device;
+    Registry()[{comm_id, device}] = std::move(c);
+  }
+  return Status::Ok();
+}
+
+Status EnsureWorkspace(int64_t comm_id, size_t bytes) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  std::vector<Communicator*> comms = LocalMembers(comm_id);
+  if (comms.empty()) return Status::Error("no communicator with comm_id " + std::to_string(comm_id));
+  bool enough = std::all_of(comms.begin(), comms.end(),
+                            [&](Communicator* c) { return c->workspace_bytes >= bytes; });
+  if (enough) return Status::Ok();
+  DeviceScope restore_device;
+  FO_RETURN_IF_NOT_OK(ReleaseWorkspaces(comms));
+  return AllocateWorkspaces(comms, RoundWorkspace(bytes));
+}
+
+Communicator* FindCommunicator(int64_t comm_id, int device) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  auto it = Registry().find({comm_id, device});
+  return it == Registry().end() ? nullptr : it->second.get();
+}
+
+bool HasCommunicators(int64_t comm_id) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  return !LocalMembers(comm_id).empty();
+}
+
+Status DestroyCommunicators(int64_t comm_id) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  std::vector<Communicator*> comms = LocalMembers(comm_id);
+  if (comms.empty()) return Status::Ok();
+  DeviceScope restore_device;
+  Status released = ReleaseWorkspaces(comms);
+  Status first_error = released;
+  for (Communicator* c : comms) {
+    Status s = DestroyOne(*c);
+    if (first_error.ok() && !s.ok()) first_error = s;
+  }
+  for (auto it = Registry().begin(); it != Registry().end();) {
+    it = (comm_id == 0 || it->first.first == comm_id) ? Registry().erase(it) : std::next(it);
+  }
+  return first_error;
+}
+
+std::vector<CommunicatorSummary> ListCommunicators() {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  std::vector<CommunicatorSummary> out;
+  for (auto& [key, c] : Registry()) {
+    out.push_back({c->comm_id, c->device, c->rank, c->world_size, c->comm_sms,
+                   c->workspace_bytes,
+                   c->wait_method == WaitMethod::kStreamOp ? "stream_op" : "spin"});
+  }
+  return out;
+}
+
+}  // namespace flashoverlap

@@ -1,0 +1,77 @@
+// NCCL communicators of jax_flashoverlap, separate from XLA's, and what each one owns:
+// a high-priority communication stream, the events joining it to XLA's stream, the group
+// counters, and a persistent workspace from ncclMemAlloc registered once as a symmetric
+// window (DESIGN.md: what lets NCCL run beside the GEMM on few SMs).
+//
+// Registry key: (comm_id, device ordinal). comm_id names the communicators of one mesh axis
+// (the same in every device's copy of the SPMD program); the device ordinal picks this
+// device's communicator within its group. Created on the host before any handler runs
+// (never lazily inside an execute handler), destroyed at exit.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "xla_ffi/comm/status.h"
+#include "xla_ffi/comm/stream_wait.h"
+#include "xla_ffi/kernels/signaling_gemm.h"
+
+namespace flashoverlap {
+
+struct Communicator {
+  int64_t comm_id = 0;
+  int device = -1;
+  int rank = -1;
+  int world_size = 0;
+  int comm_sms = 0;          // NCCL maxCTAs; the GEMM leaves this many SMs free
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;        // communication stream (high priority)
+  cudaEvent_t gemm_started = nullptr;   // compute stream -> comm stream
+  cudaEvent_t comm_done = nullptr;      // comm stream -> compute stream
+  int32_t* counters = nullptr;          // kMaxGroups group counters (device memory)
+  void* workspace = nullptr;            // ncclMemAlloc'd, registered window
+  size_t workspace_bytes = 0;
+  ncclWindow_t window = nullptr;
+  WaitMethod wait_method = WaitMethod::kStreamOp;
+  std::mutex call_mutex;                // one overlapped call at a time per communicator
+};
+
+// One local member of a group: its rank in the group and its CUDA device ordinal.
+struct LocalRank {
+  int rank;
+  int device;
+};
+
+// Creates the communicators of one group for all its local ranks (ncclGroupStart/End around
+// ncclCommInitRankConfig per device), with maxCTAs = minCTAs-cap comm_sms, and a registered
+// workspace of `workspace_bytes` each. Fails if (comm_id, device) already exists.
+Status CreateCommunicators(int64_t comm_id, const ncclUniqueId& id, int world_size,
+                           const std::vector<LocalRank>& local, int comm_sms,
+                           size_t workspace_bytes);
+
+// Grows the workspaces of every local communicator of comm_id to at least `bytes`
+// (collective over the group: call it for all local devices of a group at once).
+Status EnsureWorkspace(int64_t comm_id, size_t bytes);
+
+// Finds this device's communicator; null if none.
+Communicator* FindCommunicator(int64_t comm_id, int device);
+
+bool HasCommunicators(int64_t comm_id);
+
+// Destroys every communicator of comm_id (or all when comm_id == 0). Safe to call twice.
+Status DestroyCommunicators(int64_t comm_id);
+
+struct CommunicatorSummary {
+  int64_t comm_id;
+  int device, rank, world_size, comm_sms;
+  size_t workspace_bytes;
+  std::string wait_method;
+};
+std::vector<CommunicatorSummary> ListCommunicators();
+
+}  // namespace flashoverlap

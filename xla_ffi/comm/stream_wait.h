@@ -1,0 +1,27 @@
+// Makes a stream wait until a device int32 counter reaches a value, without an SM when
+// possible: cuStreamWaitValue32 (driver API, reached through the runtime's entry-point
+// query so nothing links libcuda), or a one-thread spin kernel as the fallback.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "xla_ffi/comm/status.h"
+
+namespace flashoverlap {
+
+enum class WaitMethod : int { kStreamOp = 0, kSpinKernel = 1 };
+
+// Method from JAX_FLASHOVERLAP_WAIT ("stream_op" default, or "spin"); kSpinKernel when the
+// driver entry point or the device attribute is missing.
+WaitMethod ChosenWaitMethod(int device);
+
+// Enqueues on `stream`: wait until *counter >= value.
+Status EnqueueWaitGeq(cudaStream_t stream, const int32_t* counter, int32_t value,
+                      WaitMethod method);
+
+// The spin kernel's launcher (stream_wait_kernel.cu).
+cudaError_t LaunchSpinWaitGeq(cudaStream_t stream, const int32_t* counter, int32_t value);
+
+}  // namespace flashoverlap

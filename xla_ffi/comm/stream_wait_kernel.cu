@@ -1,0 +1,29 @@
+// One-thread kernel that spins until a counter reaches a value: the fallback wait when
+// stream memory operations are unavailable. It occupies one SM slot while it spins.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "xla_ffi/comm/stream_wait.h"
+
+namespace flashoverlap {
+namespace {
+
+__global__ void SpinWaitGeqKernel(const int32_t* counter, int32_t value) {
+  int32_t seen;
+  do {
+    // Acquire at GPU scope: the GEMM's tile stores, fenced before its atomicAdd, are
+    // visible to whatever this stream runs next.
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+    if (seen < value) __nanosleep(200);
+  } while (seen < value);
+}
+
+}  // namespace
+
+cudaError_t LaunchSpinWaitGeq(cudaStream_t stream, const int32_t* counter, int32_t value) {
+  SpinWaitGeqKernel<<<1, 1, 0, stream>>>(counter, value);
+  return cudaGetLastError();
+}
+
+}  // namespace flashoverlap

@@ -1,0 +1,184 @@
+// XLA FFI handlers of the overlapped ops: signaling GEMM on XLA's stream, one NCCL call per
+// group on our communication stream as soon as the group's counter says it is complete.
+//
+//   GemmAllReduceImpl      -> FlashoverlapGemmAllReduce     -> "flashoverlap_gemm_all_reduce"
+//   GemmReduceScatterImpl  -> FlashoverlapGemmReduceScatter -> "flashoverlap_gemm_reduce_scatter"
+//
+// Data flow (DESIGN.md): reset counters, record/wait an event so the comm stream starts after
+// everything before us, GEMM into the registered workspace, per group: wait counter ->
+// NCCL (-> copy to XLA's output for all-reduce), record/wait an event to join back.
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstdint>
+#include <string>
+
+#include "xla/ffi/api/ffi.h"
+#include "xla_ffi/comm/communicator.h"
+#include "xla_ffi/ffi/check.h"
+#include "xla_ffi/ffi/handlers.h"
+#include "xla_ffi/kernels/signaling_gemm.h"
+
+namespace flashoverlap {
+namespace {
+
+enum class Collective { kAllReduce, kReduceScatter };
+
+const char* OpName(Collective kind) {
+  return kind == Collective::kAllReduce ? "flashoverlap_gemm_all_reduce"
+                                        : "flashoverlap_gemm_reduce_scatter";
+}
+
+ffi::Error FromStatus(const char* op, const Status& status) {
+  if (status.ok()) return ffi::Error::Success();
+  return ffi::Error::Internal(std::string(op) + ": " + status.message);
+}
+
+// Shapes, dtypes and plan checked against what the kernel and NCCL need.
+ffi::Error Validate(Collective kind, const Communicator* comm, ffi::AnyBuffer x, ffi::AnyBuffer w,
+                    const ffi::AnyBuffer& out, int32_t world_size,
+                    ffi::Span<const int32_t> band_rows, int64_t comm_id, int device) {
+  const char* op = OpName(kind);
+  FO_CHECK_ARG(comm != nullptr,
+               op << ": no communicator for comm_id " << comm_id << " on device " << device
+                  << "; communicators are created when the op is lowered for a local GPU mesh "
+                     "(jax_flashoverlap.comm.ensure_communicators)");
+  FO_CHECK_ARG(comm->world_size == world_size,
+               op << ": program was built for " << world_size << " ranks, communicator has "
+                  << comm->world_size);
+  auto dtype = x.element_type();
+  FO_CHECK_ARG(dtype == ffi::DataType::BF16 || dtype == ffi::DataType::F16,
+               op << ": x must be bfloat16 or float16");
+  FO_CHECK_ARG(w.element_type() == dtype && out.element_type() == dtype,
+               op << ": x, w and the output must share one dtype");
+  auto xd = x.dimensions();
+  auto wd = w.dimensions();
+  auto od = out.dimensions();
+  FO_CHECK_ARG(xd.size() == 2 && wd.size() == 2 && od.size() == 2,
+               op << ": x, w and the output must be 2-D");
+  int64_t m = xd[0], k = xd[1], n = wd[1];
+  FO_CHECK_ARG(wd[0] == k, op << ": x is [" << m << ", " << k << "] but w is [" << wd[0] << ", "
+                              << n << "]");
+  FO_CHECK_ARG(n % 8 == 0 && k % 8 == 0, op << ": N and K must be multiples of 8");
+  int64_t blocks = kind == Collective::kReduceScatter ? world_size : 1;
+  FO_CHECK_ARG(m % blocks == 0, op << ": M=" << m << " not divisible by " << blocks);
+  int64_t out_rows = kind == Collective::kReduceScatter ? m / world_size : m;
+  FO_CHECK_ARG(od[0] == out_rows && od[1] == n,
+               op << ": output must be [" << out_rows << ", " << n << "]");
+  int64_t groups = static_cast<int64_t>(band_rows.size()) - 1;
+  FO_CHECK_ARG(groups >= 1 && groups <= kMaxGroups,
+               op << ": plan has " << groups << " groups; 1.." << kMaxGroups << " allowed");
+  FO_CHECK_ARG(band_rows[0] == 0 && band_rows[groups] == m / blocks,
+               op << ": plan band_rows must run from 0 to " << m / blocks);
+  for (int64_t g = 0; g < groups; ++g) {
+    FO_CHECK_ARG(band_rows[g] < band_rows[g + 1], op << ": plan band_rows must increase");
+  }
+  size_t bytes = static_cast<size_t>(m) * n * 2;
+  FO_CHECK_ARG(comm->workspace_bytes >= bytes,
+               op << ": communication workspace has " << comm->workspace_bytes << " bytes, needs "
+                  << bytes << " (jax_flashoverlap.comm.ensure_communicators sizes it at lowering)");
+  return ffi::Error::Success();
+}
+
+ffi::Error GemmCollective(Collective kind, cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
+                          ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out, int64_t comm_id,
+                          int32_t world_size, int32_t comm_sms,
+                          ffi::Span<const int32_t> band_rows) {
+  const char* op = OpName(kind);
+  Communicator* comm = FindCommunicator(comm_id, device);
+  FO_RETURN_IF_ERROR(Validate(kind, comm, x, w, *out, world_size, band_rows, comm_id, device));
+  std::lock_guard<std::mutex> lock(comm->call_mutex);
+
+  const int64_t m = x.dimensions()[0], k = x.dimensions()[1], n = w.dimensions()[1];
+  const bool bf16 = x.element_type() == ffi::DataType::BF16;
+  const int groups = static_cast<int>(band_rows.size()) - 1;
+  SignalingGemmArgs args;
+  args.x = x.untyped_data();
+  args.w = w.untyped_data();
+  args.out = comm->workspace;
+  args.m = m;
+  args.n = n;
+  args.k = k;
+  args.dtype = bf16 ? GemmDType::kBFloat16 : GemmDType::kFloat16;
+  args.counters = comm->counters;
+  args.comm_sms = comm_sms;
+  args.layout.num_blocks = kind == Collective::kReduceScatter ? world_size : 1;
+  args.layout.num_groups = groups;
+  for (int g = 0; g <= groups; ++g) args.layout.band_rows[g] = band_rows[g];
+
+  FO_CHECK_CUDA(cudaMemsetAsync(comm->counters, 0, sizeof(int32_t) * groups, stream));
+  FO_CHECK_CUDA(cudaEventRecord(comm->gemm_started, stream));
+  FO_CHECK_CUDA(cudaStreamWaitEvent(comm->stream, comm->gemm_started, 0));
+  cudaError_t launched = LaunchSignalingGemm(args, stream);
+  FO_CHECK(launched == cudaSuccess, op << ": signaling GEMM launch failed: "
+                                       << cudaGetErrorString(launched) << " ("
+                                       << LastSignalingGemmError() << ")");
+
+  const ncclDataType_t nccl_dtype = bf16 ? ncclBfloat16 : ncclFloat16;
+  char* workspace = static_cast<char*>(comm->workspace);
+  char* result = static_cast<char*>(out->untyped_data());
+  const int64_t blocks = args.layout.num_blocks;
+  const size_t row_bytes = static_cast<size_t>(n) * 2;
+  Status status;
+  for (int g = 0; g < groups && status.ok(); ++g) {
+    const int64_t band = band_rows[g + 1] - band_rows[g];
+    status = EnqueueWaitGeq(comm->stream, comm->counters + g,
+                            static_cast<int32_t>(TilesInGroup(args, g)), comm->wait_method);
+    if (!status.ok()) break;
+    char* span = workspace + blocks * band_rows[g] * row_bytes;  // group g, contiguous
+    if (kind == Collective::kAllReduce) {
+      status = NcclStatus(ncclAllReduce(span, span, band * n, nccl_dtype, ncclSum, comm->comm,
+                                        comm->stream), "ncclAllReduce");
+      if (status.ok()) {
+        status = CudaStatus(cudaMemcpyAsync(result + band_rows[g] * row_bytes, span,
+                                            band * row_bytes, cudaMemcpyDeviceToDevice,
+                                            comm->stream), "cudaMemcpyAsync");
+      }
+    } else {
+      status = NcclStatus(ncclReduceScatter(span, result + band_rows[g] * row_bytes, band * n,
+                                            nccl_dtype, ncclSum, comm->comm, comm->stream),
+                          "ncclReduceScatter");
+    }
+  }
+  // Join back even after an error, so XLA's stream never runs ahead of queued work.
+  FO_CHECK_CUDA(cudaEventRecord(comm->comm_done, comm->stream));
+  FO_CHECK_CUDA(cudaStreamWaitEvent(stream, comm->comm_done, 0));
+  return FromStatus(op, status);
+}
+
+ffi::Error GemmAllReduceImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
+                             ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out, int64_t comm_id,
+                             int32_t world_size, int32_t comm_sms,
+                             ffi::Span<const int32_t> band_rows) {
+  return GemmCollective(Collective::kAllReduce, stream, device, x, w, out, comm_id, world_size,
+                        comm_sms, band_rows);
+}
+
+ffi::Error GemmReduceScatterImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
+                                 ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out,
+                                 int64_t comm_id, int32_t world_size, int32_t comm_sms,
+                                 ffi::Span<const int32_t> band_rows) {
+  return GemmCollective(Collective::kReduceScatter, stream, device, x, w, out, comm_id,
+                        world_size, comm_sms, band_rows);
+}
+
+auto BindCollective() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::PlatformStream<cudaStream_t>>()
+      .Ctx<ffi::DeviceOrdinal>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Ret<ffi::AnyBuffer>()
+      .Attr<int64_t>("comm_id")
+      .Attr<int32_t>("world_size")
+      .Attr<int32_t>("comm_sms")
+      .Attr<ffi::Span<const int32_t>>("band_rows");
+}
+
+}  // namespace
+}  // namespace flashoverlap
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FlashoverlapGemmAllReduce, flashoverlap::GemmAllReduceImpl,
+                              flashoverlap::BindCollective());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FlashoverlapGemmReduceScatter,
+                              flashoverlap::GemmReduceScatterImpl, flashoverlap::BindCollective());
