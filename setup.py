@@ -111,6 +111,20 @@ def _dependency_dirs(nvcc: str) -> dict:
   }
 
 
+def _dependency_versions() -> dict:
+  from importlib import metadata
+
+  def version(dist):
+    try:
+      return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+      return "?"
+  nccl = next((version(d) for d in ("nvidia-nccl-cu13", "nvidia-nccl-cu12") if version(d) != "?"),
+              "?")
+  return {"jax": "jaxlib-" + version("jaxlib"), "cutlass": "cutlass-" + version("nvidia-cutlass"),
+          "nccl": "nccl-" + nccl}
+
+
 def _sources() -> list:
   return sorted(p for p in SRC.rglob("*") if p.suffix in (".cu", ".cc"))
 
@@ -162,13 +176,26 @@ class CudaBuildExt(build_ext):
         return [nvcc, *cu_flags, *inc_flags, "-c", str(src), "-o", str(obj)]
       return [cxx, *common, *inc_flags, "-c", str(src), "-o", str(obj)]
 
+    versions = _dependency_versions()
     jobs = []
     for src in _sources():
-      probe = command(src, Path("OBJ"))
-      key = hashlib.sha256(src.read_bytes() + headers.encode() + " ".join(
-          str(c) for c in probe).encode() + sys.version.encode()).hexdigest()[:20]
+      flags = [c for c in command(src, Path("OBJ"))[1:] if not str(c).startswith("-I")]
+      # Key: what the object depends on, not where things are installed, so objects built
+      # on one machine are reused on another (build/ carried to the GPU machine).
+      deps = versions["cutlass"] if src.suffix == ".cu" else versions["jax"]
+      if src.name == "module.cc":
+        deps += sys.version
+      key = hashlib.sha256(src.read_bytes() + headers.encode() + " ".join(flags).encode() +
+                           deps.encode() + versions["nccl"].encode()).hexdigest()[:20]
       obj = obj_dir / f"{src.stem}.{key}.o"
       jobs.append((src, obj, command(src, obj)))
+
+    # Drop stale objects of these sources (other keys) so the cache stays small to carry.
+    current = {o.name for _, o, _ in jobs}
+    stems = {src.stem for src, _, _ in jobs}
+    for old in obj_dir.glob("*.o"):
+      if old.name not in current and old.name.split(".")[0] in stems:
+        old.unlink()
 
     def compile_one(job):
       src, obj, cmd = job

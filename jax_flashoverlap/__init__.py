@@ -10,6 +10,7 @@ from jax_flashoverlap.sharding import row_parallel_matmul
 from jax_flashoverlap._info import info
 from jax_flashoverlap._validation import AxisNameError
 from jax_flashoverlap._version import __version__
+from jax_flashoverlap import plan
 
 __all__ = [
     "matmul",

@@ -1,0 +1,224 @@
+"""Benchmarks: `python -m jax_flashoverlap.bench gemm|overlap [options]`.
+
+Every variant is timed the same way, interleaved, in one process: a sample is the mean of
+`--calls` back-to-back calls (dispatch amortized), the figure is the median of `--samples`
+samples after warm-up (DESIGN.md's method). Inputs are fresh random values; every variant's
+result is checked against XLA's before it is timed.
+
+  gemm     jax_flashoverlap.matmul (signals on) vs XLA's dot on one GPU, per comm_sms
+  overlap  matmul_all_reduce / matmul_reduce_scatter vs XLA's dot, collective, dot+collective
+           on a 1-D mesh over all local GPUs; speedup and overlap efficiency
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+
+# Global shapes M x N x K of DESIGN.md; per GPU the GEMM is M x N x K/world.
+DESIGN_SHAPES = ((4096, 8192, 8192), (8192, 8192, 8192), (16384, 8192, 16384),
+                 (8192, 28672, 8192), (8192, 8192, 28672))
+
+
+def _parse_shape(text):
+  parts = [int(v) for v in text.lower().replace("x", ",").split(",") if v]
+  if len(parts) != 3:
+    raise argparse.ArgumentTypeError(f"shape must be MxNxK, got {text!r}")
+  return tuple(parts)
+
+
+def time_variants(variants: dict, *, calls: int, samples: int, warmup: int = 3) -> dict:
+  """{name: (fn, args)} -> {name: {"median_ms", "samples_ms"}}, interleaved round-robin."""
+  for fn, args in variants.values():
+    for _ in range(warmup):
+      fn(*args).block_until_ready()
+  times = {name: [] for name in variants}
+  for _ in range(samples):
+    for name, (fn, args) in variants.items():
+      out = fn(*args)
+      out.block_until_ready()
+      start = time.perf_counter()
+      for _ in range(calls):
+        out = fn(*args)
+      out.block_until_ready()
+      times[name].append((time.perf_counter() - start) / calls * 1e3)
+  result = {}
+  for name, ts in times.items():
+    ordered = sorted(ts)
+    result[name] = {"median_ms": ordered[len(ordered) // 2], "samples_ms": ts}
+  return result
+
+
+def relative_error(out, ref) -> float:
+  import jax.numpy as jnp
+  a = jnp.asarray(out, jnp.float32)
+  b = jnp.asarray(ref, jnp.float32)
+  return float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
+
+
+def _random_inputs(key, m, n, k, dtype):
+  import jax
+  import jax.numpy as jnp
+  kx, kw = jax.random.split(key)
+  x = jax.random.normal(kx, (m, k), jnp.float32).astype(dtype)
+  w = (jax.random.normal(kw, (k, n), jnp.float32) / (k ** 0.5)).astype(dtype)
+  return x, w
+
+
+def bench_gemm(args) -> dict:
+  import jax
+  import jax.numpy as jnp
+
+  import jax_flashoverlap as fo
+  dtype = jnp.dtype(args.dtype)
+  world = args.world
+  rows = []
+  key = jax.random.key(int(time.time()))
+  for (m, n, k) in args.shapes:
+    key, sub = jax.random.split(key)
+    x, w = _random_inputs(sub, m, n, k // world, dtype)
+    xla = jax.jit(jnp.matmul)
+    variants = {"xla_dot": (xla, (x, w))}
+    ref = xla(x, w)
+    errors = {}
+    for sms in args.comm_sms:
+      fn = jax.jit(lambda x, w, sms=sms: fo.matmul(x, w, comm_sms=sms))
+      errors[f"ours_sms{sms}"] = relative_error(fn(x, w), ref)
+      variants[f"ours_sms{sms}"] = (fn, (x, w))
+    timing = time_variants(variants, calls=args.calls, samples=args.samples)
+    row = {"m": m, "n": n, "k": k // world, "global_k": k, "dtype": str(dtype),
+           "times_ms": {v: t["median_ms"] for v, t in timing.items()},
+           "rel_error": errors}
+    row["ratio_xla_over_ours"] = {v: timing["xla_dot"]["median_ms"] / t["median_ms"]
+                                  for v, t in timing.items() if v != "xla_dot"}
+    rows.append(row)
+    print(_gemm_line(row), flush=True)
+  return {"kind": "gemm", "rows": rows}
+
+
+def _gemm_line(row):
+  ratios = " ".join(f"{v}={r:.3f}" for v, r in row["ratio_xla_over_ours"].items())
+  errs = max(row["rel_error"].values())
+  return (f"{row['m']}x{row['n']}x{row['k']}: xla {row['times_ms']['xla_dot']:.3f} ms  "
+          f"xla/ours {ratios}  max rel err {errs:.1e}")
+
+
+def bench_overlap(args) -> dict:
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from jax import lax
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+  import jax_flashoverlap as fo
+  devices = jax.devices()[: args.world] if args.world else jax.devices()
+  world = len(devices)
+  mesh = Mesh(np.array(devices), ("tp",))
+  dtype = jnp.dtype(args.dtype)
+  rows = []
+  key = jax.random.key(int(time.time()))
+  for collective in args.collectives:
+    for (m, n, k) in args.shapes:
+      key, sub = jax.random.split(key)
+      x, w = _random_inputs(sub, m, n, k, dtype)
+      x = jax.device_put(x, NamedSharding(mesh, P(None, "tp")))
+      w = jax.device_put(w, NamedSharding(mesh, P("tp", None)))
+      rs = collective == "reduce_scatter"
+      out_spec = P("tp", None) if rs else P(None, None)
+      in_specs = (P(None, "tp"), P("tp", None))
+
+      def smap(fn, in_specs=in_specs, out_specs=out_spec):
+        return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs))
+
+      if rs:
+        coll = lambda y: lax.psum_scatter(y, "tp", scatter_dimension=0, tiled=True)
+        ours = lambda x, w: fo.matmul_reduce_scatter(x, w, "tp")
+      else:
+        coll = lambda y: lax.psum(y, "tp")
+        ours = lambda x, w: fo.matmul_all_reduce(x, w, "tp")
+      dot_only = smap(lambda x, w: x @ w, out_specs=P("tp", None))
+      # The collective alone, on a per-device [M, N] array (each device's partial product).
+      y = jax.device_put(jnp.zeros((world * m, n), dtype) + 1, NamedSharding(mesh, P("tp", None)))
+      coll_only = smap(coll, in_specs=(P("tp", None),), out_specs=out_spec)
+      baseline = smap(lambda x, w: coll(x @ w))
+      ours_fn = smap(ours)
+      ref = baseline(x, w)
+      err = relative_error(ours_fn(x, w), ref)
+      variants = {"xla_dot": (dot_only, (x, w)), "xla_collective": (coll_only, (y,)),
+                  "xla_dot_collective": (baseline, (x, w)), "ours": (ours_fn, (x, w))}
+      timing = time_variants(variants, calls=args.calls, samples=args.samples)
+      t = {v: r["median_ms"] for v, r in timing.items()}
+      ideal = max(t["xla_dot"], t["xla_collective"])
+      speedup = t["xla_dot_collective"] / t["ours"]
+      denom = t["xla_dot_collective"] - ideal
+      eff = (t["xla_dot_collective"] - t["ours"]) / denom if denom > 0 else float("nan")
+      plan = fo.plan.default_plan(collective, m, n, k // world, world, dtype.itemsize)
+      row = {"collective": collective, "m": m, "n": n, "k": k, "world": world,
+             "dtype": str(dtype), "times_ms": t, "speedup": speedup, "overlap_efficiency": eff,
+             "rel_error": err, "plan": {"band_rows": list(plan.band_rows),
+                                        "comm_sms": plan.comm_sms, "overlap": plan.overlap,
+                                        "predicted_ms": plan.predicted_s * 1e3,
+                                        "predicted_baseline_ms": plan.baseline_s * 1e3}}
+      rows.append(row)
+      print(f"{collective:14s} {m}x{n}x{k}: dot {t['xla_dot']:.3f} coll {t['xla_collective']:.3f} "
+            f"dot+coll {t['xla_dot_collective']:.3f} ours {t['ours']:.3f} ms  "
+            f"speedup {speedup:.3f}  E {eff:.2f}  err {err:.1e}  groups {plan.num_groups}"
+            f"{'' if plan.overlap else ' (fallback)'}", flush=True)
+  return {"kind": "overlap", "rows": rows}
+
+
+def _git_commit() -> str:
+  try:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True,
+                         text=True, timeout=10)
+    return out.stdout.strip() or "unknown"
+  except (OSError, subprocess.SubprocessError):
+    return "unknown"
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m jax_flashoverlap.bench",
+                                   description=__doc__.splitlines()[0])
+  sub = parser.add_subparsers(dest="kind", required=True)
+  for name in ("gemm", "overlap"):
+    p = sub.add_parser(name)
+    p.add_argument("--shapes", type=_parse_shape, nargs="+", default=list(DESIGN_SHAPES),
+                   help="global MxNxK shapes (default: DESIGN.md's)")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    p.add_argument("--calls", type=int, default=10)
+    p.add_argument("--samples", type=int, default=20)
+    p.add_argument("--out", help="write results JSON here")
+    if name == "gemm":
+      p.add_argument("--world", type=int, default=2, help="per-GPU K = K / world")
+      p.add_argument("--comm-sms", type=int, nargs="+", default=[0, 8, 16])
+    else:
+      p.add_argument("--world", type=int, default=0, help="GPUs in the mesh (0: all)")
+      p.add_argument("--collectives", nargs="+", default=["all_reduce", "reduce_scatter"],
+                     choices=("all_reduce", "reduce_scatter"))
+  args = parser.parse_args(argv)
+  import jax_flashoverlap as fo
+  result = bench_gemm(args) if args.kind == "gemm" else bench_overlap(args)
+  result.update({
+      "command": "python -m jax_flashoverlap.bench " + " ".join(argv or sys.argv[1:]),
+      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+      "git_commit": _git_commit(),
+      "env": {k: v for k, v in os.environ.items() if k.startswith(("JAX_FLASHOVERLAP", "NCCL_"))},
+      "info": fo.info(),
+      "method": f"median of {args.samples} samples, each the mean of {args.calls} "
+                "back-to-back calls, variants interleaved, after 3 warm-up calls",
+  })
+  if args.out:
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+      json.dump(result, f, indent=1, default=str)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
