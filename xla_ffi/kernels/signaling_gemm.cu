@@ -169,9 +169,9 @@ cudaError_t LaunchSignalingGemm(const SignalingGemmArgs& args, cudaStream_t stre
   // 8 cluster rows x ~8 column tiles per wave of ~66 units: about square, see tile_schedule.h.
   s.panel = EnvInt("FLASHOVERLAP_GEMM_PANEL", 8);
   if (s.panel < 1) s.panel = 1;
+  for (int g = 0; g <= s.num_groups; ++g) s.band_rows[g] = args.layout.band_rows[g];
   int64_t units = 0;
   for (int g = 0; g <= s.num_groups; ++g) {
-    s.band_rows[g] = args.layout.band_rows[g];
     s.unit_start[g] = int(units);
     if (g < s.num_groups) units += int64_t(ClusterRowsInGroup(s, g)) * s.n_tiles;
     if (units > (int64_t(1) << 30)) return Fail(cudaErrorInvalidValue, "too many tiles");
