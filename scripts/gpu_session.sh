@@ -28,7 +28,7 @@ for step in "${steps[@]}"; do
     build) run_step build env JAX_FLASHOVERLAP_BUILD_CUDA=1 python3 setup.py build_ext --inplace || { cat "$OUT/build.log" | tail -40; break; } ;;
     info) run_step info python3 -m jax_flashoverlap.info ;;
     tests) run_step tests python3 -m pytest -q -x -ra tests ;;
-    gpu_tests) run_step gpu_tests python3 -m pytest -q -ra -m "gpu or multigpu" tests ;;
+    gpu_tests) run_step gpu_tests env JAX_FLASHOVERLAP_FALLBACK=0 python3 -m pytest -q -ra -m "gpu or multigpu" tests ;;
     gemm_bench) run_step gemm_bench python3 -m jax_flashoverlap.bench gemm --out "$OUT/gemm_h200.json" ;;
     overlap_bench) run_step overlap_bench python3 -m jax_flashoverlap.bench overlap --out "$OUT/overlap_h200x2.json" ;;
     quickstart) run_step quickstart python3 examples/quickstart.py ;;
