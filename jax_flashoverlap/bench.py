@@ -172,6 +172,59 @@ def bench_overlap(args) -> dict:
   return {"kind": "overlap", "rows": rows}
 
 
+def bench_sweep(args) -> dict:
+  """Our op under forced plans (comm_sms x num_groups; 0 groups = cost model) vs XLA."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from jax import lax
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+  import jax_flashoverlap as fo
+  devices = jax.devices()[: args.world] if args.world else jax.devices()
+  world = len(devices)
+  mesh = Mesh(np.array(devices), ("tp",))
+  dtype = jnp.dtype(args.dtype)
+  rows = []
+  key = jax.random.key(int(time.time()))
+  for collective in args.collectives:
+    rs = collective == "reduce_scatter"
+    out_spec = P("tp", None) if rs else P(None, None)
+    in_specs = (P(None, "tp"), P("tp", None))
+    coll = ((lambda y: lax.psum_scatter(y, "tp", scatter_dimension=0, tiled=True)) if rs
+            else (lambda y: lax.psum(y, "tp")))
+    ours = fo.matmul_reduce_scatter if rs else fo.matmul_all_reduce
+    for (m, n, k) in args.shapes:
+      key, sub = jax.random.split(key)
+      x, w = _random_inputs(sub, m, n, k, dtype)
+      x = jax.device_put(x, NamedSharding(mesh, P(None, "tp")))
+      w = jax.device_put(w, NamedSharding(mesh, P("tp", None)))
+      smap = lambda fn: jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs,
+                                              out_specs=out_spec))
+      baseline = smap(lambda x, w: coll(x @ w))
+      ref = baseline(x, w)
+      variants = {"xla_dot_collective": (baseline, (x, w))}
+      errors = {}
+      for sms in args.comm_sms:
+        for groups in args.groups:
+          fn = smap(lambda x, w: ours(x, w, "tp"))
+          with fo.plan.forced(num_groups=groups or None, comm_sms=sms):
+            errors[f"sms{sms}_g{groups}"] = relative_error(fn(x, w), ref)  # compiles here
+          variants[f"sms{sms}_g{groups}"] = (fn, (x, w))
+      timing = time_variants(variants, calls=args.calls, samples=args.samples)
+      t = {v: r["median_ms"] for v, r in timing.items()}
+      best = min((v for v in t if v != "xla_dot_collective"), key=t.get)
+      row = {"collective": collective, "m": m, "n": n, "k": k, "world": world, "times_ms": t,
+             "rel_error": errors, "best": best,
+             "best_speedup": t["xla_dot_collective"] / t[best]}
+      rows.append(row)
+      print(f"{collective:14s} {m}x{n}x{k}: xla {t['xla_dot_collective']:.3f} ms | " +
+            " ".join(f"{v}={t[v]:.3f}" for v in t if v != "xla_dot_collective") +
+            f" | best {best} x{row['best_speedup']:.3f} | max err {max(errors.values()):.1e}",
+            flush=True)
+  return {"kind": "sweep", "rows": rows}
+
+
 def _git_commit() -> str:
   try:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -186,7 +239,7 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m jax_flashoverlap.bench",
                                    description=__doc__.splitlines()[0])
   sub = parser.add_subparsers(dest="kind", required=True)
-  for name in ("gemm", "overlap"):
+  for name in ("gemm", "overlap", "sweep"):
     p = sub.add_parser(name)
     p.add_argument("--shapes", type=_parse_shape, nargs="+", default=list(DESIGN_SHAPES),
                    help="global MxNxK shapes (default: DESIGN.md's)")
@@ -199,11 +252,15 @@ def main(argv=None) -> int:
       p.add_argument("--comm-sms", type=int, nargs="+", default=[0, 8, 16])
     else:
       p.add_argument("--world", type=int, default=0, help="GPUs in the mesh (0: all)")
+      if name == "sweep":
+        p.add_argument("--comm-sms", type=int, nargs="+", default=[4, 8, 16])
+        p.add_argument("--groups", type=int, nargs="+", default=[0, 2, 4, 8],
+                       help="forced group counts (0: the cost model's plan)")
       p.add_argument("--collectives", nargs="+", default=["all_reduce", "reduce_scatter"],
                      choices=("all_reduce", "reduce_scatter"))
   args = parser.parse_args(argv)
   import jax_flashoverlap as fo
-  result = bench_gemm(args) if args.kind == "gemm" else bench_overlap(args)
+  result = {"gemm": bench_gemm, "overlap": bench_overlap, "sweep": bench_sweep}[args.kind](args)
   result.update({
       "command": "python -m jax_flashoverlap.bench " + " ".join(argv or sys.argv[1:]),
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

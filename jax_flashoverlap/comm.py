@@ -20,14 +20,16 @@ def normalize_axes(axis_name) -> tuple:
   return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
 
 
-def comm_id_for(mesh, axis_name) -> int:
-  """Stable non-zero 63-bit id of the communicators of `axis_name` over `mesh`."""
+def comm_id_for(mesh, axis_name, comm_sms: int = 0) -> int:
+  """Stable non-zero 63-bit id of the communicators of `axis_name` over `mesh` whose NCCL
+  kernels are capped to `comm_sms` CTAs (a cap is fixed when a communicator is created)."""
   axes = normalize_axes(axis_name)
   if mesh is None:
-    key = repr(("abstract", axes))
+    key = repr(("abstract", axes, int(comm_sms)))
   else:
     ids = [int(d.id) for d in np.asarray(mesh.devices).flat]
-    key = repr((tuple(mesh.axis_names), tuple(np.asarray(mesh.devices).shape), ids, axes))
+    key = repr((tuple(mesh.axis_names), tuple(np.asarray(mesh.devices).shape), ids, axes,
+                int(comm_sms)))
   digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
   return (int.from_bytes(digest, "little") & ((1 << 63) - 1)) or 1
 
@@ -75,7 +77,7 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
   ext = _ext.ext
   if ext is None:
     raise RuntimeError("jax_flashoverlap: the CUDA extension is not built")
-  cid = comm_id_for(mesh, axis_name)
+  cid = comm_id_for(mesh, axis_name, comm_sms)
   with _lock:
     if ext.has_communicators(cid):
       ext.ensure_workspace(cid, int(workspace_bytes))

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import contextlib
 import math
+import threading
 
 MAX_GROUPS = 64  # xla_ffi/kernels/signaling_gemm.h: kMaxGroups
 NUM_SMS = 132    # H100 / H200 SXM
@@ -180,3 +182,57 @@ def default_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: 
   plan = GroupPlan(collective, rows, band_rows, comm_sms, overlap, predicted, baseline)
   plan.validate()
   return plan
+
+
+# --- overrides (tuning, benchmarks) ----------------------------------------------------------
+
+_override = threading.local()
+
+
+@contextlib.contextmanager
+def forced(num_groups: int | None = None, comm_sms: int | None = None, overlap: bool = True):
+  """Within this context, ops *lowered* here use `num_groups` even row bands (aligned to the
+  kernel's cluster rows) and/or `comm_sms`, instead of the cost model's plan; overlap=False
+  forces XLA's dot + collective. For tuning: jit-compile inside the context."""
+  previous = getattr(_override, "value", None)
+  _override.value = (num_groups, comm_sms, overlap)
+  try:
+    yield
+  finally:
+    _override.value = previous
+
+
+def is_forced() -> bool:
+  return getattr(_override, "value", None) is not None
+
+
+def choose_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: int = 2,
+                comm_sms: int | None = None) -> GroupPlan:
+  """The plan an op lowers with: an active `forced(...)` override, else the cost model's."""
+  override = getattr(_override, "value", None)
+  forced_groups, forced_sms, forced_overlap = override or (None, None, True)
+  if comm_sms is None:
+    comm_sms = forced_sms
+  profile = DEFAULT_PROFILE if comm_sms is None else dataclasses.replace(
+      DEFAULT_PROFILE, comm_sms=int(comm_sms))
+  plan = default_plan(collective, m, n, k, world, itemsize, profile)
+  if override is None:
+    return plan
+  if forced_groups is not None:
+    kern = _kernel(m, n, plan.comm_sms)
+    bands = even_bands(plan.rows_per_block, forced_groups, kern.rows_per_unit)
+    plan = dataclasses.replace(plan, band_rows=bands, predicted_s=plan_time(
+        collective, m, n, k, world, bands, plan.comm_sms, itemsize, profile))
+  plan = dataclasses.replace(plan, overlap=forced_overlap)
+  plan.validate()
+  return plan
+
+
+def even_bands(rows: int, num_groups: int, align: int) -> tuple:
+  """`rows` split into at most `num_groups` bands with boundaries on multiples of `align`."""
+  units = max(1, math.ceil(rows / align))
+  num_groups = max(1, min(num_groups, units, MAX_GROUPS))
+  bounds = {0, rows}
+  for g in range(1, num_groups):
+    bounds.add(min(rows, (units * g // num_groups) * align))
+  return tuple(sorted(bounds))

@@ -97,14 +97,14 @@ def _collective_cuda_lowering(prim, reference_lowering, collective):
     x_aval, w_aval = ctx.avals_in
     m, k = x_aval.shape
     n = w_aval.shape[1]
-    plan = plan_lib.default_plan(collective, m, n, k, world, np.dtype(x_aval.dtype).itemsize)
-    if comm_sms is None and not plan.overlap and _ext.fallback_enabled():
-      # The cost model predicts no gain: XLA's own dot + collective (never slower than XLA).
+    plan = plan_lib.choose_plan(collective, m, n, k, world, np.dtype(x_aval.dtype).itemsize,
+                                comm_sms)
+    # No gain predicted (or forced off): XLA's own dot + collective, never slower than XLA.
+    # An explicit comm_sms or JAX_FLASHOVERLAP_FALLBACK=0 keeps our kernels regardless.
+    if not plan.overlap and (plan_lib.is_forced() or
+                             (comm_sms is None and _ext.fallback_enabled())):
       return reference_lowering(ctx, x, w, axis_name=axis_name)
-    if comm_sms is not None:
-      plan = dataclasses.replace(plan, comm_sms=int(comm_sms))
-      plan.validate()
-    comm_id = comm.comm_id_for(mesh, axis_name)
+    comm_id = comm.comm_id_for(mesh, axis_name, plan.comm_sms)
     if comm.mesh_is_local_gpu(mesh):  # not cross-lowering: the program runs here
       comm.ensure_communicators(mesh, axis_name, comm_sms=plan.comm_sms,
                                 workspace_bytes=m * n * np.dtype(x_aval.dtype).itemsize)

@@ -189,10 +189,13 @@ def test_mixed_with_xla_collectives_in_scan():
                 y = rs(jnp.tanh(mm(h, a)), b)                           # reduce-scatter
                 return lax.all_gather(jnp.tanh(y), "tp", axis=0, tiled=True), None  # XLA all_gather
 
+            # all_gather's result varies over 'tp' (vma typing): so must the carry.
+            h0 = lax.pcast(h0, ("tp",), to="varying")
             return lax.scan(layer, h0, (a, b))[0]
 
         specs = (P(), P(None, None, "tp"), P(None, "tp", None))
-        return jax.jit(shard_map(body, mesh, specs, P()))
+        # The carry is typed varying (see body), so each device's copy comes back stacked.
+        return jax.jit(shard_map(body, mesh, specs, P("tp")))
 
     ours = make(lambda u, b: fo.matmul_all_reduce(u, b, "tp"),
                 lambda u, b: fo.matmul_reduce_scatter(u, b, "tp"), fo.matmul)

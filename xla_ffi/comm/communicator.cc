@@ -99,6 +99,11 @@ Status CreateStreamAndEvents(Communicator& c) {
   FO_RETURN_IF_CUDA(cudaStreamCreateWithPriority(&c.stream, cudaStreamNonBlocking, greatest));
   FO_RETURN_IF_CUDA(cudaEventCreateWithFlags(&c.gemm_started, cudaEventDisableTiming));
   FO_RETURN_IF_CUDA(cudaEventCreateWithFlags(&c.comm_done, cudaEventDisableTiming));
+  FO_RETURN_IF_CUDA(cudaStreamCreateWithPriority(&c.copy_stream, cudaStreamNonBlocking, greatest));
+  FO_RETURN_IF_CUDA(cudaEventCreateWithFlags(&c.copies_done, cudaEventDisableTiming));
+  for (cudaEvent_t& e : c.group_reduced) {
+    FO_RETURN_IF_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
   FO_RETURN_IF_CUDA(cudaMalloc(&c.counters, sizeof(int32_t) * kMaxGroups));
   FO_RETURN_IF_CUDA(cudaMemset(c.counters, 0, sizeof(int32_t) * kMaxGroups));
   return Status::Ok();
@@ -110,6 +115,14 @@ Status DestroyOne(Communicator& c) {
   if (c.gemm_started) FO_RETURN_IF_CUDA(cudaEventDestroy(c.gemm_started));
   if (c.comm_done) FO_RETURN_IF_CUDA(cudaEventDestroy(c.comm_done));
   if (c.counters) FO_RETURN_IF_CUDA(cudaFree(c.counters));
+  if (c.copy_stream) FO_RETURN_IF_CUDA(cudaStreamDestroy(c.copy_stream));
+  if (c.copies_done) FO_RETURN_IF_CUDA(cudaEventDestroy(c.copies_done));
+  for (cudaEvent_t& e : c.group_reduced) {
+    if (e) FO_RETURN_IF_CUDA(cudaEventDestroy(e));
+    e = nullptr;
+  }
+  c.copy_stream = nullptr;
+  c.copies_done = nullptr;
   c.stream = nullptr;
   c.gemm_started = c.comm_done = nullptr;
   c.counters = nullptr;

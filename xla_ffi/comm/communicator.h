@@ -31,6 +31,11 @@ struct Communicator {
   int comm_sms = 0;          // NCCL maxCTAs; the GEMM leaves this many SMs free
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;        // communication stream (high priority)
+  // All-reduce results are copied from the workspace to XLA's output on their own stream
+  // (copy engine), so group g's copy overlaps group g+1's all-reduce.
+  cudaStream_t copy_stream = nullptr;
+  cudaEvent_t group_reduced[kMaxGroups] = {};  // comm stream -> copy stream, per group
+  cudaEvent_t copies_done = nullptr;           // copy stream -> compute stream
   cudaEvent_t gemm_started = nullptr;   // compute stream -> comm stream
   cudaEvent_t comm_done = nullptr;      // comm stream -> compute stream
   int32_t* counters = nullptr;          // kMaxGroups group counters (device memory)

@@ -130,9 +130,17 @@ ffi::Error GemmCollective(Collective kind, cudaStream_t stream, int32_t device, 
       status = NcclStatus(ncclAllReduce(span, span, band * n, nccl_dtype, ncclSum, comm->comm,
                                         comm->stream), "ncclAllReduce");
       if (status.ok()) {
+        status = CudaStatus(cudaEventRecord(comm->group_reduced[g], comm->stream),
+                            "cudaEventRecord");
+      }
+      if (status.ok()) {
+        status = CudaStatus(cudaStreamWaitEvent(comm->copy_stream, comm->group_reduced[g], 0),
+                            "cudaStreamWaitEvent");
+      }
+      if (status.ok()) {
         status = CudaStatus(cudaMemcpyAsync(result + band_rows[g] * row_bytes, span,
                                             band * row_bytes, cudaMemcpyDeviceToDevice,
-                                            comm->stream), "cudaMemcpyAsync");
+                                            comm->copy_stream), "cudaMemcpyAsync");
       }
     } else {
       status = NcclStatus(ncclReduceScatter(span, result + band_rows[g] * row_bytes, band * n,
@@ -140,9 +148,14 @@ ffi::Error GemmCollective(Collective kind, cudaStream_t stream, int32_t device, 
                           "ncclReduceScatter");
     }
   }
-  // Join back even after an error, so XLA's stream never runs ahead of queued work.
+  // Join back even after an error, so XLA's stream never runs ahead of queued work. The
+  // copy stream joins too: the next call's GEMM must not overwrite a span still being copied.
   FO_CHECK_CUDA(cudaEventRecord(comm->comm_done, comm->stream));
   FO_CHECK_CUDA(cudaStreamWaitEvent(stream, comm->comm_done, 0));
+  if (kind == Collective::kAllReduce) {
+    FO_CHECK_CUDA(cudaEventRecord(comm->copies_done, comm->copy_stream));
+    FO_CHECK_CUDA(cudaStreamWaitEvent(stream, comm->copies_done, 0));
+  }
   return FromStatus(op, status);
 }
 
