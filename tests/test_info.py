@@ -128,7 +128,9 @@ import jax_flashoverlap as fo
 mesh = Mesh(np.array(jax.devices()[:4]), ("tp",))
 f = jax.shard_map(lambda a, b: fo.matmul_all_reduce(a, b, "tp"), mesh=mesh,
                   in_specs=(P(None, "tp"), P("tp", None)), out_specs=P())
-args = (jax.ShapeDtypeStruct((8, 64), jnp.bfloat16), jax.ShapeDtypeStruct((64, 16), jnp.bfloat16))
+# a real shape (abstract, nothing allocated): small ones may go to XLA's ops by the cost model
+args = (jax.ShapeDtypeStruct((4096, 8192), jnp.bfloat16),
+        jax.ShapeDtypeStruct((8192, 8192), jnp.bfloat16))
 text = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 print("CUSTOM_CALL" if "flashoverlap_gemm_all_reduce" in text else "REFERENCE")
 """
@@ -136,8 +138,9 @@ print("CUSTOM_CALL" if "flashoverlap_gemm_all_reduce" in text else "REFERENCE")
 
 def test_force_reference_env_changes_cuda_lowering():
     """The only observable on CPU: with the switch, even a CUDA lowering uses the reference path."""
-    on = _py(_CUDA_LOWER, JAX_PLATFORMS="cpu", **{FORCE_ENV: "1"})
-    off = _py(_CUDA_LOWER, JAX_PLATFORMS="cpu")
+    # JAX_FLASHOVERLAP_FALLBACK=0: no cost-model fallback to XLA's ops, so only FORCE differs
+    on = _py(_CUDA_LOWER, JAX_PLATFORMS="cpu", JAX_FLASHOVERLAP_FALLBACK="0", **{FORCE_ENV: "1"})
+    off = _py(_CUDA_LOWER, JAX_PLATFORMS="cpu", JAX_FLASHOVERLAP_FALLBACK="0")
     assert on.returncode == 0, on.stderr
     assert off.returncode == 0, off.stderr
     assert on.stdout.strip().splitlines()[-1] == "REFERENCE", on.stdout

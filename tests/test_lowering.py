@@ -5,6 +5,13 @@ Cross-platform lowering works without a GPU on this JAX: `jax.jit(f).trace(*args
 with the CUDA rules (checked here), and so does the same program over a
 `jax.sharding.AbstractMesh` traced with `jax.ShapeDtypeStruct` arguments (no devices at all).
 Both are tested. Nothing is compiled or run for CUDA.
+
+The package lowers a shape at which its cost model predicts no gain from overlap to XLA's own
+dot + collective even on CUDA (switch: JAX_FLASHOVERLAP_FALLBACK=0 turns that off; "for tests,
+benchmarks" per jax_flashoverlap/_ext.py). So the custom-call checks use a real shape (global
+M x N x K = 4096 x 8192 x 8192, the first DESIGN.md shape; abstract jax.ShapeDtypeStruct
+arguments, nothing that size is allocated) with the fallback off, and one test checks the default
+settings at that shape on 2 devices (the GPU machine's configuration), where overlap must be chosen.
 """
 import re
 
@@ -17,24 +24,42 @@ from jax.sharding import AbstractMesh, PartitionSpec as P
 from _util import PRIMITIVE_NAMES, make_mesh_1d, make_mesh_2d, shard_map
 
 OPS = ["all_reduce", "reduce_scatter", "matmul"]
+FALLBACK_ENV = "JAX_FLASHOVERLAP_FALLBACK"
 
 
-def _program(fo, name, mesh, tp_only_2d=False):
-    """(shard_map program, abstract args) using op `name` over axis 'tp' of `mesh`."""
+@pytest.fixture
+def no_fallback(monkeypatch):
+    """Every shape lowers to our kernels on CUDA (no cost-model fallback to XLA's ops)."""
+    monkeypatch.setenv(FALLBACK_ENV, "0")
+    monkeypatch.delenv("JAX_FLASHOVERLAP_FORCE_REFERENCE", raising=False)
+
+
+SMALL = dict(M=5, K_local=16, N=24)        # jaxpr / eval_shape / CPU lowering
+LARGE = dict(M=4096, K_local=2048, N=8192)  # CUDA lowering (global K = 8192 on 4 devices)
+
+
+def _program(fo, name, mesh, tp_only_2d=False, size=SMALL):
+    """(shard_map program, abstract args) using op `name` over axis 'tp' of `mesh`.
+
+    all_reduce: x [M, K] on (dp,) tp;  reduce_scatter: x [M, K] (M rounded to a multiple of the
+    axis size);  matmul: data-parallel, x rows sharded over tp, w replicated.
+    """
     n = mesh.shape["tp"]
     dp = "dp" if tp_only_2d else None
     ndp = mesh.shape["dp"] if tp_only_2d else 1
+    M, Kl, N = size["M"], size["K_local"], size["N"]
     if name == "all_reduce":
         body = lambda a, b: fo.matmul_all_reduce(a, b, "tp")
-        x, w = (ndp * 5, 16 * n), (16 * n, 24)
+        x, w = (ndp * M, Kl * n), (Kl * n, N)
         specs = (P(dp, "tp"), P("tp", None)), P(dp, None)
     elif name == "reduce_scatter":
         body = lambda a, b: fo.matmul_reduce_scatter(a, b, "tp")
-        x, w = (ndp * 3 * n, 16 * n), (16 * n, 32)
+        Mr = -(-M // n) * n
+        x, w = (ndp * Mr, Kl * n), (Kl * n, N)
         specs = (P(dp, "tp"), P("tp", None)), P((dp, "tp") if dp else "tp", None)
     else:
         body = lambda a, b: fo.matmul(a, b)
-        x, w = (ndp * 5 * n, 24), (24, 16)
+        x, w = (ndp * M * n, Kl), (Kl, N)
         specs = (P((dp, "tp") if dp else "tp", None), P()), P((dp, "tp") if dp else "tp", None)
     f = shard_map(body, mesh, specs[0], specs[1])
     args = (jax.ShapeDtypeStruct(x, jnp.bfloat16), jax.ShapeDtypeStruct(w, jnp.bfloat16))
@@ -115,32 +140,42 @@ def _per_device_out(name, n, args):
 
 
 @pytest.mark.parametrize("name", OPS)
-def test_cuda_lowering_cpu_mesh(fo, name):
+def test_cuda_lowering_cpu_mesh(fo, no_fallback, name):
     mesh = make_mesh_1d(4)
-    f, args = _program(fo, name, mesh)
+    f, args = _program(fo, name, mesh, size=LARGE)
     text = _cuda_text(f, args)
     _check_cuda_lowering(text, name, _per_device_out(name, 4, args))
 
 
 @pytest.mark.parametrize("name", OPS)
-def test_cuda_lowering_abstract_mesh(fo, name):
+def test_cuda_lowering_default_settings_two_devices(fo, monkeypatch, name):
+    """Default settings (no switch), 2 devices, global 4096 x 8192 x 8192: overlap pays here."""
+    monkeypatch.delenv(FALLBACK_ENV, raising=False)
+    monkeypatch.delenv("JAX_FLASHOVERLAP_FORCE_REFERENCE", raising=False)
+    size = dict(M=4096, K_local=4096, N=8192)
+    f, args = _program(fo, name, make_mesh_1d(2), size=size)
+    _check_cuda_lowering(_cuda_text(f, args), name, _per_device_out(name, 2, args))
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_cuda_lowering_abstract_mesh(fo, no_fallback, name):
     mesh = AbstractMesh((4,), ("tp",))
-    f, args = _program(fo, name, mesh)
+    f, args = _program(fo, name, mesh, size=LARGE)
     text = _cuda_text(f, args)
     _check_cuda_lowering(text, name, _per_device_out(name, 4, args))
 
 
 @pytest.mark.parametrize("name", ["all_reduce", "reduce_scatter"])
-def test_cuda_lowering_2d_mesh(fo, name):
+def test_cuda_lowering_2d_mesh(fo, no_fallback, name):
     """Collective over 'tp' of a (dp=2, tp=4) mesh."""
     mesh = make_mesh_2d(2, 4)
-    f, args = _program(fo, name, mesh, tp_only_2d=True)
+    f, args = _program(fo, name, mesh, tp_only_2d=True, size=LARGE)
     text = _cuda_text(f, args)
     M, N = args[0].shape[0] // 2, args[1].shape[1]
     _check_cuda_lowering(text, name, (M // 4 if name == "reduce_scatter" else M, N))
 
 
-def test_cuda_lowering_distinct_comm_ids_per_axis(fo):
+def test_cuda_lowering_distinct_comm_ids_per_axis(fo, no_fallback):
     """Two collectives over different mesh axes in one program must not share a communicator id."""
     mesh = make_mesh_2d(2, 4)
 
@@ -150,7 +185,7 @@ def test_cuda_lowering_distinct_comm_ids_per_axis(fo):
     f = shard_map(body, mesh, (P(None, "tp"), P("tp", None), P(None, "dp"), P("dp", None)),
                   (P(), P()))
     args = tuple(jax.ShapeDtypeStruct(s, jnp.bfloat16)
-                 for s in [(8, 64), (64, 32), (8, 32), (32, 16)])
+                 for s in [(4096, 8192), (8192, 8192), (4096, 8192), (8192, 8192)])
     text = _cuda_text(f, args)
     lines = _custom_call_lines(text, PRIMITIVE_NAMES["all_reduce"])
     assert len(lines) == 2, text

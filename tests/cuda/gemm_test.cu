@@ -4,7 +4,8 @@
 //   gemm_test bench        : CUDA-event timing vs cublasGemmEx (bf16, fp32 accumulation)
 //   gemm_test sanitize     : small shapes, for compute-sanitizer memcheck/racecheck/synccheck
 //   gemm_test all          : correctness + signal + bench
-// Options: --json PATH. Exit code 1 if any check failed.
+// Options: --json PATH, --iters N (signal runs per case, default 3), --quick.
+// Exit code 1 if any check failed.
 #include "gemm_test_common.cuh"
 
 struct Shape3 { int64_t m, n, k; };
@@ -133,7 +134,7 @@ void Correctness(bool quick, int* counters, cudaStream_t s) {
 }
 
 // ---------------------------------------------------------------- signal visibility
-void SignalTest(bool quick, int* counters, cudaStream_t s) {
+void SignalTest(bool quick, int iters, int* counters, cudaStream_t s) {
   cudaStream_t s_watch;
   CK(cudaStreamCreateWithFlags(&s_watch, cudaStreamNonBlocking));
   struct Sig { Shape3 s; int nb, groups, comm; };
@@ -162,7 +163,6 @@ void SignalTest(bool quick, int* counters, cudaStream_t s) {
     if (LaunchSignalingGemm(a, s) != cudaSuccess) { fprintf(stderr, "launch: %s\n", LastSignalingGemmError()); exit(2); }
     CK(cudaDeviceSynchronize());
     WatchOut total{};
-    const int iters = 3;
     for (int it = 0; it < iters; ++it) {
       CK(cudaMemset(a.out, 0xFF, size_t(a.m) * a.n * 2));
       CK(cudaMemset(counters, 0, sizeof(int) * kMaxGroups));
@@ -310,8 +310,10 @@ int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "all";
   std::string json_path;
   bool quick = false;
+  int iters = 3;
   for (int i = 2; i < argc; ++i) {
     if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
+    else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--quick")) quick = true;
   }
   CK(cudaSetDevice(0));
@@ -326,7 +328,7 @@ int main(int argc, char** argv) {
   if (mode == "bench" || mode == "all") cublas.Load();
 
   if (mode == "correctness" || mode == "all") Correctness(quick, counters, s);
-  if (mode == "signal" || mode == "all") SignalTest(quick, counters, s);
+  if (mode == "signal" || mode == "all") SignalTest(quick, iters, counters, s);
   if (mode == "bench" || mode == "all") Bench(quick, cublas, counters, s);
   if (mode == "sanitize") Sanitize(counters, s);
   CK(cudaDeviceSynchronize());
