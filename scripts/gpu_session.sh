@@ -31,6 +31,7 @@ for step in "${steps[@]}"; do
     gpu_tests) run_step gpu_tests env JAX_FLASHOVERLAP_FALLBACK=0 python3 -m pytest -q -ra -m "gpu or multigpu" tests ;;
     gemm_bench) run_step gemm_bench python3 -m jax_flashoverlap.bench gemm --out "$OUT/gemm_h200.json" ;;
     overlap_bench) run_step overlap_bench python3 -m jax_flashoverlap.bench overlap --out "$OUT/overlap_h200x2.json" ;;
+    sweep) run_step sweep python3 -m jax_flashoverlap.bench sweep --samples 10 ${SWEEP_ARGS:-} --out "$OUT/sweep_h200x2.json" ;;
     quickstart) run_step quickstart python3 examples/quickstart.py ;;
     cuda_tests) run_step cuda_tests bash tests/cuda/run_gpu.sh ;;
     *) echo "unknown step $step"; exit 2 ;;
