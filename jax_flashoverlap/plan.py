@@ -34,15 +34,19 @@ class MachineProfile:
   """Calibration of the cost model. Defaults: 2 x H200, NCCL 2.28, bf16 (DESIGN.md tables)."""
   sm_flops: float = 5.3e12          # dense bf16 flop/s per SM in the GEMM (~700 TFLOP/s / 132)
   interference: float = 1.06        # GEMM slowdown while NCCL runs beside it
-  comm_latency: float = 20e-6       # per NCCL call (launch + sync)
-  # Bus bandwidths (bytes/s) of our capped, registered-window collectives on comm_sms CTAs.
+  comm_latency: float = 40e-6       # per group: stream wait + NCCL launch + sync
+  # Bus bandwidths (bytes/s) of our capped, registered-window collectives on 8 CTAs
+  # (DESIGN.md), scaled by (CTAs / 8) ** cta_scaling for other caps (fit to the 2 x H200
+  # sweep of benchmarks/results/sweep_h200x2.json: 16 CTAs beat 8 for comm-heavy shapes).
   all_reduce_busbw: float = 210e9
   reduce_scatter_busbw: float = 126e9
+  cta_scaling: float = 0.5
   copy_bandwidth: float = 1.5e12    # workspace -> output copy (copy engine), bytes/s
   # XLA's own uncapped collectives (the baseline we must beat).
   xla_all_reduce_busbw: float = 227e9
   xla_reduce_scatter_busbw: float = 200e9
-  comm_sms: int = 8                 # SMs left to NCCL (measured best of 8/16/24)
+  comm_sms: int | None = None       # SMs left to NCCL; None: the model picks a candidate
+  comm_sms_candidates: tuple = (8, 16)  # 4 starved NCCL in the sweep
   min_gain: float = 0.03            # fall back unless predicted >= 3% faster
 
 
@@ -96,11 +100,14 @@ def _kernel(m: int, n: int, comm_sms: int) -> _Kernel:
   return _Kernel(128, 128, 1, usable)
 
 
-def _comm_time(collective: str, group_bytes: float, world: int, p: MachineProfile) -> float:
+def _comm_time(collective: str, group_bytes: float, world: int, p: MachineProfile,
+               comm_sms: int) -> float:
+  scale = (max(comm_sms, 1) / 8.0) ** p.cta_scaling
   if collective == "all_reduce":
-    wire = group_bytes * 2 * (world - 1) / world / p.all_reduce_busbw
-    return p.comm_latency + wire + group_bytes / p.copy_bandwidth
-  return p.comm_latency + group_bytes * (world - 1) / world / p.reduce_scatter_busbw
+    wire = group_bytes * 2 * (world - 1) / world / (p.all_reduce_busbw * scale)
+    # The copy to XLA's output runs on the copy engine beside the next group's all-reduce.
+    return p.comm_latency + wire
+  return p.comm_latency + group_bytes * (world - 1) / world / (p.reduce_scatter_busbw * scale)
 
 
 def baseline_time(collective: str, m: int, n: int, k: int, world: int, itemsize: int = 2,
@@ -130,7 +137,9 @@ def plan_time(collective: str, m: int, n: int, k: int, world: int, band_rows, co
     units += blocks * math.ceil((b1 - b0) / kern.rows_per_unit) * n_tiles
     gemm_end = math.ceil(units / kern.grid) * unit_time
     group_bytes = blocks * (b1 - b0) * n * itemsize
-    comm_end = max(gemm_end, comm_end) + _comm_time(collective, group_bytes, world, p)
+    comm_end = max(gemm_end, comm_end) + _comm_time(collective, group_bytes, world, p, comm_sms)
+  if collective == "all_reduce":  # the last group's copy to the output is exposed
+    comm_end += (band_rows[-1] - band_rows[-2]) * n * itemsize / p.copy_bandwidth
   return comm_end
 
 
@@ -140,48 +149,50 @@ def default_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: 
   """The cost model's best plan for this problem (deterministic; identical on every rank).
 
   m is the per-device GEMM's M (all rows of x), k its K (the local shard of the global K).
+  comm_sms is the profile's, or the best of its candidates.
   """
   if collective not in ("all_reduce", "reduce_scatter"):
     raise ValueError(f"unknown collective {collective!r}")
-  p = profile
+  candidates = ((profile.comm_sms,) if profile.comm_sms is not None
+                else profile.comm_sms_candidates)
+  plans = [_best_bands(collective, m, n, k, world, itemsize, profile, sms) for sms in candidates]
+  plan = min(plans, key=lambda p: p.predicted_s)
+  plan.validate()
+  return plan
+
+
+def _best_bands(collective, m, n, k, world, itemsize, p, comm_sms) -> GroupPlan:
+  """Exact minimum of the cost model over group boundaries (DP on cluster-row cuts)."""
   blocks = world if collective == "reduce_scatter" else 1
   rows = m // blocks
-  comm_sms = p.comm_sms
   kern = _kernel(m, n, comm_sms)
   step = kern.rows_per_unit
-  cuts = list(range(step, rows, step)) + [rows]  # candidate boundaries, in rows
-  cuts = [0] + cuts
-
-  # best[j]: minimal comm_end with a group ending at cuts[j]; DP over the previous boundary.
+  cuts = [0] + list(range(step, rows, step)) + [rows]  # candidate boundaries, in rows
   unit_time = 2.0 * kern.block_m * kern.block_n * k / p.sm_flops * p.interference
   n_tiles = math.ceil(n / kern.block_n)
-
-  def units_upto(j):
-    return blocks * math.ceil(cuts[j] / step) * n_tiles
-
   inf = float("inf")
+  # best[j]: minimal comm_end of a plan whose last group ends at cuts[j].
   best = [0.0] + [inf] * (len(cuts) - 1)
   prev = [0] * len(cuts)
   count = [0] * len(cuts)
   for j in range(1, len(cuts)):
-    gemm_end = math.ceil(units_upto(j) / kern.grid) * unit_time
+    units = blocks * math.ceil(cuts[j] / step) * n_tiles
+    gemm_end = math.ceil(units / kern.grid) * unit_time
     for i in range(j):
       if best[i] == inf or count[i] + 1 > MAX_GROUPS:
         continue
       group_bytes = blocks * (cuts[j] - cuts[i]) * n * itemsize
-      t = max(gemm_end, best[i]) + _comm_time(collective, group_bytes, world, p)
+      t = max(gemm_end, best[i]) + _comm_time(collective, group_bytes, world, p, comm_sms)
       if t < best[j] - 1e-12:
         best[j], prev[j], count[j] = t, i, count[i] + 1
   bounds = [len(cuts) - 1]
   while bounds[-1] != 0:
     bounds.append(prev[bounds[-1]])
   band_rows = tuple(cuts[j] for j in reversed(bounds))
-  predicted = best[-1]
+  predicted = plan_time(collective, m, n, k, world, band_rows, comm_sms, itemsize, p)
   baseline = baseline_time(collective, m, n, k, world, itemsize, p)
-  overlap = predicted < baseline * (1.0 - p.min_gain)
-  plan = GroupPlan(collective, rows, band_rows, comm_sms, overlap, predicted, baseline)
-  plan.validate()
-  return plan
+  return GroupPlan(collective, rows, band_rows, comm_sms,
+                   predicted < baseline * (1.0 - p.min_gain), predicted, baseline)
 
 
 # --- overrides (tuning, benchmarks) ----------------------------------------------------------
