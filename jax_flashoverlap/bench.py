@@ -226,11 +226,15 @@ def bench_sweep(args) -> dict:
 
 
 def _git_commit() -> str:
+  # The GPU machine gets a copy of the tree without git history: the caller passes the hash.
+  if os.environ.get("JAX_FLASHOVERLAP_GIT_COMMIT"):
+    return os.environ["JAX_FLASHOVERLAP_GIT_COMMIT"]
   try:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True,
                          text=True, timeout=10)
-    return out.stdout.strip() or "unknown"
+    commit = out.stdout.strip()
+    return commit if out.returncode == 0 and len(commit) == 40 else "unknown"
   except (OSError, subprocess.SubprocessError):
     return "unknown"
 
