@@ -61,12 +61,24 @@ def axis_size(axis_name) -> int:
 
 
 def lowering_mesh(ctx):
-  """The concrete Mesh of the enclosing shard_map in a lowering rule, or None."""
+  """The mesh of the enclosing shard_map in a lowering rule: a concrete Mesh, an AbstractMesh
+  (lowering without devices), or None."""
   axis_context = getattr(ctx.module_context, "axis_context", None)
   mesh = getattr(axis_context, "mesh", None)
-  if mesh is None or not hasattr(mesh, "devices"):
+  if mesh is None or not hasattr(mesh, "axis_names"):
     return None
   return mesh
+
+
+def mesh_devices(mesh):
+  """The mesh's devices as an ndarray, or None for an AbstractMesh (which raises on .devices)."""
+  import numpy as np
+  if mesh is None or isinstance(mesh, jax.sharding.AbstractMesh):
+    return None
+  try:
+    return np.asarray(mesh.devices)
+  except ValueError:
+    return None
 
 
 def lowering_platforms(ctx) -> tuple:

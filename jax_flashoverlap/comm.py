@@ -23,13 +23,15 @@ def normalize_axes(axis_name) -> tuple:
 def comm_id_for(mesh, axis_name, comm_sms: int = 0) -> int:
   """Stable non-zero 63-bit id of the communicators of `axis_name` over `mesh` whose NCCL
   kernels are capped to `comm_sms` CTAs (a cap is fixed when a communicator is created)."""
+  from jax_flashoverlap import _compat
   axes = normalize_axes(axis_name)
-  if mesh is None:
-    key = repr(("abstract", axes, int(comm_sms)))
+  devices = _compat.mesh_devices(mesh)
+  if devices is None:  # no devices known: names and sizes only (never run as is)
+    shape = tuple(mesh.shape.items()) if mesh is not None else ()
+    key = repr(("abstract", shape, axes, int(comm_sms)))
   else:
-    ids = [int(d.id) for d in np.asarray(mesh.devices).flat]
-    key = repr((tuple(mesh.axis_names), tuple(np.asarray(mesh.devices).shape), ids, axes,
-                int(comm_sms)))
+    ids = [int(d.id) for d in devices.flat]
+    key = repr((tuple(mesh.axis_names), tuple(devices.shape), ids, axes, int(comm_sms)))
   digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
   return (int.from_bytes(digest, "little") & ((1 << 63) - 1)) or 1
 
@@ -57,9 +59,11 @@ _atexit_registered = False
 
 def mesh_is_local_gpu(mesh) -> bool:
   """True when the mesh's devices are GPUs (this lowering is for this machine)."""
-  if mesh is None:
+  from jax_flashoverlap import _compat
+  devices = _compat.mesh_devices(mesh)
+  if devices is None:
     return False
-  first = np.asarray(mesh.devices).flat[0]
+  first = devices.flat[0]
   return getattr(first, "platform", "") in ("gpu", "cuda")
 
 

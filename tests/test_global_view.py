@@ -47,9 +47,48 @@ def _check_out_sharding(out, reduce, dp):
         assert "dp" not in axes
 
 
+def _shardy() -> bool:
+    return bool(getattr(jax.config, "jax_use_shardy_partitioner", False))
+
+
+def _rs_out_sharding(x):
+    """The reduce-scatter layout: x's row axes, then the contracting axis 'tp'."""
+    rows = spec_axes(x.sharding.spec[0]) + ("tp",)
+    return NamedSharding(x.sharding.mesh, P(rows, None))
+
+
 def _run(fo, x, w, reduce, axis_name):
-    f = jax.jit(lambda a, b: fo.row_parallel_matmul(a, b, reduce=reduce, axis_name=axis_name))
-    return f(x, w)
+    """Under Shardy the reduce-scatter layout is asked for with out_shardings (Shardy's
+    einsum-like rule cannot infer it; README, docs/DESIGN.md); the compiled program must then
+    hold no all-gather, i.e. the rows stay where the reduce-scatter put them."""
+    fn = lambda a, b: fo.row_parallel_matmul(a, b, reduce=reduce, axis_name=axis_name)
+    if reduce == "reduce_scatter" and _shardy():
+        f = jax.jit(fn, out_shardings=_rs_out_sharding(x))
+        hlo = f.lower(x, w).compile().as_text()
+        assert "all-gather" not in hlo, "reduce_scatter output was gathered"
+        assert "reduce-scatter" in hlo or "all-reduce" not in hlo
+        return f(x, w)
+    return jax.jit(fn)(x, w)
+
+
+@pytest.mark.parametrize("dp", [False, True], ids=["tp", "dp_tp"])
+def test_global_view_gspmd_infers_reduce_scatter_rows(fo, dp, rng):
+    """With GSPMD the partitioner infers the row-sharded output itself (no out_shardings)."""
+    from _util import make_mesh_2d
+
+    mesh = make_mesh_2d(2, 4) if dp else make_mesh_1d(4)
+    x, w = _inputs(mesh, rng, jnp.bfloat16, "reduce_scatter", dp=dp)
+    old = _shardy()
+    jax.config.update("jax_use_shardy_partitioner", False)
+    try:
+        f = jax.jit(lambda a, b: fo.row_parallel_matmul(a, b, reduce="reduce_scatter"))
+        out = f(x, w)
+        hlo = f.lower(x, w).compile().as_text()
+    finally:
+        jax.config.update("jax_use_shardy_partitioner", old)
+    assert "all-gather" not in hlo
+    check_against_refs(out, _xla(x, w), np.matmul(f32(x), f32(w)))
+    _check_out_sharding(out, "reduce_scatter", dp=dp)
 
 
 def _xla(x, w):
