@@ -12,6 +12,13 @@ VENV="${VENV:-.venv}"
 
 if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv --system-site-packages "$VENV"
+  # If $PYTHON is itself a venv (e.g. the GPU machine's CUDA JAX lives in one), inherit its
+  # packages too: --system-site-packages only reaches the base interpreter's.
+  parent_sites="$("$PYTHON" -c 'import sys, sysconfig; print("\n".join(sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})) if sys.prefix != sys.base_prefix else "")')"
+  if [ -n "$parent_sites" ]; then
+    site_dir="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    echo "$parent_sites" > "$site_dir/zz_parent_env.pth"
+  fi
 fi
 PY="$VENV/bin/python"
 
