@@ -54,6 +54,11 @@ def time_variants(variants: dict, *, calls: int, samples: int, warmup: int = 3) 
   return result
 
 
+def uses_custom_call(fn, args, target: str) -> bool:
+  """Whether the compiled program of fn(*args) calls our FFI target (else it timed XLA)."""
+  return target in fn.lower(*args).compile().as_text()
+
+
 def relative_error(out, ref) -> float:
   import jax.numpy as jnp
   a = jnp.asarray(out, jnp.float32)
@@ -85,15 +90,24 @@ def bench_gemm(args) -> dict:
     xla = jax.jit(jnp.matmul)
     variants = {"xla_dot": (xla, (x, w))}
     ref = xla(x, w)
+    ref32 = jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32))
     errors = {}
+    errors_f32 = {}
+    custom_call = {}
     for sms in args.comm_sms:
       fn = jax.jit(lambda x, w, sms=sms: fo.matmul(x, w, comm_sms=sms))
       errors[f"ours_sms{sms}"] = relative_error(fn(x, w), ref)
+      errors_f32[f"ours_sms{sms}"] = relative_error(fn(x, w), ref32)
+      custom_call[f"ours_sms{sms}"] = uses_custom_call(fn, (x, w), "flashoverlap_gemm")
       variants[f"ours_sms{sms}"] = (fn, (x, w))
+    if not all(custom_call.values()):
+      print("WARNING: 'ours' runs XLA's dot, not the signaling GEMM (extension not in use?): "
+            f"{fo.info()['paths']['matmul']['why']}", flush=True)
     timing = time_variants(variants, calls=args.calls, samples=args.samples)
     row = {"m": m, "n": n, "k": k // world, "global_k": k, "dtype": str(dtype),
            "times_ms": {v: t["median_ms"] for v, t in timing.items()},
-           "rel_error": errors}
+           "rel_error": errors, "rel_error_vs_f32": errors_f32,
+           "uses_custom_call": custom_call}
     row["ratio_xla_over_ours"] = {v: timing["xla_dot"]["median_ms"] / t["median_ms"]
                                   for v, t in timing.items() if v != "xla_dot"}
     rows.append(row)
@@ -104,8 +118,9 @@ def bench_gemm(args) -> dict:
 def _gemm_line(row):
   ratios = " ".join(f"{v}={r:.3f}" for v, r in row["ratio_xla_over_ours"].items())
   errs = max(row["rel_error"].values())
+  errs32 = max(row["rel_error_vs_f32"].values())
   return (f"{row['m']}x{row['n']}x{row['k']}: xla {row['times_ms']['xla_dot']:.3f} ms  "
-          f"xla/ours {ratios}  max rel err {errs:.1e}")
+          f"xla/ours {ratios}  max rel err vs XLA {errs:.1e}, vs f32 {errs32:.1e}")
 
 
 def bench_overlap(args) -> dict:
@@ -149,6 +164,10 @@ def bench_overlap(args) -> dict:
       ours_fn = smap(ours)
       ref = baseline(x, w)
       err = relative_error(ours_fn(x, w), ref)
+      ref32 = smap(lambda x, w: coll(x.astype(jnp.float32) @ w.astype(jnp.float32)))(x, w)
+      err32 = relative_error(ours_fn(x, w), ref32)
+      target = "flashoverlap_gemm_" + collective
+      custom_call = uses_custom_call(ours_fn, (x, w), target)
       variants = {"xla_dot": (dot_only, (x, w)), "xla_collective": (coll_only, (y,)),
                   "xla_dot_collective": (baseline, (x, w)), "ours": (ours_fn, (x, w))}
       timing = time_variants(variants, calls=args.calls, samples=args.samples)
@@ -160,15 +179,17 @@ def bench_overlap(args) -> dict:
       plan = fo.plan.default_plan(collective, m, n, k // world, world, dtype.itemsize)
       row = {"collective": collective, "m": m, "n": n, "k": k, "world": world,
              "dtype": str(dtype), "times_ms": t, "speedup": speedup, "overlap_efficiency": eff,
-             "rel_error": err, "plan": {"band_rows": list(plan.band_rows),
+             "rel_error": err, "rel_error_vs_f32": err32, "uses_custom_call": custom_call, "plan": {"band_rows": list(plan.band_rows),
                                         "comm_sms": plan.comm_sms, "overlap": plan.overlap,
                                         "predicted_ms": plan.predicted_s * 1e3,
                                         "predicted_baseline_ms": plan.baseline_s * 1e3}}
       rows.append(row)
       print(f"{collective:14s} {m}x{n}x{k}: dot {t['xla_dot']:.3f} coll {t['xla_collective']:.3f} "
             f"dot+coll {t['xla_dot_collective']:.3f} ours {t['ours']:.3f} ms  "
-            f"speedup {speedup:.3f}  E {eff:.2f}  err {err:.1e}  groups {plan.num_groups}"
-            f"{'' if plan.overlap else ' (fallback)'}", flush=True)
+            f"speedup {speedup:.3f}  E {eff:.2f}  err {err:.1e} (f32 {err32:.1e})  "
+            f"groups {plan.num_groups} sms {plan.comm_sms}"
+            f"{'' if custom_call else ' (XLA path: ' + ('cost-model fallback' if not plan.overlap else 'extension not in use') + ')'}",
+            flush=True)
   return {"kind": "overlap", "rows": rows}
 
 

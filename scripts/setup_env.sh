@@ -24,8 +24,16 @@ PY="$VENV/bin/python"
 
 have() { "$PY" -c "import $1" >/dev/null 2>&1; }
 pip_install() {
+  # Carried wheels first, without their dependencies (nvidia-cutlass is needed for its
+  # headers only, and machines with no index cannot resolve the rest).
   if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
-    "$PY" -m pip install -q --no-index --find-links .whl "$@" 2>/dev/null && return 0
+    local pkg missing=()
+    for pkg in "$@"; do
+      "$PY" -m pip install -q --no-index --no-deps --find-links .whl "$pkg" >/dev/null 2>&1 \
+        || missing+=("$pkg")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    set -- "${missing[@]}"
   fi
   "$PY" -m pip install -q "$@"
 }
