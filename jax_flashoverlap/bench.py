@@ -123,126 +123,141 @@ def _gemm_line(row):
           f"xla/ours {ratios}  max rel err vs XLA {errs:.1e}, vs f32 {errs32:.1e}")
 
 
+class _TpProblem:
+  """One row-parallel problem on a 1-D 'tp' mesh: sharded random inputs, the XLA collective,
+  our op, and a jit(shard_map) helper; shared by `overlap` and `sweep`."""
+
+  def __init__(self, args, collective, shape, key):
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax import lax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    import jax_flashoverlap as fo
+    devices = jax.devices()[: args.world] if args.world else jax.devices()
+    self.world = len(devices)
+    self.mesh = Mesh(np.array(devices), ("tp",))
+    self.dtype = jnp.dtype(args.dtype)
+    self.collective = collective
+    self.m, self.n, self.k = shape
+    x, w = _random_inputs(key, self.m, self.n, self.k, self.dtype)
+    self.x = jax.device_put(x, NamedSharding(self.mesh, P(None, "tp")))
+    self.w = jax.device_put(w, NamedSharding(self.mesh, P("tp", None)))
+    rs = collective == "reduce_scatter"
+    self.out_spec = P("tp", None) if rs else P(None, None)
+    self.in_specs = (P(None, "tp"), P("tp", None))
+    if rs:
+      self.coll = lambda y: lax.psum_scatter(y, "tp", scatter_dimension=0, tiled=True)
+      self.ours = lambda x, w: fo.matmul_reduce_scatter(x, w, "tp")
+    else:
+      self.coll = lambda y: lax.psum(y, "tp")
+      self.ours = lambda x, w: fo.matmul_all_reduce(x, w, "tp")
+    self.target = "flashoverlap_gemm_" + collective
+
+  def smap(self, fn, in_specs=None, out_specs=None):
+    import jax
+    return jax.jit(jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs or self.in_specs,
+                                 out_specs=out_specs or self.out_spec))
+
+  def baseline(self):
+    return self.smap(lambda x, w: self.coll(x @ w))
+
+  def reference_f32(self):
+    import jax.numpy as jnp
+    f = self.smap(lambda x, w: self.coll(x.astype(jnp.float32) @ w.astype(jnp.float32)))
+    return f(self.x, self.w)
+
+  @property
+  def args(self):
+    return (self.x, self.w)
+
+
 def bench_overlap(args) -> dict:
   import jax
   import jax.numpy as jnp
-  import numpy as np
-  from jax import lax
-  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+  from jax.sharding import NamedSharding, PartitionSpec as P
 
   import jax_flashoverlap as fo
-  devices = jax.devices()[: args.world] if args.world else jax.devices()
-  world = len(devices)
-  mesh = Mesh(np.array(devices), ("tp",))
-  dtype = jnp.dtype(args.dtype)
   rows = []
   key = jax.random.key(int(time.time()))
   for collective in args.collectives:
-    for (m, n, k) in args.shapes:
+    for shape in args.shapes:
       key, sub = jax.random.split(key)
-      x, w = _random_inputs(sub, m, n, k, dtype)
-      x = jax.device_put(x, NamedSharding(mesh, P(None, "tp")))
-      w = jax.device_put(w, NamedSharding(mesh, P("tp", None)))
-      rs = collective == "reduce_scatter"
-      out_spec = P("tp", None) if rs else P(None, None)
-      in_specs = (P(None, "tp"), P("tp", None))
-
-      def smap(fn, in_specs=in_specs, out_specs=out_spec):
-        return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs))
-
-      if rs:
-        coll = lambda y: lax.psum_scatter(y, "tp", scatter_dimension=0, tiled=True)
-        ours = lambda x, w: fo.matmul_reduce_scatter(x, w, "tp")
-      else:
-        coll = lambda y: lax.psum(y, "tp")
-        ours = lambda x, w: fo.matmul_all_reduce(x, w, "tp")
-      dot_only = smap(lambda x, w: x @ w, out_specs=P("tp", None))
+      pb = _TpProblem(args, collective, shape, sub)
+      m, n, k, world = pb.m, pb.n, pb.k, pb.world
+      dot_only = pb.smap(lambda x, w: x @ w, out_specs=P("tp", None))
       # The collective alone, on a per-device [M, N] array (each device's partial product).
-      y = jax.device_put(jnp.zeros((world * m, n), dtype) + 1, NamedSharding(mesh, P("tp", None)))
-      coll_only = smap(coll, in_specs=(P("tp", None),), out_specs=out_spec)
-      baseline = smap(lambda x, w: coll(x @ w))
-      ours_fn = smap(ours)
-      ref = baseline(x, w)
-      err = relative_error(ours_fn(x, w), ref)
-      ref32 = smap(lambda x, w: coll(x.astype(jnp.float32) @ w.astype(jnp.float32)))(x, w)
-      err32 = relative_error(ours_fn(x, w), ref32)
-      target = "flashoverlap_gemm_" + collective
-      custom_call = uses_custom_call(ours_fn, (x, w), target)
-      variants = {"xla_dot": (dot_only, (x, w)), "xla_collective": (coll_only, (y,)),
-                  "xla_dot_collective": (baseline, (x, w)), "ours": (ours_fn, (x, w))}
+      y = jax.device_put(jnp.zeros((world * m, n), pb.dtype) + 1,
+                         NamedSharding(pb.mesh, P("tp", None)))
+      coll_only = pb.smap(pb.coll, in_specs=(P("tp", None),))
+      baseline = pb.baseline()
+      ours_fn = pb.smap(pb.ours)
+      err = relative_error(ours_fn(*pb.args), baseline(*pb.args))
+      err32 = relative_error(ours_fn(*pb.args), pb.reference_f32())
+      custom_call = uses_custom_call(ours_fn, pb.args, pb.target)
+      variants = {"xla_dot": (dot_only, pb.args), "xla_collective": (coll_only, (y,)),
+                  "xla_dot_collective": (baseline, pb.args), "ours": (ours_fn, pb.args)}
       timing = time_variants(variants, calls=args.calls, samples=args.samples)
       t = {v: r["median_ms"] for v, r in timing.items()}
       ideal = max(t["xla_dot"], t["xla_collective"])
       speedup = t["xla_dot_collective"] / t["ours"]
       denom = t["xla_dot_collective"] - ideal
       eff = (t["xla_dot_collective"] - t["ours"]) / denom if denom > 0 else float("nan")
-      plan = fo.plan.default_plan(collective, m, n, k // world, world, dtype.itemsize)
+      plan = fo.plan.default_plan(collective, m, n, k // world, world, pb.dtype.itemsize)
       row = {"collective": collective, "m": m, "n": n, "k": k, "world": world,
-             "dtype": str(dtype), "times_ms": t, "speedup": speedup, "overlap_efficiency": eff,
-             "rel_error": err, "rel_error_vs_f32": err32, "uses_custom_call": custom_call, "plan": {"band_rows": list(plan.band_rows),
-                                        "comm_sms": plan.comm_sms, "overlap": plan.overlap,
-                                        "predicted_ms": plan.predicted_s * 1e3,
-                                        "predicted_baseline_ms": plan.baseline_s * 1e3}}
+             "dtype": str(pb.dtype), "times_ms": t, "speedup": speedup,
+             "overlap_efficiency": eff, "rel_error": err, "rel_error_vs_f32": err32,
+             "uses_custom_call": custom_call,
+             "plan": {"band_rows": list(plan.band_rows), "comm_sms": plan.comm_sms,
+                      "overlap": plan.overlap, "predicted_ms": plan.predicted_s * 1e3,
+                      "predicted_baseline_ms": plan.baseline_s * 1e3}}
       rows.append(row)
+      path = "" if custom_call else (
+          " (XLA path: " + ("cost-model fallback" if not plan.overlap else "extension not in use")
+          + ")")
       print(f"{collective:14s} {m}x{n}x{k}: dot {t['xla_dot']:.3f} coll {t['xla_collective']:.3f} "
             f"dot+coll {t['xla_dot_collective']:.3f} ours {t['ours']:.3f} ms  "
             f"speedup {speedup:.3f}  E {eff:.2f}  err {err:.1e} (f32 {err32:.1e})  "
-            f"groups {plan.num_groups} sms {plan.comm_sms}"
-            f"{'' if custom_call else ' (XLA path: ' + ('cost-model fallback' if not plan.overlap else 'extension not in use') + ')'}",
-            flush=True)
+            f"groups {plan.num_groups} sms {plan.comm_sms}{path}", flush=True)
   return {"kind": "overlap", "rows": rows}
 
 
 def bench_sweep(args) -> dict:
   """Our op under forced plans (comm_sms x num_groups; 0 groups = cost model) vs XLA."""
   import jax
-  import jax.numpy as jnp
-  import numpy as np
-  from jax import lax
-  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
   import jax_flashoverlap as fo
-  devices = jax.devices()[: args.world] if args.world else jax.devices()
-  world = len(devices)
-  mesh = Mesh(np.array(devices), ("tp",))
-  dtype = jnp.dtype(args.dtype)
   rows = []
   key = jax.random.key(int(time.time()))
   for collective in args.collectives:
-    rs = collective == "reduce_scatter"
-    out_spec = P("tp", None) if rs else P(None, None)
-    in_specs = (P(None, "tp"), P("tp", None))
-    coll = ((lambda y: lax.psum_scatter(y, "tp", scatter_dimension=0, tiled=True)) if rs
-            else (lambda y: lax.psum(y, "tp")))
-    ours = fo.matmul_reduce_scatter if rs else fo.matmul_all_reduce
-    for (m, n, k) in args.shapes:
+    for shape in args.shapes:
       key, sub = jax.random.split(key)
-      x, w = _random_inputs(sub, m, n, k, dtype)
-      x = jax.device_put(x, NamedSharding(mesh, P(None, "tp")))
-      w = jax.device_put(w, NamedSharding(mesh, P("tp", None)))
-      smap = lambda fn: jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs,
-                                              out_specs=out_spec))
-      baseline = smap(lambda x, w: coll(x @ w))
-      ref = baseline(x, w)
-      variants = {"xla_dot_collective": (baseline, (x, w))}
+      pb = _TpProblem(args, collective, shape, sub)
+      baseline = pb.baseline()
+      ref32 = pb.reference_f32()
+      variants = {"xla_dot_collective": (baseline, pb.args)}
       errors = {}
       for sms in args.comm_sms:
         for groups in args.groups:
-          fn = smap(lambda x, w: ours(x, w, "tp"))
+          fn = pb.smap(pb.ours)
+          name = f"sms{sms}_g{groups}"
           with fo.plan.forced(num_groups=groups or None, comm_sms=sms):
-            errors[f"sms{sms}_g{groups}"] = relative_error(fn(x, w), ref)  # compiles here
-          variants[f"sms{sms}_g{groups}"] = (fn, (x, w))
+            errors[name] = relative_error(fn(*pb.args), ref32)  # compiles here
+            if not uses_custom_call(fn, pb.args, pb.target):
+              raise RuntimeError(f"{name}: our custom call is not in the compiled program")
+          variants[name] = (fn, pb.args)
       timing = time_variants(variants, calls=args.calls, samples=args.samples)
       t = {v: r["median_ms"] for v, r in timing.items()}
       best = min((v for v in t if v != "xla_dot_collective"), key=t.get)
-      row = {"collective": collective, "m": m, "n": n, "k": k, "world": world, "times_ms": t,
-             "rel_error": errors, "best": best,
+      row = {"collective": collective, "m": pb.m, "n": pb.n, "k": pb.k, "world": pb.world,
+             "times_ms": t, "rel_error_vs_f32": errors, "best": best,
              "best_speedup": t["xla_dot_collective"] / t[best]}
       rows.append(row)
-      print(f"{collective:14s} {m}x{n}x{k}: xla {t['xla_dot_collective']:.3f} ms | " +
+      print(f"{collective:14s} {pb.m}x{pb.n}x{pb.k}: xla {t['xla_dot_collective']:.3f} ms | " +
             " ".join(f"{v}={t[v]:.3f}" for v in t if v != "xla_dot_collective") +
-            f" | best {best} x{row['best_speedup']:.3f} | max err {max(errors.values()):.1e}",
-            flush=True)
+            f" | best {best} x{row['best_speedup']:.3f} | max err vs f32 "
+            f"{max(errors.values()):.1e}", flush=True)
   return {"kind": "sweep", "rows": rows}
 
 
