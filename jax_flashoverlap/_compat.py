@@ -122,3 +122,9 @@ try:
   from jax._src.interpreters.batching import not_mapped
 except ImportError:  # pragma: no cover
   not_mapped = None
+
+
+def ir_shape(ir_type) -> tuple:
+  """Static shape of an MLIR ranked tensor type (custom_partitioning's Shardy callbacks)."""
+  from jax._src.lib.mlir import ir
+  return tuple(ir.RankedTensorType(ir_type).shape)

@@ -14,6 +14,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jax_flashoverlap import _compat, _validation, ops
@@ -133,12 +134,43 @@ def _partition(reduce, axis_name, mesh, arg_shapes, result_shape):
   return mesh, lower, out_sharding, arg_shardings
 
 
+def _sdy_rule(reduce, axis_name, mesh, value_types, result_types):
+  """Shardy rule, built at lowering time when the mesh is known.
+
+  all_reduce: `m k, k n -> m n`, K a reduction factor. reduce_scatter: the contracting axis'
+  share t of K reappears as the middle factor of the output rows, between the factor d of the
+  other mesh axes (data parallel) and the rows of one shard:
+
+      x: (d m2) (t kk),  w: (t kk) n  ->  out: (d t m3) n
+
+  so Shardy itself propagates P(dp, tp) inputs to a P((dp, tp), None) output: the layout the
+  reduce-scatter produces, with no gather after it.
+  """
+  simple = ("m k, k n -> m n", {"reduction_factors": ("k",)})
+  if reduce != "reduce_scatter":
+    return simple
+  names = list(mesh.axis_names)
+  if axis_name is None:
+    if len(names) != 1:
+      return simple  # contracting axis unknown until partitioning: see README (Shardy note)
+    axis_name = names[0]
+  if axis_name not in names:
+    return simple
+  t = int(mesh.shape[axis_name])
+  d = int(np.prod([mesh.shape[a] for a in names if a != axis_name], dtype=np.int64))
+  m, k = _compat.ir_shape(value_types[0])
+  if t == 1 or k % t or m % (d * t):
+    return simple
+  if d == 1:
+    return ("m (t kk) , (t kk) n -> (t m3) n", {"t": t, "kk": k // t, "m3": m // t})
+  return ("(d m2) (t kk), (t kk) n -> (d t m3) n",
+          {"d": d, "t": t, "m2": m // d, "kk": k // t, "m3": m // (d * t)})
+
+
 def _def_partition():
   kwargs = dict(partition=_partition, infer_sharding_from_operands=_infer)
   if _compat.SdyShardingRule is not None:
-    # Shardy: K is a contracting (reduction) factor; M and N pass through.
-    kwargs["sharding_rule"] = "m k, k n -> m n"
-    kwargs["reduction_factors"] = ("k",)
+    kwargs["sharding_rule"] = _sdy_rule
   _row_parallel.def_partition(**kwargs)
 
 

@@ -58,12 +58,14 @@ def _rs_out_sharding(x):
 
 
 def _run(fo, x, w, reduce, axis_name):
-    """Under Shardy the reduce-scatter layout is asked for with out_shardings (Shardy's
-    einsum-like rule cannot infer it; README, docs/DESIGN.md); the compiled program must then
-    hold no all-gather, i.e. the rows stay where the reduce-scatter put them."""
+    """The reduce-scatter's compiled program must hold no all-gather: the rows stay where the
+    reduce-scatter put them. Under Shardy with several mesh axes and no axis_name, the
+    contracting axis is unknown to the sharding rule, so the layout is asked for with
+    out_shardings there (README, docs/DESIGN.md); everywhere else it is inferred."""
     fn = lambda a, b: fo.row_parallel_matmul(a, b, reduce=reduce, axis_name=axis_name)
-    if reduce == "reduce_scatter" and _shardy():
-        f = jax.jit(fn, out_shardings=_rs_out_sharding(x))
+    if reduce == "reduce_scatter":
+        ask = _shardy() and axis_name is None and len(x.sharding.mesh.axis_names) > 1
+        f = jax.jit(fn, out_shardings=_rs_out_sharding(x)) if ask else jax.jit(fn)
         hlo = f.lower(x, w).compile().as_text()
         assert "all-gather" not in hlo, "reduce_scatter output was gathered"
         assert "reduce-scatter" in hlo or "all-reduce" not in hlo
