@@ -173,6 +173,36 @@ class _TpProblem:
     return (self.x, self.w)
 
 
+def nccl_capped_fn(pb, plan):
+  """The communication half of our op alone (no GEMM) on the plan's capped communicator and
+  registered workspace: XLA FFI target flashoverlap_collective, timing only (its output is
+  the workspace's stale contents). None where the CUDA path is not available."""
+  import jax
+  import numpy as np
+  from jax.sharding import PartitionSpec as P
+
+  import jax_flashoverlap as fo
+  from jax_flashoverlap import _ext
+  target = "flashoverlap_collective"
+  if not fo.comm.mesh_is_local_gpu(pb.mesh) or target not in _ext.available_targets():
+    return None
+  _ext.register_targets()
+  m, n, world = pb.m, pb.n, pb.world
+  rs = pb.collective == "reduce_scatter"
+  cid = fo.comm.ensure_communicators(pb.mesh, "tp", comm_sms=plan.comm_sms,
+                                     workspace_bytes=m * n * pb.dtype.itemsize)
+  groups = plan.num_groups if m % (plan.num_groups * world) == 0 else 1
+  out_rows = m // world if rs else m
+
+  def body(y):
+    call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((out_rows, n), y.dtype))
+    return call(y, comm_id=np.int64(cid), world_size=np.int32(world),
+                reduce_scatter=np.int32(rs), num_groups=np.int32(groups))
+
+  return jax.jit(jax.shard_map(body, mesh=pb.mesh, in_specs=P("tp", None),
+                               out_specs=P("tp", None), check_vma=False))
+
+
 def bench_overlap(args) -> dict:
   import jax
   import jax.numpy as jnp
@@ -196,15 +226,18 @@ def bench_overlap(args) -> dict:
       err = relative_error(ours_fn(*pb.args), baseline(*pb.args))
       err32 = relative_error(ours_fn(*pb.args), pb.reference_f32())
       custom_call = uses_custom_call(ours_fn, pb.args, pb.target)
+      plan = fo.plan.default_plan(collective, m, n, k // world, world, pb.dtype.itemsize)
       variants = {"xla_dot": (dot_only, pb.args), "xla_collective": (coll_only, (y,)),
                   "xla_dot_collective": (baseline, pb.args), "ours": (ours_fn, pb.args)}
+      capped = nccl_capped_fn(pb, plan)
+      if capped is not None:
+        variants["nccl_capped_alone"] = (capped, (y,))
       timing = time_variants(variants, calls=args.calls, samples=args.samples)
       t = {v: r["median_ms"] for v, r in timing.items()}
       ideal = max(t["xla_dot"], t["xla_collective"])
       speedup = t["xla_dot_collective"] / t["ours"]
       denom = t["xla_dot_collective"] - ideal
       eff = (t["xla_dot_collective"] - t["ours"]) / denom if denom > 0 else float("nan")
-      plan = fo.plan.default_plan(collective, m, n, k // world, world, pb.dtype.itemsize)
       row = {"collective": collective, "m": m, "n": n, "k": k, "world": world,
              "dtype": str(pb.dtype), "times_ms": t, "speedup": speedup,
              "overlap_efficiency": eff, "rel_error": err, "rel_error_vs_f32": err32,
@@ -217,7 +250,8 @@ def bench_overlap(args) -> dict:
           " (XLA path: " + ("cost-model fallback" if not plan.overlap else "extension not in use")
           + ")")
       print(f"{collective:14s} {m}x{n}x{k}: dot {t['xla_dot']:.3f} coll {t['xla_collective']:.3f} "
-            f"dot+coll {t['xla_dot_collective']:.3f} ours {t['ours']:.3f} ms  "
+            f"dot+coll {t['xla_dot_collective']:.3f} ours {t['ours']:.3f} "
+            f"nccl_capped {t.get('nccl_capped_alone', float('nan')):.3f} ms  "
             f"speedup {speedup:.3f}  E {eff:.2f}  err {err:.1e} (f32 {err32:.1e})  "
             f"groups {plan.num_groups} sms {plan.comm_sms}{path}", flush=True)
   return {"kind": "overlap", "rows": rows}

@@ -11,9 +11,12 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(FlashoverlapGemm);
 // flashoverlap_gemm_all_reduce / _reduce_scatter: GEMM overlapped with NCCL (gemm_collective.cc).
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FlashoverlapGemmAllReduce);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FlashoverlapGemmReduceScatter);
+// flashoverlap_collective: the communication half alone, for timing (collective.cc).
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FlashoverlapCollective);
 
 // X(target_name, handler_symbol)
 #define FLASHOVERLAP_FFI_HANDLERS(X)                                      \
   X("flashoverlap_gemm", FlashoverlapGemm)                                \
   X("flashoverlap_gemm_all_reduce", FlashoverlapGemmAllReduce)            \
-  X("flashoverlap_gemm_reduce_scatter", FlashoverlapGemmReduceScatter)
+  X("flashoverlap_gemm_reduce_scatter", FlashoverlapGemmReduceScatter)   \
+  X("flashoverlap_collective", FlashoverlapCollective)

@@ -1,0 +1,81 @@
+// flashoverlap_collective: the communication half of an overlapped op alone, for measuring
+// (bench "nccl_capped"): the same NCCL call(s) on our capped communicator, over its
+// registered workspace, on our stream, then the all-reduce's copy to the output. No GEMM:
+// the values are the workspace's current contents, so the output is meaningless; only the
+// time is. CollectiveImpl -> FlashoverlapCollective -> "flashoverlap_collective".
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "xla/ffi/api/ffi.h"
+#include "xla_ffi/comm/communicator.h"
+#include "xla_ffi/ffi/check.h"
+#include "xla_ffi/ffi/handlers.h"
+
+namespace flashoverlap {
+namespace {
+
+ffi::Error CollectiveImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer y,
+                          ffi::Result<ffi::AnyBuffer> out, int64_t comm_id, int32_t world_size,
+                          int32_t reduce_scatter, int32_t num_groups) {
+  const char* op = "flashoverlap_collective";
+  Communicator* comm = FindCommunicator(comm_id, device);
+  FO_CHECK_ARG(comm != nullptr, op << ": no communicator for comm_id " << comm_id
+                                    << " on device " << device);
+  FO_CHECK_ARG(comm->world_size == world_size, op << ": world size mismatch");
+  auto dtype = y.element_type();
+  FO_CHECK_ARG(dtype == ffi::DataType::BF16 || dtype == ffi::DataType::F16,
+               op << ": y must be bfloat16 or float16");
+  auto yd = y.dimensions();
+  FO_CHECK_ARG(yd.size() == 2, op << ": y must be 2-D");
+  const int64_t m = yd[0], n = yd[1];
+  const size_t bytes = static_cast<size_t>(m) * n * 2;
+  FO_CHECK_ARG(comm->workspace_bytes >= bytes, op << ": workspace too small");
+  FO_CHECK_ARG(num_groups >= 1 && m % (int64_t(num_groups) * world_size) == 0,
+               op << ": M=" << m << " must split into " << num_groups << " x " << world_size);
+  std::lock_guard<std::mutex> lock(comm->call_mutex);
+  const ncclDataType_t nccl_dtype = dtype == ffi::DataType::BF16 ? ncclBfloat16 : ncclFloat16;
+  FO_CHECK_CUDA(cudaEventRecord(comm->gemm_started, stream));
+  FO_CHECK_CUDA(cudaStreamWaitEvent(comm->stream, comm->gemm_started, 0));
+  char* ws = static_cast<char*>(comm->workspace);
+  char* result = static_cast<char*>(out->untyped_data());
+  const int64_t group_elems = m / num_groups * n;
+  Status status;
+  for (int g = 0; g < num_groups && status.ok(); ++g) {
+    char* span = ws + g * group_elems * 2;
+    if (reduce_scatter) {
+      status = NcclStatus(ncclReduceScatter(span, result + g * group_elems / world_size * 2,
+                                            group_elems / world_size, nccl_dtype, ncclSum,
+                                            comm->comm, comm->stream), "ncclReduceScatter");
+    } else {
+      status = NcclStatus(ncclAllReduce(span, span, group_elems, nccl_dtype, ncclSum, comm->comm,
+                                        comm->stream), "ncclAllReduce");
+      if (status.ok()) {
+        status = CudaStatus(cudaMemcpyAsync(result + g * group_elems * 2, span, group_elems * 2,
+                                            cudaMemcpyDeviceToDevice, comm->stream),
+                            "cudaMemcpyAsync");
+      }
+    }
+  }
+  FO_CHECK_CUDA(cudaEventRecord(comm->comm_done, comm->stream));
+  FO_CHECK_CUDA(cudaStreamWaitEvent(stream, comm->comm_done, 0));
+  if (!status.ok()) return ffi::Error::Internal(std::string(op) + ": " + status.message);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace flashoverlap
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FlashoverlapCollective, flashoverlap::CollectiveImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<xla::ffi::DeviceOrdinal>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Attr<int64_t>("comm_id")
+                                  .Attr<int32_t>("world_size")
+                                  .Attr<int32_t>("reduce_scatter")
+                                  .Attr<int32_t>("num_groups"));
