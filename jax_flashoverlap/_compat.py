@@ -128,3 +128,9 @@ def ir_shape(ir_type) -> tuple:
   """Static shape of an MLIR ranked tensor type (custom_partitioning's Shardy callbacks)."""
   from jax._src.lib.mlir import ir
   return tuple(ir.RankedTensorType(ir_type).shape)
+
+
+def distributed_client():
+  """JAX's distributed runtime client, or None when jax.distributed is not initialized."""
+  from jax._src import distributed
+  return getattr(distributed.global_state, "client", None)

@@ -87,17 +87,26 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
       ext.ensure_workspace(cid, int(workspace_bytes))
       return cid
     me = jax.process_index()
-    for group in axis_groups(mesh, axis_name):
+    spans_processes = False
+    # Groups in one fixed order on every process: NCCL init blocks until a group's ranks join.
+    for index, group in enumerate(axis_groups(mesh, axis_name)):
       local = [(rank, int(d.local_hardware_id)) for rank, d in enumerate(group)
                if d.process_index == me]
       if not local:
         continue
-      if len(local) != len(group):
-        raise NotImplementedError(
-            "jax_flashoverlap: an axis group spanning several processes needs the "
-            "multi-process communicator setup (jax.distributed), not available yet")
-      ext.create_communicators(cid, ext.nccl_unique_id(), len(group), local, int(comm_sms),
+      if len(local) == len(group):
+        unique_id = ext.nccl_unique_id()
+      else:  # rank 0's process makes the id; it reaches the others through JAX's KV store
+        from jax_flashoverlap import distributed
+        spans_processes = True
+        unique_id = bytes.fromhex(distributed.share(
+            f"uid/{cid}/{index}", owner=group[0].process_index == me,
+            make=lambda: ext.nccl_unique_id().hex()))
+      ext.create_communicators(cid, unique_id, len(group), local, int(comm_sms),
                                int(workspace_bytes))
+    if spans_processes:
+      from jax_flashoverlap import distributed
+      distributed.barrier(f"init/{cid}")
     _register_atexit()
   return cid
 

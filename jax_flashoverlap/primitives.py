@@ -105,6 +105,11 @@ def _collective_cuda_lowering(prim, reference_lowering, collective):
                              (comm_sms is None and _ext.fallback_enabled())):
       return reference_lowering(ctx, x, w, axis_name=axis_name)
     comm_id = comm.comm_id_for(mesh, axis_name, plan.comm_sms)
+    if jax.process_count() > 1:  # a plan that differs between processes would hang NCCL
+      from jax_flashoverlap import distributed
+      distributed.check_identical(
+          f"the group plan of {prim.name} for x {tuple(x_aval.shape)} w {tuple(w_aval.shape)}",
+          {"comm_id": comm_id, "band_rows": list(plan.band_rows), "comm_sms": plan.comm_sms})
     if comm.mesh_is_local_gpu(mesh):  # not cross-lowering: the program runs here
       comm.ensure_communicators(mesh, axis_name, comm_sms=plan.comm_sms,
                                 workspace_bytes=m * n * np.dtype(x_aval.dtype).itemsize)

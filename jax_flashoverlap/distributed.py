@@ -1,0 +1,113 @@
+"""Several processes (one or many hosts): JAX's distributed runtime is the engine.
+
+* `initialize()` starts jax.distributed from the launcher's environment
+  (`python -m jax_flashoverlap.launch`), or from explicit arguments.
+* NCCL unique ids travel through JAX's key-value store: the process holding a group's rank 0
+  creates the id and publishes it; the others wait for it (no files, no extra ports).
+* `check_identical` makes every process publish a value (a group plan) and compare it with
+  everyone else's, so a mismatch is a clear error on every rank instead of a hang in NCCL.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import threading
+
+from jax_flashoverlap import _compat
+
+COORDINATOR_ENV = "JAX_FLASHOVERLAP_COORDINATOR"
+NUM_PROCESSES_ENV = "JAX_FLASHOVERLAP_NUM_PROCESSES"
+PROCESS_ID_ENV = "JAX_FLASHOVERLAP_PROCESS_ID"
+TIMEOUT_ENV = "JAX_FLASHOVERLAP_KV_TIMEOUT_S"
+_PREFIX = "jax_flashoverlap"
+
+_check_counter = itertools.count()
+_lock = threading.Lock()
+
+
+class DistributedMismatchError(RuntimeError):
+  """Processes disagree on something that must be identical (e.g. a group plan)."""
+
+
+def timeout_ms() -> int:
+  return int(float(os.environ.get(TIMEOUT_ENV, "300")) * 1000)
+
+
+def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
+               process_id: int | None = None, **kwargs) -> None:
+  """jax.distributed.initialize, by default from the launcher's environment variables.
+
+  A no-op when JAX's distributed runtime is already up, or when neither arguments nor the
+  launcher's variables say there is more than one process.
+  """
+  import jax
+  if _compat.distributed_client() is not None:
+    return
+  coordinator_address = coordinator_address or os.environ.get(COORDINATOR_ENV)
+  if num_processes is None and NUM_PROCESSES_ENV in os.environ:
+    num_processes = int(os.environ[NUM_PROCESSES_ENV])
+  if process_id is None and PROCESS_ID_ENV in os.environ:
+    process_id = int(os.environ[PROCESS_ID_ENV])
+  if coordinator_address is None or not num_processes or num_processes <= 1:
+    return
+  jax.distributed.initialize(coordinator_address=coordinator_address,
+                             num_processes=num_processes, process_id=process_id, **kwargs)
+
+
+def _client():
+  client = _compat.distributed_client()
+  if client is None:
+    raise RuntimeError("jax_flashoverlap: this needs JAX's distributed runtime: call "
+                       "jax.distributed.initialize() (or jax_flashoverlap.distributed."
+                       "initialize()) in every process first")
+  return client
+
+
+def share(key: str, owner: bool, make) -> str:
+  """The owner computes `make()` (a str) and publishes it under `key`; others wait for it."""
+  client = _client()
+  full = f"{_PREFIX}/{key}"
+  if owner:
+    value = make()
+    client.key_value_set(full, value)
+    return value
+  try:
+    return client.blocking_key_value_get(full, timeout_ms())
+  except Exception as err:  # the runtime raises its own error types; name what we waited for
+    raise TimeoutError(f"jax_flashoverlap: waited {timeout_ms() / 1000:.0f} s for {full!r} "
+                       f"from another process ({err}); is every process running the same "
+                       "program?") from err
+
+
+def barrier(name: str) -> None:
+  _client().wait_at_barrier(f"{_PREFIX}/barrier/{name}", timeout_ms())
+
+
+def check_identical(what: str, value) -> None:
+  """Every process publishes `value` (JSON-able) and checks all processes hold the same one.
+
+  Processes must call it in the same order (they do: they lower the same program); the n-th
+  call of each process is compared with the n-th call of the others. Raises
+  DistributedMismatchError on every process if any differs.
+  """
+  import jax
+  client = _client()
+  with _lock:
+    seq = next(_check_counter)
+  mine = json.dumps(value, sort_keys=True, default=str)
+  me = jax.process_index()
+  client.key_value_set(f"{_PREFIX}/check/{seq}/{me}", mine)
+  differing = {}
+  for p in range(jax.process_count()):
+    other = mine if p == me else client.blocking_key_value_get(
+        f"{_PREFIX}/check/{seq}/{p}", timeout_ms())
+    if other != mine:
+      differing[p] = other
+  if differing:
+    raise DistributedMismatchError(
+        f"jax_flashoverlap: {what} differs between processes: process {me} has {mine}, "
+        + "; ".join(f"process {p} has {v}" for p, v in sorted(differing.items()))
+        + ". Every process must use the same jax_flashoverlap version, tuned configs and "
+        "environment switches.")

@@ -1,0 +1,111 @@
+"""`python -m jax_flashoverlap.launch -n N [options] script.py [args...]`: N local processes.
+
+Starts N copies of the script with a coordinator on 127.0.0.1 (a free port), each told its
+process id through JAX_FLASHOVERLAP_{COORDINATOR,NUM_PROCESSES,PROCESS_ID} (the script calls
+`jax_flashoverlap.distributed.initialize()`). Streams process 0's output; keeps the others' in
+log files, printed if they fail. When any process fails or the timeout passes, the rest are
+killed and the launcher exits non-zero (the failing code, or 124 on timeout).
+With --gpus-per-process K, process i sees GPUs [i*K, (i+1)*K) through CUDA_VISIBLE_DEVICES.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from jax_flashoverlap import distributed
+
+
+def free_port() -> int:
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _env(i: int, n: int, coordinator: str, gpus_per_process: int) -> dict:
+  env = dict(os.environ)
+  env.update({distributed.COORDINATOR_ENV: coordinator, distributed.NUM_PROCESSES_ENV: str(n),
+              distributed.PROCESS_ID_ENV: str(i), "PYTHONUNBUFFERED": "1"})
+  env.setdefault("NCCL_NVLS_ENABLE", "0")
+  if gpus_per_process:
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(
+        str(g) for g in range(i * gpus_per_process, (i + 1) * gpus_per_process))
+  return env
+
+
+def _kill(procs) -> None:
+  for p in procs:
+    if p.poll() is None:
+      p.terminate()
+  deadline = time.monotonic() + 10
+  for p in procs:
+    try:
+      p.wait(timeout=max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+      p.kill()
+
+
+def launch(n: int, command: list, timeout: float, gpus_per_process: int = 0) -> int:
+  coordinator = f"127.0.0.1:{free_port()}"
+  logdir = tempfile.mkdtemp(prefix="jax_flashoverlap_launch_")
+  procs, logs = [], []
+  for i in range(n):
+    log = None if i == 0 else open(os.path.join(logdir, f"process{i}.log"), "w")
+    logs.append(log)
+    procs.append(subprocess.Popen(command, env=_env(i, n, coordinator, gpus_per_process),
+                                  stdout=log, stderr=subprocess.STDOUT if log else None))
+  deadline = time.monotonic() + timeout
+  code = 0
+  try:
+    while True:
+      codes = [p.poll() for p in procs]
+      failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+      if failed:
+        i, code = failed[0]
+        print(f"[launch] process {i} exited with {code}; stopping the others", flush=True)
+        break
+      if all(c == 0 for c in codes):
+        break
+      if time.monotonic() > deadline:
+        print(f"[launch] timeout after {timeout:.0f} s; stopping all processes", flush=True)
+        code = 124
+        break
+      time.sleep(0.2)
+  finally:
+    _kill(procs)
+    for i, log in enumerate(logs):
+      if log is None:
+        continue
+      log.close()
+      if code != 0:
+        with open(log.name) as f:
+          tail = f.read()[-4000:]
+        print(f"[launch] ---- process {i} output (last 4000 chars) ----\n{tail}", flush=True)
+  return code
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m jax_flashoverlap.launch",
+                                   description=__doc__.splitlines()[0])
+  parser.add_argument("-n", "--num-processes", type=int, required=True)
+  parser.add_argument("--timeout", type=float, default=600.0, help="seconds (default 600)")
+  parser.add_argument("--gpus-per-process", type=int, default=0)
+  parser.add_argument("script", help="a Python script, or -m module")
+  parser.add_argument("args", nargs=argparse.REMAINDER)
+  args = parser.parse_args(argv)
+  if args.num_processes < 1:
+    parser.error("-n must be >= 1")
+  if args.script == "-m":
+    command = [sys.executable, "-m", *args.args]
+  else:
+    command = [sys.executable, args.script, *args.args]
+  return launch(args.num_processes, command, args.timeout, args.gpus_per_process)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,104 @@
+"""Several processes on CPU: `python -m jax_flashoverlap.launch` starts 2 processes x 2 CPU
+devices with JAX's distributed runtime (gloo collectives). Checks the key-value exchange that
+carries NCCL ids, the plan check that turns a cross-process mismatch into an error on every
+rank (here through a CUDA cross-lowering, which is where plans are made), the reference path
+across processes, and the launcher's failure and timeout handling."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SCRIPT = textwrap.dedent('''
+    import os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax import lax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    import jax_flashoverlap as fo
+    from jax_flashoverlap import distributed
+    distributed.initialize()
+    me = jax.process_index()
+    assert jax.process_count() == 2 and len(jax.devices()) == 4, jax.devices()
+
+    # NCCL ids travel like this: the owner makes the value, the others wait for it.
+    made = []
+    v = distributed.share("test/uid", owner=me == 0, make=lambda: made.append(1) or "id-%d" % me)
+    assert v == "id-0" and len(made) == (1 if me == 0 else 0), (v, made)
+
+    mesh = Mesh(np.array(jax.devices()), ("tp",))
+    spec = dict(mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)), out_specs=P())
+    big = (jax.ShapeDtypeStruct((4096, 8192), jnp.bfloat16),
+           jax.ShapeDtypeStruct((8192, 8192), jnp.bfloat16))
+
+    def cuda_text(**kw):
+        f = jax.shard_map(lambda a, b: fo.matmul_all_reduce(a, b, "tp", **kw), **spec)
+        return jax.jit(f).trace(*big).lower(lowering_platforms=("cuda",)).as_text()
+
+    # Same plan everywhere: the check passes and the custom call is there.
+    assert "flashoverlap_gemm_all_reduce" in cuda_text()
+    # A plan that differs between processes is an error on every process, not a hang.
+    try:
+        cuda_text(comm_sms=8 if me == 0 else 16)
+        print("NO MISMATCH ERROR"); sys.exit(3)
+    except distributed.DistributedMismatchError as err:
+        assert "differs between processes" in str(err)
+        print("MISMATCH OK", flush=True)
+
+    # The reference path across processes gives XLA's values.
+    M, K, N = 16, 64, 32
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    w = rng.standard_normal((K, N)).astype(np.float32)
+    put = lambda a, s: jax.make_array_from_callback(
+        a.shape, NamedSharding(mesh, s), lambda i: jnp.asarray(a[i], jnp.bfloat16))
+    xs, ws = put(x, P(None, "tp")), put(w, P("tp", None))
+    ours = jax.jit(jax.shard_map(lambda a, b: fo.matmul_all_reduce(a, b, "tp"), **spec))(xs, ws)
+    ref = jax.jit(jax.shard_map(lambda a, b: lax.psum(a @ b, "tp"), **spec))(xs, ws)
+    a = np.asarray(ours.addressable_data(0), np.float32)
+    b = np.asarray(ref.addressable_data(0), np.float32)
+    assert np.array_equal(a, b), np.abs(a - b).max()
+    print("VALUES OK", flush=True)
+''')
+
+
+def _launch(tmp_path, body, *launch_args, timeout=240):
+    script = tmp_path / "script.py"
+    script.write_text(body)
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("XLA_FLAGS", None)
+    return subprocess.run([sys.executable, "-m", "jax_flashoverlap.launch", *launch_args,
+                           str(script)], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_two_processes_kv_exchange_plan_check_and_values(tmp_path):
+    r = _launch(tmp_path, SCRIPT, "-n", "2", "--timeout", "200")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-6000:]
+    assert "MISMATCH OK" in out and "VALUES OK" in out, out[-6000:]
+
+
+def test_launcher_stops_the_others_when_one_fails(tmp_path):
+    body = textwrap.dedent('''
+        import os, sys, time
+        if os.environ["JAX_FLASHOVERLAP_PROCESS_ID"] == "1":
+            print("process 1 failing"); sys.exit(7)
+        time.sleep(120)
+    ''')
+    r = _launch(tmp_path, body, "-n", "2", "--timeout", "100", timeout=60)
+    assert r.returncode == 7, r.stdout + r.stderr
+    assert "process 1 exited with 7" in r.stdout and "process 1 failing" in r.stdout
+
+
+def test_launcher_timeout(tmp_path):
+    r = _launch(tmp_path, "import time\ntime.sleep(120)\n", "-n", "2", "--timeout", "2",
+                timeout=60)
+    assert r.returncode == 124, r.stdout + r.stderr
+    assert "timeout" in r.stdout
