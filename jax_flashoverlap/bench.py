@@ -276,6 +276,7 @@ def bench_sweep(args) -> dict:
         for groups in args.groups:
           fn = pb.smap(pb.ours)
           name = f"sms{sms}_g{groups}"
+          print(f"  [{collective} {pb.m}x{pb.n}x{pb.k}] compiling {name}", flush=True)
           with fo.plan.forced(num_groups=groups or None, comm_sms=sms):
             errors[name] = relative_error(fn(*pb.args), ref32)  # compiles here
             if not uses_custom_call(fn, pb.args, pb.target):

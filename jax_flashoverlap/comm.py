@@ -67,6 +67,14 @@ def mesh_is_local_gpu(mesh) -> bool:
   return getattr(first, "platform", "") in ("gpu", "cuda")
 
 
+def mesh_gpu_name(mesh) -> str | None:
+  """device_kind of the mesh's GPUs (e.g. 'NVIDIA H200'): the key of tuned configs."""
+  if not mesh_is_local_gpu(mesh):
+    return None
+  from jax_flashoverlap import _compat
+  return str(getattr(_compat.mesh_devices(mesh).flat[0], "device_kind", "")) or None
+
+
 def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int) -> int:
   """Creates (once) this process's NCCL communicators for `axis_name` over `mesh`, each with
   a registered workspace of at least `workspace_bytes`; returns their comm_id.

@@ -218,10 +218,23 @@ def is_forced() -> bool:
 
 
 def choose_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: int = 2,
-                comm_sms: int | None = None) -> GroupPlan:
-  """The plan an op lowers with: an active `forced(...)` override, else the cost model's."""
+                comm_sms: int | None = None, gpu: str | None = None,
+                dtype: str = "bfloat16") -> GroupPlan:
+  """The plan an op lowers with, by priority: an active `forced(...)` override; an explicit
+  `comm_sms` (the cost model's best bands for it); a tuned config entry for this GPU, world
+  size and shape (jax_flashoverlap.tuning); the cost model."""
   override = getattr(_override, "value", None)
   forced_groups, forced_sms, forced_overlap = override or (None, None, True)
+  if override is None and comm_sms is None:
+    from jax_flashoverlap import tuning
+    entry = tuning.lookup(gpu, world, collective, dtype, m, n, k)
+    if entry is not None:
+      blocks = world if collective == "reduce_scatter" else 1
+      plan = GroupPlan(collective, m // blocks, tuple(entry["band_rows"]), entry["comm_sms"],
+                       entry.get("overlap", True),
+                       entry.get("measured_ms", 0.0) / 1e3, entry.get("baseline_ms", 0.0) / 1e3)
+      plan.validate()
+      return plan
   if comm_sms is None:
     comm_sms = forced_sms
   profile = DEFAULT_PROFILE if comm_sms is None else dataclasses.replace(
@@ -230,13 +243,19 @@ def choose_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: i
   if override is None:
     return plan
   if forced_groups is not None:
-    kern = _kernel(m, n, plan.comm_sms)
-    bands = even_bands(plan.rows_per_block, forced_groups, kern.rows_per_unit)
+    bands = aligned_even_bands(collective, m, n, world, forced_groups, plan.comm_sms)
     plan = dataclasses.replace(plan, band_rows=bands, predicted_s=plan_time(
         collective, m, n, k, world, bands, plan.comm_sms, itemsize, profile))
   plan = dataclasses.replace(plan, overlap=forced_overlap)
   plan.validate()
   return plan
+
+
+def aligned_even_bands(collective: str, m: int, n: int, world: int, num_groups: int,
+                       comm_sms: int) -> tuple:
+  """`num_groups` even bands of one rank block, on the kernel's cluster-row boundaries."""
+  blocks = world if collective == "reduce_scatter" else 1
+  return even_bands(m // blocks, num_groups, _kernel(m, n, comm_sms).rows_per_unit)
 
 
 def even_bands(rows: int, num_groups: int, align: int) -> tuple:

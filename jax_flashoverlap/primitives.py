@@ -98,7 +98,8 @@ def _collective_cuda_lowering(prim, reference_lowering, collective):
     m, k = x_aval.shape
     n = w_aval.shape[1]
     plan = plan_lib.choose_plan(collective, m, n, k, world, np.dtype(x_aval.dtype).itemsize,
-                                comm_sms)
+                                comm_sms, gpu=comm.mesh_gpu_name(mesh),
+                                dtype=np.dtype(x_aval.dtype).name)
     # No gain predicted (or forced off): XLA's own dot + collective, never slower than XLA.
     # An explicit comm_sms or JAX_FLASHOVERLAP_FALLBACK=0 keeps our kernels regardless.
     if not plan.overlap and (plan_lib.is_forced() or

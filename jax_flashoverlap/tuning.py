@@ -1,0 +1,169 @@
+"""Tuned group plans: JSON config files, validated, looked up before the cost model.
+
+A config file (never pickle) holds measured-best plans for one GPU model and world size:
+
+    {"schema": "jax_flashoverlap.plans/1", "gpu": "NVIDIA H200", "world_size": 2,
+     "entries": [{"collective": "all_reduce", "dtype": "bfloat16", "m": 8192, "n": 8192,
+                  "k": 4096, "comm_sms": 16, "band_rows": [0, 1280, ..., 8192],
+                  "overlap": true, "measured_ms": 1.039, "baseline_ms": 1.236,
+                  "source": "benchmarks/results/sweep_h200x2.json"}]}
+
+m, n, k are the per-device GEMM's (x [m, k], w [k, n]). Files are read from the package's
+`configs/` folder, then from the user's config dir ($JAX_FLASHOVERLAP_CONFIG_DIR, default
+~/.cache/jax_flashoverlap), whose entries win. A file that does not validate is an error that
+names the file and the field: silently ignoring it could give ranks different plans.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+SCHEMA = "jax_flashoverlap.plans/1"
+CONFIG_DIR_ENV = "JAX_FLASHOVERLAP_CONFIG_DIR"
+PACKAGE_DIR = Path(__file__).resolve().parent / "configs"
+_COLLECTIVES = ("all_reduce", "reduce_scatter")
+_DTYPES = ("bfloat16", "float16")
+
+_lock = threading.Lock()
+_cache: dict = {}
+
+
+class ConfigError(ValueError):
+  """A tuned-config file is not valid."""
+
+
+def user_config_dir() -> Path:
+  env = os.environ.get(CONFIG_DIR_ENV)
+  if env:
+    return Path(env)
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return Path(base) / "jax_flashoverlap"
+
+
+def _fail(path, what):
+  raise ConfigError(f"jax_flashoverlap: invalid tuned-config file {path}: {what}")
+
+
+def _int(path, where, entry, field, low=None, high=None):
+  value = entry.get(field)
+  if not isinstance(value, int) or isinstance(value, bool):
+    _fail(path, f"{where}: '{field}' must be an integer, got {value!r}")
+  if (low is not None and value < low) or (high is not None and value > high):
+    _fail(path, f"{where}: '{field}'={value} outside [{low}, {high}]")
+  return value
+
+
+def validate(data, path="<config>") -> dict:
+  """Checks a parsed config; returns {key: entry} with key (gpu, world, collective, dtype, m, n, k)."""
+  from jax_flashoverlap.plan import MAX_GROUPS, NUM_SMS
+  if not isinstance(data, dict):
+    _fail(path, "top level must be a JSON object")
+  if data.get("schema") != SCHEMA:
+    _fail(path, f"'schema' must be {SCHEMA!r}, got {data.get('schema')!r}")
+  gpu = data.get("gpu")
+  if not isinstance(gpu, str) or not gpu:
+    _fail(path, f"'gpu' must be the GPU's device_kind (e.g. 'NVIDIA H200'), got {gpu!r}")
+  world = _int(path, "top level", data, "world_size", 1, 1 << 16)
+  entries = data.get("entries")
+  if not isinstance(entries, list):
+    _fail(path, "'entries' must be a list")
+  out = {}
+  for i, e in enumerate(entries):
+    where = f"entries[{i}]"
+    if not isinstance(e, dict):
+      _fail(path, f"{where} must be an object")
+    if e.get("collective") not in _COLLECTIVES:
+      _fail(path, f"{where}: 'collective' must be one of {_COLLECTIVES}, got {e.get('collective')!r}")
+    if e.get("dtype") not in _DTYPES:
+      _fail(path, f"{where}: 'dtype' must be one of {_DTYPES}, got {e.get('dtype')!r}")
+    m, n, k = (_int(path, where, e, f, 1) for f in ("m", "n", "k"))
+    _int(path, where, e, "comm_sms", 0, NUM_SMS - 1)
+    blocks = world if e["collective"] == "reduce_scatter" else 1
+    if m % blocks:
+      _fail(path, f"{where}: m={m} is not divisible by world_size {world}")
+    bands = e.get("band_rows")
+    rows = m // blocks
+    if (not isinstance(bands, list) or len(bands) < 2 or
+        any(not isinstance(b, int) or isinstance(b, bool) for b in bands)):
+      _fail(path, f"{where}: 'band_rows' must be a list of at least 2 integers")
+    if bands[0] != 0 or bands[-1] != rows:
+      _fail(path, f"{where}: 'band_rows' must run from 0 to m/blocks={rows}, got {bands}")
+    if any(b1 <= b0 for b0, b1 in zip(bands, bands[1:])):
+      _fail(path, f"{where}: 'band_rows' must be strictly increasing, got {bands}")
+    if len(bands) - 1 > MAX_GROUPS:
+      _fail(path, f"{where}: {len(bands) - 1} groups; at most {MAX_GROUPS}")
+    if not isinstance(e.get("overlap", True), bool):
+      _fail(path, f"{where}: 'overlap' must be true or false")
+    key = (gpu, world, e["collective"], e["dtype"], m, n, k)
+    if key in out:
+      _fail(path, f"{where}: duplicate entry for {key[2:]}")
+    out[key] = e
+  return out
+
+
+def load_file(path) -> dict:
+  path = Path(path)
+  try:
+    text = path.read_text()
+  except OSError as err:
+    raise ConfigError(f"jax_flashoverlap: cannot read tuned-config file {path}: {err}") from err
+  try:
+    data = json.loads(text)
+  except json.JSONDecodeError as err:
+    _fail(path, f"not JSON ({err})")
+  return validate(data, path)
+
+
+def _files() -> list:
+  files = sorted(PACKAGE_DIR.glob("*.json")) if PACKAGE_DIR.is_dir() else []
+  user = user_config_dir()
+  if user.is_dir():
+    files += sorted(user.glob("*.json"))
+  return files
+
+
+def load_all() -> dict:
+  """Every entry of every config file (later files win), cached by (path, mtime)."""
+  files = _files()
+  stamp = tuple((str(f), f.stat().st_mtime_ns) for f in files)
+  with _lock:
+    if _cache.get("stamp") == stamp:
+      return _cache["entries"]
+    entries = {}
+    for f in files:
+      entries.update(load_file(f))
+    _cache.update(stamp=stamp, entries=entries)
+    return entries
+
+
+def lookup(gpu: str | None, world: int, collective: str, dtype: str, m: int, n: int, k: int):
+  """The tuned entry for this problem, or None."""
+  if not gpu:
+    return None
+  return load_all().get((gpu, world, collective, dtype, m, n, k))
+
+
+def write_entries(path, gpu: str, world: int, entries: list) -> Path:
+  """Merges `entries` into the config file at `path` (validated before it is written)."""
+  path = Path(path)
+  data = {"schema": SCHEMA, "gpu": gpu, "world_size": world, "entries": []}
+  if path.exists():
+    old = json.loads(path.read_text())
+    validate(old, path)
+    if old["gpu"] != gpu or old["world_size"] != world:
+      raise ConfigError(f"jax_flashoverlap: {path} holds plans for {old['gpu']} x "
+                        f"{old['world_size']}, not {gpu} x {world}")
+    data = old
+  keyed = {(e["collective"], e["dtype"], e["m"], e["n"], e["k"]): e for e in data["entries"]}
+  for e in entries:
+    keyed[(e["collective"], e["dtype"], e["m"], e["n"], e["k"])] = e
+  data["entries"] = list(keyed.values())
+  validate(data, path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_suffix(".json.tmp")
+  tmp.write_text(json.dumps(data, indent=1) + "\n")
+  tmp.replace(path)
+  return path

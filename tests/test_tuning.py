@@ -1,0 +1,140 @@
+"""Plans: the cost model, forced overrides, tuned-config files (validation, lookup, merge) and
+the tuner CLI's CPU behaviour."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from jax_flashoverlap import plan as P
+from jax_flashoverlap import tuning, tune
+
+H200 = "NVIDIA H200"
+
+
+@pytest.fixture
+def user_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv(tuning.CONFIG_DIR_ENV, str(tmp_path))
+    return tmp_path
+
+
+def _entry(**kw):
+    e = dict(collective="all_reduce", dtype="bfloat16", m=1024, n=512, k=256, comm_sms=16,
+             band_rows=[0, 512, 1024])
+    e.update(kw)
+    return e
+
+
+def _write(path, entries, **top):
+    data = dict(schema=tuning.SCHEMA, gpu=H200, world_size=2, entries=entries)
+    data.update(top)
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter"])
+@pytest.mark.parametrize("shape", [(4096, 8192, 4096), (8192, 8192, 4096), (8192, 28672, 4096)])
+def test_cost_model_plan_is_valid_and_deterministic(collective, shape):
+    m, n, k = shape
+    a = P.default_plan(collective, m, n, k, 2)
+    b = P.default_plan(collective, m, n, k, 2)
+    assert a == b
+    a.validate()
+    assert a.comm_sms in P.DEFAULT_PROFILE.comm_sms_candidates
+    rows = m // (2 if collective == "reduce_scatter" else 1)
+    assert a.band_rows[0] == 0 and a.band_rows[-1] == rows
+    assert a.predicted_s > 0 and a.baseline_s > 0
+
+
+def test_cost_model_falls_back_on_tiny_problems():
+    plan = P.default_plan("all_reduce", 8, 64, 64, 2)
+    assert not plan.overlap and plan.num_groups == 1
+
+
+def test_forced_override_and_explicit_comm_sms():
+    with P.forced(num_groups=4, comm_sms=8):
+        plan = P.choose_plan("all_reduce", 8192, 8192, 4096, 2)
+    assert plan.comm_sms == 8 and plan.num_groups == 4 and plan.overlap
+    assert all(b % 256 == 0 for b in plan.band_rows)  # the kernel's cluster rows
+    with P.forced(overlap=False):
+        assert not P.choose_plan("all_reduce", 8192, 8192, 4096, 2).overlap
+    assert P.choose_plan("all_reduce", 8192, 8192, 4096, 2, comm_sms=8).comm_sms == 8
+
+
+def test_shipped_h200_config_is_valid_and_used(user_dir):
+    shipped = sorted(tuning.PACKAGE_DIR.glob("*.json"))
+    assert shipped, "no package-shipped config"
+    for f in shipped:
+        assert tuning.load_file(f)
+    entry = tuning.lookup(H200, 2, "all_reduce", "bfloat16", 8192, 8192, 4096)
+    assert entry is not None and entry["measured_ms"] < entry["baseline_ms"]
+    plan = P.choose_plan("all_reduce", 8192, 8192, 4096, 2, gpu=H200)
+    assert list(plan.band_rows) == entry["band_rows"] and plan.comm_sms == entry["comm_sms"]
+    # another GPU, or an explicit comm_sms, goes to the cost model
+    assert P.choose_plan("all_reduce", 8192, 8192, 4096, 2, gpu="NVIDIA H100") == \
+        P.default_plan("all_reduce", 8192, 8192, 4096, 2)
+    assert P.choose_plan("all_reduce", 8192, 8192, 4096, 2, comm_sms=8, gpu=H200).comm_sms == 8
+
+
+def test_user_config_overrides_and_is_used(user_dir):
+    _write(user_dir / "mine.json", [_entry(band_rows=[0, 256, 1024], comm_sms=12)])
+    plan = P.choose_plan("all_reduce", 1024, 512, 256, 2, gpu=H200)
+    assert plan.band_rows == (0, 256, 1024) and plan.comm_sms == 12
+
+
+BAD = {
+    "not_json": "{not json",
+    "no_schema": json.dumps({"gpu": H200, "world_size": 2, "entries": []}),
+    "bad_world": json.dumps({"schema": tuning.SCHEMA, "gpu": H200, "world_size": "2",
+                             "entries": []}),
+    "bands_not_ending_at_rows": [_entry(band_rows=[0, 512, 1000])],
+    "bands_not_increasing": [_entry(band_rows=[0, 512, 512, 1024])],
+    "too_many_groups": [_entry(band_rows=list(range(0, 1025, 8)))],
+    "comm_sms_out_of_range": [_entry(comm_sms=200)],
+    "bad_collective": [_entry(collective="all_gather")],
+    "bad_dtype": [_entry(dtype="float32")],
+    "rs_rows_not_divisible": [_entry(collective="reduce_scatter", m=1023, band_rows=[0, 511])],
+    "duplicate": [_entry(), _entry()],
+    "overlap_not_bool": [_entry(overlap="yes")],
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_config_file_is_an_error_naming_the_file(user_dir, case):
+    path = user_dir / f"{case}.json"
+    body = BAD[case]
+    if isinstance(body, str):
+        path.write_text(body)
+    else:
+        _write(path, body)
+    with pytest.raises(tuning.ConfigError, match=case):
+        tuning.lookup(H200, 2, "all_reduce", "bfloat16", 1024, 512, 256)
+
+
+def test_write_entries_merges_and_checks_gpu(user_dir):
+    path = user_dir / "t.json"
+    tuning.write_entries(path, H200, 2, [_entry()])
+    tuning.write_entries(path, H200, 2, [_entry(n=1024), _entry(comm_sms=8)])
+    data = json.loads(path.read_text())
+    assert len(data["entries"]) == 2
+    assert {e["comm_sms"] for e in data["entries"] if e["n"] == 512} == {8}
+    with pytest.raises(tuning.ConfigError, match="not NVIDIA H100"):
+        tuning.write_entries(path, "NVIDIA H100", 2, [_entry()])
+
+
+def test_entries_from_sweep_rows():
+    rows = [{"collective": "all_reduce", "m": 8192, "n": 8192, "k": 8192, "world": 2,
+             "best": "sms16_g6", "times_ms": {"xla_dot_collective": 1.2, "sms16_g6": 1.0}},
+            {"collective": "reduce_scatter", "m": 4096, "n": 8192, "k": 8192, "world": 2,
+             "best": "sms8_g0", "times_ms": {"xla_dot_collective": 0.5, "sms8_g0": 0.6}}]
+    ar, rs = tune.entries_from_sweep(rows, "bfloat16")
+    assert ar["k"] == 4096 and ar["comm_sms"] == 16 and len(ar["band_rows"]) == 7 and ar["overlap"]
+    assert rs["band_rows"][-1] == 2048 and not rs["overlap"]  # XLA was faster
+    tuning.validate({"schema": tuning.SCHEMA, "gpu": H200, "world_size": 2, "entries": [ar, rs]})
+
+
+def test_tune_cli_refuses_without_gpu():
+    repo = tuning.PACKAGE_DIR.parent.parent
+    r = subprocess.run([sys.executable, "-m", "jax_flashoverlap.tune", "--shapes", "256x256x256"],
+                       capture_output=True, text=True, timeout=240, cwd=repo)
+    assert r.returncode == 2 and "needs GPUs" in r.stderr, r.stderr
