@@ -10,7 +10,7 @@ from jax_flashoverlap.sharding import row_parallel_matmul
 from jax_flashoverlap._info import info
 from jax_flashoverlap._validation import AxisNameError
 from jax_flashoverlap._version import __version__
-from jax_flashoverlap import plan
+from jax_flashoverlap import distributed, plan
 
 __all__ = [
     "matmul",

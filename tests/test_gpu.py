@@ -222,3 +222,60 @@ def test_mixed_with_xla_collectives_in_scan():
         got = ours(h0, a, b)
         # 3 collectives x 8 layers of bf16 with tanh: allow 2x the single-op bound
         assert _rel_fro(got, want) < 2 * TOL
+
+
+# ------------------------------------------------------------------ several processes
+
+_MULTIPROCESS_SCRIPT = '''
+import sys
+import jax, jax.numpy as jnp, numpy as np
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import jax_flashoverlap as fo
+fo.distributed.initialize()
+assert jax.process_count() == 2 and len(jax.local_devices()) == 1, jax.devices()
+mesh = Mesh(np.array(jax.devices()), ("tp",))
+M, N, K = 4096, 8192, 8192
+rng = np.random.default_rng(int(sys.argv[1]))
+x = rng.standard_normal((M, K), dtype=np.float32)
+w = rng.standard_normal((K, N), dtype=np.float32) / np.sqrt(K)
+put = lambda a, s: jax.make_array_from_callback(
+    a.shape, NamedSharding(mesh, s), lambda i: jnp.asarray(a[i], jnp.bfloat16))
+xs, ws = put(x, P(None, "tp")), put(w, P("tp", None))
+ins = (P(None, "tp"), P("tp", None))
+for name, op, ref, out in [
+        ("all_reduce", lambda a, b: fo.matmul_all_reduce(a, b, "tp"),
+         lambda a, b: lax.psum(a @ b, "tp"), P()),
+        ("reduce_scatter", lambda a, b: fo.matmul_reduce_scatter(a, b, "tp"),
+         lambda a, b: lax.psum_scatter(a @ b, "tp", scatter_dimension=0, tiled=True),
+         P("tp", None))]:
+    f = jax.jit(jax.shard_map(op, mesh=mesh, in_specs=ins, out_specs=out))
+    g = jax.jit(jax.shard_map(ref, mesh=mesh, in_specs=ins, out_specs=out))
+    assert "flashoverlap_gemm_" + name in f.lower(xs, ws).compile().as_text()
+    for _ in range(3):
+        a = np.asarray(f(xs, ws).addressable_data(0), np.float32)
+        b = np.asarray(g(xs, ws).addressable_data(0), np.float32)
+        err = np.linalg.norm(a - b) / np.linalg.norm(b)
+        assert err < 1e-2, (name, err)
+    print(name, "OK", err, flush=True)
+'''
+
+
+@pytest.mark.multigpu
+@requires_multigpu
+def test_two_processes_one_gpu_each(tmp_path):
+    """2 processes x 1 GPU (NCCL ids through JAX's key-value store) give XLA's values."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "mp.py"
+    script.write_text(_MULTIPROCESS_SCRIPT)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-m", "jax_flashoverlap.launch", "-n", "2",
+                        "--gpus-per-process", "1", "--timeout", "240", str(script), "7"],
+                       cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-6000:]
+    assert "all_reduce OK" in out and "reduce_scatter OK" in out, out[-6000:]
