@@ -226,7 +226,9 @@ def bench_overlap(args) -> dict:
       err = relative_error(ours_fn(*pb.args), baseline(*pb.args))
       err32 = relative_error(ours_fn(*pb.args), pb.reference_f32())
       custom_call = uses_custom_call(ours_fn, pb.args, pb.target)
-      plan = fo.plan.default_plan(collective, m, n, k // world, world, pb.dtype.itemsize)
+      # The plan the op lowers with: a tuned config entry for this GPU, else the cost model.
+      plan = fo.plan.choose_plan(collective, m, n, k // world, world, pb.dtype.itemsize,
+                                 gpu=fo.comm.mesh_gpu_name(pb.mesh), dtype=pb.dtype.name)
       variants = {"xla_dot": (dot_only, pb.args), "xla_collective": (coll_only, (y,)),
                   "xla_dot_collective": (baseline, pb.args), "ours": (ours_fn, pb.args)}
       capped = nccl_capped_fn(pb, plan)
