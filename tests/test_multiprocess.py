@@ -71,7 +71,9 @@ SCRIPT = textwrap.dedent('''
 def _launch(tmp_path, body, *launch_args, timeout=240):
     script = tmp_path / "script.py"
     script.write_text(body)
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # CPU processes, also on GPU machines (where two processes would each grab the GPUs).
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               JAX_PLATFORMS="cpu")
     env.pop("XLA_FLAGS", None)
     return subprocess.run([sys.executable, "-m", "jax_flashoverlap.launch", *launch_args,
                            str(script)], cwd=REPO, env=env, capture_output=True, text=True,

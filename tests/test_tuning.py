@@ -134,7 +134,10 @@ def test_entries_from_sweep_rows():
 
 
 def test_tune_cli_refuses_without_gpu():
+    import os
+
     repo = tuning.PACKAGE_DIR.parent.parent
+    env = dict(os.environ, JAX_PLATFORMS="cpu")  # no GPU, also on GPU machines
     r = subprocess.run([sys.executable, "-m", "jax_flashoverlap.tune", "--shapes", "256x256x256"],
-                       capture_output=True, text=True, timeout=240, cwd=repo)
+                       capture_output=True, text=True, timeout=240, cwd=repo, env=env)
     assert r.returncode == 2 and "needs GPUs" in r.stderr, r.stderr
