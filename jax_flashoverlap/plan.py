@@ -35,12 +35,12 @@ class MachineProfile:
   sm_flops: float = 5.3e12          # dense bf16 flop/s per SM in the GEMM (~700 TFLOP/s / 132)
   interference: float = 1.06        # GEMM slowdown while NCCL runs beside it
   comm_latency: float = 40e-6       # per group: stream wait + NCCL launch + sync
-  # Bus bandwidths (bytes/s) of our capped, registered-window collectives on 8 CTAs
-  # (DESIGN.md), scaled by (CTAs / 8) ** cta_scaling for other caps (fit to the 2 x H200
-  # sweep of benchmarks/results/sweep_h200x2.json: 16 CTAs beat 8 for comm-heavy shapes).
-  all_reduce_busbw: float = 210e9
-  reduce_scatter_busbw: float = 126e9
-  cta_scaling: float = 0.5
+  # Bus bandwidths (bytes/s) of our capped, registered-window collectives by CTA cap, fit to
+  # the "NCCL capped alone" column of benchmarks/results/overlap_h200x2_tuned.json (2 x H200,
+  # ~10 us per call taken off): the reduce-scatter on 8 CTAs is slow (~90 GB/s).
+  # Linear in between, clamped outside.
+  all_reduce_busbw: tuple = ((8, 235e9), (16, 294e9))
+  reduce_scatter_busbw: tuple = ((8, 90e9), (16, 200e9))
   copy_bandwidth: float = 1.5e12    # workspace -> output copy (copy engine), bytes/s
   # XLA's own uncapped collectives (the baseline we must beat).
   xla_all_reduce_busbw: float = 227e9
@@ -102,12 +102,23 @@ def _kernel(m: int, n: int, comm_sms: int) -> _Kernel:
 
 def _comm_time(collective: str, group_bytes: float, world: int, p: MachineProfile,
                comm_sms: int) -> float:
-  scale = (max(comm_sms, 1) / 8.0) ** p.cta_scaling
   if collective == "all_reduce":
-    wire = group_bytes * 2 * (world - 1) / world / (p.all_reduce_busbw * scale)
+    wire = group_bytes * 2 * (world - 1) / world / _busbw(p.all_reduce_busbw, comm_sms)
     # The copy to XLA's output runs on the copy engine beside the next group's all-reduce.
     return p.comm_latency + wire
-  return p.comm_latency + group_bytes * (world - 1) / world / (p.reduce_scatter_busbw * scale)
+  return p.comm_latency + group_bytes * (world - 1) / world / _busbw(p.reduce_scatter_busbw,
+                                                                       comm_sms)
+
+
+def _busbw(table: tuple, ctas: int) -> float:
+  """Piecewise-linear bus bandwidth for a CTA cap from (ctas, bytes/s) points."""
+  points = sorted(table)
+  if ctas <= points[0][0]:
+    return points[0][1] * max(ctas, 1) / points[0][0]  # fewer CTAs: proportionally slower
+  for (c0, b0), (c1, b1) in zip(points, points[1:]):
+    if ctas <= c1:
+      return b0 + (b1 - b0) * (ctas - c0) / (c1 - c0)
+  return points[-1][1]
 
 
 def baseline_time(collective: str, m: int, n: int, k: int, world: int, itemsize: int = 2,
