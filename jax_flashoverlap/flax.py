@@ -1,0 +1,272 @@
+"""Tensor-parallel linear layers for Flax (NNX and linen) on top of jax_flashoverlap's ops.
+
+    RowParallelLinear / RowParallelDense        kernel [in, out] sharded on `in` over `axis_name`;
+        y = reduce(x_local @ kernel_local) + bias   (reduce: "all_reduce" | "reduce_scatter")
+    ColumnParallelLinear / ColumnParallelDense  kernel [in, out] and bias sharded on `out`;
+        y_local = x @ kernel_local + bias_local     (no communication)
+
+A tensor-parallel MLP is `ColumnParallel -> activation -> RowParallel`; nothing else is needed.
+
+Sizes are always GLOBAL (the unsharded layer's `in_features` / `out_features`, linen's
+`features`), and the view is decided by where the layer runs, with no flag to keep in sync:
+
+* Inside `jax.shard_map` over `axis_name` (per-device view): arrays are the local shards. The
+  row layer takes x [..., in/n] and a kernel shard [in/n, out] and calls `matmul_all_reduce`
+  (or `matmul_reduce_scatter`); the column layer takes x [..., in] and a kernel shard
+  [in, out/n] and calls `jax_flashoverlap.matmul`. Params made there (linen `init`, or an NNX
+  layer constructed there) get the local shapes; params made outside carry the global shapes
+  and their partition specs, so pass them in with `in_specs=nnx.get_partition_spec(state)`
+  (NNX) or `nn.get_partition_spec(variables)` (linen).
+* Anywhere else, e.g. plain `jax.jit` with NamedSharding inputs (global view): arrays are
+  global. The row layer calls `row_parallel_matmul`; the column layer is a plain `x @ kernel`
+  that XLA partitions with no communication (the signaling GEMM only pays off next to a
+  collective, and an FFI call cannot be partitioned by XLA).
+
+Sharding annotations: NNX params are `nnx.Param(..., out_sharding=spec)` (what
+`nnx.with_partitioning` makes): kernel (axis_name, None) for row, (None, axis_name) for
+column; bias () for row (it is added once, after the reduction), (axis_name,) for column. They
+are sharded eagerly when a mesh is known at construction (`mesh=` or `jax.set_mesh`), else only
+annotated. Linen params are `nn.with_partitioning` boxes with the same specs.
+
+Params may be float32 (`param_dtype`); they are cast to `dtype` for the op, which must be
+bfloat16 or float16 (the only dtypes the jax_flashoverlap ops support).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing as tp
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+import flax.linen as nn
+from flax import nnx
+
+from jax_flashoverlap import _compat, ops, sharding
+
+__all__ = ["RowParallelLinear", "ColumnParallelLinear", "RowParallelDense",
+           "ColumnParallelDense", "REDUCTIONS"]
+
+REDUCTIONS = sharding.REDUCTIONS  # ("all_reduce", "reduce_scatter")
+_OP_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+_default_kernel_init = nn.initializers.lecun_normal()
+_default_bias_init = nn.initializers.zeros_init()
+
+
+# ----------------------------------------------------------------------------- shared logic
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+  layer: str
+  row: bool  # row-parallel (contracting dim sharded) or column-parallel (output dim sharded)
+  in_features: int | None  # None: linen, taken from x
+  out_features: int
+  axis_name: str
+  reduce: str
+  dtype: tp.Any
+  param_dtype: tp.Any
+
+  def check(self):
+    """Construction-time checks (what can be known without a mesh)."""
+    if not isinstance(self.axis_name, str):
+      raise TypeError(f"{self.layer}: axis_name must be a mesh axis name (str), "
+                      f"got {self.axis_name!r}")
+    if self.row and self.reduce not in REDUCTIONS:
+      raise ValueError(f"{self.layer}: reduce must be one of {REDUCTIONS}, got {self.reduce!r}")
+    for name, value in (("in_features", self.in_features), ("out_features", self.out_features)):
+      if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                or value <= 0):
+        raise ValueError(f"{self.layer}: {name} must be a positive int, got {value!r}")
+    try:
+      dtype = jnp.dtype(self.dtype)
+    except TypeError:
+      dtype = None
+    if dtype not in _OP_DTYPES:
+      raise TypeError(f"{self.layer}: dtype={self.dtype!r} is not supported: the "
+                      "jax_flashoverlap ops support only bfloat16 and float16 (params may be "
+                      "float32 through param_dtype; they are cast to dtype for the op)")
+    if not jnp.issubdtype(jnp.dtype(self.param_dtype), jnp.floating):
+      raise TypeError(f"{self.layer}: param_dtype must be a floating dtype, "
+                      f"got {self.param_dtype!r}")
+    n = _mesh_axis_size(self.axis_name)
+    if n is not None:
+      self.split(self.in_features if self.row else self.out_features, n)
+
+  def split(self, size, n) -> int:
+    """size / n, with an error naming the layer's dim when it does not divide."""
+    dim = "in_features" if self.row else "out_features"
+    if size is not None and size % n:
+      raise ValueError(f"{self.layer}: {dim}={size} is not divisible by the size {n} of mesh "
+                       f"axis {self.axis_name!r}")
+    return None if size is None else size // n
+
+  def local_view(self) -> int | None:
+    """The axis size when running per-device (inside shard_map over axis_name), else None."""
+    if self.axis_name in _compat.bound_axis_names():
+      return _compat.axis_size(self.axis_name)
+    return None
+
+  def shapes(self, in_features):
+    """(kernel shape, bias shape, kernel spec, bias spec) in the current view."""
+    n = self.local_view() or 1
+    if self.row:
+      return ((self.split(in_features, n), self.out_features), (self.out_features,),
+              (self.axis_name, None), ())
+    out = self.split(self.out_features, n)
+    return (in_features, out), (out,), (None, self.axis_name), (self.axis_name,)
+
+
+def _mesh_axis_size(axis_name) -> int | None:
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh is None or getattr(mesh, "empty", True) or axis_name not in mesh.axis_names:
+    return None
+  return int(mesh.shape[axis_name])
+
+
+def _forward(cfg: _Config, x, kernel, bias, in_features: int):
+  """The layer's forward for both NNX and linen; `kernel` / `bias` in param_dtype."""
+  x = jnp.asarray(x)
+  n = cfg.local_view()
+  view = (f"inside shard_map over {cfg.axis_name!r} (size {n}) x and the params are the local "
+          "shards: pass the params with their partition specs" if n else
+          "outside shard_map x and the params are global arrays")
+  expect = tuple(cfg.shapes(in_features)[0])
+  if x.ndim < 1 or x.shape[-1] != expect[0] or tuple(kernel.shape) != expect:
+    raise ValueError(f"{cfg.layer}: x {tuple(x.shape)} and kernel {tuple(kernel.shape)} do not "
+                     f"match: expected x [..., {expect[0]}] and kernel {expect}; {view}")
+  squeeze = x.ndim == 1
+  x = (x[None] if squeeze else x).astype(cfg.dtype)
+  w = kernel.astype(cfg.dtype)
+  if cfg.row:
+    y = _row(cfg, x, w)
+  elif n:
+    y = ops.matmul(x, w)
+  else:
+    y = jnp.matmul(x, w)
+  if bias is not None:
+    y = y + bias.astype(cfg.dtype)
+  return y[0] if squeeze else y
+
+
+def _row(cfg: _Config, x, w):
+  n = cfg.local_view()
+  lead, k = x.shape[:-1], x.shape[-1]
+  if cfg.reduce == "all_reduce":
+    if n:
+      return ops.matmul_all_reduce(x, w, cfg.axis_name)
+    y = sharding.row_parallel_matmul(x.reshape(-1, k), w, "all_reduce", _jit_axis(cfg))
+    return y.reshape(*lead, w.shape[1])
+  # reduce_scatter: the first dim of x is scattered over the axis (rank r keeps rows
+  # [r*B/n, (r+1)*B/n)), as psum_scatter(x @ w, axis, scatter_dimension=0, tiled=True).
+  if n and lead[0] % n:
+    raise ValueError(f"{cfg.layer}: reduce='reduce_scatter' needs the first dim of x "
+                     f"(shape {tuple(x.shape)}) to be divisible by the size {n} of axis "
+                     f"{cfg.axis_name!r}")
+  if n:
+    y = ops.matmul_reduce_scatter(x.reshape(-1, k), w, cfg.axis_name)
+    return y.reshape(lead[0] // n, *lead[1:], w.shape[1])
+  y = sharding.row_parallel_matmul(x.reshape(-1, k), w, "reduce_scatter", _jit_axis(cfg))
+  return y.reshape(*lead, w.shape[1])
+
+
+def _jit_axis(cfg: _Config):
+  # Name the contracting axis when the mesh is known (Shardy then infers the reduce-scatter
+  # layout on meshes of several axes); else row_parallel_matmul takes it from x's sharding.
+  return cfg.axis_name if _mesh_axis_size(cfg.axis_name) is not None else None
+
+
+# ----------------------------------------------------------------------------- Flax NNX
+
+class _NNXParallel(nnx.Module):
+  _row: bool = True
+
+  def __init__(self, in_features: int, out_features: int, *, axis_name: str = "tp",
+               reduce: str = "all_reduce", use_bias: bool = True, dtype=jnp.bfloat16,
+               param_dtype=jnp.float32, kernel_init=_default_kernel_init,
+               bias_init=_default_bias_init, mesh=None, rngs: nnx.Rngs):
+    self.cfg = _Config(type(self).__name__, self._row, in_features, out_features, axis_name,
+                       reduce, dtype, param_dtype)
+    self.cfg.check()
+    kshape, bshape, kspec, bspec = self.cfg.shapes(in_features)
+    # Sharded now when a mesh is known (and the params are global); else only annotated.
+    eager = self.cfg.local_view() is None and (mesh is not None or
+                                               _mesh_axis_size(axis_name) is not None)
+    meta = dict(eager_sharding=eager, **({"mesh": mesh} if mesh is not None else {}))
+    self.kernel = nnx.Param(kernel_init(rngs.params(), kshape, param_dtype),
+                            out_sharding=kspec, **meta)
+    self.bias = (nnx.Param(bias_init(rngs.params(), bshape, param_dtype), out_sharding=bspec,
+                           **meta) if use_bias else None)
+
+  def __call__(self, x):
+    return _forward(self.cfg, x, self.kernel[...],
+                    None if self.bias is None else self.bias[...], self.cfg.in_features)
+
+
+class RowParallelLinear(_NNXParallel):
+  """Row-parallel `nnx.Linear`: kernel [in_features, out_features] sharded on its input dim over
+  `axis_name`; y = reduce(x @ kernel) + bias, the bias added once after the reduction.
+
+  reduce="all_reduce": y [..., out] (`matmul_all_reduce` / `row_parallel_matmul`);
+  "reduce_scatter": the first dim of y is scattered over the axis (per-device [B/n, ..., out]).
+  Inside shard_map x is [..., in_features / n]; see the module docstring for the two views.
+  """
+  _row = True
+
+
+class ColumnParallelLinear(_NNXParallel):
+  """Column-parallel `nnx.Linear`: kernel [in_features, out_features] and bias sharded on the
+  output dim over `axis_name`; per device y_local [..., out/n] = x @ kernel_local + bias_local
+  (through `jax_flashoverlap.matmul`), no communication. `reduce` is not used."""
+  _row = False
+
+
+# ----------------------------------------------------------------------------- Flax linen
+
+class _LinenParallel(nn.Module):
+  features: int  # global output size
+  axis_name: str = "tp"
+  reduce: str = "all_reduce"
+  use_bias: bool = True
+  dtype: tp.Any = jnp.bfloat16
+  param_dtype: tp.Any = jnp.float32
+  kernel_init: tp.Callable = _default_kernel_init
+  bias_init: tp.Callable = _default_bias_init
+  _row: tp.ClassVar[bool] = True
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = _Config(type(self).__name__, self._row, None, self.features, self.axis_name,
+                  self.reduce, self.dtype, self.param_dtype)
+    cfg.check()
+    k = jnp.shape(x)[-1]  # the view's input size: local inside shard_map for the row layer
+    in_features = k * (cfg.local_view() or 1) if self._row else k
+    kshape, bshape, kspec, bspec = cfg.shapes(in_features)
+    kernel = self.param("kernel", nn.with_partitioning(self.kernel_init, kspec), kshape,
+                        self.param_dtype, unbox=False)
+    bias = (self.param("bias", nn.with_partitioning(self.bias_init, bspec), bshape,
+                       self.param_dtype, unbox=False) if self.use_bias else None)
+    return _forward(cfg, x, _unbox(cfg, kernel), _unbox(cfg, bias), in_features)
+
+
+def _unbox(cfg: _Config, value):
+  # Global view: unboxing a Partitioned param constrains it to its spec (when a mesh is set).
+  # Per-device view: the value already is the local shard (a sharding constraint on a manual
+  # axis is an error), so the box is only dropped.
+  if cfg.local_view() and isinstance(value, nn.Partitioned):
+    return value.unbox(apply_constraint=False)
+  return nn.meta.unbox(value)
+
+
+class RowParallelDense(_LinenParallel):
+  """Row-parallel `nn.Dense` (`features`: global output size; the input size comes from x):
+  kernel sharded on its input dim over `axis_name`, y = reduce(x @ kernel) + bias, the bias
+  added once. Same views and `reduce` as `RowParallelLinear`."""
+  _row: tp.ClassVar[bool] = True
+
+
+class ColumnParallelDense(_LinenParallel):
+  """Column-parallel `nn.Dense` (`features`: GLOBAL output size): kernel and bias sharded on
+  the output dim; per device y_local [..., features/n] = x @ kernel_local + bias_local."""
+  _row: tp.ClassVar[bool] = False

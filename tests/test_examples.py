@@ -1,0 +1,59 @@
+"""Each example runs as a subprocess with tiny sizes (CPU, 8 simulated devices) and exits 0;
+the transformer's two training runs (our layers / nnx.Linear + psum) print matching losses."""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_example(name, *args, timeout=240):
+  env = dict(os.environ)
+  env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+  flags = env.get("XLA_FLAGS", "")
+  if "xla_force_host_platform_device_count" not in flags:
+    flags += " --xla_force_host_platform_device_count=8"
+  # Tiny programs: XLA:CPU's optimisation passes would be most of the run time.
+  env["XLA_FLAGS"] = (flags + " --xla_backend_optimization_level=0").strip()
+  env.setdefault("JAX_PLATFORMS", "cpu")
+  proc = subprocess.run([sys.executable, str(ROOT / "examples" / name), *args], cwd=ROOT,
+                        env=env, capture_output=True, text=True, timeout=timeout)
+  assert proc.returncode == 0, f"{name} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+  return proc.stdout
+
+
+def test_quickstart():
+  out = run_example("quickstart.py", "--m", "64", "--n", "64", "--k", "128", "--iters", "1")
+  err = float(re.search(r"relative error vs XLA psum\(x @ w\): (\S+)", out).group(1))
+  assert err < 1e-2
+
+
+def test_tp_transformer_block():
+  pytest.importorskip("flax")
+  steps = 3
+  out = run_example("tp_transformer_block.py", "--steps", str(steps), "--layers", "1",
+                    "--batch", "2", "--seq", "16", "--dim", "64", "--heads", "8", "--ffn", "128")
+  losses = re.findall(r"loss fo (\S+)\s+xla (\S+)", out)
+  assert len(losses) == steps, out
+  for fo_loss, xla_loss in losses:
+    a, b = float(fo_loss), float(xla_loss)
+    assert abs(a - b) <= 1e-2 * abs(b), out
+  assert float(losses[-1][0]) < float(losses[0][0]), f"loss did not go down:\n{out}"
+  assert re.search(r"time fo\s+\S+ ms\s+xla\s+\S+ ms", out)
+  assert "OK: losses match" in out
+
+
+@pytest.mark.parametrize("reduce,spec", [("all_reduce", "P('dp', None)"),
+                                         ("reduce_scatter", "P(('dp', 'tp'),)")])
+def test_global_view_jit(reduce, spec):
+  pytest.importorskip("flax")
+  out = run_example("global_view_jit.py", "--m", "64", "--d", "64", "--f", "128", "--iters", "1",
+                    "--reduce", reduce)
+  assert f"sharding {spec}" in out, out
+  errs = [float(e) for e in re.findall(r"rel err vs x @ w (\S+)", out)]
+  assert len(errs) == 2 and max(errs) < 1e-2, out
+  assert out.rstrip().endswith("OK")
