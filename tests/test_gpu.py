@@ -272,7 +272,9 @@ def test_two_processes_one_gpu_each(tmp_path):
     script = tmp_path / "mp.py"
     script.write_text(_MULTIPROCESS_SCRIPT)
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # This pytest process may already hold most of the GPUs' memory (JAX preallocates).
+    env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               XLA_PYTHON_CLIENT_PREALLOCATE="false")
     r = subprocess.run([sys.executable, "-m", "jax_flashoverlap.launch", "-n", "2",
                         "--gpus-per-process", "1", "--timeout", "240", str(script), "7"],
                        cwd=repo, env=env, capture_output=True, text=True, timeout=300)
