@@ -20,6 +20,8 @@ import subprocess
 import sys
 import time
 
+from jax_flashoverlap import bench_variants
+
 # Global shapes M x N x K of DESIGN.md; per GPU the GEMM is M x N x K/world.
 DESIGN_SHAPES = ((4096, 8192, 8192), (8192, 8192, 8192), (16384, 8192, 16384),
                  (8192, 28672, 8192), (8192, 8192, 28672))
@@ -155,10 +157,10 @@ class _TpProblem:
       self.ours = lambda x, w: fo.matmul_all_reduce(x, w, "tp")
     self.target = "flashoverlap_gemm_" + collective
 
-  def smap(self, fn, in_specs=None, out_specs=None):
+  def smap(self, fn, in_specs=None, out_specs=None, check_vma=True):
     import jax
     return jax.jit(jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs or self.in_specs,
-                                 out_specs=out_specs or self.out_spec))
+                                 out_specs=out_specs or self.out_spec, check_vma=check_vma))
 
   def baseline(self):
     return self.smap(lambda x, w: self.coll(x @ w))
@@ -203,6 +205,21 @@ def nccl_capped_fn(pb, plan):
                                out_specs=P("tp", None), check_vma=False))
 
 
+def _other_variants(pb, args) -> dict:
+  """The comparison programs of bench_variants that run in this process (jitted, compiled)."""
+  out = {}
+  if "two_chunk" in args.variants:
+    out["two_chunk"] = bench_variants.two_chunk(pb)
+  if "ppermute_ring" in args.variants:
+    out["ppermute_ring"] = bench_variants.ppermute_ring(pb)
+  if "ours_model" in args.variants:
+    fn = pb.smap(pb.ours)
+    with bench_variants.model_plans_only():
+      fn(*pb.args)  # compiles (lowers) with the cost model's plan
+    out["ours_model"] = fn
+  return out
+
+
 def bench_overlap(args) -> dict:
   import jax
   import jax.numpy as jnp
@@ -234,8 +251,16 @@ def bench_overlap(args) -> dict:
       capped = nccl_capped_fn(pb, plan)
       if capped is not None:
         variants["nccl_capped_alone"] = (capped, (y,))
+      errors = {"ours": err32}
+      for name, fn in _other_variants(pb, args).items():
+        errors[name] = relative_error(fn(*pb.args), pb.reference_f32())
+        variants[name] = (fn, pb.args)
       timing = time_variants(variants, calls=args.calls, samples=args.samples)
       t = {v: r["median_ms"] for v, r in timing.items()}
+      if "xla_windowed" in args.variants:
+        windowed = bench_variants.xla_windowed(pb, args.calls, args.samples)
+        if windowed is not None:
+          t["xla_windowed"] = windowed
       ideal = max(t["xla_dot"], t["xla_collective"])
       speedup = t["xla_dot_collective"] / t["ours"]
       denom = t["xla_dot_collective"] - ideal
@@ -243,6 +268,9 @@ def bench_overlap(args) -> dict:
       row = {"collective": collective, "m": m, "n": n, "k": k, "world": world,
              "dtype": str(pb.dtype), "times_ms": t, "speedup": speedup,
              "overlap_efficiency": eff, "rel_error": err, "rel_error_vs_f32": err32,
+             "variant_rel_error_vs_f32": errors,
+             "speedups": {v: t["xla_dot_collective"] / t[v] for v in t
+                          if v not in ("xla_dot", "xla_collective", "nccl_capped_alone")},
              "uses_custom_call": custom_call,
              "plan": {"band_rows": list(plan.band_rows), "comm_sms": plan.comm_sms,
                       "overlap": plan.overlap, "predicted_ms": plan.predicted_s * 1e3,
@@ -329,6 +357,11 @@ def main(argv=None) -> int:
       p.add_argument("--comm-sms", type=int, nargs="+", default=[0, 8, 16])
     else:
       p.add_argument("--world", type=int, default=0, help="GPUs in the mesh (0: all)")
+      if name == "overlap":
+        p.add_argument("--variants", nargs="*",
+                       default=["two_chunk", "ppermute_ring", "xla_windowed", "ours_model"],
+                       help="comparison programs (jax_flashoverlap.bench_variants)")
+        p.add_argument("--plot", help="write a PNG of the speedups here (needs matplotlib)")
       if name == "sweep":
         p.add_argument("--comm-sms", type=int, nargs="+", default=[4, 8, 16])
         p.add_argument("--groups", type=int, nargs="+", default=[0, 2, 4, 8],
@@ -347,6 +380,8 @@ def main(argv=None) -> int:
       "method": f"median of {args.samples} samples, each the mean of {args.calls} "
                 "back-to-back calls, variants interleaved, after 3 warm-up calls",
   })
+  if getattr(args, "plot", None):
+    result["plot"] = bench_variants.plot(result, args.plot)
   if args.out:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 SCHEMA = "jax_flashoverlap.plans/1"
 CONFIG_DIR_ENV = "JAX_FLASHOVERLAP_CONFIG_DIR"
+TUNED_ENV = "JAX_FLASHOVERLAP_TUNED"  # "0": ignore tuned configs (the cost model decides)
 PACKAGE_DIR = Path(__file__).resolve().parent / "configs"
 _COLLECTIVES = ("all_reduce", "reduce_scatter")
 _DTYPES = ("bfloat16", "float16")
@@ -141,7 +142,7 @@ def load_all() -> dict:
 
 def lookup(gpu: str | None, world: int, collective: str, dtype: str, m: int, n: int, k: int):
   """The tuned entry for this problem, or None."""
-  if not gpu:
+  if not gpu or os.environ.get(TUNED_ENV, "1").strip() == "0":
     return None
   return load_all().get((gpu, world, collective, dtype, m, n, k))
 

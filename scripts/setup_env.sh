@@ -43,6 +43,7 @@ have jax || need+=("jax>=0.10")
 have pytest || need+=(pytest)
 have pybind11 || need+=(pybind11)
 have flax || need+=(flax)
+have matplotlib || need+=(matplotlib)
 "$PY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('nvidia.nccl') is None)" 2>/dev/null \
   || need+=(nvidia-nccl-cu13)
 have cutlass_library || need+=(nvidia-cutlass)

@@ -1,0 +1,155 @@
+"""Other ways to run a row-parallel GEMM + collective, timed by `python -m jax_flashoverlap.bench
+overlap` next to ours:
+
+  two_chunk      the paper's "decomposition" baseline: the GEMM in two halves, each followed by
+                 its own collective, in one program (XLA may run the first collective during the
+                 second half)
+  ppermute_ring  JAX's collective-matmul recipe (shard_map + ppermute): a ring of partial
+                 products, each step's send overlapping the next step's GEMM; all-gather after it
+                 for the all-reduce
+  xla_windowed   XLA's own windowed-einsum passes on the global-view program, in a subprocess
+                 (XLA reads its flags at start); GPU only
+  ours_model     our op with the cost model's plan even where a tuned config exists
+
+Also the PNG plot of the speedups.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+
+WINDOWED_FLAGS = ("--xla_gpu_threshold_for_windowed_einsum_mib=0 "
+                  "--xla_gpu_multi_streamed_windowed_einsum=true")
+
+
+def two_chunk(pb):
+  """GEMM halves, each reduced on its own (rows for all-reduce, columns for reduce-scatter,
+  so each rank still gets its contiguous rows)."""
+  import jax.numpy as jnp
+
+  if pb.collective == "all_reduce":
+    def body(x, w):
+      h = x.shape[0] // 2
+      return jnp.concatenate([pb.coll(x[:h] @ w), pb.coll(x[h:] @ w)], axis=0)
+  else:
+    def body(x, w):
+      h = w.shape[1] // 2
+      return jnp.concatenate([pb.coll(x @ w[:, :h]), pb.coll(x @ w[:, h:])], axis=1)
+  return pb.smap(body)
+
+
+def ppermute_ring(pb):
+  """Reduce-scatter as a ring: device i adds its partial product of block (i - 1 - s) mod n at
+  step s to the accumulator received from device i - 1, so after n - 1 steps it holds the sum
+  of block i. The all-reduce all-gathers that."""
+  from jax import lax
+
+  n = pb.world
+
+  def reduce_scatter(x, w):
+    rows = x.shape[0] // n
+    idx = lax.axis_index("tp")
+    block = lambda b: lax.dynamic_slice_in_dim(x, (b % n) * rows, rows, axis=0) @ w
+    acc = block(idx - 1)
+    for s in range(1, n):
+      acc = lax.ppermute(acc, "tp", perm=[(j, (j + 1) % n) for j in range(n)])
+      acc = acc + block(idx - 1 - s)
+    return acc
+
+  if pb.collective == "reduce_scatter":
+    return pb.smap(reduce_scatter)
+  # all_gather's result is the same on every device but typed as varying: no vma check here.
+  return pb.smap(lambda x, w: lax.all_gather(reduce_scatter(x, w), "tp", axis=0, tiled=True),
+                 check_vma=False)
+
+
+@contextlib.contextmanager
+def model_plans_only():
+  """Lowerings inside ignore tuned configs (jax_flashoverlap.tuning): the cost model decides."""
+  from jax_flashoverlap import tuning
+  old = os.environ.get(tuning.TUNED_ENV)
+  os.environ[tuning.TUNED_ENV] = "0"
+  try:
+    yield
+  finally:
+    if old is None:
+      os.environ.pop(tuning.TUNED_ENV, None)
+    else:
+      os.environ[tuning.TUNED_ENV] = old
+
+
+def xla_windowed(pb, calls: int, samples: int):
+  """Median ms of the global-view program under XLA's windowed-einsum flags, or None off GPU."""
+  import jax
+  if jax.default_backend() != "gpu":
+    return None
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + WINDOWED_FLAGS).strip()
+  cmd = [sys.executable, "-m", "jax_flashoverlap.bench_variants", pb.collective,
+         str(pb.m), str(pb.n), str(pb.k), str(pb.world), str(pb.dtype), str(calls), str(samples)]
+  proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+  if proc.returncode != 0:
+    print(f"xla_windowed failed: {proc.stderr[-2000:]}", flush=True)
+    return None
+  return json.loads(proc.stdout.strip().splitlines()[-1])["median_ms"]
+
+
+def _windowed_main(collective, m, n, k, world, dtype, calls, samples) -> None:
+  """Subprocess body: time the global-view x @ w whose output is replicated (all-reduce) or
+  row-sharded (reduce-scatter) over 'tp', the way XLA's passes see it."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+  from jax_flashoverlap import bench
+  mesh = Mesh(np.array(jax.devices()[:world]), ("tp",))
+  x, w = bench._random_inputs(jax.random.key(0), m, n, k, jnp.dtype(dtype))
+  x = jax.device_put(x, NamedSharding(mesh, P(None, "tp")))
+  w = jax.device_put(w, NamedSharding(mesh, P("tp", None)))
+  out = P("tp", None) if collective == "reduce_scatter" else P(None, None)
+  fn = jax.jit(jnp.matmul, out_shardings=NamedSharding(mesh, out))
+  timing = bench.time_variants({"xla_windowed": (fn, (x, w))}, calls=calls, samples=samples)
+  print(json.dumps({"median_ms": timing["xla_windowed"]["median_ms"]}))
+
+
+def plot(result: dict, path: str):
+  """Grouped bars: speedup over XLA's dot + collective per shape and variant. None (and a
+  message) when matplotlib is not installed."""
+  try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+  except ImportError:
+    print("matplotlib is not installed: no plot", flush=True)
+    return None
+  rows = result["rows"]
+  skip = {"xla_dot", "xla_collective", "xla_dot_collective", "nccl_capped_alone"}
+  variants = sorted({v for r in rows for v in r["times_ms"] if v not in skip})
+  short = {"all_reduce": "AR", "reduce_scatter": "RS"}
+  labels = [f"{short[r['collective']]} {r['m']}x{r['n']}x{r['k']}" for r in rows]
+  fig, ax = plt.subplots(figsize=(max(8, len(rows) * 1.6), 4.5))
+  width = 0.8 / max(1, len(variants))
+  for i, v in enumerate(variants):
+    ys = [r["times_ms"]["xla_dot_collective"] / r["times_ms"][v] if v in r["times_ms"] else 0
+          for r in rows]
+    ax.bar([j + i * width for j in range(len(rows))], ys, width, label=v)
+  ax.axhline(1.0, color="black", linewidth=0.8)
+  ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], labels, rotation=30,
+                ha="right", fontsize=8)
+  ax.set_ylabel("speedup over XLA dot + collective")
+  ax.set_title(f"{rows[0]['world']} devices, {rows[0]['dtype']}" if rows else "")
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path
+
+
+if __name__ == "__main__":
+  c, m, n, k, world, dtype, calls, samples = sys.argv[1:9]
+  _windowed_main(c, int(m), int(n), int(k), int(world), dtype, int(calls), int(samples))
