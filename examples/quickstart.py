@@ -8,13 +8,11 @@ relative error against XLA's own `psum(x @ w)` and the time of both.
 """
 
 import argparse
-import os
 import time
 
-if not os.path.exists("/dev/nvidia0") and "xla_force_host_platform_device_count" not in \
-    os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             " --xla_force_host_platform_device_count=8").strip()
+import _devices  # examples/_devices.py (this script's folder is on sys.path)
+
+_devices.simulate_cpu_devices_without_gpu()
 
 import jax
 import jax.numpy as jnp

@@ -81,17 +81,6 @@ def mesh_devices(mesh):
     return None
 
 
-def lowering_platforms(ctx) -> tuple:
-  return tuple(ctx.module_context.platforms)
-
-
-def use_shardy() -> bool:
-  try:
-    return bool(jax.config.jax_use_shardy_partitioner)
-  except AttributeError:  # pragma: no cover
-    return False
-
-
 def ffi_lowering(target_name: str, **kwargs):
   return jax.ffi.ffi_lowering(target_name, **kwargs)
 

@@ -18,6 +18,7 @@ FORCE_REFERENCE_ENV = "JAX_FLASHOVERLAP_FORCE_REFERENCE"
 # is predicted not to pay: every shape then runs our kernels (tests, benchmarks).
 FALLBACK_ENV = "JAX_FLASHOVERLAP_FALLBACK"
 
+
 def _load_extension():
   import importlib
   import importlib.util

@@ -175,6 +175,16 @@ class _TpProblem:
     return (self.x, self.w)
 
 
+def _problems(args):
+  """A _TpProblem with fresh random inputs for each (collective, shape) of the arguments."""
+  import jax
+  key = jax.random.key(int(time.time()))
+  for collective in args.collectives:
+    for shape in args.shapes:
+      key, sub = jax.random.split(key)
+      yield _TpProblem(args, collective, shape, sub)
+
+
 def nccl_capped_fn(pb, plan):
   """The communication half of our op alone (no GEMM) on the plan's capped communicator and
   registered workspace: XLA FFI target flashoverlap_collective, timing only (its output is
@@ -227,102 +237,94 @@ def bench_overlap(args) -> dict:
 
   import jax_flashoverlap as fo
   rows = []
-  key = jax.random.key(int(time.time()))
-  for collective in args.collectives:
-    for shape in args.shapes:
-      key, sub = jax.random.split(key)
-      pb = _TpProblem(args, collective, shape, sub)
-      m, n, k, world = pb.m, pb.n, pb.k, pb.world
-      dot_only = pb.smap(lambda x, w: x @ w, out_specs=P("tp", None))
-      # The collective alone, on a per-device [M, N] array (each device's partial product).
-      y = jax.device_put(jnp.zeros((world * m, n), pb.dtype) + 1,
-                         NamedSharding(pb.mesh, P("tp", None)))
-      coll_only = pb.smap(pb.coll, in_specs=(P("tp", None),))
-      baseline = pb.baseline()
-      ours_fn = pb.smap(pb.ours)
-      err = relative_error(ours_fn(*pb.args), baseline(*pb.args))
-      err32 = relative_error(ours_fn(*pb.args), pb.reference_f32())
-      custom_call = uses_custom_call(ours_fn, pb.args, pb.target)
-      # The plan the op lowers with: a tuned config entry for this GPU, else the cost model.
-      plan = fo.plan.choose_plan(collective, m, n, k // world, world, pb.dtype.itemsize,
-                                 gpu=fo.comm.mesh_gpu_name(pb.mesh), dtype=pb.dtype.name)
-      variants = {"xla_dot": (dot_only, pb.args), "xla_collective": (coll_only, (y,)),
-                  "xla_dot_collective": (baseline, pb.args), "ours": (ours_fn, pb.args)}
-      capped = nccl_capped_fn(pb, plan)
-      if capped is not None:
-        variants["nccl_capped_alone"] = (capped, (y,))
-      errors = {"ours": err32}
-      for name, fn in _other_variants(pb, args).items():
-        errors[name] = relative_error(fn(*pb.args), pb.reference_f32())
-        variants[name] = (fn, pb.args)
-      timing = time_variants(variants, calls=args.calls, samples=args.samples)
-      t = {v: r["median_ms"] for v, r in timing.items()}
-      if "xla_windowed" in args.variants:
-        windowed = bench_variants.xla_windowed(pb, args.calls, args.samples)
-        if windowed is not None:
-          t["xla_windowed"] = windowed
-      ideal = max(t["xla_dot"], t["xla_collective"])
-      speedup = t["xla_dot_collective"] / t["ours"]
-      denom = t["xla_dot_collective"] - ideal
-      eff = (t["xla_dot_collective"] - t["ours"]) / denom if denom > 0 else float("nan")
-      row = {"collective": collective, "m": m, "n": n, "k": k, "world": world,
-             "dtype": str(pb.dtype), "times_ms": t, "speedup": speedup,
-             "overlap_efficiency": eff, "rel_error": err, "rel_error_vs_f32": err32,
-             "variant_rel_error_vs_f32": errors,
-             "speedups": {v: t["xla_dot_collective"] / t[v] for v in t
-                          if v not in ("xla_dot", "xla_collective", "nccl_capped_alone")},
-             "uses_custom_call": custom_call,
-             "plan": {"band_rows": list(plan.band_rows), "comm_sms": plan.comm_sms,
-                      "overlap": plan.overlap, "predicted_ms": plan.predicted_s * 1e3,
-                      "predicted_baseline_ms": plan.baseline_s * 1e3}}
-      rows.append(row)
-      path = "" if custom_call else (
-          " (XLA path: " + ("cost-model fallback" if not plan.overlap else "extension not in use")
-          + ")")
-      print(f"{collective:14s} {m}x{n}x{k}: dot {t['xla_dot']:.3f} coll {t['xla_collective']:.3f} "
-            f"dot+coll {t['xla_dot_collective']:.3f} ours {t['ours']:.3f} "
-            f"nccl_capped {t.get('nccl_capped_alone', float('nan')):.3f} ms  "
-            f"speedup {speedup:.3f}  E {eff:.2f}  err {err:.1e} (f32 {err32:.1e})  "
-            f"groups {plan.num_groups} sms {plan.comm_sms}{path}", flush=True)
+  for pb in _problems(args):
+    collective = pb.collective
+    m, n, k, world = pb.m, pb.n, pb.k, pb.world
+    dot_only = pb.smap(lambda x, w: x @ w, out_specs=P("tp", None))
+    # The collective alone, on a per-device [M, N] array (each device's partial product).
+    y = jax.device_put(jnp.zeros((world * m, n), pb.dtype) + 1,
+                       NamedSharding(pb.mesh, P("tp", None)))
+    coll_only = pb.smap(pb.coll, in_specs=(P("tp", None),))
+    baseline = pb.baseline()
+    ours_fn = pb.smap(pb.ours)
+    err = relative_error(ours_fn(*pb.args), baseline(*pb.args))
+    err32 = relative_error(ours_fn(*pb.args), pb.reference_f32())
+    custom_call = uses_custom_call(ours_fn, pb.args, pb.target)
+    # The plan the op lowers with: a tuned config entry for this GPU, else the cost model.
+    plan = fo.plan.choose_plan(collective, m, n, k // world, world, pb.dtype.itemsize,
+                               gpu=fo.comm.mesh_gpu_name(pb.mesh), dtype=pb.dtype.name)
+    variants = {"xla_dot": (dot_only, pb.args), "xla_collective": (coll_only, (y,)),
+                "xla_dot_collective": (baseline, pb.args), "ours": (ours_fn, pb.args)}
+    capped = nccl_capped_fn(pb, plan)
+    if capped is not None:
+      variants["nccl_capped_alone"] = (capped, (y,))
+    errors = {"ours": err32}
+    for name, fn in _other_variants(pb, args).items():
+      errors[name] = relative_error(fn(*pb.args), pb.reference_f32())
+      variants[name] = (fn, pb.args)
+    timing = time_variants(variants, calls=args.calls, samples=args.samples)
+    t = {v: r["median_ms"] for v, r in timing.items()}
+    if "xla_windowed" in args.variants:
+      windowed = bench_variants.xla_windowed(pb, args.calls, args.samples)
+      if windowed is not None:
+        t["xla_windowed"] = windowed
+    ideal = max(t["xla_dot"], t["xla_collective"])
+    speedup = t["xla_dot_collective"] / t["ours"]
+    denom = t["xla_dot_collective"] - ideal
+    eff = (t["xla_dot_collective"] - t["ours"]) / denom if denom > 0 else float("nan")
+    row = {"collective": collective, "m": m, "n": n, "k": k, "world": world,
+           "dtype": str(pb.dtype), "times_ms": t, "speedup": speedup,
+           "overlap_efficiency": eff, "rel_error": err, "rel_error_vs_f32": err32,
+           "variant_rel_error_vs_f32": errors,
+           "speedups": {v: t["xla_dot_collective"] / t[v] for v in t
+                        if v not in ("xla_dot", "xla_collective", "nccl_capped_alone")},
+           "uses_custom_call": custom_call,
+           "plan": {"band_rows": list(plan.band_rows), "comm_sms": plan.comm_sms,
+                    "overlap": plan.overlap, "predicted_ms": plan.predicted_s * 1e3,
+                    "predicted_baseline_ms": plan.baseline_s * 1e3}}
+    rows.append(row)
+    path = "" if custom_call else (
+        " (XLA path: " + ("cost-model fallback" if not plan.overlap else "extension not in use")
+        + ")")
+    print(f"{collective:14s} {m}x{n}x{k}: dot {t['xla_dot']:.3f} coll {t['xla_collective']:.3f} "
+          f"dot+coll {t['xla_dot_collective']:.3f} ours {t['ours']:.3f} "
+          f"nccl_capped {t.get('nccl_capped_alone', float('nan')):.3f} ms  "
+          f"speedup {speedup:.3f}  E {eff:.2f}  err {err:.1e} (f32 {err32:.1e})  "
+          f"groups {plan.num_groups} sms {plan.comm_sms}{path}", flush=True)
   return {"kind": "overlap", "rows": rows}
 
 
 def bench_sweep(args) -> dict:
   """Our op under forced plans (comm_sms x num_groups; 0 groups = cost model) vs XLA."""
-  import jax
-
   import jax_flashoverlap as fo
   rows = []
-  key = jax.random.key(int(time.time()))
-  for collective in args.collectives:
-    for shape in args.shapes:
-      key, sub = jax.random.split(key)
-      pb = _TpProblem(args, collective, shape, sub)
-      baseline = pb.baseline()
-      ref32 = pb.reference_f32()
-      variants = {"xla_dot_collective": (baseline, pb.args)}
-      errors = {}
-      for sms in args.comm_sms:
-        for groups in args.groups:
-          fn = pb.smap(pb.ours)
-          name = f"sms{sms}_g{groups}"
-          print(f"  [{collective} {pb.m}x{pb.n}x{pb.k}] compiling {name}", flush=True)
-          with fo.plan.forced(num_groups=groups or None, comm_sms=sms):
-            errors[name] = relative_error(fn(*pb.args), ref32)  # compiles here
-            if not uses_custom_call(fn, pb.args, pb.target):
-              raise RuntimeError(f"{name}: our custom call is not in the compiled program")
-          variants[name] = (fn, pb.args)
-      timing = time_variants(variants, calls=args.calls, samples=args.samples)
-      t = {v: r["median_ms"] for v, r in timing.items()}
-      best = min((v for v in t if v != "xla_dot_collective"), key=t.get)
-      row = {"collective": collective, "m": pb.m, "n": pb.n, "k": pb.k, "world": pb.world,
-             "times_ms": t, "rel_error_vs_f32": errors, "best": best,
-             "best_speedup": t["xla_dot_collective"] / t[best]}
-      rows.append(row)
-      print(f"{collective:14s} {pb.m}x{pb.n}x{pb.k}: xla {t['xla_dot_collective']:.3f} ms | " +
-            " ".join(f"{v}={t[v]:.3f}" for v in t if v != "xla_dot_collective") +
-            f" | best {best} x{row['best_speedup']:.3f} | max err vs f32 "
-            f"{max(errors.values()):.1e}", flush=True)
+  for pb in _problems(args):
+    collective = pb.collective
+    baseline = pb.baseline()
+    ref32 = pb.reference_f32()
+    variants = {"xla_dot_collective": (baseline, pb.args)}
+    errors = {}
+    for sms in args.comm_sms:
+      for groups in args.groups:
+        fn = pb.smap(pb.ours)
+        name = f"sms{sms}_g{groups}"
+        print(f"  [{collective} {pb.m}x{pb.n}x{pb.k}] compiling {name}", flush=True)
+        with fo.plan.forced(num_groups=groups or None, comm_sms=sms):
+          errors[name] = relative_error(fn(*pb.args), ref32)  # compiles here
+          if not uses_custom_call(fn, pb.args, pb.target):
+            raise RuntimeError(f"{name}: our custom call is not in the compiled program")
+        variants[name] = (fn, pb.args)
+    timing = time_variants(variants, calls=args.calls, samples=args.samples)
+    t = {v: r["median_ms"] for v, r in timing.items()}
+    best = min((v for v in t if v != "xla_dot_collective"), key=t.get)
+    row = {"collective": collective, "m": pb.m, "n": pb.n, "k": pb.k, "world": pb.world,
+           "times_ms": t, "rel_error_vs_f32": errors, "best": best,
+           "best_speedup": t["xla_dot_collective"] / t[best]}
+    rows.append(row)
+    print(f"{collective:14s} {pb.m}x{pb.n}x{pb.k}: xla {t['xla_dot_collective']:.3f} ms | " +
+          " ".join(f"{v}={t[v]:.3f}" for v in t if v != "xla_dot_collective") +
+          f" | best {best} x{row['best_speedup']:.3f} | max err vs f32 "
+          f"{max(errors.values()):.1e}", flush=True)
   return {"kind": "sweep", "rows": rows}
 
 

@@ -15,6 +15,8 @@ import threading
 
 import numpy as np
 
+from jax_flashoverlap import _compat
+
 
 def normalize_axes(axis_name) -> tuple:
   return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
@@ -23,7 +25,6 @@ def normalize_axes(axis_name) -> tuple:
 def comm_id_for(mesh, axis_name, comm_sms: int = 0) -> int:
   """Stable non-zero 63-bit id of the communicators of `axis_name` over `mesh` whose NCCL
   kernels are capped to `comm_sms` CTAs (a cap is fixed when a communicator is created)."""
-  from jax_flashoverlap import _compat
   axes = normalize_axes(axis_name)
   devices = _compat.mesh_devices(mesh)
   if devices is None:  # no devices known: names and sizes only (never run as is)
@@ -59,7 +60,6 @@ _atexit_registered = False
 
 def mesh_is_local_gpu(mesh) -> bool:
   """True when the mesh's devices are GPUs (this lowering is for this machine)."""
-  from jax_flashoverlap import _compat
   devices = _compat.mesh_devices(mesh)
   if devices is None:
     return False
@@ -71,7 +71,6 @@ def mesh_gpu_name(mesh) -> str | None:
   """device_kind of the mesh's GPUs (e.g. 'NVIDIA H200'): the key of tuned configs."""
   if not mesh_is_local_gpu(mesh):
     return None
-  from jax_flashoverlap import _compat
   return str(getattr(_compat.mesh_devices(mesh).flat[0], "device_kind", "")) or None
 
 

@@ -146,7 +146,7 @@ _compat.mlir.register_lowering(
 # batched: one call per batch element (lax.map).
 
 
-def _fold_x_rows(x, batch_axis_size, world):
+def _fold_x_rows(x, world):
   """x [B, M, K] -> [B*M, K] ordered [world, B, M/world] so a tiled scatter stays per batch."""
   b, m, k = x.shape
   if world == 1:
@@ -162,8 +162,8 @@ def _batch_rule(prim, world_of):
     world = world_of(params)
     if bx is not not_mapped and bw is not_mapped:
       x = jnp.moveaxis(x, bx, 0)
-      b, m = x.shape[0], x.shape[1]
-      out = prim.bind(_fold_x_rows(x, b, world), w, **params)
+      b = x.shape[0]
+      out = prim.bind(_fold_x_rows(x, world), w, **params)
       rows = out.shape[0] // b
       return out.reshape(b, rows, out.shape[1]), 0
     if bx is not_mapped and bw is not not_mapped:

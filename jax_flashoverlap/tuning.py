@@ -59,7 +59,7 @@ def _int(path, where, entry, field, low=None, high=None):
 
 def validate(data, path="<config>") -> dict:
   """Checks a parsed config; returns {key: entry} with key (gpu, world, collective, dtype, m, n, k)."""
-  from jax_flashoverlap.plan import MAX_GROUPS, NUM_SMS
+  from jax_flashoverlap.plan import NUM_SMS, GroupPlan
   if not isinstance(data, dict):
     _fail(path, "top level must be a JSON object")
   if data.get("schema") != SCHEMA:
@@ -81,7 +81,7 @@ def validate(data, path="<config>") -> dict:
     if e.get("dtype") not in _DTYPES:
       _fail(path, f"{where}: 'dtype' must be one of {_DTYPES}, got {e.get('dtype')!r}")
     m, n, k = (_int(path, where, e, f, 1) for f in ("m", "n", "k"))
-    _int(path, where, e, "comm_sms", 0, NUM_SMS - 1)
+    comm_sms = _int(path, where, e, "comm_sms", 0, NUM_SMS - 1)
     blocks = world if e["collective"] == "reduce_scatter" else 1
     if m % blocks:
       _fail(path, f"{where}: m={m} is not divisible by world_size {world}")
@@ -90,12 +90,10 @@ def validate(data, path="<config>") -> dict:
     if (not isinstance(bands, list) or len(bands) < 2 or
         any(not isinstance(b, int) or isinstance(b, bool) for b in bands)):
       _fail(path, f"{where}: 'band_rows' must be a list of at least 2 integers")
-    if bands[0] != 0 or bands[-1] != rows:
-      _fail(path, f"{where}: 'band_rows' must run from 0 to m/blocks={rows}, got {bands}")
-    if any(b1 <= b0 for b0, b1 in zip(bands, bands[1:])):
-      _fail(path, f"{where}: 'band_rows' must be strictly increasing, got {bands}")
-    if len(bands) - 1 > MAX_GROUPS:
-      _fail(path, f"{where}: {len(bands) - 1} groups; at most {MAX_GROUPS}")
+    try:  # the same checks as every plan the ops lower with
+      GroupPlan(e["collective"], rows, tuple(bands), comm_sms).validate()
+    except ValueError as err:
+      _fail(path, f"{where}: {err}")
     if not isinstance(e.get("overlap", True), bool):
       _fail(path, f"{where}: 'overlap' must be true or false")
     key = (gpu, world, e["collective"], e["dtype"], m, n, k)

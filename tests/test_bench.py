@@ -1,22 +1,34 @@
 """The benchmark CLI on CPU devices: every in-process variant computes XLA's values, the JSON
 records them, the plot is written, and 'ours' is flagged when it did not run our custom call
-(here: it never does, CPU has no CUDA path)."""
+(here: it never does, CPU has no CUDA path). Runs in CPU-only subprocesses, so it tests the
+same thing on GPU machines."""
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
-from jax_flashoverlap import bench
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run(tmp_path, *argv):
+def _run(tmp_path, *argv, ok=True):
     out = tmp_path / "r.json"
-    assert bench.main([*argv, "--samples", "2", "--calls", "1", "--out", str(out)]) == 0
-    return json.loads(out.read_text())
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    r = subprocess.run([sys.executable, "-m", "jax_flashoverlap.bench", *argv, "--samples", "2",
+                        "--calls", "1", "--out", str(out)], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=300)
+    if not ok:
+        return r
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads(out.read_text()), r.stdout
 
 
 def test_overlap_all_variants(tmp_path):
     plot = tmp_path / "p.png"
-    d = _run(tmp_path, "overlap", "--shapes", "64x64x256", "--world", "4", "--plot", str(plot))
+    d, _ = _run(tmp_path, "overlap", "--shapes", "64x64x256", "--world", "4", "--plot",
+                str(plot))
     assert {r["collective"] for r in d["rows"]} == {"all_reduce", "reduce_scatter"}
     for r in d["rows"]:
         for v in ("xla_dot", "xla_collective", "xla_dot_collective", "ours", "two_chunk",
@@ -30,13 +42,14 @@ def test_overlap_all_variants(tmp_path):
     assert d["plot"] == str(plot) and plot.stat().st_size > 1000
 
 
-def test_gemm_reports_reference_path(tmp_path, capsys):
-    d = _run(tmp_path, "gemm", "--shapes", "64x64x128", "--comm-sms", "0")
+def test_gemm_reports_reference_path(tmp_path):
+    d, stdout = _run(tmp_path, "gemm", "--shapes", "64x64x128", "--comm-sms", "0")
     assert d["rows"][0]["uses_custom_call"] == {"ours_sms0": False}
-    assert "not the signaling GEMM" in capsys.readouterr().out
+    assert "not the signaling GEMM" in stdout
 
 
 def test_sweep_refuses_variants_without_our_custom_call(tmp_path):
-    with pytest.raises(RuntimeError, match="custom call is not in the compiled program"):
-        _run(tmp_path, "sweep", "--shapes", "64x64x256", "--world", "2", "--comm-sms", "8",
-             "--groups", "2", "--collectives", "all_reduce")
+    r = _run(tmp_path, "sweep", "--shapes", "64x64x256", "--world", "2", "--comm-sms", "8",
+             "--groups", "2", "--collectives", "all_reduce", ok=False)
+    assert r.returncode != 0
+    assert "custom call is not in the compiled program" in r.stderr

@@ -258,6 +258,24 @@ template <class Cfg>
 struct Instance {
   static constexpr int kSmemBytes = int(sizeof(typename Cfg::SharedStorage));
 
+  // Launch shape of `clusters` clusters of Cfg::CM CTAs (the occupancy query and the launch
+  // must describe the same kernel). `attr` must outlive the returned config.
+  static cudaLaunchConfig_t LaunchConfig(int clusters, cudaStream_t stream,
+                                         cudaLaunchAttribute* attr) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(clusters * Cfg::CM, 1, 1);
+    cfg.blockDim = dim3(Cfg::kThreads, 1, 1);
+    cfg.dynamicSmemBytes = kSmemBytes;
+    cfg.stream = stream;
+    attr->id = cudaLaunchAttributeClusterDimension;
+    attr->val.clusterDim.x = Cfg::CM;
+    attr->val.clusterDim.y = 1;
+    attr->val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cfg;
+  }
+
   // Per-device one-time setup: opt in to the large smem size, ask the occupancy API how
   // many clusters of this kernel (with its real smem size) can be resident at once.
   static cudaError_t Prepare(int device, int* max_clusters) {
@@ -279,17 +297,8 @@ struct Instance {
     int sms = 0;
     e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (e != cudaSuccess) return e;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((sms / Cfg::CM) * Cfg::CM, 1, 1);
-    cfg.blockDim = dim3(Cfg::kThreads, 1, 1);
-    cfg.dynamicSmemBytes = kSmemBytes;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = Cfg::CM;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute attr;
+    cudaLaunchConfig_t cfg = LaunchConfig(sms / Cfg::CM, nullptr, &attr);
     int clusters = 0;
     e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
     if (e != cudaSuccess) return e;
@@ -318,18 +327,8 @@ struct Instance {
     params.num_clusters = num_clusters;
     params.sched = sched;
 
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(num_clusters * Cfg::CM, 1, 1);
-    cfg.blockDim = dim3(Cfg::kThreads, 1, 1);
-    cfg.dynamicSmemBytes = kSmemBytes;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = Cfg::CM;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute attr;
+    cudaLaunchConfig_t cfg = LaunchConfig(num_clusters, stream, &attr);
     return cudaLaunchKernelEx(&cfg, &SignalingGemmKernel<Cfg>, params);
   }
 };

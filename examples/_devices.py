@@ -1,0 +1,10 @@
+"""Shared start of the examples: with no GPU, simulate 8 CPU devices so the tensor-parallel
+programs have a mesh to run on. Must run before jax is imported (XLA reads the flag once)."""
+
+import os
+
+
+def simulate_cpu_devices_without_gpu(count: int = 8) -> None:
+  flags = os.environ.get("XLA_FLAGS", "")
+  if not os.path.exists("/dev/nvidia0") and "xla_force_host_platform_device_count" not in flags:
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
