@@ -4,7 +4,7 @@ Each block: RMSNorm -> attention (heads split over 'tp': column-parallel q/k/v, 
 output projection) -> RMSNorm -> SwiGLU MLP (column-parallel gate/up, row-parallel down), with
 residuals; no biases. The same model is built twice from the same parameters:
 
-  fo : ColumnParallelLinear / RowParallelLinear (jax_flashoverlap.matmul / matmul_all_reduce)
+  fo : ColumnParallelLinear / RowParallelLinear (XLA dot / jax_flashoverlap.matmul_all_reduce)
   xla: nnx.Linear on the local shards + lax.psum after each row-parallel projection
 
 and both are trained side by side (optax AdamW if installed, else SGD) on synthetic data,
@@ -18,6 +18,7 @@ kernels with Llama-3-8B-like layer sizes.
 """
 
 import argparse
+import json
 import time
 
 import _devices  # examples/_devices.py (this script's folder is on sys.path)
@@ -145,6 +146,8 @@ def main():
   ap.add_argument("--tp", type=int, default=0, help="devices on the 'tp' axis (default: all)")
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--rtol", type=float, default=2e-2, help="allowed relative loss difference")
+  ap.add_argument("--json", help="write step times, losses and the row-parallel ops' own "
+                  "times (ours vs XLA dot + psum at this model's shapes) to this file")
   args = ap.parse_args()
 
   devices = jax.devices()[:args.tp or None]
@@ -181,6 +184,7 @@ def main():
     runs[impl] = [make_step(graphdef, specs, mesh, tx, params, opt_state), params, opt_state]
 
   worst = 0.0
+  history = []
   for i in range(args.steps):
     loss, ms = {}, {}
     for impl, run in runs.items():
@@ -193,12 +197,58 @@ def main():
       loss[impl] = l
     rel = abs(loss["fo"] - loss["xla"]) / max(abs(loss["xla"]), 1e-12)
     worst = max(worst, rel)
+    history.append({"step": i, "loss": loss, "ms": ms})
     print(f"step {i:3d}  loss fo {loss['fo']:.6f}  xla {loss['xla']:.6f}  rel diff {rel:.1e}  "
           f"time fo {ms['fo']:9.2f} ms  xla {ms['xla']:9.2f} ms"
           + ("  (includes compile)" if i == 0 else ""))
   if not np.isfinite(worst) or worst > args.rtol:
     raise SystemExit(f"FAILED: losses differ by {worst:.2e} (relative) > {args.rtol}")
   print(f"OK: losses match (max relative difference {worst:.1e})")
+  if args.json:
+    write_report(args, mesh, history, worst)
+
+
+def row_parallel_op_times(args, mesh):
+  """Forward row-parallel projections of one block at this model's shapes (attention output:
+  x [T, dim/tp] @ w [dim/tp, dim]; MLP down: x [T, ffn/tp] @ w [ffn/tp, dim]; T = batch*seq):
+  median ms of ours vs XLA's dot + psum, timed like the benchmark."""
+  from jax_flashoverlap.bench import time_variants
+  from jax_flashoverlap.ops import matmul_all_reduce
+  tokens = args.batch * args.seq
+  out = {}
+  for name, k in (("attention_out", args.dim), ("mlp_down", args.ffn)):
+    kx, kw = jax.random.split(jax.random.key(k))
+    x = jax.device_put(jax.random.normal(kx, (tokens, k), DTYPE), NamedSharding(mesh, P(None, AXIS)))
+    w = jax.device_put((jax.random.normal(kw, (k, args.dim)) / np.sqrt(k)).astype(DTYPE),
+                       NamedSharding(mesh, P(AXIS, None)))
+    smap = lambda f: jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P(None, AXIS), P(AXIS, None)),
+                                           out_specs=P()))
+    t = time_variants({"xla": (smap(lambda a, b: lax.psum(a @ b, AXIS)), (x, w)),
+                       "fo": (smap(lambda a, b: matmul_all_reduce(a, b, AXIS)), (x, w))},
+                      calls=10, samples=10)
+    out[name] = {"shape_per_device": [tokens, k // mesh.size, args.dim],
+                 "xla_ms": t["xla"]["median_ms"], "fo_ms": t["fo"]["median_ms"]}
+  return out
+
+
+def write_report(args, mesh, history, worst):
+  """Step times (median over steps 1.., step 0 compiles) and what the overlap should save: the
+  forward row-parallel ops' time difference x layers (the backward is XLA's in both models)."""
+  steady = history[1:] or history
+  med = {impl: float(np.median([h["ms"][impl] for h in steady])) for impl in ("fo", "xla")}
+  ops = row_parallel_op_times(args, mesh)
+  expected = args.layers * sum(o["xla_ms"] - o["fo_ms"] for o in ops.values())
+  report = {"config": vars(args), "backend": jax.default_backend(), "tp": mesh.size,
+            "devices": [d.device_kind for d in mesh.devices.flat],
+            "median_step_ms": med, "step_ratio_xla_over_fo": med["xla"] / med["fo"],
+            "step_saving_ms": med["xla"] - med["fo"],
+            "row_parallel_ops": ops, "expected_saving_ms_from_ops": expected,
+            "max_rel_loss_diff": worst, "steps": history}
+  with open(args.json, "w") as f:
+    json.dump(report, f, indent=1, default=str)
+  print(f"median step: fo {med['fo']:.2f} ms, xla {med['xla']:.2f} ms (xla/fo "
+        f"{report['step_ratio_xla_over_fo']:.3f}); saving {report['step_saving_ms']:.2f} ms, "
+        f"expected from the row-parallel ops {expected:.2f} ms")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,14 @@ result is checked against XLA's before it is timed.
 
   gemm     jax_flashoverlap.matmul (signals on) vs XLA's dot on one GPU, per comm_sms
   overlap  matmul_all_reduce / matmul_reduce_scatter vs XLA's dot, collective, dot+collective
-           on a 1-D mesh over all local GPUs; speedup and overlap efficiency
+           on a 1-D mesh over all GPUs; speedup and overlap efficiency
+  sweep    our op under forced plans (comm_sms x groups)
+
+`overlap` and `sweep` also run as several processes (one GPU each):
+  python -m jax_flashoverlap.launch -n 2 --gpus-per-process 1 -m jax_flashoverlap.bench overlap
+Every process times its own calls (the collectives keep them in step); process 0 prints and
+writes the JSON. Inputs are made by jitted generators with global shardings, so one process x
+2 GPUs and 2 processes x 1 GPU time the same values.
 """
 
 from __future__ import annotations
@@ -77,6 +84,17 @@ def _random_inputs(key, m, n, k, dtype):
   return x, w
 
 
+def is_main_process() -> bool:
+  import jax
+  return jax.process_index() == 0
+
+
+def say(*args) -> None:
+  """print, on process 0 only (every process runs the same benchmark)."""
+  if is_main_process():
+    print(*args, flush=True)
+
+
 def bench_gemm(args) -> dict:
   import jax
   import jax.numpy as jnp
@@ -143,9 +161,11 @@ class _TpProblem:
     self.dtype = jnp.dtype(args.dtype)
     self.collective = collective
     self.m, self.n, self.k = shape
-    x, w = _random_inputs(key, self.m, self.n, self.k, self.dtype)
-    self.x = jax.device_put(x, NamedSharding(self.mesh, P(None, "tp")))
-    self.w = jax.device_put(w, NamedSharding(self.mesh, P("tp", None)))
+    # Generated in place with global shardings (works across processes too).
+    gen = jax.jit(lambda key: _random_inputs(key, self.m, self.n, self.k, self.dtype),
+                  out_shardings=(NamedSharding(self.mesh, P(None, "tp")),
+                                 NamedSharding(self.mesh, P("tp", None))))
+    self.x, self.w = gen(key)
     rs = collective == "reduce_scatter"
     self.out_spec = P("tp", None) if rs else P(None, None)
     self.in_specs = (P(None, "tp"), P("tp", None))
@@ -242,8 +262,8 @@ def bench_overlap(args) -> dict:
     m, n, k, world = pb.m, pb.n, pb.k, pb.world
     dot_only = pb.smap(lambda x, w: x @ w, out_specs=P("tp", None))
     # The collective alone, on a per-device [M, N] array (each device's partial product).
-    y = jax.device_put(jnp.zeros((world * m, n), pb.dtype) + 1,
-                       NamedSharding(pb.mesh, P("tp", None)))
+    y = jax.jit(lambda: jnp.ones((world * m, n), pb.dtype),
+                out_shardings=NamedSharding(pb.mesh, P("tp", None)))()
     coll_only = pb.smap(pb.coll, in_specs=(P("tp", None),))
     baseline = pb.baseline()
     ours_fn = pb.smap(pb.ours)
@@ -264,7 +284,7 @@ def bench_overlap(args) -> dict:
       variants[name] = (fn, pb.args)
     timing = time_variants(variants, calls=args.calls, samples=args.samples)
     t = {v: r["median_ms"] for v, r in timing.items()}
-    if "xla_windowed" in args.variants:
+    if "xla_windowed" in args.variants and jax.process_count() == 1:
       windowed = bench_variants.xla_windowed(pb, args.calls, args.samples)
       if windowed is not None:
         t["xla_windowed"] = windowed
@@ -273,7 +293,7 @@ def bench_overlap(args) -> dict:
     denom = t["xla_dot_collective"] - ideal
     eff = (t["xla_dot_collective"] - t["ours"]) / denom if denom > 0 else float("nan")
     row = {"collective": collective, "m": m, "n": n, "k": k, "world": world,
-           "dtype": str(pb.dtype), "times_ms": t, "speedup": speedup,
+           "processes": jax.process_count(), "dtype": str(pb.dtype), "times_ms": t, "speedup": speedup,
            "overlap_efficiency": eff, "rel_error": err, "rel_error_vs_f32": err32,
            "variant_rel_error_vs_f32": errors,
            "speedups": {v: t["xla_dot_collective"] / t[v] for v in t
@@ -286,11 +306,11 @@ def bench_overlap(args) -> dict:
     path = "" if custom_call else (
         " (XLA path: " + ("cost-model fallback" if not plan.overlap else "extension not in use")
         + ")")
-    print(f"{collective:14s} {m}x{n}x{k}: dot {t['xla_dot']:.3f} coll {t['xla_collective']:.3f} "
+    say(f"{collective:14s} {m}x{n}x{k}: dot {t['xla_dot']:.3f} coll {t['xla_collective']:.3f} "
           f"dot+coll {t['xla_dot_collective']:.3f} ours {t['ours']:.3f} "
           f"nccl_capped {t.get('nccl_capped_alone', float('nan')):.3f} ms  "
           f"speedup {speedup:.3f}  E {eff:.2f}  err {err:.1e} (f32 {err32:.1e})  "
-          f"groups {plan.num_groups} sms {plan.comm_sms}{path}", flush=True)
+          f"groups {plan.num_groups} sms {plan.comm_sms}{path}")
   return {"kind": "overlap", "rows": rows}
 
 
@@ -308,7 +328,7 @@ def bench_sweep(args) -> dict:
       for groups in args.groups:
         fn = pb.smap(pb.ours)
         name = f"sms{sms}_g{groups}"
-        print(f"  [{collective} {pb.m}x{pb.n}x{pb.k}] compiling {name}", flush=True)
+        say(f"  [{collective} {pb.m}x{pb.n}x{pb.k}] compiling {name}")
         with fo.plan.forced(num_groups=groups or None, comm_sms=sms):
           errors[name] = relative_error(fn(*pb.args), ref32)  # compiles here
           if not uses_custom_call(fn, pb.args, pb.target):
@@ -321,10 +341,10 @@ def bench_sweep(args) -> dict:
            "times_ms": t, "rel_error_vs_f32": errors, "best": best,
            "best_speedup": t["xla_dot_collective"] / t[best]}
     rows.append(row)
-    print(f"{collective:14s} {pb.m}x{pb.n}x{pb.k}: xla {t['xla_dot_collective']:.3f} ms | " +
+    say(f"{collective:14s} {pb.m}x{pb.n}x{pb.k}: xla {t['xla_dot_collective']:.3f} ms | " +
           " ".join(f"{v}={t[v]:.3f}" for v in t if v != "xla_dot_collective") +
           f" | best {best} x{row['best_speedup']:.3f} | max err vs f32 "
-          f"{max(errors.values()):.1e}", flush=True)
+          f"{max(errors.values()):.1e}")
   return {"kind": "sweep", "rows": rows}
 
 
@@ -372,6 +392,10 @@ def main(argv=None) -> int:
                      choices=("all_reduce", "reduce_scatter"))
   args = parser.parse_args(argv)
   import jax_flashoverlap as fo
+  fo.distributed.initialize()  # no-op unless started by jax_flashoverlap.launch
+  import jax
+  if args.kind == "gemm" and jax.process_count() > 1:
+    parser.error("gemm runs on one GPU in one process; launch it without jax_flashoverlap.launch")
   result = {"gemm": bench_gemm, "overlap": bench_overlap, "sweep": bench_sweep}[args.kind](args)
   result.update({
       "command": "python -m jax_flashoverlap.bench " + " ".join(argv or sys.argv[1:]),
@@ -382,6 +406,8 @@ def main(argv=None) -> int:
       "method": f"median of {args.samples} samples, each the mean of {args.calls} "
                 "back-to-back calls, variants interleaved, after 3 warm-up calls",
   })
+  if not is_main_process():
+    return 0
   if getattr(args, "plot", None):
     result["plot"] = bench_variants.plot(result, args.plot)
   if args.out:

@@ -13,7 +13,8 @@ Sizes are always GLOBAL (the unsharded layer's `in_features` / `out_features`, l
 * Inside `jax.shard_map` over `axis_name` (per-device view): arrays are the local shards. The
   row layer takes x [..., in/n] and a kernel shard [in/n, out] and calls `matmul_all_reduce`
   (or `matmul_reduce_scatter`); the column layer takes x [..., in] and a kernel shard
-  [in, out/n] and calls `jax_flashoverlap.matmul`. Params made there (linen `init`, or an NNX
+  [in, out/n] and is XLA's `x @ kernel` (no collective follows it, so there is nothing to
+  overlap and XLA's GEMM is the fastest choice). Params made there (linen `init`, or an NNX
   layer constructed there) get the local shapes; params made outside carry the global shapes
   and their partition specs, so pass them in with `in_specs=nnx.get_partition_spec(state)`
   (NNX) or `nn.get_partition_spec(variables)` (linen).
@@ -139,12 +140,8 @@ def _forward(cfg: _Config, x, kernel, bias, in_features: int):
   squeeze = x.ndim == 1
   x = (x[None] if squeeze else x).astype(cfg.dtype)
   w = kernel.astype(cfg.dtype)
-  if cfg.row:
-    y = _row(cfg, x, w)
-  elif n:
-    y = ops.matmul(x, w)
-  else:
-    y = jnp.matmul(x, w)
+  # Column layer: XLA's own dot in both views (no collective to overlap with).
+  y = _row(cfg, x, w) if cfg.row else jnp.matmul(x, w)
   if bias is not None:
     y = y + bias.astype(cfg.dtype)
   return y[0] if squeeze else y
@@ -218,7 +215,7 @@ class RowParallelLinear(_NNXParallel):
 class ColumnParallelLinear(_NNXParallel):
   """Column-parallel `nnx.Linear`: kernel [in_features, out_features] and bias sharded on the
   output dim over `axis_name`; per device y_local [..., out/n] = x @ kernel_local + bias_local
-  (through `jax_flashoverlap.matmul`), no communication. `reduce` is not used."""
+  (XLA's dot), no communication. `reduce` is not used."""
   _row = False
 
 

@@ -89,22 +89,39 @@ def launch(n: int, command: list, timeout: float, gpus_per_process: int = 0) -> 
   return code
 
 
+_VALUE_OPTIONS = ("-n", "--num-processes", "--timeout", "--gpus-per-process")
+
+
+def split_command(argv: list) -> tuple[list, list]:
+  """(launcher options, command): the command starts at `-m` or at the first token that is
+  neither an option nor an option's value, so the program's own options pass through."""
+  i = 0
+  while i < len(argv):
+    tok = argv[i]
+    if tok == "-m" or not tok.startswith("-"):
+      return argv[:i], argv[i:]
+    i += 2 if tok in _VALUE_OPTIONS else 1
+  return argv, []
+
+
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m jax_flashoverlap.launch",
-                                   description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(
+      prog="python -m jax_flashoverlap.launch",
+      usage="python -m jax_flashoverlap.launch -n N [options] (script.py | -m module) [args...]",
+      description=__doc__.splitlines()[0])
   parser.add_argument("-n", "--num-processes", type=int, required=True)
   parser.add_argument("--timeout", type=float, default=600.0, help="seconds (default 600)")
   parser.add_argument("--gpus-per-process", type=int, default=0)
-  parser.add_argument("script", help="a Python script, or -m module")
-  parser.add_argument("args", nargs=argparse.REMAINDER)
-  args = parser.parse_args(argv)
+  options, command = split_command(list(sys.argv[1:] if argv is None else argv))
+  args = parser.parse_args(options)
   if args.num_processes < 1:
-    parser.error("-n must be >= 1")
-  if args.script == "-m":
-    command = [sys.executable, "-m", *args.args]
-  else:
-    command = [sys.executable, args.script, *args.args]
-  return launch(args.num_processes, command, args.timeout, args.gpus_per_process)
+    parser.error(f"-n must be >= 1, got {args.num_processes}")
+  if args.gpus_per_process < 0:
+    parser.error(f"--gpus-per-process must be >= 0, got {args.gpus_per_process}")
+  if not command or command == ["-m"]:
+    parser.error("missing the program: a script path or -m module")
+  return launch(args.num_processes, [sys.executable, *command], args.timeout,
+                args.gpus_per_process)
 
 
 if __name__ == "__main__":

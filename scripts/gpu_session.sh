@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (device tool): set up, build, test, benchmark; logs to $OUT.
-#   bash scripts/gpu_session.sh [STEP ...]   steps: build info tests gemm_bench overlap_bench
-#                                            quickstart cuda_tests (default: build info tests)
+#   bash scripts/gpu_session.sh [STEP ...]   steps: build info tests gpu_tests gemm_bench
+#     overlap_bench overlap_all sweep procs stress flax_example quickstart cuda_tests
+#     (default: build info tests)
 # Carry: .whl (nvidia-cutlass wheel; the machine has no index) and build/obj (object cache).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +33,12 @@ for step in "${steps[@]}"; do
     gemm_bench) run_step gemm_bench python3 -m jax_flashoverlap.bench gemm --out "$OUT/gemm_h200.json" ;;
     overlap_bench) run_step overlap_bench python3 -m jax_flashoverlap.bench overlap --out "$OUT/overlap_h200x2.json" ;;
     sweep) run_step sweep python3 -m jax_flashoverlap.bench sweep --samples 10 ${SWEEP_ARGS:-} --out "$OUT/sweep_h200x2.json" ;;
+    overlap_all) run_step overlap_all python3 -m jax_flashoverlap.bench overlap ${OVERLAP_ARGS:-} --plot "$OUT/h200x2.png" --out "$OUT/h200x2.json" ;;
+    procs)  # the same benchmark as 1 process x 2 GPUs and as 2 processes x 1 GPU
+      run_step procs1 python3 -m jax_flashoverlap.bench overlap --variants ${PROCS_ARGS:-} --out "$OUT/procs1_h200x2.json"
+      run_step procs2 python3 -m jax_flashoverlap.launch -n 2 --gpus-per-process 1 --timeout 500 -m jax_flashoverlap.bench overlap --variants ${PROCS_ARGS:-} --out "$OUT/procs2_h200x2.json" ;;
+    stress) run_step stress python3 benchmarks/stress.py --out "$OUT/stress_h200x2.json" ;;
+    flax_example) run_step flax_example python3 examples/tp_transformer_block.py --steps 20 --json "$OUT/tp_block_h200x2.json" ;;
     quickstart) run_step quickstart python3 examples/quickstart.py ;;
     cuda_tests) run_step cuda_tests bash tests/cuda/run_gpu.sh ;;
     *) echo "unknown step $step"; exit 2 ;;

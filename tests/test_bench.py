@@ -53,3 +53,21 @@ def test_sweep_refuses_variants_without_our_custom_call(tmp_path):
              "--groups", "2", "--collectives", "all_reduce", ok=False)
     assert r.returncode != 0
     assert "custom call is not in the compiled program" in r.stderr
+
+
+def test_overlap_in_two_processes_matches_one(tmp_path):
+    """`launch -n 2 -m jax_flashoverlap.bench overlap`: the launcher passes the program's own
+    options through, process 0 writes the JSON, and the values (rel. error to XLA) are those
+    of the one-process run."""
+    out = tmp_path / "mp.json"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo",
+               XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    r = subprocess.run([sys.executable, "-m", "jax_flashoverlap.launch", "-n", "2", "--timeout",
+                        "240", "-m", "jax_flashoverlap.bench", "overlap", "--shapes", "128x64x256",
+                        "--variants", "--samples", "2", "--calls", "1", "--out", str(out)],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    d = json.loads(out.read_text())
+    assert [row["processes"] for row in d["rows"]] == [2, 2]
+    assert all(row["world"] == 2 and row["rel_error"] == 0.0 for row in d["rows"]), d["rows"]
+    assert r.stdout.count("128x64x256") == 2  # printed by process 0 only

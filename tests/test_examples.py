@@ -1,5 +1,6 @@
 """Each example runs as a subprocess with tiny sizes (CPU, 8 simulated devices) and exits 0;
 the transformer's two training runs (our layers / nnx.Linear + psum) print matching losses."""
+import json
 import os
 import re
 import subprocess
@@ -11,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_example(name, *args, timeout=240):
+def run_example(name, *args, timeout=240, folder="examples"):
   env = dict(os.environ)
   env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
   flags = env.get("XLA_FLAGS", "")
@@ -20,7 +21,7 @@ def run_example(name, *args, timeout=240):
   # Tiny programs: XLA:CPU's optimisation passes would be most of the run time.
   env["XLA_FLAGS"] = (flags + " --xla_backend_optimization_level=0").strip()
   env.setdefault("JAX_PLATFORMS", "cpu")
-  proc = subprocess.run([sys.executable, str(ROOT / "examples" / name), *args], cwd=ROOT,
+  proc = subprocess.run([sys.executable, str(ROOT / folder / name), *args], cwd=ROOT,
                         env=env, capture_output=True, text=True, timeout=timeout)
   assert proc.returncode == 0, f"{name} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
   return proc.stdout
@@ -32,11 +33,13 @@ def test_quickstart():
   assert err < 1e-2
 
 
-def test_tp_transformer_block():
+def test_tp_transformer_block(tmp_path):
   pytest.importorskip("flax")
   steps = 3
+  report = tmp_path / "tp.json"
   out = run_example("tp_transformer_block.py", "--steps", str(steps), "--layers", "1",
-                    "--batch", "2", "--seq", "16", "--dim", "64", "--heads", "8", "--ffn", "128")
+                    "--batch", "2", "--seq", "16", "--dim", "64", "--heads", "8", "--ffn", "128",
+                    "--json", str(report))
   losses = re.findall(r"loss fo (\S+)\s+xla (\S+)", out)
   assert len(losses) == steps, out
   for fo_loss, xla_loss in losses:
@@ -45,6 +48,21 @@ def test_tp_transformer_block():
   assert float(losses[-1][0]) < float(losses[0][0]), f"loss did not go down:\n{out}"
   assert re.search(r"time fo\s+\S+ ms\s+xla\s+\S+ ms", out)
   assert "OK: losses match" in out
+  d = json.loads(report.read_text())
+  assert len(d["steps"]) == steps and d["tp"] == 8
+  assert set(d["row_parallel_ops"]) == {"attention_out", "mlp_down"}
+  assert all(o["xla_ms"] > 0 and o["fo_ms"] > 0 for o in d["row_parallel_ops"].values())
+  assert d["median_step_ms"]["fo"] > 0 and d["median_step_ms"]["xla"] > 0
+
+
+def test_stress_script_checks_every_call(tmp_path):
+  report = tmp_path / "stress.json"
+  out = run_example("stress.py", "--calls", "6", "--scan-steps", "2", "--layers", "2",
+                    "--out", str(report), folder="benchmarks")
+  d = json.loads(report.read_text())
+  assert [d["ops"][op]["calls"] for op in ("all_reduce", "reduce_scatter")] == [6, 6]
+  assert d["scan_model"]["steps"] == 2 and d["total_mismatches"] == 0
+  assert "OK: no mismatch" in out
 
 
 @pytest.mark.parametrize("reduce,spec", [("all_reduce", "P('dp', None)"),
