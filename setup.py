@@ -129,9 +129,9 @@ def _sources() -> list:
   return sorted(p for p in SRC.rglob("*") if p.suffix in (".cu", ".cc"))
 
 
-def _headers_digest() -> str:
+def _headers_digest(folder: Path) -> str:
   h = hashlib.sha256()
-  for p in sorted(SRC.rglob("*")):
+  for p in sorted(folder.rglob("*")):
     if p.suffix in (".h", ".cuh", ".hpp", ".inl"):
       h.update(str(p.relative_to(ROOT)).encode())
       h.update(p.read_bytes())
@@ -169,7 +169,8 @@ class CudaBuildExt(build_ext):
     cxx = os.environ.get("CXX", "g++")
     obj_dir = ROOT / "build" / "obj"
     obj_dir.mkdir(parents=True, exist_ok=True)
-    headers = _headers_digest()
+    # Kernels include only kernels/ headers: other headers changing does not rebuild them.
+    headers_all, headers_kernels = _headers_digest(SRC), _headers_digest(SRC / "kernels")
 
     def command(src: Path, obj: Path) -> list:
       if src.suffix == ".cu":
@@ -187,6 +188,7 @@ class CudaBuildExt(build_ext):
         deps += sys.version
       if "kernels" not in src.parts:  # kernels/ does not include NCCL
         deps += versions["nccl"]
+      headers = headers_kernels if "kernels" in src.parts else headers_all
       key = hashlib.sha256(src.read_bytes() + headers.encode() + " ".join(flags).encode() +
                            deps.encode()).hexdigest()[:20]
       obj = obj_dir / f"{src.stem}.{key}.o"

@@ -10,7 +10,9 @@ one without talking to the others.
 from __future__ import annotations
 
 import atexit
+import os
 import hashlib
+import sys
 import threading
 
 import numpy as np
@@ -74,6 +76,25 @@ def mesh_gpu_name(mesh) -> str | None:
   return str(getattr(_compat.mesh_devices(mesh).flat[0], "device_kind", "")) or None
 
 
+WATCHDOG_ENV = "JAX_FLASHOVERLAP_WATCHDOG_S"
+
+
+def watchdog_seconds() -> float:
+  """JAX_FLASHOVERLAP_WATCHDOG_S: seconds after which a hung overlapped call is aborted with
+  an error (xla_ffi/comm/watchdog.h); unset or 0: off. Read when communicators are made."""
+  raw = os.environ.get(WATCHDOG_ENV, "").strip()
+  if raw in ("", "0", "off"):
+    return 0.0
+  try:
+    value = float(raw)
+  except ValueError:
+    value = float("nan")
+  if not value > 0 or value == float("inf"):
+    raise ValueError(f"{WATCHDOG_ENV} must be a number of seconds > 0 (or 0 / unset: off), "
+                     f"got {raw!r}")
+  return value
+
+
 def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int) -> int:
   """Creates (once) this process's NCCL communicators for `axis_name` over `mesh`, each with
   a registered workspace of at least `workspace_bytes`; returns their comm_id.
@@ -89,14 +110,21 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
   if ext is None:
     raise RuntimeError("jax_flashoverlap: the CUDA extension is not built")
   cid = comm_id_for(mesh, axis_name, comm_sms)
+  watchdog = watchdog_seconds()
   with _lock:
     if ext.has_communicators(cid):
       ext.ensure_workspace(cid, int(workspace_bytes))
       return cid
     me = jax.process_index()
-    spans_processes = False
+    groups = axis_groups(mesh, axis_name)
+    spans_processes = any(len({d.process_index for d in g}) > 1 for g in groups)
+    if spans_processes:
+      # Every process must reach NCCL's init (which blocks until all ranks join): one that
+      # never comes is a timeout error here (JAX_FLASHOVERLAP_KV_TIMEOUT_S), not a hang.
+      from jax_flashoverlap import distributed
+      distributed.barrier(f"preinit/{cid}")
     # Groups in one fixed order on every process: NCCL init blocks until a group's ranks join.
-    for index, group in enumerate(axis_groups(mesh, axis_name)):
+    for index, group in enumerate(groups):
       local = [(rank, int(d.local_hardware_id)) for rank, d in enumerate(group)
                if d.process_index == me]
       if not local:
@@ -105,12 +133,11 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
         unique_id = ext.nccl_unique_id()
       else:  # rank 0's process makes the id; it reaches the others through JAX's KV store
         from jax_flashoverlap import distributed
-        spans_processes = True
         unique_id = bytes.fromhex(distributed.share(
             f"uid/{cid}/{index}", owner=group[0].process_index == me,
             make=lambda: ext.nccl_unique_id().hex()))
       ext.create_communicators(cid, unique_id, len(group), local, int(comm_sms),
-                               int(workspace_bytes))
+                               int(workspace_bytes), watchdog)
     if spans_processes:
       from jax_flashoverlap import distributed
       distributed.barrier(f"init/{cid}")
@@ -125,8 +152,16 @@ def destroy_communicators() -> None:
     _ext.ext.destroy_communicators(0)
 
 
+def _destroy_at_exit() -> None:
+  try:
+    destroy_communicators()
+  except RuntimeError as err:  # e.g. after the watchdog aborted one: say so, exit anyway
+    print(f"jax_flashoverlap: communicators not cleanly destroyed at exit: {err}",
+          file=sys.stderr)
+
+
 def _register_atexit() -> None:
   global _atexit_registered
   if not _atexit_registered:
-    atexit.register(destroy_communicators)
+    atexit.register(_destroy_at_exit)
     _atexit_registered = True

@@ -65,7 +65,7 @@ py::bytes NcclUniqueId() {
 
 void CreateCommunicators(int64_t comm_id, const py::bytes& unique_id, int world_size,
                          const std::vector<std::pair<int, int>>& local_rank_device,
-                         int comm_sms, size_t workspace_bytes) {
+                         int comm_sms, size_t workspace_bytes, double watchdog_seconds) {
   std::string raw = unique_id;
   if (raw.size() != sizeof(ncclUniqueId::internal)) {
     throw std::invalid_argument("unique_id must be " +
@@ -79,7 +79,7 @@ void CreateCommunicators(int64_t comm_id, const py::bytes& unique_id, int world_
   {
     py::gil_scoped_release release;  // NCCL init blocks until every rank has joined
     status = flashoverlap::CreateCommunicators(comm_id, id, world_size, local, comm_sms,
-                                               workspace_bytes);
+                                               workspace_bytes, watchdog_seconds);
   }
   ThrowIfError(status);
 }
@@ -113,6 +113,8 @@ py::list ListCommunicators() {
     d["comm_sms"] = c.comm_sms;
     d["workspace_bytes"] = c.workspace_bytes;
     d["wait_method"] = c.wait_method;
+    d["watchdog_seconds"] = c.watchdog_seconds;
+    d["aborted"] = c.aborted;
     out.append(d);
   }
   return out;
@@ -128,8 +130,9 @@ PYBIND11_MODULE(_xla_ffi, m) {
   m.def("nccl_unique_id", &NcclUniqueId, "A new ncclUniqueId, as bytes");
   m.def("create_communicators", &CreateCommunicators, py::arg("comm_id"), py::arg("unique_id"),
         py::arg("world_size"), py::arg("local_rank_device"), py::arg("comm_sms"),
-        py::arg("workspace_bytes"),
-        "Creates this process's communicators of one group (all local ranks at once)");
+        py::arg("workspace_bytes"), py::arg("watchdog_seconds") = 0.0,
+        "Creates this process's communicators of one group (all local ranks at once); "
+        "watchdog_seconds > 0 watches their calls (xla_ffi/comm/watchdog.h)");
   m.def("ensure_workspace", &EnsureWorkspace, py::arg("comm_id"), py::arg("bytes"),
         "Grows the registered workspaces of comm_id to at least `bytes`");
   m.def("destroy_communicators", &DestroyCommunicators, py::arg("comm_id") = 0,

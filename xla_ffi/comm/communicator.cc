@@ -5,6 +5,8 @@
 #include <memory>
 #include <utility>
 
+#include "xla_ffi/comm/watchdog.h"
+
 namespace flashoverlap {
 namespace {
 
@@ -49,9 +51,13 @@ Status ReleaseWorkspaces(const std::vector<Communicator*>& comms) {
     FO_RETURN_IF_CUDA(cudaSetDevice(c->device));
     FO_RETURN_IF_CUDA(cudaDeviceSynchronize());  // nothing may still use the old buffer
   }
+  if (std::any_of(comms.begin(), comms.end(), [](Communicator* c) { return c->aborted.load(); })) {
+    return Status::Error("a communicator of this group was aborted by the watchdog; "
+                         "restart the process");
+  }
   FO_RETURN_IF_NCCL(ncclGroupStart());
   for (Communicator* c : comms) {
-    if (c->window != nullptr) {
+    if (c->window != nullptr && c->comm != nullptr) {  // an aborted comm took its window along
       ncclResult_t res = ncclCommWindowDeregister(c->comm, c->window);
       if (res != ncclSuccess) {
         ncclGroupEnd();
@@ -111,6 +117,7 @@ Status CreateStreamAndEvents(Communicator& c) {
 
 Status DestroyOne(Communicator& c) {
   FO_RETURN_IF_CUDA(cudaSetDevice(c.device));
+  FO_RETURN_IF_NOT_OK(FreeWatchdog(c));
   if (c.stream) FO_RETURN_IF_CUDA(cudaStreamDestroy(c.stream));
   if (c.gemm_started) FO_RETURN_IF_CUDA(cudaEventDestroy(c.gemm_started));
   if (c.comm_done) FO_RETURN_IF_CUDA(cudaEventDestroy(c.comm_done));
@@ -126,7 +133,7 @@ Status DestroyOne(Communicator& c) {
   c.stream = nullptr;
   c.gemm_started = c.comm_done = nullptr;
   c.counters = nullptr;
-  if (c.comm) FO_RETURN_IF_NCCL(ncclCommDestroy(c.comm));
+  if (c.comm && !c.aborted) FO_RETURN_IF_NCCL(ncclCommDestroy(c.comm));
   c.comm = nullptr;
   return Status::Ok();
 }
@@ -135,9 +142,10 @@ Status DestroyOne(Communicator& c) {
 
 Status CreateCommunicators(int64_t comm_id, const ncclUniqueId& id, int world_size,
                            const std::vector<LocalRank>& local, int comm_sms,
-                           size_t workspace_bytes) {
+                           size_t workspace_bytes, double watchdog_seconds) {
   std::lock_guard<std::mutex> lock(RegistryMutex());
   if (comm_id == 0) return Status::Error("comm_id must be non-zero");
+  if (!(watchdog_seconds >= 0)) return Status::Error("watchdog_seconds must be >= 0");
   if (local.empty()) return Status::Error("no local ranks given");
   for (const LocalRank& lr : local) {
     if (lr.rank < 0 || lr.rank >= world_size) {
@@ -181,7 +189,10 @@ Status CreateCommunicators(int64_t comm_id, const ncclUniqueId& id, int world_si
   for (auto& c : made) {
     FO_RETURN_IF_CUDA(cudaSetDevice(c->device));
     FO_RETURN_IF_NOT_OK(CreateStreamAndEvents(*c));
-    c->wait_method = ChosenWaitMethod(c->device);
+    c->watchdog_seconds = watchdog_seconds;
+    FO_RETURN_IF_NOT_OK(InitWatchdog(*c));
+    // The watchdog's abort flag is read by the spin kernel (a stream wait cannot be aborted).
+    c->wait_method = watchdog_seconds > 0 ? WaitMethod::kSpinKernel : ChosenWaitMethod(c->device);
     members.push_back(c.get());
   }
   if (workspace_bytes > 0) {
@@ -240,7 +251,8 @@ std::vector<CommunicatorSummary> ListCommunicators() {
   for (auto& [key, c] : Registry()) {
     out.push_back({c->comm_id, c->device, c->rank, c->world_size, c->comm_sms,
                    c->workspace_bytes,
-                   c->wait_method == WaitMethod::kStreamOp ? "stream_op" : "spin"});
+                   c->wait_method == WaitMethod::kStreamOp ? "stream_op" : "spin",
+                   c->watchdog_seconds, c->aborted.load()});
   }
   return out;
 }

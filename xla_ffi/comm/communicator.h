@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -44,6 +45,10 @@ struct Communicator {
   ncclWindow_t window = nullptr;
   WaitMethod wait_method = WaitMethod::kStreamOp;
   std::mutex call_mutex;                // one overlapped call at a time per communicator
+  // Watchdog (watchdog.h): off when watchdog_seconds == 0.
+  double watchdog_seconds = 0;
+  volatile int* abort_flag = nullptr;   // host-mapped; set by the watchdog, read by kernels
+  std::atomic<bool> aborted{false};     // ncclCommAbort'ed: `comm` is gone
 };
 
 // One local member of a group: its rank in the group and its CUDA device ordinal.
@@ -55,9 +60,10 @@ struct LocalRank {
 // Creates the communicators of one group for all its local ranks (ncclGroupStart/End around
 // ncclCommInitRankConfig per device), with maxCTAs = minCTAs-cap comm_sms, and a registered
 // workspace of `workspace_bytes` each. Fails if (comm_id, device) already exists.
+// watchdog_seconds > 0 turns the watchdog on for these communicators (watchdog.h).
 Status CreateCommunicators(int64_t comm_id, const ncclUniqueId& id, int world_size,
                            const std::vector<LocalRank>& local, int comm_sms,
-                           size_t workspace_bytes);
+                           size_t workspace_bytes, double watchdog_seconds = 0);
 
 // Grows the workspaces of every local communicator of comm_id to at least `bytes`
 // (collective over the group: call it for all local devices of a group at once).
@@ -76,6 +82,8 @@ struct CommunicatorSummary {
   int device, rank, world_size, comm_sms;
   size_t workspace_bytes;
   std::string wait_method;
+  double watchdog_seconds;
+  bool aborted;
 };
 std::vector<CommunicatorSummary> ListCommunicators();
 

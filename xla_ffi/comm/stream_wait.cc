@@ -47,7 +47,7 @@ WaitMethod ChosenWaitMethod(int device) {
 }
 
 Status EnqueueWaitGeq(cudaStream_t stream, const int32_t* counter, int32_t value,
-                      WaitMethod method) {
+                      WaitMethod method, const volatile int* abort_flag) {
   if (method == WaitMethod::kStreamOp) {
     CUresult res = WaitValue32()(reinterpret_cast<CUstream>(stream),
                                  reinterpret_cast<CUdeviceptr>(counter),
@@ -57,7 +57,7 @@ Status EnqueueWaitGeq(cudaStream_t stream, const int32_t* counter, int32_t value
     }
     return Status::Ok();
   }
-  FO_RETURN_IF_CUDA(LaunchSpinWaitGeq(stream, counter, value));
+  FO_RETURN_IF_CUDA(LaunchSpinWaitGeq(stream, counter, value, abort_flag));
   return Status::Ok();
 }
 

@@ -17,11 +17,13 @@ enum class WaitMethod : int { kStreamOp = 0, kSpinKernel = 1 };
 // driver entry point or the device attribute is missing.
 WaitMethod ChosenWaitMethod(int device);
 
-// Enqueues on `stream`: wait until *counter >= value.
+// Enqueues on `stream`: wait until *counter >= value. With the spin kernel, a non-null
+// `abort_flag` (the watchdog's, host-mapped) that becomes non-zero makes the wait trap.
 Status EnqueueWaitGeq(cudaStream_t stream, const int32_t* counter, int32_t value,
-                      WaitMethod method);
+                      WaitMethod method, const volatile int* abort_flag = nullptr);
 
 // The spin kernel's launcher (stream_wait_kernel.cu).
-cudaError_t LaunchSpinWaitGeq(cudaStream_t stream, const int32_t* counter, int32_t value);
+cudaError_t LaunchSpinWaitGeq(cudaStream_t stream, const int32_t* counter, int32_t value,
+                              const volatile int* abort_flag);
 
 }  // namespace flashoverlap

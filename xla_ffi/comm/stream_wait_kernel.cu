@@ -9,9 +9,12 @@
 namespace flashoverlap {
 namespace {
 
-__global__ void SpinWaitGeqKernel(const int32_t* counter, int32_t value) {
+__global__ void SpinWaitGeqKernel(const int32_t* counter, int32_t value,
+                                  const volatile int* abort_flag) {
   int32_t seen;
   do {
+    // The watchdog gave up on this call: fail loudly rather than run NCCL on a dead comm.
+    if (abort_flag != nullptr && *abort_flag != 0) __trap();
     // Acquire at GPU scope: the GEMM's tile stores, fenced before its atomicAdd, are
     // visible to whatever this stream runs next.
     asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
@@ -21,8 +24,9 @@ __global__ void SpinWaitGeqKernel(const int32_t* counter, int32_t value) {
 
 }  // namespace
 
-cudaError_t LaunchSpinWaitGeq(cudaStream_t stream, const int32_t* counter, int32_t value) {
-  SpinWaitGeqKernel<<<1, 1, 0, stream>>>(counter, value);
+cudaError_t LaunchSpinWaitGeq(cudaStream_t stream, const int32_t* counter, int32_t value,
+                              const volatile int* abort_flag) {
+  SpinWaitGeqKernel<<<1, 1, 0, stream>>>(counter, value, abort_flag);
   return cudaGetLastError();
 }
 

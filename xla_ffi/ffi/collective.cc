@@ -12,6 +12,7 @@
 
 #include "xla/ffi/api/ffi.h"
 #include "xla_ffi/comm/communicator.h"
+#include "xla_ffi/comm/watchdog.h"
 #include "xla_ffi/ffi/check.h"
 #include "xla_ffi/ffi/handlers.h"
 
@@ -37,6 +38,8 @@ ffi::Error CollectiveImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer y,
   FO_CHECK_ARG(num_groups >= 1 && m % (int64_t(num_groups) * world_size) == 0,
                op << ": M=" << m << " must split into " << num_groups << " x " << world_size);
   std::lock_guard<std::mutex> lock(comm->call_mutex);
+  Status alive = CheckNotAborted(*comm, op);
+  FO_CHECK(alive.ok(), alive.message);
   const ncclDataType_t nccl_dtype = dtype == ffi::DataType::BF16 ? ncclBfloat16 : ncclFloat16;
   FO_CHECK_CUDA(cudaEventRecord(comm->gemm_started, stream));
   FO_CHECK_CUDA(cudaStreamWaitEvent(comm->stream, comm->gemm_started, 0));
@@ -60,6 +63,7 @@ ffi::Error CollectiveImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer y,
       }
     }
   }
+  if (status.ok()) status = WatchCall(*comm, op);
   FO_CHECK_CUDA(cudaEventRecord(comm->comm_done, comm->stream));
   FO_CHECK_CUDA(cudaStreamWaitEvent(stream, comm->comm_done, 0));
   if (!status.ok()) return ffi::Error::Internal(std::string(op) + ": " + status.message);

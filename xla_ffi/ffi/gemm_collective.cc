@@ -15,6 +15,7 @@
 
 #include "xla/ffi/api/ffi.h"
 #include "xla_ffi/comm/communicator.h"
+#include "xla_ffi/comm/watchdog.h"
 #include "xla_ffi/ffi/check.h"
 #include "xla_ffi/ffi/handlers.h"
 #include "xla_ffi/kernels/signaling_gemm.h"
@@ -88,6 +89,7 @@ ffi::Error GemmCollective(Collective kind, cudaStream_t stream, int32_t device, 
   Communicator* comm = FindCommunicator(comm_id, device);
   FO_RETURN_IF_ERROR(Validate(kind, comm, x, w, *out, world_size, band_rows, comm_id, device));
   std::lock_guard<std::mutex> lock(comm->call_mutex);
+  FO_RETURN_IF_ERROR(FromStatus(op, CheckNotAborted(*comm, op)));
 
   const int64_t m = x.dimensions()[0], k = x.dimensions()[1], n = w.dimensions()[1];
   const bool bf16 = x.element_type() == ffi::DataType::BF16;
@@ -123,7 +125,8 @@ ffi::Error GemmCollective(Collective kind, cudaStream_t stream, int32_t device, 
   for (int g = 0; g < groups && status.ok(); ++g) {
     const int64_t band = band_rows[g + 1] - band_rows[g];
     status = EnqueueWaitGeq(comm->stream, comm->counters + g,
-                            static_cast<int32_t>(TilesInGroup(args, g)), comm->wait_method);
+                            static_cast<int32_t>(TilesInGroup(args, g)), comm->wait_method,
+                            comm->abort_flag);
     if (!status.ok()) break;
     char* span = workspace + blocks * band_rows[g] * row_bytes;  // group g, contiguous
     if (kind == Collective::kAllReduce) {
@@ -148,6 +151,7 @@ ffi::Error GemmCollective(Collective kind, cudaStream_t stream, int32_t device, 
                           "ncclReduceScatter");
     }
   }
+  if (status.ok()) status = WatchCall(*comm, op);
   // Join back even after an error, so XLA's stream never runs ahead of queued work. The
   // copy stream joins too: the next call's GEMM must not overwrite a span still being copied.
   FO_CHECK_CUDA(cudaEventRecord(comm->comm_done, comm->stream));

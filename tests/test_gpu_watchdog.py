@@ -1,0 +1,83 @@
+"""The watchdog (JAX_FLASHOVERLAP_WATCHDOG_S) on GPUs: a call whose peer never joins becomes
+an error naming the op within the timeout instead of a hang. 2 processes x 1 GPU: both run the
+op once, then process 1 skips the second call; process 0 must get an exception (after the
+watchdog's message) and every process must exit. Plus the env var's validation (CPU)."""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from test_gpu import ON_GPU, requires_gpu, requires_multigpu
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_SCRIPT = '''
+import os, sys, time
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import jax_flashoverlap as fo
+fo.distributed.initialize()
+me = jax.process_index()
+mesh = Mesh(np.array(jax.devices()), ("tp",))
+make = jax.jit(lambda k: (jax.random.normal(k, (2048, 4096), jnp.bfloat16),
+                          jax.random.normal(k, (4096, 4096), jnp.bfloat16)),
+               out_shardings=(NamedSharding(mesh, P(None, "tp")), NamedSharding(mesh, P("tp", None))))
+x, w = make(jax.random.key(0))
+f = jax.jit(jax.shard_map(lambda a, b: fo.matmul_all_reduce(a, b, "tp", comm_sms=16), mesh=mesh,
+                          in_specs=(P(None, "tp"), P("tp", None)), out_specs=P()))
+f(x, w).block_until_ready()  # both processes: communicators made, one good call
+print("first call OK", me, flush=True)
+if me == 1:  # never takes part in the second call
+    time.sleep(25)
+    os._exit(0)
+t0 = time.time()
+try:
+    f(x, w).block_until_ready()
+    print("NO ERROR after", time.time() - t0, flush=True)
+    os._exit(3)
+except Exception as err:  # noqa: BLE001
+    print("CAUGHT after %.1f s: %s" % (time.time() - t0, str(err)[:400].replace(chr(10), " ")),
+          flush=True)
+    os._exit(0)
+'''
+
+
+@pytest.mark.multigpu
+@requires_gpu
+@requires_multigpu
+def test_watchdog_turns_a_missing_peer_into_an_error(tmp_path):
+    script = tmp_path / "hang.py"
+    script.write_text(_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               XLA_PYTHON_CLIENT_PREALLOCATE="false", JAX_FLASHOVERLAP_WATCHDOG_S="3")
+    t0 = time.time()
+    r = subprocess.run([sys.executable, "-m", "jax_flashoverlap.launch", "-n", "2",
+                        "--gpus-per-process", "1", "--timeout", "150", str(script)],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=200)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-6000:]
+    assert "first call OK 0" in out, out[-6000:]
+    assert "jax_flashoverlap watchdog: flashoverlap_gemm_all_reduce" in out, out[-6000:]
+    assert "must be restarted" in out
+    caught = [line for line in out.splitlines() if line.startswith("CAUGHT after")]
+    assert caught and float(caught[0].split()[2]) < 3 + 15, out[-6000:]
+    assert time.time() - t0 < 150
+
+
+@pytest.mark.skipif(ON_GPU, reason="CPU check of the env var (the GPU test above uses it)")
+@pytest.mark.parametrize("value", ["abc", "-1", "inf", "nan"])
+def test_watchdog_env_var_is_validated(monkeypatch, value):
+    from jax_flashoverlap import comm
+    monkeypatch.setenv(comm.WATCHDOG_ENV, value)
+    with pytest.raises(ValueError, match="JAX_FLASHOVERLAP_WATCHDOG_S must be a number of "
+                                         "seconds > 0"):
+        comm.watchdog_seconds()
+
+
+@pytest.mark.parametrize("value,expected", [("", 0.0), ("0", 0.0), ("2.5", 2.5)])
+def test_watchdog_env_var_values(monkeypatch, value, expected):
+    from jax_flashoverlap import comm
+    monkeypatch.setenv(comm.WATCHDOG_ENV, value)
+    assert comm.watchdog_seconds() == expected

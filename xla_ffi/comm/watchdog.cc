@@ -1,0 +1,190 @@
+#include "xla_ffi/comm/watchdog.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "xla_ffi/comm/communicator.h"
+
+namespace flashoverlap {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct WatchedCall {
+  Communicator* comm;
+  const char* op;        // a string literal of the handler
+  cudaEvent_t done;      // recorded on comm->stream after the call's last operation
+  Clock::time_point start;
+  bool fired = false;
+  Clock::time_point fired_at;
+};
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// One thread for the process, started with the first watched call; never joined (it lives
+// until exit, like the process's CUDA contexts), so the state is leaked on purpose.
+class Watchdog {
+ public:
+  static Watchdog& Get() {
+    static Watchdog* dog = new Watchdog();
+    return *dog;
+  }
+
+  Status Watch(Communicator& comm, const char* op) {
+    cudaEvent_t event = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t i = 0; i < spare_.size(); ++i) {
+        if (spare_[i].first == comm.device) {
+          event = spare_[i].second;
+          spare_.erase(spare_.begin() + i);
+          break;
+        }
+      }
+    }
+    if (event == nullptr) {
+      FO_RETURN_IF_CUDA(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    }
+    FO_RETURN_IF_CUDA(cudaEventRecord(event, comm.stream));
+    std::lock_guard<std::mutex> lock(mu_);
+    calls_.push_back({&comm, op, event, Clock::now()});
+    if (!started_) {
+      std::thread([this] { Loop(); }).detach();
+      started_ = true;
+    }
+    return Status::Ok();
+  }
+
+  // Drops the calls of a communicator that is being destroyed.
+  void Forget(const Communicator* comm) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < calls_.size();) {
+      if (calls_[i].comm == comm) {
+        calls_.erase(calls_.begin() + i);
+      } else {
+        ++i;
+      }
+    }
+  }
+
+ private:
+  void Loop() {
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      std::vector<Communicator*> to_abort;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        const Clock::time_point now = Clock::now();
+        for (size_t i = 0; i < calls_.size();) {
+          WatchedCall& call = calls_[i];
+          cudaSetDevice(call.comm->device);
+          const cudaError_t state = cudaEventQuery(call.done);
+          if (state == cudaSuccess) {
+            spare_.push_back({call.comm->device, call.done});
+            calls_.erase(calls_.begin() + i);
+            continue;
+          }
+          if (state != cudaErrorNotReady) {  // e.g. the trap's error: XLA reports it
+            cudaGetLastError();
+            calls_.erase(calls_.begin() + i);
+            continue;
+          }
+          if (!call.fired && Seconds(now - call.start) > call.comm->watchdog_seconds) {
+            call.fired = true;
+            call.fired_at = now;
+            Report(call, now);
+            to_abort.push_back(call.comm);
+          } else if (call.fired && Seconds(now - call.fired_at) > kExitGraceSeconds) {
+            std::fprintf(stderr,
+                         "jax_flashoverlap watchdog: %s on device %d did not stop %.0f s after "
+                         "its communicator was aborted; exiting the process (status 134) "
+                         "instead of hanging.\n",
+                         call.op, call.comm->device, kExitGraceSeconds);
+            std::fflush(stderr);
+            std::_Exit(134);
+          }
+          ++i;
+        }
+      }
+      for (Communicator* comm : to_abort) Abort(*comm);
+    }
+  }
+
+  static void Report(const WatchedCall& call, Clock::time_point now) {
+    const Communicator& c = *call.comm;
+    std::fprintf(stderr,
+                 "jax_flashoverlap watchdog: %s (comm_id %lld, device %d, rank %d of %d) has "
+                 "not finished after %.1f s (JAX_FLASHOVERLAP_WATCHDOG_S=%g): another rank is "
+                 "probably not taking part (it failed, hangs, or runs a different program). "
+                 "Aborting the communicator: the call fails with a CUDA error and this "
+                 "process must be restarted.\n",
+                 call.op, static_cast<long long>(c.comm_id), c.device, c.rank, c.world_size,
+                 Seconds(now - call.start), c.watchdog_seconds);
+    std::fflush(stderr);
+  }
+
+  // Sets the flag the spin-wait and check kernels read, then lets NCCL's kernels go.
+  static void Abort(Communicator& comm) {
+    *comm.abort_flag = 1;
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    // Not while a handler is enqueueing on this communicator (it returns quickly).
+    std::unique_lock<std::mutex> lock(comm.call_mutex, std::defer_lock);
+    for (int i = 0; i < 50 && !lock.try_lock(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (comm.aborted.exchange(true)) return;
+    cudaSetDevice(comm.device);
+    ncclResult_t res = ncclCommAbort(comm.comm);
+    if (res != ncclSuccess) {
+      std::fprintf(stderr, "jax_flashoverlap watchdog: ncclCommAbort failed: %s\n",
+                   ncclGetErrorString(res));
+    }
+  }
+
+  std::mutex mu_;
+  std::vector<WatchedCall> calls_;
+  std::vector<std::pair<int, cudaEvent_t>> spare_;  // (device, event) ready for reuse
+  bool started_ = false;
+};
+
+}  // namespace
+
+Status InitWatchdog(Communicator& comm) {
+  if (comm.watchdog_seconds <= 0) return Status::Ok();
+  void* flag = nullptr;
+  FO_RETURN_IF_CUDA(cudaHostAlloc(&flag, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
+  comm.abort_flag = static_cast<volatile int*>(flag);
+  *comm.abort_flag = 0;
+  return Status::Ok();
+}
+
+Status FreeWatchdog(Communicator& comm) {
+  Watchdog::Get().Forget(&comm);
+  if (comm.abort_flag != nullptr) {
+    FO_RETURN_IF_CUDA(cudaFreeHost(const_cast<int*>(comm.abort_flag)));
+    comm.abort_flag = nullptr;
+  }
+  return Status::Ok();
+}
+
+Status CheckNotAborted(const Communicator& comm, const char* op) {
+  if (!comm.aborted) return Status::Ok();
+  return Status::Error(std::string(op) + ": the watchdog aborted this communicator (comm_id " +
+                       std::to_string(comm.comm_id) + ", device " + std::to_string(comm.device) +
+                       ") after an earlier call hung; restart the process");
+}
+
+Status WatchCall(Communicator& comm, const char* op) {
+  if (comm.watchdog_seconds <= 0) return Status::Ok();
+  FO_RETURN_IF_CUDA(LaunchAbortCheck(comm.stream, comm.abort_flag));
+  return Watchdog::Get().Watch(comm, op);
+}
+
+}  // namespace flashoverlap

@@ -1,0 +1,45 @@
+// Optional watchdog of the overlapped calls (JAX_FLASHOVERLAP_WATCHDOG_S, default off).
+//
+// A call that waits on another rank can hang the whole job (a peer failed or runs another
+// program). With the watchdog on, every call of a communicator is watched:
+//   * the comm stream waits for the GEMM's counters with the spin kernel, which also reads
+//     the communicator's abort flag (host-mapped memory), and a check kernel runs after the
+//     call's last NCCL operation;
+//   * the call's end is an event registered with one background thread;
+//   * when an event has not completed after the timeout, that thread prints which op,
+//     device and rank hung and for how long, sets the abort flag (the spin / check kernels
+//     then trap: the XLA program fails with a CUDA error instead of returning wrong data),
+//     and calls ncclCommAbort so NCCL's kernels stop waiting for the peer. A CUDA context
+//     that trapped is unusable: the message says the process must restart, and later calls
+//     on that communicator fail at once with an error naming the abort.
+//   * if the stream still has not moved `kExitGraceSeconds` after the abort (NCCL did not
+//     stop), the process exits with status 134 and the message, rather than hang silently.
+// Off, none of this runs and calls cost nothing extra.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "xla_ffi/comm/status.h"
+
+namespace flashoverlap {
+
+struct Communicator;
+
+constexpr double kExitGraceSeconds = 20.0;
+
+// Allocates the abort flag of `comm` when comm.watchdog_seconds > 0 (creation time).
+Status InitWatchdog(Communicator& comm);
+// Frees it (destruction time).
+Status FreeWatchdog(Communicator& comm);
+
+// At the start of a call: an error if the watchdog has aborted this communicator.
+Status CheckNotAborted(const Communicator& comm, const char* op);
+
+// At the end of a call, after its last operation on comm.stream: enqueues the check
+// kernel and registers the call with the watchdog thread. No-op when the watchdog is off.
+Status WatchCall(Communicator& comm, const char* op);
+
+// Device side (watchdog_kernel.cu): traps when *abort_flag != 0.
+cudaError_t LaunchAbortCheck(cudaStream_t stream, const volatile int* abort_flag);
+
+}  // namespace flashoverlap
