@@ -45,6 +45,16 @@ def abstract_eval_fun(fun, *avals):
   return _pe.abstract_eval_fun(fun, *avals, debug_info=debug)
 
 
+def varying_axes(x) -> frozenset:
+  """Mesh axes over which x's value varies inside a check_vma shard_map (empty elsewhere and
+  under check_vma=False). ShapedArray.manual_axis_type.varying in JAX 0.10+, .vma before."""
+  aval = jax.typeof(x)
+  mat = getattr(aval, "manual_axis_type", None)
+  if mat is not None:
+    return frozenset(mat.varying)
+  return frozenset(getattr(aval, "vma", ()))
+
+
 def bound_axis_names() -> list:
   """Mesh axis names bound at the current trace point (shard_map / vmap axes)."""
   try:

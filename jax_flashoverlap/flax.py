@@ -13,8 +13,8 @@ Sizes are always GLOBAL (the unsharded layer's `in_features` / `out_features`, l
 * Inside `jax.shard_map` over `axis_name` (per-device view): arrays are the local shards. The
   row layer takes x [..., in/n] and a kernel shard [in/n, out] and calls `matmul_all_reduce`
   (or `matmul_reduce_scatter`); the column layer takes x [..., in] and a kernel shard
-  [in, out/n] and is XLA's `x @ kernel` (no collective follows it, so there is nothing to
-  overlap and XLA's GEMM is the fastest choice). Params made there (linen `init`, or an NNX
+  [in, out/n] and is XLA's `x @ kernel`; its backward's all-reduce of dx (x replicated over
+  the axis) is `matmul_all_reduce`, so it overlaps too. Params made there (linen `init`, or an NNX
   layer constructed there) get the local shapes; params made outside carry the global shapes
   and their partition specs, so pass them in with `in_specs=nnx.get_partition_spec(state)`
   (NNX) or `nn.get_partition_spec(variables)` (linen).
@@ -36,6 +36,7 @@ bfloat16 or float16 (the only dtypes the jax_flashoverlap ops support).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing as tp
 
 import jax
@@ -140,8 +141,7 @@ def _forward(cfg: _Config, x, kernel, bias, in_features: int):
   squeeze = x.ndim == 1
   x = (x[None] if squeeze else x).astype(cfg.dtype)
   w = kernel.astype(cfg.dtype)
-  # Column layer: XLA's own dot in both views (no collective to overlap with).
-  y = _row(cfg, x, w) if cfg.row else jnp.matmul(x, w)
+  y = _row(cfg, x, w) if cfg.row else _column(cfg, x, w)
   if bias is not None:
     y = y + bias.astype(cfg.dtype)
   return y[0] if squeeze else y
@@ -166,6 +166,37 @@ def _row(cfg: _Config, x, w):
     return y.reshape(lead[0] // n, *lead[1:], w.shape[1])
   y = sharding.row_parallel_matmul(x.reshape(-1, k), w, "reduce_scatter", _jit_axis(cfg))
   return y.reshape(*lead, w.shape[1])
+
+
+def _column(cfg: _Config, x, w):
+  """x @ w with XLA's dot. Inside a check_vma shard_map, when x is the same on every device
+  of the axis and the kernel shard is not, the backward needs psum(dy @ w.T) for dx: done by
+  `matmul_all_reduce`, so that all-reduce overlaps too. Elsewhere (global view, check_vma=False,
+  x already varying) the backward is XLA's, exactly what nnx.Linear would do there."""
+  axis = cfg.axis_name
+  if axis in _compat.varying_axes(w) and axis not in _compat.varying_axes(x):
+    return _column_matmul(x, w, axis)
+  return jnp.matmul(x, w)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _column_matmul(x, w, axis_name):
+  return jnp.matmul(x, w)
+
+
+def _column_matmul_fwd(x, w, axis_name):
+  return jnp.matmul(x, w), (x, w)
+
+
+def _column_matmul_bwd(axis_name, res, dy):
+  x, w = res
+  dx = ops.matmul_all_reduce(dy.reshape(-1, dy.shape[-1]), w.T, axis_name).reshape(x.shape)
+  _, w_vjp = jax.vjp(lambda w: jnp.matmul(x, w), w)  # dw exactly as XLA's own backward
+  (dw,) = w_vjp(dy)
+  return dx.astype(x.dtype), dw
+
+
+_column_matmul.defvjp(_column_matmul_fwd, _column_matmul_bwd)
 
 
 def _jit_axis(cfg: _Config):
@@ -215,7 +246,8 @@ class RowParallelLinear(_NNXParallel):
 class ColumnParallelLinear(_NNXParallel):
   """Column-parallel `nnx.Linear`: kernel [in_features, out_features] and bias sharded on the
   output dim over `axis_name`; per device y_local [..., out/n] = x @ kernel_local + bias_local
-  (XLA's dot), no communication. `reduce` is not used."""
+  (XLA's dot), no communication in the forward; inside shard_map the backward's all-reduce of
+  dx is overlapped (`matmul_all_reduce`). `reduce` is not used."""
   _row = False
 
 

@@ -107,6 +107,23 @@ def test_nnx_row_3d_input_reduce_scatter_and_bias_once(rng):
   _exact(f(state, x), jnp.broadcast_to(state["bias"][...].astype(BF16), (8, 3, 16)))
 
 
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_column_backward_all_reduce_is_ours_only_under_check_vma(check_vma, rng):
+  """Column layer, x replicated over tp: dx = psum(dy @ w.T). Under check_vma=True that psum
+  is our overlapped matmul_all_reduce (in the grad's jaxpr); under check_vma=False JAX itself
+  adds no psum (the user owns it), and neither do we."""
+  mesh = make_mesh_1d(4)
+  layer = ColumnParallelLinear(32, 64, rngs=nnx.Rngs(0))
+  gdef, state = nnx.split(layer)
+  specs = nnx.get_partition_spec(state)
+  x = rand(rng, (8, 32), BF16)
+  f = jax.shard_map(lambda s, x: nnx.merge(gdef, s)(x), mesh=mesh, in_specs=(specs, P()),
+                    out_specs=P(None, "tp"), check_vma=check_vma)
+  text = str(jax.make_jaxpr(jax.grad(lambda s, x: _loss(f(s, x)), argnums=1))(state, x))
+  assert ("flashoverlap_gemm_all_reduce" in text) == check_vma, text
+  assert ("flashoverlap_gemm_all_reduce" in str(jax.make_jaxpr(f)(state, x))) is False
+
+
 def test_nnx_constructed_inside_shard_map_has_local_shapes(rng):
   mesh = make_mesh_1d(4)
   x = rand(rng, (8, 64), BF16)
