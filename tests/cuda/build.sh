@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds tests/cuda/gemm_test (standalone test + benchmark of the signaling GEMM) with nvcc.
+# Builds tests/cuda/gemm_test (standalone test + benchmark of the signaling GEMM), gemm_ext_test
+# (its issue-#9 extensions) and schedule_test (host-only) with nvcc / g++.
 #   tests/cuda/build.sh [BUILD_DIR]      (default: .build at the repository root)
 # CUTLASS headers: $CUTLASS_DIR (the folder holding include/ and tools/util/include), else
 # the nvidia-cutlass wheel's copy found through python's cutlass_library, else .cutlass/.
@@ -19,7 +20,7 @@ FLAGS=(-std=c++17 -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a --expt-rela
        -I"$CUTLASS_DIR/include" -I"$CUTLASS_DIR/tools/util/include")
 SRCS=(xla_ffi/kernels/signaling_gemm_bf16_128x256.cu xla_ffi/kernels/signaling_gemm_bf16_128x128.cu
       xla_ffi/kernels/signaling_gemm_f16_128x256.cu xla_ffi/kernels/signaling_gemm_f16_128x128.cu
-      xla_ffi/kernels/signaling_gemm.cu tests/cuda/gemm_test.cu)
+      xla_ffi/kernels/signaling_gemm.cu tests/cuda/gemm_test.cu tests/cuda/gemm_ext_test.cu)
 export NVCC BUILD ROOT
 export FLAGS_STR="${FLAGS[*]}"
 compile() {
@@ -39,3 +40,9 @@ JOBS="${JOBS:-$(nproc)}"
 printf '%s\n' "${SRCS[@]}" | xargs -P "$JOBS" -I{} bash -c 'compile {}'
 $NVCC -o "$BUILD/gemm_test" "$BUILD"/signaling_gemm_*.o "$BUILD/signaling_gemm.o" "$BUILD/gemm_test.o" -ldl
 echo "built $BUILD/gemm_test"
+$NVCC -o "$BUILD/gemm_ext_test" "$BUILD"/signaling_gemm_*.o "$BUILD/signaling_gemm.o" "$BUILD/gemm_ext_test.o" -ldl
+echo "built $BUILD/gemm_ext_test"
+# Host-only schedule check (no GPU needed).
+CUDA_INC="$(dirname "$(dirname "$(command -v "$NVCC")")")/include"
+g++ -std=c++17 -O2 -I"$CUDA_INC" -I"$ROOT" "$ROOT/tests/cuda/schedule_test.cc" -o "$BUILD/schedule_test"
+echo "built $BUILD/schedule_test"

@@ -17,7 +17,7 @@ LOG="$RES/run.log"
 say() { echo "$@" | tee -a "$LOG"; }
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader 2>&1 | tee -a "$LOG"
-if ! "$BIN" none >/dev/null 2>&1; then
+if ! "$BIN" none >/dev/null 2>&1 || ! "$ROOT/.build/gemm_ext_test" none >/dev/null 2>&1; then
   say "prebuilt binary missing or not runnable here; building"
   "$ROOT/tests/cuda/build.sh" "$ROOT/.build" 2>&1 | tee -a "$LOG" || { say "BUILD FAILED"; exit 1; }
 fi
@@ -46,14 +46,18 @@ if [[ ${RC[smoke]} -ne 0 ]]; then say "SMOKE FAILED"; exit 1; fi
 step correctness 120 "$BIN" correctness --json "$RES/correctness.json"
 step signal 50 "$BIN" signal --json "$RES/signal.json"
 step bench 120 "$BIN" bench --json "$RES/bench.json"
+# Issue #9 extensions: row rotation, column-blocked output, input flags; host schedule check.
+step schedule 60 "$ROOT/.build/schedule_test"
+step ext 120 "$ROOT/.build/gemm_ext_test" all --json "$RES/ext.json"
 SAN="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)"
 if [[ -n "$SAN" ]]; then
   for tool in memcheck racecheck synccheck; do
     step "$tool" 90 "$SAN" --tool "$tool" --error-exitcode 3 "$BIN" sanitize
   done
+  step ext_memcheck 300 "$SAN" --tool memcheck --error-exitcode 3 "$ROOT/.build/gemm_ext_test" api
 else
   say "compute-sanitizer not found"
 fi
 say "==== summary ===="
-for k in smoke correctness signal bench memcheck racecheck synccheck; do say "$k: rc=${RC[$k]:-not run}"; done
+for k in smoke correctness signal bench schedule ext memcheck racecheck synccheck ext_memcheck; do say "$k: rc=${RC[$k]:-not run}"; done
 grep -E "FAIL|ERROR SUMMARY|RACECHECK SUMMARY|SYNCCHECK|failure\(s\)|^signal" "$LOG" | tail -40; sed -n "/==== bench/,/failure/p" "$LOG" | tail -45

@@ -85,6 +85,45 @@ std::string ValidateLayout(const SignalingGemmArgs& a) {
   return "";
 }
 
+// The extensions of signaling_gemm.h (row rotation, column-blocked output, input flags).
+std::string ValidateExtensions(const SignalingGemmArgs& a) {
+  const GroupLayout& L = a.layout;
+  auto is_band_boundary = [&](int64_t row) {
+    for (int g = 0; g <= L.num_groups; ++g) {
+      if (L.band_rows[g] == row) return true;
+    }
+    return false;
+  };
+  if (a.row_rotation < 0 || a.row_rotation >= a.m)
+    return "row_rotation must be in [0, M), got " + std::to_string(a.row_rotation);
+  if (a.row_rotation != 0) {
+    if (L.num_blocks != 1) return "row_rotation needs layout.num_blocks == 1";
+    if (!is_band_boundary(a.m - a.row_rotation))
+      return "M - row_rotation = " + std::to_string(a.m - a.row_rotation) +
+             " must be a band boundary (no tile may wrap around)";
+  }
+  if (a.out_col_block != 0) {
+    if (a.out_col_block < 8 || a.out_col_block % 8 != 0 || a.n % a.out_col_block != 0)
+      return "out_col_block must be a positive multiple of 8 dividing N=" + std::to_string(a.n) +
+             ", got " + std::to_string(a.out_col_block);
+  }
+  if (a.in_flags != nullptr) {
+    if ((reinterpret_cast<uintptr_t>(a.in_flags) & 3) != 0) return "in_flags must be 4-byte aligned";
+    if (L.num_blocks != 1) return "in_flags needs layout.num_blocks == 1";
+    const int64_t f = a.in_flag_rows;
+    if (f < 1 || a.m % f != 0)
+      return "in_flag_rows must be >= 1 and divide M=" + std::to_string(a.m) + ", got " +
+             std::to_string(f);
+    if (a.row_rotation % f != 0) return "row_rotation must be a multiple of in_flag_rows";
+    for (int64_t row = f; row < a.m; row += f) {
+      if (!is_band_boundary(row))
+        return "every multiple of in_flag_rows must be a band boundary; " + std::to_string(row) +
+               " is not";
+    }
+  }
+  return "";
+}
+
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 }  // namespace
@@ -137,6 +176,8 @@ cudaError_t LaunchSignalingGemm(const SignalingGemmArgs& args, cudaStream_t stre
     return Fail(cudaErrorInvalidValue, "counters must be 4-byte aligned");
   const std::string layout_error = ValidateLayout(args);
   if (!layout_error.empty()) return Fail(cudaErrorInvalidValue, layout_error);
+  const std::string ext_error = ValidateExtensions(args);
+  if (!ext_error.empty()) return Fail(cudaErrorInvalidValue, ext_error);
 
   // --- device ---
   int device = 0;
@@ -170,6 +211,7 @@ cudaError_t LaunchSignalingGemm(const SignalingGemmArgs& args, cudaStream_t stre
   s.panel = EnvInt("FLASHOVERLAP_GEMM_PANEL", 8);
   if (s.panel < 1) s.panel = 1;
   for (int g = 0; g <= s.num_groups; ++g) s.band_rows[g] = args.layout.band_rows[g];
+  s.row_rotation = args.row_rotation;
   int64_t units = 0;
   for (int g = 0; g <= s.num_groups; ++g) {
     s.unit_start[g] = int(units);

@@ -51,6 +51,25 @@ struct SignalingGemmArgs {
   int32_t* counters = nullptr;
   int comm_sms = 0;  // SMs left free for communication: persistent grid = SMs - comm_sms
   GroupLayout layout;
+
+  // ---- Extensions (issue #9); the defaults keep the behaviour above. ----
+  // Row rotation: schedule row o (the rows the group layout talks about) is row
+  // (o + row_rotation) % M of x and of out, so the first groups cover rows starting at
+  // row_rotation (e.g. the local rank's block first). Needs num_blocks == 1 and, when
+  // non-zero, M - row_rotation must be a band boundary (no tile wraps around).
+  int row_rotation = 0;
+  // Column-blocked output: 0 = out row-major [M, N]; c > 0 = out is [N/c, M, c], column
+  // block j (columns [j*c, (j+1)*c)) stored contiguously. c a multiple of 8 dividing N.
+  int out_col_block = 0;
+  // Input readiness flags: when non-null, before loading a tile's rows of x the producer
+  // waits (ld.acquire.gpu spin, then fence.proxy.async) until
+  // in_flags[x_row / in_flag_rows] == in_flag_value. Needs num_blocks == 1, M a multiple
+  // of in_flag_rows, row_rotation a multiple of it, and every flag-block boundary a band
+  // boundary (in schedule rows), so no tile spans two flag blocks. The flags must be made
+  // ready by other streams while the kernel runs: leave comm_sms >= 1 for their work.
+  const int32_t* in_flags = nullptr;
+  int in_flag_rows = 0;
+  int32_t in_flag_value = 0;
 };
 
 // Tile shape the launcher picks for these args (host-side, deterministic for a given

@@ -74,6 +74,10 @@ struct Config {
     int k_tiles;
     int num_clusters;
     TileSchedule sched;
+    int out_col_block;        // 0: out [M, N]; c > 0: out [N/c, M, c] (signaling_gemm.h)
+    const int32_t* in_flags;  // null: x is ready; else wait per tile (signaling_gemm.h)
+    int in_flag_rows;
+    int32_t in_flag_value;
   };
 
   static constexpr int kThreads = 384;  // 1 producer warpgroup + 2 consumer warpgroups
@@ -112,6 +116,20 @@ __device__ __forceinline__ uint32_t PackPair(float a, float b) {
     __half2 v = __floats2half2_rn(a, b);
     return *reinterpret_cast<uint32_t*>(&v);
   }
+}
+
+// Waits until *flag == value (the tile's input rows have arrived), then makes the data
+// those rows' writers released visible to this thread's later TMA (async-proxy) loads.
+// Every lane of the producer warp waits itself, so whichever lane CUTLASS elects to issue
+// the TMA has acquired the flag and fenced the proxies.
+__device__ __forceinline__ void WaitInputFlag(const int32_t* flag, int32_t value) {
+  int32_t seen;
+  while (true) {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(flag) : "memory");
+    if (seen == value) break;
+    __nanosleep(128);
+  }
+  asm volatile("fence.proxy.async.global;" ::: "memory");
 }
 
 // Named barrier ids: 0 is __syncthreads; CUTLASS's own epilogues reserve a few low ids.
@@ -175,6 +193,11 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
       Tensor gB_nkl = local_tile(mB, typename Cfg::TileShape{}, make_coord(_, _, _), Step<X, _1, _1>{});
       for (int unit = cluster_id; unit < sched.num_units; unit += params.num_clusters) {
         const TileWork w = DecodeUnit(sched, unit, rank_m);
+        // Input rows still in flight (all-gather + GEMM): wait for their flag. Idle cluster
+        // partners (rows <= 0) load rows that are never stored, so they need not wait.
+        if (params.in_flags != nullptr && w.rows > 0) {
+          WaitInputFlag(params.in_flags + w.src_row / params.in_flag_rows, params.in_flag_value);
+        }
         // Tiles start at arbitrary rows (band and rank-block offsets), so shift the TMA
         // coordinate space to the tile's first row and take tile 0. Rows past M read as
         // zeros (TMA bounds), rows of a neighbouring band are computed but never stored.
@@ -231,7 +254,14 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
           const int col = n0 + 8 * ch;
           if (tile_row < w.rows && col < N) {
             const uint4 v = *reinterpret_cast<const uint4*>(epi + lr * Cfg::kEpiPitchWords + 4 * ch);
-            const int64_t off = (int64_t(w.dst_row) + tile_row) * N + col;
+            int64_t off;
+            if (params.out_col_block == 0) {
+              off = (int64_t(w.dst_row) + tile_row) * N + col;
+            } else {  // column block j stored as its own [M, c] matrix; c % 8 == 0
+              const int c = params.out_col_block;
+              const int j = col / c;
+              off = (int64_t(j) * M + w.dst_row + tile_row) * c + (col - j * c);
+            }
             *reinterpret_cast<uint4*>(out + off * 2) = v;
           }
         }
@@ -326,6 +356,10 @@ struct Instance {
     params.k_tiles = (K + Cfg::BK - 1) / Cfg::BK;
     params.num_clusters = num_clusters;
     params.sched = sched;
+    params.out_col_block = args.out_col_block;
+    params.in_flags = args.in_flags;
+    params.in_flag_rows = args.in_flag_rows;
+    params.in_flag_value = args.in_flag_value;
 
     cudaLaunchAttribute attr;
     cudaLaunchConfig_t cfg = LaunchConfig(num_clusters, stream, &attr);

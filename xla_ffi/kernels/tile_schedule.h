@@ -33,6 +33,7 @@ struct TileSchedule {
   int n_tiles = 0;
   int panel = 8;       // cluster rows per L2 panel, >= 1
   int num_units = 0;   // total work units
+  int row_rotation = 0;  // signaling_gemm.h: schedule row o -> row (o + row_rotation) % m
   int band_rows[kMaxGroups + 1] = {0};
   int unit_start[kMaxGroups + 1] = {0};  // units before group g; unit_start[num_groups] == num_units
 };
@@ -84,6 +85,12 @@ FO_HOST_DEVICE TileWork DecodeUnit(const TileSchedule& s, int unit, int rank_m) 
   // Group g occupies out rows [num_blocks*band0, num_blocks*band_rows[g+1]); block j's part
   // of it starts j*h rows in (signaling_gemm.h).
   w.dst_row = s.num_blocks * band0 + j * h + o;
+  if (s.row_rotation != 0) {  // num_blocks == 1: src_row == dst_row before the rotation
+    w.src_row += s.row_rotation;
+    if (w.src_row >= s.m) w.src_row -= s.m;
+    w.dst_row += s.row_rotation;
+    if (w.dst_row >= s.m) w.dst_row -= s.m;
+  }
   return w;
 }
 
