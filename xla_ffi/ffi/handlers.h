@@ -13,10 +13,16 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(FlashoverlapGemmAllReduce);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FlashoverlapGemmReduceScatter);
 // flashoverlap_collective: the communication half alone, for timing (collective.cc).
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FlashoverlapCollective);
+// flashoverlap_gemm_all_to_all: GEMM overlapped with an all-to-all (gemm_all_to_all.cc).
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FlashoverlapGemmAllToAll);
+// flashoverlap_all_gather_gemm: all-gather overlapped with the GEMM it feeds (all_gather_gemm.cc).
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FlashoverlapAllGatherGemm);
 
 // X(target_name, handler_symbol)
 #define FLASHOVERLAP_FFI_HANDLERS(X)                                      \
   X("flashoverlap_gemm", FlashoverlapGemm)                                \
   X("flashoverlap_gemm_all_reduce", FlashoverlapGemmAllReduce)            \
   X("flashoverlap_gemm_reduce_scatter", FlashoverlapGemmReduceScatter)   \
-  X("flashoverlap_collective", FlashoverlapCollective)
+  X("flashoverlap_collective", FlashoverlapCollective)                    \
+  X("flashoverlap_gemm_all_to_all", FlashoverlapGemmAllToAll)             \
+  X("flashoverlap_all_gather_gemm", FlashoverlapAllGatherGemm)

@@ -1,0 +1,59 @@
+#include "xla_ffi/comm/stream_write.h"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace flashoverlap {
+namespace {
+
+using WriteValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
+// Resolved once per process; null when the driver does not offer it.
+WriteValue32Fn WriteValue32() {
+  static WriteValue32Fn fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    cudaError_t err = cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &ptr, 12000,
+                                                       cudaEnableDefault, &found);
+#else
+    cudaError_t err = cudaGetDriverEntryPoint("cuStreamWriteValue32", &ptr, cudaEnableDefault,
+                                              &found);
+#endif
+    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();  // clear: the kernel fallback is fine
+      return static_cast<WriteValue32Fn>(nullptr);
+    }
+    return reinterpret_cast<WriteValue32Fn>(ptr);
+  }();
+  return fn;
+}
+
+bool UseKernel() {
+  const char* env = std::getenv("JAX_FLASHOVERLAP_WAIT");
+  return (env != nullptr && std::strcmp(env, "spin") == 0) || WriteValue32() == nullptr;
+}
+
+}  // namespace
+
+Status EnqueueWriteFlag(cudaStream_t stream, int32_t* flag, int32_t value) {
+  if (UseKernel()) {
+    FO_RETURN_IF_CUDA(LaunchWriteFlagKernel(stream, flag, value));
+    return Status::Ok();
+  }
+  // Flags 0: the write is preceded by a memory barrier (the data the flag announces is
+  // visible before the flag is).
+  CUresult res = WriteValue32()(reinterpret_cast<CUstream>(stream),
+                                reinterpret_cast<CUdeviceptr>(flag),
+                                static_cast<cuuint32_t>(value), 0);
+  if (res != CUDA_SUCCESS) {
+    return Status::Error("cuStreamWriteValue32 failed with CUresult " + std::to_string(res));
+  }
+  return Status::Ok();
+}
+
+}  // namespace flashoverlap

@@ -1,0 +1,196 @@
+// XLA FFI handler of the all-gather + GEMM (issue #9; the sequence-parallel column-parallel
+// layer):
+//
+//   AllGatherGemmImpl -> FlashoverlapAllGatherGemm -> "flashoverlap_all_gather_gemm"
+//
+// out[n*R, N] = all_gather(x[R, K], tiled) @ w[K, N] over the n ranks of the communicator.
+// The gathered x lives in the registered workspace ([n*R, K], block s = rank s's rows). Each
+// block is `chunks` chunks of F = R/chunks rows, each with a readiness flag (the
+// communicator's counters, reset every call, set to a fresh value):
+//
+//   S (XLA's stream): reset flags; record E0;
+//   C (comm stream):  wait E0; for step s = 1..n-1: src = (r+s)%n, dst = (r-s)%n, for each
+//                     chunk c: ncclGroupStart/ncclSend(x chunk c -> dst)/ncclRecv(block src
+//                     chunk c <- src)/ncclGroupEnd, then cuStreamWriteValue32(flag, value);
+//   S:                copy x into block r; set block r's flags; signaling GEMM over the
+//                     workspace with row_rotation r*R (local rows first, then the blocks in
+//                     the order they arrive), each tile's producer waiting for its chunk's
+//                     flag before its first TMA load; out straight into XLA's output;
+//                     wait for C.
+//
+// The comm stream never waits for the GEMM (only the GEMM for the comm stream), and the
+// GEMM leaves comm_sms >= 1 SMs free, so NCCL always progresses. C's work is enqueued
+// before the GEMM is launched: a first launch loads the GEMM's module, which waits for
+// running kernels, and nothing C needs may be stuck behind the spinning GEMM.
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "xla/ffi/api/ffi.h"
+#include "xla_ffi/comm/communicator.h"
+#include "xla_ffi/comm/stream_write.h"
+#include "xla_ffi/ffi/check.h"
+#include "xla_ffi/ffi/handlers.h"
+#include "xla_ffi/kernels/signaling_gemm.h"
+
+namespace flashoverlap {
+namespace {
+
+constexpr const char* kOp = "flashoverlap_all_gather_gemm";
+
+// A value no flag holds before this call: flags are reset to 0 every call, and values
+// never repeat between consecutive calls (belt and braces against a stale flag).
+int32_t NextFlagValue() {
+  static std::atomic<uint32_t> next{0};
+  return static_cast<int32_t>(next.fetch_add(1, std::memory_order_relaxed) % 0x7ffffffeu) + 1;
+}
+
+ffi::Error ValidateAg(const Communicator* comm, ffi::AnyBuffer x, ffi::AnyBuffer w,
+                      const ffi::AnyBuffer& out, int32_t world_size, int32_t comm_sms,
+                      int32_t chunks, int64_t comm_id, int device) {
+  FO_CHECK_ARG(comm != nullptr,
+               kOp << ": no communicator for comm_id " << comm_id << " on device " << device
+                   << "; communicators are created when the op is lowered for a local GPU mesh "
+                      "(jax_flashoverlap.comm.ensure_communicators)");
+  FO_CHECK_ARG(comm->world_size == world_size,
+               kOp << ": program was built for " << world_size << " ranks, communicator has "
+                   << comm->world_size);
+  FO_CHECK_ARG(comm_sms >= 1 && comm->comm_sms >= 1,
+               kOp << ": comm_sms must be >= 1 (got " << comm_sms << ", communicator "
+                   << comm->comm_sms << "): NCCL needs free SMs while the GEMM waits for it");
+  auto dtype = x.element_type();
+  FO_CHECK_ARG(dtype == ffi::DataType::BF16 || dtype == ffi::DataType::F16,
+               kOp << ": x must be bfloat16 or float16");
+  FO_CHECK_ARG(w.element_type() == dtype && out.element_type() == dtype,
+               kOp << ": x, w and the output must share one dtype");
+  auto xd = x.dimensions();
+  auto wd = w.dimensions();
+  auto od = out.dimensions();
+  FO_CHECK_ARG(xd.size() == 2 && wd.size() == 2 && od.size() == 2,
+               kOp << ": x, w and the output must be 2-D");
+  const int64_t r = xd[0], k = xd[1], n = wd[1];
+  FO_CHECK_ARG(wd[0] == k, kOp << ": x is [" << r << ", " << k << "] but w is [" << wd[0]
+                               << ", " << n << "]");
+  FO_CHECK_ARG(n % 8 == 0 && k % 8 == 0, kOp << ": N and K must be multiples of 8");
+  FO_CHECK_ARG(od[0] == world_size * r && od[1] == n,
+               kOp << ": output must be [" << world_size * r << ", " << n << "]");
+  FO_CHECK_ARG(chunks >= 1 && r % chunks == 0 &&
+                   static_cast<int64_t>(world_size) * chunks <= kMaxGroups,
+               kOp << ": chunks=" << chunks << " must divide the " << r
+                   << " rows of x and world_size * chunks must be <= " << kMaxGroups);
+  const size_t bytes = static_cast<size_t>(world_size) * r * k * 2;
+  FO_CHECK_ARG(comm->workspace_bytes >= bytes,
+               kOp << ": communication workspace has " << comm->workspace_bytes
+                   << " bytes, needs " << bytes
+                   << " (jax_flashoverlap.comm.ensure_communicators sizes it at lowering)");
+  return ffi::Error::Success();
+}
+
+// C's part: the n-1 exchange steps, each chunk announced by its flag.
+Status EnqueueExchange(Communicator* comm, const char* x, char* gathered, int64_t rows,
+                       int64_t k, int chunks, int32_t value, ncclDataType_t dtype) {
+  const int n = comm->world_size, rank = comm->rank;
+  const int64_t chunk_rows = rows / chunks;
+  const size_t count = static_cast<size_t>(chunk_rows * k);
+  for (int step = 1; step < n; ++step) {
+    const int src = (rank + step) % n, dst = (rank - step + n) % n;
+    for (int c = 0; c < chunks; ++c) {
+      FO_RETURN_IF_NCCL(ncclGroupStart());
+      ncclResult_t res = ncclSend(x + c * count * 2, count, dtype, dst, comm->comm, comm->stream);
+      if (res == ncclSuccess) {
+        res = ncclRecv(gathered + (src * rows + c * chunk_rows) * k * 2, count, dtype, src,
+                       comm->comm, comm->stream);
+      }
+      if (res != ncclSuccess) {
+        ncclGroupEnd();
+        return NcclStatus(res, "ncclSend/ncclRecv");
+      }
+      FO_RETURN_IF_NCCL(ncclGroupEnd());
+      FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(comm->stream, comm->counters + src * chunks + c, value));
+    }
+  }
+  return Status::Ok();
+}
+
+ffi::Error AllGatherGemmImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
+                             ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out, int64_t comm_id,
+                             int32_t world_size, int32_t comm_sms, int32_t chunks) {
+  Communicator* comm = FindCommunicator(comm_id, device);
+  FO_RETURN_IF_ERROR(ValidateAg(comm, x, w, *out, world_size, comm_sms, chunks, comm_id, device));
+  std::lock_guard<std::mutex> lock(comm->call_mutex);
+
+  const int64_t rows = x.dimensions()[0], k = x.dimensions()[1], n_cols = w.dimensions()[1];
+  const int n = world_size, rank = comm->rank;
+  const bool bf16 = x.element_type() == ffi::DataType::BF16;
+  const int32_t value = NextFlagValue();
+  char* gathered = static_cast<char*>(comm->workspace);
+  const size_t block_bytes = static_cast<size_t>(rows * k) * 2;
+
+  FO_CHECK_CUDA(cudaMemsetAsync(comm->counters, 0, sizeof(int32_t) * n * chunks, stream));
+  FO_CHECK_CUDA(cudaEventRecord(comm->gemm_started, stream));
+  FO_CHECK_CUDA(cudaStreamWaitEvent(comm->stream, comm->gemm_started, 0));
+  Status status = EnqueueExchange(comm, static_cast<const char*>(x.untyped_data()), gathered,
+                                  rows, k, chunks, value, bf16 ? ncclBfloat16 : ncclFloat16);
+
+  if (status.ok()) {
+    status = CudaStatus(cudaMemcpyAsync(gathered + rank * block_bytes, x.untyped_data(),
+                                        block_bytes, cudaMemcpyDeviceToDevice, stream),
+                        "cudaMemcpyAsync");
+  }
+  for (int c = 0; c < chunks && status.ok(); ++c) {
+    status = EnqueueWriteFlag(stream, comm->counters + rank * chunks + c, value);
+  }
+  if (status.ok()) {
+    SignalingGemmArgs args;
+    args.x = gathered;
+    args.w = w.untyped_data();
+    args.out = out->untyped_data();
+    args.m = n * rows;
+    args.n = n_cols;
+    args.k = k;
+    args.dtype = bf16 ? GemmDType::kBFloat16 : GemmDType::kFloat16;
+    args.counters = nullptr;  // nothing follows the GEMM: no signal
+    args.comm_sms = comm_sms;
+    const int chunk_rows = static_cast<int>(rows / chunks);
+    args.layout.num_blocks = 1;
+    args.layout.num_groups = n * chunks;
+    for (int g = 0; g <= n * chunks; ++g) args.layout.band_rows[g] = g * chunk_rows;
+    args.row_rotation = static_cast<int>(rank * rows);
+    args.in_flags = comm->counters;
+    args.in_flag_rows = chunk_rows;
+    args.in_flag_value = value;
+    cudaError_t launched = LaunchSignalingGemm(args, stream);
+    if (launched != cudaSuccess) {
+      status = Status::Error(std::string("signaling GEMM launch failed: ") +
+                             cudaGetErrorString(launched) + " (" + LastSignalingGemmError() +
+                             ")");
+    }
+  }
+  // Join back even after an error (a failed launch leaves C's sends queued: wait for them).
+  FO_CHECK_CUDA(cudaEventRecord(comm->comm_done, comm->stream));
+  FO_CHECK_CUDA(cudaStreamWaitEvent(stream, comm->comm_done, 0));
+  if (!status.ok()) return ffi::Error::Internal(std::string(kOp) + ": " + status.message);
+  return ffi::Error::Success();
+}
+
+auto BindAllGatherGemm() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::PlatformStream<cudaStream_t>>()
+      .Ctx<ffi::DeviceOrdinal>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Ret<ffi::AnyBuffer>()
+      .Attr<int64_t>("comm_id")
+      .Attr<int32_t>("world_size")
+      .Attr<int32_t>("comm_sms")
+      .Attr<int32_t>("chunks");
+}
+
+}  // namespace
+}  // namespace flashoverlap
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FlashoverlapAllGatherGemm, flashoverlap::AllGatherGemmImpl,
+                              flashoverlap::BindAllGatherGemm());
