@@ -1,11 +1,13 @@
 """jax_flashoverlap: tile-wise overlap of a tensor-parallel GEMM and its collective (FlashOverlap)
 for JAX on NVIDIA GPUs.
 
-Per-device ops (inside jax.shard_map): matmul_all_reduce, matmul_reduce_scatter, matmul.
+Per-device ops (inside jax.shard_map): matmul_all_reduce, matmul_reduce_scatter, matmul,
+matmul_all_to_all, all_gather_matmul.
 Global view (under jax.jit with NamedSharding inputs): row_parallel_matmul.
 """
 
 from jax_flashoverlap.ops import matmul, matmul_all_reduce, matmul_reduce_scatter
+from jax_flashoverlap.ops import all_gather_matmul, matmul_all_to_all
 from jax_flashoverlap.sharding import row_parallel_matmul
 from jax_flashoverlap._info import info
 from jax_flashoverlap._validation import AxisNameError
@@ -16,6 +18,8 @@ __all__ = [
     "matmul",
     "matmul_all_reduce",
     "matmul_reduce_scatter",
+    "matmul_all_to_all",
+    "all_gather_matmul",
     "row_parallel_matmul",
     "info",
     "AxisNameError",

@@ -3,6 +3,8 @@
     y = matmul_all_reduce(x, w, "tp")       # == lax.psum(x @ w, "tp")
     y = matmul_reduce_scatter(x, w, "tp")   # == lax.psum_scatter(x @ w, "tp", scatter_dimension=0, tiled=True)
     y = matmul(x, w)                        # == x @ w, through the signaling GEMM on GPU
+    y = matmul_all_to_all(x, w, "tp", split_axis=0)  # == lax.all_to_all(x @ w, "tp", 0, 0, tiled=True)
+    y = all_gather_matmul(x, w, "tp")       # == lax.all_gather(x, "tp", tiled=True) @ w
 
 Inputs are validated at trace time. Gradients are those of the reference composition: the
 backward of a row-parallel GEMM + all-reduce is two local GEMMs (the transposed psum moves no
@@ -14,8 +16,9 @@ from __future__ import annotations
 import functools
 
 import jax
+import numpy as np
 
-from jax_flashoverlap import _validation, primitives as prims
+from jax_flashoverlap import _validation, primitives as prims, primitives_a2a as prims_a2a
 
 
 def matmul(x, w, *, comm_sms: int | None = None):
@@ -110,3 +113,94 @@ _gemm_all_reduce = _collective_with_vjp(prims.gemm_all_reduce_p,
                                         prims.reference_gemm_all_reduce)
 _gemm_reduce_scatter = _collective_with_vjp(prims.gemm_reduce_scatter_p,
                                             prims.reference_gemm_reduce_scatter)
+
+
+# --- all-to-all and all-gather (issue #9; primitives_a2a.py) ------------------------------
+
+
+def _check_axis_arg(op, name, value):
+  if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+    raise TypeError(f"{op}: {name} must be an int (0 or 1), got {value!r}")
+  if int(value) not in (0, 1):
+    raise ValueError(f"{op}: {name} must be 0 (rows) or 1 (columns) of the 2-D product "
+                     f"x @ w, got {value}")
+  return int(value)
+
+
+def matmul_all_to_all(x, w, axis_name, *, split_axis: int = 0, concat_axis: int | None = None,
+                      comm_sms: int | None = None):
+  """all_to_all(x @ w, axis_name, split_axis, concat_axis, tiled=True), overlapped.
+
+  x: [M, K], w: [K, N] (bfloat16 or float16, N and K multiples of 8); concat_axis defaults
+  to split_axis. The product's n = axis-size blocks along `split_axis` go to ranks 0..n-1;
+  the blocks received from ranks 0..n-1 are concatenated along `concat_axis`:
+    split 0, concat 0: [M, N]      (M divisible by n; e.g. expert-parallel token exchange)
+    split 1, concat 0: [n*M, N/n]  (N divisible by n; Ulysses: heads out, sequence in)
+    split 0, concat 1: [M/n, n*N]
+    split 1, concat 1: [M, N]
+  With split_axis == concat_axis == 0, x may be [..., K] (rows are the flattened leading
+  dims, split along the first one, which must then be divisible by n).
+  """
+  op = "jax_flashoverlap.matmul_all_to_all"
+  split_axis = _check_axis_arg(op, "split_axis", split_axis)
+  concat_axis = split_axis if concat_axis is None else _check_axis_arg(op, "concat_axis",
+                                                                         concat_axis)
+  rowwise = split_axis == 0 and concat_axis == 0
+  _, k, n = _validation.check_operands(op, x, w, x_rank=">=2" if rowwise else "2")
+  world = _validation.check_axis_name(op, axis_name)
+  _validation.check_comm_sms(op, comm_sms)
+  if split_axis == 0 and x.shape[0] % world:
+    raise ValueError(f"{op}: split_axis=0 needs the first dim of x (shape {tuple(x.shape)}) to "
+                     f"be divisible by the size {world} of axis {axis_name!r}")
+  if split_axis == 1 and n % world:
+    raise ValueError(f"{op}: split_axis=1 needs N (last dim of w, shape {tuple(w.shape)}) to "
+                     f"be divisible by the size {world} of axis {axis_name!r}")
+  lead = x.shape[:-1]
+  out = _gemm_all_to_all(x.reshape(-1, k), w, _hashable(axis_name), split_axis, concat_axis,
+                         comm_sms)
+  return out.reshape(*lead, n) if len(lead) > 1 else out
+
+
+def all_gather_matmul(x, w, axis_name, *, comm_sms: int | None = None):
+  """all_gather(x, axis_name, axis=0, tiled=True) @ w, overlapped (sequence-parallel
+  column-parallel layer): the GEMM starts on the local rows at once and takes each other
+  rank's rows as they arrive.
+
+  x: [M_local, K] (or [B, ..., K]: gathered along the first dim), w: [K, N];
+  returns [n*M_local, N]. `comm_sms` (>= 1; default: the plan's) SMs are left to NCCL,
+  which must run while the GEMM waits for its rows.
+  """
+  op = "jax_flashoverlap.all_gather_matmul"
+  _, k, n = _validation.check_operands(op, x, w)
+  world = _validation.check_axis_name(op, axis_name)
+  _validation.check_comm_sms(op, comm_sms)
+  if comm_sms is not None and int(comm_sms) < 1:
+    raise ValueError(f"{op}: comm_sms must be >= 1 (NCCL needs SMs while the GEMM waits for "
+                     f"the gathered rows), got {comm_sms}")
+  lead = x.shape[:-1]
+  out = _all_gather_gemm(x.reshape(-1, k), w, _hashable(axis_name), comm_sms)
+  return out.reshape(world * lead[0], *lead[1:], n)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
+def _gemm_all_to_all(x, w, axis_name, split_axis, concat_axis, comm_sms):
+  return prims_a2a.gemm_all_to_all_p.bind(x, w, axis_name=axis_name, split_axis=split_axis,
+                                          concat_axis=concat_axis, comm_sms=comm_sms)
+
+
+def _gemm_all_to_all_fwd(x, w, axis_name, split_axis, concat_axis, comm_sms):
+  return _gemm_all_to_all(x, w, axis_name, split_axis, concat_axis, comm_sms), (x, w)
+
+
+def _gemm_all_to_all_bwd(axis_name, split_axis, concat_axis, comm_sms, res, ct):
+  # The transpose of an all-to-all is the inverse all-to-all; then two local GEMMs.
+  return _reference_vjp(functools.partial(prims_a2a.reference_gemm_all_to_all,
+                                          axis_name=axis_name, split_axis=split_axis,
+                                          concat_axis=concat_axis), *res, ct)
+
+
+_gemm_all_to_all.defvjp(_gemm_all_to_all_fwd, _gemm_all_to_all_bwd)
+
+# The transpose of the all-gather is a reduce-scatter of dx; dw is local.
+_all_gather_gemm = _collective_with_vjp(prims_a2a.all_gather_gemm_p,
+                                        prims_a2a.reference_all_gather_gemm)

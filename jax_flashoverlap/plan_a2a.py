@@ -1,0 +1,298 @@
+"""Plans of the all-to-all and all-gather ops (issue #9): deterministic, identical on every rank.
+
+GEMM + all-to-all (`matmul_all_to_all`): y = x @ w is n blocks of R x C (split_axis 0: row
+blocks, R = M/n, C = N; split_axis 1: column blocks, R = M, C = N/n). `band_rows` cut R into
+groups; group g is band g of every block, and once it is computed it is exchanged by one
+grouped ncclSend/ncclRecv batch (xla_ffi/ffi/gemm_all_to_all.cc). Cost model, as plan.py's:
+
+    gemm_end[g] = waves until group g's last work unit * unit time * interference
+    comm_end[g] = max(gemm_end[g], comm_end[g-1]) + latency + (n-1) * bytes(part) / a2a_bw
+
+minimized by dynamic programming over cluster-row cuts of R.
+
+All-gather + GEMM (`all_gather_matmul`): x's n row blocks of R rows arrive one step at a time
+(`chunks` transfers per block, each announced by a flag); the GEMM computes the local block
+first, then each block once it has arrived. The plan picks `chunks` and `comm_sms` (>= 1).
+
+Bandwidths are first guesses for 2 x H200 (not yet measured: calibrate them with the
+benchmark, as plan.py's were). Where no gain over XLA's dot + collective is predicted the op
+lowers to XLA's own composition (same switches as the other ops).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import math
+import threading
+
+from jax_flashoverlap import plan as plan_lib
+
+MAX_GROUPS = 64
+NUM_SMS = 132
+
+
+@dataclasses.dataclass(frozen=True)
+class CommProfile:
+  """Calibration (guesses until measured; GEMM figures are plan.py's)."""
+  sm_flops: float = plan_lib.DEFAULT_PROFILE.sm_flops
+  interference: float = plan_lib.DEFAULT_PROFILE.interference
+  comm_latency: float = plan_lib.DEFAULT_PROFILE.comm_latency
+  # Bytes each rank sends per second in our capped send/recv batches, by CTA cap.
+  p2p_bw: tuple = ((8, 120e9), (16, 200e9))
+  xla_all_to_all_bw: float = 200e9   # XLA's all-to-all, bytes sent per rank per second
+  xla_all_gather_bw: float = 200e9   # XLA's all-gather, bytes received per rank per second
+  copy_bandwidth: float = 1.5e12     # 2-D copies of concat_axis=1 (copy engine)
+  comm_sms: int | None = None
+  comm_sms_candidates: tuple = (8, 16)
+  chunk_candidates: tuple = (1, 2, 4)
+  min_gain: float = 0.03
+
+
+DEFAULT_PROFILE = CommProfile()
+
+
+@dataclasses.dataclass(frozen=True)
+class AllToAllPlan:
+  rows_per_block: int    # R
+  band_rows: tuple       # 0 = b_0 < ... < b_G = R
+  comm_sms: int
+  overlap: bool = True
+  predicted_s: float = 0.0
+  baseline_s: float = 0.0
+
+  @property
+  def num_groups(self) -> int:
+    return len(self.band_rows) - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class AllGatherPlan:
+  chunks: int            # transfers (and flags) per row block
+  comm_sms: int          # >= 1: NCCL runs while the GEMM waits for it
+  overlap: bool = True
+  predicted_s: float = 0.0
+  baseline_s: float = 0.0
+
+
+def _kernel(m: int, n: int, comm_sms: int):
+  """(rows per work unit, block_n, clusters) as signaling_gemm.cu's ChooseTileShape."""
+  usable = NUM_SMS - comm_sms
+  if math.ceil(m / 128) * math.ceil(n / 256) >= usable:
+    return 256, 256, usable // 2
+  return 128, 128, usable
+
+
+def _busbw(table: tuple, ctas: int) -> float:
+  points = sorted(table)
+  if ctas <= points[0][0]:
+    return points[0][1] * max(ctas, 1) / points[0][0]
+  for (c0, b0), (c1, b1) in zip(points, points[1:]):
+    if ctas <= c1:
+      return b0 + (b1 - b0) * (ctas - c0) / (c1 - c0)
+  return points[-1][1]
+
+
+def _unit_time(k: int, rows_per_unit: int, block_n: int, p: CommProfile) -> float:
+  # A unit is rows_per_unit x block_n of output on rows_per_unit / 128 SMs.
+  return 2.0 * 128 * block_n * k / p.sm_flops * p.interference
+
+
+def a2a_shape(m: int, n: int, world: int, split_axis: int) -> tuple:
+  """(blocks, R, C): GEMM blocks of the group layout, rows and columns of one a2a block."""
+  if split_axis == 0:
+    return world, m // world, n
+  return 1, m, n // world
+
+
+def a2a_baseline(m, n, k, world, itemsize=2, p: CommProfile = DEFAULT_PROFILE) -> float:
+  gemm = 2.0 * m * n * k / (p.sm_flops * NUM_SMS)
+  return gemm + p.comm_latency + m * n * itemsize * (world - 1) / world / p.xla_all_to_all_bw
+
+
+def a2a_plan_time(m, n, k, world, split_axis, concat_axis, band_rows, comm_sms, itemsize=2,
+                  p: CommProfile = DEFAULT_PROFILE) -> float:
+  blocks, _, cols = a2a_shape(m, n, world, split_axis)
+  step, block_n, grid = _kernel(m, n, comm_sms)
+  unit = _unit_time(k, step, block_n, p)
+  n_tiles = math.ceil(n / block_n)
+  bw = _busbw(p.p2p_bw, comm_sms)
+  units = 0
+  comm_end = 0.0
+  for b0, b1 in zip(band_rows, band_rows[1:]):
+    units += blocks * math.ceil((b1 - b0) / step) * n_tiles
+    gemm_end = math.ceil(units / grid) * unit
+    comm_end = max(gemm_end, comm_end) + p.comm_latency + (
+        (world - 1) * (b1 - b0) * cols * itemsize / bw)
+  if concat_axis == 1:  # the last group's 2-D copies are exposed
+    comm_end += world * (band_rows[-1] - band_rows[-2]) * cols * itemsize / p.copy_bandwidth
+  return comm_end
+
+
+def _best_a2a(m, n, k, world, split_axis, concat_axis, itemsize, p, comm_sms) -> AllToAllPlan:
+  blocks, rows, cols = a2a_shape(m, n, world, split_axis)
+  step, block_n, grid = _kernel(m, n, comm_sms)
+  unit = _unit_time(k, step, block_n, p)
+  n_tiles = math.ceil(n / block_n)
+  bw = _busbw(p.p2p_bw, comm_sms)
+  cuts = [0] + list(range(step, rows, step)) + [rows]
+  inf = float("inf")
+  best = [0.0] + [inf] * (len(cuts) - 1)
+  prev = [0] * len(cuts)
+  count = [0] * len(cuts)
+  for j in range(1, len(cuts)):
+    gemm_end = math.ceil(blocks * math.ceil(cuts[j] / step) * n_tiles / grid) * unit
+    for i in range(j):
+      if best[i] == inf or count[i] + 1 > MAX_GROUPS:
+        continue
+      t = max(gemm_end, best[i]) + p.comm_latency + (
+          (world - 1) * (cuts[j] - cuts[i]) * cols * itemsize / bw)
+      if t < best[j] - 1e-12:
+        best[j], prev[j], count[j] = t, i, count[i] + 1
+  bounds = [len(cuts) - 1]
+  while bounds[-1] != 0:
+    bounds.append(prev[bounds[-1]])
+  band_rows = tuple(cuts[j] for j in reversed(bounds))
+  predicted = a2a_plan_time(m, n, k, world, split_axis, concat_axis, band_rows, comm_sms,
+                            itemsize, p)
+  baseline = a2a_baseline(m, n, k, world, itemsize, p)
+  return AllToAllPlan(rows, band_rows, comm_sms, predicted < baseline * (1 - p.min_gain),
+                      predicted, baseline)
+
+
+def a2a_supported(m: int, n: int, world: int, split_axis: int) -> str | None:
+  """None when our kernels can run this shape, else why not (then XLA's composition runs)."""
+  if world < 2:
+    return "one rank: nothing to exchange"
+  if split_axis == 0 and m % world:
+    return f"M={m} is not divisible by the axis size {world}"
+  if split_axis == 1 and n % (8 * world):
+    return f"N={n} is not a multiple of 8 * axis size ({8 * world}): column blocks need 16-byte rows"
+  if max(m, n) >= 1 << 30:
+    return "M or N >= 2^30"
+  return None
+
+
+@functools.lru_cache(maxsize=512)
+def default_a2a_plan(m, n, k, world, split_axis, concat_axis, itemsize=2,
+                     profile: CommProfile = DEFAULT_PROFILE) -> AllToAllPlan:
+  candidates = ((profile.comm_sms,) if profile.comm_sms is not None
+                else profile.comm_sms_candidates)
+  plans = [_best_a2a(m, n, k, world, split_axis, concat_axis, itemsize, profile, c)
+           for c in candidates]
+  return min(plans, key=lambda q: q.predicted_s)
+
+
+# --- all-gather + GEMM --------------------------------------------------------------------
+
+
+def all_gather_baseline(rows, n, k, world, itemsize=2, p: CommProfile = DEFAULT_PROFILE) -> float:
+  gemm = 2.0 * world * rows * n * k / (p.sm_flops * NUM_SMS)
+  return gemm + p.comm_latency + (world - 1) * rows * k * itemsize / p.xla_all_gather_bw
+
+
+def all_gather_plan_time(rows, n, k, world, chunks, comm_sms, itemsize=2,
+                         p: CommProfile = DEFAULT_PROFILE) -> float:
+  """Chunks arrive one after another; the GEMM runs chunk by chunk, never before arrival."""
+  f = rows // chunks
+  step, block_n, grid = _kernel(world * rows, n, comm_sms)
+  unit = _unit_time(k, step, block_n, p)
+  chunk_work = math.ceil(f / step) * math.ceil(n / block_n) * unit / grid
+  transfer = p.comm_latency + f * k * itemsize / _busbw(p.p2p_bw, comm_sms)
+  t = chunks * chunk_work  # the local block, ready at once
+  arrived = 0.0
+  for _ in range((world - 1) * chunks):
+    arrived += transfer
+    t = max(t, arrived) + chunk_work
+  return t + unit  # the last wave's tail
+
+
+@functools.lru_cache(maxsize=512)
+def default_all_gather_plan(rows, n, k, world, itemsize=2,
+                            profile: CommProfile = DEFAULT_PROFILE) -> AllGatherPlan:
+  sms = ((profile.comm_sms,) if profile.comm_sms is not None else profile.comm_sms_candidates)
+  baseline = all_gather_baseline(rows, n, k, world, itemsize, profile)
+  best = None
+  for c in sms:
+    for chunks in profile.chunk_candidates:
+      if rows % chunks or world * chunks > MAX_GROUPS:
+        continue
+      t = all_gather_plan_time(rows, n, k, world, chunks, c, itemsize, profile)
+      if best is None or t < best.predicted_s - 1e-12:
+        best = AllGatherPlan(chunks, max(1, c), t < baseline * (1 - profile.min_gain), t,
+                             baseline)
+  return best
+
+
+def all_gather_supported(rows: int, n: int, world: int) -> str | None:
+  if world < 2:
+    return "one rank: nothing to gather"
+  if world > MAX_GROUPS:
+    return f"more than {MAX_GROUPS} ranks"
+  if world * rows >= 1 << 30 or n >= 1 << 30:
+    return "M or N >= 2^30"
+  return None
+
+
+# --- overrides (tuning, benchmarks) -----------------------------------------------------------
+
+_override = threading.local()
+
+
+@contextlib.contextmanager
+def forced(num_groups: int | None = None, comm_sms: int | None = None, overlap: bool = True,
+           chunks: int | None = None):
+  """Within this context, these ops *lowered* here use `num_groups` even bands (all-to-all),
+  `chunks` (all-gather), `comm_sms`, or overlap=False (XLA's composition)."""
+  previous = getattr(_override, "value", None)
+  _override.value = (num_groups, comm_sms, overlap, chunks)
+  try:
+    yield
+  finally:
+    _override.value = previous
+
+
+def is_forced() -> bool:
+  return getattr(_override, "value", None) is not None
+
+
+def _profile_for(comm_sms):
+  override = getattr(_override, "value", None)
+  if comm_sms is None and override is not None:
+    comm_sms = override[1]
+  if comm_sms is None:
+    return DEFAULT_PROFILE
+  return dataclasses.replace(DEFAULT_PROFILE, comm_sms=int(comm_sms))
+
+
+def choose_a2a_plan(m, n, k, world, split_axis, concat_axis, itemsize=2,
+                    comm_sms=None) -> AllToAllPlan:
+  """By priority: a `forced(...)` override, an explicit comm_sms, the cost model."""
+  plan = default_a2a_plan(m, n, k, world, split_axis, concat_axis, itemsize,
+                          _profile_for(comm_sms))
+  override = getattr(_override, "value", None)
+  if override is None:
+    return plan
+  num_groups, _, overlap, _ = override
+  if num_groups is not None:
+    step = _kernel(m, n, plan.comm_sms)[0]
+    bands = plan_lib.even_bands(plan.rows_per_block, num_groups, step)
+    plan = dataclasses.replace(plan, band_rows=bands, predicted_s=a2a_plan_time(
+        m, n, k, world, split_axis, concat_axis, bands, plan.comm_sms, itemsize))
+  return dataclasses.replace(plan, overlap=overlap)
+
+
+def choose_all_gather_plan(rows, n, k, world, itemsize=2, comm_sms=None) -> AllGatherPlan:
+  plan = default_all_gather_plan(rows, n, k, world, itemsize, _profile_for(comm_sms))
+  override = getattr(_override, "value", None)
+  if override is None:
+    return plan
+  _, _, overlap, chunks = override
+  if chunks is not None:
+    if rows % chunks or world * chunks > MAX_GROUPS:
+      raise ValueError(f"forced chunks={chunks} must divide the {rows} local rows and "
+                       f"world * chunks must be <= {MAX_GROUPS}")
+    plan = dataclasses.replace(plan, chunks=int(chunks), predicted_s=all_gather_plan_time(
+        rows, n, k, world, int(chunks), plan.comm_sms, itemsize))
+  return dataclasses.replace(plan, overlap=overlap)

@@ -1,0 +1,178 @@
+"""Per-device primitives of the all-to-all and all-gather ops (issue #9).
+
+    flashoverlap_gemm_all_to_all   all_to_all(x @ w, axis_name, split_axis, concat_axis, tiled=True)
+    flashoverlap_all_gather_gemm   all_gather(x, axis_name, axis=0, tiled=True) @ w
+
+x [M, K], w [K, N] (ops.py flattens and validates). As in primitives.py: output types come
+from tracing the reference composition (so shard_map's varying-axes typing is XLA's own), the
+CPU lowering is that reference, and the CUDA lowering is the FFI target of the same name,
+or the reference where the shape is not supported or the plan (plan_a2a.py) predicts no gain.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jax_flashoverlap import _compat, _ext, comm, plan_a2a
+
+# --- reference compositions (also the CPU lowering) --------------------------------------
+
+
+def reference_gemm_all_to_all(x, w, *, axis_name, split_axis=0, concat_axis=0):
+  return lax.all_to_all(jnp.matmul(x, w), axis_name, split_axis, concat_axis, tiled=True)
+
+
+def reference_all_gather_gemm(x, w, *, axis_name):
+  return jnp.matmul(lax.all_gather(x, axis_name, axis=0, tiled=True), w)
+
+
+_REFERENCE_KEYS = ("axis_name", "split_axis", "concat_axis")
+
+
+def _reference_params(params):
+  return {k: v for k, v in params.items() if k in _REFERENCE_KEYS}
+
+
+def _make_primitive(name, reference):
+  prim = _compat.Primitive(name)
+  prim.def_impl(functools.partial(_compat.apply_primitive, prim))
+
+  def abstract_eval(x, w, **params):
+    params = _reference_params(params)
+    (out,) = _compat.abstract_eval_fun(lambda a, b: (reference(a, b, **params),), x, w)
+    return out
+
+  prim.def_abstract_eval(abstract_eval)
+  lowered_reference = _compat.mlir.lower_fun(
+      lambda x, w, **params: reference(x, w, **_reference_params(params)),
+      multiple_results=False)
+  _compat.mlir.register_lowering(prim, lowered_reference)
+  return prim, lowered_reference
+
+
+gemm_all_to_all_p, _a2a_reference_lowering = _make_primitive(
+    "flashoverlap_gemm_all_to_all", reference_gemm_all_to_all)
+all_gather_gemm_p, _ag_reference_lowering = _make_primitive(
+    "flashoverlap_all_gather_gemm", reference_all_gather_gemm)
+
+# --- CUDA lowerings ------------------------------------------------------------------------
+
+
+def _world_size(mesh, axis_name):
+  if mesh is None:
+    raise ValueError("jax_flashoverlap: the CUDA lowering needs the concrete mesh of the "
+                     "enclosing shard_map (got none)")
+  return int(np.prod([mesh.shape[a] for a in comm.normalize_axes(axis_name)]))
+
+
+def _keep_reference(plan, comm_sms) -> bool:
+  """No gain predicted: XLA's own composition, unless comm_sms or the env keeps our kernels."""
+  return not plan.overlap and (plan_a2a.is_forced() or
+                               (comm_sms is None and _ext.fallback_enabled()))
+
+
+def _prepare_comm(prim, mesh, axis_name, plan_fields, comm_sms, workspace_bytes, shapes):
+  comm_id = comm.comm_id_for(mesh, axis_name, comm_sms)
+  if jax.process_count() > 1:  # a plan that differs between processes would hang NCCL
+    from jax_flashoverlap import distributed
+    distributed.check_identical(f"the plan of {prim.name} for {shapes}",
+                                dict(plan_fields, comm_id=comm_id))
+  if comm.mesh_is_local_gpu(mesh):  # not cross-lowering: the program runs here
+    comm.ensure_communicators(mesh, axis_name, comm_sms=comm_sms,
+                              workspace_bytes=workspace_bytes)
+  return comm_id
+
+
+def _a2a_cuda_lowering(ctx, x, w, *, axis_name, split_axis, concat_axis, comm_sms):
+  prim = gemm_all_to_all_p
+  reference = functools.partial(_a2a_reference_lowering, ctx, x, w, axis_name=axis_name,
+                                split_axis=split_axis, concat_axis=concat_axis)
+  use_cuda, _ = _ext.check_cuda_path(prim.name)
+  if not use_cuda:
+    return reference()
+  mesh = _compat.lowering_mesh(ctx)
+  world = _world_size(mesh, axis_name)
+  x_aval, w_aval = ctx.avals_in
+  m, k = x_aval.shape
+  n = w_aval.shape[1]
+  dtype = np.dtype(x_aval.dtype)
+  if plan_a2a.a2a_supported(m, n, world, split_axis) is not None:
+    return reference()
+  plan = plan_a2a.choose_a2a_plan(m, n, k, world, split_axis, concat_axis, dtype.itemsize,
+                                  comm_sms)
+  if _keep_reference(plan, comm_sms):
+    return reference()
+  workspace = m * n * dtype.itemsize * (2 if concat_axis == 1 else 1)
+  comm_id = _prepare_comm(prim, mesh, axis_name,
+                          {"band_rows": list(plan.band_rows), "comm_sms": plan.comm_sms},
+                          plan.comm_sms, workspace,
+                          f"x {tuple(x_aval.shape)} w {tuple(w_aval.shape)}")
+  return _compat.ffi_lowering(prim.name)(
+      ctx, x, w,
+      comm_id=np.int64(comm_id),
+      world_size=np.int32(world),
+      comm_sms=np.int32(plan.comm_sms),
+      split_axis=np.int32(split_axis),
+      concat_axis=np.int32(concat_axis),
+      band_rows=np.asarray(plan.band_rows, dtype=np.int32))
+
+
+def _ag_cuda_lowering(ctx, x, w, *, axis_name, comm_sms):
+  prim = all_gather_gemm_p
+  reference = functools.partial(_ag_reference_lowering, ctx, x, w, axis_name=axis_name)
+  use_cuda, _ = _ext.check_cuda_path(prim.name)
+  if not use_cuda:
+    return reference()
+  mesh = _compat.lowering_mesh(ctx)
+  world = _world_size(mesh, axis_name)
+  x_aval, w_aval = ctx.avals_in
+  rows, k = x_aval.shape
+  n = w_aval.shape[1]
+  dtype = np.dtype(x_aval.dtype)
+  if plan_a2a.all_gather_supported(rows, n, world) is not None:
+    return reference()
+  plan = plan_a2a.choose_all_gather_plan(rows, n, k, world, dtype.itemsize, comm_sms)
+  if _keep_reference(plan, comm_sms):
+    return reference()
+  comm_id = _prepare_comm(prim, mesh, axis_name,
+                          {"chunks": plan.chunks, "comm_sms": plan.comm_sms}, plan.comm_sms,
+                          world * rows * k * dtype.itemsize,
+                          f"x {tuple(x_aval.shape)} w {tuple(w_aval.shape)}")
+  return _compat.ffi_lowering(prim.name)(
+      ctx, x, w,
+      comm_id=np.int64(comm_id),
+      world_size=np.int32(world),
+      comm_sms=np.int32(plan.comm_sms),
+      chunks=np.int32(plan.chunks))
+
+
+_compat.mlir.register_lowering(gemm_all_to_all_p, _a2a_cuda_lowering, platform="cuda")
+_compat.mlir.register_lowering(all_gather_gemm_p, _ag_cuda_lowering, platform="cuda")
+
+# --- batching (vmap): one call per batch element ------------------------------------------
+
+
+def _map_batch_rule(prim):
+  def rule(args, dims, **params):
+    x, w = args
+    bx, bw = dims
+    not_mapped = _compat.not_mapped
+    if bw is not_mapped:
+      x = jnp.moveaxis(x, bx, 0)
+      return lax.map(lambda a: prim.bind(a, w, **params), x), 0
+    if bx is not_mapped:
+      w = jnp.moveaxis(w, bw, 0)
+      return lax.map(lambda b: prim.bind(x, b, **params), w), 0
+    x = jnp.moveaxis(x, bx, 0)
+    w = jnp.moveaxis(w, bw, 0)
+    return lax.map(lambda ab: prim.bind(ab[0], ab[1], **params), (x, w)), 0
+  return rule
+
+
+_compat.batching.primitive_batchers[gemm_all_to_all_p] = _map_batch_rule(gemm_all_to_all_p)
+_compat.batching.primitive_batchers[all_gather_gemm_p] = _map_batch_rule(all_gather_gemm_p)
