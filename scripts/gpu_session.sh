@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (device tool): set up, build, test, benchmark; logs to $OUT.
 #   bash scripts/gpu_session.sh [STEP ...]   steps: build info tests gpu_tests gemm_bench
-#     overlap_bench overlap_all sweep procs stress flax_example quickstart cuda_tests
+#     overlap_bench overlap_all sweep procs stress flax_example sanitize_overlap quickstart
+#     cuda_tests
 #     (default: build info tests)
 # Carry: .whl (nvidia-cutlass wheel; the machine has no index) and build/obj (object cache).
 set -uo pipefail
@@ -39,6 +40,11 @@ for step in "${steps[@]}"; do
       run_step procs2 python3 -m jax_flashoverlap.launch -n 2 --gpus-per-process 1 --timeout 500 -m jax_flashoverlap.bench overlap --variants ${PROCS_ARGS:-} --out "$OUT/procs2_h200x2.json" ;;
     stress) run_step stress python3 benchmarks/stress.py --out "$OUT/stress_h200x2.json" ;;
     flax_example) run_step flax_example python3 examples/tp_transformer_block.py --steps 20 --json "$OUT/tp_block_h200x2.json" ;;
+    sanitize_overlap)  # one overlapped call of each op under compute-sanitizer, 2 processes
+      for tool in memcheck racecheck synccheck; do
+        run_step "san_$tool" env XLA_FLAGS=--xla_gpu_autotune_level=0 python3 -m jax_flashoverlap.launch -n 2 --gpus-per-process 1 --timeout 280 tests/cuda/sanitize_overlap.py "$tool" "$OUT/sanitize"
+      done
+      grep -h "ERROR SUMMARY\|RACECHECK SUMMARY\|SYNCCHECK SUMMARY" "$OUT"/sanitize/*.log > "$OUT/sanitize_summary.txt" 2>&1 ;;
     quickstart) run_step quickstart python3 examples/quickstart.py ;;
     cuda_tests) run_step cuda_tests bash tests/cuda/run_gpu.sh ;;
     *) echo "unknown step $step"; exit 2 ;;
