@@ -42,13 +42,46 @@ class ExtensionMissingWarning(RuntimeWarning):
   """A GPU is in use but the CUDA extension is not built: ops run non-overlapped."""
 
 
+class UnsupportedGPUWarning(RuntimeWarning):
+  """The local GPU is not one the kernels are built for (sm_90: H100 / H200): ops run
+  non-overlapped, through the reference path."""
+
+
+# The signaling GEMM is compiled for sm_90a only (xla_ffi/kernels/signaling_gemm.cu refuses any
+# other device with an Unimplemented error at run time); other GPUs take the reference path.
+SUPPORTED_COMPUTE_CAPABILITIES = ("9.0",)
+_warned_unsupported = False
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def env_switch(name: str, default: bool) -> bool:
+  """The on/off switch `name` from the environment (unset or empty: `default`).
+
+  Any other value than 1/true/yes/on or 0/false/no/off is an error naming the variable: a typo
+  must not silently leave the switch in its default state.
+  """
+  raw = os.environ.get(name)
+  if raw is None or not raw.strip():
+    return default
+  value = raw.strip().lower()
+  if value in _TRUE:
+    return True
+  if value in _FALSE:
+    return False
+  raise ValueError(f"jax_flashoverlap: environment variable {name}={raw!r} is not an on/off "
+                   f"switch; expected one of {', '.join(_TRUE + _FALSE)} (or unset)")
+
+
 def force_reference() -> bool:
   """True when the env var asks for the reference path on every platform."""
-  return os.environ.get(FORCE_REFERENCE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+  return env_switch(FORCE_REFERENCE_ENV, False)
 
 
 def fallback_enabled() -> bool:
-  return os.environ.get(FALLBACK_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+  return env_switch(FALLBACK_ENV, True)
 
 
 @functools.lru_cache(maxsize=None)
@@ -72,28 +105,63 @@ def register_targets() -> None:
     _registered = True
 
 
-def local_gpu_present() -> bool:
+def local_gpus() -> list:
+  """(device_kind, compute_capability) of each local GPU; the capability (e.g. "9.0") is None
+  where JAX does not report it."""
   import jax
   try:
-    return len(jax.devices("gpu")) > 0
+    devices = jax.devices("gpu")
   except RuntimeError:
-    return False
+    return []
+  return [(str(getattr(d, "device_kind", "")), getattr(d, "compute_capability", None))
+          for d in devices]
 
 
-def check_cuda_path(target: str, *, gpu_present: bool | None = None) -> tuple[bool, str]:
+def local_gpu_present() -> bool:
+  return bool(local_gpus())
+
+
+def unsupported_gpu(gpus) -> tuple | None:
+  """(device_kind, compute capability) of the first GPU in `gpus` the kernels do not support,
+  or None (also when a capability is unknown: the extension then checks at run time)."""
+  for kind, capability in gpus:
+    if capability is not None and str(capability) not in SUPPORTED_COMPUTE_CAPABILITIES:
+      return kind, str(capability)
+  return None
+
+
+def check_cuda_path(target: str, *, gpu_present: bool | None = None,
+                    gpus: list | None = None) -> tuple[bool, str]:
   """Whether a CUDA lowering should emit `target` as a custom call, and why (or why not).
 
   Cross-lowering on a machine with no GPU (e.g. `lower(lowering_platforms=("cuda",))` in CI)
   emits the custom call whenever it cannot tell otherwise: the program is for another machine.
-  With a local GPU and no extension, warns once and uses the reference composition.
+  With a local GPU the kernels do not support (not sm_90), or a local GPU and no extension,
+  warns once and uses the reference composition. `gpus`: (device_kind, compute capability)
+  pairs, default `local_gpus()`.
   """
-  global _warned_missing
+  global _warned_missing, _warned_unsupported
   if force_reference():
     return False, f"{FORCE_REFERENCE_ENV} is set: using the reference path (XLA dot + collective)"
+  if gpus is None and gpu_present is not False:
+    gpus = local_gpus()
   if gpu_present is None:
-    gpu_present = local_gpu_present()
+    gpu_present = bool(gpus)
   if not gpu_present:
     return True, "cross-lowering for CUDA without a local GPU: custom call " + target
+  bad = unsupported_gpu(gpus or [])
+  if bad is not None:
+    kind, capability = bad
+    sm = "sm_" + capability.replace(".", "")
+    if not _warned_unsupported:
+      _warned_unsupported = True
+      warnings.warn(
+          f"jax_flashoverlap: the signaling GEMM needs an sm_90 GPU (H100/H200); this "
+          f"machine's GPU {kind!r} is {sm} (compute capability {capability}): ops run through "
+          "the reference path (XLA dot + collective), without overlap.",
+          UnsupportedGPUWarning, stacklevel=3)
+    return False, (f"GPU {kind!r} is {sm}; the kernels need sm_90 (H100/H200): reference path "
+                   "(XLA dot + collective)")
   if ext is None:
     if not _warned_missing:
       _warned_missing = True

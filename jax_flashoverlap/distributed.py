@@ -32,7 +32,33 @@ class DistributedMismatchError(RuntimeError):
 
 
 def timeout_ms() -> int:
-  return int(float(os.environ.get(TIMEOUT_ENV, "300")) * 1000)
+  """How long a key-value get or barrier waits for the other processes ($TIMEOUT_ENV, seconds)."""
+  raw = os.environ.get(TIMEOUT_ENV, "").strip() or "300"
+  try:
+    seconds = float(raw)
+  except ValueError:
+    seconds = float("nan")
+  if not seconds > 0 or seconds == float("inf"):
+    raise ValueError(f"jax_flashoverlap: environment variable {TIMEOUT_ENV}={raw!r} must be a "
+                     "positive number of seconds (default 300)")
+  return max(1, int(seconds * 1000))
+
+
+def _env_int(name: str) -> int | None:
+  raw = os.environ.get(name)
+  if raw is None:
+    return None
+  try:
+    return int(raw.strip())
+  except ValueError:
+    raise ValueError(f"jax_flashoverlap: environment variable {name}={raw!r} must be an "
+                     "integer (it is set by python -m jax_flashoverlap.launch)") from None
+
+
+def _waited(what: str, key: str, err: Exception) -> TimeoutError:
+  return TimeoutError(f"jax_flashoverlap: waited {timeout_ms() / 1000:g} s for {what} "
+                      f"({key!r}) from another process ({type(err).__name__}: {err}); is every "
+                      f"process running the same program? ({TIMEOUT_ENV} sets the wait)")
 
 
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
@@ -46,10 +72,10 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   if _compat.distributed_client() is not None:
     return
   coordinator_address = coordinator_address or os.environ.get(COORDINATOR_ENV)
-  if num_processes is None and NUM_PROCESSES_ENV in os.environ:
-    num_processes = int(os.environ[NUM_PROCESSES_ENV])
-  if process_id is None and PROCESS_ID_ENV in os.environ:
-    process_id = int(os.environ[PROCESS_ID_ENV])
+  if num_processes is None:
+    num_processes = _env_int(NUM_PROCESSES_ENV)
+  if process_id is None:
+    process_id = _env_int(PROCESS_ID_ENV)
   if coordinator_address is None or not num_processes or num_processes <= 1:
     return
   jax.distributed.initialize(coordinator_address=coordinator_address,
@@ -76,13 +102,15 @@ def share(key: str, owner: bool, make) -> str:
   try:
     return client.blocking_key_value_get(full, timeout_ms())
   except Exception as err:  # the runtime raises its own error types; name what we waited for
-    raise TimeoutError(f"jax_flashoverlap: waited {timeout_ms() / 1000:.0f} s for {full!r} "
-                       f"from another process ({err}); is every process running the same "
-                       "program?") from err
+    raise _waited("the shared value", full, err) from err
 
 
 def barrier(name: str) -> None:
-  _client().wait_at_barrier(f"{_PREFIX}/barrier/{name}", timeout_ms())
+  client, key = _client(), f"{_PREFIX}/barrier/{name}"
+  try:
+    client.wait_at_barrier(key, timeout_ms())
+  except Exception as err:
+    raise _waited("every process at the barrier", key, err) from err
 
 
 def check_identical(what: str, value) -> None:
@@ -101,8 +129,11 @@ def check_identical(what: str, value) -> None:
   client.key_value_set(f"{_PREFIX}/check/{seq}/{me}", mine)
   differing = {}
   for p in range(jax.process_count()):
-    other = mine if p == me else client.blocking_key_value_get(
-        f"{_PREFIX}/check/{seq}/{p}", timeout_ms())
+    key = f"{_PREFIX}/check/{seq}/{p}"
+    try:
+      other = mine if p == me else client.blocking_key_value_get(key, timeout_ms())
+    except Exception as err:  # a process that never gets here: an error, not a hang
+      raise _waited(f"process {p}'s value of {what}", key, err) from err
     if other != mine:
       differing[p] = other
   if differing:

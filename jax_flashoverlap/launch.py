@@ -116,6 +116,8 @@ def main(argv=None) -> int:
   args = parser.parse_args(options)
   if args.num_processes < 1:
     parser.error(f"-n must be >= 1, got {args.num_processes}")
+  if not args.timeout > 0:
+    parser.error(f"--timeout must be a positive number of seconds, got {args.timeout}")
   if args.gpus_per_process < 0:
     parser.error(f"--gpus-per-process must be >= 0, got {args.gpus_per_process}")
   if not command or command == ["-m"]:

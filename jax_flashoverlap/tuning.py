@@ -96,6 +96,12 @@ def validate(data, path="<config>") -> dict:
       _fail(path, f"{where}: {err}")
     if not isinstance(e.get("overlap", True), bool):
       _fail(path, f"{where}: 'overlap' must be true or false")
+    for field in ("measured_ms", "baseline_ms"):  # optional; the plan's predicted times
+      value = e.get(field, 0.0)
+      if (not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0
+          or value == float("inf")):
+        _fail(path, f"{where}: '{field}' must be a non-negative number of milliseconds, "
+                    f"got {value!r}")
     key = (gpu, world, e["collective"], e["dtype"], m, n, k)
     if key in out:
       _fail(path, f"{where}: duplicate entry for {key[2:]}")
@@ -103,17 +109,20 @@ def validate(data, path="<config>") -> dict:
   return out
 
 
-def load_file(path) -> dict:
-  path = Path(path)
+def _read_json(path: Path):
   try:
     text = path.read_text()
   except OSError as err:
     raise ConfigError(f"jax_flashoverlap: cannot read tuned-config file {path}: {err}") from err
   try:
-    data = json.loads(text)
+    return json.loads(text)
   except json.JSONDecodeError as err:
     _fail(path, f"not JSON ({err})")
-  return validate(data, path)
+
+
+def load_file(path) -> dict:
+  path = Path(path)
+  return validate(_read_json(path), path)
 
 
 def _files() -> list:
@@ -150,7 +159,7 @@ def write_entries(path, gpu: str, world: int, entries: list) -> Path:
   path = Path(path)
   data = {"schema": SCHEMA, "gpu": gpu, "world_size": world, "entries": []}
   if path.exists():
-    old = json.loads(path.read_text())
+    old = _read_json(path)
     validate(old, path)
     if old["gpu"] != gpu or old["world_size"] != world:
       raise ConfigError(f"jax_flashoverlap: {path} holds plans for {old['gpu']} x "
