@@ -35,9 +35,13 @@ DESIGN_SHAPES = ((4096, 8192, 8192), (8192, 8192, 8192), (16384, 8192, 16384),
 
 
 def _parse_shape(text):
-  parts = [int(v) for v in text.lower().replace("x", ",").split(",") if v]
-  if len(parts) != 3:
-    raise argparse.ArgumentTypeError(f"shape must be MxNxK, got {text!r}")
+  try:
+    parts = [int(v) for v in text.lower().replace("x", ",").split(",") if v]
+  except ValueError:
+    parts = []
+  if len(parts) != 3 or min(parts) < 1:
+    raise argparse.ArgumentTypeError(f"shape must be MxNxK (three positive integers, e.g. "
+                                     f"8192x8192x8192), got {text!r}")
   return tuple(parts)
 
 

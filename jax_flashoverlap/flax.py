@@ -69,12 +69,22 @@ class _Config:
   reduce: str
   dtype: tp.Any
   param_dtype: tp.Any
+  overlap_backward: bool = False  # column layer: dx's all-reduce through matmul_all_reduce
 
-  def check(self):
-    """Construction-time checks (what can be known without a mesh)."""
+  def check(self, mesh=None):
+    """Construction-time checks (the mesh ones when a mesh is known)."""
     if not isinstance(self.axis_name, str):
       raise TypeError(f"{self.layer}: axis_name must be a mesh axis name (str), "
                       f"got {self.axis_name!r}")
+    if not isinstance(self.overlap_backward, bool):
+      raise TypeError(f"{self.layer}: overlap_backward must be a bool, "
+                      f"got {self.overlap_backward!r}")
+    mesh = mesh if mesh is not None else jax.sharding.get_abstract_mesh()
+    names = () if mesh is None or getattr(mesh, "empty", False) else tuple(mesh.axis_names)
+    if names and self.axis_name not in names and \
+        self.axis_name not in _compat.bound_axis_names():
+      raise ValueError(f"{self.layer}: axis_name {self.axis_name!r} is not an axis of the "
+                       f"mesh {names}")
     if self.row and self.reduce not in REDUCTIONS:
       raise ValueError(f"{self.layer}: reduce must be one of {REDUCTIONS}, got {self.reduce!r}")
     for name, value in (("in_features", self.in_features), ("out_features", self.out_features)):
@@ -170,11 +180,15 @@ def _row(cfg: _Config, x, w):
 
 def _column(cfg: _Config, x, w):
   """x @ w with XLA's dot. Inside a check_vma shard_map, when x is the same on every device
-  of the axis and the kernel shard is not, the backward needs psum(dy @ w.T) for dx: done by
-  `matmul_all_reduce`, so that all-reduce overlaps too. Elsewhere (global view, check_vma=False,
-  x already varying) the backward is XLA's, exactly what nnx.Linear would do there."""
+  of the axis and the kernel shard is not, the backward needs psum(dy @ w.T) for dx; with
+  overlap_backward=True that is `matmul_all_reduce`, so it overlaps too. Off by default: when
+  several column layers read the same x (separate q/k/v), XLA adds their dx before one
+  all-reduce, fewer bytes than one overlapped all-reduce per layer; fuse such layers (one
+  q|k|v layer) first. Elsewhere (global view, check_vma=False, x varying) the backward is
+  XLA's, exactly what nnx.Linear would do there."""
   axis = cfg.axis_name
-  if axis in _compat.varying_axes(w) and axis not in _compat.varying_axes(x):
+  if cfg.overlap_backward and axis in _compat.varying_axes(w) and \
+      axis not in _compat.varying_axes(x):
     return _column_matmul(x, w, axis)
   return jnp.matmul(x, w)
 
@@ -213,10 +227,11 @@ class _NNXParallel(nnx.Module):
   def __init__(self, in_features: int, out_features: int, *, axis_name: str = "tp",
                reduce: str = "all_reduce", use_bias: bool = True, dtype=jnp.bfloat16,
                param_dtype=jnp.float32, kernel_init=_default_kernel_init,
-               bias_init=_default_bias_init, mesh=None, rngs: nnx.Rngs):
+               bias_init=_default_bias_init, mesh=None, overlap_backward: bool = False,
+               rngs: nnx.Rngs):
     self.cfg = _Config(type(self).__name__, self._row, in_features, out_features, axis_name,
-                       reduce, dtype, param_dtype)
-    self.cfg.check()
+                       reduce, dtype, param_dtype, overlap_backward)
+    self.cfg.check(mesh)
     kshape, bshape, kspec, bspec = self.cfg.shapes(in_features)
     # Sharded now when a mesh is known (and the params are global); else only annotated.
     eager = self.cfg.local_view() is None and (mesh is not None or
@@ -246,8 +261,10 @@ class RowParallelLinear(_NNXParallel):
 class ColumnParallelLinear(_NNXParallel):
   """Column-parallel `nnx.Linear`: kernel [in_features, out_features] and bias sharded on the
   output dim over `axis_name`; per device y_local [..., out/n] = x @ kernel_local + bias_local
-  (XLA's dot), no communication in the forward; inside shard_map the backward's all-reduce of
-  dx is overlapped (`matmul_all_reduce`). `reduce` is not used."""
+  (XLA's dot), no communication in the forward. overlap_backward=True: inside a check_vma
+  shard_map with x replicated, the backward's all-reduce of dx is `matmul_all_reduce`
+  (overlapped); worth it when this layer is x's only reader (fused q|k|v). `reduce` is not
+  used."""
   _row = False
 
 
@@ -262,15 +279,19 @@ class _LinenParallel(nn.Module):
   param_dtype: tp.Any = jnp.float32
   kernel_init: tp.Callable = _default_kernel_init
   bias_init: tp.Callable = _default_bias_init
+  overlap_backward: bool = False  # column layer only: see ColumnParallelLinear
   _row: tp.ClassVar[bool] = True
 
   @nn.compact
   def __call__(self, x):
     cfg = _Config(type(self).__name__, self._row, None, self.features, self.axis_name,
-                  self.reduce, self.dtype, self.param_dtype)
+                  self.reduce, self.dtype, self.param_dtype, self.overlap_backward)
     cfg.check()
     k = jnp.shape(x)[-1]  # the view's input size: local inside shard_map for the row layer
     in_features = k * (cfg.local_view() or 1) if self._row else k
+    n = _mesh_axis_size(self.axis_name)
+    if self._row and not cfg.local_view() and n is not None:
+      cfg.split(in_features, n)  # global view: the input dim is sharded over the axis
     kshape, bshape, kspec, bspec = cfg.shapes(in_features)
     kernel = self.param("kernel", nn.with_partitioning(self.kernel_init, kspec), kshape,
                         self.param_dtype, unbox=False)
@@ -297,5 +318,6 @@ class RowParallelDense(_LinenParallel):
 
 class ColumnParallelDense(_LinenParallel):
   """Column-parallel `nn.Dense` (`features`: GLOBAL output size): kernel and bias sharded on
-  the output dim; per device y_local [..., features/n] = x @ kernel_local + bias_local."""
+  the output dim; per device y_local [..., features/n] = x @ kernel_local + bias_local.
+  `overlap_backward` as in `ColumnParallelLinear`."""
   _row: tp.ClassVar[bool] = False

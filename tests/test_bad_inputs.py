@@ -747,23 +747,11 @@ def env_fallback_typo(t):
 AXE = fo.AxisNameError
 CFG = tuning.ConfigError
 DTYPES = "expected one of bfloat16, float16"
-XFAIL_FLAX_AXIS = pytest.mark.xfail(strict=True, reason=(
-    "flax.py: _Config.check() ignores an axis_name missing from the current mesh; it should "
-    "raise ValueError naming the layer, the axis and the mesh's axes"))
-XFAIL_LINEN_IN = pytest.mark.xfail(strict=True, reason=(
-    "flax.py: the linen row layer never checks in_features (taken from x) against the axis "
-    "size; JAX's IndivisibleError about the kernel's sharding comes instead"))
 XFAIL_JAX_DONATION = pytest.mark.xfail(strict=True, reason=(
     "JAX 0.10.2 (CPU, several devices): calling the same jitted function again with a donated, "
     "deleted sharded array logs 'Buffer has been deleted or donated' and then segfaults; the "
     "same happens with lax.psum(x @ w) and no jax_flashoverlap op (a JAX/XLA bug, cf. "
     "openxla/xla#22604), so the subprocess dies with SIGSEGV instead of a ValueError"))
-XFAIL_BENCH_INT = pytest.mark.xfail(strict=True, reason=(
-    "bench.py: _parse_shape lets int() raise ValueError, so argparse says 'invalid "
-    "_parse_shape value' without saying MxNxK was expected"))
-XFAIL_BENCH_ZERO = pytest.mark.xfail(strict=True, reason=(
-    "bench.py: _parse_shape accepts 0 and negative sizes; the run then dies with a traceback "
-    "from inside the op instead of a usage error"))
 
 CASES = [
     # --- public ops inside jax.shard_map (trace time) ---
@@ -868,7 +856,7 @@ CASES = [
     pytest.param(nnx_axis_not_str, raises(TypeError, "axis_name must be a mesh axis name (str)",
                                           "('tp',)"), id="nnx-axis-not-str"),
     pytest.param(nnx_axis_unknown, raises(ValueError, "RowParallelLinear", "'model'", "('tp',)"),
-                 id="nnx-axis-not-in-mesh", marks=XFAIL_FLAX_AXIS),
+                 id="nnx-axis-not-in-mesh"),
     pytest.param(nnx_x_shape_mismatch, raises(ValueError, "x (4, 24) and kernel (32, 16) do not "
                                               "match", "expected x [..., 32]"),
                  id="nnx-x-shape-mismatch"),
@@ -887,9 +875,9 @@ CASES = [
     pytest.param(linen_in_features_not_divisible, raises(ValueError, "RowParallelDense",
                                                          "in_features=32 is not divisible by the "
                                                          "size 3"),
-                 id="linen-in-features-not-divisible", marks=XFAIL_LINEN_IN),
-    pytest.param(linen_axis_unknown, raises(ValueError, "Resource axis: model",
-                                            "not found in mesh: ('tp',)"),
+                 id="linen-in-features-not-divisible"),
+    pytest.param(linen_axis_unknown, raises(ValueError, "RowParallelDense: axis_name 'model' is "
+                                            "not an axis of the mesh ('tp',)"),
                  id="linen-axis-not-in-mesh"),
     pytest.param(linen_dtype_int8, raises(TypeError, "RowParallelDense: dtype=",
                                           "only bfloat16 and float16"), id="linen-dtype-int8"),
@@ -930,13 +918,13 @@ CASES = [
     pytest.param(cfg_merge_into_non_json, raises(CFG, "plans.json", "not JSON"),
                  id="config-merge-into-non-json"),
     # --- CLIs (subprocesses, JAX_PLATFORMS=cpu) ---
-    pytest.param(cli_bench_shapes_malformed, exits(2, "argument --shapes", "shape must be MxNxK, "
+    pytest.param(cli_bench_shapes_malformed, exits(2, "argument --shapes", "shape must be MxNxK",
                                                    "got '12x34'"),
                  id="cli-bench-shapes-malformed"),
     pytest.param(cli_bench_shapes_not_integers, exits(2, "argument --shapes", "MxNxK", "'axbxc'"),
-                 id="cli-bench-shapes-not-integers", marks=XFAIL_BENCH_INT),
+                 id="cli-bench-shapes-not-integers"),
     pytest.param(cli_bench_shapes_zero, exits(2, "argument --shapes", "positive", "'0x8x8'"),
-                 id="cli-bench-shapes-zero", marks=XFAIL_BENCH_ZERO),
+                 id="cli-bench-shapes-zero"),
     pytest.param(cli_tune_without_gpu, exits(2, "needs GPUs", "'cpu'"),
                  id="cli-tune-without-gpu"),
     pytest.param(cli_launch_n0, exits(2, "-n must be >= 1"), id="cli-launch-n-0"),

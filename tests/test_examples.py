@@ -50,7 +50,7 @@ def test_tp_transformer_block(tmp_path):
   assert "OK: losses match" in out
   d = json.loads(report.read_text())
   assert len(d["steps"]) == steps and d["tp"] == 8
-  assert set(d["row_parallel_ops"]) == {"attention_out", "mlp_down"}
+  assert set(d["row_parallel_ops"]) == {"attention_out", "mlp_down", "qkv_dx", "gate_up_dx"}
   assert all(o["xla_ms"] > 0 and o["fo_ms"] > 0 for o in d["row_parallel_ops"].values())
   assert d["median_step_ms"]["fo"] > 0 and d["median_step_ms"]["xla"] > 0
 

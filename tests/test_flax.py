@@ -113,15 +113,23 @@ def test_column_backward_all_reduce_is_ours_only_under_check_vma(check_vma, rng)
   is our overlapped matmul_all_reduce (in the grad's jaxpr); under check_vma=False JAX itself
   adds no psum (the user owns it), and neither do we."""
   mesh = make_mesh_1d(4)
-  layer = ColumnParallelLinear(32, 64, rngs=nnx.Rngs(0))
-  gdef, state = nnx.split(layer)
-  specs = nnx.get_partition_spec(state)
   x = rand(rng, (8, 32), BF16)
-  f = jax.shard_map(lambda s, x: nnx.merge(gdef, s)(x), mesh=mesh, in_specs=(specs, P()),
-                    out_specs=P(None, "tp"), check_vma=check_vma)
-  text = str(jax.make_jaxpr(jax.grad(lambda s, x: _loss(f(s, x)), argnums=1))(state, x))
-  assert ("flashoverlap_gemm_all_reduce" in text) == check_vma, text
-  assert ("flashoverlap_gemm_all_reduce" in str(jax.make_jaxpr(f)(state, x))) is False
+  for overlap in (True, False):
+    layer = ColumnParallelLinear(32, 64, overlap_backward=overlap, rngs=nnx.Rngs(0))
+    gdef, state = nnx.split(layer)
+    specs = nnx.get_partition_spec(state)
+    f = jax.shard_map(lambda s, x: nnx.merge(gdef, s)(x), mesh=mesh, in_specs=(specs, P()),
+                      out_specs=P(None, "tp"), check_vma=check_vma)
+    grad = jax.grad(lambda s, x: _loss(f(s, x)), argnums=(0, 1))
+    text = str(jax.make_jaxpr(grad)(state, x))
+    assert ("flashoverlap_gemm_all_reduce" in text) == (check_vma and overlap), text
+    assert ("flashoverlap_gemm_all_reduce" in str(jax.make_jaxpr(f)(state, x))) is False
+    results = jax.jit(grad)(state, x)
+    if overlap:
+      on = results
+  # Same gradients either way (the CPU reference path sums in the same order).
+  _exact(on[1], results[1])
+  _exact(on[0]["kernel"].get_value(), results[0]["kernel"].get_value())
 
 
 def test_nnx_constructed_inside_shard_map_has_local_shapes(rng):

@@ -113,7 +113,9 @@ class Watchdog {
           ++i;
         }
       }
-      for (Communicator* comm : to_abort) Abort(*comm);
+      // Aborting may block (NCCL can wait for kernels that never stop): never in this loop,
+      // which must stay free to apply the grace deadline below.
+      for (Communicator* comm : to_abort) std::thread([comm] { Abort(*comm); }).detach();
     }
   }
 

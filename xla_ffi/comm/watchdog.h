@@ -12,8 +12,9 @@
 //     and calls ncclCommAbort so NCCL's kernels stop waiting for the peer. A CUDA context
 //     that trapped is unusable: the message says the process must restart, and later calls
 //     on that communicator fail at once with an error naming the abort.
-//   * if the stream still has not moved `kExitGraceSeconds` after the abort (NCCL did not
-//     stop), the process exits with status 134 and the message, rather than hang silently.
+//   * if the stream still has not moved `kExitGraceSeconds` after the abort (NCCL's kernel
+//     did not stop: seen on 2 x H200 with NCCL 2.28's symmetric kernels), the process exits
+//     with status 134 and a message, rather than hang silently.
 // Off, none of this runs and calls cost nothing extra.
 #pragma once
 
@@ -25,7 +26,7 @@ namespace flashoverlap {
 
 struct Communicator;
 
-constexpr double kExitGraceSeconds = 20.0;
+constexpr double kExitGraceSeconds = 10.0;
 
 // Allocates the abort flag of `comm` when comm.watchdog_seconds > 0 (creation time).
 Status InitWatchdog(Communicator& comm);
