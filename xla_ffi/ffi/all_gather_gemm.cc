@@ -31,6 +31,7 @@
 
 #include "xla/ffi/api/ffi.h"
 #include "xla_ffi/comm/communicator.h"
+#include "xla_ffi/comm/watchdog.h"
 #include "xla_ffi/comm/stream_write.h"
 #include "xla_ffi/ffi/check.h"
 #include "xla_ffi/ffi/handlers.h"
@@ -121,6 +122,8 @@ ffi::Error AllGatherGemmImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer
   Communicator* comm = FindCommunicator(comm_id, device);
   FO_RETURN_IF_ERROR(ValidateAg(comm, x, w, *out, world_size, comm_sms, chunks, comm_id, device));
   std::lock_guard<std::mutex> lock(comm->call_mutex);
+  Status alive = CheckNotAborted(*comm, kOp);
+  FO_CHECK(alive.ok(), alive.message);
 
   const int64_t rows = x.dimensions()[0], k = x.dimensions()[1], n_cols = w.dimensions()[1];
   const int n = world_size, rank = comm->rank;
@@ -170,6 +173,7 @@ ffi::Error AllGatherGemmImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer
     }
   }
   // Join back even after an error (a failed launch leaves C's sends queued: wait for them).
+  if (status.ok()) status = WatchCall(*comm, kOp);
   FO_CHECK_CUDA(cudaEventRecord(comm->comm_done, comm->stream));
   FO_CHECK_CUDA(cudaStreamWaitEvent(stream, comm->comm_done, 0));
   if (!status.ok()) return ffi::Error::Internal(std::string(kOp) + ": " + status.message);

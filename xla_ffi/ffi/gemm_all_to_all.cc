@@ -28,6 +28,7 @@
 
 #include "xla/ffi/api/ffi.h"
 #include "xla_ffi/comm/communicator.h"
+#include "xla_ffi/comm/watchdog.h"
 #include "xla_ffi/ffi/check.h"
 #include "xla_ffi/ffi/handlers.h"
 #include "xla_ffi/kernels/signaling_gemm.h"
@@ -124,7 +125,7 @@ Status EnqueueGroup(Communicator* comm, const A2aShape& s, const SignalingGemmAr
   const size_t part_bytes = static_cast<size_t>(h * s.cols) * 2;
   FO_RETURN_IF_NOT_OK(EnqueueWaitGeq(comm->stream, comm->counters + g,
                                      static_cast<int32_t>(TilesInGroup(args, g)),
-                                     comm->wait_method));
+                                     comm->wait_method, comm->abort_flag));
   if (s.concat == 0) {  // own part: copy engine, beside the exchange
     FO_RETURN_IF_CUDA(cudaEventRecord(comm->group_reduced[g], comm->stream));
     FO_RETURN_IF_CUDA(cudaStreamWaitEvent(comm->copy_stream, comm->group_reduced[g], 0));
@@ -174,6 +175,8 @@ ffi::Error GemmAllToAllImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
   FO_RETURN_IF_ERROR(ValidateA2a(comm, x, w, *out, world_size, split_axis, concat_axis,
                                  band_rows, comm_id, device, &s));
   std::lock_guard<std::mutex> lock(comm->call_mutex);
+  Status alive = CheckNotAborted(*comm, kOp);
+  FO_CHECK(alive.ok(), alive.message);
 
   const bool bf16 = x.element_type() == ffi::DataType::BF16;
   const int groups = static_cast<int>(band_rows.size()) - 1;
@@ -212,6 +215,7 @@ ffi::Error GemmAllToAllImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
   }
   // Join both streams back even after an error, so XLA's stream never runs ahead of queued
   // work (and the next call's GEMM never overwrites a part still being sent or copied).
+  if (status.ok()) status = WatchCall(*comm, kOp);
   FO_CHECK_CUDA(cudaEventRecord(comm->comm_done, comm->stream));
   FO_CHECK_CUDA(cudaStreamWaitEvent(stream, comm->comm_done, 0));
   FO_CHECK_CUDA(cudaEventRecord(comm->copies_done, comm->copy_stream));
