@@ -138,6 +138,13 @@ def test_bad_shapes(fo):
 TARGET = "flashoverlap_all_gather_gemm"
 
 
+@pytest.fixture(autouse=True)
+def _experimental_cuda_path(monkeypatch):
+    """The CUDA path of this op is experimental (jax_flashoverlap._ext.EXPERIMENTAL_TARGETS):
+    these tests look at what it lowers to, so they switch it on."""
+    monkeypatch.setenv("JAX_FLASHOVERLAP_EXPERIMENTAL", "1")
+
+
 def _cuda_text(fo, n, x_local, w_local, **kw):
     f = shard_map(_ours(fo, **kw), make_mesh_1d(n), *SPECS)
     args = (jax.ShapeDtypeStruct((n * x_local[0], x_local[1]), jnp.bfloat16),
