@@ -4,8 +4,8 @@ Each block: RMSNorm -> attention (heads split over 'tp': column-parallel q/k/v, 
 output projection) -> RMSNorm -> SwiGLU MLP (column-parallel gate/up, row-parallel down), with
 residuals; no biases. The same model is built twice from the same parameters:
 
-  fo : ColumnParallelLinear / RowParallelLinear (XLA dot, backward all-reduce overlapped /
-       jax_flashoverlap.matmul_all_reduce)
+  fo : ColumnParallelLinear / RowParallelLinear (XLA dot; with --overlap-backward its backward
+       all-reduce overlapped / jax_flashoverlap.matmul_all_reduce)
   xla: nnx.Linear on the local shards + lax.psum after each row-parallel projection
 
 and both are trained side by side (optax AdamW if installed, else SGD) on synthetic data,
@@ -58,10 +58,11 @@ class XlaLinear(nnx.Linear):
     return lax.psum(y, AXIS) if self.row else y
 
 
-def make_linears(impl):
-  if impl == "fo":  # column layers: dx's all-reduce overlapped too (each is x's only reader)
+def make_linears(impl, overlap_backward=False):
+  if impl == "fo":  # overlap_backward: the column layers' dx all-reduce overlapped too
     col = lambda din, dout, rngs: ColumnParallelLinear(din, dout, use_bias=False, dtype=DTYPE,
-                                                       axis_name=AXIS, overlap_backward=True,
+                                                       axis_name=AXIS,
+                                                       overlap_backward=overlap_backward,
                                                        rngs=rngs)
     row = lambda din, dout, rngs: RowParallelLinear(din, dout, use_bias=False, dtype=DTYPE,
                                                     axis_name=AXIS, rngs=rngs)
@@ -81,8 +82,8 @@ def rope(x, base=10000.0):
 
 
 class Block(nnx.Module):
-  def __init__(self, dim, heads, ffn, impl, *, rngs):
-    col, row = make_linears(impl)
+  def __init__(self, dim, heads, ffn, impl, overlap_backward=False, *, rngs):
+    col, row = make_linears(impl, overlap_backward)
     self.heads, self.head_dim = heads, dim // heads
     self.attn_norm = nnx.RMSNorm(dim, dtype=DTYPE, rngs=rngs)
     # Fused projections, as in most Llama implementations: one q|k|v and one gate|up layer.
@@ -107,8 +108,9 @@ class Block(nnx.Module):
 
 
 class Model(nnx.Module):
-  def __init__(self, layers, dim, heads, ffn, impl, *, rngs):
-    self.blocks = nnx.List([Block(dim, heads, ffn, impl, rngs=rngs) for _ in range(layers)])
+  def __init__(self, layers, dim, heads, ffn, impl, overlap_backward=False, *, rngs):
+    self.blocks = nnx.List([Block(dim, heads, ffn, impl, overlap_backward, rngs=rngs)
+                            for _ in range(layers)])
 
   def __call__(self, x):
     for blk in self.blocks:
@@ -154,6 +156,9 @@ def main():
   ap.add_argument("--tp", type=int, default=0, help="devices on the 'tp' axis (default: all)")
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--rtol", type=float, default=2e-2, help="allowed relative loss difference")
+  ap.add_argument("--overlap-backward", action="store_true",
+                  help="also overlap the column layers' backward all-reduce (on 2 x H200 at "
+                  "the default sizes it was slower: see benchmarks/results)")
   ap.add_argument("--json", help="write step times, losses and the row-parallel ops' own "
                   "times (ours vs XLA dot + psum at this model's shapes) to this file")
   args = ap.parse_args()
@@ -169,7 +174,8 @@ def main():
         f"optimizer={'adamw' if optax else 'sgd'}")
 
   dims = (args.layers, args.dim, args.heads, args.ffn)
-  models = {impl: Model(*dims, impl, rngs=nnx.Rngs(args.seed)) for impl in ("fo", "xla")}
+  models = {impl: Model(*dims, impl, args.overlap_backward, rngs=nnx.Rngs(args.seed))
+            for impl in ("fo", "xla")}
   # Same initial parameters for both (the state trees have the same paths and specs).
   nnx.update(models["xla"], nnx.state(models["fo"], nnx.Param))
 
@@ -219,14 +225,17 @@ def main():
 def row_parallel_op_times(args, mesh):
   """The GEMM + all-reduce pairs of one block at this model's shapes, T = batch*seq: forward
   attention output x [T, dim/tp] @ w [dim/tp, dim] and MLP down x [T, ffn/tp] @ w [ffn/tp, dim];
-  backward dx of q|k|v dy [T, 3dim/tp] @ w.T [3dim/tp, dim] and of gate|up dy [T, 2ffn/tp] @ w.T.
+  with --overlap-backward also the backward dx of q|k|v dy [T, 3dim/tp] @ w.T [3dim/tp, dim]
+  and of gate|up dy [T, 2ffn/tp] @ w.T.
   Median ms of ours vs XLA's dot + psum, timed like the benchmark."""
   from jax_flashoverlap.bench import time_variants
   from jax_flashoverlap.ops import matmul_all_reduce
   tokens = args.batch * args.seq
   out = {}
-  for name, k in (("attention_out", args.dim), ("mlp_down", args.ffn),
-                  ("qkv_dx", 3 * args.dim), ("gate_up_dx", 2 * args.ffn)):
+  pairs = [("attention_out", args.dim), ("mlp_down", args.ffn)]
+  if args.overlap_backward:
+    pairs += [("qkv_dx", 3 * args.dim), ("gate_up_dx", 2 * args.ffn)]
+  for name, k in pairs:
     kx, kw = jax.random.split(jax.random.key(k))
     x = jax.device_put(jax.random.normal(kx, (tokens, k), DTYPE), NamedSharding(mesh, P(None, AXIS)))
     w = jax.device_put((jax.random.normal(kw, (k, args.dim)) / np.sqrt(k)).astype(DTYPE),

@@ -145,6 +145,38 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
   return cid
 
 
+COUNTER_BYTES = 64 * 4  # kMaxGroups int32 counters per communicator (signaling_gemm.h)
+
+
+def op_memory(op: str, x_shape, w_shape, dtype, world: int) -> dict:
+  """Device memory an overlapped call needs beyond its inputs and output, per GPU.
+
+  `workspace_bytes`: the communicator's registered workspace the call uses (shared by every
+  call and op on that communicator, grown to the largest; DESIGN.md says why the all-reduce
+  has one too). `counter_bytes`: the group counters. x_shape / w_shape are per device.
+  """
+  import numpy as np
+  itemsize = np.dtype(dtype).itemsize
+  m, k = int(np.prod(x_shape[:-1])), int(x_shape[-1])
+  n = int(w_shape[-1])
+  workspace = {
+      "matmul_all_reduce": m * n,           # GEMM output, reduced in place, copied out
+      "matmul_reduce_scatter": m * n,       # the full local product in the group layout
+      "matmul_all_to_all": m * n,           # concat_axis=1 needs twice this (staging half)
+      "all_gather_matmul": world * m * k,   # the gathered x
+  }
+  if op not in workspace:
+    raise ValueError(f"op must be one of {sorted(workspace)}, got {op!r}")
+  return {"workspace_bytes": workspace[op] * itemsize, "counter_bytes": COUNTER_BYTES}
+
+
+def list_communicators() -> list:
+  """This process's communicators: comm_id, device, rank, world_size, comm_sms,
+  workspace_bytes, wait_method, watchdog_seconds, aborted (empty without the extension)."""
+  from jax_flashoverlap import _ext
+  return [] if _ext.ext is None else list(_ext.ext.list_communicators())
+
+
 def destroy_communicators() -> None:
   """Destroys every communicator of this process (also done at exit)."""
   from jax_flashoverlap import _ext

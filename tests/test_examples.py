@@ -39,7 +39,7 @@ def test_tp_transformer_block(tmp_path):
   report = tmp_path / "tp.json"
   out = run_example("tp_transformer_block.py", "--steps", str(steps), "--layers", "1",
                     "--batch", "2", "--seq", "16", "--dim", "64", "--heads", "8", "--ffn", "128",
-                    "--json", str(report))
+                    "--overlap-backward", "--json", str(report))
   losses = re.findall(r"loss fo (\S+)\s+xla (\S+)", out)
   assert len(losses) == steps, out
   for fo_loss, xla_loss in losses:

@@ -193,3 +193,17 @@ def test_missing_extension_warning_once(fo, tmp_path):
     # without the extension the CUDA path is not taken, and a reason is given
     assert out["first"][0] is False and out["second"][0] is False, out
     assert out["first"][1], out
+
+
+def test_op_memory_reports_workspace_and_counters():
+  from jax_flashoverlap import comm
+  import jax.numpy as jnp
+  ar = comm.op_memory("matmul_all_reduce", (8192, 4096), (4096, 8192), jnp.bfloat16, 2)
+  assert ar == {"workspace_bytes": 8192 * 8192 * 2, "counter_bytes": 256}
+  rs = comm.op_memory("matmul_reduce_scatter", (4, 2048, 4096), (4096, 1024), jnp.float16, 2)
+  assert rs["workspace_bytes"] == 4 * 2048 * 1024 * 2
+  ag = comm.op_memory("all_gather_matmul", (1024, 4096), (4096, 512), jnp.bfloat16, 4)
+  assert ag["workspace_bytes"] == 4 * 1024 * 4096 * 2
+  with pytest.raises(ValueError, match="op must be one of"):
+    comm.op_memory("psum", (8, 8), (8, 8), jnp.bfloat16, 2)
+  assert isinstance(comm.list_communicators(), list)
