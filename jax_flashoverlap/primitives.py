@@ -45,32 +45,33 @@ def reference_gemm_reduce_scatter(x, w, *, axis_name):
 # --- primitive construction --------------------------------------------------------------
 
 
-def _make_primitive(name, reference):
+def make_primitive(name, reference, reference_keys=("axis_name",)):
+  """A primitive whose output type comes from tracing `reference(x, w, **params)` and whose
+  default lowering is that reference; params outside `reference_keys` are tuning knobs the
+  reference does not take. Returns (primitive, reference lowering)."""
+  def reference_params(params):
+    return {k: v for k, v in params.items() if k in reference_keys}
+
   prim = _compat.Primitive(name)
   prim.def_impl(functools.partial(_compat.apply_primitive, prim))
 
   def abstract_eval(x, w, **params):
-    params = _reference_params(params)
+    params = reference_params(params)
     (out,) = _compat.abstract_eval_fun(lambda a, b: (reference(a, b, **params),), x, w)
     return out
 
   prim.def_abstract_eval(abstract_eval)
   lowered_reference = _compat.mlir.lower_fun(
-      lambda x, w, **params: reference(x, w, **_reference_params(params)),
+      lambda x, w, **params: reference(x, w, **reference_params(params)),
       multiple_results=False)
   _compat.mlir.register_lowering(prim, lowered_reference)
   return prim, lowered_reference
 
 
-def _reference_params(params):
-  """Params the reference composition understands (it ignores tuning knobs)."""
-  return {k: v for k, v in params.items() if k == "axis_name"}
-
-
-gemm_p, _gemm_reference_lowering = _make_primitive("flashoverlap_gemm", reference_gemm)
-gemm_all_reduce_p, _ar_reference_lowering = _make_primitive(
+gemm_p, _gemm_reference_lowering = make_primitive("flashoverlap_gemm", reference_gemm)
+gemm_all_reduce_p, _ar_reference_lowering = make_primitive(
     "flashoverlap_gemm_all_reduce", reference_gemm_all_reduce)
-gemm_reduce_scatter_p, _rs_reference_lowering = _make_primitive(
+gemm_reduce_scatter_p, _rs_reference_lowering = make_primitive(
     "flashoverlap_gemm_reduce_scatter", reference_gemm_reduce_scatter)
 
 # --- CUDA lowerings ------------------------------------------------------------------------
@@ -93,7 +94,7 @@ def _collective_cuda_lowering(prim, reference_lowering, collective):
     if not use_cuda:
       return reference_lowering(ctx, x, w, axis_name=axis_name)
     mesh = _compat.lowering_mesh(ctx)
-    world = _world_size(mesh, axis_name)
+    world = world_size(mesh, axis_name)
     x_aval, w_aval = ctx.avals_in
     m, k = x_aval.shape
     n = w_aval.shape[1]
@@ -123,7 +124,7 @@ def _collective_cuda_lowering(prim, reference_lowering, collective):
   return lowering
 
 
-def _world_size(mesh, axis_name):
+def world_size(mesh, axis_name):
   if mesh is None:
     raise ValueError("jax_flashoverlap: the CUDA lowering needs the concrete mesh of the "
                      "enclosing shard_map (got none)")

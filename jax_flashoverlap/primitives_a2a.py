@@ -19,6 +19,7 @@ import numpy as np
 from jax import lax
 
 from jax_flashoverlap import _compat, _ext, comm, plan_a2a
+from jax_flashoverlap.primitives import make_primitive, world_size as _world_size
 
 # --- reference compositions (also the CPU lowering) --------------------------------------
 
@@ -34,40 +35,12 @@ def reference_all_gather_gemm(x, w, *, axis_name):
 _REFERENCE_KEYS = ("axis_name", "split_axis", "concat_axis")
 
 
-def _reference_params(params):
-  return {k: v for k, v in params.items() if k in _REFERENCE_KEYS}
-
-
-def _make_primitive(name, reference):
-  prim = _compat.Primitive(name)
-  prim.def_impl(functools.partial(_compat.apply_primitive, prim))
-
-  def abstract_eval(x, w, **params):
-    params = _reference_params(params)
-    (out,) = _compat.abstract_eval_fun(lambda a, b: (reference(a, b, **params),), x, w)
-    return out
-
-  prim.def_abstract_eval(abstract_eval)
-  lowered_reference = _compat.mlir.lower_fun(
-      lambda x, w, **params: reference(x, w, **_reference_params(params)),
-      multiple_results=False)
-  _compat.mlir.register_lowering(prim, lowered_reference)
-  return prim, lowered_reference
-
-
-gemm_all_to_all_p, _a2a_reference_lowering = _make_primitive(
-    "flashoverlap_gemm_all_to_all", reference_gemm_all_to_all)
-all_gather_gemm_p, _ag_reference_lowering = _make_primitive(
-    "flashoverlap_all_gather_gemm", reference_all_gather_gemm)
+gemm_all_to_all_p, _a2a_reference_lowering = make_primitive(
+    "flashoverlap_gemm_all_to_all", reference_gemm_all_to_all, _REFERENCE_KEYS)
+all_gather_gemm_p, _ag_reference_lowering = make_primitive(
+    "flashoverlap_all_gather_gemm", reference_all_gather_gemm, _REFERENCE_KEYS)
 
 # --- CUDA lowerings ------------------------------------------------------------------------
-
-
-def _world_size(mesh, axis_name):
-  if mesh is None:
-    raise ValueError("jax_flashoverlap: the CUDA lowering needs the concrete mesh of the "
-                     "enclosing shard_map (got none)")
-  return int(np.prod([mesh.shape[a] for a in comm.normalize_axes(axis_name)]))
 
 
 def _keep_reference(plan, comm_sms) -> bool:
