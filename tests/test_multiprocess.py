@@ -68,6 +68,64 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
+# Communicator setup on a 2-D mesh over 2 processes x 2 devices, with a recording stand-in for
+# the CUDA extension (CPU): the 'tp' groups lie inside one process (the id is made locally,
+# both ranks created together), the 'dp' groups span the processes (the id of each group comes
+# from the process holding its rank 0, through JAX's key-value store; one rank per process).
+COMM_2D_SCRIPT = textwrap.dedent('''
+    import os, json
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    import jax_flashoverlap as fo
+    from jax_flashoverlap import _ext, comm, distributed
+    distributed.initialize()
+    me = jax.process_index()
+
+    class Recorder:  # the extension's communicator API, recording instead of calling NCCL
+        def __init__(self):
+            self.made, self.n = {}, 0
+        def has_communicators(self, cid):
+            return any(c[0] == cid for c in self.made)
+        def nccl_unique_id(self):
+            self.n += 1
+            return bytes([me, self.n]) * 64
+        def create_communicators(self, cid, uid, world, local, comm_sms, nbytes, watchdog):
+            self.made[(cid, tuple(local))] = uid.hex()
+
+    rec = Recorder()
+    _ext.ext = rec
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("dp", "tp"))  # rows: one process each
+    for axis in ("tp", "dp"):
+        cid = comm.ensure_communicators(mesh, axis, workspace_bytes=1 << 20, comm_sms=16)
+        mine = {str(k[1]): v for k, v in rec.made.items() if k[0] == cid}
+        print("RESULT", json.dumps({"axis": axis, "process": me, "made": mine}), flush=True)
+        distributed.check_identical("the ids of " + axis, sorted(mine.values()) if axis == "dp"
+                                    else len(mine))
+    print("COMM2D OK", flush=True)
+''')
+
+
+def test_communicator_setup_on_a_2d_mesh_across_processes(tmp_path):
+    r = _launch(tmp_path, COMM_2D_SCRIPT, "-n", "2", "--timeout", "200")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-6000:]
+    assert "COMM2D OK" in out, out[-6000:]
+    import json
+    rows = [json.loads(line.split("RESULT ", 1)[1]) for line in out.splitlines()
+            if line.startswith("RESULT ")]
+    tp, dp = (next(r for r in rows if r["axis"] == a) for a in ("tp", "dp"))
+    # 'tp': one group of this process, both local ranks at once, an id made here.
+    assert list(tp["made"]) == ["((0, 0), (1, 1))"], tp
+    # 'dp': two groups, one local rank each (rank 0 on process 0's devices).
+    assert sorted(dp["made"]) == ["((0, 0),)", "((0, 1),)"], dp
+    # The ids of the spanning groups came from process 0 (first byte = maker's index) and are
+    # the same on both processes (check_identical passed on both).
+    assert all(bytes.fromhex(v)[0] == 0 for v in dp["made"].values()), dp
+
+
 def _launch(tmp_path, body, *launch_args, timeout=240):
     script = tmp_path / "script.py"
     script.write_text(body)
