@@ -95,13 +95,15 @@ def watchdog_seconds() -> float:
   return value
 
 
-def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int) -> int:
+def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int,
+                         peer_to_peer: bool = False) -> int:
   """Creates (once) this process's NCCL communicators for `axis_name` over `mesh`, each with
   a registered workspace of at least `workspace_bytes`; returns their comm_id.
 
   Called on the host when an op is lowered, i.e. before any handler can run: never lazily
   inside an execute handler (DESIGN.md). Single process: every group's local ranks are
-  initialized together.
+  initialized together. peer_to_peer=True (ops using ncclSend/ncclRecv) also sets up NCCL's
+  point-to-point connections now, once per communicator (every process must ask for it).
   """
   import jax
 
@@ -114,6 +116,8 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
   with _lock:
     if ext.has_communicators(cid):
       ext.ensure_workspace(cid, int(workspace_bytes))
+      if peer_to_peer:
+        ext.connect_peers(cid)
       return cid
     me = jax.process_index()
     groups = axis_groups(mesh, axis_name)
@@ -141,6 +145,8 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
     if spans_processes:
       from jax_flashoverlap import distributed
       distributed.barrier(f"init/{cid}")
+    if peer_to_peer:
+      ext.connect_peers(cid)
     _register_atexit()
   return cid
 

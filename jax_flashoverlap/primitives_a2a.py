@@ -57,7 +57,7 @@ def _prepare_comm(prim, mesh, axis_name, plan_fields, comm_sms, workspace_bytes,
                                 dict(plan_fields, comm_id=comm_id))
   if comm.mesh_is_local_gpu(mesh):  # not cross-lowering: the program runs here
     comm.ensure_communicators(mesh, axis_name, comm_sms=comm_sms,
-                              workspace_bytes=workspace_bytes)
+                              workspace_bytes=workspace_bytes, peer_to_peer=True)
   return comm_id
 
 

@@ -86,7 +86,7 @@ COMM_2D_SCRIPT = textwrap.dedent('''
 
     class Recorder:  # the extension's communicator API, recording instead of calling NCCL
         def __init__(self):
-            self.made, self.n = {}, 0
+            self.made, self.n, self.connected = {}, 0, []
         def has_communicators(self, cid):
             return any(c[0] == cid for c in self.made)
         def nccl_unique_id(self):
@@ -94,6 +94,12 @@ COMM_2D_SCRIPT = textwrap.dedent('''
             return bytes([me, self.n]) * 64
         def create_communicators(self, cid, uid, world, local, comm_sms, nbytes, watchdog):
             self.made[(cid, tuple(local))] = uid.hex()
+        def connect_peers(self, cid):
+            self.connected.append(cid)
+        def ensure_workspace(self, cid, nbytes):
+            pass
+        def destroy_communicators(self, cid):  # at exit
+            pass
 
     rec = Recorder()
     _ext.ext = rec
@@ -104,6 +110,10 @@ COMM_2D_SCRIPT = textwrap.dedent('''
         print("RESULT", json.dumps({"axis": axis, "process": me, "made": mine}), flush=True)
         distributed.check_identical("the ids of " + axis, sorted(mine.values()) if axis == "dp"
                                     else len(mine))
+    # Ops that use ncclSend/ncclRecv connect the peers at lowering, once asked, every time.
+    cid = comm.ensure_communicators(mesh, "dp", workspace_bytes=1 << 20, comm_sms=16,
+                                    peer_to_peer=True)
+    assert rec.connected == [cid], rec.connected
     print("COMM2D OK", flush=True)
 ''')
 

@@ -93,6 +93,15 @@ void EnsureWorkspace(int64_t comm_id, size_t bytes) {
   ThrowIfError(status);
 }
 
+void ConnectPeers(int64_t comm_id) {
+  flashoverlap::Status status;
+  {
+    py::gil_scoped_release release;  // blocks until the peers of every group join
+    status = flashoverlap::ConnectPeers(comm_id);
+  }
+  ThrowIfError(status);
+}
+
 void DestroyCommunicators(int64_t comm_id) {
   flashoverlap::Status status;
   {
@@ -135,6 +144,8 @@ PYBIND11_MODULE(_xla_ffi, m) {
         "watchdog_seconds > 0 watches their calls (xla_ffi/comm/watchdog.h)");
   m.def("ensure_workspace", &EnsureWorkspace, py::arg("comm_id"), py::arg("bytes"),
         "Grows the registered workspaces of comm_id to at least `bytes`");
+  m.def("connect_peers", &ConnectPeers, py::arg("comm_id"),
+        "Sets up the point-to-point connections of comm_id's local communicators now");
   m.def("destroy_communicators", &DestroyCommunicators, py::arg("comm_id") = 0,
         "Destroys the communicators of comm_id (0: all)");
   m.def("has_communicators", &flashoverlap::HasCommunicators, py::arg("comm_id"));

@@ -217,6 +217,43 @@ Status EnsureWorkspace(int64_t comm_id, size_t bytes) {
   return AllocateWorkspaces(comms, RoundWorkspace(bytes));
 }
 
+Status ConnectPeers(int64_t comm_id) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  std::vector<Communicator*> comms = LocalMembers(comm_id);
+  if (comms.empty()) return Status::Error("no communicator with comm_id " + std::to_string(comm_id));
+  if (std::all_of(comms.begin(), comms.end(), [](Communicator* c) { return c->p2p_connected; })) {
+    return Status::Ok();
+  }
+  DeviceScope restore_device;
+  for (Communicator* c : comms) {
+    if (c->workspace == nullptr || c->workspace_bytes < 2 * sizeof(int32_t) * c->world_size) {
+      return Status::Error("ConnectPeers needs the workspace allocated first");
+    }
+  }
+  FO_RETURN_IF_NCCL(ncclGroupStart());
+  for (Communicator* c : comms) {
+    int32_t* buf = static_cast<int32_t*>(c->workspace);
+    for (int peer = 0; peer < c->world_size; ++peer) {
+      if (peer == c->rank) continue;
+      ncclResult_t res = ncclSend(buf + peer, 1, ncclInt32, peer, c->comm, c->stream);
+      if (res == ncclSuccess) {
+        res = ncclRecv(buf + c->world_size + peer, 1, ncclInt32, peer, c->comm, c->stream);
+      }
+      if (res != ncclSuccess) {
+        ncclGroupEnd();
+        return NcclStatus(res, "ncclSend/ncclRecv (peer connection)");
+      }
+    }
+  }
+  FO_RETURN_IF_NCCL(ncclGroupEnd());
+  for (Communicator* c : comms) {
+    FO_RETURN_IF_CUDA(cudaSetDevice(c->device));
+    FO_RETURN_IF_CUDA(cudaStreamSynchronize(c->stream));
+    c->p2p_connected = true;
+  }
+  return Status::Ok();
+}
+
 Communicator* FindCommunicator(int64_t comm_id, int device) {
   std::lock_guard<std::mutex> lock(RegistryMutex());
   auto it = Registry().find({comm_id, device});

@@ -49,6 +49,7 @@ struct Communicator {
   double watchdog_seconds = 0;
   volatile int* abort_flag = nullptr;   // host-mapped; set by the watchdog, read by kernels
   std::atomic<bool> aborted{false};     // ncclCommAbort'ed: `comm` is gone
+  bool p2p_connected = false;           // ConnectPeers done
 };
 
 // One local member of a group: its rank in the group and its CUDA device ordinal.
@@ -68,6 +69,13 @@ Status CreateCommunicators(int64_t comm_id, const ncclUniqueId& id, int world_si
 // Grows the workspaces of every local communicator of comm_id to at least `bytes`
 // (collective over the group: call it for all local devices of a group at once).
 Status EnsureWorkspace(int64_t comm_id, size_t bytes);
+
+// Sets up NCCL's point-to-point connections of every local communicator of comm_id to all
+// its peers now (one grouped 1-element send/recv to each, from this thread), so the ops that
+// use ncclSend/ncclRecv never make NCCL connect lazily inside a handler, where its blocking
+// host-side handshake needs the peer's handler to run at the same time. Collective over the
+// group (every process calls it for its local ranks); once per communicator.
+Status ConnectPeers(int64_t comm_id);
 
 // Finds this device's communicator; null if none.
 Communicator* FindCommunicator(int64_t comm_id, int device);
