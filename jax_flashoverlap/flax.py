@@ -31,6 +31,12 @@ annotated. Linen params are `nn.with_partitioning` boxes with the same specs.
 
 Params may be float32 (`param_dtype`); they are cast to `dtype` for the op, which must be
 bfloat16 or float16 (the only dtypes the jax_flashoverlap ops support).
+
+Logical axis names: `kernel_axes=("embed", "mlp")` (names of the kernel's (in, out) dims)
+instead of `axis_name`. The params are annotated with those names, and the mesh axis the op
+reduces over is what flax's logical axis rules (`flax.linen.logical_axis_rules(...)` around
+construction / apply, or the NNX layer's `sharding_rules=`) map the sharded dim to: the input
+dim for row layers, the output dim for column layers. The other dim must map to None.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from jax.sharding import PartitionSpec as P
 
 import flax.linen as nn
 from flax import nnx
+from flax.core import spmd as _flax_spmd
 
 from jax_flashoverlap import _compat, ops, sharding
 
@@ -128,6 +135,39 @@ class _Config:
               (self.axis_name, None), ())
     out = self.split(self.out_features, n)
     return (in_features, out), (out,), (None, self.axis_name), (self.axis_name,)
+
+
+def _resolve_logical(layer: str, row: bool, kernel_axes, axis_name, rules=()):
+  """Mesh axis of the kernel's sharded dim from logical names (`kernel_axes` = names of the
+  kernel's (in, out) dims) and the logical axis rules in effect (flax's
+  `logical_axis_rules` context, then `rules`). Without kernel_axes: axis_name (default "tp")."""
+  if kernel_axes is None:
+    return "tp" if axis_name is None else axis_name
+  if (not isinstance(kernel_axes, (tuple, list)) or len(kernel_axes) != 2 or
+      not all(a is None or isinstance(a, str) for a in kernel_axes)):
+    raise TypeError(f"{layer}: kernel_axes must be two logical axis names (str or None) for "
+                    f"the kernel's (in, out) dims, got {kernel_axes!r}")
+  table = dict(_flax_spmd.composite_rules(_flax_spmd.get_logical_axis_rules(), tuple(rules)))
+  sharded, other = (kernel_axes[0], kernel_axes[1]) if row else (kernel_axes[1], kernel_axes[0])
+  where = "input" if row else "output"
+  mesh_axis = table.get(sharded) if sharded is not None else None
+  if not isinstance(mesh_axis, str):
+    raise ValueError(f"{layer}: the kernel's {where} dim (logical axis {sharded!r}) must map to "
+                     f"one mesh axis through the logical axis rules, got {mesh_axis!r} (rules: "
+                     f"{sorted(table.items(), key=str)}); set them with "
+                     "flax.linen.logical_axis_rules(...) or sharding_rules=")
+  if other is not None and table.get(other) is not None:
+    raise ValueError(f"{layer}: the kernel's other dim (logical axis {other!r}) maps to mesh "
+                     f"axis {table[other]!r}; only the {where} dim may be sharded")
+  if axis_name is not None and axis_name != mesh_axis:
+    raise ValueError(f"{layer}: axis_name={axis_name!r} disagrees with kernel_axes "
+                     f"{tuple(kernel_axes)!r}, which the rules map to {mesh_axis!r}")
+  return mesh_axis
+
+
+def _logical_specs(row: bool, kernel_axes):
+  """(kernel, bias) annotations in logical names: the bias follows the output dim."""
+  return tuple(kernel_axes), (() if row else (kernel_axes[1],))
 
 
 def _mesh_axis_size(axis_name) -> int | None:
@@ -224,19 +264,25 @@ def _jit_axis(cfg: _Config):
 class _NNXParallel(nnx.Module):
   _row: bool = True
 
-  def __init__(self, in_features: int, out_features: int, *, axis_name: str = "tp",
+  def __init__(self, in_features: int, out_features: int, *, axis_name: str | None = None,
                reduce: str = "all_reduce", use_bias: bool = True, dtype=jnp.bfloat16,
                param_dtype=jnp.float32, kernel_init=_default_kernel_init,
                bias_init=_default_bias_init, mesh=None, overlap_backward: bool = False,
-               rngs: nnx.Rngs):
-    self.cfg = _Config(type(self).__name__, self._row, in_features, out_features, axis_name,
-                       reduce, dtype, param_dtype, overlap_backward)
+               kernel_axes=None, sharding_rules=(), rngs: nnx.Rngs):
+    layer = type(self).__name__
+    axis_name = _resolve_logical(layer, self._row, kernel_axes, axis_name, sharding_rules)
+    self.cfg = _Config(layer, self._row, in_features, out_features, axis_name, reduce, dtype,
+                       param_dtype, overlap_backward)
     self.cfg.check(mesh)
     kshape, bshape, kspec, bspec = self.cfg.shapes(in_features)
     # Sharded now when a mesh is known (and the params are global); else only annotated.
     eager = self.cfg.local_view() is None and (mesh is not None or
                                                _mesh_axis_size(axis_name) is not None)
     meta = dict(eager_sharding=eager, **({"mesh": mesh} if mesh is not None else {}))
+    if kernel_axes is not None:  # annotated with the logical names (+ the layer's own rules)
+      kspec, bspec = _logical_specs(self._row, kernel_axes)
+      meta.update(eager_sharding=False,
+                  **({"sharding_rules": tuple(sharding_rules)} if sharding_rules else {}))
     self.kernel = nnx.Param(kernel_init(rngs.params(), kshape, param_dtype),
                             out_sharding=kspec, **meta)
     self.bias = (nnx.Param(bias_init(rngs.params(), bshape, param_dtype), out_sharding=bspec,
@@ -272,7 +318,7 @@ class ColumnParallelLinear(_NNXParallel):
 
 class _LinenParallel(nn.Module):
   features: int  # global output size
-  axis_name: str = "tp"
+  axis_name: str | None = None  # default "tp", or from kernel_axes + the logical axis rules
   reduce: str = "all_reduce"
   use_bias: bool = True
   dtype: tp.Any = jnp.bfloat16
@@ -280,22 +326,29 @@ class _LinenParallel(nn.Module):
   kernel_init: tp.Callable = _default_kernel_init
   bias_init: tp.Callable = _default_bias_init
   overlap_backward: bool = False  # column layer only: see ColumnParallelLinear
+  kernel_axes: tp.Any = None  # logical names of the kernel's (in, out) dims
   _row: tp.ClassVar[bool] = True
 
   @nn.compact
   def __call__(self, x):
-    cfg = _Config(type(self).__name__, self._row, None, self.features, self.axis_name,
-                  self.reduce, self.dtype, self.param_dtype, self.overlap_backward)
+    layer = type(self).__name__
+    axis_name = _resolve_logical(layer, self._row, self.kernel_axes, self.axis_name)
+    cfg = _Config(layer, self._row, None, self.features, axis_name, self.reduce, self.dtype,
+                  self.param_dtype, self.overlap_backward)
     cfg.check()
     k = jnp.shape(x)[-1]  # the view's input size: local inside shard_map for the row layer
     in_features = k * (cfg.local_view() or 1) if self._row else k
-    n = _mesh_axis_size(self.axis_name)
+    n = _mesh_axis_size(axis_name)
     if self._row and not cfg.local_view() and n is not None:
       cfg.split(in_features, n)  # global view: the input dim is sharded over the axis
     kshape, bshape, kspec, bspec = cfg.shapes(in_features)
-    kernel = self.param("kernel", nn.with_partitioning(self.kernel_init, kspec), kshape,
+    partition = nn.with_partitioning
+    if self.kernel_axes is not None:  # boxes with the logical names, resolved by the rules
+      kspec, bspec = _logical_specs(self._row, self.kernel_axes)
+      partition = nn.with_logical_partitioning
+    kernel = self.param("kernel", partition(self.kernel_init, kspec), kshape,
                         self.param_dtype, unbox=False)
-    bias = (self.param("bias", nn.with_partitioning(self.bias_init, bspec), bshape,
+    bias = (self.param("bias", partition(self.bias_init, bspec), bshape,
                        self.param_dtype, unbox=False) if self.use_bias else None)
     return _forward(cfg, x, _unbox(cfg, kernel), _unbox(cfg, bias), in_features)
 

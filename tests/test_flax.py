@@ -242,6 +242,72 @@ def test_linen_init_inside_shard_map_and_jit_global_view(rng):
   assert_close(y, x @ kernel.astype(BF16))
 
 
+# ----------------------------------------------------------------------------- logical axes
+
+RULES = (("mlp", "tp"), ("embed", None))
+
+
+def test_nnx_logical_axes_resolve_to_the_mesh_axis_and_match_explicit(rng):
+  """kernel_axes + flax's logical axis rules give the same layer as axis_name="tp": params
+  annotated with the logical names, the spec resolved by the rules, identical values."""
+  mesh = make_mesh_1d(4)
+  x = rand(rng, (8, 64), BF16)
+  with nn.logical_axis_rules(RULES):
+    row = RowParallelLinear(64, 32, kernel_axes=("mlp", "embed"), rngs=nnx.Rngs(0))
+    assert row.cfg.axis_name == "tp"
+    gdef, state = nnx.split(row)
+    assert state["kernel"].get_metadata()["out_sharding"] == ("mlp", "embed")
+    specs = nnx.get_partition_spec(state)
+  assert specs["kernel"].get_value() == P("tp", None) and specs["bias"].get_value() == P()
+  explicit = RowParallelLinear(64, 32, axis_name="tp", rngs=nnx.Rngs(0))
+  egdef, estate = nnx.split(explicit)
+  run = lambda g, st, sp: jax.jit(shard_map(lambda s, x: nnx.merge(g, s)(x), mesh,
+                                            (sp, P(None, "tp")), P()))(st, x)
+  _exact(run(gdef, state, specs), run(egdef, estate, nnx.get_partition_spec(estate)))
+
+
+def test_nnx_logical_axes_with_the_layers_own_rules():
+  col = ColumnParallelLinear(32, 64, kernel_axes=("embed", "mlp"), sharding_rules=RULES,
+                             rngs=nnx.Rngs(0))
+  assert col.cfg.axis_name == "tp"
+  specs = nnx.get_partition_spec(nnx.state(col))
+  assert specs["kernel"].get_value() == P(None, "tp") and specs["bias"].get_value() == P("tp")
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(kernel_axes=("heads", "embed")), "logical axis 'heads'\\) must map to one mesh axis"),
+    (dict(kernel_axes=("mlp", "vocab"), sharding_rules=(("vocab", "dp"),)),
+     "logical axis 'vocab'\\) maps to mesh axis 'dp'"),
+    (dict(kernel_axes=("mlp", "embed"), axis_name="dp"), "disagrees with kernel_axes"),
+    (dict(kernel_axes="mlp"), "kernel_axes must be two logical axis names"),
+])
+def test_nnx_logical_axes_errors(kwargs, match):
+  with nn.logical_axis_rules(RULES):
+    with pytest.raises((ValueError, TypeError), match=match):
+      RowParallelLinear(64, 32, rngs=nnx.Rngs(0), **kwargs)
+
+
+def test_linen_logical_axes_in_shard_map_and_global_view(rng):
+  mesh = make_mesh_1d(4)
+  x = rand(rng, (8, 64), BF16)
+  layer = RowParallelDense(32, kernel_axes=("mlp", "embed"))
+  explicit = RowParallelDense(32, axis_name="tp")
+  with nn.logical_axis_rules(RULES):
+    abstract = jax.eval_shape(layer.init, jax.random.key(0), x)
+    assert isinstance(abstract["params"]["kernel"], nn.LogicallyPartitioned)
+    specs = nn.logical_to_mesh(nn.get_partition_spec(abstract))
+    assert specs["params"]["kernel"] == P("tp", None)
+    with jax.set_mesh(mesh):
+      variables = jax.jit(layer.init)(jax.random.key(0), x)
+      kernel = nn.unbox(variables)["params"]["kernel"]
+      assert kernel.sharding.spec == P("tp", None)
+      xs = jax.device_put(x, NamedSharding(mesh, P(None, "tp")))
+      y = jax.jit(layer.apply)(variables, xs)
+      y_explicit = jax.jit(explicit.apply)(nn.unbox(variables), xs)
+  _exact(y, y_explicit)
+  assert_close(y, x @ kernel.astype(BF16))
+
+
 # ----------------------------------------------------------------------------- dtypes
 
 @pytest.mark.parametrize("dtype,param_dtype", [(jnp.float16, jnp.float32),
