@@ -2,7 +2,7 @@
 # One call on the GPU machine (device tool): set up, build, test, benchmark; logs to $OUT.
 #   bash scripts/gpu_session.sh [STEP ...]   steps: build info tests gpu_tests gemm_bench
 #     overlap_bench overlap_all sweep procs stress flax_example sanitize_overlap quickstart
-#     cuda_tests
+#     global_view a2a_tests readme_tests cuda_tests pack (last: one archive of $OUT)
 #     (default: build info tests)
 # Carry: .whl (nvidia-cutlass wheel; the machine has no index) and build/obj (object cache).
 set -uo pipefail
@@ -46,6 +46,12 @@ for step in "${steps[@]}"; do
       done
       grep -h "ERROR SUMMARY\|RACECHECK SUMMARY\|SYNCCHECK SUMMARY" "$OUT"/sanitize/*.log > "$OUT/sanitize_summary.txt" 2>&1 ;;
     quickstart) run_step quickstart python3 examples/quickstart.py ;;
+    global_view) run_step global_view python3 examples/global_view_jit.py ;;
+    a2a_tests)  # experimental #9 CUDA paths (their first call hung at d5bff4d)
+      run_step a2a_tests env JAX_FLASHOVERLAP_EXPERIMENTAL=1 JAX_FLASHOVERLAP_FALLBACK=0 python3 -m pytest -q -x -s -ra tests/test_gpu_a2a.py ;;
+    readme_tests) run_step readme_tests bash -c "bash scripts/setup_env.sh && .venv/bin/python -m pytest -q" ;;
+    pack)  # the device tool returns at most 8 files: everything in one archive
+      (cd "$OUT" && tar -czf "session_$(date +%H%M%S).tgz" --exclude='*.tgz' . && find . -mindepth 1 ! -name '*.tgz' -delete) ;;
     cuda_tests) run_step cuda_tests bash tests/cuda/run_gpu.sh ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
