@@ -77,15 +77,19 @@ class _Config:
   dtype: tp.Any
   param_dtype: tp.Any
   overlap_backward: bool = False  # column layer: dx's all-reduce through matmul_all_reduce
+  sequence_parallel: bool = False  # column layer: x sharded on its first dim, all_gather_matmul
 
   def check(self, mesh=None):
     """Construction-time checks (the mesh ones when a mesh is known)."""
     if not isinstance(self.axis_name, str):
       raise TypeError(f"{self.layer}: axis_name must be a mesh axis name (str), "
                       f"got {self.axis_name!r}")
-    if not isinstance(self.overlap_backward, bool):
-      raise TypeError(f"{self.layer}: overlap_backward must be a bool, "
-                      f"got {self.overlap_backward!r}")
+    for flag in ("overlap_backward", "sequence_parallel"):
+      if not isinstance(getattr(self, flag), bool):
+        raise TypeError(f"{self.layer}: {flag} must be a bool, got {getattr(self, flag)!r}")
+    if self.row and self.sequence_parallel:
+      raise ValueError(f"{self.layer}: sequence_parallel is for column layers; a row layer "
+                       "returns sequence-sharded rows with reduce='reduce_scatter'")
     mesh = mesh if mesh is not None else jax.sharding.get_abstract_mesh()
     names = () if mesh is None or getattr(mesh, "empty", False) else tuple(mesh.axis_names)
     if names and self.axis_name not in names and \
@@ -227,6 +231,8 @@ def _column(cfg: _Config, x, w):
   q|k|v layer) first. Elsewhere (global view, check_vma=False, x varying) the backward is
   XLA's, exactly what nnx.Linear would do there."""
   axis = cfg.axis_name
+  if cfg.sequence_parallel and cfg.local_view():  # x: this device's rows of the sequence
+    return ops.all_gather_matmul(x, w, axis)
   if cfg.overlap_backward and axis in _compat.varying_axes(w) and \
       axis not in _compat.varying_axes(x):
     return _column_matmul(x, w, axis)
@@ -268,11 +274,12 @@ class _NNXParallel(nnx.Module):
                reduce: str = "all_reduce", use_bias: bool = True, dtype=jnp.bfloat16,
                param_dtype=jnp.float32, kernel_init=_default_kernel_init,
                bias_init=_default_bias_init, mesh=None, overlap_backward: bool = False,
-               kernel_axes=None, sharding_rules=(), rngs: nnx.Rngs):
+               sequence_parallel: bool = False, kernel_axes=None, sharding_rules=(),
+               rngs: nnx.Rngs):
     layer = type(self).__name__
     axis_name = _resolve_logical(layer, self._row, kernel_axes, axis_name, sharding_rules)
     self.cfg = _Config(layer, self._row, in_features, out_features, axis_name, reduce, dtype,
-                       param_dtype, overlap_backward)
+                       param_dtype, overlap_backward, sequence_parallel)
     self.cfg.check(mesh)
     kshape, bshape, kspec, bspec = self.cfg.shapes(in_features)
     # Sharded now when a mesh is known (and the params are global); else only annotated.
@@ -309,8 +316,11 @@ class ColumnParallelLinear(_NNXParallel):
   output dim over `axis_name`; per device y_local [..., out/n] = x @ kernel_local + bias_local
   (XLA's dot), no communication in the forward. overlap_backward=True: inside a check_vma
   shard_map with x replicated, the backward's all-reduce of dx is `matmul_all_reduce`
-  (overlapped); worth it when this layer is x's only reader (fused q|k|v). `reduce` is not
-  used."""
+  (overlapped); worth it when this layer is x's only reader (fused q|k|v).
+  sequence_parallel=True (inside shard_map): x is this device's share of the first dim (the
+  sequence-parallel layout a row layer with reduce="reduce_scatter" returns), and the layer is
+  `all_gather_matmul`: y_local [B, ..., out/n] = all_gather(x) @ kernel_local. Its overlapped
+  CUDA path is experimental (README); the values are XLA's either way. `reduce` is not used."""
   _row = False
 
 
@@ -326,6 +336,7 @@ class _LinenParallel(nn.Module):
   kernel_init: tp.Callable = _default_kernel_init
   bias_init: tp.Callable = _default_bias_init
   overlap_backward: bool = False  # column layer only: see ColumnParallelLinear
+  sequence_parallel: bool = False  # column layer only: see ColumnParallelLinear
   kernel_axes: tp.Any = None  # logical names of the kernel's (in, out) dims
   _row: tp.ClassVar[bool] = True
 
@@ -334,7 +345,7 @@ class _LinenParallel(nn.Module):
     layer = type(self).__name__
     axis_name = _resolve_logical(layer, self._row, self.kernel_axes, self.axis_name)
     cfg = _Config(layer, self._row, None, self.features, axis_name, self.reduce, self.dtype,
-                  self.param_dtype, self.overlap_backward)
+                  self.param_dtype, self.overlap_backward, self.sequence_parallel)
     cfg.check()
     k = jnp.shape(x)[-1]  # the view's input size: local inside shard_map for the row layer
     in_features = k * (cfg.local_view() or 1) if self._row else k
