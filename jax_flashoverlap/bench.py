@@ -9,6 +9,7 @@ result is checked against XLA's before it is timed.
   overlap  matmul_all_reduce / matmul_reduce_scatter vs XLA's dot, collective, dot+collective
            on a 1-D mesh over all GPUs; speedup and overlap efficiency
   sweep    our op under forced plans (comm_sms x groups)
+  a2a      matmul_all_to_all / all_gather_matmul vs XLA's composition (jax_flashoverlap.bench_a2a)
 
 `overlap` and `sweep` also run as several processes (one GPU each):
   python -m jax_flashoverlap.launch -n 2 --gpus-per-process 1 -m jax_flashoverlap.bench overlap
@@ -27,7 +28,7 @@ import subprocess
 import sys
 import time
 
-from jax_flashoverlap import bench_variants
+from jax_flashoverlap import bench_a2a, bench_variants
 
 # Global shapes M x N x K of DESIGN.md; per GPU the GEMM is M x N x K/world.
 DESIGN_SHAPES = ((4096, 8192, 8192), (8192, 8192, 8192), (16384, 8192, 16384),
@@ -370,7 +371,7 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m jax_flashoverlap.bench",
                                    description=__doc__.splitlines()[0])
   sub = parser.add_subparsers(dest="kind", required=True)
-  for name in ("gemm", "overlap", "sweep"):
+  for name in ("gemm", "overlap", "sweep", "a2a"):
     p = sub.add_parser(name)
     p.add_argument("--shapes", type=_parse_shape, nargs="+", default=list(DESIGN_SHAPES),
                    help="global MxNxK shapes (default: DESIGN.md's)")
@@ -381,6 +382,8 @@ def main(argv=None) -> int:
     if name == "gemm":
       p.add_argument("--world", type=int, default=2, help="per-GPU K = K / world")
       p.add_argument("--comm-sms", type=int, nargs="+", default=[0, 8, 16])
+    elif name == "a2a":
+      bench_a2a.add_arguments(p)
     else:
       p.add_argument("--world", type=int, default=0, help="GPUs in the mesh (0: all)")
       if name == "overlap":
@@ -400,7 +403,8 @@ def main(argv=None) -> int:
   import jax
   if args.kind == "gemm" and jax.process_count() > 1:
     parser.error("gemm runs on one GPU in one process; launch it without jax_flashoverlap.launch")
-  result = {"gemm": bench_gemm, "overlap": bench_overlap, "sweep": bench_sweep}[args.kind](args)
+  result = {"gemm": bench_gemm, "overlap": bench_overlap, "sweep": bench_sweep,
+            "a2a": bench_a2a.bench_a2a}[args.kind](args)
   result.update({
       "command": "python -m jax_flashoverlap.bench " + " ".join(argv or sys.argv[1:]),
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

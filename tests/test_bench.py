@@ -71,3 +71,13 @@ def test_overlap_in_two_processes_matches_one(tmp_path):
     assert [row["processes"] for row in d["rows"]] == [2, 2]
     assert all(row["world"] == 2 and row["rel_error"] == 0.0 for row in d["rows"]), d["rows"]
     assert r.stdout.count("128x64x256") == 2  # printed by process 0 only
+
+
+def test_a2a_bench_rows_for_every_op(tmp_path):
+    d, stdout = _run(tmp_path, "a2a", "--shapes", "64x64x128", "--world", "4", "--experimental")
+    assert [r["op"] for r in d["rows"]] == ["all_gather", "all_to_all", "all_to_all_ulysses"]
+    for r in d["rows"]:
+        assert set(r["times_ms"]) == {"xla_dot", "xla_collective", "xla_composition", "ours"}
+        assert r["rel_error"] == 0.0 and r["rel_error_vs_f32"] < 1e-2, r
+        assert r["uses_custom_call"] is False and r["world"] == 4  # CPU: reference path
+    assert stdout.count("(ours = XLA's composition)") == 3
