@@ -1,0 +1,326 @@
+"""Bad-input cases: the public ops, the global view, non-contiguous / donated inputs, the Flax
+layers (rows of tests/test_bad_inputs.py)."""
+from __future__ import annotations
+
+from jax_flashoverlap import _compat, _ext  # noqa: F401
+from _bad_cases_common import *  # noqa: F401,F403  (the table's shared helpers)
+
+# ----------------------------------------------------------------------------- public ops
+
+def op_float32(t):
+    trace_op("all_reduce", sds((8, 64), jnp.float32), sds((64, 32), jnp.float32))
+
+
+def op_int8(t):
+    trace_op("reduce_scatter", sds((8, 64), jnp.int8), sds((64, 32), jnp.int8))
+
+
+def op_w_float32(t):
+    trace_op("all_reduce", sds((8, 64)), sds((64, 32), jnp.float32))
+
+
+def op_mixed(t):
+    trace_op("matmul", sds((8, 64)), sds((64, 32), F16))
+
+
+def op_x_rank1(t):
+    trace_op("all_reduce", sds((64,)), sds((64, 32)), x_spec=P("tp"))
+
+
+def op_w_rank3(t):
+    trace_op("all_reduce", sds((8, 64)), sds((64, 32, 8)), w_spec=P("tp", None, None))
+
+
+def op_rs_x_rank3(t):
+    trace_op("reduce_scatter", sds((2, 8, 64)), sds((64, 32)), x_spec=P(None, None, "tp"))
+
+
+def op_k_mismatch(t):
+    trace_op("all_reduce", sds((8, 64)), sds((96, 32)))  # local K 16 vs 24
+
+
+def op_n_not_multiple_of_8(t):
+    trace_op("reduce_scatter", sds((8, 64)), sds((64, 12)))
+
+
+def op_k_not_multiple_of_8(t):
+    trace_op("all_reduce", sds((8, 48)), sds((48, 32)))  # local K = 12
+
+
+def op_empty_x(t):
+    trace_op("all_reduce", sds((0, 64)), sds((64, 32)))
+
+
+def op_empty_w(t):
+    trace_op("matmul", sds((8, 64)), sds((64, 0)))
+
+
+def op_rs_m_not_divisible(t):
+    trace_op("reduce_scatter", sds((6, 64)), sds((64, 32)))
+
+
+def op_axis_unbound(t):
+    trace_op("all_reduce", sds((8, 64)), sds((64, 32)), axis="nope")
+
+
+def op_axis_outside_shard_map(t):
+    jax.make_jaxpr(lambda a, b: fo.matmul_all_reduce(a, b, "tp"))(sds((8, 16)), sds((16, 32)))
+
+
+def op_axis_not_str(t):
+    trace_op("all_reduce", sds((8, 64)), sds((64, 32)), axis=("tp", 3))
+
+
+def op_axis_empty(t):
+    trace_op("reduce_scatter", sds((8, 64)), sds((64, 32)), axis=())
+
+
+def op_axis_vmap_name(t):
+    mesh = make_mesh_1d(4)
+
+    def body(x, w):
+        return jax.vmap(lambda r: fo.matmul_all_reduce(r, w, "b"), axis_name="b")(x)
+
+    jax.make_jaxpr(shard_map(body, mesh, (P(None, None, "tp"), P("tp", None)), P()))(
+        sds((2, 8, 64)), sds((64, 32)))
+
+
+def op_comm_sms_str(t):
+    trace_op("all_reduce", sds((8, 64)), sds((64, 32)), comm_sms="8")
+
+
+def op_comm_sms_bool(t):
+    trace_op("matmul", sds((8, 64)), sds((64, 32)), comm_sms=True)
+
+
+def op_comm_sms_range(t):
+    trace_op("reduce_scatter", sds((8, 64)), sds((64, 32)), comm_sms=132)
+
+
+def op_x_not_array(t):
+    fo.matmul([[1.0] * 8], jnp.ones((8, 8), BF16))
+
+
+# ----------------------------------------------------------------------------- global view
+
+def rp_bad_reduce(t):
+    jax.jit(lambda a, b: fo.row_parallel_matmul(a, b, reduce="all_gather")).trace(
+        sds((16, 64)), sds((64, 32)))
+
+
+def rp_axis_not_str(t):
+    jax.jit(lambda a, b: fo.row_parallel_matmul(a, b, axis_name=("tp",))).trace(
+        sds((16, 64)), sds((64, 32)))
+
+
+def rp_x_rank3(t):
+    jax.jit(fo.row_parallel_matmul).trace(sds((2, 16, 64)), sds((64, 32)))
+
+
+def rp_axis_unknown(t):
+    row_parallel(*rp_inputs(make_mesh_1d(4)), axis_name="model")
+
+
+def rp_k_two_axes(t):
+    mesh = make_mesh_2d(2, 4)
+    row_parallel(*rp_inputs(mesh, x_spec=P(None, ("dp", "tp")), w_spec=P(("dp", "tp"), None)))
+
+
+def rp_rs_m_not_divisible(t):
+    row_parallel(*rp_inputs(make_mesh_1d(4), x_shape=(6, 64)), reduce="reduce_scatter")
+
+
+def rp_local_k_not_multiple_of_8(t):
+    # global K = 40 is a multiple of 8, but each of the 8 shards holds K = 5
+    row_parallel(*rp_inputs(make_mesh_1d(8), x_shape=(8, 40), w_shape=(40, 16)))
+
+
+def rp_mesh_mismatch(t):
+    devices = jax.devices("cpu")
+    mesh_a = Mesh(np.array(devices[:4]), ("tp",))
+    mesh_b = Mesh(np.array(devices[4:8]), ("tp",))
+    row_parallel(put(rand((16, 64)), mesh_a, P(None, "tp")),
+                 put(rand((64, 32)), mesh_b, P("tp", None)))
+
+
+def rp_w_sharded_on_other_axis(t):
+    """w sharded on 'dp' while x's K is sharded on 'tp': legal; XLA reshards w."""
+    mesh = make_mesh_2d(2, 4)
+    x, w = rp_inputs(mesh, x_spec=P(None, "tp"), w_spec=P("dp", None))
+    ref = jax.jit(jnp.matmul)(x, w)
+    return [(row_parallel(x, w, reduce=r), ref) for r in ("all_reduce", "reduce_scatter")]
+
+
+# ----------------------------------------------------------------------------- non-contiguous
+
+def _ours_and_psum(x, w, mesh):
+    specs = (P(None, "tp"), P("tp", None)), P()
+    ours = jax.jit(shard_map(lambda a, b: fo.matmul_all_reduce(a, b, "tp"), mesh, *specs))
+    ref = jax.jit(shard_map(lambda a, b: lax.psum(a @ b, "tp"), mesh, *specs))
+    return ours(x, w), ref(x, w)
+
+
+def noncontig_transposed(t):
+    """x = xt.T and w = wt.T: JAX arrays have no strides, a transpose is a new dense array."""
+    mesh = make_mesh_1d(4)
+    xt, wt = rand((64, 16)), rand((32, 64), seed=1)
+    pairs = [_ours_and_psum(xt.T, wt.T, mesh)]
+    # the transpose inside the jitted per-device function (XLA may fold it into the dot)
+    specs = (P("tp", None), P(None, "tp")), P()
+    ours = jax.jit(shard_map(lambda a, b: fo.matmul_all_reduce(a.T, b.T, "tp"), mesh, *specs))
+    ref = jax.jit(shard_map(lambda a, b: lax.psum(a.T @ b.T, "tp"), mesh, *specs))
+    pairs.append((ours(xt, wt), ref(xt, wt)))
+    return pairs
+
+
+def noncontig_sliced(t):
+    """Strided and offset slices (x[::2, 8:72], w[:, 1::2]) as inputs."""
+    mesh = make_mesh_1d(4)
+    big_x, big_w = rand((32, 80)), rand((64, 64), seed=1)
+    x, w = big_x[::2, 8:72], big_w[:, 1::2]
+    assert x.shape == (16, 64) and w.shape == (64, 32)
+    return [_ours_and_psum(x, w, mesh)]
+
+
+# ----------------------------------------------------------------------------- donation
+
+def donated_reuse(t):
+    """A donated input is deleted by JAX; passing it to our op again is JAX's own error."""
+    mesh = make_mesh_1d(4)
+    specs = (P(None, "tp"), P("tp", None)), P()  # local x [16, 8] == local out [16, 8]
+    body = lambda a, b: fo.matmul_all_reduce(a, b, "tp")  # noqa: E731
+    x, w = put(rand((16, 32)), mesh, specs[0][0]), put(rand((32, 8), seed=1), mesh, specs[0][1])
+    ref = jax.jit(shard_map(lambda a, b: lax.psum(a @ b, "tp"), mesh, *specs))(x, w)
+    y = jax.jit(shard_map(body, mesh, *specs), donate_argnums=0)(x, w)
+    np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(ref, np.float32))
+    assert x.is_deleted(), "the donated buffer was not consumed: the case tests nothing"
+    # a fresh jit of our op (calling the same jitted function again: next case)
+    jax.jit(shard_map(body, mesh, *specs))(x, w)
+
+
+_DONATE_SCRIPT = textwrap.dedent('''
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import jax_flashoverlap as fo
+    mesh = Mesh(np.array(jax.devices()), ("tp",))
+    specs = (P(None, "tp"), P("tp", None)), P()
+    x = jax.device_put(jnp.ones((16, 32), jnp.bfloat16), NamedSharding(mesh, specs[0][0]))
+    w = jax.device_put(jnp.ones((32, 8), jnp.bfloat16), NamedSharding(mesh, specs[0][1]))
+    f = jax.jit(jax.shard_map(lambda a, b: fo.matmul_all_reduce(a, b, "tp"), mesh=mesh,
+                              in_specs=specs[0], out_specs=specs[1]), donate_argnums=0)
+    f(x, w)
+    assert x.is_deleted()
+    f(x, w)  # the same jitted function again, with the donated (deleted) array
+''')
+
+
+def donated_reuse_same_function(t):
+    script = t.tmp_path / "donate.py"
+    script.write_text(_DONATE_SCRIPT)
+    return subprocess.run([sys.executable, str(script)], cwd=REPO, env=cli_env(),
+                          capture_output=True, text=True, timeout=120)
+
+
+# ----------------------------------------------------------------------------- Flax
+
+def _nnx():
+    from flax import nnx
+    from jax_flashoverlap import flax as fl
+    return nnx, fl
+
+
+def _linen():
+    from jax_flashoverlap import flax as fl
+    return fl
+
+
+def nnx_bad_reduce(t):
+    nnx, fl = _nnx()
+    fl.RowParallelLinear(32, 16, reduce="all_gather", rngs=nnx.Rngs(0))
+
+
+def nnx_in_features_not_divisible(t):
+    nnx, fl = _nnx()
+    with jax.set_mesh(make_mesh_1d(4)):
+        fl.RowParallelLinear(34, 16, rngs=nnx.Rngs(0))
+
+
+def nnx_out_features_not_divisible(t):
+    nnx, fl = _nnx()
+    with jax.set_mesh(make_mesh_1d(4)):
+        fl.ColumnParallelLinear(32, 18, rngs=nnx.Rngs(0))
+
+
+def nnx_features_not_positive(t):
+    nnx, fl = _nnx()
+    fl.ColumnParallelLinear(0, 16, rngs=nnx.Rngs(0))
+
+
+def nnx_dtype_float32(t):
+    nnx, fl = _nnx()
+    fl.RowParallelLinear(32, 16, dtype=jnp.float32, rngs=nnx.Rngs(0))
+
+
+def nnx_axis_not_str(t):
+    nnx, fl = _nnx()
+    fl.RowParallelLinear(32, 16, axis_name=("tp",), rngs=nnx.Rngs(0))
+
+
+def nnx_axis_unknown(t):
+    nnx, fl = _nnx()
+    with jax.set_mesh(make_mesh_1d(4)):  # the mesh has only 'tp'
+        fl.RowParallelLinear(32, 16, axis_name="model", rngs=nnx.Rngs(0))
+
+
+def nnx_x_shape_mismatch(t):
+    nnx, fl = _nnx()
+    fl.RowParallelLinear(32, 16, rngs=nnx.Rngs(0))(jnp.ones((4, 24), BF16))
+
+
+def nnx_global_params_in_shard_map(t):
+    nnx, fl = _nnx()
+    gdef, state = nnx.split(fl.RowParallelLinear(32, 16, rngs=nnx.Rngs(0)))
+    f = shard_map(lambda s, x: nnx.merge(gdef, s)(x), make_mesh_1d(4), (P(), P(None, "tp")), P())
+    f(state, jnp.ones((4, 32), BF16))
+
+
+def nnx_rs_rows_not_divisible(t):
+    nnx, fl = _nnx()
+    gdef, state = nnx.split(fl.RowParallelLinear(32, 16, reduce="reduce_scatter",
+                                                 rngs=nnx.Rngs(0)))
+    f = shard_map(lambda s, x: nnx.merge(gdef, s)(x), make_mesh_1d(4),
+                  (nnx.get_partition_spec(state), P(None, "tp")), P("tp"))
+    jax.eval_shape(f, state, sds((6, 32)))
+
+
+def linen_bad_reduce(t):
+    fl = _linen()
+    fl.RowParallelDense(16, reduce="bogus").init(jax.random.key(0), jnp.ones((4, 32), BF16))
+
+
+def linen_features_not_divisible(t):
+    fl = _linen()
+    with jax.set_mesh(make_mesh_1d(4)):
+        fl.ColumnParallelDense(18).init(jax.random.key(0), jnp.ones((4, 32), BF16))
+
+
+def linen_in_features_not_divisible(t):
+    fl = _linen()
+    mesh3 = Mesh(np.array(jax.devices("cpu")[:3]), ("tp",))
+    with jax.set_mesh(mesh3):  # x has 32 input features; 32 % 3 != 0
+        fl.RowParallelDense(16).init(jax.random.key(0), jnp.ones((4, 32), BF16))
+
+
+def linen_axis_unknown(t):
+    fl = _linen()
+    with jax.set_mesh(make_mesh_1d(4)):
+        fl.RowParallelDense(16, axis_name="model").init(jax.random.key(0),
+                                                         jnp.ones((4, 32), BF16))
+
+
+def linen_dtype_int8(t):
+    fl = _linen()
+    fl.RowParallelDense(16, dtype=jnp.int8).init(jax.random.key(0), jnp.ones((4, 32), BF16))
+

@@ -1,0 +1,280 @@
+"""Bad-input cases: tuned-config files, the CLIs, several processes, the GPU / extension checks
+and environment switches (rows of tests/test_bad_inputs.py)."""
+from __future__ import annotations
+
+from jax_flashoverlap import _compat, _ext  # noqa: F401
+from _bad_cases_common import *  # noqa: F401,F403  (the table's shared helpers)
+
+# ----------------------------------------------------------------------------- tuned configs
+
+def _entry(**kw):
+    e = dict(collective="all_reduce", dtype="bfloat16", m=1024, n=512, k=256, comm_sms=16,
+             band_rows=[0, 512, 1024])
+    e.update(kw)
+    return e
+
+
+def _config(t, body=None, *, raw=None, name="plans.json", **top):
+    """Writes a config file (a dict built from the defaults, or `raw` text) and loads it."""
+    path = t.tmp_path / name
+    if raw is None:
+        data = dict(schema=tuning.SCHEMA, gpu=H200, world_size=2, entries=[_entry()])
+        data.update(top)
+        if body is not None:
+            data["entries"] = body
+        raw = json.dumps(data)
+    path.write_text(raw)
+    return tuning.load_file(path)
+
+
+def cfg_not_json(t):
+    _config(t, raw="{not json")
+
+
+def cfg_top_level_not_object(t):
+    _config(t, raw="[1, 2]")
+
+
+def cfg_wrong_schema(t):
+    _config(t, schema="jax_flashoverlap.plans/2")
+
+
+def cfg_missing_gpu(t):
+    _config(t, gpu=None)
+
+
+def cfg_missing_entries(t):
+    _config(t, entries=None)
+
+
+def cfg_entry_missing_field(t):
+    e = _entry()
+    del e["m"]
+    _config(t, [e])
+
+
+def cfg_world_size_wrong_type(t):
+    _config(t, world_size="2")
+
+
+def cfg_band_rows_wrong_type(t):
+    _config(t, [_entry(band_rows=[0, 512.0, 1024])])
+
+
+def cfg_bands_do_not_sum_to_m(t):
+    _config(t, [_entry(band_rows=[0, 512, 1000])])
+
+
+def cfg_rs_bands_wrong_size(t):
+    # reduce-scatter on 2 ranks: bands split one rank's block of m / 2 = 512 rows
+    _config(t, [_entry(collective="reduce_scatter", band_rows=[0, 512, 1024])])
+
+
+def cfg_measured_ms_not_number(t):
+    _config(t, [_entry(measured_ms="fast")])
+
+
+def cfg_missing_file(t):
+    tuning.load_file(t.tmp_path / "missing.json")
+
+
+def cfg_bad_file_at_lowering(t):
+    """A broken file in the user config dir fails the plan choice (i.e. the lowering)."""
+    t.monkeypatch.setenv(tuning.CONFIG_DIR_ENV, str(t.tmp_path))
+    (t.tmp_path / "plans.json").write_text(json.dumps(
+        dict(schema=tuning.SCHEMA, gpu=H200, world_size=2, entries=[_entry(comm_sms=500)])))
+    plan_lib.choose_plan("all_reduce", 1024, 512, 256, 2, gpu=H200)
+
+
+def cfg_merge_into_non_json(t):
+    path = t.tmp_path / "plans.json"
+    path.write_text("not json at all")
+    tuning.write_entries(path, H200, 2, [_entry()])
+
+
+# ----------------------------------------------------------------------------- CLIs
+
+def cli_bench_shapes_malformed(t):
+    return run_cli("jax_flashoverlap.bench", "gemm", "--shapes", "12x34")
+
+
+def cli_bench_shapes_not_integers(t):
+    return run_cli("jax_flashoverlap.bench", "gemm", "--shapes", "axbxc")
+
+
+def cli_bench_shapes_zero(t):
+    return run_cli("jax_flashoverlap.bench", "gemm", "--shapes", "0x8x8")
+
+
+def cli_tune_without_gpu(t):
+    return run_cli("jax_flashoverlap.tune", "--shapes", "256x256x256")
+
+
+def cli_launch_n0(t):
+    script = t.tmp_path / "ok.py"
+    script.write_text("print('never started')\n")
+    return run_cli("jax_flashoverlap.launch", "-n", "0", str(script))
+
+
+def cli_launch_negative_timeout(t):
+    script = t.tmp_path / "ok.py"
+    script.write_text("print('never started')\n")
+    return run_cli("jax_flashoverlap.launch", "-n", "1", "--timeout", "-1", str(script))
+
+
+_PID_SCRIPT = textwrap.dedent('''
+    import os, sys, time
+    me = os.environ["JAX_FLASHOVERLAP_PROCESS_ID"]
+    out = sys.argv[1]
+    with open(os.path.join(out, "pid" + me), "w") as f:
+        f.write(str(os.getpid()))
+    if me == "1" and sys.argv[2] == "fail":
+        while not os.path.exists(os.path.join(out, "pid0")):  # process 0 is up: it must be killed
+            time.sleep(0.05)
+        print("process 1 failing", flush=True)
+        sys.exit(3)
+    time.sleep(120)
+''')
+
+
+def _launch_pids(t, *launch_args, mode):
+    script = t.tmp_path / "child.py"
+    script.write_text(_PID_SCRIPT)
+    r = run_cli("jax_flashoverlap.launch", "-n", "2", *launch_args, str(script),
+                str(t.tmp_path), mode, timeout=90)
+    for i in (0, 1):  # the launcher left nothing running
+        pid_file = t.tmp_path / f"pid{i}"
+        assert pid_file.exists(), f"process {i} never started:\n{r.stdout}{r.stderr}"
+        assert_dead(int(pid_file.read_text()))
+    return r
+
+
+def cli_launch_child_exits_3(t):
+    return _launch_pids(t, "--timeout", "100", mode="fail")
+
+
+def cli_launch_timeout(t):
+    start = time.monotonic()
+    r = _launch_pids(t, "--timeout", "5", mode="sleep")
+    assert time.monotonic() - start >= 5, "the launcher stopped before its timeout"
+    return r
+
+
+# ----------------------------------------------------------------------------- distributed
+
+_MISMATCH_SCRIPT = textwrap.dedent('''
+    import sys
+    import jax
+    from jax_flashoverlap import distributed
+    distributed.initialize()
+    me = jax.process_index()
+    assert jax.process_count() == 2
+    try:  # what the CUDA lowering checks before it uses a plan
+        distributed.check_identical("the group plan", {"band_rows": [0, 512, 1024],
+                                                       "comm_sms": 8 if me == 0 else 16})
+    except distributed.DistributedMismatchError as err:
+        print(f"process {me}: {type(err).__name__}: {err}", flush=True)
+        sys.exit(0)
+    print(f"process {me}: no error", flush=True)
+    sys.exit(5)
+''')
+
+
+def dist_plan_mismatch_two_processes(t):
+    script = t.tmp_path / "mismatch.py"
+    script.write_text(_MISMATCH_SCRIPT)
+    return run_cli("jax_flashoverlap.launch", "-n", "2", "--timeout", "60", str(script),
+                   timeout=90)
+
+
+class _FakeKV:
+    """JAX's distributed client as far as distributed.py uses it; no other process answers."""
+
+    def __init__(self):
+        self.store = {}
+
+    def key_value_set(self, key, value):
+        self.store[key] = value
+
+    def blocking_key_value_get(self, key, timeout_ms):
+        if key in self.store:
+            return self.store[key]
+        raise RuntimeError(f"DEADLINE_EXCEEDED: key {key} not found after {timeout_ms} ms")
+
+    def wait_at_barrier(self, key, timeout_ms):
+        raise RuntimeError(f"DEADLINE_EXCEEDED: barrier {key} timed out after {timeout_ms} ms")
+
+
+def _fake_two_processes(t):
+    t.monkeypatch.setattr(_compat, "distributed_client", lambda: _FakeKV())
+    t.monkeypatch.setattr(jax, "process_count", lambda *a, **k: 2)
+    t.monkeypatch.setattr(jax, "process_index", lambda *a, **k: 0)
+
+
+def dist_peer_never_arrives(t):
+    _fake_two_processes(t)
+    t.monkeypatch.setenv(distributed.TIMEOUT_ENV, "2")
+    distributed.check_identical("the group plan", {"comm_sms": 16})
+
+
+def dist_bad_timeout_env(t):
+    _fake_two_processes(t)
+    t.monkeypatch.setenv(distributed.TIMEOUT_ENV, "five minutes")
+    distributed.barrier("init/1")
+
+
+def dist_bad_num_processes_env(t):
+    t.monkeypatch.setenv(distributed.COORDINATOR_ENV, "127.0.0.1:1")
+    t.monkeypatch.setenv(distributed.NUM_PROCESSES_ENV, "two")
+    distributed.initialize()
+
+
+def dist_not_initialized(t):
+    distributed.check_identical("the group plan", {"comm_sms": 16})
+
+
+# ----------------------------------------------------------------------------- GPU / extension
+
+def _no_fallback(t):
+    t.monkeypatch.setenv(_ext.FALLBACK_ENV, "0")  # small shapes would take XLA's path anyway
+    t.monkeypatch.delenv(_ext.FORCE_REFERENCE_ENV, raising=False)
+
+
+def gpu_unsupported(kind, capability):
+    def case(t):
+        _no_fallback(t)
+        t.monkeypatch.setattr(_ext, "local_gpus", lambda: [(kind, capability)])
+        t.monkeypatch.setattr(_ext, "_warned_unsupported", False)
+        use, why = _ext.check_cuda_path("flashoverlap_gemm_all_reduce")
+        assert not use and "sm_90" in why, why
+        return cuda_lowering_text("all_reduce")
+    return case
+
+
+def ext_missing_with_gpu(t):
+    _no_fallback(t)
+    t.monkeypatch.setattr(_ext, "local_gpus", lambda: [(H200, "9.0")])
+    t.monkeypatch.setattr(_ext, "ext", None)
+    t.monkeypatch.setattr(_ext, "EXT_IMPORT_ERROR", "not built (test)")
+    t.monkeypatch.setattr(_ext, "_warned_missing", False)
+    return cuda_lowering_text("reduce_scatter")
+
+
+def env_force_reference_typo(t):
+    t.monkeypatch.setenv(_ext.FORCE_REFERENCE_ENV, "ture")
+    cuda_lowering_text()
+
+
+def env_watchdog_bad(t):
+    from jax_flashoverlap import comm
+    t.monkeypatch.setenv(comm.WATCHDOG_ENV, "soon")
+    comm.watchdog_seconds()  # read when communicators are made (GPU); checked here directly
+
+
+def env_fallback_typo(t):
+    t.monkeypatch.delenv(_ext.FORCE_REFERENCE_ENV, raising=False)
+    t.monkeypatch.setenv(_ext.FALLBACK_ENV, "of")
+    cuda_lowering_text()  # a small shape: the cost model predicts no gain, the switch decides
+
+
+# ----------------------------------------------------------------------------- the table
