@@ -48,6 +48,17 @@ def _programs(op, mesh):
           smap)
 
 
+def check_shape(op, m, n, world) -> None:
+  """The global shape splits as the op needs over `world` devices (else a clear error)."""
+  need = {"all_gather": (("M", m, world), ("N", n, world)),
+          "all_to_all": (("M", m, world * world),),
+          "all_to_all_ulysses": (("M", m, world), ("N", n, world))}[op]
+  for name, size, by in need:
+    if size % by:
+      raise ValueError(f"bench a2a --shapes: {op} on {world} devices needs {name} divisible by "
+                       f"{by}, got {name}={size}")
+
+
 def bench_a2a(args) -> dict:
   import os
   import time
@@ -68,6 +79,7 @@ def bench_a2a(args) -> dict:
   rows = []
   for op in args.ops:
     for m, n, k in args.shapes:
+      check_shape(op, m, n, world)
       key, sub = jax.random.split(key)
       ins, out, dot, dot_x_spec, coll, base_fn, base, ours, smap = _programs(op, mesh)
       shard = lambda spec: NamedSharding(mesh, spec)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import os
 import hashlib
+import itertools
 import sys
 import threading
 
@@ -58,6 +59,7 @@ def axis_groups(mesh, axis_name) -> list:
 
 _lock = threading.Lock()
 _atexit_registered = False
+_ensure_counter = itertools.count()  # barrier names: every process lowers in the same order
 
 
 def mesh_is_local_gpu(mesh) -> bool:
@@ -113,19 +115,22 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
     raise RuntimeError("jax_flashoverlap: the CUDA extension is not built")
   cid = comm_id_for(mesh, axis_name, comm_sms)
   watchdog = watchdog_seconds()
+  groups = axis_groups(mesh, axis_name)
+  spans_processes = any(len({d.process_index for d in g}) > 1 for g in groups)
+  if spans_processes:
+    from jax_flashoverlap import distributed
   with _lock:
     if ext.has_communicators(cid):
+      if spans_processes:  # growing the window and connecting peers are collective too
+        distributed.barrier(f"ensure/{cid}/{next(_ensure_counter)}")
       ext.ensure_workspace(cid, int(workspace_bytes))
       if peer_to_peer:
         ext.connect_peers(cid)
       return cid
     me = jax.process_index()
-    groups = axis_groups(mesh, axis_name)
-    spans_processes = any(len({d.process_index for d in g}) > 1 for g in groups)
     if spans_processes:
       # Every process must reach NCCL's init (which blocks until all ranks join): one that
       # never comes is a timeout error here (JAX_FLASHOVERLAP_KV_TIMEOUT_S), not a hang.
-      from jax_flashoverlap import distributed
       distributed.barrier(f"preinit/{cid}")
     # Groups in one fixed order on every process: NCCL init blocks until a group's ranks join.
     for index, group in enumerate(groups):
@@ -136,14 +141,12 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
       if len(local) == len(group):
         unique_id = ext.nccl_unique_id()
       else:  # rank 0's process makes the id; it reaches the others through JAX's KV store
-        from jax_flashoverlap import distributed
         unique_id = bytes.fromhex(distributed.share(
             f"uid/{cid}/{index}", owner=group[0].process_index == me,
             make=lambda: ext.nccl_unique_id().hex()))
       ext.create_communicators(cid, unique_id, len(group), local, int(comm_sms),
                                int(workspace_bytes), watchdog)
     if spans_processes:
-      from jax_flashoverlap import distributed
       distributed.barrier(f"init/{cid}")
     if peer_to_peer:
       ext.connect_peers(cid)

@@ -47,7 +47,6 @@ import typing as tp
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
 
 import flax.linen as nn
 from flax import nnx

@@ -208,24 +208,35 @@ def _best_bands(collective, m, n, k, world, itemsize, p, comm_sms) -> GroupPlan:
 
 # --- overrides (tuning, benchmarks) ----------------------------------------------------------
 
-_override = threading.local()
+class Override(threading.local):
+  """A per-thread plan override: `get()` is None outside `active(value)`."""
+
+  value = None
+
+  def get(self):
+    return self.value
+
+  @contextlib.contextmanager
+  def active(self, value):
+    previous, self.value = self.value, value
+    try:
+      yield
+    finally:
+      self.value = previous
 
 
-@contextlib.contextmanager
+_override = Override()
+
+
 def forced(num_groups: int | None = None, comm_sms: int | None = None, overlap: bool = True):
   """Within this context, ops *lowered* here use `num_groups` even row bands (aligned to the
   kernel's cluster rows) and/or `comm_sms`, instead of the cost model's plan; overlap=False
   forces XLA's dot + collective. For tuning: jit-compile inside the context."""
-  previous = getattr(_override, "value", None)
-  _override.value = (num_groups, comm_sms, overlap)
-  try:
-    yield
-  finally:
-    _override.value = previous
+  return _override.active((num_groups, comm_sms, overlap))
 
 
 def is_forced() -> bool:
-  return getattr(_override, "value", None) is not None
+  return _override.get() is not None
 
 
 def choose_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: int = 2,
@@ -234,7 +245,7 @@ def choose_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: i
   """The plan an op lowers with, by priority: an active `forced(...)` override; an explicit
   `comm_sms` (the cost model's best bands for it); a tuned config entry for this GPU, world
   size and shape (jax_flashoverlap.tuning); the cost model."""
-  override = getattr(_override, "value", None)
+  override = _override.get()
   forced_groups, forced_sms, forced_overlap = override or (None, None, True)
   if override is None and comm_sms is None:
     from jax_flashoverlap import tuning

@@ -21,11 +21,9 @@ lowers to XLA's own composition (same switches as the other ops).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import math
-import threading
 
 from jax_flashoverlap import plan as plan_lib
 
@@ -237,28 +235,22 @@ def all_gather_supported(rows: int, n: int, world: int) -> str | None:
 
 # --- overrides (tuning, benchmarks) -----------------------------------------------------------
 
-_override = threading.local()
+_override = plan_lib.Override()
 
 
-@contextlib.contextmanager
 def forced(num_groups: int | None = None, comm_sms: int | None = None, overlap: bool = True,
            chunks: int | None = None):
   """Within this context, these ops *lowered* here use `num_groups` even bands (all-to-all),
   `chunks` (all-gather), `comm_sms`, or overlap=False (XLA's composition)."""
-  previous = getattr(_override, "value", None)
-  _override.value = (num_groups, comm_sms, overlap, chunks)
-  try:
-    yield
-  finally:
-    _override.value = previous
+  return _override.active((num_groups, comm_sms, overlap, chunks))
 
 
 def is_forced() -> bool:
-  return getattr(_override, "value", None) is not None
+  return _override.get() is not None
 
 
 def _profile_for(comm_sms):
-  override = getattr(_override, "value", None)
+  override = _override.get()
   if comm_sms is None and override is not None:
     comm_sms = override[1]
   if comm_sms is None:
@@ -271,7 +263,7 @@ def choose_a2a_plan(m, n, k, world, split_axis, concat_axis, itemsize=2,
   """By priority: a `forced(...)` override, an explicit comm_sms, the cost model."""
   plan = default_a2a_plan(m, n, k, world, split_axis, concat_axis, itemsize,
                           _profile_for(comm_sms))
-  override = getattr(_override, "value", None)
+  override = _override.get()
   if override is None:
     return plan
   num_groups, _, overlap, _ = override
@@ -285,7 +277,7 @@ def choose_a2a_plan(m, n, k, world, split_axis, concat_axis, itemsize=2,
 
 def choose_all_gather_plan(rows, n, k, world, itemsize=2, comm_sms=None) -> AllGatherPlan:
   plan = default_all_gather_plan(rows, n, k, world, itemsize, _profile_for(comm_sms))
-  override = getattr(_override, "value", None)
+  override = _override.get()
   if override is None:
     return plan
   _, _, overlap, chunks = override

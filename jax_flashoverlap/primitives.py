@@ -13,7 +13,6 @@ primitive lowers to the reference; on CUDA to the FFI target of the same name.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -101,20 +100,12 @@ def _collective_cuda_lowering(prim, reference_lowering, collective):
     plan = plan_lib.choose_plan(collective, m, n, k, world, np.dtype(x_aval.dtype).itemsize,
                                 comm_sms, gpu=comm.mesh_gpu_name(mesh),
                                 dtype=np.dtype(x_aval.dtype).name)
-    # No gain predicted (or forced off): XLA's own dot + collective, never slower than XLA.
-    # An explicit comm_sms or JAX_FLASHOVERLAP_FALLBACK=0 keeps our kernels regardless.
-    if not plan.overlap and (plan_lib.is_forced() or
-                             (comm_sms is None and _ext.fallback_enabled())):
+    if keep_reference(plan, comm_sms, plan_lib.is_forced()):
       return reference_lowering(ctx, x, w, axis_name=axis_name)
-    comm_id = comm.comm_id_for(mesh, axis_name, plan.comm_sms)
-    if jax.process_count() > 1:  # a plan that differs between processes would hang NCCL
-      from jax_flashoverlap import distributed
-      distributed.check_identical(
-          f"the group plan of {prim.name} for x {tuple(x_aval.shape)} w {tuple(w_aval.shape)}",
-          {"comm_id": comm_id, "band_rows": list(plan.band_rows), "comm_sms": plan.comm_sms})
-    if comm.mesh_is_local_gpu(mesh):  # not cross-lowering: the program runs here
-      comm.ensure_communicators(mesh, axis_name, comm_sms=plan.comm_sms,
-                                workspace_bytes=m * n * np.dtype(x_aval.dtype).itemsize)
+    comm_id = prepare_communicators(
+        prim.name, mesh, axis_name, {"band_rows": list(plan.band_rows)}, plan.comm_sms,
+        m * n * np.dtype(x_aval.dtype).itemsize,
+        f"x {tuple(x_aval.shape)} w {tuple(w_aval.shape)}")
     return _compat.ffi_lowering(prim.name)(
         ctx, x, w,
         comm_id=np.int64(comm_id),
@@ -122,6 +113,28 @@ def _collective_cuda_lowering(prim, reference_lowering, collective):
         comm_sms=np.int32(plan.comm_sms),
         band_rows=np.asarray(plan.band_rows, dtype=np.int32))
   return lowering
+
+
+def keep_reference(plan, comm_sms, forced: bool) -> bool:
+  """No gain predicted (or forced off): XLA's own composition, never slower than XLA. An
+  explicit comm_sms or JAX_FLASHOVERLAP_FALLBACK=0 keeps our kernels regardless."""
+  return not plan.overlap and (forced or (comm_sms is None and _ext.fallback_enabled()))
+
+
+def prepare_communicators(name, mesh, axis_name, plan_fields, comm_sms, workspace_bytes,
+                          shapes, peer_to_peer=False) -> int:
+  """At lowering: the comm_id of the plan's communicators, the plan checked identical on every
+  process (a plan that differs would hang NCCL), and the communicators made here when the
+  program runs on this machine's GPUs (not when cross-lowering)."""
+  comm_id = comm.comm_id_for(mesh, axis_name, comm_sms)
+  if jax.process_count() > 1:
+    from jax_flashoverlap import distributed
+    distributed.check_identical(f"the group plan of {name} for {shapes}",
+                                dict(plan_fields, comm_id=comm_id, comm_sms=comm_sms))
+  if comm.mesh_is_local_gpu(mesh):
+    comm.ensure_communicators(mesh, axis_name, comm_sms=comm_sms,
+                              workspace_bytes=workspace_bytes, peer_to_peer=peer_to_peer)
+  return comm_id
 
 
 def world_size(mesh, axis_name):

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_flashoverlap import _compat, _ext, comm, plan_a2a
-from jax_flashoverlap.primitives import make_primitive, world_size as _world_size
+from jax_flashoverlap import _compat, _ext, plan_a2a
+from jax_flashoverlap.primitives import (keep_reference, make_primitive, prepare_communicators,
+                                         world_size as _world_size)
 
 # --- reference compositions (also the CPU lowering) --------------------------------------
 
@@ -43,22 +43,17 @@ all_gather_gemm_p, _ag_reference_lowering = make_primitive(
 # --- CUDA lowerings ------------------------------------------------------------------------
 
 
-def _keep_reference(plan, comm_sms) -> bool:
-  """No gain predicted: XLA's own composition, unless comm_sms or the env keeps our kernels."""
-  return not plan.overlap and (plan_a2a.is_forced() or
-                               (comm_sms is None and _ext.fallback_enabled()))
+def _problem(ctx, axis_name):
+  """(mesh, world size, x aval, w aval, dtype) of a CUDA lowering."""
+  mesh = _compat.lowering_mesh(ctx)
+  x_aval, w_aval = ctx.avals_in
+  return mesh, _world_size(mesh, axis_name), x_aval, w_aval, np.dtype(x_aval.dtype)
 
 
 def _prepare_comm(prim, mesh, axis_name, plan_fields, comm_sms, workspace_bytes, shapes):
-  comm_id = comm.comm_id_for(mesh, axis_name, comm_sms)
-  if jax.process_count() > 1:  # a plan that differs between processes would hang NCCL
-    from jax_flashoverlap import distributed
-    distributed.check_identical(f"the plan of {prim.name} for {shapes}",
-                                dict(plan_fields, comm_id=comm_id))
-  if comm.mesh_is_local_gpu(mesh):  # not cross-lowering: the program runs here
-    comm.ensure_communicators(mesh, axis_name, comm_sms=comm_sms,
-                              workspace_bytes=workspace_bytes, peer_to_peer=True)
-  return comm_id
+  # ncclSend/ncclRecv: their peer connections are made at lowering too (ConnectPeers).
+  return prepare_communicators(prim.name, mesh, axis_name, plan_fields, comm_sms,
+                               workspace_bytes, shapes, peer_to_peer=True)
 
 
 def _a2a_cuda_lowering(ctx, x, w, *, axis_name, split_axis, concat_axis, comm_sms):
@@ -68,17 +63,13 @@ def _a2a_cuda_lowering(ctx, x, w, *, axis_name, split_axis, concat_axis, comm_sm
   use_cuda, _ = _ext.check_cuda_path(prim.name)
   if not use_cuda:
     return reference()
-  mesh = _compat.lowering_mesh(ctx)
-  world = _world_size(mesh, axis_name)
-  x_aval, w_aval = ctx.avals_in
-  m, k = x_aval.shape
-  n = w_aval.shape[1]
-  dtype = np.dtype(x_aval.dtype)
+  mesh, world, x_aval, w_aval, dtype = _problem(ctx, axis_name)
+  (m, k), n = x_aval.shape, w_aval.shape[1]
   if plan_a2a.a2a_supported(m, n, world, split_axis) is not None:
     return reference()
   plan = plan_a2a.choose_a2a_plan(m, n, k, world, split_axis, concat_axis, dtype.itemsize,
                                   comm_sms)
-  if _keep_reference(plan, comm_sms):
+  if keep_reference(plan, comm_sms, plan_a2a.is_forced()):
     return reference()
   workspace = m * n * dtype.itemsize * (2 if concat_axis == 1 else 1)
   comm_id = _prepare_comm(prim, mesh, axis_name,
@@ -101,16 +92,12 @@ def _ag_cuda_lowering(ctx, x, w, *, axis_name, comm_sms):
   use_cuda, _ = _ext.check_cuda_path(prim.name)
   if not use_cuda:
     return reference()
-  mesh = _compat.lowering_mesh(ctx)
-  world = _world_size(mesh, axis_name)
-  x_aval, w_aval = ctx.avals_in
-  rows, k = x_aval.shape
-  n = w_aval.shape[1]
-  dtype = np.dtype(x_aval.dtype)
+  mesh, world, x_aval, w_aval, dtype = _problem(ctx, axis_name)
+  (rows, k), n = x_aval.shape, w_aval.shape[1]
   if plan_a2a.all_gather_supported(rows, n, world) is not None:
     return reference()
   plan = plan_a2a.choose_all_gather_plan(rows, n, k, world, dtype.itemsize, comm_sms)
-  if _keep_reference(plan, comm_sms):
+  if keep_reference(plan, comm_sms, plan_a2a.is_forced()):
     return reference()
   comm_id = _prepare_comm(prim, mesh, axis_name,
                           {"chunks": plan.chunks, "comm_sms": plan.comm_sms}, plan.comm_sms,

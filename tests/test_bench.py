@@ -81,3 +81,12 @@ def test_a2a_bench_rows_for_every_op(tmp_path):
         assert r["rel_error"] == 0.0 and r["rel_error_vs_f32"] < 1e-2, r
         assert r["uses_custom_call"] is False and r["world"] == 4  # CPU: reference path
     assert stdout.count("(ours = XLA's composition)") == 3
+
+
+def test_a2a_bench_rejects_shapes_that_do_not_split():
+    from jax_flashoverlap import bench_a2a
+    with pytest.raises(ValueError, match="all_to_all on 4 devices needs M divisible by 16"):
+        bench_a2a.check_shape("all_to_all", 40, 64, 4)
+    with pytest.raises(ValueError, match="needs N divisible by 4, got N=66"):
+        bench_a2a.check_shape("all_gather", 64, 66, 4)
+    bench_a2a.check_shape("all_to_all_ulysses", 64, 64, 4)  # fine

@@ -34,6 +34,7 @@
 #include "xla_ffi/comm/watchdog.h"
 #include "xla_ffi/comm/stream_write.h"
 #include "xla_ffi/ffi/check.h"
+#include "xla_ffi/ffi/comm_call.h"
 #include "xla_ffi/ffi/handlers.h"
 #include "xla_ffi/kernels/signaling_gemm.h"
 
@@ -52,13 +53,7 @@ int32_t NextFlagValue() {
 ffi::Error ValidateAg(const Communicator* comm, ffi::AnyBuffer x, ffi::AnyBuffer w,
                       const ffi::AnyBuffer& out, int32_t world_size, int32_t comm_sms,
                       int32_t chunks, int64_t comm_id, int device) {
-  FO_CHECK_ARG(comm != nullptr,
-               kOp << ": no communicator for comm_id " << comm_id << " on device " << device
-                   << "; communicators are created when the op is lowered for a local GPU mesh "
-                      "(jax_flashoverlap.comm.ensure_communicators)");
-  FO_CHECK_ARG(comm->world_size == world_size,
-               kOp << ": program was built for " << world_size << " ranks, communicator has "
-                   << comm->world_size);
+  FO_RETURN_IF_ERROR(CheckCommunicator(kOp, comm, world_size, comm_id, device));
   FO_CHECK_ARG(comm_sms >= 1 && comm->comm_sms >= 1,
                kOp << ": comm_sms must be >= 1 (got " << comm_sms << ", communicator "
                    << comm->comm_sms << "): NCCL needs free SMs while the GEMM waits for it");
@@ -122,8 +117,7 @@ ffi::Error AllGatherGemmImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer
   Communicator* comm = FindCommunicator(comm_id, device);
   FO_RETURN_IF_ERROR(ValidateAg(comm, x, w, *out, world_size, comm_sms, chunks, comm_id, device));
   std::lock_guard<std::mutex> lock(comm->call_mutex);
-  Status alive = CheckNotAborted(*comm, kOp);
-  FO_CHECK(alive.ok(), alive.message);
+  FO_RETURN_IF_ERROR(CheckAlive(kOp, *comm));
 
   const int64_t rows = x.dimensions()[0], k = x.dimensions()[1], n_cols = w.dimensions()[1];
   const int n = world_size, rank = comm->rank;
@@ -173,11 +167,7 @@ ffi::Error AllGatherGemmImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer
     }
   }
   // Join back even after an error (a failed launch leaves C's sends queued: wait for them).
-  if (status.ok()) status = WatchCall(*comm, kOp);
-  FO_CHECK_CUDA(cudaEventRecord(comm->comm_done, comm->stream));
-  FO_CHECK_CUDA(cudaStreamWaitEvent(stream, comm->comm_done, 0));
-  if (!status.ok()) return ffi::Error::Internal(std::string(kOp) + ": " + status.message);
-  return ffi::Error::Success();
+  return FinishCall(kOp, *comm, stream, /*copies=*/false, status);
 }
 
 auto BindAllGatherGemm() {

@@ -14,6 +14,7 @@
 #include "xla_ffi/comm/communicator.h"
 #include "xla_ffi/comm/watchdog.h"
 #include "xla_ffi/ffi/check.h"
+#include "xla_ffi/ffi/comm_call.h"
 #include "xla_ffi/ffi/handlers.h"
 
 namespace flashoverlap {
@@ -24,9 +25,7 @@ ffi::Error CollectiveImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer y,
                           int32_t reduce_scatter, int32_t num_groups) {
   const char* op = "flashoverlap_collective";
   Communicator* comm = FindCommunicator(comm_id, device);
-  FO_CHECK_ARG(comm != nullptr, op << ": no communicator for comm_id " << comm_id
-                                    << " on device " << device);
-  FO_CHECK_ARG(comm->world_size == world_size, op << ": world size mismatch");
+  FO_RETURN_IF_ERROR(CheckCommunicator(op, comm, world_size, comm_id, device));
   auto dtype = y.element_type();
   FO_CHECK_ARG(dtype == ffi::DataType::BF16 || dtype == ffi::DataType::F16,
                op << ": y must be bfloat16 or float16");
@@ -38,8 +37,7 @@ ffi::Error CollectiveImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer y,
   FO_CHECK_ARG(num_groups >= 1 && m % (int64_t(num_groups) * world_size) == 0,
                op << ": M=" << m << " must split into " << num_groups << " x " << world_size);
   std::lock_guard<std::mutex> lock(comm->call_mutex);
-  Status alive = CheckNotAborted(*comm, op);
-  FO_CHECK(alive.ok(), alive.message);
+  FO_RETURN_IF_ERROR(CheckAlive(op, *comm));
   const ncclDataType_t nccl_dtype = dtype == ffi::DataType::BF16 ? ncclBfloat16 : ncclFloat16;
   FO_CHECK_CUDA(cudaEventRecord(comm->gemm_started, stream));
   FO_CHECK_CUDA(cudaStreamWaitEvent(comm->stream, comm->gemm_started, 0));
@@ -63,11 +61,7 @@ ffi::Error CollectiveImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer y,
       }
     }
   }
-  if (status.ok()) status = WatchCall(*comm, op);
-  FO_CHECK_CUDA(cudaEventRecord(comm->comm_done, comm->stream));
-  FO_CHECK_CUDA(cudaStreamWaitEvent(stream, comm->comm_done, 0));
-  if (!status.ok()) return ffi::Error::Internal(std::string(op) + ": " + status.message);
-  return ffi::Error::Success();
+  return FinishCall(op, *comm, stream, /*copies=*/false, status);
 }
 
 }  // namespace

@@ -30,6 +30,7 @@
 #include "xla_ffi/comm/communicator.h"
 #include "xla_ffi/comm/watchdog.h"
 #include "xla_ffi/ffi/check.h"
+#include "xla_ffi/ffi/comm_call.h"
 #include "xla_ffi/ffi/handlers.h"
 #include "xla_ffi/kernels/signaling_gemm.h"
 
@@ -49,13 +50,7 @@ ffi::Error ValidateA2a(const Communicator* comm, ffi::AnyBuffer x, ffi::AnyBuffe
                        const ffi::AnyBuffer& out, int32_t world_size, int32_t split,
                        int32_t concat, ffi::Span<const int32_t> band_rows, int64_t comm_id,
                        int device, A2aShape* shape) {
-  FO_CHECK_ARG(comm != nullptr,
-               kOp << ": no communicator for comm_id " << comm_id << " on device " << device
-                   << "; communicators are created when the op is lowered for a local GPU mesh "
-                      "(jax_flashoverlap.comm.ensure_communicators)");
-  FO_CHECK_ARG(comm->world_size == world_size,
-               kOp << ": program was built for " << world_size << " ranks, communicator has "
-                   << comm->world_size);
+  FO_RETURN_IF_ERROR(CheckCommunicator(kOp, comm, world_size, comm_id, device));
   FO_CHECK_ARG((split == 0 || split == 1) && (concat == 0 || concat == 1),
                kOp << ": split_axis and concat_axis must be 0 or 1, got " << split << " and "
                    << concat);
@@ -175,8 +170,7 @@ ffi::Error GemmAllToAllImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
   FO_RETURN_IF_ERROR(ValidateA2a(comm, x, w, *out, world_size, split_axis, concat_axis,
                                  band_rows, comm_id, device, &s));
   std::lock_guard<std::mutex> lock(comm->call_mutex);
-  Status alive = CheckNotAborted(*comm, kOp);
-  FO_CHECK(alive.ok(), alive.message);
+  FO_RETURN_IF_ERROR(CheckAlive(kOp, *comm));
 
   const bool bf16 = x.element_type() == ffi::DataType::BF16;
   const int groups = static_cast<int>(band_rows.size()) - 1;
@@ -213,15 +207,8 @@ ffi::Error GemmAllToAllImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
     status = EnqueueGroup(comm, s, args, g, band_rows[g], band_rows[g + 1] - band_rows[g], send,
                           recv, result, dtype);
   }
-  // Join both streams back even after an error, so XLA's stream never runs ahead of queued
-  // work (and the next call's GEMM never overwrites a part still being sent or copied).
-  if (status.ok()) status = WatchCall(*comm, kOp);
-  FO_CHECK_CUDA(cudaEventRecord(comm->comm_done, comm->stream));
-  FO_CHECK_CUDA(cudaStreamWaitEvent(stream, comm->comm_done, 0));
-  FO_CHECK_CUDA(cudaEventRecord(comm->copies_done, comm->copy_stream));
-  FO_CHECK_CUDA(cudaStreamWaitEvent(stream, comm->copies_done, 0));
-  if (!status.ok()) return ffi::Error::Internal(std::string(kOp) + ": " + status.message);
-  return ffi::Error::Success();
+  // Both streams join back (parts may still be sent or copied).
+  return FinishCall(kOp, *comm, stream, /*copies=*/true, status);
 }
 
 auto BindGemmAllToAll() {

@@ -17,6 +17,7 @@
 #include "xla_ffi/comm/communicator.h"
 #include "xla_ffi/comm/watchdog.h"
 #include "xla_ffi/ffi/check.h"
+#include "xla_ffi/ffi/comm_call.h"
 #include "xla_ffi/ffi/handlers.h"
 #include "xla_ffi/kernels/signaling_gemm.h"
 
@@ -30,23 +31,12 @@ const char* OpName(Collective kind) {
                                         : "flashoverlap_gemm_reduce_scatter";
 }
 
-ffi::Error FromStatus(const char* op, const Status& status) {
-  if (status.ok()) return ffi::Error::Success();
-  return ffi::Error::Internal(std::string(op) + ": " + status.message);
-}
-
 // Shapes, dtypes and plan checked against what the kernel and NCCL need.
 ffi::Error Validate(Collective kind, const Communicator* comm, ffi::AnyBuffer x, ffi::AnyBuffer w,
                     const ffi::AnyBuffer& out, int32_t world_size,
                     ffi::Span<const int32_t> band_rows, int64_t comm_id, int device) {
   const char* op = OpName(kind);
-  FO_CHECK_ARG(comm != nullptr,
-               op << ": no communicator for comm_id " << comm_id << " on device " << device
-                  << "; communicators are created when the op is lowered for a local GPU mesh "
-                     "(jax_flashoverlap.comm.ensure_communicators)");
-  FO_CHECK_ARG(comm->world_size == world_size,
-               op << ": program was built for " << world_size << " ranks, communicator has "
-                  << comm->world_size);
+  FO_RETURN_IF_ERROR(CheckCommunicator(op, comm, world_size, comm_id, device));
   auto dtype = x.element_type();
   FO_CHECK_ARG(dtype == ffi::DataType::BF16 || dtype == ffi::DataType::F16,
                op << ": x must be bfloat16 or float16");
@@ -89,7 +79,7 @@ ffi::Error GemmCollective(Collective kind, cudaStream_t stream, int32_t device, 
   Communicator* comm = FindCommunicator(comm_id, device);
   FO_RETURN_IF_ERROR(Validate(kind, comm, x, w, *out, world_size, band_rows, comm_id, device));
   std::lock_guard<std::mutex> lock(comm->call_mutex);
-  FO_RETURN_IF_ERROR(FromStatus(op, CheckNotAborted(*comm, op)));
+  FO_RETURN_IF_ERROR(CheckAlive(op, *comm));
 
   const int64_t m = x.dimensions()[0], k = x.dimensions()[1], n = w.dimensions()[1];
   const bool bf16 = x.element_type() == ffi::DataType::BF16;
@@ -151,16 +141,9 @@ ffi::Error GemmCollective(Collective kind, cudaStream_t stream, int32_t device, 
                           "ncclReduceScatter");
     }
   }
-  if (status.ok()) status = WatchCall(*comm, op);
-  // Join back even after an error, so XLA's stream never runs ahead of queued work. The
-  // copy stream joins too: the next call's GEMM must not overwrite a span still being copied.
-  FO_CHECK_CUDA(cudaEventRecord(comm->comm_done, comm->stream));
-  FO_CHECK_CUDA(cudaStreamWaitEvent(stream, comm->comm_done, 0));
-  if (kind == Collective::kAllReduce) {
-    FO_CHECK_CUDA(cudaEventRecord(comm->copies_done, comm->copy_stream));
-    FO_CHECK_CUDA(cudaStreamWaitEvent(stream, comm->copies_done, 0));
-  }
-  return FromStatus(op, status);
+  // The all-reduce's copy stream joins too: the next call's GEMM must not overwrite a span
+  // still being copied.
+  return FinishCall(op, *comm, stream, /*copies=*/kind == Collective::kAllReduce, status);
 }
 
 ffi::Error GemmAllReduceImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
