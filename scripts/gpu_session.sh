@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (device tool): set up, build, test, benchmark; logs to $OUT.
-#   bash scripts/gpu_session.sh [STEP ...]   steps: build info tests gpu_tests gemm_bench
+#   bash scripts/gpu_session.sh [STEP ...]   steps: build info tests gpu_tests mesh_tests gemm_bench
 #     overlap_bench overlap_all sweep procs stress flax_example sanitize_overlap quickstart
 #     global_view a2a_tests a2a_bench readme_tests cuda_tests pack (last: one archive of $OUT)
 #     (default: build info tests)
@@ -9,6 +9,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/fo_out}"; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+# Result files are named after the machine: h200x2, h200x4, ... (override with TAG=...).
+TAG="${TAG:-h200x$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH="/tmp/site:$(pwd)${PYTHONPATH:+:$PYTHONPATH}"
@@ -31,15 +33,16 @@ for step in "${steps[@]}"; do
     info) run_step info python3 -m jax_flashoverlap.info ;;
     tests) run_step tests python3 -m pytest -q -x -ra tests ;;
     gpu_tests) run_step gpu_tests env JAX_FLASHOVERLAP_FALLBACK=0 python3 -m pytest -q -ra -m "gpu or multigpu" tests ;;
+    mesh_tests) run_step mesh_tests env JAX_FLASHOVERLAP_FALLBACK=0 python3 -m pytest -q -ra -s tests/test_gpu_mesh.py ;;
     gemm_bench) run_step gemm_bench python3 -m jax_flashoverlap.bench gemm --out "$OUT/gemm_h200.json" ;;
-    overlap_bench) run_step overlap_bench python3 -m jax_flashoverlap.bench overlap --out "$OUT/overlap_h200x2.json" ;;
-    sweep) run_step sweep python3 -m jax_flashoverlap.bench sweep --samples 10 ${SWEEP_ARGS:-} --out "$OUT/sweep_h200x2.json" ;;
-    overlap_all) run_step overlap_all python3 -m jax_flashoverlap.bench overlap ${OVERLAP_ARGS:-} --plot "$OUT/h200x2.png" --out "$OUT/h200x2.json" ;;
+    overlap_bench) run_step overlap_bench python3 -m jax_flashoverlap.bench overlap --out "$OUT/overlap_$TAG.json" ;;
+    sweep) run_step sweep python3 -m jax_flashoverlap.bench sweep --samples 10 ${SWEEP_ARGS:-} --out "$OUT/sweep_$TAG.json" ;;
+    overlap_all) run_step overlap_all python3 -m jax_flashoverlap.bench overlap ${OVERLAP_ARGS:-} --plot "$OUT/$TAG.png" --out "$OUT/$TAG.json" ;;
     procs)  # the same benchmark as 1 process x 2 GPUs and as 2 processes x 1 GPU
-      run_step procs1 python3 -m jax_flashoverlap.bench overlap --variants ${PROCS_ARGS:-} --out "$OUT/procs1_h200x2.json"
-      run_step procs2 python3 -m jax_flashoverlap.launch -n 2 --gpus-per-process 1 --timeout 500 -m jax_flashoverlap.bench overlap --variants ${PROCS_ARGS:-} --out "$OUT/procs2_h200x2.json" ;;
-    stress) run_step stress python3 benchmarks/stress.py --out "$OUT/stress_h200x2.json" ;;
-    flax_example) run_step flax_example python3 examples/tp_transformer_block.py --steps 20 --json "$OUT/tp_block_h200x2.json" ;;
+      run_step procs1 python3 -m jax_flashoverlap.bench overlap --variants ${PROCS_ARGS:-} --out "$OUT/procs1_$TAG.json"
+      run_step procs2 python3 -m jax_flashoverlap.launch -n 2 --gpus-per-process 1 --timeout 500 -m jax_flashoverlap.bench overlap --variants ${PROCS_ARGS:-} --out "$OUT/procs2_$TAG.json" ;;
+    stress) run_step stress python3 benchmarks/stress.py --out "$OUT/stress_$TAG.json" ;;
+    flax_example) run_step flax_example python3 examples/tp_transformer_block.py --steps 20 --json "$OUT/tp_block_$TAG.json" ;;
     sanitize_overlap)  # one overlapped call of each op under compute-sanitizer, 2 processes
       for tool in memcheck racecheck synccheck; do
         run_step "san_$tool" env XLA_FLAGS=--xla_gpu_autotune_level=0 python3 -m jax_flashoverlap.launch -n 2 --gpus-per-process 1 --timeout 280 tests/cuda/sanitize_overlap.py "$tool" "$OUT/sanitize"
@@ -49,7 +52,7 @@ for step in "${steps[@]}"; do
     global_view) run_step global_view python3 examples/global_view_jit.py ;;
     a2a_tests)  # experimental #9 CUDA paths (their first call hung at d5bff4d)
       run_step a2a_tests env JAX_FLASHOVERLAP_EXPERIMENTAL=1 JAX_FLASHOVERLAP_FALLBACK=0 python3 -m pytest -q -x -s -ra tests/test_gpu_a2a.py ;;
-    a2a_bench) run_step a2a_bench env JAX_FLASHOVERLAP_WATCHDOG_S=20 python3 -m jax_flashoverlap.bench a2a --experimental --out "$OUT/a2a_h200x2.json" ;;
+    a2a_bench) run_step a2a_bench env JAX_FLASHOVERLAP_WATCHDOG_S=20 python3 -m jax_flashoverlap.bench a2a --experimental --out "$OUT/a2a_$TAG.json" ;;
     readme_tests) run_step readme_tests bash -c "bash scripts/setup_env.sh && .venv/bin/python -m pytest -q" ;;
     pack)  # the device tool returns at most 8 files: everything in one archive
       (cd "$OUT" && tar -czf "session_$(date +%H%M%S).tgz" --exclude='*.tgz' . && find . -mindepth 1 ! -name '*.tgz' -delete) ;;

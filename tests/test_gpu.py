@@ -10,8 +10,6 @@ would compare the reference path with itself). Inputs are fresh random bf16 (nev
 "output poisoning" (pre-filling the output buffer) is not applicable in JAX, whose outputs are
 fresh buffers. Errors are relative Frobenius errors against a float32-upcast reference (< 1e-2).
 """
-import functools
-
 import numpy as np
 import pytest
 
@@ -21,33 +19,13 @@ from jax import lax
 from jax.sharding import Mesh, PartitionSpec as P
 
 from _util import shard_map
+import _gpu_util as U
 
 
-def _platform():
-    try:
-        return jax.devices()[0].platform
-    except RuntimeError:
-        return "none"
-
-
-def _extension_built():
-    try:
-        import jax_flashoverlap as fo
-    except Exception:  # noqa: BLE001  (a broken package must not break collection)
-        return False
-    ext = getattr(fo, "_ext", None)
-    if ext is not None and hasattr(ext, "HAS_CUDA_EXT"):
-        return bool(ext.HAS_CUDA_EXT)
-    d = fo.info()
-    return any(v is True for k, v in d.items() if "built" in k.lower())
-
-
-ON_GPU = _platform() == "gpu"
-N_GPUS = len(jax.devices()) if ON_GPU else 0
-
+ON_GPU, N_GPUS = U.ON_GPU, U.N_GPUS
 requires_gpu = pytest.mark.skipif(
-    not ON_GPU or not _extension_built(),
-    reason=("no GPU (platform %r)" % _platform()) if not ON_GPU
+    not ON_GPU or not U.extension_built(),
+    reason=("no GPU (platform %r)" % U.platform()) if not ON_GPU
     else "GPU present but the jax_flashoverlap CUDA extension is not built")
 requires_multigpu = pytest.mark.skipif(N_GPUS < 2, reason=f"needs >= 2 GPUs, have {N_GPUS}")
 
@@ -60,28 +38,8 @@ def _our_kernels_at_every_shape(monkeypatch):
     shape to XLA's own dot + collective."""
     monkeypatch.setenv("JAX_FLASHOVERLAP_FALLBACK", "0")
 
-TOL = 1e-2
-BF16 = jnp.bfloat16
-
-
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def _normal(key, shape, scale=1.0):
-    return (jax.random.normal(key, shape, jnp.float32) * scale).astype(BF16)
-
-
-def _rel_fro(out, ref):
-    out = jnp.asarray(out, jnp.float32)
-    ref = jnp.asarray(ref, jnp.float32)
-    return float(jnp.linalg.norm(out - ref) / jnp.linalg.norm(ref))
-
-
-def _assert_custom_call(jitted, args, target):
-    text = jitted.lower(*args).compile().as_text()
-    assert target in text, f"compiled program has no custom call {target}: the CUDA path is not used"
-
-
-def _dot32(x, w):
-    return jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32), precision=lax.Precision.HIGHEST)
+TOL, BF16 = U.TOL, U.BF16
+_normal, _rel_fro, _dot32, _assert_custom_call = U.normal, U.rel_fro, U.dot32, U.assert_custom_call
 
 
 # ------------------------------------------------------------------ single GPU

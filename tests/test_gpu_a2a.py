@@ -10,7 +10,6 @@ against XLA's own bf16 result.
 """
 import contextlib
 import os
-import functools
 
 import numpy as np
 import pytest
@@ -21,30 +20,15 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from _util import shard_map
+import _gpu_util as U
 
 
-def _platform():
-    try:
-        return jax.devices()[0].platform
-    except RuntimeError:
-        return "none"
-
-
-def _targets():
-    try:
-        from jax_flashoverlap import _ext
-        return _ext.available_targets()
-    except Exception:  # noqa: BLE001
-        return frozenset()
-
-
-ON_GPU = _platform() == "gpu"
-N_GPUS = len(jax.devices()) if ON_GPU else 0
+ON_GPU, N_GPUS = U.ON_GPU, U.N_GPUS
 pytestmark = [
     pytest.mark.gpu, pytest.mark.multigpu,
-    pytest.mark.skipif(not ON_GPU, reason=f"no GPU (platform {_platform()!r})"),
+    pytest.mark.skipif(not ON_GPU, reason=f"no GPU (platform {U.platform()!r})"),
     pytest.mark.skipif(ON_GPU and not {"flashoverlap_gemm_all_to_all",
-                                       "flashoverlap_all_gather_gemm"} <= _targets(),
+                                       "flashoverlap_all_gather_gemm"} <= U.available_targets(),
                        reason="the CUDA extension with the #9 targets is not built"),
     pytest.mark.skipif(N_GPUS < 2, reason=f"needs >= 2 GPUs, have {N_GPUS}"),
     # Experimental CUDA path (jax_flashoverlap._ext.EXPERIMENTAL_TARGETS): its first call hung
@@ -53,8 +37,7 @@ pytestmark = [
                        reason="experimental CUDA path: set JAX_FLASHOVERLAP_EXPERIMENTAL=1"),
 ]
 
-TOL = 1e-2
-BF16 = jnp.bfloat16
+TOL, BF16 = U.TOL, U.BF16
 
 
 @pytest.fixture(autouse=True)
@@ -67,18 +50,7 @@ def _mesh():
     return Mesh(np.array(jax.devices()), ("tp",))
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def _normal(key, shape, scale=1.0):
-    return (jax.random.normal(key, shape, jnp.float32) * scale).astype(BF16)
-
-
-def _rel_fro(out, ref):
-    out, ref = jnp.asarray(out, jnp.float32), jnp.asarray(ref, jnp.float32)
-    return float(jnp.linalg.norm(out - ref) / jnp.linalg.norm(ref))
-
-
-def _dot32(x, w):
-    return jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32), precision=lax.Precision.HIGHEST)
+_normal, _rel_fro, _dot32 = U.normal, U.rel_fro, U.dot32
 
 
 # (ours, reference bf16, reference f32) per-device bodies and specs -------------------------

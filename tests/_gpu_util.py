@@ -1,0 +1,61 @@
+"""Helpers shared by the GPU test files (the device machine; never CI): what the machine has,
+fresh bf16 inputs, float32 references, relative errors and the custom-call check."""
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+TOL = 1e-2          # relative Frobenius error bound against float32 (and against XLA's bf16)
+BF16 = jnp.bfloat16
+
+
+def platform() -> str:
+    try:
+        return jax.devices()[0].platform
+    except RuntimeError:
+        return "none"
+
+
+ON_GPU = platform() == "gpu"
+N_GPUS = len(jax.devices()) if ON_GPU else 0
+
+
+def extension_built() -> bool:
+    try:
+        import jax_flashoverlap as fo
+    except Exception:  # noqa: BLE001  (a broken package must not break collection)
+        return False
+    ext = getattr(fo, "_ext", None)
+    if ext is not None and hasattr(ext, "HAS_CUDA_EXT"):
+        return bool(ext.HAS_CUDA_EXT)
+    d = fo.info()
+    return any(v is True for k, v in d.items() if "built" in k.lower())
+
+
+def available_targets() -> frozenset:
+    try:
+        from jax_flashoverlap import _ext
+        return _ext.available_targets()
+    except Exception:  # noqa: BLE001
+        return frozenset()
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def normal(key, shape, scale=1.0):
+    """Fresh random bf16 values (never zeros)."""
+    return (jax.random.normal(key, shape, jnp.float32) * scale).astype(BF16)
+
+
+def rel_fro(out, ref) -> float:
+    out, ref = jnp.asarray(out, jnp.float32), jnp.asarray(ref, jnp.float32)
+    return float(jnp.linalg.norm(out - ref) / jnp.linalg.norm(ref))
+
+
+def dot32(x, w):
+    return jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32), precision=lax.Precision.HIGHEST)
+
+
+def assert_custom_call(jitted, args, target):
+    text = jitted.lower(*args).compile().as_text()
+    assert target in text, f"compiled program has no custom call {target}: the CUDA path is not used"
