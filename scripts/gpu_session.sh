@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (device tool): set up, build, test, benchmark; logs to $OUT.
 #   bash scripts/gpu_session.sh [STEP ...]   steps: build info tests gpu_tests mesh_tests gemm_bench
-#     overlap_bench overlap_all sweep procs stress flax_example sanitize_overlap quickstart
+#     tune overlap_bench overlap_all sweep procs stress flax_example sanitize_overlap quickstart
 #     global_view a2a_tests a2a_bench readme_tests cuda_tests pack (last: one archive of $OUT)
 #     (default: build info tests)
 # Carry: .whl (nvidia-cutlass wheel; the machine has no index) and build/obj (object cache).
@@ -41,6 +41,9 @@ for step in "${steps[@]}"; do
     procs)  # the same benchmark as 1 process x 2 GPUs and as 2 processes x 1 GPU
       run_step procs1 python3 -m jax_flashoverlap.bench overlap --variants ${PROCS_ARGS:-} --out "$OUT/procs1_$TAG.json"
       run_step procs2 python3 -m jax_flashoverlap.launch -n 2 --gpus-per-process 1 --timeout 500 -m jax_flashoverlap.bench overlap --variants ${PROCS_ARGS:-} --out "$OUT/procs2_$TAG.json" ;;
+    tune)  # tuned plans for this machine into the package's configs (later steps use them)
+      run_step tune python3 -m jax_flashoverlap.tune ${TUNE_ARGS:-} --out "jax_flashoverlap/configs/${TAG/h200x/h200_x}.json"
+      cp jax_flashoverlap/configs/*.json "$OUT/" ;;
     stress) run_step stress python3 benchmarks/stress.py --out "$OUT/stress_$TAG.json" ;;
     flax_example) run_step flax_example python3 examples/tp_transformer_block.py --steps 20 --json "$OUT/tp_block_$TAG.json" ;;
     sanitize_overlap)  # one overlapped call of each op under compute-sanitizer, 2 processes

@@ -175,11 +175,15 @@ def test_mixed_with_xla_collectives_in_scan():
     text = ours.lower(h0, a, b).compile().as_text()
     for t in ("flashoverlap_gemm_all_reduce", "flashoverlap_gemm_reduce_scatter"):
         assert t in text, f"{t} not in the compiled program"
-    want = ref(h0, a, b)
-    for _ in range(5):  # repeated: no hang, same result every time
-        got = ours(h0, a, b)
-        # 3 collectives x 8 layers of bf16 with tanh: allow 2x the single-op bound
-        assert _rel_fro(got, want) < 2 * TOL
+    # The same program in float32 (inputs upcast, XLA's collectives, full-precision dots) is
+    # the truth; 24 chained bf16 collectives drift from it by summation order alone, and more
+    # so with more ranks. Ours must stay as close to it as XLA's own bf16 program is.
+    with jax.default_matmul_precision("highest"):
+        truth = ref(*(v.astype(jnp.float32) for v in (h0, a, b)))
+    xla_err = _rel_fro(ref(h0, a, b), truth)
+    for _ in range(5):  # repeated: no hang, no stale counters
+        err = _rel_fro(ours(h0, a, b), truth)
+        assert err < 1.5 * xla_err + 2e-3, f"ours {err:.3e} vs XLA bf16 {xla_err:.3e} from float32"
 
 
 # ------------------------------------------------------------------ several processes
