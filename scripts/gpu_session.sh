@@ -2,7 +2,7 @@
 # One call on the GPU machine (device tool): set up, build, test, benchmark; logs to $OUT.
 #   bash scripts/gpu_session.sh [STEP ...]   steps: build info tests gpu_tests gpu_k mesh_tests gemm_bench
 #     tune overlap_bench overlap_all sweep procs stress flax_example sanitize_overlap quickstart
-#     global_view a2a_tests a2a_bench readme_tests cuda_tests pack (last: one archive of $OUT)
+#     global_view diagnose a2a_tests a2a_bench readme_tests cuda_tests pack (last: one archive of $OUT)
 #     (default: build info tests)
 # Carry: .whl (nvidia-cutlass wheel; the machine has no index) and build/obj (object cache).
 set -uo pipefail
@@ -56,6 +56,8 @@ for step in "${steps[@]}"; do
     global_view) run_step global_view python3 examples/global_view_jit.py ;;
     a2a_tests)  # experimental #9 CUDA paths (their first call hung at d5bff4d)
       run_step a2a_tests env JAX_FLASHOVERLAP_EXPERIMENTAL=1 JAX_FLASHOVERLAP_FALLBACK=0 python3 -m pytest -q -x -s -ra tests/test_gpu_a2a.py ;;
+    diagnose)  # one call of each #9 op (and the all-reduce as a control): where a hang blocks
+      for op in ${DIAGNOSE_OPS:-ar a2a ag}; do run_step "diagnose_$op" python3 scripts/diagnose_hang.py "$op" --wait 45; done ;;
     a2a_bench) run_step a2a_bench env JAX_FLASHOVERLAP_WATCHDOG_S=20 python3 -m jax_flashoverlap.bench a2a --experimental --out "$OUT/a2a_$TAG.json" ;;
     readme_tests) run_step readme_tests bash -c "bash scripts/setup_env.sh && .venv/bin/python -m pytest -q" ;;
     pack)  # the device tool returns at most 8 files: everything in one archive
