@@ -25,17 +25,20 @@ def normalize_axes(axis_name) -> tuple:
   return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
 
 
-def comm_id_for(mesh, axis_name, comm_sms: int = 0) -> int:
+def comm_id_for(mesh, axis_name, comm_sms: int = 0, peer_to_peer: bool = False) -> int:
   """Stable non-zero 63-bit id of the communicators of `axis_name` over `mesh` whose NCCL
-  kernels are capped to `comm_sms` CTAs (a cap is fixed when a communicator is created)."""
+  kernels are capped to `comm_sms` CTAs (a cap is fixed when a communicator is created).
+  Point-to-point ops (ncclSend/ncclRecv) get communicators of their own: their workspace is
+  not registered with NCCL, the collectives' is (xla_ffi/comm/communicator.h says why)."""
   axes = normalize_axes(axis_name)
   devices = _compat.mesh_devices(mesh)
   if devices is None:  # no devices known: names and sizes only (never run as is)
     shape = tuple(mesh.shape.items()) if mesh is not None else ()
-    key = repr(("abstract", shape, axes, int(comm_sms)))
+    key = repr(("abstract", shape, axes, int(comm_sms)) + (("p2p",) if peer_to_peer else ()))
   else:
     ids = [int(d.id) for d in devices.flat]
-    key = repr((tuple(mesh.axis_names), tuple(devices.shape), ids, axes, int(comm_sms)))
+    key = repr((tuple(mesh.axis_names), tuple(devices.shape), ids, axes, int(comm_sms))
+               + (("p2p",) if peer_to_peer else ()))
   digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
   return (int.from_bytes(digest, "little") & ((1 << 63) - 1)) or 1
 
@@ -113,7 +116,7 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
   ext = _ext.ext
   if ext is None:
     raise RuntimeError("jax_flashoverlap: the CUDA extension is not built")
-  cid = comm_id_for(mesh, axis_name, comm_sms)
+  cid = comm_id_for(mesh, axis_name, comm_sms, peer_to_peer)
   watchdog = watchdog_seconds()
   groups = axis_groups(mesh, axis_name)
   spans_processes = any(len({d.process_index for d in g}) > 1 for g in groups)
@@ -145,7 +148,7 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
             f"uid/{cid}/{index}", owner=group[0].process_index == me,
             make=lambda: ext.nccl_unique_id().hex()))
       ext.create_communicators(cid, unique_id, len(group), local, int(comm_sms),
-                               int(workspace_bytes), watchdog)
+                               int(workspace_bytes), watchdog, peer_to_peer=peer_to_peer)
     if spans_processes:
       distributed.barrier(f"init/{cid}")
     if peer_to_peer:

@@ -126,7 +126,7 @@ def prepare_communicators(name, mesh, axis_name, plan_fields, comm_sms, workspac
   """At lowering: the comm_id of the plan's communicators, the plan checked identical on every
   process (a plan that differs would hang NCCL), and the communicators made here when the
   program runs on this machine's GPUs (not when cross-lowering)."""
-  comm_id = comm.comm_id_for(mesh, axis_name, comm_sms)
+  comm_id = comm.comm_id_for(mesh, axis_name, comm_sms, peer_to_peer)
   if jax.process_count() > 1:
     from jax_flashoverlap import distributed
     distributed.check_identical(f"the group plan of {name} for {shapes}",

@@ -92,7 +92,8 @@ COMM_2D_SCRIPT = textwrap.dedent('''
         def nccl_unique_id(self):
             self.n += 1
             return bytes([me, self.n]) * 64
-        def create_communicators(self, cid, uid, world, local, comm_sms, nbytes, watchdog):
+        def create_communicators(self, cid, uid, world, local, comm_sms, nbytes, watchdog,
+                                  peer_to_peer=False):
             self.made[(cid, tuple(local))] = uid.hex()
         def connect_peers(self, cid):
             self.connected.append(cid)
@@ -114,6 +115,8 @@ COMM_2D_SCRIPT = textwrap.dedent('''
     cid = comm.ensure_communicators(mesh, "dp", workspace_bytes=1 << 20, comm_sms=16,
                                     peer_to_peer=True)
     assert rec.connected == [cid], rec.connected
+    # ... on communicators of their own (unregistered workspace), not the collectives' ones.
+    assert cid != comm.comm_id_for(mesh, "dp", 16), "p2p ops must not share the collectives' comm"
     print("COMM2D OK", flush=True)
 ''')
 

@@ -65,7 +65,8 @@ py::bytes NcclUniqueId() {
 
 void CreateCommunicators(int64_t comm_id, const py::bytes& unique_id, int world_size,
                          const std::vector<std::pair<int, int>>& local_rank_device,
-                         int comm_sms, size_t workspace_bytes, double watchdog_seconds) {
+                         int comm_sms, size_t workspace_bytes, double watchdog_seconds,
+                         bool peer_to_peer) {
   std::string raw = unique_id;
   if (raw.size() != sizeof(ncclUniqueId::internal)) {
     throw std::invalid_argument("unique_id must be " +
@@ -79,7 +80,7 @@ void CreateCommunicators(int64_t comm_id, const py::bytes& unique_id, int world_
   {
     py::gil_scoped_release release;  // NCCL init blocks until every rank has joined
     status = flashoverlap::CreateCommunicators(comm_id, id, world_size, local, comm_sms,
-                                               workspace_bytes, watchdog_seconds);
+                                               workspace_bytes, watchdog_seconds, peer_to_peer);
   }
   ThrowIfError(status);
 }
@@ -124,6 +125,7 @@ py::list ListCommunicators() {
     d["wait_method"] = c.wait_method;
     d["watchdog_seconds"] = c.watchdog_seconds;
     d["aborted"] = c.aborted;
+    d["peer_to_peer"] = c.peer_to_peer;
     out.append(d);
   }
   return out;
@@ -140,10 +142,12 @@ PYBIND11_MODULE(_xla_ffi, m) {
   m.def("create_communicators", &CreateCommunicators, py::arg("comm_id"), py::arg("unique_id"),
         py::arg("world_size"), py::arg("local_rank_device"), py::arg("comm_sms"),
         py::arg("workspace_bytes"), py::arg("watchdog_seconds") = 0.0,
+        py::arg("peer_to_peer") = false,
         "Creates this process's communicators of one group (all local ranks at once); "
-        "watchdog_seconds > 0 watches their calls (xla_ffi/comm/watchdog.h)");
+        "watchdog_seconds > 0 watches their calls (xla_ffi/comm/watchdog.h); peer_to_peer: "
+        "for ncclSend/ncclRecv ops (workspace not registered with NCCL)");
   m.def("ensure_workspace", &EnsureWorkspace, py::arg("comm_id"), py::arg("bytes"),
-        "Grows the registered workspaces of comm_id to at least `bytes`");
+        "Grows the workspaces of comm_id to at least `bytes`");
   m.def("connect_peers", &ConnectPeers, py::arg("comm_id"),
         "Sets up the point-to-point connections of comm_id's local communicators now");
   m.def("destroy_communicators", &DestroyCommunicators, py::arg("comm_id") = 0,

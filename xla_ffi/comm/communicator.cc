@@ -70,7 +70,11 @@ Status ReleaseWorkspaces(const std::vector<Communicator*>& comms) {
     c->window = nullptr;
     if (c->workspace != nullptr) {
       FO_RETURN_IF_CUDA(cudaSetDevice(c->device));
-      FO_RETURN_IF_NCCL(ncclMemFree(c->workspace));
+      if (c->peer_to_peer) {
+        FO_RETURN_IF_CUDA(cudaFree(c->workspace));
+      } else {
+        FO_RETURN_IF_NCCL(ncclMemFree(c->workspace));
+      }
     }
     c->workspace = nullptr;
     c->workspace_bytes = 0;
@@ -78,16 +82,24 @@ Status ReleaseWorkspaces(const std::vector<Communicator*>& comms) {
   return Status::Ok();
 }
 
-// Allocates with ncclMemAlloc and registers a symmetric window, for all comms together
-// (registration is collective over each communicator's group).
+// Collectives: ncclMemAlloc + a symmetric window, for all comms together (registration is
+// collective over each communicator's group). Point-to-point: cudaMalloc (communicator.h).
 Status AllocateWorkspaces(const std::vector<Communicator*>& comms, size_t bytes) {
   for (Communicator* c : comms) {
     FO_RETURN_IF_CUDA(cudaSetDevice(c->device));
-    FO_RETURN_IF_NCCL(ncclMemAlloc(&c->workspace, bytes));
+    if (c->peer_to_peer) {
+      FO_RETURN_IF_CUDA(cudaMalloc(&c->workspace, bytes));
+    } else {
+      FO_RETURN_IF_NCCL(ncclMemAlloc(&c->workspace, bytes));
+    }
     c->workspace_bytes = bytes;
+  }
+  if (std::all_of(comms.begin(), comms.end(), [](Communicator* c) { return c->peer_to_peer; })) {
+    return Status::Ok();
   }
   FO_RETURN_IF_NCCL(ncclGroupStart());
   for (Communicator* c : comms) {
+    if (c->peer_to_peer) continue;
     ncclResult_t res = ncclCommWindowRegister(c->comm, c->workspace, bytes, &c->window,
                                               NCCL_WIN_COLL_SYMMETRIC);
     if (res != ncclSuccess) {
@@ -142,7 +154,8 @@ Status DestroyOne(Communicator& c) {
 
 Status CreateCommunicators(int64_t comm_id, const ncclUniqueId& id, int world_size,
                            const std::vector<LocalRank>& local, int comm_sms,
-                           size_t workspace_bytes, double watchdog_seconds) {
+                           size_t workspace_bytes, double watchdog_seconds,
+                           bool peer_to_peer) {
   std::lock_guard<std::mutex> lock(RegistryMutex());
   if (comm_id == 0) return Status::Error("comm_id must be non-zero");
   if (!(watchdog_seconds >= 0)) return Status::Error("watchdog_seconds must be >= 0");
@@ -173,6 +186,7 @@ Status CreateCommunicators(int64_t comm_id, const ncclUniqueId& id, int world_si
     c->rank = lr.rank;
     c->world_size = world_size;
     c->comm_sms = comm_sms;
+    c->peer_to_peer = peer_to_peer;
     cudaError_t err = cudaSetDevice(lr.device);
     ncclResult_t res = err == cudaSuccess
                            ? ncclCommInitRankConfig(&c->comm, world_size, id, lr.rank, &config)
@@ -226,6 +240,10 @@ Status ConnectPeers(int64_t comm_id) {
   }
   DeviceScope restore_device;
   for (Communicator* c : comms) {
+    if (!c->peer_to_peer) {
+      return Status::Error("ConnectPeers: comm_id " + std::to_string(comm_id) +
+                           " was created for collectives, not point-to-point");
+    }
     if (c->workspace == nullptr || c->workspace_bytes < 2 * sizeof(int32_t) * c->world_size) {
       return Status::Error("ConnectPeers needs the workspace allocated first");
     }
@@ -289,7 +307,7 @@ std::vector<CommunicatorSummary> ListCommunicators() {
     out.push_back({c->comm_id, c->device, c->rank, c->world_size, c->comm_sms,
                    c->workspace_bytes,
                    c->wait_method == WaitMethod::kStreamOp ? "stream_op" : "spin",
-                   c->watchdog_seconds, c->aborted.load()});
+                   c->watchdog_seconds, c->aborted.load(), c->peer_to_peer});
   }
   return out;
 }

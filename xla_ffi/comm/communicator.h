@@ -40,7 +40,12 @@ struct Communicator {
   cudaEvent_t gemm_started = nullptr;   // compute stream -> comm stream
   cudaEvent_t comm_done = nullptr;      // comm stream -> compute stream
   int32_t* counters = nullptr;          // kMaxGroups group counters (device memory)
-  void* workspace = nullptr;            // ncclMemAlloc'd, registered window
+  // Collectives: ncclMemAlloc'd and registered as a symmetric window (NCCL runs beside the
+  // GEMM on few SMs). Point-to-point (peer_to_peer): plain cudaMalloc, never registered:
+  // NCCL 2.28's ncclSend out of a registered window hung on 2 x H200 (it ran with
+  // NCCL_LOCAL_REGISTER=0; benchmarks/results/logs/a2a_register_hang_055d72c.log).
+  void* workspace = nullptr;
+  bool peer_to_peer = false;
   size_t workspace_bytes = 0;
   ncclWindow_t window = nullptr;
   WaitMethod wait_method = WaitMethod::kStreamOp;
@@ -60,11 +65,13 @@ struct LocalRank {
 
 // Creates the communicators of one group for all its local ranks (ncclGroupStart/End around
 // ncclCommInitRankConfig per device), with maxCTAs = minCTAs-cap comm_sms, and a registered
-// workspace of `workspace_bytes` each. Fails if (comm_id, device) already exists.
+// workspace of `workspace_bytes` each (peer_to_peer: ops using ncclSend/ncclRecv, whose
+// workspace is not registered with NCCL). Fails if (comm_id, device) already exists.
 // watchdog_seconds > 0 turns the watchdog on for these communicators (watchdog.h).
 Status CreateCommunicators(int64_t comm_id, const ncclUniqueId& id, int world_size,
                            const std::vector<LocalRank>& local, int comm_sms,
-                           size_t workspace_bytes, double watchdog_seconds = 0);
+                           size_t workspace_bytes, double watchdog_seconds = 0,
+                           bool peer_to_peer = false);
 
 // Grows the workspaces of every local communicator of comm_id to at least `bytes`
 // (collective over the group: call it for all local devices of a group at once).
@@ -92,6 +99,7 @@ struct CommunicatorSummary {
   std::string wait_method;
   double watchdog_seconds;
   bool aborted;
+  bool peer_to_peer;
 };
 std::vector<CommunicatorSummary> ListCommunicators();
 
