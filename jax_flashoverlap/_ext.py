@@ -80,19 +80,6 @@ def force_reference() -> bool:
   return env_switch(FORCE_REFERENCE_ENV, False)
 
 
-# CUDA paths built but not yet validated on GPUs: on 2 x H200 (commit d5bff4d) the first call
-# of each hung on the host before its comm-stream work was even queued (likely NCCL's lazy
-# point-to-point connection setup inside ncclGroupEnd, which needs the peer device's handler
-# to run at the same time). Until they pass there, they lower to XLA's own composition unless
-# JAX_FLASHOVERLAP_EXPERIMENTAL=1.
-EXPERIMENTAL_ENV = "JAX_FLASHOVERLAP_EXPERIMENTAL"
-EXPERIMENTAL_TARGETS = frozenset({"flashoverlap_gemm_all_to_all", "flashoverlap_all_gather_gemm"})
-
-
-def experimental_enabled() -> bool:
-  return env_switch(EXPERIMENTAL_ENV, False)
-
-
 def fallback_enabled() -> bool:
   return env_switch(FALLBACK_ENV, True)
 
@@ -156,9 +143,6 @@ def check_cuda_path(target: str, *, gpu_present: bool | None = None,
   global _warned_missing, _warned_unsupported
   if force_reference():
     return False, f"{FORCE_REFERENCE_ENV} is set: using the reference path (XLA dot + collective)"
-  if target in EXPERIMENTAL_TARGETS and not experimental_enabled():
-    return False, (f"{target} is not yet validated on GPUs (it hung on 2 x H200): reference "
-                   f"path (XLA dot + collective); {EXPERIMENTAL_ENV}=1 tries the custom call")
   if gpus is None and gpu_present is not False:
     gpus = local_gpus()
   if gpu_present is None:

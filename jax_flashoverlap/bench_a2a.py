@@ -8,9 +8,9 @@ Global shapes M x N x K on a 1-D 'tp' mesh of n devices:
                       split and concat on rows (per device [M/n, K] @ [K, N])
   all_to_all_ulysses  the same product, split on columns, concat on rows (Ulysses heads)
 
-Variants: XLA dot alone, XLA collective alone, XLA's composition (the baseline), ours. Their
-overlapped CUDA paths are experimental: `--experimental` sets JAX_FLASHOVERLAP_EXPERIMENTAL=1
-for this process (without it "ours" is XLA's composition, and the row says so).
+Variants: XLA dot alone, XLA collective alone, XLA's composition (the baseline), ours (the
+default plan: where the cost model predicts no gain, "ours" is XLA's composition and the row
+says so).
 """
 
 from __future__ import annotations
@@ -60,7 +60,6 @@ def check_shape(op, m, n, world) -> None:
 
 
 def bench_a2a(args) -> dict:
-  import os
   import time
 
   import jax
@@ -69,8 +68,6 @@ def bench_a2a(args) -> dict:
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
   from jax_flashoverlap import bench
-  if args.experimental:
-    os.environ["JAX_FLASHOVERLAP_EXPERIMENTAL"] = "1"
   devices = jax.devices()[: args.world] if args.world else jax.devices()
   mesh = Mesh(np.array(devices), ("tp",))
   world = len(devices)
@@ -118,5 +115,3 @@ def bench_a2a(args) -> dict:
 def add_arguments(p) -> None:
   p.add_argument("--world", type=int, default=0, help="GPUs in the mesh (0: all)")
   p.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
-  p.add_argument("--experimental", action="store_true",
-                 help="use the experimental CUDA paths (JAX_FLASHOVERLAP_EXPERIMENTAL=1)")

@@ -163,9 +163,11 @@ COUNTER_BYTES = 64 * 4  # kMaxGroups int32 counters per communicator (signaling_
 def op_memory(op: str, x_shape, w_shape, dtype, world: int) -> dict:
   """Device memory an overlapped call needs beyond its inputs and output, per GPU.
 
-  `workspace_bytes`: the communicator's registered workspace the call uses (shared by every
-  call and op on that communicator, grown to the largest; DESIGN.md says why the all-reduce
-  has one too). `counter_bytes`: the group counters. x_shape / w_shape are per device.
+  `workspace_bytes`: the communicator's workspace the call uses (shared by every call and op
+  on that communicator, grown to the largest; DESIGN.md says why the all-reduce has one too).
+  The collectives (all-reduce, reduce-scatter) share one communicator per axis, the
+  point-to-point ops (all-to-all, all-gather) another, each with its own workspace.
+  `counter_bytes`: the group counters. x_shape / w_shape are per device.
   """
   import numpy as np
   itemsize = np.dtype(dtype).itemsize
@@ -184,7 +186,8 @@ def op_memory(op: str, x_shape, w_shape, dtype, world: int) -> dict:
 
 def list_communicators() -> list:
   """This process's communicators: comm_id, device, rank, world_size, comm_sms,
-  workspace_bytes, wait_method, watchdog_seconds, aborted (empty without the extension)."""
+  workspace_bytes, wait_method, watchdog_seconds, aborted, peer_to_peer (empty without the
+  extension)."""
   from jax_flashoverlap import _ext
   return [] if _ext.ext is None else list(_ext.ext.list_communicators())
 

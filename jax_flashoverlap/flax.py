@@ -318,8 +318,8 @@ class ColumnParallelLinear(_NNXParallel):
   (overlapped); worth it when this layer is x's only reader (fused q|k|v).
   sequence_parallel=True (inside shard_map): x is this device's share of the first dim (the
   sequence-parallel layout a row layer with reduce="reduce_scatter" returns), and the layer is
-  `all_gather_matmul`: y_local [B, ..., out/n] = all_gather(x) @ kernel_local. Its overlapped
-  CUDA path is experimental (README); the values are XLA's either way. `reduce` is not used."""
+  `all_gather_matmul`: y_local [B, ..., out/n] = all_gather(x) @ kernel_local (overlapped on
+  GPUs where the cost model predicts a gain, else XLA's all_gather + dot). `reduce` is not used."""
   _row = False
 
 

@@ -14,9 +14,12 @@ All-gather + GEMM (`all_gather_matmul`): x's n row blocks of R rows arrive one s
 (`chunks` transfers per block, each announced by a flag); the GEMM computes the local block
 first, then each block once it has arrived. The plan picks `chunks` and `comm_sms` (>= 1).
 
-Bandwidths are first guesses for 2 x H200 (not yet measured: calibrate them with the
-benchmark, as plan.py's were). Where no gain over XLA's dot + collective is predicted the op
-lowers to XLA's own composition (same switches as the other ops).
+Bandwidths are first guesses for 2 x H200. Measured on 2 x H200 (benchmarks/results/
+a2a_h200x2.json): the all-to-all plans the model chose won (1.04-1.05x) and it fell back
+elsewhere (0.99-1.01x); the all-gather plans won with GEMMs of ~3 ms (1.16-1.19x) but lost
+with GEMMs under 1 ms (0.76-0.78x: the transfers did not hide behind the local block, which
+the model does not explain), hence `min_all_gather_gemm_s`. Where no gain over XLA's dot +
+collective is predicted the op lowers to XLA's own composition (same switches as the other ops).
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ class CommProfile:
   comm_sms_candidates: tuple = (8, 16)
   chunk_candidates: tuple = (1, 2, 4)
   min_gain: float = 0.03
+  # All-gather + GEMM overlaps only when the (modelled) GEMM takes at least this long: on
+  # 2 x H200 it lost at 0.4 and 0.8 ms and won at 2.8 and 3.3 ms (module docstring).
+  min_all_gather_gemm_s: float = 1.5e-3
 
 
 DEFAULT_PROFILE = CommProfile()
@@ -185,8 +191,12 @@ def default_a2a_plan(m, n, k, world, split_axis, concat_axis, itemsize=2,
 # --- all-gather + GEMM --------------------------------------------------------------------
 
 
+def _all_gather_gemm_time(rows, n, k, world, p: CommProfile) -> float:
+  return 2.0 * world * rows * n * k / (p.sm_flops * NUM_SMS)
+
+
 def all_gather_baseline(rows, n, k, world, itemsize=2, p: CommProfile = DEFAULT_PROFILE) -> float:
-  gemm = 2.0 * world * rows * n * k / (p.sm_flops * NUM_SMS)
+  gemm = _all_gather_gemm_time(rows, n, k, world, p)
   return gemm + p.comm_latency + (world - 1) * rows * k * itemsize / p.xla_all_gather_bw
 
 
@@ -211,6 +221,7 @@ def default_all_gather_plan(rows, n, k, world, itemsize=2,
                             profile: CommProfile = DEFAULT_PROFILE) -> AllGatherPlan:
   sms = ((profile.comm_sms,) if profile.comm_sms is not None else profile.comm_sms_candidates)
   baseline = all_gather_baseline(rows, n, k, world, itemsize, profile)
+  big_enough = _all_gather_gemm_time(rows, n, k, world, profile) >= profile.min_all_gather_gemm_s
   best = None
   for c in sms:
     for chunks in profile.chunk_candidates:
@@ -218,8 +229,8 @@ def default_all_gather_plan(rows, n, k, world, itemsize=2,
         continue
       t = all_gather_plan_time(rows, n, k, world, chunks, c, itemsize, profile)
       if best is None or t < best.predicted_s - 1e-12:
-        best = AllGatherPlan(chunks, max(1, c), t < baseline * (1 - profile.min_gain), t,
-                             baseline)
+        best = AllGatherPlan(chunks, max(1, c),
+                             big_enough and t < baseline * (1 - profile.min_gain), t, baseline)
   return best
 
 

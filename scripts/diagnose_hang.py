@@ -71,7 +71,7 @@ def main() -> int:
     args = p.parse_args()
     env = dict(os.environ, NCCL_DEBUG=os.environ.get("NCCL_DEBUG", "INFO"),
                NCCL_DEBUG_SUBSYS=os.environ.get("NCCL_DEBUG_SUBSYS", "INIT,P2P"),
-               JAX_FLASHOVERLAP_EXPERIMENTAL="1", JAX_FLASHOVERLAP_FALLBACK="0",
+               JAX_FLASHOVERLAP_FALLBACK="0",
                PYTHONUNBUFFERED="1")
     child = subprocess.Popen([sys.executable, "-c", CHILD % {"dump": int(args.wait) - 5}, args.op],
                              env=env)

@@ -54,11 +54,11 @@ for step in "${steps[@]}"; do
       grep -h "ERROR SUMMARY\|RACECHECK SUMMARY\|SYNCCHECK SUMMARY" "$OUT"/sanitize/*.log > "$OUT/sanitize_summary.txt" 2>&1 ;;
     quickstart) run_step quickstart python3 examples/quickstart.py ;;
     global_view) run_step global_view python3 examples/global_view_jit.py ;;
-    a2a_tests)  # experimental #9 CUDA paths (their first call hung at d5bff4d)
-      run_step a2a_tests env JAX_FLASHOVERLAP_EXPERIMENTAL=1 JAX_FLASHOVERLAP_FALLBACK=0 python3 -m pytest -q -x -s -ra tests/test_gpu_a2a.py ;;
+    a2a_tests)  # #9 ops (matmul_all_to_all, all_gather_matmul) on GPUs
+      run_step a2a_tests env JAX_FLASHOVERLAP_FALLBACK=0 python3 -m pytest -q -x -s -ra tests/test_gpu_a2a.py ;;
     diagnose)  # one call of each #9 op (and the all-reduce as a control): where a hang blocks
       for op in ${DIAGNOSE_OPS:-ar a2a ag}; do run_step "diagnose_$op" python3 scripts/diagnose_hang.py "$op" --wait 45; done ;;
-    a2a_bench) run_step a2a_bench env JAX_FLASHOVERLAP_WATCHDOG_S=20 python3 -m jax_flashoverlap.bench a2a --experimental --out "$OUT/a2a_$TAG.json" ;;
+    a2a_bench) run_step a2a_bench env JAX_FLASHOVERLAP_WATCHDOG_S=20 python3 -m jax_flashoverlap.bench a2a --out "$OUT/a2a_$TAG.json" ;;
     readme_tests) run_step readme_tests bash -c "bash scripts/setup_env.sh && .venv/bin/python -m pytest -q" ;;
     pack)  # the device tool returns at most 8 files: everything in one archive
       (cd "$OUT" && tar -czf "session_$(date +%H%M%S).tgz" --exclude='*.tgz' . && find . -mindepth 1 ! -name '*.tgz' -delete) ;;

@@ -199,13 +199,6 @@ def test_bad_dtype_and_axis(fo):
 TARGET = "flashoverlap_gemm_all_to_all"
 
 
-@pytest.fixture(autouse=True)
-def _experimental_cuda_path(monkeypatch):
-    """The CUDA path of this op is experimental (jax_flashoverlap._ext.EXPERIMENTAL_TARGETS):
-    these tests look at what it lowers to, so they switch it on."""
-    monkeypatch.setenv("JAX_FLASHOVERLAP_EXPERIMENTAL", "1")
-
-
 def _cuda_text(fo, mesh, x_shape, w_shape, split, concat):
     f = shard_map(_ours(fo, split, concat), mesh, (P("tp", None), P()), P("tp", None))
     args = (jax.ShapeDtypeStruct(x_shape, jnp.bfloat16), jax.ShapeDtypeStruct(w_shape, jnp.bfloat16))
@@ -235,18 +228,6 @@ def test_cuda_lowering_custom_call(fo, no_fallback, split, concat):
     assert re.search(rf"concat_axis = {concat} : i32", call), call
     out = {(0, 0): (M, N), (1, 0): (n * M, N // n), (0, 1): (M // n, n * N), (1, 1): (M, N)}[(split, concat)]
     assert f"tensor<{out[0]}x{out[1]}xbf16>" in call, call
-
-
-def test_experimental_path_is_off_by_default(fo, no_fallback, monkeypatch):
-    """Without JAX_FLASHOVERLAP_EXPERIMENTAL=1 the op lowers to XLA's dot + all_to_all even for
-    CUDA (its custom call hung on 2 x H200), and the switch rejects typos."""
-    n, M, K, N = 2, 4096, 4096, 8192
-    monkeypatch.delenv("JAX_FLASHOVERLAP_EXPERIMENTAL")
-    text = _cuda_text(fo, make_mesh_1d(n), (n * M, K), (K, N), 0, 0)
-    assert _calls(text) == [] and "all_to_all" in text, text
-    monkeypatch.setenv("JAX_FLASHOVERLAP_EXPERIMENTAL", "yes please")
-    with pytest.raises(ValueError, match="JAX_FLASHOVERLAP_EXPERIMENTAL"):
-        _cuda_text(fo, make_mesh_1d(n), (n * M, K), (K, N), 0, 0)
 
 
 def test_cuda_lowering_unsupported_shape_uses_reference(fo, no_fallback):

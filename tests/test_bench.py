@@ -74,7 +74,7 @@ def test_overlap_in_two_processes_matches_one(tmp_path):
 
 
 def test_a2a_bench_rows_for_every_op(tmp_path):
-    d, stdout = _run(tmp_path, "a2a", "--shapes", "64x64x128", "--world", "4", "--experimental")
+    d, stdout = _run(tmp_path, "a2a", "--shapes", "64x64x128", "--world", "4")
     assert [r["op"] for r in d["rows"]] == ["all_gather", "all_to_all", "all_to_all_ulysses"]
     for r in d["rows"]:
         assert set(r["times_ms"]) == {"xla_dot", "xla_collective", "xla_composition", "ours"}

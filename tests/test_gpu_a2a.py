@@ -9,7 +9,6 @@ then shows as a NaN. Errors are relative Frobenius errors against float32 (< 1e-
 against XLA's own bf16 result.
 """
 import contextlib
-import os
 
 import numpy as np
 import pytest
@@ -31,10 +30,6 @@ pytestmark = [
                                        "flashoverlap_all_gather_gemm"} <= U.available_targets(),
                        reason="the CUDA extension with the #9 targets is not built"),
     pytest.mark.skipif(N_GPUS < 2, reason=f"needs >= 2 GPUs, have {N_GPUS}"),
-    # Experimental CUDA path (jax_flashoverlap._ext.EXPERIMENTAL_TARGETS): its first call hung
-    # on 2 x H200; run these only when asked, with the env var that enables the path.
-    pytest.mark.skipif(os.environ.get("JAX_FLASHOVERLAP_EXPERIMENTAL") != "1",
-                       reason="experimental CUDA path: set JAX_FLASHOVERLAP_EXPERIMENTAL=1"),
 ]
 
 TOL, BF16 = U.TOL, U.BF16

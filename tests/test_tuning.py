@@ -46,6 +46,22 @@ def test_cost_model_plan_is_valid_and_deterministic(collective, shape):
     assert a.predicted_s > 0 and a.baseline_s > 0
 
 
+def test_world_size_picks_its_measured_calibration():
+    """2 ranks: the 2 x H200 fit; 4 and 8 ranks: the 4 x H200 fit (the largest measured <= world).
+    With it, the 4-GPU reduce-scatter that lost to XLA (4096 x 8192 x 2048 per GPU, 0.89x in
+    benchmarks/results/h200x4.json) now falls back, and the shapes that gained still overlap."""
+    assert P.profile_for_world(1) is P.DEFAULT_PROFILE
+    assert P.profile_for_world(2) is P.DEFAULT_PROFILE
+    assert P.profile_for_world(4) is P.WORLD4_PROFILE
+    assert P.profile_for_world(8) is P.WORLD4_PROFILE
+    assert not P.choose_plan("reduce_scatter", 4096, 8192, 2048, 4).overlap
+    assert P.choose_plan("all_reduce", 8192, 8192, 7168, 4).overlap          # 1.19x measured
+    assert P.choose_plan("reduce_scatter", 8192, 8192, 7168, 4).overlap      # 1.13x measured
+    # the comm_sms argument keeps the world's calibration
+    assert P.choose_plan("all_reduce", 8192, 8192, 2048, 4, comm_sms=8).baseline_s == \
+        P.baseline_time("all_reduce", 8192, 8192, 2048, 4, 2, P.WORLD4_PROFILE)
+
+
 def test_cost_model_falls_back_on_tiny_problems():
     plan = P.default_plan("all_reduce", 8, 64, 64, 2)
     assert not plan.overlap and plan.num_groups == 1
