@@ -59,3 +59,26 @@ def dot32(x, w):
 def assert_custom_call(jitted, args, target):
     text = jitted.lower(*args).compile().as_text()
     assert target in text, f"compiled program has no custom call {target}: the CUDA path is not used"
+
+
+def launch_two_processes(tmp_path, script_text: str, gpus_per_process: int, *args,
+                         timeout: float = 240) -> str:
+    """Runs `script_text` as 2 processes through jax_flashoverlap.launch; asserts they exit 0
+    and returns their output. Children do not preallocate: this pytest process may already
+    hold most of the GPUs' memory (JAX preallocates)."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "two_processes.py"
+    script.write_text(script_text)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    r = subprocess.run([sys.executable, "-m", "jax_flashoverlap.launch", "-n", "2",
+                        "--gpus-per-process", str(gpus_per_process), "--timeout", str(timeout),
+                        str(script), *map(str, args)],
+                       cwd=repo, env=env, capture_output=True, text=True, timeout=timeout + 60)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-6000:]
+    return out

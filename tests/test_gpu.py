@@ -227,19 +227,5 @@ for name, op, ref, out in [
 @requires_multigpu
 def test_two_processes_one_gpu_each(tmp_path):
     """2 processes x 1 GPU (NCCL ids through JAX's key-value store) give XLA's values."""
-    import os
-    import subprocess
-    import sys
-
-    script = tmp_path / "mp.py"
-    script.write_text(_MULTIPROCESS_SCRIPT)
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    # This pytest process may already hold most of the GPUs' memory (JAX preallocates).
-    env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    r = subprocess.run([sys.executable, "-m", "jax_flashoverlap.launch", "-n", "2",
-                        "--gpus-per-process", "1", "--timeout", "240", str(script), "7"],
-                       cwd=repo, env=env, capture_output=True, text=True, timeout=300)
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-6000:]
+    out = U.launch_two_processes(tmp_path, _MULTIPROCESS_SCRIPT, 1, 7)
     assert "all_reduce OK" in out and "reduce_scatter OK" in out, out[-6000:]

@@ -9,9 +9,6 @@ The 1-D tests of tests/test_gpu.py run over all local GPUs, so on a 4- or 8-GPU 
 are the world-size-4/8 tests. Inputs are fresh random bf16; every program is checked for our
 custom call; errors are relative Frobenius errors against float32 and XLA's bf16 (< 1e-2).
 """
-import os
-import subprocess
-import sys
 import zlib
 
 import numpy as np
@@ -150,16 +147,7 @@ for axis, other in (("tp", "dp"), ("dp", "tp")):
 def test_two_processes_two_gpus_each_2d_mesh(tmp_path):
     """2 x 2 mesh over 2 processes: communicators inside a process ('tp') and spanning the
     processes ('dp'), both collectives, XLA's float32 values within bf16 rounding."""
-    script = tmp_path / "mp2d.py"
-    script.write_text(_TWO_BY_TWO_SCRIPT)
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    r = subprocess.run([sys.executable, "-m", "jax_flashoverlap.launch", "-n", "2",
-                        "--gpus-per-process", "2", "--timeout", "300", str(script), "5"],
-                       cwd=repo, env=env, capture_output=True, text=True, timeout=360)
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-6000:]
+    out = U.launch_two_processes(tmp_path, _TWO_BY_TWO_SCRIPT, 2, 5, timeout=300)
     for axis in ("tp", "dp"):
         for name in ("all_reduce", "reduce_scatter"):
             assert f"{axis} {name} OK" in out, out[-6000:]
