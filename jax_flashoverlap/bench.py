@@ -247,6 +247,9 @@ def _other_variants(pb, args) -> dict:
     out["two_chunk"] = bench_variants.two_chunk(pb)
   if "ppermute_ring" in args.variants:
     out["ppermute_ring"] = bench_variants.ppermute_ring(pb)
+  if "chain" in args.variants:
+    out["xla_chain"] = bench_variants.chained(pb, lambda x, w: pb.coll(x @ w))
+    out["ours_chain"] = bench_variants.chained(pb, pb.ours)
   if "ours_model" in args.variants:
     fn = pb.smap(pb.ours)
     with bench_variants.model_plans_only():
@@ -285,10 +288,12 @@ def bench_overlap(args) -> dict:
       variants["nccl_capped_alone"] = (capped, (y,))
     errors = {"ours": err32}
     for name, fn in _other_variants(pb, args).items():
-      errors[name] = relative_error(fn(*pb.args), pb.reference_f32())
+      if not name.endswith("_chain"):  # a chain returns x, not the product
+        errors[name] = relative_error(fn(*pb.args), pb.reference_f32())
       variants[name] = (fn, pb.args)
     timing = time_variants(variants, calls=args.calls, samples=args.samples)
-    t = {v: r["median_ms"] for v, r in timing.items()}
+    t = {v: r["median_ms"] / (bench_variants.CHAIN if v.endswith("_chain") else 1)
+         for v, r in timing.items()}
     if "xla_windowed" in args.variants and jax.process_count() == 1:
       windowed = bench_variants.xla_windowed(pb, args.calls, args.samples)
       if windowed is not None:
@@ -302,7 +307,9 @@ def bench_overlap(args) -> dict:
            "overlap_efficiency": eff, "rel_error": err, "rel_error_vs_f32": err32,
            "variant_rel_error_vs_f32": errors,
            "speedups": {v: t["xla_dot_collective"] / t[v] for v in t
-                        if v not in ("xla_dot", "xla_collective", "nccl_capped_alone")},
+                        if v not in ("xla_dot", "xla_collective", "nccl_capped_alone")
+                        and not v.endswith("_chain")},
+           "chain_speedup": (t["xla_chain"] / t["ours_chain"]) if "ours_chain" in t else None,
            "uses_custom_call": custom_call,
            "plan": {"band_rows": list(plan.band_rows), "comm_sms": plan.comm_sms,
                     "overlap": plan.overlap, "predicted_ms": plan.predicted_s * 1e3,
@@ -315,7 +322,9 @@ def bench_overlap(args) -> dict:
           f"dot+coll {t['xla_dot_collective']:.3f} ours {t['ours']:.3f} "
           f"nccl_capped {t.get('nccl_capped_alone', float('nan')):.3f} ms  "
           f"speedup {speedup:.3f}  E {eff:.2f}  err {err:.1e} (f32 {err32:.1e})  "
-          f"groups {plan.num_groups} sms {plan.comm_sms}{path}")
+          f"groups {plan.num_groups} sms {plan.comm_sms}{path}"
+          + (f"  chained: xla {t['xla_chain']:.3f} ours {t['ours_chain']:.3f} "
+             f"({row['chain_speedup']:.3f}x)" if row["chain_speedup"] else ""))
   return {"kind": "overlap", "rows": rows}
 
 
@@ -388,7 +397,8 @@ def main(argv=None) -> int:
       p.add_argument("--world", type=int, default=0, help="GPUs in the mesh (0: all)")
       if name == "overlap":
         p.add_argument("--variants", nargs="*",
-                       default=["two_chunk", "ppermute_ring", "xla_windowed", "ours_model"],
+                       default=["two_chunk", "ppermute_ring", "xla_windowed", "ours_model",
+                                "chain"],
                        help="comparison programs (jax_flashoverlap.bench_variants)")
         p.add_argument("--plot", help="write a PNG of the speedups here (needs matplotlib)")
       if name == "sweep":
