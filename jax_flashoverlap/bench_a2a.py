@@ -8,8 +8,9 @@ Global shapes M x N x K on a 1-D 'tp' mesh of n devices:
                       split and concat on rows (per device [M/n, K] @ [K, N])
   all_to_all_ulysses  the same product, split on columns, concat on rows (Ulysses heads)
 
-Variants: XLA dot alone, XLA collective alone, XLA's composition (the baseline), ours (the
-default plan: where the cost model predicts no gain, "ours" is XLA's composition and the row
+Variants: XLA dot alone, XLA collective alone, XLA's composition (the baseline), for the
+all-gather XLA's windowed-einsum (collective matmul) flags on the global-view program (GPU
+only, own process), ours (the default plan: where the cost model predicts no gain, "ours" is XLA's composition and the row
 says so).
 """
 
@@ -67,7 +68,7 @@ def bench_a2a(args) -> dict:
   import numpy as np
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-  from jax_flashoverlap import bench
+  from jax_flashoverlap import bench, bench_variants
   devices = jax.devices()[: args.world] if args.world else jax.devices()
   mesh = Mesh(np.array(devices), ("tp",))
   world = len(devices)
@@ -97,6 +98,11 @@ def bench_a2a(args) -> dict:
            "xla_composition": (base, (x, w)), "ours": (ours, (x, w))},
           calls=args.calls, samples=args.samples)
       t = {v: r["median_ms"] for v, r in timing.items()}
+      if op == "all_gather" and jax.process_count() == 1:  # XLA's collective matmul (GPU only)
+        windowed = bench_variants.xla_windowed_for("all_gather", m, n, k, world, dtype,
+                                                   args.calls, args.samples)
+        if windowed is not None:
+          t["xla_windowed"] = windowed
       ideal = max(t["xla_dot"], t["xla_collective"])
       denom = t["xla_composition"] - ideal
       row = {"op": op, "m": m, "n": n, "k": k, "world": world, "dtype": str(dtype),
@@ -104,6 +110,8 @@ def bench_a2a(args) -> dict:
              "overlap_efficiency": ((t["xla_composition"] - t["ours"]) / denom if denom > 0
                                     else float("nan")),
              "rel_error": err, "rel_error_vs_f32": err32, "uses_custom_call": custom_call}
+      if "xla_windowed" in t:
+        row["windowed_speedup"] = t["xla_composition"] / t["xla_windowed"]
       rows.append(row)
       bench.say(f"{op:18s} {m}x{n}x{k}: dot {t['xla_dot']:.3f} coll {t['xla_collective']:.3f} "
                 f"xla {t['xla_composition']:.3f} ours {t['ours']:.3f} ms  speedup "

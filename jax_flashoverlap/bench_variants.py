@@ -107,13 +107,18 @@ def model_plans_only():
 
 def xla_windowed(pb, calls: int, samples: int):
   """Median ms of the global-view program under XLA's windowed-einsum flags, or None off GPU."""
+  return xla_windowed_for(pb.collective, pb.m, pb.n, pb.k, pb.world, pb.dtype, calls, samples)
+
+
+def xla_windowed_for(collective, m, n, k, world, dtype, calls: int, samples: int):
+  """The same for a collective ("all_reduce", "reduce_scatter", "all_gather") and global shape."""
   import jax
   if jax.default_backend() != "gpu":
     return None
   env = dict(os.environ)
   env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + WINDOWED_FLAGS).strip()
-  cmd = [sys.executable, "-m", "jax_flashoverlap.bench_variants", pb.collective,
-         str(pb.m), str(pb.n), str(pb.k), str(pb.world), str(pb.dtype), str(calls), str(samples)]
+  cmd = [sys.executable, "-m", "jax_flashoverlap.bench_variants", collective,
+         str(m), str(n), str(k), str(world), str(dtype), str(calls), str(samples)]
   proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
   if proc.returncode != 0:
     print(f"xla_windowed failed: {proc.stderr[-2000:]}", flush=True)
@@ -122,8 +127,9 @@ def xla_windowed(pb, calls: int, samples: int):
 
 
 def _windowed_main(collective, m, n, k, world, dtype, calls, samples) -> None:
-  """Subprocess body: time the global-view x @ w whose output is replicated (all-reduce) or
-  row-sharded (reduce-scatter) over 'tp', the way XLA's passes see it."""
+  """Subprocess body: time the global-view x @ w the way XLA's passes see it: x's columns and
+  w's rows sharded over 'tp', the output replicated (all-reduce) or row-sharded
+  (reduce-scatter); or (all-gather) x's rows and w's columns sharded, the output column-sharded."""
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -132,9 +138,10 @@ def _windowed_main(collective, m, n, k, world, dtype, calls, samples) -> None:
   from jax_flashoverlap import bench
   mesh = Mesh(np.array(jax.devices()[:world]), ("tp",))
   x, w = bench._random_inputs(jax.random.key(0), m, n, k, jnp.dtype(dtype))
-  x = jax.device_put(x, NamedSharding(mesh, P(None, "tp")))
-  w = jax.device_put(w, NamedSharding(mesh, P("tp", None)))
-  out = P("tp", None) if collective == "reduce_scatter" else P(None, None)
+  gather = collective == "all_gather"
+  x = jax.device_put(x, NamedSharding(mesh, P("tp", None) if gather else P(None, "tp")))
+  w = jax.device_put(w, NamedSharding(mesh, P(None, "tp") if gather else P("tp", None)))
+  out = {"reduce_scatter": P("tp", None), "all_gather": P(None, "tp")}.get(collective, P())
   fn = jax.jit(jnp.matmul, out_shardings=NamedSharding(mesh, out))
   timing = bench.time_variants({"xla_windowed": (fn, (x, w))}, calls=calls, samples=samples)
   print(json.dumps({"median_ms": timing["xla_windowed"]["median_ms"]}))

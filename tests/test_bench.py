@@ -108,3 +108,17 @@ def test_chained_variant_is_a_dependent_loop_that_leaves_x_unchanged(collective)
     assert np.array_equal(np.asarray(out, np.float32), np.asarray(pb.x, np.float32))
     text = chain.lower(*pb.args).as_text()
     assert "stablehlo.while" in text
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter", "all_gather"])
+def test_windowed_subprocess_program_runs(collective):
+    """The body of the xla_windowed variant (run in its own process on GPUs, with XLA's
+    windowed-einsum flags) builds and times its global-view program for every collective; on
+    CPU without the flags, so only the program and the JSON line are checked."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    r = subprocess.run([sys.executable, "-m", "jax_flashoverlap.bench_variants", collective,
+                        "64", "64", "128", "4", "bfloat16", "1", "2"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1])["median_ms"] > 0
