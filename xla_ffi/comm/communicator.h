@@ -43,7 +43,7 @@ struct Communicator {
   // Collectives: ncclMemAlloc'd and registered as a symmetric window (NCCL runs beside the
   // GEMM on few SMs). Point-to-point (peer_to_peer): plain cudaMalloc, never registered:
   // NCCL 2.28's ncclSend out of a registered window hung on 2 x H200 (it ran with
-  // NCCL_LOCAL_REGISTER=0; benchmarks/results/logs/a2a_register_hang_055d72c.log).
+  // NCCL_LOCAL_REGISTER=0; benchmarks/results/logs/a2a_register_hang_055d72c/).
   void* workspace = nullptr;
   bool peer_to_peer = false;
   size_t workspace_bytes = 0;
