@@ -190,34 +190,44 @@ def default_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: 
   return plan
 
 
-def _best_bands(collective, m, n, k, world, itemsize, p, comm_sms) -> GroupPlan:
-  """Exact minimum of the cost model over group boundaries (DP on cluster-row cuts)."""
-  blocks = world if collective == "reduce_scatter" else 1
-  rows = m // blocks
-  kern = _kernel(m, n, comm_sms)
-  step = kern.rows_per_unit
+def best_cuts(rows: int, step: int, gemm_end, comm_time) -> tuple:
+  """Exact minimum of a group plan's end time over its boundaries (dynamic programming on the
+  multiples of `step` below `rows`, at most MAX_GROUPS groups). gemm_end(r): when the GEMM has
+  written rows [0, r) of every block; comm_time(r0, r1): one group's communication. Each group
+  starts when both its rows and the previous group are done. Returns band_rows."""
   cuts = [0] + list(range(step, rows, step)) + [rows]  # candidate boundaries, in rows
-  unit_time = 2.0 * kern.block_m * kern.block_n * k / p.sm_flops * p.interference
-  n_tiles = math.ceil(n / kern.block_n)
   inf = float("inf")
-  # best[j]: minimal comm_end of a plan whose last group ends at cuts[j].
+  # best[j]: minimal end of a plan whose last group ends at cuts[j].
   best = [0.0] + [inf] * (len(cuts) - 1)
   prev = [0] * len(cuts)
   count = [0] * len(cuts)
   for j in range(1, len(cuts)):
-    units = blocks * math.ceil(cuts[j] / step) * n_tiles
-    gemm_end = math.ceil(units / kern.grid) * unit_time
+    ready = gemm_end(cuts[j])
     for i in range(j):
       if best[i] == inf or count[i] + 1 > MAX_GROUPS:
         continue
-      group_bytes = blocks * (cuts[j] - cuts[i]) * n * itemsize
-      t = max(gemm_end, best[i]) + _comm_time(collective, group_bytes, world, p, comm_sms)
+      t = max(ready, best[i]) + comm_time(cuts[i], cuts[j])
       if t < best[j] - 1e-12:
         best[j], prev[j], count[j] = t, i, count[i] + 1
   bounds = [len(cuts) - 1]
   while bounds[-1] != 0:
     bounds.append(prev[bounds[-1]])
-  band_rows = tuple(cuts[j] for j in reversed(bounds))
+  return tuple(cuts[j] for j in reversed(bounds))
+
+
+def _best_bands(collective, m, n, k, world, itemsize, p, comm_sms) -> GroupPlan:
+  """The cost model's best group boundaries for one comm_sms (best_cuts)."""
+  blocks = world if collective == "reduce_scatter" else 1
+  rows = m // blocks
+  kern = _kernel(m, n, comm_sms)
+  step = kern.rows_per_unit
+  unit_time = 2.0 * kern.block_m * kern.block_n * k / p.sm_flops * p.interference
+  n_tiles = math.ceil(n / kern.block_n)
+  band_rows = best_cuts(
+      rows, step,
+      lambda r: math.ceil(blocks * math.ceil(r / step) * n_tiles / kern.grid) * unit_time,
+      lambda r0, r1: _comm_time(collective, blocks * (r1 - r0) * n * itemsize, world, p,
+                                comm_sms))
   predicted = plan_time(collective, m, n, k, world, band_rows, comm_sms, itemsize, p)
   baseline = baseline_time(collective, m, n, k, world, itemsize, p)
   return GroupPlan(collective, rows, band_rows, comm_sms,

@@ -140,24 +140,9 @@ def _best_a2a(m, n, k, world, split_axis, concat_axis, itemsize, p, comm_sms) ->
   unit = _unit_time(k, step, block_n, p)
   n_tiles = math.ceil(n / block_n)
   bw = _busbw(p.p2p_bw, comm_sms)
-  cuts = [0] + list(range(step, rows, step)) + [rows]
-  inf = float("inf")
-  best = [0.0] + [inf] * (len(cuts) - 1)
-  prev = [0] * len(cuts)
-  count = [0] * len(cuts)
-  for j in range(1, len(cuts)):
-    gemm_end = math.ceil(blocks * math.ceil(cuts[j] / step) * n_tiles / grid) * unit
-    for i in range(j):
-      if best[i] == inf or count[i] + 1 > MAX_GROUPS:
-        continue
-      t = max(gemm_end, best[i]) + p.comm_latency + (
-          (world - 1) * (cuts[j] - cuts[i]) * cols * itemsize / bw)
-      if t < best[j] - 1e-12:
-        best[j], prev[j], count[j] = t, i, count[i] + 1
-  bounds = [len(cuts) - 1]
-  while bounds[-1] != 0:
-    bounds.append(prev[bounds[-1]])
-  band_rows = tuple(cuts[j] for j in reversed(bounds))
+  band_rows = plan_lib.best_cuts(
+      rows, step, lambda r: math.ceil(blocks * math.ceil(r / step) * n_tiles / grid) * unit,
+      lambda r0, r1: p.comm_latency + (world - 1) * (r1 - r0) * cols * itemsize / bw)
   predicted = a2a_plan_time(m, n, k, world, split_axis, concat_axis, band_rows, comm_sms,
                             itemsize, p)
   baseline = a2a_baseline(m, n, k, world, itemsize, p)

@@ -92,27 +92,32 @@ def _collective_cuda_lowering(prim, reference_lowering, collective):
     use_cuda, _ = _ext.check_cuda_path(prim.name)
     if not use_cuda:
       return reference_lowering(ctx, x, w, axis_name=axis_name)
-    mesh = _compat.lowering_mesh(ctx)
-    world = world_size(mesh, axis_name)
-    x_aval, w_aval = ctx.avals_in
-    m, k = x_aval.shape
-    n = w_aval.shape[1]
-    plan = plan_lib.choose_plan(collective, m, n, k, world, np.dtype(x_aval.dtype).itemsize,
-                                comm_sms, gpu=comm.mesh_gpu_name(mesh),
-                                dtype=np.dtype(x_aval.dtype).name)
+    mesh, world, x_aval, w_aval, dtype = lowering_problem(ctx, axis_name)
+    (m, k), n = x_aval.shape, w_aval.shape[1]
+    plan = plan_lib.choose_plan(collective, m, n, k, world, dtype.itemsize, comm_sms,
+                                gpu=comm.mesh_gpu_name(mesh), dtype=dtype.name)
     if keep_reference(plan, comm_sms, plan_lib.is_forced()):
       return reference_lowering(ctx, x, w, axis_name=axis_name)
     comm_id = prepare_communicators(
         prim.name, mesh, axis_name, {"band_rows": list(plan.band_rows)}, plan.comm_sms,
-        m * n * np.dtype(x_aval.dtype).itemsize,
-        f"x {tuple(x_aval.shape)} w {tuple(w_aval.shape)}")
-    return _compat.ffi_lowering(prim.name)(
-        ctx, x, w,
-        comm_id=np.int64(comm_id),
-        world_size=np.int32(world),
-        comm_sms=np.int32(plan.comm_sms),
-        band_rows=np.asarray(plan.band_rows, dtype=np.int32))
+        m * n * dtype.itemsize, f"x {tuple(x_aval.shape)} w {tuple(w_aval.shape)}")
+    return emit_call(prim, ctx, x, w, comm_id, world, plan.comm_sms,
+                     band_rows=np.asarray(plan.band_rows, dtype=np.int32))
   return lowering
+
+
+def lowering_problem(ctx, axis_name):
+  """(mesh, world size, x aval, w aval, dtype) of a CUDA lowering."""
+  mesh = _compat.lowering_mesh(ctx)
+  x_aval, w_aval = ctx.avals_in
+  return mesh, world_size(mesh, axis_name), x_aval, w_aval, np.dtype(x_aval.dtype)
+
+
+def emit_call(prim, ctx, x, w, comm_id, world, comm_sms, **attrs):
+  """The custom call of an overlapped op: the attributes every handler takes, and its own."""
+  return _compat.ffi_lowering(prim.name)(
+      ctx, x, w, comm_id=np.int64(comm_id), world_size=np.int32(world),
+      comm_sms=np.int32(comm_sms), **attrs)
 
 
 def keep_reference(plan, comm_sms, forced: bool) -> bool:

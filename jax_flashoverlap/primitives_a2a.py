@@ -18,8 +18,8 @@ import numpy as np
 from jax import lax
 
 from jax_flashoverlap import _compat, _ext, plan_a2a
-from jax_flashoverlap.primitives import (keep_reference, make_primitive, prepare_communicators,
-                                         world_size as _world_size)
+from jax_flashoverlap.primitives import (emit_call, keep_reference, lowering_problem,
+                                         make_primitive, prepare_communicators)
 
 # --- reference compositions (also the CPU lowering) --------------------------------------
 
@@ -43,13 +43,6 @@ all_gather_gemm_p, _ag_reference_lowering = make_primitive(
 # --- CUDA lowerings ------------------------------------------------------------------------
 
 
-def _problem(ctx, axis_name):
-  """(mesh, world size, x aval, w aval, dtype) of a CUDA lowering."""
-  mesh = _compat.lowering_mesh(ctx)
-  x_aval, w_aval = ctx.avals_in
-  return mesh, _world_size(mesh, axis_name), x_aval, w_aval, np.dtype(x_aval.dtype)
-
-
 def _prepare_comm(prim, mesh, axis_name, plan_fields, comm_sms, workspace_bytes, shapes):
   # ncclSend/ncclRecv: their peer connections are made at lowering too (ConnectPeers).
   return prepare_communicators(prim.name, mesh, axis_name, plan_fields, comm_sms,
@@ -63,7 +56,7 @@ def _a2a_cuda_lowering(ctx, x, w, *, axis_name, split_axis, concat_axis, comm_sm
   use_cuda, _ = _ext.check_cuda_path(prim.name)
   if not use_cuda:
     return reference()
-  mesh, world, x_aval, w_aval, dtype = _problem(ctx, axis_name)
+  mesh, world, x_aval, w_aval, dtype = lowering_problem(ctx, axis_name)
   (m, k), n = x_aval.shape, w_aval.shape[1]
   if plan_a2a.a2a_supported(m, n, world, split_axis) is not None:
     return reference()
@@ -76,14 +69,9 @@ def _a2a_cuda_lowering(ctx, x, w, *, axis_name, split_axis, concat_axis, comm_sm
                           {"band_rows": list(plan.band_rows), "comm_sms": plan.comm_sms},
                           plan.comm_sms, workspace,
                           f"x {tuple(x_aval.shape)} w {tuple(w_aval.shape)}")
-  return _compat.ffi_lowering(prim.name)(
-      ctx, x, w,
-      comm_id=np.int64(comm_id),
-      world_size=np.int32(world),
-      comm_sms=np.int32(plan.comm_sms),
-      split_axis=np.int32(split_axis),
-      concat_axis=np.int32(concat_axis),
-      band_rows=np.asarray(plan.band_rows, dtype=np.int32))
+  return emit_call(prim, ctx, x, w, comm_id, world, plan.comm_sms,
+                   split_axis=np.int32(split_axis), concat_axis=np.int32(concat_axis),
+                   band_rows=np.asarray(plan.band_rows, dtype=np.int32))
 
 
 def _ag_cuda_lowering(ctx, x, w, *, axis_name, comm_sms):
@@ -92,7 +80,7 @@ def _ag_cuda_lowering(ctx, x, w, *, axis_name, comm_sms):
   use_cuda, _ = _ext.check_cuda_path(prim.name)
   if not use_cuda:
     return reference()
-  mesh, world, x_aval, w_aval, dtype = _problem(ctx, axis_name)
+  mesh, world, x_aval, w_aval, dtype = lowering_problem(ctx, axis_name)
   (rows, k), n = x_aval.shape, w_aval.shape[1]
   if plan_a2a.all_gather_supported(rows, n, world) is not None:
     return reference()
@@ -103,12 +91,7 @@ def _ag_cuda_lowering(ctx, x, w, *, axis_name, comm_sms):
                           {"chunks": plan.chunks, "comm_sms": plan.comm_sms}, plan.comm_sms,
                           world * rows * k * dtype.itemsize,
                           f"x {tuple(x_aval.shape)} w {tuple(w_aval.shape)}")
-  return _compat.ffi_lowering(prim.name)(
-      ctx, x, w,
-      comm_id=np.int64(comm_id),
-      world_size=np.int32(world),
-      comm_sms=np.int32(plan.comm_sms),
-      chunks=np.int32(plan.chunks))
+  return emit_call(prim, ctx, x, w, comm_id, world, plan.comm_sms, chunks=np.int32(plan.chunks))
 
 
 _compat.mlir.register_lowering(gemm_all_to_all_p, _a2a_cuda_lowering, platform="cuda")

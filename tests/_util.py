@@ -161,3 +161,19 @@ def spec_axes(entry):
 
 def all_spec_axes(spec):
     return tuple(a for e in spec for a in spec_axes(e))
+
+
+# ----------------------------------------------------------------------------- CUDA lowering
+
+def lower_for_cuda(f, args) -> str:
+    """StableHLO text of jit(f) lowered for CUDA (no GPU needed: cross-lowering)."""
+    return jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def custom_call_lines(text: str, target: str) -> list:
+    """The lines of `text` that call the custom-call target `target` (either spelling)."""
+    import re
+    pat = re.compile(
+        rf'(stablehlo\.custom_call\s+@{re.escape(target)}(?![A-Za-z0-9_])'
+        rf'|custom_call_target\s*=\s*"{re.escape(target)}")')
+    return [ln for ln in text.splitlines() if pat.search(ln)]

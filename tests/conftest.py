@@ -44,6 +44,13 @@ def fo():
 
 
 @pytest.fixture
+def no_fallback(monkeypatch):
+    """Every shape lowers to our kernels on CUDA (no cost-model fallback to XLA's ops)."""
+    monkeypatch.setenv("JAX_FLASHOVERLAP_FALLBACK", "0")
+    monkeypatch.delenv("JAX_FLASHOVERLAP_FORCE_REFERENCE", raising=False)
+
+
+@pytest.fixture
 def rng(request):
     """A numpy Generator seeded from the test id: different inputs in every test, reproducible."""
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))

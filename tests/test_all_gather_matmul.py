@@ -13,7 +13,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from _util import (DTYPES, DTYPE_IDS, assert_close, assert_rel_fro, make_mesh_1d, make_mesh_2d,
+from _util import (DTYPES, DTYPE_IDS, assert_close, assert_rel_fro, custom_call_lines,
+                   lower_for_cuda, make_mesh_1d, make_mesh_2d,
                    rand, shard_map, upcast)
 
 SPECS = (P("tp", None), P(None, "tp")), P(None, "tp")
@@ -142,17 +143,11 @@ def _cuda_text(fo, n, x_local, w_local, **kw):
     f = shard_map(_ours(fo, **kw), make_mesh_1d(n), *SPECS)
     args = (jax.ShapeDtypeStruct((n * x_local[0], x_local[1]), jnp.bfloat16),
             jax.ShapeDtypeStruct((w_local[0], n * w_local[1]), jnp.bfloat16))
-    return jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    return lower_for_cuda(f, args)
 
 
 def _calls(text):
-    return [ln for ln in text.splitlines() if re.search(rf"@{TARGET}\b|\"{TARGET}\"", ln)]
-
-
-@pytest.fixture
-def no_fallback(monkeypatch):
-    monkeypatch.setenv("JAX_FLASHOVERLAP_FALLBACK", "0")
-    monkeypatch.delenv("JAX_FLASHOVERLAP_FORCE_REFERENCE", raising=False)
+    return custom_call_lines(text, TARGET)
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])

@@ -14,7 +14,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from _util import (DTYPES, DTYPE_IDS, assert_close, assert_rel_fro, make_mesh_1d, make_mesh_2d,
+from _util import (DTYPES, DTYPE_IDS, assert_close, assert_rel_fro, custom_call_lines,
+                   lower_for_cuda, make_mesh_1d, make_mesh_2d,
                    rand, shard_map, upcast)
 
 AXES = [(0, 0), (1, 0), (0, 1), (1, 1)]
@@ -202,17 +203,11 @@ TARGET = "flashoverlap_gemm_all_to_all"
 def _cuda_text(fo, mesh, x_shape, w_shape, split, concat):
     f = shard_map(_ours(fo, split, concat), mesh, (P("tp", None), P()), P("tp", None))
     args = (jax.ShapeDtypeStruct(x_shape, jnp.bfloat16), jax.ShapeDtypeStruct(w_shape, jnp.bfloat16))
-    return jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    return lower_for_cuda(f, args)
 
 
 def _calls(text):
-    return [ln for ln in text.splitlines() if re.search(rf"@{TARGET}\b|\"{TARGET}\"", ln)]
-
-
-@pytest.fixture
-def no_fallback(monkeypatch):
-    monkeypatch.setenv("JAX_FLASHOVERLAP_FALLBACK", "0")
-    monkeypatch.delenv("JAX_FLASHOVERLAP_FORCE_REFERENCE", raising=False)
+    return custom_call_lines(text, TARGET)
 
 
 @pytest.mark.parametrize("split,concat", AXES, ids=AXES_IDS)

@@ -21,17 +21,11 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AbstractMesh, PartitionSpec as P
 
-from _util import PRIMITIVE_NAMES, make_mesh_1d, make_mesh_2d, shard_map
+from _util import (PRIMITIVE_NAMES, custom_call_lines, lower_for_cuda, make_mesh_1d,
+                   make_mesh_2d, shard_map)
 
 OPS = ["all_reduce", "reduce_scatter", "matmul"]
 FALLBACK_ENV = "JAX_FLASHOVERLAP_FALLBACK"
-
-
-@pytest.fixture
-def no_fallback(monkeypatch):
-    """Every shape lowers to our kernels on CUDA (no cost-model fallback to XLA's ops)."""
-    monkeypatch.setenv(FALLBACK_ENV, "0")
-    monkeypatch.delenv("JAX_FLASHOVERLAP_FORCE_REFERENCE", raising=False)
 
 
 SMALL = dict(M=5, K_local=16, N=24)        # jaxpr / eval_shape / CPU lowering
@@ -118,15 +112,7 @@ def _auto_abstract_mesh(sizes, names):
         return AbstractMesh(sizes, names)
 
 
-def _cuda_text(f, args):
-    return jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-
-
-def _custom_call_lines(text, target):
-    pat = re.compile(
-        rf'(stablehlo\.custom_call\s+@{re.escape(target)}(?![A-Za-z0-9_])'
-        rf'|custom_call_target\s*=\s*"{re.escape(target)}")')
-    return [ln for ln in text.splitlines() if pat.search(ln)]
+_cuda_text, _custom_call_lines = lower_for_cuda, custom_call_lines
 
 
 def _check_cuda_lowering(text, name, per_device_out):
