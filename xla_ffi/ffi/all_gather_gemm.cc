@@ -57,32 +57,16 @@ ffi::Error ValidateAg(const Communicator* comm, ffi::AnyBuffer x, ffi::AnyBuffer
   FO_CHECK_ARG(comm_sms >= 1 && comm->comm_sms >= 1,
                kOp << ": comm_sms must be >= 1 (got " << comm_sms << ", communicator "
                    << comm->comm_sms << "): NCCL needs free SMs while the GEMM waits for it");
-  auto dtype = x.element_type();
-  FO_CHECK_ARG(dtype == ffi::DataType::BF16 || dtype == ffi::DataType::F16,
-               kOp << ": x must be bfloat16 or float16");
-  FO_CHECK_ARG(w.element_type() == dtype && out.element_type() == dtype,
-               kOp << ": x, w and the output must share one dtype");
-  auto xd = x.dimensions();
-  auto wd = w.dimensions();
+  FO_RETURN_IF_ERROR(CheckGemmOperands(kOp, x, w, out));
+  const int64_t r = x.dimensions()[0], k = x.dimensions()[1], n = w.dimensions()[1];
   auto od = out.dimensions();
-  FO_CHECK_ARG(xd.size() == 2 && wd.size() == 2 && od.size() == 2,
-               kOp << ": x, w and the output must be 2-D");
-  const int64_t r = xd[0], k = xd[1], n = wd[1];
-  FO_CHECK_ARG(wd[0] == k, kOp << ": x is [" << r << ", " << k << "] but w is [" << wd[0]
-                               << ", " << n << "]");
-  FO_CHECK_ARG(n % 8 == 0 && k % 8 == 0, kOp << ": N and K must be multiples of 8");
   FO_CHECK_ARG(od[0] == world_size * r && od[1] == n,
                kOp << ": output must be [" << world_size * r << ", " << n << "]");
   FO_CHECK_ARG(chunks >= 1 && r % chunks == 0 &&
                    static_cast<int64_t>(world_size) * chunks <= kMaxGroups,
                kOp << ": chunks=" << chunks << " must divide the " << r
                    << " rows of x and world_size * chunks must be <= " << kMaxGroups);
-  const size_t bytes = static_cast<size_t>(world_size) * r * k * 2;
-  FO_CHECK_ARG(comm->workspace_bytes >= bytes,
-               kOp << ": communication workspace has " << comm->workspace_bytes
-                   << " bytes, needs " << bytes
-                   << " (jax_flashoverlap.comm.ensure_communicators sizes it at lowering)");
-  return ffi::Error::Success();
+  return CheckWorkspace(kOp, *comm, static_cast<size_t>(world_size) * r * k * 2);
 }
 
 // C's part: the n-1 exchange steps, each chunk announced by its flag.
@@ -119,16 +103,14 @@ ffi::Error AllGatherGemmImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer
   std::lock_guard<std::mutex> lock(comm->call_mutex);
   FO_RETURN_IF_ERROR(CheckAlive(kOp, *comm));
 
-  const int64_t rows = x.dimensions()[0], k = x.dimensions()[1], n_cols = w.dimensions()[1];
+  const int64_t rows = x.dimensions()[0], k = x.dimensions()[1];
   const int n = world_size, rank = comm->rank;
   const bool bf16 = x.element_type() == ffi::DataType::BF16;
   const int32_t value = NextFlagValue();
   char* gathered = static_cast<char*>(comm->workspace);
   const size_t block_bytes = static_cast<size_t>(rows * k) * 2;
 
-  FO_CHECK_CUDA(cudaMemsetAsync(comm->counters, 0, sizeof(int32_t) * n * chunks, stream));
-  FO_CHECK_CUDA(cudaEventRecord(comm->gemm_started, stream));
-  FO_CHECK_CUDA(cudaStreamWaitEvent(comm->stream, comm->gemm_started, 0));
+  FO_RETURN_IF_ERROR(StartCall(*comm, stream, n * chunks, /*copies=*/false));
   Status status = EnqueueExchange(comm, static_cast<const char*>(x.untyped_data()), gathered,
                                   rows, k, chunks, value, bf16 ? ncclBfloat16 : ncclFloat16);
 
@@ -141,16 +123,9 @@ ffi::Error AllGatherGemmImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer
     status = EnqueueWriteFlag(stream, comm->counters + rank * chunks + c, value);
   }
   if (status.ok()) {
-    SignalingGemmArgs args;
-    args.x = gathered;
-    args.w = w.untyped_data();
-    args.out = out->untyped_data();
-    args.m = n * rows;
-    args.n = n_cols;
-    args.k = k;
-    args.dtype = bf16 ? GemmDType::kBFloat16 : GemmDType::kFloat16;
-    args.counters = nullptr;  // nothing follows the GEMM: no signal
-    args.comm_sms = comm_sms;
+    // Nothing follows the GEMM: no signal (counters null); it waits on the input flags.
+    SignalingGemmArgs args =
+        GemmArgs(gathered, n * rows, w, out->untyped_data(), nullptr, comm_sms);
     const int chunk_rows = static_cast<int>(rows / chunks);
     args.layout.num_blocks = 1;
     args.layout.num_groups = n * chunks;
@@ -170,18 +145,7 @@ ffi::Error AllGatherGemmImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer
   return FinishCall(kOp, *comm, stream, /*copies=*/false, status);
 }
 
-auto BindAllGatherGemm() {
-  return ffi::Ffi::Bind()
-      .Ctx<ffi::PlatformStream<cudaStream_t>>()
-      .Ctx<ffi::DeviceOrdinal>()
-      .Arg<ffi::AnyBuffer>()
-      .Arg<ffi::AnyBuffer>()
-      .Ret<ffi::AnyBuffer>()
-      .Attr<int64_t>("comm_id")
-      .Attr<int32_t>("world_size")
-      .Attr<int32_t>("comm_sms")
-      .Attr<int32_t>("chunks");
-}
+auto BindAllGatherGemm() { return BindOverlapCall().Attr<int32_t>("chunks"); }
 
 }  // namespace
 }  // namespace flashoverlap

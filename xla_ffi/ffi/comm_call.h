@@ -1,6 +1,7 @@
-// What every handler that runs NCCL on our communicators does the same way: find-and-check the
-// communicator, and finish the call (watchdog registration, joining our streams back to XLA's
-// stream even after an error, the error as ffi::Error naming the op).
+// What every handler that runs NCCL on our communicators does the same way: its binding's
+// common part, the operand / communicator / workspace checks, starting the call (counters
+// reset, our streams ordered after XLA's) and finishing it (watchdog registration, joining our
+// streams back to XLA's stream even after an error, the error as ffi::Error naming the op).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,8 +13,69 @@
 #include "xla_ffi/comm/communicator.h"
 #include "xla_ffi/comm/watchdog.h"
 #include "xla_ffi/ffi/check.h"
+#include "xla_ffi/kernels/signaling_gemm.h"
 
 namespace flashoverlap {
+
+// Stream, device, x, w, the result, and the attributes every overlapped op takes; each handler
+// appends its own attributes.
+inline auto BindOverlapCall() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::PlatformStream<cudaStream_t>>()
+      .Ctx<ffi::DeviceOrdinal>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Ret<ffi::AnyBuffer>()
+      .Attr<int64_t>("comm_id")
+      .Attr<int32_t>("world_size")
+      .Attr<int32_t>("comm_sms");
+}
+
+// x [M, K] @ w [K, N] -> out: bfloat16 or float16 throughout, 2-D, N and K multiples of 8 (the
+// output's shape is each op's own check).
+inline ffi::Error CheckGemmOperands(const char* op, const ffi::AnyBuffer& x,
+                                    const ffi::AnyBuffer& w, const ffi::AnyBuffer& out) {
+  auto dtype = x.element_type();
+  FO_CHECK_ARG(dtype == ffi::DataType::BF16 || dtype == ffi::DataType::F16,
+               op << ": x must be bfloat16 or float16");
+  FO_CHECK_ARG(w.element_type() == dtype && out.element_type() == dtype,
+               op << ": x, w and the output must share one dtype");
+  auto xd = x.dimensions();
+  auto wd = w.dimensions();
+  FO_CHECK_ARG(xd.size() == 2 && wd.size() == 2 && out.dimensions().size() == 2,
+               op << ": x, w and the output must be 2-D");
+  const int64_t m = xd[0], k = xd[1], n = wd[1];
+  FO_CHECK_ARG(wd[0] == k, op << ": x is [" << m << ", " << k << "] but w is [" << wd[0] << ", "
+                              << n << "]");
+  FO_CHECK_ARG(n % 8 == 0 && k % 8 == 0, op << ": N and K must be multiples of 8");
+  return ffi::Error::Success();
+}
+
+// The signaling GEMM of a call: x [m, K] (row-major, where the op keeps it) @ w -> out, in w's
+// dtype, signalling into `counters` (null: no signal); the group layout is each op's own.
+inline SignalingGemmArgs GemmArgs(const void* x, int64_t m, const ffi::AnyBuffer& w, void* out,
+                                  int32_t* counters, int comm_sms) {
+  SignalingGemmArgs args;
+  args.x = x;
+  args.w = w.untyped_data();
+  args.out = out;
+  args.m = m;
+  args.k = w.dimensions()[0];
+  args.n = w.dimensions()[1];
+  args.dtype = w.element_type() == ffi::DataType::BF16 ? GemmDType::kBFloat16
+                                                       : GemmDType::kFloat16;
+  args.counters = counters;
+  args.comm_sms = comm_sms;
+  return args;
+}
+
+// The communicator's workspace (sized at lowering) holds what this call needs.
+inline ffi::Error CheckWorkspace(const char* op, const Communicator& comm, size_t bytes) {
+  FO_CHECK_ARG(comm.workspace_bytes >= bytes,
+               op << ": communication workspace has " << comm.workspace_bytes << " bytes, needs "
+                  << bytes << " (jax_flashoverlap.comm.ensure_communicators sizes it at lowering)");
+  return ffi::Error::Success();
+}
 
 // The communicator exists on this device and was made for the program's world size.
 inline ffi::Error CheckCommunicator(const char* op, const Communicator* comm, int32_t world_size,
@@ -32,6 +94,16 @@ inline ffi::Error CheckCommunicator(const char* op, const Communicator* comm, in
 inline ffi::Error CheckAlive(const char* op, const Communicator& comm) {
   Status alive = CheckNotAborted(comm, op);  // its message names the op already
   if (!alive.ok()) return ffi::Error::Internal(alive.message);
+  return ffi::Error::Success();
+}
+
+// Starts a call on XLA's stream: resets the first `counters` counters, then orders our comm
+// stream (and the copy stream when `copies`) after everything queued there so far.
+inline ffi::Error StartCall(Communicator& comm, cudaStream_t stream, int counters, bool copies) {
+  FO_CHECK_CUDA(cudaMemsetAsync(comm.counters, 0, sizeof(int32_t) * counters, stream));
+  FO_CHECK_CUDA(cudaEventRecord(comm.gemm_started, stream));
+  FO_CHECK_CUDA(cudaStreamWaitEvent(comm.stream, comm.gemm_started, 0));
+  if (copies) FO_CHECK_CUDA(cudaStreamWaitEvent(comm.copy_stream, comm.gemm_started, 0));
   return ffi::Error::Success();
 }
 

@@ -54,20 +54,10 @@ ffi::Error ValidateA2a(const Communicator* comm, ffi::AnyBuffer x, ffi::AnyBuffe
   FO_CHECK_ARG((split == 0 || split == 1) && (concat == 0 || concat == 1),
                kOp << ": split_axis and concat_axis must be 0 or 1, got " << split << " and "
                    << concat);
-  auto dtype = x.element_type();
-  FO_CHECK_ARG(dtype == ffi::DataType::BF16 || dtype == ffi::DataType::F16,
-               kOp << ": x must be bfloat16 or float16");
-  FO_CHECK_ARG(w.element_type() == dtype && out.element_type() == dtype,
-               kOp << ": x, w and the output must share one dtype");
-  auto xd = x.dimensions();
-  auto wd = w.dimensions();
+  FO_RETURN_IF_ERROR(CheckGemmOperands(kOp, x, w, out));
+  const int64_t m = x.dimensions()[0], k = x.dimensions()[1], n = w.dimensions()[1];
+  const int64_t world = world_size;
   auto od = out.dimensions();
-  FO_CHECK_ARG(xd.size() == 2 && wd.size() == 2 && od.size() == 2,
-               kOp << ": x, w and the output must be 2-D");
-  const int64_t m = xd[0], k = xd[1], n = wd[1], world = world_size;
-  FO_CHECK_ARG(wd[0] == k, kOp << ": x is [" << m << ", " << k << "] but w is [" << wd[0]
-                               << ", " << n << "]");
-  FO_CHECK_ARG(n % 8 == 0 && k % 8 == 0, kOp << ": N and K must be multiples of 8");
   FO_CHECK_ARG(world >= 1, kOp << ": world_size must be >= 1");
   int64_t rows, cols;
   if (split == 0) {
@@ -94,11 +84,8 @@ ffi::Error ValidateA2a(const Communicator* comm, ffi::AnyBuffer x, ffi::AnyBuffe
   for (int64_t g = 0; g < groups; ++g) {
     FO_CHECK_ARG(band_rows[g] < band_rows[g + 1], kOp << ": plan band_rows must increase");
   }
-  const size_t bytes = static_cast<size_t>(m) * n * 2 * (concat == 1 ? 2 : 1);
-  FO_CHECK_ARG(comm->workspace_bytes >= bytes,
-               kOp << ": communication workspace has " << comm->workspace_bytes
-                   << " bytes, needs " << bytes
-                   << " (jax_flashoverlap.comm.ensure_communicators sizes it at lowering)");
+  FO_RETURN_IF_ERROR(
+      CheckWorkspace(kOp, *comm, static_cast<size_t>(m) * n * 2 * (concat == 1 ? 2 : 1)));
   *shape = {m, k, n, world, rows, cols, split, concat};
   return ffi::Error::Success();
 }
@@ -174,25 +161,14 @@ ffi::Error GemmAllToAllImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
 
   const bool bf16 = x.element_type() == ffi::DataType::BF16;
   const int groups = static_cast<int>(band_rows.size()) - 1;
-  SignalingGemmArgs args;
-  args.x = x.untyped_data();
-  args.w = w.untyped_data();
-  args.out = comm->workspace;
-  args.m = s.m;
-  args.n = s.n;
-  args.k = s.k;
-  args.dtype = bf16 ? GemmDType::kBFloat16 : GemmDType::kFloat16;
-  args.counters = comm->counters;
-  args.comm_sms = comm_sms;
+  SignalingGemmArgs args =
+      GemmArgs(x.untyped_data(), s.m, w, comm->workspace, comm->counters, comm_sms);
   args.layout.num_blocks = s.split == 0 ? static_cast<int>(s.world) : 1;
   args.layout.num_groups = groups;
   for (int g = 0; g <= groups; ++g) args.layout.band_rows[g] = band_rows[g];
   args.out_col_block = s.split == 1 ? static_cast<int>(s.cols) : 0;
 
-  FO_CHECK_CUDA(cudaMemsetAsync(comm->counters, 0, sizeof(int32_t) * groups, stream));
-  FO_CHECK_CUDA(cudaEventRecord(comm->gemm_started, stream));
-  FO_CHECK_CUDA(cudaStreamWaitEvent(comm->stream, comm->gemm_started, 0));
-  FO_CHECK_CUDA(cudaStreamWaitEvent(comm->copy_stream, comm->gemm_started, 0));
+  FO_RETURN_IF_ERROR(StartCall(*comm, stream, groups, /*copies=*/true));
   cudaError_t launched = LaunchSignalingGemm(args, stream);
   FO_CHECK(launched == cudaSuccess, kOp << ": signaling GEMM launch failed: "
                                         << cudaGetErrorString(launched) << " ("
@@ -212,15 +188,7 @@ ffi::Error GemmAllToAllImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
 }
 
 auto BindGemmAllToAll() {
-  return ffi::Ffi::Bind()
-      .Ctx<ffi::PlatformStream<cudaStream_t>>()
-      .Ctx<ffi::DeviceOrdinal>()
-      .Arg<ffi::AnyBuffer>()
-      .Arg<ffi::AnyBuffer>()
-      .Ret<ffi::AnyBuffer>()
-      .Attr<int64_t>("comm_id")
-      .Attr<int32_t>("world_size")
-      .Attr<int32_t>("comm_sms")
+  return BindOverlapCall()
       .Attr<int32_t>("split_axis")
       .Attr<int32_t>("concat_axis")
       .Attr<ffi::Span<const int32_t>>("band_rows");

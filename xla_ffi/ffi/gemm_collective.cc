@@ -37,20 +37,9 @@ ffi::Error Validate(Collective kind, const Communicator* comm, ffi::AnyBuffer x,
                     ffi::Span<const int32_t> band_rows, int64_t comm_id, int device) {
   const char* op = OpName(kind);
   FO_RETURN_IF_ERROR(CheckCommunicator(op, comm, world_size, comm_id, device));
-  auto dtype = x.element_type();
-  FO_CHECK_ARG(dtype == ffi::DataType::BF16 || dtype == ffi::DataType::F16,
-               op << ": x must be bfloat16 or float16");
-  FO_CHECK_ARG(w.element_type() == dtype && out.element_type() == dtype,
-               op << ": x, w and the output must share one dtype");
-  auto xd = x.dimensions();
-  auto wd = w.dimensions();
+  FO_RETURN_IF_ERROR(CheckGemmOperands(op, x, w, out));
+  const int64_t m = x.dimensions()[0], n = w.dimensions()[1];
   auto od = out.dimensions();
-  FO_CHECK_ARG(xd.size() == 2 && wd.size() == 2 && od.size() == 2,
-               op << ": x, w and the output must be 2-D");
-  int64_t m = xd[0], k = xd[1], n = wd[1];
-  FO_CHECK_ARG(wd[0] == k, op << ": x is [" << m << ", " << k << "] but w is [" << wd[0] << ", "
-                              << n << "]");
-  FO_CHECK_ARG(n % 8 == 0 && k % 8 == 0, op << ": N and K must be multiples of 8");
   int64_t blocks = kind == Collective::kReduceScatter ? world_size : 1;
   FO_CHECK_ARG(m % blocks == 0, op << ": M=" << m << " not divisible by " << blocks);
   int64_t out_rows = kind == Collective::kReduceScatter ? m / world_size : m;
@@ -64,11 +53,7 @@ ffi::Error Validate(Collective kind, const Communicator* comm, ffi::AnyBuffer x,
   for (int64_t g = 0; g < groups; ++g) {
     FO_CHECK_ARG(band_rows[g] < band_rows[g + 1], op << ": plan band_rows must increase");
   }
-  size_t bytes = static_cast<size_t>(m) * n * 2;
-  FO_CHECK_ARG(comm->workspace_bytes >= bytes,
-               op << ": communication workspace has " << comm->workspace_bytes << " bytes, needs "
-                  << bytes << " (jax_flashoverlap.comm.ensure_communicators sizes it at lowering)");
-  return ffi::Error::Success();
+  return CheckWorkspace(op, *comm, static_cast<size_t>(m) * n * 2);
 }
 
 ffi::Error GemmCollective(Collective kind, cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
@@ -81,26 +66,16 @@ ffi::Error GemmCollective(Collective kind, cudaStream_t stream, int32_t device, 
   std::lock_guard<std::mutex> lock(comm->call_mutex);
   FO_RETURN_IF_ERROR(CheckAlive(op, *comm));
 
-  const int64_t m = x.dimensions()[0], k = x.dimensions()[1], n = w.dimensions()[1];
+  const int64_t m = x.dimensions()[0], n = w.dimensions()[1];
   const bool bf16 = x.element_type() == ffi::DataType::BF16;
   const int groups = static_cast<int>(band_rows.size()) - 1;
-  SignalingGemmArgs args;
-  args.x = x.untyped_data();
-  args.w = w.untyped_data();
-  args.out = comm->workspace;
-  args.m = m;
-  args.n = n;
-  args.k = k;
-  args.dtype = bf16 ? GemmDType::kBFloat16 : GemmDType::kFloat16;
-  args.counters = comm->counters;
-  args.comm_sms = comm_sms;
+  SignalingGemmArgs args =
+      GemmArgs(x.untyped_data(), m, w, comm->workspace, comm->counters, comm_sms);
   args.layout.num_blocks = kind == Collective::kReduceScatter ? world_size : 1;
   args.layout.num_groups = groups;
   for (int g = 0; g <= groups; ++g) args.layout.band_rows[g] = band_rows[g];
 
-  FO_CHECK_CUDA(cudaMemsetAsync(comm->counters, 0, sizeof(int32_t) * groups, stream));
-  FO_CHECK_CUDA(cudaEventRecord(comm->gemm_started, stream));
-  FO_CHECK_CUDA(cudaStreamWaitEvent(comm->stream, comm->gemm_started, 0));
+  FO_RETURN_IF_ERROR(StartCall(*comm, stream, groups, /*copies=*/false));
   cudaError_t launched = LaunchSignalingGemm(args, stream);
   FO_CHECK(launched == cudaSuccess, op << ": signaling GEMM launch failed: "
                                        << cudaGetErrorString(launched) << " ("
@@ -162,18 +137,7 @@ ffi::Error GemmReduceScatterImpl(cudaStream_t stream, int32_t device, ffi::AnyBu
                         world_size, comm_sms, band_rows);
 }
 
-auto BindCollective() {
-  return ffi::Ffi::Bind()
-      .Ctx<ffi::PlatformStream<cudaStream_t>>()
-      .Ctx<ffi::DeviceOrdinal>()
-      .Arg<ffi::AnyBuffer>()
-      .Arg<ffi::AnyBuffer>()
-      .Ret<ffi::AnyBuffer>()
-      .Attr<int64_t>("comm_id")
-      .Attr<int32_t>("world_size")
-      .Attr<int32_t>("comm_sms")
-      .Attr<ffi::Span<const int32_t>>("band_rows");
-}
+auto BindCollective() { return BindOverlapCall().Attr<ffi::Span<const int32_t>>("band_rows"); }
 
 }  // namespace
 }  // namespace flashoverlap
