@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (device tool): set up, build, test, benchmark; logs to $OUT.
 #   bash scripts/gpu_session.sh [STEP ...]   steps: build info tests gpu_tests gpu_k mesh_tests gemm_bench
-#     tune overlap_bench overlap_all sweep procs stress flax_example sanitize_overlap quickstart
+#     tune overlap_bench overlap_all sweep procs stress flax_example sanitize_overlap harness
+#     sanitize_harness quickstart
 #     global_view diagnose a2a_tests a2a_bench readme_tests cuda_tests pack (last: one archive of $OUT)
 #     (default: build info tests)
 # Carry: .whl (nvidia-cutlass wheel; the machine has no index) and build/obj (object cache).
@@ -52,6 +53,16 @@ for step in "${steps[@]}"; do
         run_step "san_$tool" env XLA_FLAGS=--xla_gpu_autotune_level=0 python3 -m jax_flashoverlap.launch -n 2 --gpus-per-process 1 --timeout 280 tests/cuda/sanitize_overlap.py "$tool" "$OUT/sanitize"
       done
       grep -h "ERROR SUMMARY\|RACECHECK SUMMARY\|SYNCCHECK SUMMARY" "$OUT"/sanitize/*.log > "$OUT/sanitize_summary.txt" 2>&1 ;;
+    harness)  # the overlapped ops without JAX (tests/cuda/overlap_harness.cc), one process per GPU
+      run_step harness_build bash tests/cuda/build_overlap_harness.sh
+      run_step harness bash tests/cuda/run_overlap_harness.sh none "$OUT/harness" --calls 3
+      run_step harness_odd bash tests/cuda/run_overlap_harness.sh none "$OUT/harness_odd" --m 320 --n 272 --k 200 --ops ar,rs,a2a,a2a11,ag
+      run_step harness_spin env JAX_FLASHOVERLAP_WAIT=spin bash tests/cuda/run_overlap_harness.sh none "$OUT/harness_spin" ;;
+    sanitize_harness)  # the same under compute-sanitizer (small, unaligned shapes: the tools are slow)
+      for tool in memcheck racecheck synccheck; do
+        run_step "hsan_$tool" bash tests/cuda/run_overlap_harness.sh "$tool" "$OUT/harness_san" --m 320 --n 272 --k 200 --calls 1 --ops ar,rs,a2a,a2a11,ag
+      done
+      grep -h "ERROR SUMMARY\|RACECHECK SUMMARY\|SYNCCHECK SUMMARY" "$OUT"/harness_san/*.log > "$OUT/harness_sanitize_summary.txt" 2>&1 ;;
     quickstart) run_step quickstart python3 examples/quickstart.py ;;
     global_view) run_step global_view python3 examples/global_view_jit.py ;;
     a2a_tests)  # #9 ops (matmul_all_to_all, all_gather_matmul) on GPUs

@@ -1,18 +1,16 @@
 // flashoverlap_collective: the communication half of an overlapped op alone, for measuring
 // (bench "nccl_capped"): the same NCCL call(s) on our capped communicator, over its
-// registered workspace, on our stream, then the all-reduce's copy to the output. No GEMM:
+// registered workspace, on our stream, then the all-reduce's copy to the output on the copy
+// stream, as in the overlapped op (xla_ffi/comm/gemm_collective_call.cc). No GEMM:
 // the values are the workspace's current contents, so the output is meaningless; only the
 // time is. CollectiveImpl -> FlashoverlapCollective -> "flashoverlap_collective".
 #include <cuda_runtime.h>
-#include <nccl.h>
 
 #include <cstdint>
-#include <mutex>
-#include <string>
 
 #include "xla/ffi/api/ffi.h"
 #include "xla_ffi/comm/communicator.h"
-#include "xla_ffi/comm/watchdog.h"
+#include "xla_ffi/comm/overlap_calls.h"
 #include "xla_ffi/ffi/check.h"
 #include "xla_ffi/ffi/comm_call.h"
 #include "xla_ffi/ffi/handlers.h"
@@ -36,32 +34,11 @@ ffi::Error CollectiveImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer y,
   FO_CHECK_ARG(comm->workspace_bytes >= bytes, op << ": workspace too small");
   FO_CHECK_ARG(num_groups >= 1 && m % (int64_t(num_groups) * world_size) == 0,
                op << ": M=" << m << " must split into " << num_groups << " x " << world_size);
-  std::lock_guard<std::mutex> lock(comm->call_mutex);
-  FO_RETURN_IF_ERROR(CheckAlive(op, *comm));
-  const ncclDataType_t nccl_dtype = dtype == ffi::DataType::BF16 ? ncclBfloat16 : ncclFloat16;
-  FO_CHECK_CUDA(cudaEventRecord(comm->gemm_started, stream));
-  FO_CHECK_CUDA(cudaStreamWaitEvent(comm->stream, comm->gemm_started, 0));
-  char* ws = static_cast<char*>(comm->workspace);
-  char* result = static_cast<char*>(out->untyped_data());
-  const int64_t group_elems = m / num_groups * n;
-  Status status;
-  for (int g = 0; g < num_groups && status.ok(); ++g) {
-    char* span = ws + g * group_elems * 2;
-    if (reduce_scatter) {
-      status = NcclStatus(ncclReduceScatter(span, result + g * group_elems / world_size * 2,
-                                            group_elems / world_size, nccl_dtype, ncclSum,
-                                            comm->comm, comm->stream), "ncclReduceScatter");
-    } else {
-      status = NcclStatus(ncclAllReduce(span, span, group_elems, nccl_dtype, ncclSum, comm->comm,
-                                        comm->stream), "ncclAllReduce");
-      if (status.ok()) {
-        status = CudaStatus(cudaMemcpyAsync(result + g * group_elems * 2, span, group_elems * 2,
-                                            cudaMemcpyDeviceToDevice, comm->stream),
-                            "cudaMemcpyAsync");
-      }
-    }
-  }
-  return FinishCall(op, *comm, stream, /*copies=*/false, status);
+  FO_CHECK_ARG(num_groups <= kMaxGroups, op << ": at most " << kMaxGroups << " groups");
+  const CollectiveKind kind =
+      reduce_scatter ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce;
+  return ToFfiError(RunCollectiveOnly(*comm, stream, kind, m, n, dtype == ffi::DataType::BF16,
+                                      num_groups, out->untyped_data(), op));
 }
 
 }  // namespace

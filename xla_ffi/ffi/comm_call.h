@@ -1,7 +1,7 @@
-// What every handler that runs NCCL on our communicators does the same way: its binding's
-// common part, the operand / communicator / workspace checks, starting the call (counters
-// reset, our streams ordered after XLA's) and finishing it (watchdog registration, joining our
-// streams back to XLA's stream even after an error, the error as ffi::Error naming the op).
+// What every handler that runs NCCL on our communicators does the same way before handing
+// the call to the framework-free layer (xla_ffi/comm/overlap_calls.h): its binding's common
+// part, the operand / communicator / workspace checks, the GEMM's arguments, and the error
+// coming back as ffi::Error.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,7 +11,7 @@
 
 #include "xla/ffi/api/ffi.h"
 #include "xla_ffi/comm/communicator.h"
-#include "xla_ffi/comm/watchdog.h"
+#include "xla_ffi/comm/status.h"
 #include "xla_ffi/ffi/check.h"
 #include "xla_ffi/kernels/signaling_gemm.h"
 
@@ -90,37 +90,10 @@ inline ffi::Error CheckCommunicator(const char* op, const Communicator* comm, in
   return ffi::Error::Success();
 }
 
-// Under the communicator's call mutex: an error naming the op if the watchdog aborted it.
-inline ffi::Error CheckAlive(const char* op, const Communicator& comm) {
-  Status alive = CheckNotAborted(comm, op);  // its message names the op already
-  if (!alive.ok()) return ffi::Error::Internal(alive.message);
-  return ffi::Error::Success();
-}
-
-// Starts a call on XLA's stream: resets the first `counters` counters, then orders our comm
-// stream (and the copy stream when `copies`) after everything queued there so far.
-inline ffi::Error StartCall(Communicator& comm, cudaStream_t stream, int counters, bool copies) {
-  FO_CHECK_CUDA(cudaMemsetAsync(comm.counters, 0, sizeof(int32_t) * counters, stream));
-  FO_CHECK_CUDA(cudaEventRecord(comm.gemm_started, stream));
-  FO_CHECK_CUDA(cudaStreamWaitEvent(comm.stream, comm.gemm_started, 0));
-  if (copies) FO_CHECK_CUDA(cudaStreamWaitEvent(comm.copy_stream, comm.gemm_started, 0));
-  return ffi::Error::Success();
-}
-
-// Ends a call: watches it (watchdog on), then makes XLA's stream wait for our comm stream
-// (and the copy stream when `copies`) whatever `status` says, so XLA never runs ahead of
-// queued work and the next call never overwrites a span still in flight.
-inline ffi::Error FinishCall(const char* op, Communicator& comm, cudaStream_t stream,
-                             bool copies, Status status) {
-  if (status.ok()) status = WatchCall(comm, op);
-  FO_CHECK_CUDA(cudaEventRecord(comm.comm_done, comm.stream));
-  FO_CHECK_CUDA(cudaStreamWaitEvent(stream, comm.comm_done, 0));
-  if (copies) {
-    FO_CHECK_CUDA(cudaEventRecord(comm.copies_done, comm.copy_stream));
-    FO_CHECK_CUDA(cudaStreamWaitEvent(stream, comm.copies_done, 0));
-  }
-  if (!status.ok()) return ffi::Error::Internal(std::string(op) + ": " + status.message);
-  return ffi::Error::Success();
+// A failed Status of the framework-free layer (its message names the op) as ffi::Error.
+inline ffi::Error ToFfiError(const Status& status) {
+  if (status.ok()) return ffi::Error::Success();
+  return ffi::Error::Internal(status.message);
 }
 
 }  // namespace flashoverlap

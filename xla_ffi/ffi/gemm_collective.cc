@@ -1,21 +1,17 @@
-// XLA FFI handlers of the overlapped ops: signaling GEMM on XLA's stream, one NCCL call per
-// group on our communication stream as soon as the group's counter says it is complete.
+// XLA FFI handlers of GEMM + all-reduce / reduce-scatter: decode, validate, then the
+// framework-free sequence (xla_ffi/comm/gemm_collective_call.cc): signaling GEMM on XLA's
+// stream, one NCCL call per group on our communication stream as soon as the group's counter
+// says it is complete.
 //
 //   GemmAllReduceImpl      -> FlashoverlapGemmAllReduce     -> "flashoverlap_gemm_all_reduce"
 //   GemmReduceScatterImpl  -> FlashoverlapGemmReduceScatter -> "flashoverlap_gemm_reduce_scatter"
-//
-// Data flow (DESIGN.md): reset counters, record/wait an event so the comm stream starts after
-// everything before us, GEMM into the registered workspace, per group: wait counter ->
-// NCCL (-> copy to XLA's output for all-reduce), record/wait an event to join back.
 #include <cuda_runtime.h>
-#include <nccl.h>
 
 #include <cstdint>
-#include <string>
 
 #include "xla/ffi/api/ffi.h"
 #include "xla_ffi/comm/communicator.h"
-#include "xla_ffi/comm/watchdog.h"
+#include "xla_ffi/comm/overlap_calls.h"
 #include "xla_ffi/ffi/check.h"
 #include "xla_ffi/ffi/comm_call.h"
 #include "xla_ffi/ffi/handlers.h"
@@ -24,7 +20,7 @@
 namespace flashoverlap {
 namespace {
 
-enum class Collective { kAllReduce, kReduceScatter };
+using Collective = CollectiveKind;
 
 const char* OpName(Collective kind) {
   return kind == Collective::kAllReduce ? "flashoverlap_gemm_all_reduce"
@@ -60,65 +56,16 @@ ffi::Error GemmCollective(Collective kind, cudaStream_t stream, int32_t device, 
                           ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out, int64_t comm_id,
                           int32_t world_size, int32_t comm_sms,
                           ffi::Span<const int32_t> band_rows) {
-  const char* op = OpName(kind);
   Communicator* comm = FindCommunicator(comm_id, device);
   FO_RETURN_IF_ERROR(Validate(kind, comm, x, w, *out, world_size, band_rows, comm_id, device));
-  std::lock_guard<std::mutex> lock(comm->call_mutex);
-  FO_RETURN_IF_ERROR(CheckAlive(op, *comm));
-
-  const int64_t m = x.dimensions()[0], n = w.dimensions()[1];
-  const bool bf16 = x.element_type() == ffi::DataType::BF16;
   const int groups = static_cast<int>(band_rows.size()) - 1;
-  SignalingGemmArgs args =
-      GemmArgs(x.untyped_data(), m, w, comm->workspace, comm->counters, comm_sms);
-  args.layout.num_blocks = kind == Collective::kReduceScatter ? world_size : 1;
-  args.layout.num_groups = groups;
-  for (int g = 0; g <= groups; ++g) args.layout.band_rows[g] = band_rows[g];
-
-  FO_RETURN_IF_ERROR(StartCall(*comm, stream, groups, /*copies=*/false));
-  cudaError_t launched = LaunchSignalingGemm(args, stream);
-  FO_CHECK(launched == cudaSuccess, op << ": signaling GEMM launch failed: "
-                                       << cudaGetErrorString(launched) << " ("
-                                       << LastSignalingGemmError() << ")");
-
-  const ncclDataType_t nccl_dtype = bf16 ? ncclBfloat16 : ncclFloat16;
-  char* workspace = static_cast<char*>(comm->workspace);
-  char* result = static_cast<char*>(out->untyped_data());
-  const int64_t blocks = args.layout.num_blocks;
-  const size_t row_bytes = static_cast<size_t>(n) * 2;
-  Status status;
-  for (int g = 0; g < groups && status.ok(); ++g) {
-    const int64_t band = band_rows[g + 1] - band_rows[g];
-    status = EnqueueWaitGeq(comm->stream, comm->counters + g,
-                            static_cast<int32_t>(TilesInGroup(args, g)), comm->wait_method,
-                            comm->abort_flag);
-    if (!status.ok()) break;
-    char* span = workspace + blocks * band_rows[g] * row_bytes;  // group g, contiguous
-    if (kind == Collective::kAllReduce) {
-      status = NcclStatus(ncclAllReduce(span, span, band * n, nccl_dtype, ncclSum, comm->comm,
-                                        comm->stream), "ncclAllReduce");
-      if (status.ok()) {
-        status = CudaStatus(cudaEventRecord(comm->group_reduced[g], comm->stream),
-                            "cudaEventRecord");
-      }
-      if (status.ok()) {
-        status = CudaStatus(cudaStreamWaitEvent(comm->copy_stream, comm->group_reduced[g], 0),
-                            "cudaStreamWaitEvent");
-      }
-      if (status.ok()) {
-        status = CudaStatus(cudaMemcpyAsync(result + band_rows[g] * row_bytes, span,
-                                            band * row_bytes, cudaMemcpyDeviceToDevice,
-                                            comm->copy_stream), "cudaMemcpyAsync");
-      }
-    } else {
-      status = NcclStatus(ncclReduceScatter(span, result + band_rows[g] * row_bytes, band * n,
-                                            nccl_dtype, ncclSum, comm->comm, comm->stream),
-                          "ncclReduceScatter");
-    }
-  }
-  // The all-reduce's copy stream joins too: the next call's GEMM must not overwrite a span
-  // still being copied.
-  return FinishCall(op, *comm, stream, /*copies=*/kind == Collective::kAllReduce, status);
+  SignalingGemmArgs gemm = GemmArgs(x.untyped_data(), x.dimensions()[0], w, comm->workspace,
+                                    comm->counters, comm_sms);
+  gemm.layout.num_blocks = kind == Collective::kReduceScatter ? world_size : 1;
+  gemm.layout.num_groups = groups;
+  for (int g = 0; g <= groups; ++g) gemm.layout.band_rows[g] = band_rows[g];
+  return ToFfiError(RunGemmCollective(*comm, stream, kind, gemm, out->untyped_data(),
+                                      OpName(kind)));
 }
 
 ffi::Error GemmAllReduceImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,

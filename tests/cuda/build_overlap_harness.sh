@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Builds tests/cuda/overlap_harness (the overlapped ops without JAX, for compute-sanitizer)
+# from the objects `setup.py build_ext` left in build/obj (xla_ffi/comm and xla_ffi/kernels
+# only: the harness links no XLA and no Python) plus the harness itself.
+#   tests/cuda/build_overlap_harness.sh [BUILD_DIR]     (default: .build)
+# Needs python with the nvidia-nccl wheel (headers, libnccl.so.2) and nvcc's CUDA next to it.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+BUILD="${1:-$ROOT/.build}"
+mkdir -p "$BUILD"
+cd "$ROOT"
+NCCL="$(python3 -c "import importlib.util; print(importlib.util.find_spec('nvidia.nccl').submodule_search_locations[0])")"
+NVCC="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
+CUDA="${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$NVCC")")")}"
+[[ -f "$CUDA/include/cuda_runtime.h" ]] || CUDA=/usr/local/cuda
+objs=()
+for src in xla_ffi/comm/*.cc xla_ffi/comm/*.cu xla_ffi/kernels/*.cu; do
+  stem="$(basename "${src%.*}")"
+  found=(build/obj/"$stem".*.o)
+  [[ -e "${found[0]}" ]] || { echo "missing build/obj/$stem.*.o: run 'JAX_FLASHOVERLAP_BUILD_CUDA=1 python setup.py build_ext --inplace' first"; exit 1; }
+  [[ ${#found[@]} -eq 1 ]] || { echo "several objects for $stem in build/obj"; exit 1; }
+  objs+=("${found[0]}")
+done
+g++ -std=c++17 -O2 -Wall -I"$ROOT" -I"$CUDA/include" -I"$NCCL/include" \
+  -c tests/cuda/overlap_harness.cc -o "$BUILD/overlap_harness.o"
+g++ -o "$BUILD/overlap_harness" "$BUILD/overlap_harness.o" "${objs[@]}" \
+  -L"$CUDA/lib64" -lcudart_static -ldl -lrt -lpthread \
+  -L"$NCCL/lib" -l:libnccl.so.2 -Wl,-rpath,"$NCCL/lib"
+echo "built $BUILD/overlap_harness"

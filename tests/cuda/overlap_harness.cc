@@ -1,0 +1,233 @@
+// One process of a JAX-free run of the overlapped ops: the same framework-free sequences the
+// FFI handlers run (xla_ffi/comm/overlap_calls.h), on communicators made the same way, so
+// NVIDIA compute-sanitizer can watch whole overlapped calls (under JAX, racecheck crashed the
+// process before any kernel ran: benchmarks/results/README.md).
+//
+//   overlap_harness --rank R --world N --id-file PATH [--device D] [--ops ar,rs,a2a,ag]
+//                   [--calls C] [--m M --n N --k K] [--comm-sms S]
+//
+// Start one process per rank (tests/cuda/run_overlap_harness.sh does). Rank 0 writes the
+// NCCL unique id to PATH; the others wait for it (at most 300 s). Every call gets fresh
+// random bfloat16 inputs (a hash of rank, call and index, so every rank can build every
+// rank's inputs), a poisoned (NaN) output, and is checked element by element against a
+// float32 host reference. Prints one line per op and exits 0 only if every element of every
+// call matched and no CUDA / NCCL call failed.
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/cuda/overlap_harness_data.h"
+#include "xla_ffi/comm/communicator.h"
+#include "xla_ffi/comm/overlap_calls.h"
+#include "xla_ffi/kernels/signaling_gemm.h"
+
+namespace fo = flashoverlap;
+
+namespace {
+
+struct Options {
+  int rank = -1, world = 0, device = -1, calls = 2, comm_sms = 16;
+  int64_t m = 512, n = 512, k = 512;
+  std::string id_file, ops = "ar,rs,a2a,ag";
+};
+
+[[noreturn]] void Fail(const std::string& what) {
+  std::fprintf(stderr, "overlap_harness: %s\n", what.c_str());
+  std::exit(2);
+}
+
+void Check(const fo::Status& s, const char* what) {
+  if (!s.ok()) Fail(std::string(what) + ": " + s.message);
+}
+
+void CheckCuda(cudaError_t err, const char* what) { Check(fo::CudaStatus(err, what), what); }
+
+Options Parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string key = argv[i], value = argv[i + 1];
+    if (key == "--rank") o.rank = std::stoi(value);
+    else if (key == "--world") o.world = std::stoi(value);
+    else if (key == "--device") o.device = std::stoi(value);
+    else if (key == "--calls") o.calls = std::stoi(value);
+    else if (key == "--comm-sms") o.comm_sms = std::stoi(value);
+    else if (key == "--m") o.m = std::stoll(value);
+    else if (key == "--n") o.n = std::stoll(value);
+    else if (key == "--k") o.k = std::stoll(value);
+    else if (key == "--id-file") o.id_file = value;
+    else if (key == "--ops") o.ops = value;
+    else Fail("unknown option " + key);
+  }
+  if (o.world < 1 || o.rank < 0 || o.rank >= o.world || o.id_file.empty()) {
+    Fail("need --rank R --world N (0 <= R < N) and --id-file PATH");
+  }
+  if (o.m % (2 * o.world) != 0 || o.n % (8 * o.world) != 0 || o.k % 8 != 0 || o.m < 64 * o.world) {
+    Fail("need M a multiple of 2 * world and >= 64 * world, N of 8 * world, K of 8");
+  }
+  return o;
+}
+
+// Two NCCL unique ids (the collective group and the point-to-point group), from rank 0.
+std::vector<ncclUniqueId> ExchangeIds(const Options& o) {
+  std::vector<ncclUniqueId> ids(2);
+  const size_t bytes = sizeof(ncclUniqueId::internal);
+  if (o.rank == 0) {
+    std::string tmp = o.id_file + ".tmp";
+    std::ofstream file(tmp, std::ios::binary);
+    for (auto& id : ids) {
+      Check(fo::NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId"), "unique id");
+      file.write(id.internal, bytes);
+    }
+    file.close();
+    if (!file || std::rename(tmp.c_str(), o.id_file.c_str()) != 0) {
+      Fail("cannot write " + o.id_file);
+    }
+    return ids;
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(300);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream in(o.id_file, std::ios::binary);
+    if (in && in.read(ids[0].internal, bytes) && in.read(ids[1].internal, bytes)) return ids;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  Fail("no NCCL ids in " + o.id_file + " after 300 s (is rank 0 running?)");
+}
+
+// A plan of `groups` bands over `rows` rows, deliberately uneven (tiles of varied heights).
+std::vector<int> Bands(int64_t rows, int groups) {
+  std::vector<int> b(groups + 1);
+  for (int g = 0; g <= groups; ++g) b[g] = static_cast<int>(rows * g * g / (groups * groups));
+  for (int g = 1; g <= groups; ++g) b[g] = std::max(b[g], b[g - 1] + 1);
+  b[groups] = static_cast<int>(rows);
+  return b;
+}
+
+fo::SignalingGemmArgs Gemm(const Options& o, const void* x, const void* w, void* out,
+                           int32_t* counters, int blocks, const std::vector<int>& bands) {
+  fo::SignalingGemmArgs a;
+  a.x = x;
+  a.w = w;
+  a.out = out;
+  a.m = o.m;
+  a.n = o.n;
+  a.k = o.k;
+  a.dtype = fo::GemmDType::kBFloat16;
+  a.counters = counters;
+  a.comm_sms = o.comm_sms;
+  a.layout.num_blocks = blocks;
+  a.layout.num_groups = static_cast<int>(bands.size()) - 1;
+  for (size_t g = 0; g < bands.size(); ++g) a.layout.band_rows[g] = bands[g];
+  return a;
+}
+
+struct DeviceBuffers {
+  void* x = nullptr;
+  void* w = nullptr;
+  void* out = nullptr;
+};
+
+// Runs `calls` calls of one op; returns the number of mismatching elements.
+int64_t RunOp(const std::string& op, const Options& o, fo::Communicator& coll,
+              fo::Communicator& p2p, cudaStream_t stream, const DeviceBuffers& d) {
+  const int64_t world = o.world, rank = o.rank;
+  int64_t bad = 0, checked = 0;
+  double max_err = 0;
+  for (int call = 0; call < o.calls; ++call) {
+    Problem p = MakeProblem(op, o.m, o.n, o.k, o.world, o.rank, /*seed=*/1000 * call + 17);
+    CheckCuda(cudaMemcpy(d.x, p.x.data(), p.x.size() * 2, cudaMemcpyHostToDevice), "copy x");
+    CheckCuda(cudaMemcpy(d.w, p.w.data(), p.w.size() * 2, cudaMemcpyHostToDevice), "copy w");
+    CheckCuda(cudaMemset(d.out, 0xff, p.expected.size() * 2), "poison out");  // bf16 NaN
+    fo::Status s;
+    if (op == "ar" || op == "rs") {
+      const bool rs = op == "rs";
+      auto gemm = Gemm(o, d.x, d.w, coll.workspace, coll.counters, rs ? o.world : 1,
+                       Bands(rs ? o.m / world : o.m, 3));
+      s = fo::RunGemmCollective(coll, stream,
+                                rs ? fo::CollectiveKind::kReduceScatter
+                                   : fo::CollectiveKind::kAllReduce,
+                                gemm, d.out, rs ? "harness_reduce_scatter" : "harness_all_reduce");
+    } else if (op == "a2a" || op == "a2a11") {
+      const int split = op == "a2a" ? 0 : 1;
+      fo::AllToAllShape shape{o.m, o.n, world, split == 0 ? o.m / world : o.m,
+                              split == 0 ? o.n : o.n / world, split, split};
+      auto gemm = Gemm(o, d.x, d.w, p2p.workspace, p2p.counters, split == 0 ? o.world : 1,
+                       Bands(shape.rows, 3));
+      gemm.out_col_block = split == 1 ? static_cast<int>(shape.cols) : 0;
+      s = fo::RunGemmAllToAll(p2p, stream, shape, gemm, d.out, "harness_all_to_all");
+    } else if (op == "ag") {
+      auto gemm = Gemm(o, nullptr, d.w, nullptr, nullptr, 1, {0, 1});
+      s = fo::RunAllGatherGemm(p2p, stream, d.x, o.m / world, /*chunks=*/2, gemm, d.out,
+                               "harness_all_gather");
+    } else {
+      Fail("unknown op " + op + " (ar, rs, a2a, a2a11, ag)");
+    }
+    Check(s, op.c_str());
+    CheckCuda(cudaStreamSynchronize(stream), "synchronize");
+    std::vector<uint16_t> got(p.expected.size());
+    CheckCuda(cudaMemcpy(got.data(), d.out, got.size() * 2, cudaMemcpyDeviceToHost), "copy out");
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double err = std::fabs(double(BF16ToFloat(got[i])) - p.expected[i]);
+      const bool ok = err <= 0.03 + 0.02 * std::fabs(p.expected[i]);  // also false for NaN
+      if (!ok && bad < 5) {
+        std::printf("  %s call %d: element %zu = %g, expected %g\n", op.c_str(), call, i,
+                    BF16ToFloat(got[i]), p.expected[i]);
+      }
+      bad += ok ? 0 : 1;
+      if (!std::isnan(err) && err > max_err) max_err = err;
+    }
+    checked += static_cast<int64_t>(got.size());
+  }
+  std::printf("rank %lld %-5s calls %d  elements %lld  mismatches %lld  max_abs_err %.4f  %s\n",
+              static_cast<long long>(rank), op.c_str(), o.calls, static_cast<long long>(checked),
+              static_cast<long long>(bad), max_err, bad == 0 ? "OK" : "FAIL");
+  return bad;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o = Parse(argc, argv);
+  int count = 0;
+  CheckCuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  if (o.device < 0) o.device = o.rank % count;
+  CheckCuda(cudaSetDevice(o.device), "cudaSetDevice");
+  std::vector<ncclUniqueId> ids = ExchangeIds(o);
+
+  const size_t bytes = std::max<size_t>(2 * o.m * o.n * 2, o.m * o.k * 2);
+  const std::vector<fo::LocalRank> local = {{o.rank, o.device}};
+  Check(fo::CreateCommunicators(1, ids[0], o.world, local, o.comm_sms, bytes), "collective comm");
+  Check(fo::CreateCommunicators(2, ids[1], o.world, local, o.comm_sms, bytes, 0,
+                                /*peer_to_peer=*/true), "point-to-point comm");
+  Check(fo::ConnectPeers(2), "ConnectPeers");
+  fo::Communicator* coll = fo::FindCommunicator(1, o.device);
+  fo::Communicator* p2p = fo::FindCommunicator(2, o.device);
+
+  cudaStream_t stream;
+  CheckCuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  DeviceBuffers d;
+  CheckCuda(cudaMalloc(&d.x, o.m * o.k * 2), "malloc x");
+  CheckCuda(cudaMalloc(&d.w, o.k * o.n * 2), "malloc w");
+  CheckCuda(cudaMalloc(&d.out, o.world * o.m * o.n * 2), "malloc out");
+  int64_t bad = 0;
+  std::string ops = o.ops + ",";
+  for (size_t at = 0, next; (next = ops.find(',', at)) != std::string::npos; at = next + 1) {
+    if (next > at) bad += RunOp(ops.substr(at, next - at), o, *coll, *p2p, stream, d);
+  }
+  CheckCuda(cudaFree(d.x), "free");
+  CheckCuda(cudaFree(d.w), "free");
+  CheckCuda(cudaFree(d.out), "free");
+  CheckCuda(cudaStreamDestroy(stream), "stream destroy");
+  Check(fo::DestroyCommunicators(0), "destroy communicators");
+  std::printf("rank %d: %s\n", o.rank, bad == 0 ? "all calls matched" : "MISMATCHES");
+  return bad == 0 ? 0 : 1;
+}

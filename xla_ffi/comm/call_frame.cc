@@ -1,0 +1,49 @@
+#include "xla_ffi/comm/call_frame.h"
+
+#include <string>
+
+#include "xla_ffi/comm/watchdog.h"
+
+namespace flashoverlap {
+
+Status StartCall(Communicator& comm, cudaStream_t stream, int counters, bool copies) {
+  if (counters > 0) {
+    FO_RETURN_IF_CUDA(cudaMemsetAsync(comm.counters, 0, sizeof(int32_t) * counters, stream));
+  }
+  FO_RETURN_IF_CUDA(cudaEventRecord(comm.gemm_started, stream));
+  FO_RETURN_IF_CUDA(cudaStreamWaitEvent(comm.stream, comm.gemm_started, 0));
+  if (copies) FO_RETURN_IF_CUDA(cudaStreamWaitEvent(comm.copy_stream, comm.gemm_started, 0));
+  return Status::Ok();
+}
+
+Status LaunchGemm(const SignalingGemmArgs& args, cudaStream_t stream) {
+  cudaError_t launched = LaunchSignalingGemm(args, stream);
+  if (launched == cudaSuccess) return Status::Ok();
+  return Status::Error(std::string("signaling GEMM launch failed: ") +
+                       cudaGetErrorString(launched) + " (" + LastSignalingGemmError() + ")");
+}
+
+namespace {
+
+Status JoinBack(Communicator& comm, cudaStream_t stream, bool copies) {
+  FO_RETURN_IF_CUDA(cudaEventRecord(comm.comm_done, comm.stream));
+  FO_RETURN_IF_CUDA(cudaStreamWaitEvent(stream, comm.comm_done, 0));
+  if (copies) {
+    FO_RETURN_IF_CUDA(cudaEventRecord(comm.copies_done, comm.copy_stream));
+    FO_RETURN_IF_CUDA(cudaStreamWaitEvent(stream, comm.copies_done, 0));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status FinishCall(Communicator& comm, cudaStream_t stream, bool copies, Status status,
+                  const char* op) {
+  if (status.ok()) status = WatchCall(comm, op);
+  Status joined = JoinBack(comm, stream, copies);
+  if (status.ok()) status = joined;
+  if (status.ok()) return status;
+  return Status::Error(std::string(op) + ": " + status.message);
+}
+
+}  // namespace flashoverlap

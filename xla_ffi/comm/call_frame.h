@@ -1,0 +1,29 @@
+// What every overlapped call does the same way around its own work (overlap_calls.h):
+// starting on the compute stream (counters reset, our streams ordered after it), launching
+// the signaling GEMM, and finishing (watchdog registration, our streams joined back to the
+// compute stream whatever happened, the error naming the op).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "xla_ffi/comm/communicator.h"
+#include "xla_ffi/comm/status.h"
+#include "xla_ffi/kernels/signaling_gemm.h"
+
+namespace flashoverlap {
+
+// Resets the first `counters` counters on `stream` (0: none), then orders our comm stream
+// (and the copy stream when `copies`) after everything queued on `stream` so far.
+Status StartCall(Communicator& comm, cudaStream_t stream, int counters, bool copies);
+
+// LaunchSignalingGemm with its reason on failure.
+Status LaunchGemm(const SignalingGemmArgs& args, cudaStream_t stream);
+
+// Watches the call (watchdog on, `status` ok), then makes `stream` wait for our comm stream
+// (and the copy stream when `copies`) whatever `status` says, so the compute stream never
+// runs ahead of queued work and the next call never overwrites a span still in flight.
+// Returns `status` (or the first failure of this step), prefixed with `op`.
+Status FinishCall(Communicator& comm, cudaStream_t stream, bool copies, Status status,
+                  const char* op);
+
+}  // namespace flashoverlap

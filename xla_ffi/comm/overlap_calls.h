@@ -1,0 +1,58 @@
+// The overlapped ops' enqueue sequences, free of XLA and Python: what an FFI handler runs
+// once it has decoded and validated its buffers, and what tests/cuda/overlap_harness.cc runs
+// without JAX (so compute-sanitizer can watch one overlapped call whole).
+//
+// Contract of every Run* function: `comm` is this device's communicator, `stream` the
+// compute stream the call is ordered on (XLA's), the shapes were validated by the caller
+// (the communicator's workspace holds what the op needs). Each one takes the communicator's
+// call mutex, fails at once if the watchdog aborted it, enqueues the whole call (nothing
+// waits on the host), and joins our streams back to `stream` even after an error. A failed
+// Status names `op`.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "xla_ffi/comm/communicator.h"
+#include "xla_ffi/comm/status.h"
+#include "xla_ffi/kernels/signaling_gemm.h"
+
+namespace flashoverlap {
+
+enum class CollectiveKind { kAllReduce, kReduceScatter };
+
+// GEMM + all-reduce / reduce-scatter (gemm_collective_call.cc). `gemm` writes into
+// comm.workspace in the group layout (num_blocks = world size for a reduce-scatter) and
+// signals comm.counters; `result` is [M, N] (all-reduce) or [M / world, N] (reduce-scatter).
+Status RunGemmCollective(Communicator& comm, cudaStream_t stream, CollectiveKind kind,
+                         const SignalingGemmArgs& gemm, void* result, const char* op);
+
+// y = x @ w cut into world blocks of rows x cols (split 0: row blocks, split 1: column
+// blocks), exchanged so block s of the result comes from rank s (concat 0: stacked rows,
+// concat 1: side by side). Derived from the GEMM and the split by AllToAllShapeOf.
+struct AllToAllShape {
+  int64_t m, n;        // the GEMM's output
+  int64_t world;
+  int64_t rows, cols;  // one block of y and of the result
+  int split, concat;
+};
+// GEMM + all-to-all (gemm_all_to_all_call.cc). `gemm` writes into comm.workspace (split 0:
+// reduce-scatter group layout; split 1: column-blocked) and signals comm.counters; a concat-1
+// result is staged in the workspace's second half.
+Status RunGemmAllToAll(Communicator& comm, cudaStream_t stream, const AllToAllShape& shape,
+                       const SignalingGemmArgs& gemm, void* result, const char* op);
+
+// All-gather + GEMM (all_gather_gemm_call.cc): out[world * rows, N] = all_gather(x) @ w,
+// x [rows, K] local, gathered into comm.workspace in `chunks` flagged chunks per rank. `gemm`
+// carries w, N, K, dtype and comm_sms; its x / m / out / layout / flags are set here.
+Status RunAllGatherGemm(Communicator& comm, cudaStream_t stream, const void* x, int64_t rows,
+                        int chunks, SignalingGemmArgs gemm, void* out, const char* op);
+
+// The communication half of RunGemmCollective alone (no GEMM: the workspace's contents are
+// reduced as they are), in `groups` equal groups: for timing the capped NCCL calls.
+Status RunCollectiveOnly(Communicator& comm, cudaStream_t stream, CollectiveKind kind,
+                         int64_t m, int64_t n, bool bf16, int groups, void* result,
+                         const char* op);
+
+}  // namespace flashoverlap
