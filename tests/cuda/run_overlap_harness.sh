@@ -23,7 +23,7 @@ for ((r = 0; r < WORLD; r++)); do
   if [[ "$TOOL" != none ]]; then
     SAN="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)"
     [[ -n "$SAN" ]] || { echo "compute-sanitizer not found"; exit 2; }
-    san=("$SAN" --tool "$TOOL" --error-exitcode 9 --log-file "$LOGDIR/${TOOL}_r$r.log")
+    san=("$SAN" --tool "$TOOL" --error-exitcode 9 --log-file "$LOGDIR/${TOOL}${SANITIZER_TAG:-}_r$r.log" ${SANITIZER_ARGS:-})
     [[ "$TOOL" == memcheck ]] || san+=(--kernel-name kns=SignalingGemm)
     cmd=("${san[@]}" "${cmd[@]}")
   fi
