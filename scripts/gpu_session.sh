@@ -59,9 +59,12 @@ for step in "${steps[@]}"; do
       run_step harness_odd bash tests/cuda/run_overlap_harness.sh none "$OUT/harness_odd" --m 320 --n 272 --k 200 --ops ar,rs,a2a,a2a11,ag
       run_step harness_spin env JAX_FLASHOVERLAP_WAIT=spin bash tests/cuda/run_overlap_harness.sh none "$OUT/harness_spin" ;;
     sanitize_harness)  # the same under compute-sanitizer (small, unaligned shapes: the tools are slow)
+      hargs=(--m 320 --n 272 --k 200 --calls 1 --ops ar,rs,a2a,a2a11,ag)
       for tool in memcheck racecheck synccheck; do
-        run_step "hsan_$tool" bash tests/cuda/run_overlap_harness.sh "$tool" "$OUT/harness_san" --m 320 --n 272 --k 200 --calls 1 --ops ar,rs,a2a,a2a11,ag
+        run_step "hsan_$tool" bash tests/cuda/run_overlap_harness.sh "$tool" "$OUT/harness_san" "${hargs[@]}"
       done
+      # memcheck again without CUDA API errors (NCCL's own probes): memory-access errors only
+      run_step hsan_memcheck_noapi env SANITIZER_ARGS="--report-api-errors no" SANITIZER_TAG=_noapi bash tests/cuda/run_overlap_harness.sh memcheck "$OUT/harness_san" "${hargs[@]}"
       grep -h "ERROR SUMMARY\|RACECHECK SUMMARY\|SYNCCHECK SUMMARY" "$OUT"/harness_san/*.log > "$OUT/harness_sanitize_summary.txt" 2>&1 ;;
     quickstart) run_step quickstart python3 examples/quickstart.py ;;
     global_view) run_step global_view python3 examples/global_view_jit.py ;;

@@ -36,6 +36,6 @@ for ((r = 0; r < WORLD; r++)); do
   echo "rank $r ($TOOL): exit $rc"
   [[ $rc -eq 0 ]] || status=1
   cat "$LOGDIR/${TOOL}_r$r.out"
-  [[ "$TOOL" == none ]] || grep -h "ERROR SUMMARY\|RACECHECK SUMMARY\|SYNCCHECK SUMMARY\|Program hit\|error" "$LOGDIR/${TOOL}_r$r.log" | head -20
+  [[ "$TOOL" == none ]] || grep -h "ERROR SUMMARY\|RACECHECK SUMMARY\|SYNCCHECK SUMMARY\|Program hit\|error" "$LOGDIR/${TOOL}${SANITIZER_TAG:-}_r$r.log" | head -20
 done
 exit $status
