@@ -100,6 +100,26 @@ def watchdog_seconds() -> float:
   return value
 
 
+FAULT_KINDS = ("none", "nccl", "cuda")
+
+
+def inject_faults(kind: str, calls: int = 1) -> None:
+  """For testing the error path only: the next `calls` overlapped calls on every GPU of this
+  process fail at their first communication step with an injected NCCL ("nccl") or CUDA
+  ("cuda") error, raised by JAX as an exception naming the op and the error; kind "none" (or
+  calls=0) disarms. Every rank fails alike, so no peer is left waiting, and the calls after
+  them run normally (xla_ffi/comm/fault_injection.h). Several processes: call it in each."""
+  if kind not in FAULT_KINDS:
+    raise ValueError(f"inject_faults: kind must be one of {FAULT_KINDS}, got {kind!r}")
+  if isinstance(calls, bool) or not isinstance(calls, int) or calls < 0:
+    raise ValueError(f"inject_faults: calls must be an int >= 0, got {calls!r}")
+  from jax_flashoverlap import _ext
+  if _ext.ext is None:
+    raise RuntimeError("jax_flashoverlap.comm.inject_faults: the CUDA extension is not built "
+                       "(faults are injected into the CUDA path only)")
+  _ext.ext.set_fault_injection(kind, calls)
+
+
 def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int,
                          peer_to_peer: bool = False) -> int:
   """Creates (once) this process's NCCL communicators for `axis_name` over `mesh`, each with

@@ -182,3 +182,21 @@ def test_row_parallel_bad_reduce(fo):
     w = jax.device_put(jnp.ones((32, 16), jnp.bfloat16), NamedSharding(mesh, P("tp", None)))
     with pytest.raises(BAD, match=msg(["reduce"], ["bogus", "all_reduce", "reduce_scatter"])):
         jax.jit(lambda a, b: fo.row_parallel_matmul(a, b, reduce="bogus")).trace(x, w)
+
+
+# ------------------------------------------------------------------ fault injection (testing hook)
+
+@pytest.mark.parametrize("kind, calls, word", [("ncc", 1, "kind"), ("NCCL", 1, "kind"),
+                                               ("nccl", -1, "calls"), ("cuda", 1.5, "calls"),
+                                               ("cuda", True, "calls")])
+def test_inject_faults_bad_arguments(fo, kind, calls, word):
+    with pytest.raises(ValueError, match=msg([word], ["one of", ">= 0"])):
+        fo.comm.inject_faults(kind, calls)
+
+
+def test_inject_faults_without_extension_says_so(fo):
+    from jax_flashoverlap import _ext
+    if _ext.ext is not None:
+        pytest.skip("the CUDA extension is built here (GPU test_gpu_faults.py covers it)")
+    with pytest.raises(RuntimeError, match="extension is not built"):
+        fo.comm.inject_faults("nccl", 1)

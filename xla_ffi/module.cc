@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "xla_ffi/comm/communicator.h"
+#include "xla_ffi/comm/fault_injection.h"
 
 #include "cutlass/version.h"
 #include "xla_ffi/ffi/handlers.h"
@@ -85,6 +86,16 @@ void CreateCommunicators(int64_t comm_id, const py::bytes& unique_id, int world_
   ThrowIfError(status);
 }
 
+void SetFaultInjection(const std::string& kind, int calls) {
+  flashoverlap::FaultKind k;
+  if (kind == "none") k = flashoverlap::FaultKind::kNone;
+  else if (kind == "nccl") k = flashoverlap::FaultKind::kNccl;
+  else if (kind == "cuda") k = flashoverlap::FaultKind::kCuda;
+  else throw std::invalid_argument("kind must be 'none', 'nccl' or 'cuda', got '" + kind + "'");
+  if (calls < 0) throw std::invalid_argument("calls must be >= 0");
+  flashoverlap::SetFaultInjection(k, calls);
+}
+
 void EnsureWorkspace(int64_t comm_id, size_t bytes) {
   flashoverlap::Status status;
   {
@@ -154,4 +165,7 @@ PYBIND11_MODULE(_xla_ffi, m) {
         "Destroys the communicators of comm_id (0: all)");
   m.def("has_communicators", &flashoverlap::HasCommunicators, py::arg("comm_id"));
   m.def("list_communicators", &ListCommunicators);
+  m.def("set_fault_injection", &SetFaultInjection, py::arg("kind"), py::arg("calls"),
+        "Testing only: the next `calls` overlapped calls of every device fail at their first "
+        "communication step with an injected NCCL / CUDA error");
 }

@@ -24,6 +24,7 @@
 #include <mutex>
 
 #include "xla_ffi/comm/call_frame.h"
+#include "xla_ffi/comm/fault_injection.h"
 #include "xla_ffi/comm/overlap_calls.h"
 #include "xla_ffi/comm/stream_write.h"
 #include "xla_ffi/comm/watchdog.h"
@@ -78,8 +79,11 @@ Status RunAllGatherGemm(Communicator& comm, cudaStream_t stream, const void* x, 
 
   Status status = StartCall(comm, stream, n * chunks, /*copies=*/false);
   if (!status.ok()) return Status::Error(std::string(op) + ": " + status.message);
-  status = EnqueueExchange(comm, static_cast<const char*>(x), gathered, rows, k, chunks, value,
-                           gemm.dtype == GemmDType::kBFloat16 ? ncclBfloat16 : ncclFloat16);
+  status = TakeInjectedFault(comm.device);
+  if (status.ok()) {
+    status = EnqueueExchange(comm, static_cast<const char*>(x), gathered, rows, k, chunks, value,
+                             gemm.dtype == GemmDType::kBFloat16 ? ncclBfloat16 : ncclFloat16);
+  }
   if (status.ok()) {
     status = CudaStatus(cudaMemcpyAsync(gathered + rank * block_bytes, x, block_bytes,
                                         cudaMemcpyDeviceToDevice, stream),

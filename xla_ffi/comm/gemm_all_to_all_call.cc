@@ -19,6 +19,7 @@
 #include <mutex>
 
 #include "xla_ffi/comm/call_frame.h"
+#include "xla_ffi/comm/fault_injection.h"
 #include "xla_ffi/comm/overlap_calls.h"
 #include "xla_ffi/comm/stream_wait.h"
 #include "xla_ffi/comm/watchdog.h"
@@ -99,6 +100,7 @@ Status RunGemmAllToAll(Communicator& comm, cudaStream_t stream, const AllToAllSh
   Status status = StartCall(comm, stream, groups, /*copies=*/true);
   if (!status.ok()) return Status::Error(std::string(op) + ": " + status.message);
   status = LaunchGemm(gemm, stream);
+  if (status.ok()) status = TakeInjectedFault(comm.device);
 
   char* send = static_cast<char*>(gemm.out);
   char* out = static_cast<char*>(result);

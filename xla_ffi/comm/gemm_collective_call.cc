@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "xla_ffi/comm/call_frame.h"
+#include "xla_ffi/comm/fault_injection.h"
 #include "xla_ffi/comm/overlap_calls.h"
 #include "xla_ffi/comm/stream_wait.h"
 #include "xla_ffi/comm/watchdog.h"
@@ -47,6 +48,7 @@ Status RunGemmCollective(Communicator& comm, cudaStream_t stream, CollectiveKind
   Status status = StartCall(comm, stream, groups, copies);
   if (!status.ok()) return Status::Error(std::string(op) + ": " + status.message);
   status = LaunchGemm(gemm, stream);
+  if (status.ok()) status = TakeInjectedFault(comm.device);
 
   const bool bf16 = gemm.dtype == GemmDType::kBFloat16;
   const int64_t blocks = gemm.layout.num_blocks;

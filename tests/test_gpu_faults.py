@@ -1,0 +1,82 @@
+"""The error path of the overlapped ops on GPUs (#8): an NCCL or CUDA error inside the handler
+(injected at the call's first communication step on every rank, comm.inject_faults) must come
+out of JAX as an exception naming the op and the error, without a hang, and the next call on
+the same communicators must give the right values (nothing left broken). A failure on one rank
+only is the watchdog's test (test_gpu_watchdog.py)."""
+import numpy as np
+import pytest
+
+import jax
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from _util import shard_map
+import _gpu_util as U
+
+pytestmark = [
+    pytest.mark.gpu, pytest.mark.multigpu,
+    pytest.mark.skipif(not U.ON_GPU, reason=f"no GPU (platform {U.platform()!r})"),
+    pytest.mark.skipif(U.ON_GPU and not U.extension_built(), reason="CUDA extension not built"),
+    pytest.mark.skipif(U.N_GPUS < 2, reason=f"needs >= 2 GPUs, have {U.N_GPUS}"),
+]
+
+
+@pytest.fixture(autouse=True)
+def _our_kernels(monkeypatch):
+    monkeypatch.setenv("JAX_FLASHOVERLAP_FALLBACK", "0")
+    monkeypatch.delenv("JAX_FLASHOVERLAP_FORCE_REFERENCE", raising=False)
+
+
+def _cases():
+    import jax_flashoverlap as fo
+    d32 = U.dot32
+    return {  # op -> (ours, float32 reference, in specs, out spec, FFI target)
+        "all_reduce": (lambda x, w: fo.matmul_all_reduce(x, w, "tp"),
+                       lambda x, w: lax.psum(d32(x, w), "tp"),
+                       (P(None, "tp"), P("tp", None)), P(), "flashoverlap_gemm_all_reduce"),
+        "reduce_scatter": (lambda x, w: fo.matmul_reduce_scatter(x, w, "tp"),
+                           lambda x, w: lax.psum_scatter(d32(x, w), "tp", tiled=True),
+                           (P(None, "tp"), P("tp", None)), P("tp", None),
+                           "flashoverlap_gemm_reduce_scatter"),
+        "all_to_all": (lambda x, w: fo.matmul_all_to_all(x, w, "tp", split_axis=0, concat_axis=0),
+                       lambda x, w: lax.all_to_all(d32(x, w), "tp", 0, 0, tiled=True),
+                       (P("tp", None), P()), P("tp", None), "flashoverlap_gemm_all_to_all"),
+        "all_gather": (lambda x, w: fo.all_gather_matmul(x, w, "tp"),
+                       lambda x, w: d32(lax.all_gather(x, "tp", axis=0, tiled=True), w),
+                       (P("tp", None), P(None, "tp")), P(None, "tp"),
+                       "flashoverlap_all_gather_gemm"),
+    }
+
+
+@pytest.mark.parametrize("kind", ["nccl", "cuda"])
+@pytest.mark.parametrize("op", ["all_reduce", "reduce_scatter", "all_to_all", "all_gather"])
+def test_injected_error_raises_naming_op_then_next_call_is_right(op, kind):
+    import jax_flashoverlap as fo
+    ours, ref32, ins, out, target = _cases()[op]
+    mesh = Mesh(np.array(jax.devices()), ("tp",))
+    f = jax.jit(shard_map(ours, mesh, ins, out))
+    g = jax.jit(shard_map(ref32, mesh, ins, out))
+    m, k, n = 2048, 4096, 2048
+    def inputs(seed):
+        kx, kw = jax.random.split(jax.random.key(seed))
+        x = jax.device_put(U.normal(kx, (m, k)), NamedSharding(mesh, ins[0]))
+        w = jax.device_put(U.normal(kw, (k, n), 1.0 / np.sqrt(k)), NamedSharding(mesh, ins[1]))
+        return x, w
+    x, w = inputs(1)
+    U.assert_custom_call(f, (x, w), target)
+    f(x, w).block_until_ready()  # communicators made, program compiled: a normal call first
+
+    fo.comm.inject_faults(kind, 1)
+    try:
+        with pytest.raises(jax.errors.JaxRuntimeError) as err:
+            f(x, w).block_until_ready()
+    finally:
+        fo.comm.inject_faults("none")
+    msg = str(err.value)
+    assert target in msg, msg
+    assert ("NCCL error" if kind == "nccl" else "CUDA error") in msg and "injected" in msg, msg
+
+    x2, w2 = inputs(2)  # fresh inputs: the same communicators must work again
+    got = f(x2, w2)
+    assert not np.isnan(np.asarray(got, np.float32)).any()
+    assert U.rel_fro(got, g(x2, w2)) < U.TOL
