@@ -419,7 +419,7 @@ def main(argv=None) -> int:
       "command": "python -m jax_flashoverlap.bench " + " ".join(argv or sys.argv[1:]),
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
       "git_commit": _git_commit(),
-      "env": {k: v for k, v in os.environ.items() if k.startswith(("JAX_FLASHOVERLAP", "NCCL_"))},
+      "env": {k: v for k, v in os.environ.items() if k.startswith(("JAX_FLASHOVERLAP", "FLASHOVERLAP_", "NCCL_"))},
       "info": fo.info(),
       "method": f"median of {args.samples} samples, each the mean of {args.calls} "
                 "back-to-back calls, variants interleaved, after 3 warm-up calls",

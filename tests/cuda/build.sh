@@ -19,6 +19,7 @@ NVCC="${NVCC:-nvcc}"
 FLAGS=(-std=c++17 -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Xcompiler -fPIC
        -I"$CUTLASS_DIR/include" -I"$CUTLASS_DIR/tools/util/include")
 SRCS=(xla_ffi/kernels/signaling_gemm_bf16_128x256.cu xla_ffi/kernels/signaling_gemm_bf16_128x128.cu
+      xla_ffi/kernels/signaling_gemm_bf16_128x256_overlap.cu xla_ffi/kernels/signaling_gemm_bf16_128x128_overlap.cu
       xla_ffi/kernels/signaling_gemm_f16_128x256.cu xla_ffi/kernels/signaling_gemm_f16_128x128.cu
       xla_ffi/kernels/signaling_gemm.cu tests/cuda/gemm_test.cu tests/cuda/gemm_ext_test.cu)
 export NVCC BUILD ROOT
@@ -43,6 +44,7 @@ echo "built $BUILD/gemm_test"
 $NVCC -o "$BUILD/gemm_ext_test" "$BUILD"/signaling_gemm_*.o "$BUILD/signaling_gemm.o" "$BUILD/gemm_ext_test.o" -ldl
 echo "built $BUILD/gemm_ext_test"
 # Host-only schedule check (no GPU needed).
-CUDA_INC="$(dirname "$(dirname "$(command -v "$NVCC")")")/include"
+CUDA_INC="$(dirname "$(dirname "$(readlink -f "$(command -v "$NVCC")")")")/include"
+[[ -f "$CUDA_INC/cuda_runtime.h" ]] || CUDA_INC=/usr/local/cuda/include  # nvcc may be a wrapper script
 g++ -std=c++17 -O2 -I"$CUDA_INC" -I"$ROOT" "$ROOT/tests/cuda/schedule_test.cc" -o "$BUILD/schedule_test"
 echo "built $BUILD/schedule_test"

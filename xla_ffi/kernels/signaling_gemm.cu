@@ -53,17 +53,27 @@ cudaError_t GetDeviceInfo(int* device, DeviceInfo* info) {
   return cudaSuccess;
 }
 
-const InstanceOps& PickInstance(GemmDType dtype, const GemmTileShape& ts) {
-  const bool wide = ts.block_n == 256;
-  if (dtype == GemmDType::kFloat16) return wide ? SignalingGemmF16Tile128x256() : SignalingGemmF16Tile128x128();
-  return wide ? SignalingGemmBf16Tile128x256() : SignalingGemmBf16Tile128x128();
-}
-
 // Optional integer override from the environment (tuning and tests only).
 int EnvInt(const char* name, int fallback) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
   return std::atoi(v);
+}
+
+// FLASHOVERLAP_GEMM_EPILOGUE=overlap: the overlapped-epilogue instances (bf16), for measuring
+// them against the default before they become it.
+bool OverlapEpilogue() {
+  const char* v = std::getenv("FLASHOVERLAP_GEMM_EPILOGUE");
+  return v != nullptr && std::strcmp(v, "overlap") == 0;
+}
+
+const InstanceOps& PickInstance(GemmDType dtype, const GemmTileShape& ts) {
+  const bool wide = ts.block_n == 256;
+  if (dtype == GemmDType::kFloat16) return wide ? SignalingGemmF16Tile128x256() : SignalingGemmF16Tile128x128();
+  if (OverlapEpilogue()) {
+    return wide ? SignalingGemmBf16Tile128x256Overlap() : SignalingGemmBf16Tile128x128Overlap();
+  }
+  return wide ? SignalingGemmBf16Tile128x256() : SignalingGemmBf16Tile128x128();
 }
 
 int64_t CeilDiv64(int64_t a, int64_t b) { return (a + b - 1) / b; }

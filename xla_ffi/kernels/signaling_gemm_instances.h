@@ -25,5 +25,9 @@ const InstanceOps& SignalingGemmBf16Tile128x256();  // cluster 2x1
 const InstanceOps& SignalingGemmBf16Tile128x128();  // cluster 1x1
 const InstanceOps& SignalingGemmF16Tile128x256();   // cluster 2x1
 const InstanceOps& SignalingGemmF16Tile128x128();   // cluster 1x1
+// Overlapped epilogue (copy-out warps store and signal beside the next tile's mainloop);
+// chosen with FLASHOVERLAP_GEMM_EPILOGUE=overlap (bf16 only) until measured.
+const InstanceOps& SignalingGemmBf16Tile128x256Overlap();  // cluster 2x1
+const InstanceOps& SignalingGemmBf16Tile128x128Overlap();  // cluster 1x1
 
 }  // namespace flashoverlap

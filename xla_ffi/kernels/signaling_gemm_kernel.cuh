@@ -25,10 +25,15 @@ namespace sg {
 
 using namespace cute;
 
-template <class Element_, int kBlockM, int kBlockN, int kClusterM>
+template <class Element_, int kBlockM, int kBlockN, int kClusterM, bool kOverlapEpilogue_ = false>
 struct Config {
   using Element = Element_;
   static constexpr int BM = kBlockM, BN = kBlockN, CM = kClusterM, BK = 64;
+  // Overlapped epilogue: the consumers stage the whole tile in smem and go straight on to the
+  // next tile's mainloop; the producer warpgroup's three idle warps copy it out and signal.
+  // Costs smem (the whole tile staged: one mainloop stage fewer at 128x256) to take the
+  // copy-out and the signal's fence off the tensor cores' critical path.
+  static constexpr bool kOverlapEpilogue = kOverlapEpilogue_;
   using TileShape = Shape<Int<BM>, Int<BN>, Int<BK>>;
   using ClusterShape = Shape<Int<CM>, _1, _1>;
 
@@ -40,7 +45,7 @@ struct Config {
   // of the whole tile (68 KB) keeps room for 4 mainloop stages.
   static constexpr int kEpiRows = 32;
   static constexpr int kEpiPitchWords = (BN + 8) / 2;  // 32-bit words per staged row
-  static constexpr int kEpiWords = 2 * kEpiRows * kEpiPitchWords;
+  static constexpr int kEpiWords = (kOverlapEpilogue ? BM : 2 * kEpiRows) * kEpiPitchWords;
   static constexpr int kEpiBytes = kEpiWords * 4;
 
   static constexpr int kSmemCapacity = 232448;  // sm_90 opt-in dynamic smem per block
@@ -136,6 +141,60 @@ __device__ __forceinline__ void WaitInputFlag(const int32_t* flag, int32_t value
 // We run no CUTLASS epilogue, but stay clear of them anyway.
 constexpr int kBarWarpGroup0 = 8;   // +1 for consumer warpgroup 1
 constexpr int kBarConsumers = 10;   // both consumer warpgroups (256 threads)
+// Overlapped epilogue: consumers (256) + copy-out warps (96).
+constexpr int kBarStaged = 11;      // the tile is in smem (consumers arrive, copy-out waits)
+constexpr int kBarStagingFree = 12; // smem may be overwritten (copy-out arrives, consumers wait)
+constexpr int kBarCopyOut = 13;     // the 96 copy-out threads among themselves
+constexpr int kCopyOutThreads = 96;
+constexpr int kStagingThreads = 256 + kCopyOutThreads;
+
+__device__ __forceinline__ void NamedBarrierArrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Byte offset in `out` of tile row `row`, column `col` (row-major or column-blocked).
+__device__ __forceinline__ int64_t OutOffset(int dst_row, int row, int col, int M, int N,
+                                             int out_col_block) {
+  if (out_col_block == 0) return ((int64_t(dst_row) + row) * N + col) * 2;
+  const int c = out_col_block;  // column block j stored as its own [M, c] matrix; c % 8 == 0
+  const int j = col / c;
+  return ((int64_t(j) * M + dst_row + row) * c + (col - j * c)) * 2;
+}
+
+// Overlapped epilogue, copy-out side (threads 32..127 of the producer warpgroup): for every
+// tile this CTA stores, wait until the consumers staged it, copy it to global memory, signal
+// its group, then hand the staging rows back.
+template <class Cfg>
+__device__ void CopyOutTiles(const typename Cfg::Params& params, const uint32_t* epi,
+                             int cluster_id, int rank_m, int et) {
+  const TileSchedule& sched = params.sched;
+  constexpr int kChunksPerRow = Cfg::BN / 8;
+  char* out = static_cast<char*>(params.out);
+  for (int unit = cluster_id; unit < sched.num_units; unit += params.num_clusters) {
+    const TileWork w = DecodeUnit(sched, unit, rank_m);
+    if (w.rows <= 0) continue;  // the consumers skip it too
+    // The staging rows are free (the previous tile is copied out): one arrival per stored
+    // tile, matching the consumers' one wait per stored tile.
+    NamedBarrierArrive(kBarStagingFree, kStagingThreads);
+    NamedBarrierSync(kBarStaged, kStagingThreads);
+    const int n0 = w.n_tile * Cfg::BN;
+    for (int id = et; id < Cfg::BM * kChunksPerRow; id += kCopyOutThreads) {
+      const int row = id / kChunksPerRow, ch = id % kChunksPerRow, col = n0 + 8 * ch;
+      if (row < w.rows && col < sched.n) {
+        const uint4 v = *reinterpret_cast<const uint4*>(epi + row * Cfg::kEpiPitchWords + 4 * ch);
+        *reinterpret_cast<uint4*>(out + OutOffset(w.dst_row, row, col, sched.m, sched.n,
+                                                  params.out_col_block)) = v;
+      }
+    }
+    // Signal as in the consumers' epilogue: every copy-out store precedes this barrier, the
+    // releasing thread's gpu-scope fence orders them all before the counter increment.
+    NamedBarrierSync(kBarCopyOut, kCopyOutThreads);
+    if (et == 0 && params.counters != nullptr) {
+      __threadfence();
+      atomicAdd(params.counters + w.group, 1);
+    }
+  }
+}
 
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
@@ -211,6 +270,8 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
       }
       // Keep this CTA alive until every consumer of the cluster released our stages.
       mainloop.load_tail(pipeline, write_state);
+    } else if constexpr (Cfg::kOverlapEpilogue) {
+      CopyOutTiles<Cfg>(params, ss.epi, cluster_id, rank_m, thread_idx - 32);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<232>();
@@ -233,6 +294,23 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
       read_state.advance(params.k_tiles);
       if (w.rows <= 0) continue;  // idle cluster partner past the band end: CTA-uniform
 
+      if constexpr (Cfg::kOverlapEpilogue) {
+        // Whole tile into smem (rows 64*mwg + 16*warp + 8*half + lane/4), then on to the
+        // next tile: the copy-out warps store and signal it meanwhile.
+        NamedBarrierSync(kBarStagingFree, kStagingThreads);
+        uint32_t* staging = ss.epi + 64 * mwg * Cfg::kEpiPitchWords;
+        CUTLASS_PRAGMA_UNROLL
+        for (int half = 0; half < 2; ++half) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int v2 = 0; v2 < BN / 8; ++v2) {
+            staging[(16 * mwarp + 8 * half + lane / 4) * Cfg::kEpiPitchWords + 4 * v2 + lane % 4] =
+                PackPair<typename Cfg::Element>(accum(4 * v2 + 2 * half),
+                                                accum(4 * v2 + 2 * half + 1));
+          }
+        }
+        NamedBarrierArrive(kBarStaged, kStagingThreads);
+        continue;
+      }
       const int n0 = w.n_tile * BN;
       CUTLASS_PRAGMA_UNROLL
       for (int half = 0; half < 2; ++half) {
@@ -254,15 +332,8 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
           const int col = n0 + 8 * ch;
           if (tile_row < w.rows && col < N) {
             const uint4 v = *reinterpret_cast<const uint4*>(epi + lr * Cfg::kEpiPitchWords + 4 * ch);
-            int64_t off;
-            if (params.out_col_block == 0) {
-              off = (int64_t(w.dst_row) + tile_row) * N + col;
-            } else {  // column block j stored as its own [M, c] matrix; c % 8 == 0
-              const int c = params.out_col_block;
-              const int j = col / c;
-              off = (int64_t(j) * M + w.dst_row + tile_row) * c + (col - j * c);
-            }
-            *reinterpret_cast<uint4*>(out + off * 2) = v;
+            *reinterpret_cast<uint4*>(out + OutOffset(w.dst_row, tile_row, col, M, N,
+                                                      params.out_col_block)) = v;
           }
         }
 #ifndef FO_TEST_PLANT_RACE  // defined only by the sanitizer's negative-control test build
@@ -368,9 +439,9 @@ struct Instance {
 };
 
 // Defines the InstanceOps getter declared in signaling_gemm_instances.h.
-#define FO_DEFINE_SIGNALING_GEMM_INSTANCE(NAME, ELEMENT, BM, BN, CM)                        \
+#define FO_DEFINE_SIGNALING_GEMM_INSTANCE(NAME, ELEMENT, BM, BN, CM, OVERLAP_EPILOGUE)      \
   namespace {                                                                               \
-  using NAME##Cfg = ::flashoverlap::sg::Config<ELEMENT, BM, BN, CM>;                         \
+  using NAME##Cfg = ::flashoverlap::sg::Config<ELEMENT, BM, BN, CM, OVERLAP_EPILOGUE>;       \
   static_assert(::flashoverlap::sg::AccumulatorLayoutIsCanonical<NAME##Cfg>(),              \
                 "wgmma accumulator layout differs from the one the epilogue assumes");      \
   }                                                                                         \
