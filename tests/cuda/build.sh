@@ -4,7 +4,8 @@
 #   tests/cuda/build.sh [BUILD_DIR]      (default: .build at the repository root)
 # CUTLASS headers: $CUTLASS_DIR (the folder holding include/ and tools/util/include), else
 # the nvidia-cutlass wheel's copy found through python's cutlass_library, else .cutlass/.
-# The kernel instantiations compile in parallel; any ptxas C75xx warning (e.g. C7510, wgmma
+# KERNEL_OBJ_DIR (e.g. build/obj) reuses setup.py's kernel objects. The kernel instantiations
+# compile in parallel; any ptxas C75xx warning (e.g. C7510, wgmma
 # serialized) fails the build, since it means a slow kernel.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -20,14 +21,21 @@ FLAGS=(-std=c++17 -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a --expt-rela
        -I"$CUTLASS_DIR/include" -I"$CUTLASS_DIR/tools/util/include")
 SRCS=(xla_ffi/kernels/signaling_gemm_bf16_128x256.cu xla_ffi/kernels/signaling_gemm_bf16_128x128.cu
       xla_ffi/kernels/signaling_gemm_bf16_128x256_overlap.cu xla_ffi/kernels/signaling_gemm_bf16_128x128_overlap.cu
+      xla_ffi/kernels/signaling_gemm_f16_128x256_overlap.cu xla_ffi/kernels/signaling_gemm_f16_128x128_overlap.cu
       xla_ffi/kernels/signaling_gemm_f16_128x256.cu xla_ffi/kernels/signaling_gemm_f16_128x128.cu
       xla_ffi/kernels/signaling_gemm.cu tests/cuda/gemm_test.cu tests/cuda/gemm_ext_test.cu)
-export NVCC BUILD ROOT
+export NVCC BUILD ROOT KERNEL_OBJ_DIR
 export FLAGS_STR="${FLAGS[*]}"
 compile() {
   local src="$1" name
   name="$(basename "${src%.cu}")"
   local t0=$SECONDS
+  # KERNEL_OBJ_DIR=build/obj: take the kernel objects `setup.py build_ext` made (same flags)
+  # instead of compiling them again.
+  if [[ -n "${KERNEL_OBJ_DIR:-}" && "$src" == xla_ffi/kernels/* ]]; then
+    local found=("$ROOT/$KERNEL_OBJ_DIR/$name".*.o)
+    if [[ -e "${found[0]}" ]]; then cp "${found[0]}" "$BUILD/$name.o"; echo "reused ${found[0]}"; return 0; fi
+  fi
   if ! $NVCC $FLAGS_STR -Xptxas -v -c "$ROOT/$src" -o "$BUILD/$name.o" >"$BUILD/$name.log" 2>&1; then
     cat "$BUILD/$name.log"; echo "FAILED: $src"; return 1
   fi

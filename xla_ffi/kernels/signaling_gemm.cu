@@ -60,20 +60,22 @@ int EnvInt(const char* name, int fallback) {
   return std::atoi(v);
 }
 
-// FLASHOVERLAP_GEMM_EPILOGUE=overlap: the overlapped-epilogue instances (bf16), for measuring
-// them against the default before they become it.
-bool OverlapEpilogue() {
+// FLASHOVERLAP_GEMM_EPILOGUE=sync: the instances whose consumers store and signal each tile
+// themselves (the design before the overlapped epilogue; kept for comparison and as a
+// fallback). Anything else, or unset: the overlapped epilogue.
+bool SyncEpilogue() {
   const char* v = std::getenv("FLASHOVERLAP_GEMM_EPILOGUE");
-  return v != nullptr && std::strcmp(v, "overlap") == 0;
+  return v != nullptr && std::strcmp(v, "sync") == 0;
 }
 
 const InstanceOps& PickInstance(GemmDType dtype, const GemmTileShape& ts) {
-  const bool wide = ts.block_n == 256;
-  if (dtype == GemmDType::kFloat16) return wide ? SignalingGemmF16Tile128x256() : SignalingGemmF16Tile128x128();
-  if (OverlapEpilogue()) {
-    return wide ? SignalingGemmBf16Tile128x256Overlap() : SignalingGemmBf16Tile128x128Overlap();
+  const bool wide = ts.block_n == 256, f16 = dtype == GemmDType::kFloat16;
+  if (SyncEpilogue()) {
+    if (f16) return wide ? SignalingGemmF16Tile128x256() : SignalingGemmF16Tile128x128();
+    return wide ? SignalingGemmBf16Tile128x256() : SignalingGemmBf16Tile128x128();
   }
-  return wide ? SignalingGemmBf16Tile128x256() : SignalingGemmBf16Tile128x128();
+  if (f16) return wide ? SignalingGemmF16Tile128x256Overlap() : SignalingGemmF16Tile128x128Overlap();
+  return wide ? SignalingGemmBf16Tile128x256Overlap() : SignalingGemmBf16Tile128x128Overlap();
 }
 
 int64_t CeilDiv64(int64_t a, int64_t b) { return (a + b - 1) / b; }

@@ -20,14 +20,16 @@ struct InstanceOps {
                         int num_clusters, cudaStream_t stream);
 };
 
-// One per instantiation file.
-const InstanceOps& SignalingGemmBf16Tile128x256();  // cluster 2x1
+// One per instantiation file. Default: the overlapped epilogue (the producer warpgroup's
+// idle warps store and signal a tile while the consumers run the next one);
+// FLASHOVERLAP_GEMM_EPILOGUE=sync picks the consumers-store-then-signal instances.
+const InstanceOps& SignalingGemmBf16Tile128x256Overlap();  // cluster 2x1
+const InstanceOps& SignalingGemmBf16Tile128x128Overlap();  // cluster 1x1
+const InstanceOps& SignalingGemmF16Tile128x256Overlap();   // cluster 2x1
+const InstanceOps& SignalingGemmF16Tile128x128Overlap();   // cluster 1x1
+const InstanceOps& SignalingGemmBf16Tile128x256();  // cluster 2x1, epilogue in the consumers
 const InstanceOps& SignalingGemmBf16Tile128x128();  // cluster 1x1
 const InstanceOps& SignalingGemmF16Tile128x256();   // cluster 2x1
 const InstanceOps& SignalingGemmF16Tile128x128();   // cluster 1x1
-// Overlapped epilogue (copy-out warps store and signal beside the next tile's mainloop);
-// chosen with FLASHOVERLAP_GEMM_EPILOGUE=overlap (bf16 only) until measured.
-const InstanceOps& SignalingGemmBf16Tile128x256Overlap();  // cluster 2x1
-const InstanceOps& SignalingGemmBf16Tile128x128Overlap();  // cluster 1x1
 
 }  // namespace flashoverlap

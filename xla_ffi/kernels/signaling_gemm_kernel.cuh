@@ -142,15 +142,11 @@ __device__ __forceinline__ void WaitInputFlag(const int32_t* flag, int32_t value
 constexpr int kBarWarpGroup0 = 8;   // +1 for consumer warpgroup 1
 constexpr int kBarConsumers = 10;   // both consumer warpgroups (256 threads)
 // Overlapped epilogue: consumers (256) + copy-out warps (96).
-constexpr int kBarStaged = 11;      // the tile is in smem (consumers arrive, copy-out waits)
-constexpr int kBarStagingFree = 12; // smem may be overwritten (copy-out arrives, consumers wait)
+constexpr int kBarStaged = 11;      // the tile is in smem
+constexpr int kBarStagingFree = 12; // the staging rows may be overwritten
 constexpr int kBarCopyOut = 13;     // the 96 copy-out threads among themselves
 constexpr int kCopyOutThreads = 96;
 constexpr int kStagingThreads = 256 + kCopyOutThreads;
-
-__device__ __forceinline__ void NamedBarrierArrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
 
 // Byte offset in `out` of tile row `row`, column `col` (row-major or column-blocked).
 __device__ __forceinline__ int64_t OutOffset(int dst_row, int row, int col, int M, int N,
@@ -173,9 +169,11 @@ __device__ void CopyOutTiles(const typename Cfg::Params& params, const uint32_t*
   for (int unit = cluster_id; unit < sched.num_units; unit += params.num_clusters) {
     const TileWork w = DecodeUnit(sched, unit, rank_m);
     if (w.rows <= 0) continue;  // the consumers skip it too
-    // The staging rows are free (the previous tile is copied out): one arrival per stored
-    // tile, matching the consumers' one wait per stored tile.
-    NamedBarrierArrive(kBarStagingFree, kStagingThreads);
+    // Full barriers both ways (bar.sync by all 352 threads; compute-sanitizer's racecheck
+    // reported the staging rows racy with a bar.arrive / bar.sync hand-off): the copy-out
+    // warps wait here anyway, and the consumers reach each barrier after the copy-out warps,
+    // so neither costs the consumers a wait.
+    NamedBarrierSync(kBarStagingFree, kStagingThreads);  // the previous tile is copied out
     NamedBarrierSync(kBarStaged, kStagingThreads);
     const int n0 = w.n_tile * Cfg::BN;
     for (int id = et; id < Cfg::BM * kChunksPerRow; id += kCopyOutThreads) {
@@ -308,7 +306,7 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
                                                 accum(4 * v2 + 2 * half + 1));
           }
         }
-        NamedBarrierArrive(kBarStaged, kStagingThreads);
+        NamedBarrierSync(kBarStaged, kStagingThreads);
         continue;
       }
       const int n0 = w.n_tile * BN;
