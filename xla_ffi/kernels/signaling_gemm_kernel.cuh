@@ -112,6 +112,15 @@ __device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// The overlapped epilogue's hand-offs between warps on different code paths: the warp is
+// reconverged first (the copy-out loop leaves lanes at different trip counts) and the barrier
+// is the non-.aligned form, which does not require every lane at the same instruction
+// (synccheck reported "divergent threads" at these barriers with bar.sync).
+__device__ __forceinline__ void HandOffBarrier(int id, int threads) {
+  __syncwarp();
+  asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 template <class Element>
 __device__ __forceinline__ uint32_t PackPair(float a, float b) {
   if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
@@ -173,8 +182,8 @@ __device__ void CopyOutTiles(const typename Cfg::Params& params, const uint32_t*
     // reported the staging rows racy with a bar.arrive / bar.sync hand-off): the copy-out
     // warps wait here anyway, and the consumers reach each barrier after the copy-out warps,
     // so neither costs the consumers a wait.
-    NamedBarrierSync(kBarStagingFree, kStagingThreads);  // the previous tile is copied out
-    NamedBarrierSync(kBarStaged, kStagingThreads);
+    HandOffBarrier(kBarStagingFree, kStagingThreads);  // the previous tile is copied out
+    HandOffBarrier(kBarStaged, kStagingThreads);
     const int n0 = w.n_tile * Cfg::BN;
     for (int id = et; id < Cfg::BM * kChunksPerRow; id += kCopyOutThreads) {
       const int row = id / kChunksPerRow, ch = id % kChunksPerRow, col = n0 + 8 * ch;
@@ -186,7 +195,7 @@ __device__ void CopyOutTiles(const typename Cfg::Params& params, const uint32_t*
     }
     // Signal as in the consumers' epilogue: every copy-out store precedes this barrier, the
     // releasing thread's gpu-scope fence orders them all before the counter increment.
-    NamedBarrierSync(kBarCopyOut, kCopyOutThreads);
+    HandOffBarrier(kBarCopyOut, kCopyOutThreads);
     if (et == 0 && params.counters != nullptr) {
       __threadfence();
       atomicAdd(params.counters + w.group, 1);
@@ -295,7 +304,7 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
       if constexpr (Cfg::kOverlapEpilogue) {
         // Whole tile into smem (rows 64*mwg + 16*warp + 8*half + lane/4), then on to the
         // next tile: the copy-out warps store and signal it meanwhile.
-        NamedBarrierSync(kBarStagingFree, kStagingThreads);
+        HandOffBarrier(kBarStagingFree, kStagingThreads);
         uint32_t* staging = ss.epi + 64 * mwg * Cfg::kEpiPitchWords;
         CUTLASS_PRAGMA_UNROLL
         for (int half = 0; half < 2; ++half) {
@@ -306,7 +315,7 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
                                                 accum(4 * v2 + 2 * half + 1));
           }
         }
-        NamedBarrierSync(kBarStaged, kStagingThreads);
+        HandOffBarrier(kBarStaged, kStagingThreads);
         continue;
       }
       const int n0 = w.n_tile * BN;
