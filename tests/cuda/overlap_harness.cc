@@ -4,14 +4,15 @@
 // process before any kernel ran: benchmarks/results/README.md).
 //
 //   overlap_harness --rank R --world N --id-file PATH [--device D] [--ops ar,rs,a2a,ag]
-//                   [--calls C] [--m M --n N --k K] [--comm-sms S]
+//                   [--calls C] [--m M --n N --k K] [--comm-sms S] [--inject nccl|cuda]
 //
 // Start one process per rank (tests/cuda/run_overlap_harness.sh does). Rank 0 writes the
 // NCCL unique id to PATH; the others wait for it (at most 300 s). Every call gets fresh
 // random bfloat16 inputs (a hash of rank, call and index, so every rank can build every
 // rank's inputs), a poisoned (NaN) output, and is checked element by element against a
 // float32 host reference. Prints one line per op and exits 0 only if every element of every
-// call matched and no CUDA / NCCL call failed.
+// call matched and no CUDA / NCCL call failed. --inject: before each op's calls, one call with
+// an injected failure (fault_injection.h) that must fail naming the op, leaving the next fine.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -28,6 +29,7 @@
 
 #include "tests/cuda/overlap_harness_data.h"
 #include "xla_ffi/comm/communicator.h"
+#include "xla_ffi/comm/fault_injection.h"
 #include "xla_ffi/comm/overlap_calls.h"
 #include "xla_ffi/kernels/signaling_gemm.h"
 
@@ -38,7 +40,7 @@ namespace {
 struct Options {
   int rank = -1, world = 0, device = -1, calls = 2, comm_sms = 16;
   int64_t m = 512, n = 512, k = 512;
-  std::string id_file, ops = "ar,rs,a2a,ag";
+  std::string id_file, ops = "ar,rs,a2a,ag", inject;  // inject: "", "nccl" or "cuda"
 };
 
 [[noreturn]] void Fail(const std::string& what) {
@@ -66,8 +68,10 @@ Options Parse(int argc, char** argv) {
     else if (key == "--k") o.k = std::stoll(value);
     else if (key == "--id-file") o.id_file = value;
     else if (key == "--ops") o.ops = value;
+    else if (key == "--inject") o.inject = value;
     else Fail("unknown option " + key);
   }
+  if (!o.inject.empty() && o.inject != "nccl" && o.inject != "cuda") Fail("--inject: nccl or cuda");
   if (o.world < 1 || o.rank < 0 || o.rank >= o.world || o.id_file.empty()) {
     Fail("need --rank R --world N (0 <= R < N) and --id-file PATH");
   }
@@ -136,10 +140,39 @@ struct DeviceBuffers {
   void* out = nullptr;
 };
 
+// One overlapped call of `op` on this rank's buffers.
+fo::Status CallOp(const std::string& op, const Options& o, fo::Communicator& coll,
+                  fo::Communicator& p2p, cudaStream_t stream, const DeviceBuffers& d) {
+  const int64_t world = o.world;
+  if (op == "ar" || op == "rs") {
+    const bool rs = op == "rs";
+    auto gemm = Gemm(o, d.x, d.w, coll.workspace, coll.counters, rs ? o.world : 1,
+                     Bands(rs ? o.m / world : o.m, 3));
+    return fo::RunGemmCollective(
+        coll, stream, rs ? fo::CollectiveKind::kReduceScatter : fo::CollectiveKind::kAllReduce,
+        gemm, d.out, rs ? "harness_reduce_scatter" : "harness_all_reduce");
+  }
+  if (op == "a2a" || op == "a2a11") {
+    const int split = op == "a2a" ? 0 : 1;
+    fo::AllToAllShape shape{o.m, o.n, world, split == 0 ? o.m / world : o.m,
+                            split == 0 ? o.n : o.n / world, split, split};
+    auto gemm = Gemm(o, d.x, d.w, p2p.workspace, p2p.counters, split == 0 ? o.world : 1,
+                     Bands(shape.rows, 3));
+    gemm.out_col_block = split == 1 ? static_cast<int>(shape.cols) : 0;
+    return fo::RunGemmAllToAll(p2p, stream, shape, gemm, d.out, "harness_all_to_all");
+  }
+  if (op == "ag") {
+    auto gemm = Gemm(o, nullptr, d.w, nullptr, nullptr, 1, {0, 1});
+    return fo::RunAllGatherGemm(p2p, stream, d.x, o.m / world, /*chunks=*/2, gemm, d.out,
+                                "harness_all_gather");
+  }
+  Fail("unknown op " + op + " (ar, rs, a2a, a2a11, ag)");
+}
+
 // Runs `calls` calls of one op; returns the number of mismatching elements.
 int64_t RunOp(const std::string& op, const Options& o, fo::Communicator& coll,
               fo::Communicator& p2p, cudaStream_t stream, const DeviceBuffers& d) {
-  const int64_t world = o.world, rank = o.rank;
+  const int64_t rank = o.rank;
   int64_t bad = 0, checked = 0;
   double max_err = 0;
   for (int call = 0; call < o.calls; ++call) {
@@ -147,30 +180,20 @@ int64_t RunOp(const std::string& op, const Options& o, fo::Communicator& coll,
     CheckCuda(cudaMemcpy(d.x, p.x.data(), p.x.size() * 2, cudaMemcpyHostToDevice), "copy x");
     CheckCuda(cudaMemcpy(d.w, p.w.data(), p.w.size() * 2, cudaMemcpyHostToDevice), "copy w");
     CheckCuda(cudaMemset(d.out, 0xff, p.expected.size() * 2), "poison out");  // bf16 NaN
-    fo::Status s;
-    if (op == "ar" || op == "rs") {
-      const bool rs = op == "rs";
-      auto gemm = Gemm(o, d.x, d.w, coll.workspace, coll.counters, rs ? o.world : 1,
-                       Bands(rs ? o.m / world : o.m, 3));
-      s = fo::RunGemmCollective(coll, stream,
-                                rs ? fo::CollectiveKind::kReduceScatter
-                                   : fo::CollectiveKind::kAllReduce,
-                                gemm, d.out, rs ? "harness_reduce_scatter" : "harness_all_reduce");
-    } else if (op == "a2a" || op == "a2a11") {
-      const int split = op == "a2a" ? 0 : 1;
-      fo::AllToAllShape shape{o.m, o.n, world, split == 0 ? o.m / world : o.m,
-                              split == 0 ? o.n : o.n / world, split, split};
-      auto gemm = Gemm(o, d.x, d.w, p2p.workspace, p2p.counters, split == 0 ? o.world : 1,
-                       Bands(shape.rows, 3));
-      gemm.out_col_block = split == 1 ? static_cast<int>(shape.cols) : 0;
-      s = fo::RunGemmAllToAll(p2p, stream, shape, gemm, d.out, "harness_all_to_all");
-    } else if (op == "ag") {
-      auto gemm = Gemm(o, nullptr, d.w, nullptr, nullptr, 1, {0, 1});
-      s = fo::RunAllGatherGemm(p2p, stream, d.x, o.m / world, /*chunks=*/2, gemm, d.out,
-                               "harness_all_gather");
-    } else {
-      Fail("unknown op " + op + " (ar, rs, a2a, a2a11, ag)");
+    if (!o.inject.empty()) {  // first an injected failure: it must name the op, then clear
+      fo::SetFaultInjection(o.inject == "nccl" ? fo::FaultKind::kNccl : fo::FaultKind::kCuda, 1);
+      fo::Status failed = CallOp(op, o, coll, p2p, stream, d);
+      fo::SetFaultInjection(fo::FaultKind::kNone, 0);
+      CheckCuda(cudaStreamSynchronize(stream), "synchronize after the injected failure");
+      const bool named = failed.message.find("harness_") == 0 &&
+                         failed.message.find("injected") != std::string::npos;
+      std::printf("rank %lld %-5s injected %s fault: %s\n", static_cast<long long>(rank),
+                  op.c_str(), o.inject.c_str(),
+                  failed.ok() ? "NOT REPORTED" : failed.message.c_str());
+      if (failed.ok() || !named) ++bad;
+      CheckCuda(cudaMemset(d.out, 0xff, p.expected.size() * 2), "poison out");
     }
+    fo::Status s = CallOp(op, o, coll, p2p, stream, d);
     Check(s, op.c_str());
     CheckCuda(cudaStreamSynchronize(stream), "synchronize");
     std::vector<uint16_t> got(p.expected.size());
