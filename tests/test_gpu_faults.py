@@ -14,10 +14,9 @@ from _util import shard_map
 import _gpu_util as U
 
 pytestmark = [
-    pytest.mark.gpu, pytest.mark.multigpu,
+    pytest.mark.gpu,
     pytest.mark.skipif(not U.ON_GPU, reason=f"no GPU (platform {U.platform()!r})"),
     pytest.mark.skipif(U.ON_GPU and not U.extension_built(), reason="CUDA extension not built"),
-    pytest.mark.skipif(U.N_GPUS < 2, reason=f"needs >= 2 GPUs, have {U.N_GPUS}"),
 ]
 
 
