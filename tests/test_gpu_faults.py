@@ -1,8 +1,9 @@
 """The error path of the overlapped ops on GPUs (#8): an NCCL or CUDA error inside the handler
 (injected at the call's first communication step on every rank, comm.inject_faults) must come
 out of JAX as an exception naming the op and the error, without a hang, and the next call on
-the same communicators must give the right values (nothing left broken). A failure on one rank
-only is the watchdog's test (test_gpu_watchdog.py)."""
+the same communicators must give the right values (nothing left broken). The mesh is every GPU
+of the machine (one GPU: 1-rank communicators, the same handlers and NCCL calls without peer
+traffic). A failure on one rank only is the watchdog's test (test_gpu_watchdog.py)."""
 import numpy as np
 import pytest
 
