@@ -3,7 +3,8 @@
 out of JAX as an exception naming the op and the error, without a hang, and the next call on
 the same communicators must give the right values (nothing left broken). The mesh is every GPU
 of the machine (one GPU: 1-rank communicators, the same handlers and NCCL calls without peer
-traffic). A failure on one rank only is the watchdog's test (test_gpu_watchdog.py)."""
+traffic; all-to-all and all-gather need 2 GPUs, over one device they are XLA's own
+composition). A failure on one rank only is the watchdog's test (test_gpu_watchdog.py)."""
 import numpy as np
 import pytest
 
@@ -52,6 +53,8 @@ def _cases():
 @pytest.mark.parametrize("op", ["all_reduce", "reduce_scatter", "all_to_all", "all_gather"])
 def test_injected_error_raises_naming_op_then_next_call_is_right(op, kind):
     import jax_flashoverlap as fo
+    if op in ("all_to_all", "all_gather") and U.N_GPUS < 2:
+        pytest.skip("over one device these ops lower to XLA's composition (no custom call)")
     ours, ref32, ins, out, target = _cases()[op]
     mesh = Mesh(np.array(jax.devices()), ("tp",))
     f = jax.jit(shard_map(ours, mesh, ins, out))
