@@ -3,7 +3,7 @@
 GEMM + all-to-all (`matmul_all_to_all`): y = x @ w is n blocks of R x C (split_axis 0: row
 blocks, R = M/n, C = N; split_axis 1: column blocks, R = M, C = N/n). `band_rows` cut R into
 groups; group g is band g of every block, and once it is computed it is exchanged by one
-grouped ncclSend/ncclRecv batch (xla_ffi/ffi/gemm_all_to_all.cc). Cost model, as plan.py's:
+grouped ncclSend/ncclRecv batch (xla_ffi/comm/gemm_all_to_all_call.cc). Cost model, as plan.py's:
 
     gemm_end[g] = waves until group g's last work unit * unit time * interference
     comm_end[g] = max(gemm_end[g], comm_end[g-1]) + latency + (n-1) * bytes(part) / a2a_bw
