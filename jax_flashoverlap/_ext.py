@@ -17,6 +17,7 @@ FORCE_REFERENCE_ENV = "JAX_FLASHOVERLAP_FORCE_REFERENCE"
 # "0" turns off the cost model's fallback to XLA's dot + collective for shapes where overlap
 # is predicted not to pay: every shape then runs our kernels (tests, benchmarks).
 FALLBACK_ENV = "JAX_FLASHOVERLAP_FALLBACK"
+GEMM_EPILOGUE_ENV = "FLASHOVERLAP_GEMM_EPILOGUE"  # read by the kernel launcher at every launch
 
 
 def _load_extension():
@@ -84,6 +85,17 @@ def fallback_enabled() -> bool:
   return env_switch(FALLBACK_ENV, True)
 
 
+def check_gemm_epilogue() -> None:
+  """FLASHOVERLAP_GEMM_EPILOGUE is unset, 'overlap' (the default) or 'sync' (the signaling
+  GEMM's earlier epilogue), exactly as the launcher reads it; anything else is an error here,
+  at lowering, instead of at the first launch."""
+  raw = os.environ.get(GEMM_EPILOGUE_ENV)
+  if raw not in (None, "", "overlap", "sync"):
+    raise ValueError(f"jax_flashoverlap: environment variable {GEMM_EPILOGUE_ENV}={raw!r} must "
+                     "be 'overlap' (the default) or 'sync' (the signaling GEMM's earlier "
+                     "epilogue)")
+
+
 @functools.lru_cache(maxsize=None)
 def available_targets() -> frozenset:
   """Names of the FFI targets the built extension provides (empty without it)."""
@@ -141,6 +153,7 @@ def check_cuda_path(target: str, *, gpu_present: bool | None = None,
   pairs, default `local_gpus()`.
   """
   global _warned_missing, _warned_unsupported
+  check_gemm_epilogue()
   if force_reference():
     return False, f"{FORCE_REFERENCE_ENV} is set: using the reference path (XLA dot + collective)"
   if gpus is None and gpu_present is not False:

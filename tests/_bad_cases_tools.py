@@ -277,4 +277,10 @@ def env_fallback_typo(t):
     cuda_lowering_text()  # a small shape: the cost model predicts no gain, the switch decides
 
 
+def env_gemm_epilogue_typo(t):
+    t.monkeypatch.delenv(_ext.FORCE_REFERENCE_ENV, raising=False)
+    t.monkeypatch.setenv(_ext.GEMM_EPILOGUE_ENV, "snyc")
+    cuda_lowering_text()
+
+
 # ----------------------------------------------------------------------------- the table

@@ -259,6 +259,9 @@ CASES = [
     pytest.param(env_watchdog_bad, raises(ValueError, "JAX_FLASHOVERLAP_WATCHDOG_S must be a "
                                           "number of seconds > 0", "'soon'"),
                  id="env-watchdog-not-a-number"),
+    pytest.param(env_gemm_epilogue_typo, raises(ValueError, _ext.GEMM_EPILOGUE_ENV, "'snyc'",
+                                                "must be 'overlap' (the default) or 'sync'"),
+                 id="env-gemm-epilogue-typo"),
 ]
 
 CUSTOM_CALLS = ("flashoverlap_gemm_all_reduce", "flashoverlap_gemm_reduce_scatter")

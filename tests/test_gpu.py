@@ -61,6 +61,17 @@ def test_matmul_vs_xla(M, N, K):
     assert _rel_fro(y, jax.jit(jnp.matmul)(x, w)) < TOL
 
 
+@pytest.mark.parametrize("epilogue", ["sync", "overlap"])
+def test_matmul_either_epilogue_vs_xla(monkeypatch, epilogue):
+    import jax_flashoverlap as fo
+    monkeypatch.setenv("FLASHOVERLAP_GEMM_EPILOGUE", epilogue)  # read at every launch
+    kx, kw = jax.random.split(jax.random.PRNGKey(7))
+    x, w = _normal(kx, (3000, 2048)), _normal(kw, (2048, 1536), 2048 ** -0.5)
+    y = jax.jit(fo.matmul)(x, w)
+    assert bool(jnp.all(jnp.isfinite(y)))
+    assert _rel_fro(y, jax.jit(_dot32)(x, w)) < TOL
+
+
 # ------------------------------------------------------------------ several GPUs
 
 def _mesh():

@@ -78,11 +78,10 @@ Status RunAllGatherGemm(Communicator& comm, cudaStream_t stream, const void* x, 
   const size_t block_bytes = static_cast<size_t>(rows * k) * 2;
 
   Status status = StartCall(comm, stream, n * chunks, /*copies=*/false);
-  if (!status.ok()) return Status::Error(std::string(op) + ": " + status.message);
-  status = TakeInjectedFault(comm.device);
+  if (status.ok()) status = TakeInjectedFault(comm.device);
   if (status.ok()) {
     status = EnqueueExchange(comm, static_cast<const char*>(x), gathered, rows, k, chunks, value,
-                             gemm.dtype == GemmDType::kBFloat16 ? ncclBfloat16 : ncclFloat16);
+                             NcclType(gemm.dtype));
   }
   if (status.ok()) {
     status = CudaStatus(cudaMemcpyAsync(gathered + rank * block_bytes, x, block_bytes,

@@ -5,12 +5,18 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#include <nccl.h>
 
 #include "xla_ffi/comm/communicator.h"
 #include "xla_ffi/comm/status.h"
 #include "xla_ffi/kernels/signaling_gemm.h"
 
 namespace flashoverlap {
+
+// NCCL's name for the GEMM's element type.
+inline ncclDataType_t NcclType(GemmDType dtype) {
+  return dtype == GemmDType::kBFloat16 ? ncclBfloat16 : ncclFloat16;
+}
 
 // Resets the first `counters` counters on `stream` (0: none), then orders our comm stream
 // (and the copy stream when `copies`) after everything queued on `stream` so far.
@@ -22,7 +28,8 @@ Status LaunchGemm(const SignalingGemmArgs& args, cudaStream_t stream);
 // Watches the call (watchdog on, `status` ok), then makes `stream` wait for our comm stream
 // (and the copy stream when `copies`) whatever `status` says, so the compute stream never
 // runs ahead of queued work and the next call never overwrites a span still in flight.
-// Returns `status` (or the first failure of this step), prefixed with `op`.
+// Returns `status` (or the first failure of this step), prefixed with `op`. Every Run* sequence
+// ends here, whatever failed (a failed StartCall too: joining is harmless then).
 Status FinishCall(Communicator& comm, cudaStream_t stream, bool copies, Status status,
                   const char* op);
 

@@ -98,15 +98,13 @@ Status RunGemmAllToAll(Communicator& comm, cudaStream_t stream, const AllToAllSh
   FO_RETURN_IF_NOT_OK(CheckNotAborted(comm, op));
   const int groups = gemm.layout.num_groups;
   Status status = StartCall(comm, stream, groups, /*copies=*/true);
-  if (!status.ok()) return Status::Error(std::string(op) + ": " + status.message);
-  status = LaunchGemm(gemm, stream);
+  if (status.ok()) status = LaunchGemm(gemm, stream);
   if (status.ok()) status = TakeInjectedFault(comm.device);
 
   char* send = static_cast<char*>(gemm.out);
   char* out = static_cast<char*>(result);
   char* recv = shape.concat == 0 ? out : send + static_cast<size_t>(shape.m) * shape.n * 2;
-  const ncclDataType_t dtype =
-      gemm.dtype == GemmDType::kBFloat16 ? ncclBfloat16 : ncclFloat16;
+  const ncclDataType_t dtype = NcclType(gemm.dtype);
   for (int g = 0; g < groups && status.ok(); ++g) {
     status = EnqueueGroup(comm, shape, gemm, g, send, recv, out, dtype);
   }

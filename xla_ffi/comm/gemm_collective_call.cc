@@ -17,17 +17,16 @@
 namespace flashoverlap {
 namespace {
 
-ncclDataType_t NcclType(bool bf16) { return bf16 ? ncclBfloat16 : ncclFloat16; }
-
 // Group g's span [rows of every block] is contiguous in the workspace (group layout):
 // all-reduce it in place and copy it out, or reduce-scatter it to its rows of the result.
 Status EnqueueGroupCollective(Communicator& comm, CollectiveKind kind, char* span,
-                              char* result_rows, int64_t count, bool bf16, int g) {
+                              char* result_rows, int64_t count, GemmDType dtype,
+                              int g) {
   if (kind == CollectiveKind::kReduceScatter) {
-    return NcclStatus(ncclReduceScatter(span, result_rows, count, NcclType(bf16), ncclSum,
+    return NcclStatus(ncclReduceScatter(span, result_rows, count, NcclType(dtype), ncclSum,
                                         comm.comm, comm.stream), "ncclReduceScatter");
   }
-  FO_RETURN_IF_NCCL(ncclAllReduce(span, span, count, NcclType(bf16), ncclSum, comm.comm,
+  FO_RETURN_IF_NCCL(ncclAllReduce(span, span, count, NcclType(dtype), ncclSum, comm.comm,
                                   comm.stream));
   // The copy (copy engine) overlaps the next group's all-reduce.
   FO_RETURN_IF_CUDA(cudaEventRecord(comm.group_reduced[g], comm.stream));
@@ -46,11 +45,9 @@ Status RunGemmCollective(Communicator& comm, cudaStream_t stream, CollectiveKind
   const bool copies = kind == CollectiveKind::kAllReduce;
   const int groups = gemm.layout.num_groups;
   Status status = StartCall(comm, stream, groups, copies);
-  if (!status.ok()) return Status::Error(std::string(op) + ": " + status.message);
-  status = LaunchGemm(gemm, stream);
+  if (status.ok()) status = LaunchGemm(gemm, stream);
   if (status.ok()) status = TakeInjectedFault(comm.device);
 
-  const bool bf16 = gemm.dtype == GemmDType::kBFloat16;
   const int64_t blocks = gemm.layout.num_blocks;
   const size_t row_bytes = static_cast<size_t>(gemm.n) * 2;
   char* workspace = static_cast<char*>(gemm.out);
@@ -63,7 +60,7 @@ Status RunGemmCollective(Communicator& comm, cudaStream_t stream, CollectiveKind
                             comm.abort_flag);
     if (status.ok()) {
       status = EnqueueGroupCollective(comm, kind, workspace + blocks * b0 * row_bytes,
-                                      out + b0 * row_bytes, band * gemm.n, bf16, g);
+                                      out + b0 * row_bytes, band * gemm.n, gemm.dtype, g);
     }
   }
   // The all-reduce's copy stream joins too: the next call's GEMM must not overwrite a span
@@ -72,13 +69,12 @@ Status RunGemmCollective(Communicator& comm, cudaStream_t stream, CollectiveKind
 }
 
 Status RunCollectiveOnly(Communicator& comm, cudaStream_t stream, CollectiveKind kind,
-                         int64_t m, int64_t n, bool bf16, int groups, void* result,
+                         int64_t m, int64_t n, GemmDType dtype, int groups, void* result,
                          const char* op) {
   std::lock_guard<std::mutex> lock(comm.call_mutex);
   FO_RETURN_IF_NOT_OK(CheckNotAborted(comm, op));
   const bool copies = kind == CollectiveKind::kAllReduce;
   Status status = StartCall(comm, stream, /*counters=*/0, copies);
-  if (!status.ok()) return Status::Error(std::string(op) + ": " + status.message);
   char* workspace = static_cast<char*>(comm.workspace);
   char* out = static_cast<char*>(result);
   const int64_t group_elems = m / groups * n;
@@ -86,10 +82,7 @@ Status RunCollectiveOnly(Communicator& comm, cudaStream_t stream, CollectiveKind
                                                                    : group_elems;
   for (int g = 0; g < groups && status.ok(); ++g) {
     status = EnqueueGroupCollective(comm, kind, workspace + g * group_elems * 2,
-                                    out + g * out_elems * 2,
-                                    kind == CollectiveKind::kReduceScatter ? out_elems
-                                                                           : group_elems,
-                                    bf16, g);
+                                    out + g * out_elems * 2, out_elems, dtype, g);
   }
   return FinishCall(comm, stream, copies, status, op);
 }

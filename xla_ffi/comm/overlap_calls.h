@@ -30,7 +30,7 @@ Status RunGemmCollective(Communicator& comm, cudaStream_t stream, CollectiveKind
 
 // y = x @ w cut into world blocks of rows x cols (split 0: row blocks, split 1: column
 // blocks), exchanged so block s of the result comes from rank s (concat 0: stacked rows,
-// concat 1: side by side). Derived from the GEMM and the split by AllToAllShapeOf.
+// concat 1: side by side).
 struct AllToAllShape {
   int64_t m, n;        // the GEMM's output
   int64_t world;
@@ -52,7 +52,7 @@ Status RunAllGatherGemm(Communicator& comm, cudaStream_t stream, const void* x, 
 // The communication half of RunGemmCollective alone (no GEMM: the workspace's contents are
 // reduced as they are), in `groups` equal groups: for timing the capped NCCL calls.
 Status RunCollectiveOnly(Communicator& comm, cudaStream_t stream, CollectiveKind kind,
-                         int64_t m, int64_t n, bool bf16, int groups, void* result,
+                         int64_t m, int64_t n, GemmDType dtype, int groups, void* result,
                          const char* op);
 
 }  // namespace flashoverlap

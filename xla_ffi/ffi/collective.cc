@@ -37,7 +37,9 @@ ffi::Error CollectiveImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer y,
   FO_CHECK_ARG(num_groups <= kMaxGroups, op << ": at most " << kMaxGroups << " groups");
   const CollectiveKind kind =
       reduce_scatter ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce;
-  return ToFfiError(RunCollectiveOnly(*comm, stream, kind, m, n, dtype == ffi::DataType::BF16,
+  return ToFfiError(RunCollectiveOnly(*comm, stream, kind, m, n,
+                                      dtype == ffi::DataType::BF16 ? GemmDType::kBFloat16
+                                                                   : GemmDType::kFloat16,
                                       num_groups, out->untyped_data(), op));
 }
 

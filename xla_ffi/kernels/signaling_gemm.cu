@@ -60,17 +60,20 @@ int EnvInt(const char* name, int fallback) {
   return std::atoi(v);
 }
 
-// FLASHOVERLAP_GEMM_EPILOGUE=sync: the instances whose consumers store and signal each tile
-// themselves (the design before the overlapped epilogue; kept for comparison and as a
-// fallback). Anything else, or unset: the overlapped epilogue.
-bool SyncEpilogue() {
+// FLASHOVERLAP_GEMM_EPILOGUE: unset / "overlap" (default) or "sync", the instances whose
+// consumers store and signal each tile themselves (the design before the overlapped epilogue;
+// kept for comparison). Anything else is an error (a typo must not silently pick one).
+enum class Epilogue { kOverlap, kSync, kInvalid };
+
+Epilogue ChosenEpilogue() {
   const char* v = std::getenv("FLASHOVERLAP_GEMM_EPILOGUE");
-  return v != nullptr && std::strcmp(v, "sync") == 0;
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "overlap") == 0) return Epilogue::kOverlap;
+  return std::strcmp(v, "sync") == 0 ? Epilogue::kSync : Epilogue::kInvalid;
 }
 
-const InstanceOps& PickInstance(GemmDType dtype, const GemmTileShape& ts) {
+const InstanceOps& PickInstance(GemmDType dtype, const GemmTileShape& ts, Epilogue epilogue) {
   const bool wide = ts.block_n == 256, f16 = dtype == GemmDType::kFloat16;
-  if (SyncEpilogue()) {
+  if (epilogue == Epilogue::kSync) {
     if (f16) return wide ? SignalingGemmF16Tile128x256() : SignalingGemmF16Tile128x128();
     return wide ? SignalingGemmBf16Tile128x256() : SignalingGemmBf16Tile128x128();
   }
@@ -202,8 +205,12 @@ cudaError_t LaunchSignalingGemm(const SignalingGemmArgs& args, cudaStream_t stre
   if (args.comm_sms < 0 || args.comm_sms >= info.sms)
     return Fail(cudaErrorInvalidValue, "comm_sms must be in [0, " + std::to_string(info.sms) + ")");
 
+  const Epilogue epilogue = ChosenEpilogue();
+  if (epilogue == Epilogue::kInvalid)
+    return Fail(cudaErrorInvalidValue, std::string("FLASHOVERLAP_GEMM_EPILOGUE must be 'overlap' or 'sync', got '") +
+                                           std::getenv("FLASHOVERLAP_GEMM_EPILOGUE") + "'");
   const GemmTileShape ts = ChooseTileShape(args);
-  const InstanceOps& ops = PickInstance(args.dtype, ts);
+  const InstanceOps& ops = PickInstance(args.dtype, ts, epilogue);
   int max_clusters = 0;
   e = ops.prepare(device, &max_clusters);
   if (e != cudaSuccess) return Fail(e, std::string("kernel setup failed: ") + cudaGetErrorString(e));

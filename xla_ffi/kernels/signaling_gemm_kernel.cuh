@@ -41,8 +41,9 @@ struct Config {
   // halves of 32 rows (the wgmma accumulator holds rows r and r+8 of each 16-row warp
   // slice in separate registers, so "half" = that +8 bit). Rows are padded by 16 bytes:
   // the bf16x2 register stores of a warp then hit 32 distinct banks, and every row stays
-  // 16-byte aligned for the vector copy-out. Half-tile staging (34 KB for BN=256) instead
-  // of the whole tile (68 KB) keeps room for 4 mainloop stages.
+  // 16-byte aligned for the vector copy-out. The sync epilogue stages half tiles (34 KB for
+  // BN=256, 4 mainloop stages); the overlapped one the whole tile (68 KB, 3 stages), since
+  // the consumers leave it there for the copy-out warps.
   static constexpr int kEpiRows = 32;
   static constexpr int kEpiPitchWords = (BN + 8) / 2;  // 32-bit words per staged row
   static constexpr int kEpiWords = (kOverlapEpilogue ? BM : 2 * kEpiRows) * kEpiPitchWords;
