@@ -22,6 +22,15 @@ TARGETS = {"all_gather": "flashoverlap_all_gather_gemm",
            "all_to_all_ulysses": "flashoverlap_gemm_all_to_all"}
 
 
+def ours_fn(op):
+  """Our op as a per-device function of (x, w) for shard_map (bench_a2a's layouts)."""
+  import jax_flashoverlap as fo
+  if op == "all_gather":
+    return lambda x, w: fo.all_gather_matmul(x, w, "tp")
+  split = 1 if op == "all_to_all_ulysses" else 0
+  return lambda x, w: fo.matmul_all_to_all(x, w, "tp", split_axis=split, concat_axis=0)
+
+
 def _programs(op, mesh):
   """(in_specs, out_spec, dot-only program, its x spec, collective fn, baseline fn (per
   device, for shard_map), baseline program, our program, the shard_map+jit helper)."""
@@ -29,24 +38,21 @@ def _programs(op, mesh):
   from jax import lax
   from jax.sharding import PartitionSpec as P
 
-  import jax_flashoverlap as fo
   if op == "all_gather":
     ins, out = (P("tp", None), P(None, "tp")), P(None, "tp")
     coll = lambda x: lax.all_gather(x, "tp", axis=0, tiled=True)
     base = lambda x, w: coll(x) @ w
-    ours = lambda x, w: fo.all_gather_matmul(x, w, "tp")
     dot_x_spec = P(None, None)  # the gathered x, already everywhere
   else:
     split = 1 if op == "all_to_all_ulysses" else 0
     ins, out = (P("tp", None), P(None, None)), P("tp", None)
     coll = lambda y: lax.all_to_all(y, "tp", split, 0, tiled=True)
     base = lambda x, w: coll(x @ w)
-    ours = lambda x, w: fo.matmul_all_to_all(x, w, "tp", split_axis=split, concat_axis=0)
     dot_x_spec = P("tp", None)
   smap = lambda f, i, o: jax.jit(jax.shard_map(f, mesh=mesh, in_specs=i, out_specs=o))
   dot = smap(lambda x, w: x @ w, (dot_x_spec, ins[1]), P("tp", None))
-  return (ins, out, dot, dot_x_spec, coll, base, smap(base, ins, out), smap(ours, ins, out),
-          smap)
+  return (ins, out, dot, dot_x_spec, coll, base, smap(base, ins, out),
+          smap(ours_fn(op), ins, out), smap)
 
 
 def check_shape(op, m, n, world) -> None:

@@ -156,20 +156,51 @@ def plan_time(collective: str, m: int, n: int, k: int, world: int, band_rows, co
               itemsize: int = 2, profile: MachineProfile = DEFAULT_PROFILE) -> float:
   """Predicted time of a given plan (the same model the search minimizes)."""
   p = profile
-  blocks = world if collective == "reduce_scatter" else 1
   kern = _kernel(m, n, comm_sms)
   unit_time = 2.0 * kern.block_m * kern.block_n * k / p.sm_flops * p.interference
-  n_tiles = math.ceil(n / kern.block_n)
-  units = 0
+  tail = 0.0
+  if collective == "all_reduce":  # the last group's copy to the output is exposed
+    tail = (band_rows[-1] - band_rows[-2]) * n * itemsize / p.copy_bandwidth
+  return pipeline_time(
+      band_rows, gemm_end_fn(collective, m, n, world, comm_sms, unit_time),
+      lambda r0, r1: _comm_time(collective, _group_bytes(collective, r0, r1, n, world, itemsize),
+                                world, p, comm_sms)) + tail
+
+
+def pipeline_time(band_rows, gemm_end, comm_time) -> float:
+  """End of the last group's communication: group g starts when its rows are written
+  (gemm_end(b_{g+1})) and group g-1's communication is done."""
   comm_end = 0.0
   for b0, b1 in zip(band_rows, band_rows[1:]):
-    units += blocks * math.ceil((b1 - b0) / kern.rows_per_unit) * n_tiles
-    gemm_end = math.ceil(units / kern.grid) * unit_time
-    group_bytes = blocks * (b1 - b0) * n * itemsize
-    comm_end = max(gemm_end, comm_end) + _comm_time(collective, group_bytes, world, p, comm_sms)
-  if collective == "all_reduce":  # the last group's copy to the output is exposed
-    comm_end += (band_rows[-1] - band_rows[-2]) * n * itemsize / p.copy_bandwidth
+    comm_end = max(gemm_end(b1), comm_end) + comm_time(b0, b1)
   return comm_end
+
+
+def gemm_end_fn(collective: str, m: int, n: int, world: int, comm_sms: int, unit_time: float):
+  """r -> when the GEMM has written rows [0, r) of every rank block: whole waves of the
+  persistent grid over the work units up to there (the kernel's band order), each unit_time."""
+  blocks = world if collective == "reduce_scatter" else 1
+  kern = _kernel(m, n, comm_sms)
+  step = kern.rows_per_unit
+  n_tiles = math.ceil(n / kern.block_n)
+  return lambda r: math.ceil(blocks * math.ceil(r / step) * n_tiles / kern.grid) * unit_time
+
+
+def _group_bytes(collective: str, r0: int, r1: int, n: int, world: int, itemsize: int) -> int:
+  blocks = world if collective == "reduce_scatter" else 1
+  return blocks * (r1 - r0) * n * itemsize
+
+
+def gemm_waves(m: int, n: int, comm_sms: int) -> int:
+  """Waves of the persistent grid over the whole GEMM (the kernel's work units)."""
+  kern = _kernel(m, n, comm_sms)
+  units = math.ceil(m / kern.rows_per_unit) * math.ceil(n / kern.block_n)
+  return math.ceil(units / kern.grid)
+
+
+def cut_step(m: int, n: int, comm_sms: int) -> int:
+  """Rows of one work unit: group boundaries lie on multiples of it."""
+  return _kernel(m, n, comm_sms).rows_per_unit
 
 
 @functools.lru_cache(maxsize=512)
@@ -220,14 +251,11 @@ def _best_bands(collective, m, n, k, world, itemsize, p, comm_sms) -> GroupPlan:
   blocks = world if collective == "reduce_scatter" else 1
   rows = m // blocks
   kern = _kernel(m, n, comm_sms)
-  step = kern.rows_per_unit
   unit_time = 2.0 * kern.block_m * kern.block_n * k / p.sm_flops * p.interference
-  n_tiles = math.ceil(n / kern.block_n)
   band_rows = best_cuts(
-      rows, step,
-      lambda r: math.ceil(blocks * math.ceil(r / step) * n_tiles / kern.grid) * unit_time,
-      lambda r0, r1: _comm_time(collective, blocks * (r1 - r0) * n * itemsize, world, p,
-                                comm_sms))
+      rows, kern.rows_per_unit, gemm_end_fn(collective, m, n, world, comm_sms, unit_time),
+      lambda r0, r1: _comm_time(collective, _group_bytes(collective, r0, r1, n, world, itemsize),
+                                world, p, comm_sms))
   predicted = plan_time(collective, m, n, k, world, band_rows, comm_sms, itemsize, p)
   baseline = baseline_time(collective, m, n, k, world, itemsize, p)
   return GroupPlan(collective, rows, band_rows, comm_sms,
@@ -256,11 +284,16 @@ class Override(threading.local):
 _override = Override()
 
 
-def forced(num_groups: int | None = None, comm_sms: int | None = None, overlap: bool = True):
+def forced(num_groups: int | None = None, comm_sms: int | None = None, overlap: bool = True,
+           band_rows=None):
   """Within this context, ops *lowered* here use `num_groups` even row bands (aligned to the
-  kernel's cluster rows) and/or `comm_sms`, instead of the cost model's plan; overlap=False
-  forces XLA's dot + collective. For tuning: jit-compile inside the context."""
-  return _override.active((num_groups, comm_sms, overlap))
+  kernel's cluster rows) or exactly `band_rows` (boundaries in one rank block's rows), and/or
+  `comm_sms`, instead of the cost model's plan; overlap=False forces XLA's dot + collective.
+  For tuning: jit-compile inside the context."""
+  if num_groups is not None and band_rows is not None:
+    raise ValueError("forced(): give num_groups or band_rows, not both")
+  bands = None if band_rows is None else tuple(int(b) for b in band_rows)
+  return _override.active((num_groups, comm_sms, overlap, bands))
 
 
 def is_forced() -> bool:
@@ -274,7 +307,7 @@ def choose_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: i
   `comm_sms` (the cost model's best bands for it); a tuned config entry for this GPU, world
   size and shape (jax_flashoverlap.tuning); the cost model."""
   override = _override.get()
-  forced_groups, forced_sms, forced_overlap = override or (None, None, True)
+  forced_groups, forced_sms, forced_overlap, forced_bands = override or (None, None, True, None)
   if override is None and comm_sms is None:
     from jax_flashoverlap import tuning
     entry = tuning.lookup(gpu, world, collective, dtype, m, n, k)
@@ -293,8 +326,10 @@ def choose_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: i
   plan = default_plan(collective, m, n, k, world, itemsize, profile)
   if override is None:
     return plan
+  bands = forced_bands
   if forced_groups is not None:
     bands = aligned_even_bands(collective, m, n, world, forced_groups, plan.comm_sms)
+  if bands is not None:
     plan = dataclasses.replace(plan, band_rows=bands, predicted_s=plan_time(
         collective, m, n, k, world, bands, plan.comm_sms, itemsize, profile))
   plan = dataclasses.replace(plan, overlap=forced_overlap)

@@ -254,12 +254,27 @@ def _profile_for(comm_sms):
   return dataclasses.replace(DEFAULT_PROFILE, comm_sms=int(comm_sms))
 
 
+def _tuned(collective, gpu, world, dtype, m, n, k, **variant):
+  """The tuned config entry (jax_flashoverlap.tuning) for this problem, or None."""
+  from jax_flashoverlap import tuning
+  return tuning.lookup(gpu, world, collective, dtype, m, n, k, **variant)
+
+
 def choose_a2a_plan(m, n, k, world, split_axis, concat_axis, itemsize=2,
-                    comm_sms=None) -> AllToAllPlan:
-  """By priority: a `forced(...)` override, an explicit comm_sms, the cost model."""
+                    comm_sms=None, gpu=None, dtype="bfloat16") -> AllToAllPlan:
+  """By priority: a `forced(...)` override, an explicit comm_sms, a tuned config entry for
+  this GPU, world size and shape, the cost model."""
+  override = _override.get()
+  if override is None and comm_sms is None:
+    entry = _tuned("all_to_all", gpu, world, dtype, m, n, k, split_axis=split_axis,
+                   concat_axis=concat_axis)
+    if entry is not None:
+      return AllToAllPlan(a2a_shape(m, n, world, split_axis)[1], tuple(entry["band_rows"]),
+                          entry["comm_sms"], entry.get("overlap", True),
+                          entry.get("measured_ms", 0.0) / 1e3,
+                          entry.get("baseline_ms", 0.0) / 1e3)
   plan = default_a2a_plan(m, n, k, world, split_axis, concat_axis, itemsize,
                           _profile_for(comm_sms))
-  override = _override.get()
   if override is None:
     return plan
   num_groups, _, overlap, _ = override
@@ -271,9 +286,18 @@ def choose_a2a_plan(m, n, k, world, split_axis, concat_axis, itemsize=2,
   return dataclasses.replace(plan, overlap=overlap)
 
 
-def choose_all_gather_plan(rows, n, k, world, itemsize=2, comm_sms=None) -> AllGatherPlan:
-  plan = default_all_gather_plan(rows, n, k, world, itemsize, _profile_for(comm_sms))
+def choose_all_gather_plan(rows, n, k, world, itemsize=2, comm_sms=None, gpu=None,
+                           dtype="bfloat16") -> AllGatherPlan:
+  """By priority: a `forced(...)` override, an explicit comm_sms, a tuned config entry, the
+  cost model."""
   override = _override.get()
+  if override is None and comm_sms is None:
+    entry = _tuned("all_gather", gpu, world, dtype, rows, n, k)
+    if entry is not None:
+      return AllGatherPlan(entry["chunks"], max(1, entry["comm_sms"]),
+                           entry.get("overlap", True), entry.get("measured_ms", 0.0) / 1e3,
+                           entry.get("baseline_ms", 0.0) / 1e3)
+  plan = default_all_gather_plan(rows, n, k, world, itemsize, _profile_for(comm_sms))
   if override is None:
     return plan
   _, _, overlap, chunks = override

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_flashoverlap import _compat, _ext, plan_a2a
+from jax_flashoverlap import _compat, _ext, comm, plan_a2a
 from jax_flashoverlap.primitives import (emit_call, keep_reference, lowering_problem,
                                          make_primitive, prepare_communicators)
 
@@ -61,7 +61,7 @@ def _a2a_cuda_lowering(ctx, x, w, *, axis_name, split_axis, concat_axis, comm_sm
   if plan_a2a.a2a_supported(m, n, world, split_axis) is not None:
     return reference()
   plan = plan_a2a.choose_a2a_plan(m, n, k, world, split_axis, concat_axis, dtype.itemsize,
-                                  comm_sms)
+                                  comm_sms, gpu=comm.mesh_gpu_name(mesh), dtype=dtype.name)
   if keep_reference(plan, comm_sms, plan_a2a.is_forced()):
     return reference()
   workspace = m * n * dtype.itemsize * (2 if concat_axis == 1 else 1)
@@ -84,7 +84,8 @@ def _ag_cuda_lowering(ctx, x, w, *, axis_name, comm_sms):
   (rows, k), n = x_aval.shape, w_aval.shape[1]
   if plan_a2a.all_gather_supported(rows, n, world) is not None:
     return reference()
-  plan = plan_a2a.choose_all_gather_plan(rows, n, k, world, dtype.itemsize, comm_sms)
+  plan = plan_a2a.choose_all_gather_plan(rows, n, k, world, dtype.itemsize, comm_sms,
+                                         gpu=comm.mesh_gpu_name(mesh), dtype=dtype.name)
   if keep_reference(plan, comm_sms, plan_a2a.is_forced()):
     return reference()
   comm_id = _prepare_comm(prim, mesh, axis_name,

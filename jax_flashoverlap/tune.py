@@ -1,39 +1,185 @@
-"""`python -m jax_flashoverlap.tune`: measure group plans on this machine's GPUs and save the
-best per (collective, shape) as a tuned config (jax_flashoverlap.tuning), which later
-lowerings use before the cost model.
+"""`python -m jax_flashoverlap.tune`: measure this machine, search group plans, save the best.
 
-Candidates: comm_sms x group counts (0 = the cost model's bands for that comm_sms), each timed
-against XLA's dot + collective, interleaved (the bench's method). Where XLA's serial path is
-fastest, the entry says overlap=false. Needs GPUs (a 1-D mesh over --world of them).
+Per problem (collective, global shape) on a 1-D mesh over --world GPUs:
+
+  1. calibrate: our GEMM alone at each --comm-sms (its wave time), and our capped collective
+     alone at several group counts (latency and bandwidth per group; tune_model.CommCurve);
+  2. search: every candidate plan predicted with those measurements (dynamic programming,
+     even bands, every composition for small problems; tune_model.candidates);
+  3. measure: the --top best predicted (at least the best of every comm_sms), the cost model's
+     default plan and XLA's dot + collective, interleaved, each checked against float32 first;
+  4. keep the fastest: a config entry (jax_flashoverlap.tuning) with its measured and
+     predicted time, or overlap=false where XLA's serial path was fastest.
+
+The config goes to the user config dir (<gpu>_x<world>.json) or --out; --report writes every
+measurement and candidate as JSON. Needs GPUs.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import re
 import sys
+import time
+import types
 
-from jax_flashoverlap import bench, plan as plan_lib, tuning
+from jax_flashoverlap import bench, bench_a2a, plan as plan_lib, tune_a2a, tune_model, tuning
+
+CALIBRATION_GROUPS = (1, 2, 4, 8)
 
 
-def entries_from_sweep(rows, dtype: str) -> list:
-  entries = []
-  for r in rows:
-    world, collective = r["world"], r["collective"]
-    m, n, k = r["m"], r["n"], r["k"] // world  # per-device GEMM
-    t = r["times_ms"]
-    best = r["best"]
-    sms, groups = (int(v) for v in re.fullmatch(r"sms(\d+)_g(\d+)", best).groups())
-    if groups:
-      bands = plan_lib.aligned_even_bands(collective, m, n, world, groups, sms)
+class Progress:
+  """A one-line progress bar on a terminal, plain lines otherwise (logs)."""
+
+  def __init__(self, total: int, stream=None, width: int = 24):
+    self.total, self.done, self.width = max(1, total), 0, width
+    self.stream = stream or sys.stderr
+    self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+    self.start = time.monotonic()
+
+  def line(self, what: str) -> str:
+    filled = self.width * self.done // self.total
+    bar = "#" * filled + "." * (self.width - filled)
+    elapsed = time.monotonic() - self.start
+    return f"[{bar}] {self.done}/{self.total} {elapsed:5.0f}s {what}"
+
+  def show(self, what: str) -> None:
+    text = self.line(what)
+    if self.tty:
+      self.stream.write("\r\033[K" + text)
     else:
-      bands = plan_lib.choose_plan(collective, m, n, k, world, comm_sms=sms).band_rows
-    entries.append({
-        "collective": collective, "dtype": dtype, "m": m, "n": n, "k": k, "comm_sms": sms,
-        "band_rows": list(bands), "overlap": t[best] < t["xla_dot_collective"],
-        "measured_ms": t[best], "baseline_ms": t["xla_dot_collective"],
-        "source": "python -m jax_flashoverlap.tune"})
-  return entries
+      self.stream.write(text + "\n")
+    self.stream.flush()
+
+  def step(self, what: str = "") -> None:
+    self.done = min(self.total, self.done + 1)
+    self.show(what)
+    if self.tty and self.done == self.total:
+      self.stream.write("\n")
+
+
+def entry_for(collective: str, dtype: str, m: int, n: int, k: int, world: int, chosen,
+              measured_ms: float, baseline_ms: float) -> dict:
+  """The config entry of the fastest measured variant: `chosen` (a tune_model.Candidate,
+  measured at measured_ms), or XLA's dot + collective when chosen is None."""
+  entry = {"collective": collective, "dtype": dtype, "m": m, "n": n, "k": k,
+           "baseline_ms": baseline_ms, "source": "python -m jax_flashoverlap.tune"}
+  if chosen is None:  # a valid plan for the record: one group
+    rows = m // (world if collective == "reduce_scatter" else 1)
+    entry.update(comm_sms=0, band_rows=[0, rows], overlap=False, measured_ms=baseline_ms)
+    return entry
+  entry.update(comm_sms=chosen.comm_sms, band_rows=list(chosen.band_rows), overlap=True,
+               measured_ms=measured_ms, predicted_ms=chosen.predicted_s * 1e3,
+               model_error=chosen.predicted_s * 1e3 / measured_ms - 1.0)
+  return entry
+
+
+def _name(index: int, c) -> str:
+  return f"plan{index}_sms{c.comm_sms}_g{c.num_groups}_{c.how}"
+
+
+def calibrate(pb, comm_sms_list, calls: int, samples: int) -> tuple:
+  """(Calibration, raw times in ms) for one problem: our GEMM alone on one device at each
+  comm_sms, our capped collective alone at CALIBRATION_GROUPS group counts."""
+  import jax
+  import jax.numpy as jnp
+
+  import jax_flashoverlap as fo
+  m, n, world = pb.m, pb.n, pb.world
+  k_local = pb.k // world
+  device = pb.mesh.devices.flat[0]
+  x, w = jax.device_put(bench._random_inputs(jax.random.key(1), m, n, k_local, pb.dtype),
+                        device)
+  variants = {}
+  for sms in comm_sms_list:
+    fn = jax.jit(lambda x, w, sms=sms: fo.matmul(x, w, comm_sms=sms))
+    if not bench.uses_custom_call(fn, (x, w), "flashoverlap_gemm"):
+      raise RuntimeError("the signaling GEMM is not in use (is the CUDA extension built?): "
+                         f"{fo.info()['paths']['matmul']['why']}")
+    variants[f"gemm_sms{sms}"] = (fn, (x, w))
+  y = jax.jit(lambda: jnp.ones((world * m, n), pb.dtype),
+              out_shardings=jax.sharding.NamedSharding(
+                  pb.mesh, jax.sharding.PartitionSpec("tp", None)))()
+  groups = [g for g in CALIBRATION_GROUPS if m % (g * world) == 0]
+  for sms in comm_sms_list:
+    for g in groups:
+      fn = bench.nccl_capped_fn(pb, types.SimpleNamespace(comm_sms=sms, num_groups=g))
+      if fn is None:
+        raise RuntimeError("our capped collective is not available (CUDA extension)")
+      variants[f"coll_sms{sms}_g{g}"] = (fn, (y,))
+  t = {v: r["median_ms"] for v, r in
+       bench.time_variants(variants, calls=calls, samples=samples).items()}
+  nbytes = m * n * pb.dtype.itemsize
+  wave = {sms: tune_model.wave_time(t[f"gemm_sms{sms}"] / 1e3, m, n, sms)
+          for sms in comm_sms_list}
+  comm = {}
+  for sms in comm_sms_list:
+    points = [(g, nbytes, t[f"coll_sms{sms}_g{g}"] / 1e3) for g in groups]
+    if len(points) >= 2:
+      comm[sms] = tune_model.fit_comm_curve(points)
+  return tune_model.Calibration(wave, comm), t
+
+
+def tune_problem(pb, args, progress) -> tuple:
+  """(config entry, report row) of one problem."""
+  import jax_flashoverlap as fo
+  label = f"{pb.collective} {pb.m}x{pb.n}x{pb.k}"
+  m, n, world = pb.m, pb.n, pb.world
+  k_local = pb.k // world
+  progress.show(f"{label}: calibrating")
+  cal, cal_ms = calibrate(pb, args.comm_sms, args.calls, args.samples)
+  progress.step(f"{label}: calibrated")
+  cands = tune_model.candidates(pb.collective, m, n, world, cal, pb.dtype.itemsize)
+  picked = tune_model.shortlist(cands, args.top)
+  progress.show(f"{label}: {len(cands)} candidates predicted, timing {len(picked)}")
+  baseline = pb.baseline()
+  ref32 = pb.reference_f32()
+  variants = {"xla_dot_collective": (baseline, pb.args)}
+  errors = {}
+  names = [_name(i, c) for i, c in enumerate(picked)]
+  for name, c in zip(names, picked):
+    fn = pb.smap(pb.ours)
+    with plan_lib.forced(band_rows=c.band_rows, comm_sms=c.comm_sms):
+      errors[name] = bench.relative_error(fn(*pb.args), ref32)  # compiles here
+      if not bench.uses_custom_call(fn, pb.args, pb.target):
+        raise RuntimeError(f"{name}: our custom call is not in the compiled program")
+    variants[name] = (fn, pb.args)
+  model_fn = pb.smap(pb.ours)
+  with bench.bench_variants.model_plans_only():
+    model_fn(*pb.args)  # compiles with the cost model's plan (no tuned config)
+  variants["cost_model_default"] = (model_fn, pb.args)
+  t = {v: r["median_ms"] for v, r in
+       bench.time_variants(variants, calls=args.calls, samples=args.samples).items()}
+  progress.step(f"{label}: timed")
+  worst = max(errors.values()) if errors else 0.0
+  if worst > args.max_error:
+    raise RuntimeError(f"{label}: a candidate plan's result is off float32 by {worst:.2e} "
+                       f"(> {args.max_error}); not saving plans from a broken build")
+  measured = {c: t[name] for name, c in zip(names, picked)}
+  best = min(picked, key=measured.get)
+  if measured[best] >= t["xla_dot_collective"]:
+    best = None
+  entry = entry_for(pb.collective, pb.dtype.name, m, n, k_local, world, best,
+                    measured.get(best, 0.0), t["xla_dot_collective"])
+  default = plan_lib.choose_plan(pb.collective, m, n, k_local, world, pb.dtype.itemsize)
+  row = {"collective": pb.collective, "m": pb.m, "n": pb.n, "k": pb.k, "world": world,
+         "calibration": cal.to_json(), "calibration_ms": cal_ms,
+         "candidates_predicted": len(cands),
+         "timed": [{"name": name, "comm_sms": c.comm_sms, "band_rows": list(c.band_rows),
+                    "how": c.how, "predicted_ms": c.predicted_s * 1e3,
+                    "measured_ms": t[name], "rel_error_vs_f32": errors[name]}
+                   for name, c in zip(names, picked)],
+         "times_ms": t, "entry": entry,
+         "cost_model_default": {"band_rows": list(default.band_rows),
+                                "comm_sms": default.comm_sms, "overlap": default.overlap}}
+  bench.say(f"{label}: xla {t['xla_dot_collective']:.3f} ms, cost-model default "
+            f"{t['cost_model_default']:.3f} ms, tuned "
+            + (f"{entry['measured_ms']:.3f} ms ({best.num_groups} groups, comm_sms "
+               f"{best.comm_sms}, {best.how}; predicted {entry['predicted_ms']:.3f} ms, error "
+               f"{entry['model_error']:+.1%})" if best else "XLA's path (no plan was faster)"))
+  return entry, row
 
 
 def main(argv=None) -> int:
@@ -41,17 +187,31 @@ def main(argv=None) -> int:
                                    description=__doc__.splitlines()[0])
   parser.add_argument("--shapes", type=bench._parse_shape, nargs="+",
                       default=list(bench.DESIGN_SHAPES), help="global MxNxK shapes")
-  parser.add_argument("--collectives", nargs="+", default=["all_reduce", "reduce_scatter"],
-                      choices=("all_reduce", "reduce_scatter"))
+  parser.add_argument("--collectives", nargs="*", default=["all_reduce", "reduce_scatter"],
+                      choices=("all_reduce", "reduce_scatter"),
+                      help="GEMM + collective ops to tune (none: give --collectives alone)")
+  parser.add_argument("--ops", nargs="*", default=[], choices=bench_a2a.OPS,
+                      help="also tune these all-to-all / all-gather ops (every plan of a "
+                           "comm_sms x groups / chunks grid; jax_flashoverlap.tune_a2a)")
   parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
   parser.add_argument("--world", type=int, default=0, help="GPUs in the mesh (0: all)")
-  parser.add_argument("--comm-sms", type=int, nargs="+", default=[8, 12, 16])
-  parser.add_argument("--groups", type=int, nargs="+", default=[0, 2, 4, 6, 8])
+  parser.add_argument("--comm-sms", type=int, nargs="+", default=[8, 12, 16],
+                      help="SMs left to NCCL to calibrate and search over")
+  parser.add_argument("--top", type=int, default=6,
+                      help="candidate plans timed per problem (at least one per comm_sms)")
   parser.add_argument("--calls", type=int, default=10)
   parser.add_argument("--samples", type=int, default=10)
+  parser.add_argument("--max-error", type=float, default=2e-2,
+                      help="largest relative error vs float32 accepted from a candidate")
   parser.add_argument("--out", help="config file to merge into (default: the user config "
                                     "dir, <gpu>_x<world>.json)")
+  parser.add_argument("--report", help="write every calibration and timing here (JSON)")
   args = parser.parse_args(argv)
+  for sms in args.comm_sms:
+    if not 1 <= sms < plan_lib.NUM_SMS:
+      parser.error(f"--comm-sms values must be in [1, {plan_lib.NUM_SMS}), got {sms}")
+  if args.top < 1:
+    parser.error(f"--top must be >= 1, got {args.top}")
   import jax
   if jax.default_backend() != "gpu":
     print("jax_flashoverlap.tune: needs GPUs (JAX's backend here is "
@@ -60,15 +220,48 @@ def main(argv=None) -> int:
   devices = jax.devices()[: args.world] if args.world else jax.devices()
   args.world = len(devices)
   gpu = devices[0].device_kind
-  total = len(args.collectives) * len(args.shapes)
-  print(f"tuning {total} problems x {len(args.comm_sms) * len(args.groups)} plans on "
-        f"{args.world} x {gpu}", flush=True)
-  result = bench.bench_sweep(args)
-  entries = entries_from_sweep(result["rows"], args.dtype)
+  problems = list(bench._problems(args))
+  op_problems = [(op, shape) for op in args.ops for shape in args.shapes]
+  for op, (m, n, _) in op_problems:  # before any GPU time is spent
+    try:
+      bench_a2a.check_shape(op, m, n, args.world)
+    except ValueError as err:
+      parser.error(str(err).replace("bench a2a", "tune"))
+  if not problems and not op_problems:
+    parser.error("nothing to tune: give --collectives and/or --ops")
+  print(f"tuning {len(problems) + len(op_problems)} problems on {args.world} x {gpu}: "
+        f"comm_sms {args.comm_sms}, {args.top} timed plans each (ops: every plan of the grid)",
+        flush=True)
+  progress = Progress(2 * len(problems) + len(op_problems))
+  entries, rows = [], []
+  for pb in problems:
+    entry, row = tune_problem(pb, args, progress)
+    entries.append(entry)
+    rows.append(row)
+  if op_problems:
+    import numpy as np
+    from jax.sharding import Mesh
+    mesh = Mesh(np.array(devices), ("tp",))
+    key = jax.random.key(int(time.time()))
+    for op, shape in op_problems:
+      key, sub = jax.random.split(key)
+      entry, row = tune_a2a.tune_op(op, shape, mesh, args, progress, sub)
+      entries.append(entry)
+      rows.append(row)
   slug = re.sub(r"[^a-z0-9]+", "_", gpu.lower()).strip("_")
   out = args.out or tuning.user_config_dir() / f"{slug}_x{args.world}.json"
   path = tuning.write_entries(out, gpu, args.world, entries)
-  print(f"wrote {len(entries)} tuned plans to {path}")
+  errors = [abs(e["model_error"]) for e in entries if "model_error" in e]
+  print(f"wrote {len(entries)} tuned plans to {path}"
+        + (f"; model error of the kept plans: max {max(errors):.1%}, mean "
+           f"{sum(errors) / len(errors):.1%}" if errors else ""))
+  if args.report:
+    report = {"kind": "tune", "rows": rows, "config": str(path), "gpu": gpu,
+              "world": args.world, "command": "python -m jax_flashoverlap.tune "
+              + " ".join(argv or sys.argv[1:]), "git_commit": bench._git_commit(),
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    with open(args.report, "w") as f:
+      json.dump(report, f, indent=1, default=str)
   return 0
 
 

@@ -6,7 +6,12 @@ A config file (never pickle) holds measured-best plans for one GPU model and wor
      "entries": [{"collective": "all_reduce", "dtype": "bfloat16", "m": 8192, "n": 8192,
                   "k": 4096, "comm_sms": 16, "band_rows": [0, 1280, ..., 8192],
                   "overlap": true, "measured_ms": 1.039, "baseline_ms": 1.236,
-                  "source": "benchmarks/results/sweep_h200x2.json"}]}
+                  "predicted_ms": 1.01, "model_error": -0.028,
+                  "source": "python -m jax_flashoverlap.tune"}]}
+
+Optional, informative: measured_ms / baseline_ms (ours and XLA's dot + collective when
+tuned), predicted_ms and model_error (the tuner's measured cost model for the kept plan:
+predicted / measured - 1).
 
 m, n, k are the per-device GEMM's (x [m, k], w [k, n]). Files are read from the package's
 `configs/` folder, then from the user's config dir ($JAX_FLASHOVERLAP_CONFIG_DIR, default
@@ -25,7 +30,7 @@ SCHEMA = "jax_flashoverlap.plans/1"
 CONFIG_DIR_ENV = "JAX_FLASHOVERLAP_CONFIG_DIR"
 TUNED_ENV = "JAX_FLASHOVERLAP_TUNED"  # "0": ignore tuned configs (the cost model decides)
 PACKAGE_DIR = Path(__file__).resolve().parent / "configs"
-_COLLECTIVES = ("all_reduce", "reduce_scatter")
+_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_to_all", "all_gather")
 _DTYPES = ("bfloat16", "float16")
 
 _lock = threading.Lock()
@@ -57,9 +62,59 @@ def _int(path, where, entry, field, low=None, high=None):
   return value
 
 
+def entry_key(e: dict) -> tuple:
+  """(collective, dtype, m, n, k, variant) of an entry: variant is (split_axis, concat_axis)
+  for all-to-all, () otherwise."""
+  variant = ((e.get("split_axis"), e.get("concat_axis")) if e.get("collective") == "all_to_all"
+             else ())
+  return (e.get("collective"), e.get("dtype"), e.get("m"), e.get("n"), e.get("k"), variant)
+
+
+def _number(path, where, e, field, signed=False):
+  value = e.get(field, 0.0)
+  if (not isinstance(value, (int, float)) or isinstance(value, bool) or value != value
+      or abs(value) == float("inf") or (not signed and value < 0)):
+    kind = "a number" if signed else "a non-negative number"
+    _fail(path, f"{where}: '{field}' must be {kind}, got {value!r}")
+
+
+def _check_bands(path, where, e, rows):
+  from jax_flashoverlap.plan import GroupPlan
+  bands = e.get("band_rows")
+  if (not isinstance(bands, list) or len(bands) < 2 or
+      any(not isinstance(b, int) or isinstance(b, bool) for b in bands)):
+    _fail(path, f"{where}: 'band_rows' must be a list of at least 2 integers")
+  try:  # the same checks as every plan the ops lower with
+    GroupPlan(e["collective"], rows, tuple(bands), e["comm_sms"]).validate()
+  except ValueError as err:
+    _fail(path, f"{where}: {err}")
+
+
+def _check_plan(path, where, e, world, m):
+  """The collective's own plan fields: band_rows over the right rows, or chunks."""
+  from jax_flashoverlap.plan import MAX_GROUPS
+  collective = e["collective"]
+  if collective in ("all_reduce", "reduce_scatter"):
+    blocks = world if collective == "reduce_scatter" else 1
+    if m % blocks:
+      _fail(path, f"{where}: m={m} is not divisible by world_size {world}")
+    _check_bands(path, where, e, m // blocks)
+  elif collective == "all_to_all":
+    split = _int(path, where, e, "split_axis", 0, 1)
+    _int(path, where, e, "concat_axis", 0, 1)
+    if split == 0 and m % world:
+      _fail(path, f"{where}: m={m} is not divisible by world_size {world} (split_axis 0)")
+    _check_bands(path, where, e, m // world if split == 0 else m)
+  else:  # all_gather: m is the local rows of x
+    chunks = _int(path, where, e, "chunks", 1, MAX_GROUPS)
+    if m % chunks or world * chunks > MAX_GROUPS:
+      _fail(path, f"{where}: chunks={chunks} must divide m={m} and world_size * chunks must "
+                  f"be <= {MAX_GROUPS}")
+
+
 def validate(data, path="<config>") -> dict:
-  """Checks a parsed config; returns {key: entry} with key (gpu, world, collective, dtype, m, n, k)."""
-  from jax_flashoverlap.plan import NUM_SMS, GroupPlan
+  """Checks a parsed config; returns {key: entry}, key = (gpu, world) + entry_key(entry)."""
+  from jax_flashoverlap.plan import NUM_SMS
   if not isinstance(data, dict):
     _fail(path, "top level must be a JSON object")
   if data.get("schema") != SCHEMA:
@@ -81,28 +136,14 @@ def validate(data, path="<config>") -> dict:
     if e.get("dtype") not in _DTYPES:
       _fail(path, f"{where}: 'dtype' must be one of {_DTYPES}, got {e.get('dtype')!r}")
     m, n, k = (_int(path, where, e, f, 1) for f in ("m", "n", "k"))
-    comm_sms = _int(path, where, e, "comm_sms", 0, NUM_SMS - 1)
-    blocks = world if e["collective"] == "reduce_scatter" else 1
-    if m % blocks:
-      _fail(path, f"{where}: m={m} is not divisible by world_size {world}")
-    bands = e.get("band_rows")
-    rows = m // blocks
-    if (not isinstance(bands, list) or len(bands) < 2 or
-        any(not isinstance(b, int) or isinstance(b, bool) for b in bands)):
-      _fail(path, f"{where}: 'band_rows' must be a list of at least 2 integers")
-    try:  # the same checks as every plan the ops lower with
-      GroupPlan(e["collective"], rows, tuple(bands), comm_sms).validate()
-    except ValueError as err:
-      _fail(path, f"{where}: {err}")
+    _int(path, where, e, "comm_sms", 0, NUM_SMS - 1)
+    _check_plan(path, where, e, world, m)
     if not isinstance(e.get("overlap", True), bool):
       _fail(path, f"{where}: 'overlap' must be true or false")
-    for field in ("measured_ms", "baseline_ms"):  # optional; the plan's predicted times
-      value = e.get(field, 0.0)
-      if (not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0
-          or value == float("inf")):
-        _fail(path, f"{where}: '{field}' must be a non-negative number of milliseconds, "
-                    f"got {value!r}")
-    key = (gpu, world, e["collective"], e["dtype"], m, n, k)
+    for field in ("measured_ms", "baseline_ms", "predicted_ms"):  # optional; informative
+      _number(path, where, e, field)
+    _number(path, where, e, "model_error", signed=True)
+    key = (gpu, world) + entry_key(e)
     if key in out:
       _fail(path, f"{where}: duplicate entry for {key[2:]}")
     out[key] = e
@@ -147,11 +188,13 @@ def load_all() -> dict:
     return entries
 
 
-def lookup(gpu: str | None, world: int, collective: str, dtype: str, m: int, n: int, k: int):
-  """The tuned entry for this problem, or None."""
+def lookup(gpu: str | None, world: int, collective: str, dtype: str, m: int, n: int, k: int,
+           split_axis: int | None = None, concat_axis: int | None = None):
+  """The tuned entry for this problem, or None (split_axis / concat_axis: all-to-all only)."""
   if not gpu or os.environ.get(TUNED_ENV, "1").strip() == "0":
     return None
-  return load_all().get((gpu, world, collective, dtype, m, n, k))
+  variant = (split_axis, concat_axis) if collective == "all_to_all" else ()
+  return load_all().get((gpu, world, collective, dtype, m, n, k, variant))
 
 
 def write_entries(path, gpu: str, world: int, entries: list) -> Path:
@@ -165,9 +208,9 @@ def write_entries(path, gpu: str, world: int, entries: list) -> Path:
       raise ConfigError(f"jax_flashoverlap: {path} holds plans for {old['gpu']} x "
                         f"{old['world_size']}, not {gpu} x {world}")
     data = old
-  keyed = {(e["collective"], e["dtype"], e["m"], e["n"], e["k"]): e for e in data["entries"]}
+  keyed = {entry_key(e): e for e in data["entries"]}
   for e in entries:
-    keyed[(e["collective"], e["dtype"], e["m"], e["n"], e["k"])] = e
+    keyed[entry_key(e)] = e
   data["entries"] = list(keyed.values())
   validate(data, path)
   path.parent.mkdir(parents=True, exist_ok=True)

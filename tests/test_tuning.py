@@ -107,7 +107,7 @@ BAD = {
     "bands_not_increasing": [_entry(band_rows=[0, 512, 512, 1024])],
     "too_many_groups": [_entry(band_rows=list(range(0, 1025, 8)))],
     "comm_sms_out_of_range": [_entry(comm_sms=200)],
-    "bad_collective": [_entry(collective="all_gather")],
+    "bad_collective": [_entry(collective="all_sum")],
     "bad_dtype": [_entry(dtype="float32")],
     "rs_rows_not_divisible": [_entry(collective="reduce_scatter", m=1023, band_rows=[0, 511])],
     "duplicate": [_entry(), _entry()],
@@ -136,17 +136,6 @@ def test_write_entries_merges_and_checks_gpu(user_dir):
     assert {e["comm_sms"] for e in data["entries"] if e["n"] == 512} == {8}
     with pytest.raises(tuning.ConfigError, match="not NVIDIA H100"):
         tuning.write_entries(path, "NVIDIA H100", 2, [_entry()])
-
-
-def test_entries_from_sweep_rows():
-    rows = [{"collective": "all_reduce", "m": 8192, "n": 8192, "k": 8192, "world": 2,
-             "best": "sms16_g6", "times_ms": {"xla_dot_collective": 1.2, "sms16_g6": 1.0}},
-            {"collective": "reduce_scatter", "m": 4096, "n": 8192, "k": 8192, "world": 2,
-             "best": "sms8_g0", "times_ms": {"xla_dot_collective": 0.5, "sms8_g0": 0.6}}]
-    ar, rs = tune.entries_from_sweep(rows, "bfloat16")
-    assert ar["k"] == 4096 and ar["comm_sms"] == 16 and len(ar["band_rows"]) == 7 and ar["overlap"]
-    assert rs["band_rows"][-1] == 2048 and not rs["overlap"]  # XLA was faster
-    tuning.validate({"schema": tuning.SCHEMA, "gpu": H200, "world_size": 2, "entries": [ar, rs]})
 
 
 def test_tune_cli_refuses_without_gpu():

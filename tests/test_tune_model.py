@@ -1,0 +1,203 @@
+"""The tuner's measured cost model and search (jax_flashoverlap.tune_model), its config
+entries and progress display (jax_flashoverlap.tune), and forced explicit plans: on CPU."""
+import io
+import itertools
+import math
+
+import pytest
+
+from jax_flashoverlap import plan as P
+from jax_flashoverlap import tune, tune_model as TM, tuning
+
+
+def test_fit_comm_curve_recovers_latency_and_bandwidth():
+    lat, bw, total = 25e-6, 180e9, 128 << 20
+    points = [(g, total, g * lat + total / bw) for g in (1, 2, 4, 8)]
+    curve = TM.fit_comm_curve(points)
+    assert curve.latency_s == pytest.approx(lat, rel=1e-9)
+    assert curve.bytes_per_s == pytest.approx(bw, rel=1e-9)
+    assert curve.time(1 << 20) == pytest.approx(lat + (1 << 20) / bw)
+
+
+def test_fit_comm_curve_clamps_negative_latency_and_needs_two_group_counts():
+    total = 64 << 20
+    # times that shrink with more groups: no positive latency fits; bandwidth alone
+    curve = TM.fit_comm_curve([(1, total, 1.0e-3), (4, total, 0.9e-3)])
+    assert curve.latency_s == 0.0 and curve.bytes_per_s > 0
+    with pytest.raises(ValueError, match="two or more group counts"):
+        TM.fit_comm_curve([(2, total, 1e-3), (2, total, 1.1e-3)])
+
+
+def _calibration_from_profile(collective, m, n, k, world, sms_list, p=P.DEFAULT_PROFILE):
+    """The calibration under which tune_model must predict exactly what plan.py does."""
+    wave, comm = {}, {}
+    for sms in sms_list:
+        kern = P._kernel(m, n, sms)
+        wave[sms] = 2.0 * kern.block_m * kern.block_n * k / p.sm_flops
+        if collective == "all_reduce":
+            bw = P._busbw(p.all_reduce_busbw, sms) * world / (2 * (world - 1))
+        else:
+            bw = P._busbw(p.reduce_scatter_busbw, sms) * world / (world - 1)
+        comm[sms] = TM.CommCurve(p.comm_latency, bw)
+    return TM.Calibration(wave, comm, p.interference, p.copy_bandwidth)
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter"])
+@pytest.mark.parametrize("shape", [(8192, 8192, 4096), (4096, 8192, 4096), (8192, 28672, 4096)])
+def test_predict_matches_the_cost_model_under_its_own_calibration(collective, shape):
+    m, n, k = shape
+    cal = _calibration_from_profile(collective, m, n, k, 2, (8, 16))
+    for sms in (8, 16):
+        for groups in (1, 3, 6):
+            bands = P.aligned_even_bands(collective, m, n, 2, groups, sms)
+            assert TM.predict(collective, m, n, 2, bands, sms, cal) == pytest.approx(
+                P.plan_time(collective, m, n, k, 2, bands, sms), rel=1e-12)
+
+
+def test_candidates_are_sorted_and_the_dp_plan_is_the_best_found():
+    m, n, k = 8192, 8192, 4096
+    cal = _calibration_from_profile("all_reduce", m, n, k, 2, (8, 16))
+    cands = TM.candidates("all_reduce", m, n, 2, cal)
+    times = [c.predicted_s for c in cands]
+    assert times == sorted(times)
+    assert len({(c.comm_sms, c.band_rows) for c in cands}) == len(cands)
+    assert {c.comm_sms for c in cands} == {8, 16}
+    # no even split beats the dynamic-programming optimum of the same comm_sms
+    for sms in (8, 16):
+        dp = next(c for c in cands if c.comm_sms == sms and c.how == "dp")
+        evens = [c for c in cands if c.comm_sms == sms and c.how.startswith("even")]
+        assert evens and all(dp.predicted_s <= c.predicted_s + 1e-15 for c in evens)
+
+
+def test_small_problems_are_searched_exhaustively():
+    m, n, k = 2048, 4096, 2048  # 8 work units of 256 rows: 2^7 compositions per comm_sms
+    cal = _calibration_from_profile("all_reduce", m, n, k, 2, (8,))
+    cands = TM.candidates("all_reduce", m, n, 2, cal)
+    step = P.cut_step(m, n, 8)
+    assert step == 256 or step == 128
+    cuts = list(range(step, m, step))
+    brute = min(TM.predict("all_reduce", m, n, 2, (0,) + c + (m,), 8, cal)
+                for r in range(len(cuts) + 1) for c in itertools.combinations(cuts, r))
+    assert len(cands) == 2 ** len(cuts)
+    assert cands[0].predicted_s == pytest.approx(brute, rel=1e-12)
+
+
+def test_shortlist_keeps_the_best_of_every_comm_sms():
+    mk = lambda sms, t, g: TM.Candidate(sms, tuple(range(0, g + 1)), t, "x")
+    cands = sorted([mk(8, 1.0, 2), mk(8, 1.1, 3), mk(8, 1.2, 4), mk(16, 2.0, 2), mk(12, 3.0, 2)],
+                   key=lambda c: c.predicted_s)
+    short = TM.shortlist(cands, 2)
+    assert {c.comm_sms for c in short} == {8, 12, 16} and len(short) == 3
+    assert [c.predicted_s for c in short] == sorted(c.predicted_s for c in short)
+    assert len(TM.shortlist(cands, 4)) == 4 and TM.shortlist(cands, 4)[1].predicted_s == 1.1
+
+
+def test_entries_validate_and_carry_the_model_error():
+    chosen = TM.Candidate(16, (0, 1280, 4096, 8192), 1.0e-3, "dp")
+    e = tune.entry_for("all_reduce", "bfloat16", 8192, 8192, 4096, 2, chosen, 1.05, 1.22)
+    assert e["overlap"] and e["predicted_ms"] == pytest.approx(1.0)
+    assert e["model_error"] == pytest.approx(1.0 / 1.05 - 1)
+    xla = tune.entry_for("reduce_scatter", "bfloat16", 4096, 8192, 4096, 2, None, 0.0, 0.56)
+    assert not xla["overlap"] and xla["band_rows"] == [0, 2048]
+    assert xla["measured_ms"] == xla["baseline_ms"] == 0.56
+    tuning.validate({"schema": tuning.SCHEMA, "gpu": "NVIDIA H200", "world_size": 2,
+                     "entries": [e, xla]})
+    with pytest.raises(tuning.ConfigError, match="model_error"):
+        tuning.validate({"schema": tuning.SCHEMA, "gpu": "NVIDIA H200", "world_size": 2,
+                         "entries": [dict(e, model_error="small")]})
+
+
+def test_progress_lines_on_a_log():
+    out = io.StringIO()
+    bar = tune.Progress(4, stream=out, width=8)
+    bar.show("calibrating")
+    bar.step("calibrated")
+    bar.step("timed")
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("[........] 0/4") and lines[0].endswith("calibrating")
+    assert lines[1].startswith("[##......] 1/4") and lines[2].startswith("[####....] 2/4")
+
+
+def test_forced_explicit_bands():
+    bands = (0, 512, 2048, 8192)
+    with P.forced(band_rows=bands, comm_sms=12):
+        plan = P.choose_plan("all_reduce", 8192, 8192, 4096, 2)
+    assert plan.band_rows == bands and plan.comm_sms == 12 and plan.overlap
+    assert plan.predicted_s == pytest.approx(P.plan_time("all_reduce", 8192, 8192, 4096, 2,
+                                                         bands, 12))
+    with pytest.raises(ValueError, match="not both"):
+        P.forced(num_groups=2, band_rows=bands)
+    with P.forced(band_rows=(0, 512, 4096)):  # does not end at the block's rows
+        with pytest.raises(ValueError, match="must start at 0 and end at 8192"):
+            P.choose_plan("all_reduce", 8192, 8192, 4096, 2)
+
+
+def test_tune_cli_rejects_bad_arguments():
+    with pytest.raises(SystemExit):
+        tune.main(["--comm-sms", "0"])
+    with pytest.raises(SystemExit):
+        tune.main(["--top", "0"])
+
+
+# --- all-to-all / all-gather entries (jax_flashoverlap.tune_a2a) ------------------------------
+
+from jax_flashoverlap import plan_a2a, tune_a2a  # noqa: E402
+
+
+def test_a2a_grid_and_local_problem():
+    assert tune_a2a.local_problem("all_gather", 8192, 8192, 4096, 2) == (4096, 4096, 4096)
+    assert tune_a2a.local_problem("all_to_all", 8192, 8192, 4096, 2) == (4096, 8192, 4096)
+    g = tune_a2a.grid("all_gather", (8, 16), 4096, 2)
+    assert [p.name for p in g] == ["sms8_chunks1", "sms8_chunks2", "sms8_chunks4",
+                                   "sms16_chunks1", "sms16_chunks2", "sms16_chunks4"]
+    assert len(tune_a2a.grid("all_to_all", (8,), 4096, 2)) == len(tune_a2a.A2A_GROUPS)
+    # chunks that do not divide the rows are not in the grid
+    assert [p.groups for p in tune_a2a.grid("all_gather", (8,), 6, 2)] == [1, 2]
+
+
+@pytest.mark.parametrize("op", ["all_to_all", "all_to_all_ulysses", "all_gather"])
+def test_a2a_entries_validate_and_are_looked_up(op, tmp_path, monkeypatch):
+    monkeypatch.setenv(tuning.CONFIG_DIR_ENV, str(tmp_path))
+    rows, n, k = tune_a2a.local_problem(op, 8192, 8192, 4096, 2)
+    p = tune_a2a.GridPlan("x", 16, 2)
+    plan = tune_a2a._chosen_plan(op, p, rows, n, k, 2, 2)
+    won = tune_a2a.entry_for(op, "bfloat16", rows, n, k, 2, plan, 2.0, 2.5)
+    lost = tune_a2a.entry_for(op, "float16", rows, n, k, 2, None, 2.6, 2.5)
+    assert won["overlap"] and won["comm_sms"] == 16 and "model_error" in won
+    assert not lost["overlap"] and lost["measured_ms"] == 2.5
+    tuning.write_entries(tmp_path / "h200_x2.json", "NVIDIA H200", 2, [won, lost])
+    if op == "all_gather":
+        assert won["chunks"] == 2
+        got = plan_a2a.choose_all_gather_plan(rows, n, k, 2, gpu="NVIDIA H200")
+        assert (got.chunks, got.comm_sms, got.overlap) == (2, 16, True)
+        assert not plan_a2a.choose_all_gather_plan(rows, n, k, 2, gpu="NVIDIA H200",
+                                                   dtype="float16").overlap
+    else:
+        split = 1 if op == "all_to_all_ulysses" else 0
+        got = plan_a2a.choose_a2a_plan(rows, n, k, 2, split, 0, gpu="NVIDIA H200")
+        assert got.band_rows == tuple(won["band_rows"]) and got.comm_sms == 16
+        # another split / concat is another problem: the cost model's plan
+        assert plan_a2a.choose_a2a_plan(rows, n, k, 2, 1 - split, 0, gpu="NVIDIA H200") == \
+            plan_a2a.default_a2a_plan(rows, n, k, 2, 1 - split, 0)
+    # an explicit comm_sms or another GPU: the cost model
+    assert (plan_a2a.choose_all_gather_plan(rows, n, k, 2, comm_sms=8, gpu="NVIDIA H200")
+            .comm_sms == 8)
+
+
+BAD_A2A = {
+    "a2a_no_split_axis": dict(collective="all_to_all", m=4096, n=512, k=64, comm_sms=8,
+                              concat_axis=0, band_rows=[0, 2048]),
+    "a2a_bands_wrong_rows": dict(collective="all_to_all", m=4096, n=512, k=64, comm_sms=8,
+                                 split_axis=0, concat_axis=0, band_rows=[0, 4096]),
+    "ag_chunks_not_dividing": dict(collective="all_gather", m=4096, n=512, k=64, comm_sms=8,
+                                   chunks=3),
+    "ag_no_chunks": dict(collective="all_gather", m=4096, n=512, k=64, comm_sms=8),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_A2A))
+def test_bad_a2a_entries_are_errors(case):
+    entry = dict(BAD_A2A[case], dtype="bfloat16")
+    with pytest.raises(tuning.ConfigError, match="split_axis|band_rows|chunks|end at"):
+        tuning.validate({"schema": tuning.SCHEMA, "gpu": "NVIDIA H200", "world_size": 2,
+                         "entries": [entry]}, path=case)
