@@ -4,6 +4,7 @@ for JAX on NVIDIA GPUs.
 Per-device ops (inside jax.shard_map): matmul_all_reduce, matmul_reduce_scatter, matmul,
 matmul_all_to_all, all_gather_matmul.
 Global view (under jax.jit with NamedSharding inputs): row_parallel_matmul.
+Per-group timeline of the overlapped calls: jax_flashoverlap.trace.
 """
 
 from jax_flashoverlap.ops import matmul, matmul_all_reduce, matmul_reduce_scatter
@@ -12,7 +13,7 @@ from jax_flashoverlap.sharding import row_parallel_matmul
 from jax_flashoverlap._info import info
 from jax_flashoverlap._validation import AxisNameError
 from jax_flashoverlap._version import __version__
-from jax_flashoverlap import distributed, plan
+from jax_flashoverlap import distributed, plan, trace
 
 __all__ = [
     "matmul",

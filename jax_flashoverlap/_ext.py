@@ -18,6 +18,7 @@ FORCE_REFERENCE_ENV = "JAX_FLASHOVERLAP_FORCE_REFERENCE"
 # is predicted not to pay: every shape then runs our kernels (tests, benchmarks).
 FALLBACK_ENV = "JAX_FLASHOVERLAP_FALLBACK"
 GEMM_EPILOGUE_ENV = "FLASHOVERLAP_GEMM_EPILOGUE"  # read by the kernel launcher at every launch
+ALL_REDUCE_BUFFER_ENV = "JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER"  # read at lowering
 
 
 def _load_extension():
@@ -94,6 +95,24 @@ def check_gemm_epilogue() -> None:
     raise ValueError(f"jax_flashoverlap: environment variable {GEMM_EPILOGUE_ENV}={raw!r} must "
                      "be 'overlap' (the default) or 'sync' (the signaling GEMM's earlier "
                      "epilogue)")
+
+
+def all_reduce_in_place() -> bool:
+  """JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER: 'workspace' (unset: the default) or 'output'.
+
+  workspace: the GEMM writes into the communicator's registered M x N window, NCCL reduces
+  there on few SMs, copies move each group to XLA's output (fast; one persistent M x N buffer
+  per communicator). output: the GEMM writes into XLA's output and NCCL reduces it in place
+  (no extra buffer, only the group counters; NCCL on a plain buffer is slower per CTA, which
+  the cost model knows)."""
+  raw = os.environ.get(ALL_REDUCE_BUFFER_ENV)
+  if raw in (None, "", "workspace"):
+    return False
+  if raw == "output":
+    return True
+  raise ValueError(f"jax_flashoverlap: environment variable {ALL_REDUCE_BUFFER_ENV}={raw!r} "
+                   "must be 'workspace' (the default: a registered M x N window per "
+                   "communicator) or 'output' (reduce in XLA's output, no extra buffer)")
 
 
 @functools.lru_cache(maxsize=None)

@@ -136,6 +136,8 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
   ext = _ext.ext
   if ext is None:
     raise RuntimeError("jax_flashoverlap: the CUDA extension is not built")
+  from jax_flashoverlap import trace
+  trace.apply_env()  # FLASHOVERLAP_TRACE: on before the first call can run
   cid = comm_id_for(mesh, axis_name, comm_sms, peer_to_peer)
   watchdog = watchdog_seconds()
   groups = axis_groups(mesh, axis_name)
@@ -187,14 +189,18 @@ def op_memory(op: str, x_shape, w_shape, dtype, world: int) -> dict:
   on that communicator, grown to the largest; DESIGN.md says why the all-reduce has one too).
   The collectives (all-reduce, reduce-scatter) share one communicator per axis, the
   point-to-point ops (all-to-all, all-gather) another, each with its own workspace.
-  `counter_bytes`: the group counters. x_shape / w_shape are per device.
+  `counter_bytes`: the group counters. x_shape / w_shape are per device. The all-reduce
+  lowered with JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER=output (read here as at lowering) needs no
+  workspace: only the counters.
   """
   import numpy as np
+
+  from jax_flashoverlap import _ext
   itemsize = np.dtype(dtype).itemsize
   m, k = int(np.prod(x_shape[:-1])), int(x_shape[-1])
   n = int(w_shape[-1])
   workspace = {
-      "matmul_all_reduce": m * n,           # GEMM output, reduced in place, copied out
+      "matmul_all_reduce": 0 if _ext.all_reduce_in_place() else m * n,  # reduced, copied out
       "matmul_reduce_scatter": m * n,       # the full local product in the group layout
       "matmul_all_to_all": m * n,           # concat_axis=1 needs twice this (staging half)
       "all_gather_matmul": world * m * k,   # the gathered x

@@ -40,6 +40,11 @@ class MachineProfile:
   # ~10 us per call taken off): the reduce-scatter on 8 CTAs is slow (~90 GB/s).
   # Linear in between, clamped outside.
   all_reduce_busbw: tuple = ((8, 235e9), (16, 294e9))
+  # The all-reduce in place on XLA's output (JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER=output): a
+  # plain buffer, ~20 GB/s per CTA (DESIGN.md: 128 MB took 3.37 / 1.80 / 0.96 / 0.63 ms on
+  # 2 / 4 / 8 / 16 CTAs alone), and no copy to the output.
+  all_reduce_in_place: bool = False
+  all_reduce_plain_busbw: tuple = ((2, 40e9), (4, 75e9), (8, 140e9), (16, 213e9))
   reduce_scatter_busbw: tuple = ((8, 90e9), (16, 200e9))
   copy_bandwidth: float = 1.5e12    # workspace -> output copy (copy engine), bytes/s
   # XLA's own uncapped collectives (the baseline we must beat).
@@ -121,7 +126,8 @@ def _kernel(m: int, n: int, comm_sms: int) -> _Kernel:
 def _comm_time(collective: str, group_bytes: float, world: int, p: MachineProfile,
                comm_sms: int) -> float:
   if collective == "all_reduce":
-    wire = group_bytes * 2 * (world - 1) / world / _busbw(p.all_reduce_busbw, comm_sms)
+    table = p.all_reduce_plain_busbw if p.all_reduce_in_place else p.all_reduce_busbw
+    wire = group_bytes * 2 * (world - 1) / world / _busbw(table, comm_sms)
     # The copy to XLA's output runs on the copy engine beside the next group's all-reduce.
     return p.comm_latency + wire
   return p.comm_latency + group_bytes * (world - 1) / world / _busbw(p.reduce_scatter_busbw,
@@ -159,7 +165,7 @@ def plan_time(collective: str, m: int, n: int, k: int, world: int, band_rows, co
   kern = _kernel(m, n, comm_sms)
   unit_time = 2.0 * kern.block_m * kern.block_n * k / p.sm_flops * p.interference
   tail = 0.0
-  if collective == "all_reduce":  # the last group's copy to the output is exposed
+  if collective == "all_reduce" and not p.all_reduce_in_place:  # the last group's copy
     tail = (band_rows[-1] - band_rows[-2]) * n * itemsize / p.copy_bandwidth
   return pipeline_time(
       band_rows, gemm_end_fn(collective, m, n, world, comm_sms, unit_time),
@@ -302,13 +308,15 @@ def is_forced() -> bool:
 
 def choose_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: int = 2,
                 comm_sms: int | None = None, gpu: str | None = None,
-                dtype: str = "bfloat16") -> GroupPlan:
+                dtype: str = "bfloat16", in_place: bool = False) -> GroupPlan:
   """The plan an op lowers with, by priority: an active `forced(...)` override; an explicit
   `comm_sms` (the cost model's best bands for it); a tuned config entry for this GPU, world
-  size and shape (jax_flashoverlap.tuning); the cost model."""
+  size and shape (jax_flashoverlap.tuning; tuned with the registered workspace, so not for
+  an all-reduce `in_place` on XLA's output); the cost model."""
+  in_place = bool(in_place) and collective == "all_reduce"
   override = _override.get()
   forced_groups, forced_sms, forced_overlap, forced_bands = override or (None, None, True, None)
-  if override is None and comm_sms is None:
+  if override is None and comm_sms is None and not in_place:
     from jax_flashoverlap import tuning
     entry = tuning.lookup(gpu, world, collective, dtype, m, n, k)
     if entry is not None:
@@ -323,6 +331,8 @@ def choose_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: i
   profile = profile_for_world(world)
   if comm_sms is not None:
     profile = dataclasses.replace(profile, comm_sms=int(comm_sms))
+  if in_place:
+    profile = dataclasses.replace(profile, all_reduce_in_place=True)
   plan = default_plan(collective, m, n, k, world, itemsize, profile)
   if override is None:
     return plan

@@ -94,15 +94,19 @@ def _collective_cuda_lowering(prim, reference_lowering, collective):
       return reference_lowering(ctx, x, w, axis_name=axis_name)
     mesh, world, x_aval, w_aval, dtype = lowering_problem(ctx, axis_name)
     (m, k), n = x_aval.shape, w_aval.shape[1]
+    in_place = collective == "all_reduce" and _ext.all_reduce_in_place()
     plan = plan_lib.choose_plan(collective, m, n, k, world, dtype.itemsize, comm_sms,
-                                gpu=comm.mesh_gpu_name(mesh), dtype=dtype.name)
+                                gpu=comm.mesh_gpu_name(mesh), dtype=dtype.name,
+                                in_place=in_place)
     if keep_reference(plan, comm_sms, plan_lib.is_forced()):
       return reference_lowering(ctx, x, w, axis_name=axis_name)
     comm_id = prepare_communicators(
-        prim.name, mesh, axis_name, {"band_rows": list(plan.band_rows)}, plan.comm_sms,
-        m * n * dtype.itemsize, f"x {tuple(x_aval.shape)} w {tuple(w_aval.shape)}")
+        prim.name, mesh, axis_name, {"band_rows": list(plan.band_rows), "in_place": in_place},
+        plan.comm_sms, 0 if in_place else m * n * dtype.itemsize,
+        f"x {tuple(x_aval.shape)} w {tuple(w_aval.shape)}")
+    attrs = {"in_place": np.int32(in_place)} if collective == "all_reduce" else {}
     return emit_call(prim, ctx, x, w, comm_id, world, plan.comm_sms,
-                     band_rows=np.asarray(plan.band_rows, dtype=np.int32))
+                     band_rows=np.asarray(plan.band_rows, dtype=np.int32), **attrs)
   return lowering
 
 

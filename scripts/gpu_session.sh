@@ -44,7 +44,7 @@ for step in "${steps[@]}"; do
       run_step procs1 python3 -m jax_flashoverlap.bench overlap --variants ${PROCS_ARGS:-} --out "$OUT/procs1_$TAG.json"
       run_step procs2 python3 -m jax_flashoverlap.launch -n 2 --gpus-per-process 1 --timeout 500 -m jax_flashoverlap.bench overlap --variants ${PROCS_ARGS:-} --out "$OUT/procs2_$TAG.json" ;;
     tune)  # tuned plans for this machine into the package's configs (later steps use them)
-      run_step tune python3 -m jax_flashoverlap.tune ${TUNE_ARGS:-} --out "jax_flashoverlap/configs/${TAG/h200x/h200_x}.json"
+      run_step tune python3 -m jax_flashoverlap.tune ${TUNE_ARGS:-} --out "jax_flashoverlap/configs/${TAG/h200x/h200_x}.json" --report "$OUT/tune_$TAG.json"
       cp jax_flashoverlap/configs/*.json "$OUT/" ;;
     stress) run_step stress python3 benchmarks/stress.py --out "$OUT/stress_$TAG.json" ;;
     flax_example) run_step flax_example python3 examples/tp_transformer_block.py --steps 20 --json "$OUT/tp_block_$TAG.json" ;;
@@ -56,13 +56,13 @@ for step in "${steps[@]}"; do
     harness)  # the overlapped ops without JAX (tests/cuda/overlap_harness.cc), one process per GPU
       run_step harness_build bash tests/cuda/build_overlap_harness.sh
       run_step harness bash tests/cuda/run_overlap_harness.sh none "$OUT/harness" --calls 3
-      run_step harness_odd bash tests/cuda/run_overlap_harness.sh none "$OUT/harness_odd" --m 320 --n 272 --k 200 --ops ar,rs,a2a,a2a11,ag
+      run_step harness_odd bash tests/cuda/run_overlap_harness.sh none "$OUT/harness_odd" --m 320 --n 272 --k 200 --ops ar,ar_out,rs,a2a,a2a11,ag
       run_step harness_spin env JAX_FLASHOVERLAP_WAIT=spin bash tests/cuda/run_overlap_harness.sh none "$OUT/harness_spin"
       for kind in nccl cuda; do  # an injected failure per call: named, and the next call right
-        run_step "harness_inject_$kind" bash tests/cuda/run_overlap_harness.sh none "$OUT/harness_inject_$kind" --inject "$kind" --ops ar,rs,a2a,a2a11,ag
+        run_step "harness_inject_$kind" bash tests/cuda/run_overlap_harness.sh none "$OUT/harness_inject_$kind" --inject "$kind" --ops ar,ar_out,rs,a2a,a2a11,ag
       done ;;
     sanitize_harness)  # the same under compute-sanitizer (small, unaligned shapes: the tools are slow)
-      hargs=(--m 320 --n 272 --k 200 --calls 1 --ops ar,rs,a2a,a2a11,ag)
+      hargs=(--m 320 --n 272 --k 200 --calls 1 --ops ar,ar_out,rs,a2a,a2a11,ag)
       for tool in memcheck racecheck synccheck; do
         run_step "hsan_$tool" bash tests/cuda/run_overlap_harness.sh "$tool" "$OUT/harness_san" "${hargs[@]}"
       done

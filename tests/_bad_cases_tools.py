@@ -277,6 +277,12 @@ def env_fallback_typo(t):
     cuda_lowering_text()  # a small shape: the cost model predicts no gain, the switch decides
 
 
+def env_all_reduce_buffer_typo(t):
+    t.monkeypatch.delenv(_ext.FORCE_REFERENCE_ENV, raising=False)
+    t.monkeypatch.setenv(_ext.ALL_REDUCE_BUFFER_ENV, "in_place")
+    cuda_lowering_text()
+
+
 def env_gemm_epilogue_typo(t):
     t.monkeypatch.delenv(_ext.FORCE_REFERENCE_ENV, raising=False)
     t.monkeypatch.setenv(_ext.GEMM_EPILOGUE_ENV, "snyc")

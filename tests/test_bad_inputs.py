@@ -262,6 +262,9 @@ CASES = [
     pytest.param(env_gemm_epilogue_typo, raises(ValueError, _ext.GEMM_EPILOGUE_ENV, "'snyc'",
                                                 "must be 'overlap' (the default) or 'sync'"),
                  id="env-gemm-epilogue-typo"),
+    pytest.param(env_all_reduce_buffer_typo, raises(ValueError, _ext.ALL_REDUCE_BUFFER_ENV,
+                                                    "'in_place'", "must be 'workspace'"),
+                 id="env-all-reduce-buffer-typo"),
 ]
 
 CUSTOM_CALLS = ("flashoverlap_gemm_all_reduce", "flashoverlap_gemm_reduce_scatter")

@@ -195,11 +195,16 @@ def test_missing_extension_warning_once(fo, tmp_path):
     assert out["first"][1], out
 
 
-def test_op_memory_reports_workspace_and_counters():
+def test_op_memory_reports_workspace_and_counters(monkeypatch):
   from jax_flashoverlap import comm
   import jax.numpy as jnp
+  monkeypatch.delenv("JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER", raising=False)
   ar = comm.op_memory("matmul_all_reduce", (8192, 4096), (4096, 8192), jnp.bfloat16, 2)
   assert ar == {"workspace_bytes": 8192 * 8192 * 2, "counter_bytes": 256}
+  monkeypatch.setenv("JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER", "output")  # in place: counters only
+  ar = comm.op_memory("matmul_all_reduce", (8192, 4096), (4096, 8192), jnp.bfloat16, 2)
+  assert ar == {"workspace_bytes": 0, "counter_bytes": 256}
+  monkeypatch.delenv("JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER")
   rs = comm.op_memory("matmul_reduce_scatter", (4, 2048, 4096), (4096, 1024), jnp.float16, 2)
   assert rs["workspace_bytes"] == 4 * 2048 * 1024 * 2
   ag = comm.op_memory("all_gather_matmul", (1024, 4096), (4096, 512), jnp.bfloat16, 4)

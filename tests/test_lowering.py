@@ -13,6 +13,7 @@ M x N x K = 4096 x 8192 x 8192, the first DESIGN.md shape; abstract jax.ShapeDty
 arguments, nothing that size is allocated) with the fallback off, and one test checks the default
 settings at that shape on 2 devices (the GPU machine's configuration), where overlap must be chosen.
 """
+import dataclasses
 import re
 
 import pytest
@@ -198,3 +199,42 @@ def test_cpu_lowering_has_no_custom_call(fo, name):
     text = jax.jit(f).trace(*args).lower().as_text()
     assert "flashoverlap_gemm" not in text, text
     assert "dot_general" in text
+
+
+@pytest.mark.parametrize("buffer", [None, "workspace", "output"])
+def test_cuda_lowering_all_reduce_buffer_switch(fo, no_fallback, monkeypatch, buffer):
+    """JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER=output lowers the all-reduce with in_place = 1 (the
+    GEMM and NCCL work on XLA's output, no workspace); the reduce-scatter has no such mode."""
+    if buffer is None:
+        monkeypatch.delenv("JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER", raising=False)
+    else:
+        monkeypatch.setenv("JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER", buffer)
+    mesh = make_mesh_1d(4)
+    for name in ("all_reduce", "reduce_scatter"):
+        f, args = _program(fo, name, mesh, size=LARGE)
+        call = "\n".join(_custom_call_lines(_cuda_text(f, args), PRIMITIVE_NAMES[name]))
+        found = re.search(r"in_place\s*=\s*(\d+)", call)
+        if name == "reduce_scatter":
+            assert found is None, call
+        else:
+            assert found is not None, call
+            assert found.group(1) == ("1" if buffer == "output" else "0"), call
+
+
+def test_in_place_plan_uses_the_plain_buffer_model():
+    """In place, the all-reduce is priced with plain-buffer NCCL (slower per CTA) and no copy;
+    tuned entries (measured with the workspace) are not used for it."""
+    from jax_flashoverlap import plan as P
+
+    ws = P.choose_plan("all_reduce", 8192, 8192, 4096, 2, gpu="NVIDIA H200")
+    ip = P.choose_plan("all_reduce", 8192, 8192, 4096, 2, gpu="NVIDIA H200", in_place=True)
+    assert ip == P.default_plan("all_reduce", 8192, 8192, 4096, 2, 2, dataclasses.replace(
+        P.DEFAULT_PROFILE, all_reduce_in_place=True))
+    bands = (0, 4096, 8192)
+    slow = P.plan_time("all_reduce", 8192, 8192, 4096, 2, bands, 8, 2, dataclasses.replace(
+        P.DEFAULT_PROFILE, all_reduce_in_place=True))
+    assert slow > P.plan_time("all_reduce", 8192, 8192, 4096, 2, bands, 8)
+    assert ws.predicted_s > 0 and ip.predicted_s > 0
+    # reduce-scatter ignores the switch
+    assert P.choose_plan("reduce_scatter", 8192, 8192, 4096, 2, in_place=True) == \
+        P.choose_plan("reduce_scatter", 8192, 8192, 4096, 2)

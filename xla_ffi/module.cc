@@ -12,6 +12,7 @@
 
 #include "xla_ffi/comm/communicator.h"
 #include "xla_ffi/comm/fault_injection.h"
+#include "xla_ffi/comm/trace.h"
 
 #include "cutlass/version.h"
 #include "xla_ffi/ffi/handlers.h"
@@ -142,6 +143,37 @@ py::list ListCommunicators() {
   return out;
 }
 
+void SetTrace(bool enabled, int capacity) {
+  flashoverlap::Status status = flashoverlap::SetTraceEnabled(enabled, capacity);
+  if (!status.ok()) throw std::invalid_argument(status.message);
+}
+
+py::list ReadTrace(bool clear) {
+  std::vector<flashoverlap::TracedCall> calls;
+  flashoverlap::Status status;
+  {
+    py::gil_scoped_release release;  // waits for the traced calls' events
+    status = flashoverlap::ReadTrace(clear, &calls);
+  }
+  ThrowIfError(status);
+  py::list out;
+  for (const auto& c : calls) {
+    py::dict d;
+    d["op"] = c.op;
+    d["device"] = c.device;
+    d["rank"] = c.rank;
+    d["world_size"] = c.world_size;
+    d["comm_sms"] = c.comm_sms;
+    d["band_rows"] = c.band_rows;
+    d["gemm_done_ms"] = c.gemm_done_ms;
+    d["ready_ms"] = c.ready_ms;
+    d["comm_done_ms"] = c.comm_done_ms;
+    d["copy_done_ms"] = c.copy_done_ms;
+    out.append(d);
+  }
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_xla_ffi, m) {
@@ -168,4 +200,13 @@ PYBIND11_MODULE(_xla_ffi, m) {
   m.def("set_fault_injection", &SetFaultInjection, py::arg("kind"), py::arg("calls"),
         "Testing only: the next `calls` overlapped calls of every device fail at their first "
         "communication step with an injected NCCL / CUDA error");
+  m.def("set_trace", &SetTrace, py::arg("enabled"), py::arg("capacity"),
+        "Turns the per-group timeline of the overlapped calls on or off (xla_ffi/comm/trace.h); "
+        "`capacity` calls are kept per device, the oldest dropped first");
+  m.def("read_trace", &ReadTrace, py::arg("clear"),
+        "The traced calls of every device (times in ms after each call's start; waits for "
+        "them); clear: empties the rings");
+  m.def("trace_enabled", &flashoverlap::TraceEnabled);
+  m.def("trace_dropped", &flashoverlap::TraceDropped,
+        "Traced calls dropped (ring full) since the last clearing read");
 }

@@ -3,8 +3,9 @@
 // NVIDIA compute-sanitizer can watch whole overlapped calls (under JAX, racecheck crashed the
 // process before any kernel ran: benchmarks/results/README.md).
 //
-//   overlap_harness --rank R --world N --id-file PATH [--device D] [--ops ar,rs,a2a,ag]
+//   overlap_harness --rank R --world N --id-file PATH [--device D] [--ops ar,ar_out,rs,a2a,ag]
 //                   [--calls C] [--m M --n N --k K] [--comm-sms S] [--inject nccl|cuda]
+//                   [--trace 1]
 //
 // Start one process per rank (tests/cuda/run_overlap_harness.sh does). Rank 0 writes the
 // NCCL unique id to PATH; the others wait for it (at most 300 s). Every call gets fresh
@@ -13,6 +14,8 @@
 // float32 host reference. Prints one line per op and exits 0 only if every element of every
 // call matched and no CUDA / NCCL call failed. --inject: before each op's calls, one call with
 // an injected failure (fault_injection.h) that must fail naming the op, leaving the next fine.
+// --trace 1: tracing on (xla_ffi/comm/trace.h); after each op, one record per successful call
+// (none for the all-gather, which is not traced), its times in stream order.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -31,6 +34,7 @@
 #include "xla_ffi/comm/communicator.h"
 #include "xla_ffi/comm/fault_injection.h"
 #include "xla_ffi/comm/overlap_calls.h"
+#include "xla_ffi/comm/trace.h"
 #include "xla_ffi/kernels/signaling_gemm.h"
 
 namespace fo = flashoverlap;
@@ -39,8 +43,9 @@ namespace {
 
 struct Options {
   int rank = -1, world = 0, device = -1, calls = 2, comm_sms = 16;
+  bool trace = false;
   int64_t m = 512, n = 512, k = 512;
-  std::string id_file, ops = "ar,rs,a2a,ag", inject;  // inject: "", "nccl" or "cuda"
+  std::string id_file, ops = "ar,ar_out,rs,a2a,ag", inject;  // inject: "", "nccl" or "cuda"
 };
 
 [[noreturn]] void Fail(const std::string& what) {
@@ -69,6 +74,7 @@ Options Parse(int argc, char** argv) {
     else if (key == "--id-file") o.id_file = value;
     else if (key == "--ops") o.ops = value;
     else if (key == "--inject") o.inject = value;
+    else if (key == "--trace") o.trace = value == "1";
     else Fail("unknown option " + key);
   }
   if (!o.inject.empty() && o.inject != "nccl" && o.inject != "cuda") Fail("--inject: nccl or cuda");
@@ -144,9 +150,11 @@ struct DeviceBuffers {
 fo::Status CallOp(const std::string& op, const Options& o, fo::Communicator& coll,
                   fo::Communicator& p2p, cudaStream_t stream, const DeviceBuffers& d) {
   const int64_t world = o.world;
-  if (op == "ar" || op == "rs") {
+  if (op == "ar" || op == "rs" || op == "ar_out") {
     const bool rs = op == "rs";
-    auto gemm = Gemm(o, d.x, d.w, coll.workspace, coll.counters, rs ? o.world : 1,
+    // ar_out: in place on the output (JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER=output).
+    void* gemm_out = op == "ar_out" ? d.out : coll.workspace;
+    auto gemm = Gemm(o, d.x, d.w, gemm_out, coll.counters, rs ? o.world : 1,
                      Bands(rs ? o.m / world : o.m, 3));
     return fo::RunGemmCollective(
         coll, stream, rs ? fo::CollectiveKind::kReduceScatter : fo::CollectiveKind::kAllReduce,
@@ -166,7 +174,35 @@ fo::Status CallOp(const std::string& op, const Options& o, fo::Communicator& col
     return fo::RunAllGatherGemm(p2p, stream, d.x, o.m / world, /*chunks=*/2, gemm, d.out,
                                 "harness_all_gather");
   }
-  Fail("unknown op " + op + " (ar, rs, a2a, a2a11, ag)");
+  Fail("unknown op " + op + " (ar, ar_out, rs, a2a, a2a11, ag)");
+}
+
+// --trace: the op's calls just made left one record each (injected failures none), ordered
+// as their streams order them. Returns the number of bad records (a wrong count: one).
+int64_t CheckTrace(const std::string& op, const Options& o) {
+  std::vector<fo::TracedCall> calls;
+  Check(fo::ReadTrace(/*clear=*/true, &calls), "ReadTrace");
+  const size_t expected = op == "ag" ? 0 : static_cast<size_t>(o.calls);
+  int64_t bad = calls.size() == expected ? 0 : 1;
+  for (const fo::TracedCall& c : calls) {
+    const size_t groups = c.band_rows.size() - 1;
+    bool ok = groups == 3 && c.ready_ms.size() == groups && c.comm_done_ms.size() == groups &&
+              c.gemm_done_ms.value_or(0) > 0 && c.copy_done_ms.has_value() == (op != "rs" && op != "ar_out");
+    for (size_t g = 0; ok && g < groups; ++g) {
+      ok = c.ready_ms[g] >= 0 && c.ready_ms[g] <= c.comm_done_ms[g] &&
+           (g == 0 || c.comm_done_ms[g - 1] <= c.ready_ms[g]) &&
+           (op != "ar" || (*c.copy_done_ms)[g] >= c.comm_done_ms[g]);
+    }
+    bad += ok ? 0 : 1;
+  }
+  std::string last;
+  if (!calls.empty()) {
+    last = ", last: GEMM done at " + std::to_string(calls.back().gemm_done_ms.value_or(-1)) +
+           " ms, last group's NCCL at " + std::to_string(calls.back().comm_done_ms.back()) + " ms";
+  }
+  std::printf("rank %d %-5s trace: %zu records (expected %zu)%s  %s\n", o.rank, op.c_str(),
+              calls.size(), expected, last.c_str(), bad == 0 ? "OK" : "FAIL");
+  return bad;
 }
 
 // Runs `calls` calls of one op; returns the number of mismatching elements.
@@ -213,7 +249,7 @@ int64_t RunOp(const std::string& op, const Options& o, fo::Communicator& coll,
   std::printf("rank %lld %-5s calls %d  elements %lld  mismatches %lld  max_abs_err %.4f  %s\n",
               static_cast<long long>(rank), op.c_str(), o.calls, static_cast<long long>(checked),
               static_cast<long long>(bad), max_err, bad == 0 ? "OK" : "FAIL");
-  return bad;
+  return bad + (o.trace ? CheckTrace(op, o) : 0);
 }
 
 }  // namespace
@@ -232,6 +268,7 @@ int main(int argc, char** argv) {
   Check(fo::CreateCommunicators(2, ids[1], o.world, local, o.comm_sms, bytes, 0,
                                 /*peer_to_peer=*/true), "point-to-point comm");
   Check(fo::ConnectPeers(2), "ConnectPeers");
+  if (o.trace) Check(fo::SetTraceEnabled(true, fo::kDefaultTraceCapacity), "SetTraceEnabled");
   fo::Communicator* coll = fo::FindCommunicator(1, o.device);
   fo::Communicator* p2p = fo::FindCommunicator(2, o.device);
 

@@ -22,6 +22,7 @@
 #include "xla_ffi/comm/fault_injection.h"
 #include "xla_ffi/comm/overlap_calls.h"
 #include "xla_ffi/comm/stream_wait.h"
+#include "xla_ffi/comm/trace.h"
 #include "xla_ffi/comm/watchdog.h"
 
 namespace flashoverlap {
@@ -58,7 +59,8 @@ Status EnqueueExchange(Communicator& comm, const AllToAllShape& s, int64_t b0, i
 }
 
 Status EnqueueGroup(Communicator& comm, const AllToAllShape& s, const SignalingGemmArgs& gemm,
-                    int g, char* send, char* recv, char* result, ncclDataType_t dtype) {
+                    int g, char* send, char* recv, char* result, ncclDataType_t dtype,
+                    CallTrace& trace) {
   const int64_t b0 = gemm.layout.band_rows[g];
   const int64_t h = gemm.layout.band_rows[g + 1] - b0;
   const int64_t rank = comm.rank;
@@ -66,6 +68,7 @@ Status EnqueueGroup(Communicator& comm, const AllToAllShape& s, const SignalingG
   FO_RETURN_IF_NOT_OK(EnqueueWaitGeq(comm.stream, comm.counters + g,
                                      static_cast<int32_t>(TilesInGroup(gemm, g)),
                                      comm.wait_method, comm.abort_flag));
+  FO_RETURN_IF_NOT_OK(trace.Ready(g));
   if (s.concat == 0) {  // own part: copy engine, beside the exchange
     FO_RETURN_IF_CUDA(cudaEventRecord(comm.group_reduced[g], comm.stream));
     FO_RETURN_IF_CUDA(cudaStreamWaitEvent(comm.copy_stream, comm.group_reduced[g], 0));
@@ -74,6 +77,7 @@ Status EnqueueGroup(Communicator& comm, const AllToAllShape& s, const SignalingG
                                       cudaMemcpyDeviceToDevice, comm.copy_stream));
   }
   if (s.world > 1) FO_RETURN_IF_NOT_OK(EnqueueExchange(comm, s, b0, h, send, recv, dtype));
+  FO_RETURN_IF_NOT_OK(trace.CommDone(g));
   if (s.concat == 1) {  // every source's rows into its columns of the [R, n*C] result
     FO_RETURN_IF_CUDA(cudaEventRecord(comm.group_reduced[g], comm.stream));
     FO_RETURN_IF_CUDA(cudaStreamWaitEvent(comm.copy_stream, comm.group_reduced[g], 0));
@@ -87,7 +91,7 @@ Status EnqueueGroup(Communicator& comm, const AllToAllShape& s, const SignalingG
                                           comm.copy_stream));
     }
   }
-  return Status::Ok();
+  return trace.CopyDone(g);  // after the group's copies (concat 0: its own part only)
 }
 
 }  // namespace
@@ -97,8 +101,11 @@ Status RunGemmAllToAll(Communicator& comm, cudaStream_t stream, const AllToAllSh
   std::lock_guard<std::mutex> lock(comm.call_mutex);
   FO_RETURN_IF_NOT_OK(CheckNotAborted(comm, op));
   const int groups = gemm.layout.num_groups;
+  CallTrace trace;
   Status status = StartCall(comm, stream, groups, /*copies=*/true);
+  if (status.ok()) status = trace.Begin(comm, stream, op, gemm.layout, /*gemm=*/true, true);
   if (status.ok()) status = LaunchGemm(gemm, stream);
+  if (status.ok()) status = trace.GemmDone(stream);
   if (status.ok()) status = TakeInjectedFault(comm.device);
 
   char* send = static_cast<char*>(gemm.out);
@@ -106,10 +113,10 @@ Status RunGemmAllToAll(Communicator& comm, cudaStream_t stream, const AllToAllSh
   char* recv = shape.concat == 0 ? out : send + static_cast<size_t>(shape.m) * shape.n * 2;
   const ncclDataType_t dtype = NcclType(gemm.dtype);
   for (int g = 0; g < groups && status.ok(); ++g) {
-    status = EnqueueGroup(comm, shape, gemm, g, send, recv, out, dtype);
+    status = EnqueueGroup(comm, shape, gemm, g, send, recv, out, dtype, trace);
   }
   // Both streams join back (parts may still be sent or copied).
-  return FinishCall(comm, stream, /*copies=*/true, status, op);
+  return trace.End(FinishCall(comm, stream, /*copies=*/true, status, op));
 }
 
 }  // namespace flashoverlap

@@ -7,11 +7,13 @@
 #include <nccl.h>
 
 #include <mutex>
+#include <string>
 
 #include "xla_ffi/comm/call_frame.h"
 #include "xla_ffi/comm/fault_injection.h"
 #include "xla_ffi/comm/overlap_calls.h"
 #include "xla_ffi/comm/stream_wait.h"
+#include "xla_ffi/comm/trace.h"
 #include "xla_ffi/comm/watchdog.h"
 
 namespace flashoverlap {
@@ -21,19 +23,32 @@ namespace {
 // all-reduce it in place and copy it out, or reduce-scatter it to its rows of the result.
 Status EnqueueGroupCollective(Communicator& comm, CollectiveKind kind, char* span,
                               char* result_rows, int64_t count, GemmDType dtype,
-                              int g) {
+                              int g, CallTrace& trace) {
   if (kind == CollectiveKind::kReduceScatter) {
-    return NcclStatus(ncclReduceScatter(span, result_rows, count, NcclType(dtype), ncclSum,
-                                        comm.comm, comm.stream), "ncclReduceScatter");
+    FO_RETURN_IF_NOT_OK(NcclStatus(ncclReduceScatter(span, result_rows, count, NcclType(dtype),
+                                                     ncclSum, comm.comm, comm.stream),
+                                   "ncclReduceScatter"));
+    return trace.CommDone(g);
   }
   FO_RETURN_IF_NCCL(ncclAllReduce(span, span, count, NcclType(dtype), ncclSum, comm.comm,
                                   comm.stream));
+  // Before group_reduced: the copy's trace event then follows comm_done by stream order.
+  FO_RETURN_IF_NOT_OK(trace.CommDone(g));
+  if (span == result_rows) return Status::Ok();  // in place on the output: nothing to copy
   // The copy (copy engine) overlaps the next group's all-reduce.
   FO_RETURN_IF_CUDA(cudaEventRecord(comm.group_reduced[g], comm.stream));
   FO_RETURN_IF_CUDA(cudaStreamWaitEvent(comm.copy_stream, comm.group_reduced[g], 0));
   FO_RETURN_IF_CUDA(cudaMemcpyAsync(result_rows, span, count * 2, cudaMemcpyDeviceToDevice,
                                     comm.copy_stream));
-  return Status::Ok();
+  return trace.CopyDone(g);
+}
+
+// Equal bands of `rows` rows each (RunCollectiveOnly's groups), for its trace.
+GroupLayout EqualBands(int groups, int64_t rows) {
+  GroupLayout layout;
+  layout.num_groups = groups;
+  for (int g = 0; g <= groups; ++g) layout.band_rows[g] = static_cast<int>(g * rows);
+  return layout;
 }
 
 }  // namespace
@@ -42,10 +57,19 @@ Status RunGemmCollective(Communicator& comm, cudaStream_t stream, CollectiveKind
                          const SignalingGemmArgs& gemm, void* result, const char* op) {
   std::lock_guard<std::mutex> lock(comm.call_mutex);
   FO_RETURN_IF_NOT_OK(CheckNotAborted(comm, op));
-  const bool copies = kind == CollectiveKind::kAllReduce;
+  // The GEMM writes `result` itself: an all-reduce in place on XLA's output (no workspace,
+  // no copies). A reduce-scatter's result is smaller than the GEMM's output: never in place.
+  const bool in_place = gemm.out == result;
+  if (in_place && kind != CollectiveKind::kAllReduce) {
+    return Status::Error(std::string(op) + ": only an all-reduce can run in place on its output");
+  }
+  const bool copies = kind == CollectiveKind::kAllReduce && !in_place;
   const int groups = gemm.layout.num_groups;
+  CallTrace trace;
   Status status = StartCall(comm, stream, groups, copies);
+  if (status.ok()) status = trace.Begin(comm, stream, op, gemm.layout, /*gemm=*/true, copies);
   if (status.ok()) status = LaunchGemm(gemm, stream);
+  if (status.ok()) status = trace.GemmDone(stream);
   if (status.ok()) status = TakeInjectedFault(comm.device);
 
   const int64_t blocks = gemm.layout.num_blocks;
@@ -58,14 +82,15 @@ Status RunGemmCollective(Communicator& comm, cudaStream_t stream, CollectiveKind
     status = EnqueueWaitGeq(comm.stream, comm.counters + g,
                             static_cast<int32_t>(TilesInGroup(gemm, g)), comm.wait_method,
                             comm.abort_flag);
+    if (status.ok()) status = trace.Ready(g);
     if (status.ok()) {
       status = EnqueueGroupCollective(comm, kind, workspace + blocks * b0 * row_bytes,
-                                      out + b0 * row_bytes, band * gemm.n, gemm.dtype, g);
+                                      out + b0 * row_bytes, band * gemm.n, gemm.dtype, g, trace);
     }
   }
   // The all-reduce's copy stream joins too: the next call's GEMM must not overwrite a span
   // still being copied.
-  return FinishCall(comm, stream, copies, status, op);
+  return trace.End(FinishCall(comm, stream, copies, status, op));
 }
 
 Status RunCollectiveOnly(Communicator& comm, cudaStream_t stream, CollectiveKind kind,
@@ -74,17 +99,25 @@ Status RunCollectiveOnly(Communicator& comm, cudaStream_t stream, CollectiveKind
   std::lock_guard<std::mutex> lock(comm.call_mutex);
   FO_RETURN_IF_NOT_OK(CheckNotAborted(comm, op));
   const bool copies = kind == CollectiveKind::kAllReduce;
-  Status status = StartCall(comm, stream, /*counters=*/0, copies);
   char* workspace = static_cast<char*>(comm.workspace);
   char* out = static_cast<char*>(result);
   const int64_t group_elems = m / groups * n;
   const int64_t out_elems = kind == CollectiveKind::kReduceScatter ? group_elems / comm.world_size
                                                                    : group_elems;
-  for (int g = 0; g < groups && status.ok(); ++g) {
-    status = EnqueueGroupCollective(comm, kind, workspace + g * group_elems * 2,
-                                    out + g * out_elems * 2, out_elems, dtype, g);
+  CallTrace trace;
+  Status status = StartCall(comm, stream, /*counters=*/0, copies);
+  if (status.ok()) {
+    status = trace.Begin(comm, stream, op, EqualBands(groups, out_elems / n), /*gemm=*/false,
+                         copies);
   }
-  return FinishCall(comm, stream, copies, status, op);
+  for (int g = 0; g < groups && status.ok(); ++g) {
+    status = trace.Ready(g);
+    if (status.ok()) {
+      status = EnqueueGroupCollective(comm, kind, workspace + g * group_elems * 2,
+                                      out + g * out_elems * 2, out_elems, dtype, g, trace);
+    }
+  }
+  return trace.End(FinishCall(comm, stream, copies, status, op));
 }
 
 }  // namespace flashoverlap

@@ -25,6 +25,7 @@ enum class CollectiveKind { kAllReduce, kReduceScatter };
 // GEMM + all-reduce / reduce-scatter (gemm_collective_call.cc). `gemm` writes into
 // comm.workspace in the group layout (num_blocks = world size for a reduce-scatter) and
 // signals comm.counters; `result` is [M, N] (all-reduce) or [M / world, N] (reduce-scatter).
+// An all-reduce whose gemm.out is `result` runs in place there (no workspace, no copies).
 Status RunGemmCollective(Communicator& comm, cudaStream_t stream, CollectiveKind kind,
                          const SignalingGemmArgs& gemm, void* result, const char* op);
 

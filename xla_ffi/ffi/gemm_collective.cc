@@ -1,7 +1,8 @@
 // XLA FFI handlers of GEMM + all-reduce / reduce-scatter: decode, validate, then the
 // framework-free sequence (xla_ffi/comm/gemm_collective_call.cc): signaling GEMM on XLA's
 // stream, one NCCL call per group on our communication stream as soon as the group's counter
-// says it is complete.
+// says it is complete. The all-reduce's `in_place` attribute (JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER
+// =output) makes XLA's output the GEMM's and NCCL's buffer instead of the registered workspace.
 //
 //   GemmAllReduceImpl      -> FlashoverlapGemmAllReduce     -> "flashoverlap_gemm_all_reduce"
 //   GemmReduceScatterImpl  -> FlashoverlapGemmReduceScatter -> "flashoverlap_gemm_reduce_scatter"
@@ -30,7 +31,8 @@ const char* OpName(Collective kind) {
 // Shapes, dtypes and plan checked against what the kernel and NCCL need.
 ffi::Error Validate(Collective kind, const Communicator* comm, ffi::AnyBuffer x, ffi::AnyBuffer w,
                     const ffi::AnyBuffer& out, int32_t world_size,
-                    ffi::Span<const int32_t> band_rows, int64_t comm_id, int device) {
+                    ffi::Span<const int32_t> band_rows, int64_t comm_id, int device,
+                    bool in_place) {
   const char* op = OpName(kind);
   FO_RETURN_IF_ERROR(CheckCommunicator(op, comm, world_size, comm_id, device));
   FO_RETURN_IF_ERROR(CheckGemmOperands(op, x, w, out));
@@ -49,17 +51,22 @@ ffi::Error Validate(Collective kind, const Communicator* comm, ffi::AnyBuffer x,
   for (int64_t g = 0; g < groups; ++g) {
     FO_CHECK_ARG(band_rows[g] < band_rows[g + 1], op << ": plan band_rows must increase");
   }
+  if (in_place) return ffi::Error::Success();  // XLA's output is the GEMM's and NCCL's buffer
   return CheckWorkspace(op, *comm, static_cast<size_t>(m) * n * 2);
 }
 
+// in_place (all-reduce only): the GEMM writes XLA's output and NCCL reduces it there; else
+// the GEMM writes the communicator's registered workspace.
 ffi::Error GemmCollective(Collective kind, cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                           ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out, int64_t comm_id,
                           int32_t world_size, int32_t comm_sms,
-                          ffi::Span<const int32_t> band_rows) {
+                          ffi::Span<const int32_t> band_rows, bool in_place) {
   Communicator* comm = FindCommunicator(comm_id, device);
-  FO_RETURN_IF_ERROR(Validate(kind, comm, x, w, *out, world_size, band_rows, comm_id, device));
+  FO_RETURN_IF_ERROR(Validate(kind, comm, x, w, *out, world_size, band_rows, comm_id, device,
+                              in_place));
   const int groups = static_cast<int>(band_rows.size()) - 1;
-  SignalingGemmArgs gemm = GemmArgs(x.untyped_data(), x.dimensions()[0], w, comm->workspace,
+  SignalingGemmArgs gemm = GemmArgs(x.untyped_data(), x.dimensions()[0], w,
+                                    in_place ? out->untyped_data() : comm->workspace,
                                     comm->counters, comm_sms);
   gemm.layout.num_blocks = kind == Collective::kReduceScatter ? world_size : 1;
   gemm.layout.num_groups = groups;
@@ -71,9 +78,11 @@ ffi::Error GemmCollective(Collective kind, cudaStream_t stream, int32_t device, 
 ffi::Error GemmAllReduceImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                              ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out, int64_t comm_id,
                              int32_t world_size, int32_t comm_sms,
-                             ffi::Span<const int32_t> band_rows) {
+                             ffi::Span<const int32_t> band_rows, int32_t in_place) {
+  FO_CHECK_ARG(in_place == 0 || in_place == 1,
+               "flashoverlap_gemm_all_reduce: in_place must be 0 or 1, got " << in_place);
   return GemmCollective(Collective::kAllReduce, stream, device, x, w, out, comm_id, world_size,
-                        comm_sms, band_rows);
+                        comm_sms, band_rows, in_place == 1);
 }
 
 ffi::Error GemmReduceScatterImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
@@ -81,7 +90,7 @@ ffi::Error GemmReduceScatterImpl(cudaStream_t stream, int32_t device, ffi::AnyBu
                                  int64_t comm_id, int32_t world_size, int32_t comm_sms,
                                  ffi::Span<const int32_t> band_rows) {
   return GemmCollective(Collective::kReduceScatter, stream, device, x, w, out, comm_id,
-                        world_size, comm_sms, band_rows);
+                        world_size, comm_sms, band_rows, /*in_place=*/false);
 }
 
 auto BindCollective() { return BindOverlapCall().Attr<ffi::Span<const int32_t>>("band_rows"); }
@@ -90,6 +99,6 @@ auto BindCollective() { return BindOverlapCall().Attr<ffi::Span<const int32_t>>(
 }  // namespace flashoverlap
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FlashoverlapGemmAllReduce, flashoverlap::GemmAllReduceImpl,
-                              flashoverlap::BindCollective());
+                              flashoverlap::BindCollective().Attr<int32_t>("in_place"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FlashoverlapGemmReduceScatter,
                               flashoverlap::GemmReduceScatterImpl, flashoverlap::BindCollective());

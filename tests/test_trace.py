@@ -1,0 +1,201 @@
+"""jax_flashoverlap.trace without a GPU: argument checks, the error without the CUDA extension,
+FLASHOVERLAP_TRACE, the derived per-group times and summarize() on hand-made records. The
+recording itself is tested on the GPU (test_gpu_trace.py)."""
+import pytest
+
+from jax_flashoverlap import _ext, trace
+
+
+class FakeExt:
+    """Stands in for the extension: records the switch, returns given records."""
+
+    def __init__(self, records=()):
+        self.calls, self.on, self.records = [], False, list(records)
+
+    def set_trace(self, enabled, capacity):
+        self.calls.append((enabled, capacity))
+        self.on = enabled
+
+    def trace_enabled(self):
+        return self.on
+
+    def read_trace(self, clear):
+        out = [dict(r) for r in self.records]
+        if clear:
+            self.records = []
+        return out
+
+    def trace_dropped(self):
+        return 3
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    ext = FakeExt()
+    monkeypatch.setattr(_ext, "ext", ext)
+    monkeypatch.setattr(trace, "_env_read", False)
+    monkeypatch.setattr(trace, "_capacity", trace.DEFAULT_CAPACITY)
+    return ext
+
+
+@pytest.fixture
+def no_extension(monkeypatch):
+    monkeypatch.setattr(_ext, "ext", None)
+    monkeypatch.setattr(_ext, "EXT_IMPORT_ERROR", "not built (test)")
+
+
+def AR(gemm=1.0, ready=(1.0, 1.5), done=(2.0, 3.0), copies=(2.5, 3.25)):
+    return {"op": "flashoverlap_gemm_all_reduce", "device": 0, "rank": 0, "world_size": 2,
+            "comm_sms": 16, "band_rows": [0, 128, 256], "gemm_done_ms": gemm,
+            "ready_ms": list(ready), "comm_done_ms": list(done),
+            "copy_done_ms": None if copies is None else list(copies)}
+
+
+# ------------------------------------------------------------------ arguments
+
+@pytest.mark.parametrize("capacity", [0, -1, (1 << 20) + 1, 2.0, True, "8", None])
+def test_enable_rejects_bad_capacity(fake, capacity):
+    with pytest.raises(ValueError, match="capacity"):
+        trace.enable(capacity)
+    assert fake.calls == []
+
+
+@pytest.mark.parametrize("capacity", [1, 256, 1 << 20])
+def test_enable_accepts_capacity_range(fake, capacity):
+    trace.enable(capacity)
+    assert fake.calls == [(True, capacity)] and trace.enabled()
+
+
+@pytest.mark.parametrize("clear", ["yes", 1, None])
+def test_read_rejects_non_bool_clear(fake, clear):
+    with pytest.raises(ValueError, match="clear"):
+        trace.read(clear)
+
+
+def test_disable_keeps_the_capacity(fake):
+    trace.enable(8)
+    trace.disable()
+    assert fake.calls == [(True, 8), (False, 8)] and not trace.enabled()
+
+
+def test_recording_turns_on_then_off(fake):
+    with trace.recording(capacity=4):
+        assert trace.enabled()
+    assert not trace.enabled() and fake.calls == [(True, 4), (False, 4)]
+
+
+def test_recording_leaves_tracing_on_if_it_was(fake):
+    trace.enable()
+    with trace.recording():
+        pass
+    assert trace.enabled()
+
+
+def test_recording_turns_off_after_an_exception(fake):
+    with pytest.raises(KeyError):
+        with trace.recording():
+            raise KeyError("x")
+    assert not trace.enabled()
+
+
+# ------------------------------------------------------------------ without the extension
+
+def test_enable_without_extension_says_tracing_needs_it(no_extension):
+    with pytest.raises(RuntimeError, match="tracing needs the CUDA extension"):
+        trace.enable()
+    with pytest.raises(RuntimeError, match="tracing needs the CUDA extension"):
+        with trace.recording():
+            pass
+
+
+def test_read_disable_dropped_without_extension_are_harmless(no_extension):
+    trace.disable()
+    assert trace.read() == [] and trace.dropped() == 0 and not trace.enabled()
+
+
+def test_real_extension_switch_without_gpu():
+    """The built extension's switch and an empty read need no GPU (no event is touched)."""
+    if _ext.ext is None:
+        pytest.skip("the CUDA extension is not built here")
+    try:
+        with trace.recording(capacity=2):
+            assert trace.enabled()
+            assert trace.read(clear=False) == []
+        assert not trace.enabled()
+        with pytest.raises(ValueError, match="capacity"):
+            _ext.ext.set_trace(True, 0)
+    finally:
+        trace.disable()
+
+
+# ------------------------------------------------------------------ FLASHOVERLAP_TRACE
+
+@pytest.mark.parametrize("value, on", [("1", True), ("on", True), ("0", False), ("", False)])
+def test_env_switch_read_once(fake, monkeypatch, value, on):
+    monkeypatch.setenv(trace.TRACE_ENV, value)
+    trace.apply_env()
+    assert trace.enabled() is on
+    trace.disable()
+    monkeypatch.setenv(trace.TRACE_ENV, "1")
+    trace.apply_env()  # read once: no second look
+    assert not trace.enabled()
+
+
+def test_env_switch_typo_is_an_error(fake, monkeypatch):
+    monkeypatch.setenv(trace.TRACE_ENV, "yes please")
+    with pytest.raises(ValueError, match=trace.TRACE_ENV):
+        trace.apply_env()
+    assert fake.calls == []
+
+
+def test_explicit_disable_wins_over_env(fake, monkeypatch):
+    monkeypatch.setenv(trace.TRACE_ENV, "1")
+    trace.disable()
+    trace.apply_env()
+    assert not trace.enabled()
+
+
+# ------------------------------------------------------------------ derived times
+
+def test_group_comm_ms_starts_at_the_later_of_ready_and_previous_group():
+    # group 1 ready at 1.5 but the stream busy until 2.0; group 2 ready after group 1 ended
+    got = trace.group_comm_ms([1.0, 1.5, 4.0], [2.0, 3.0, 5.5])
+    assert got == pytest.approx([1.0, 1.0, 1.5])
+    assert trace.group_comm_ms([], []) == []
+    with pytest.raises(ValueError, match="groups"):
+        trace.group_comm_ms([1.0], [2.0, 3.0])
+
+
+def test_read_adds_comm_ms(fake):
+    fake.records = [AR()]
+    (r,) = trace.read(clear=False)
+    assert r["comm_ms"] == pytest.approx([1.0, 1.0])
+    assert len(trace.read()) == 1 and trace.read() == []
+    assert trace.dropped() == 3
+
+
+def test_end_and_tail():
+    assert trace.call_end_ms(AR()) == 3.25                   # the last copy
+    assert trace.call_end_ms(AR(copies=None)) == 3.0          # reduce-scatter: its NCCL call
+    assert trace.exposed_tail_ms(AR(gemm=2.5)) == pytest.approx(0.75)
+    assert trace.exposed_tail_ms(AR(gemm=None)) is None       # no GEMM (collective alone)
+
+
+def test_summarize_one_line_per_call():
+    rs = dict(AR(gemm=2.0, copies=None), op="flashoverlap_gemm_reduce_scatter", device=1, rank=1)
+    alone = dict(AR(gemm=None), op="flashoverlap_collective")
+    text = trace.summarize([AR(), rs, alone])
+    lines = text.splitlines()
+    assert len(lines) == 4 and "gemm_done_ms" in lines[0] and "tail_ms" in lines[0]
+    assert lines[1].split()[-3:] == ["1.000", "3.250", "2.250"]
+    assert lines[2].split()[0] == "flashoverlap_gemm_reduce_scatter"
+    assert lines[2].split()[1:4] == ["1", "1", "2"]
+    assert lines[2].split()[-3:] == ["2.000", "3.000", "1.000"]
+    assert lines[3].split()[-3:] == ["-", "3.250", "-"]
+    assert trace.summarize([]) == "no traced calls"
+
+
+def test_public_reexport(fo):
+    assert fo.trace is trace
+    for name in ("enable", "disable", "read", "recording", "summarize", "group_comm_ms"):
+        assert callable(getattr(fo.trace, name))
