@@ -199,3 +199,46 @@ def test_public_reexport(fo):
     assert fo.trace is trace
     for name in ("enable", "disable", "read", "recording", "summarize", "group_comm_ms"):
         assert callable(getattr(fo.trace, name))
+
+
+# --- benchmarks/trace_op.py: the per-group medians it prints ------------------------------
+
+def _trace_op():
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "benchmarks", "trace_op.py")
+    spec = importlib.util.spec_from_file_location("trace_op", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_trace_op_summary_takes_medians_per_group():
+    from jax_flashoverlap import trace
+    mod = _trace_op()
+    recs = []
+    for shift in (0.0, 1.0, 0.2):  # three calls; medians are the middle one (shift 0.2)
+        r = {"band_rows": [0, 100, 300], "gemm_done_ms": 2.0 + shift,
+             "ready_ms": [0.5 + shift, 1.5 + shift], "comm_done_ms": [1.0 + shift, 2.5 + shift],
+             "copy_done_ms": [1.2 + shift, 2.7 + shift]}
+        r["comm_ms"] = trace.group_comm_ms(r["ready_ms"], r["comm_done_ms"])
+        recs.append(r)
+    s = mod.summarize(recs)
+    assert s["calls"] == 3 and s["gemm_done_ms"] == pytest.approx(2.2)
+    assert s["ready_ms"] == pytest.approx([0.7, 1.7]) and s["comm_ms"] == pytest.approx([0.5, 1.0])
+    assert s["end_ms"] == pytest.approx(2.9) and s["copy_done_ms"] == pytest.approx([1.4, 2.9])
+    text = mod.table(s)
+    assert "exposed tail   0.700 ms" in text and len(text.splitlines()) == 4
+    rs = [dict(r, copy_done_ms=None) for r in recs]
+    assert mod.summarize(rs)["copy_done_ms"] is None
+    assert mod.summarize(rs)["end_ms"] == pytest.approx(2.7)
+
+
+def test_trace_op_refuses_without_gpu(capsys):
+    mod = _trace_op()
+    import jax
+    if jax.default_backend() == "gpu":
+        pytest.skip("a GPU is present")
+    assert mod.main(["--shape", "256x256x256"]) == 2
+    assert "needs GPUs" in capsys.readouterr().err

@@ -1,0 +1,126 @@
+"""Where an overlapped call's time goes, per group (jax_flashoverlap.trace): run one op with
+a plan (the default, or forced groups / comm_sms) as isolated calls under the trace, and print
+the medians of when the GEMM finished, when each group's rows were ready on the comm stream,
+when its NCCL call and its copy finished, next to our GEMM alone and XLA's dot + collective.
+
+  python benchmarks/trace_op.py --collective all_reduce --shape 8192x8192x8192 \
+      [--comm-sms 16] [--groups 6] [--calls 20] [--out trace.json]
+
+Needs GPUs and the CUDA extension (the mesh is every GPU, or --world of them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import types
+
+
+def _median(values):
+  values = [v for v in values if v is not None]
+  return statistics.median(values) if values else None
+
+
+def summarize(records) -> dict:
+  """Medians over calls of one device's records: gemm_done, end, and per group ready,
+  comm_done, comm_ms (own communication time) and copy_done."""
+  from jax_flashoverlap import trace
+  groups = len(records[0]["band_rows"]) - 1
+  per_group = lambda field: [_median([r[field][g] for r in records if r[field] is not None])
+                             for g in range(groups)]
+  return {"calls": len(records), "band_rows": records[0]["band_rows"],
+          "gemm_done_ms": _median([r["gemm_done_ms"] for r in records]),
+          "end_ms": _median([trace.call_end_ms(r) for r in records]),
+          "ready_ms": per_group("ready_ms"), "comm_done_ms": per_group("comm_done_ms"),
+          "comm_ms": per_group("comm_ms"),
+          "copy_done_ms": per_group("copy_done_ms") if records[0]["copy_done_ms"] else None}
+
+
+def table(s: dict) -> str:
+  fmt = lambda v: "-" if v is None else f"{v:7.3f}"
+  lines = ["group    rows   ready  comm_done  comm_ms  copy_done"]
+  b = s["band_rows"]
+  for g in range(len(b) - 1):
+    copy = s["copy_done_ms"][g] if s["copy_done_ms"] else None
+    lines.append(f"{g:5d} {b[g + 1] - b[g]:7d} {fmt(s['ready_ms'][g])} {fmt(s['comm_done_ms'][g])}"
+                 f"    {fmt(s['comm_ms'][g])}  {fmt(copy)}")
+  lines.append(f"GEMM done {fmt(s['gemm_done_ms'])} ms, call end {fmt(s['end_ms'])} ms, "
+               f"exposed tail {fmt(s['end_ms'] - s['gemm_done_ms'])} ms")
+  return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+  from jax_flashoverlap import bench
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--collective", default="all_reduce",
+                      choices=("all_reduce", "reduce_scatter"))
+  parser.add_argument("--shape", type=bench._parse_shape, default=(8192, 8192, 8192),
+                      help="global MxNxK")
+  parser.add_argument("--world", type=int, default=0)
+  parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+  parser.add_argument("--comm-sms", type=int)
+  parser.add_argument("--groups", type=int, help="even bands (default: the op's own plan)")
+  parser.add_argument("--calls", type=int, default=20)
+  parser.add_argument("--out")
+  args = parser.parse_args(argv)
+  import jax
+
+  import jax_flashoverlap as fo
+  from jax_flashoverlap import plan as plan_lib, trace
+  if jax.default_backend() != "gpu":
+    print("trace_op.py needs GPUs", file=sys.stderr)
+    return 2
+  pb = bench._TpProblem(types.SimpleNamespace(world=args.world, dtype=args.dtype),
+                        args.collective, args.shape, jax.random.key(0))
+  fn = pb.smap(pb.ours)
+  forced = (plan_lib.forced(num_groups=args.groups, comm_sms=args.comm_sms)
+            if args.groups or args.comm_sms is not None else contextlib.nullcontext())
+  with forced:
+    fn(*pb.args).block_until_ready()  # compiles with the plan
+    k_local = pb.k // pb.world
+    plan = plan_lib.choose_plan(pb.collective, pb.m, pb.n, k_local, pb.world,
+                                pb.dtype.itemsize)
+  if not bench.uses_custom_call(fn, pb.args, pb.target):
+    print("our custom call is not in the program (the plan fell back to XLA?)", file=sys.stderr)
+    return 1
+  for _ in range(3):
+    fn(*pb.args).block_until_ready()
+  trace.read(clear=True)
+  with trace.recording():
+    for _ in range(args.calls):
+      fn(*pb.args).block_until_ready()  # isolated calls: nothing queued behind or ahead
+    records = trace.read(clear=True)
+  by_device = {}
+  for r in records:
+    by_device.setdefault(r["device"], []).append(r)
+  x0 = jax.device_put(pb.x.addressable_shards[0].data, pb.mesh.devices.flat[0])
+  w0 = jax.device_put(pb.w.addressable_shards[0].data, pb.mesh.devices.flat[0])
+  gemm = jax.jit(lambda x, w: fo.matmul(x, w, comm_sms=plan.comm_sms))
+  timing = bench.time_variants({"gemm_alone": (gemm, (x0, w0)),
+                                "xla_dot_collective": (pb.baseline(), pb.args),
+                                "ours": (fn, pb.args)}, calls=10, samples=10)
+  t = {v: r["median_ms"] for v, r in timing.items()}
+  result = {"collective": args.collective, "shape": list(args.shape), "world": pb.world,
+            "plan": {"band_rows": list(plan.band_rows), "comm_sms": plan.comm_sms,
+                     "predicted_ms": plan.predicted_s * 1e3},
+            "times_ms": t, "devices": {str(d): summarize(rs) for d, rs in by_device.items()},
+            "command": "python benchmarks/trace_op.py " + " ".join(argv or sys.argv[1:]),
+            "git_commit": bench._git_commit()}
+  print(f"{args.collective} {'x'.join(map(str, args.shape))} on {pb.world} GPUs, comm_sms "
+        f"{plan.comm_sms}, {plan.num_groups} groups (predicted {plan.predicted_s * 1e3:.3f} ms)")
+  print(f"back to back: our GEMM alone {t['gemm_alone']:.3f} ms, ours {t['ours']:.3f} ms, "
+        f"XLA dot + collective {t['xla_dot_collective']:.3f} ms")
+  for d, s in result["devices"].items():
+    print(f"device {d}, median of {s['calls']} isolated calls:")
+    print(table(s))
+  if args.out:
+    with open(args.out, "w") as f:
+      json.dump(result, f, indent=1)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
