@@ -25,20 +25,32 @@ def normalize_axes(axis_name) -> tuple:
   return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
 
 
-def comm_id_for(mesh, axis_name, comm_sms: int = 0, peer_to_peer: bool = False) -> int:
+CTA_POLICIES = {"default": 0, "efficiency": 1, "zero": 2}  # ncclConfig_t.CTAPolicy values
+
+
+def cta_policy_code(name: str) -> int:
+  if name not in CTA_POLICIES:
+    raise ValueError(f"cta_policy must be one of {sorted(CTA_POLICIES)}, got {name!r}")
+  return CTA_POLICIES[name]
+
+
+def comm_id_for(mesh, axis_name, comm_sms: int = 0, peer_to_peer: bool = False,
+                cta_policy: str = "default") -> int:
   """Stable non-zero 63-bit id of the communicators of `axis_name` over `mesh` whose NCCL
-  kernels are capped to `comm_sms` CTAs (a cap is fixed when a communicator is created).
-  Point-to-point ops (ncclSend/ncclRecv) get communicators of their own: their workspace is
-  not registered with NCCL, the collectives' is (xla_ffi/comm/communicator.h says why)."""
+  kernels are capped to `comm_sms` CTAs under `cta_policy` (both fixed when a communicator
+  is created). Point-to-point ops (ncclSend/ncclRecv) get communicators of their own: their
+  workspace is not registered with NCCL, the collectives' is (xla_ffi/comm/communicator.h)."""
   axes = normalize_axes(axis_name)
   devices = _compat.mesh_devices(mesh)
+  extra = (("p2p",) if peer_to_peer else ()) + (
+      (("policy", cta_policy_code(cta_policy)),) if cta_policy != "default" else ())
   if devices is None:  # no devices known: names and sizes only (never run as is)
     shape = tuple(mesh.shape.items()) if mesh is not None else ()
-    key = repr(("abstract", shape, axes, int(comm_sms)) + (("p2p",) if peer_to_peer else ()))
+    key = repr(("abstract", shape, axes, int(comm_sms)) + extra)
   else:
     ids = [int(d.id) for d in devices.flat]
     key = repr((tuple(mesh.axis_names), tuple(devices.shape), ids, axes, int(comm_sms))
-               + (("p2p",) if peer_to_peer else ()))
+               + extra)
   digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
   return (int.from_bytes(digest, "little") & ((1 << 63) - 1)) or 1
 
@@ -121,7 +133,7 @@ def inject_faults(kind: str, calls: int = 1) -> None:
 
 
 def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int,
-                         peer_to_peer: bool = False) -> int:
+                         peer_to_peer: bool = False, cta_policy: str = "default") -> int:
   """Creates (once) this process's NCCL communicators for `axis_name` over `mesh`, each with
   a registered workspace of at least `workspace_bytes`; returns their comm_id.
 
@@ -138,7 +150,7 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
     raise RuntimeError("jax_flashoverlap: the CUDA extension is not built")
   from jax_flashoverlap import trace
   trace.apply_env()  # FLASHOVERLAP_TRACE: on before the first call can run
-  cid = comm_id_for(mesh, axis_name, comm_sms, peer_to_peer)
+  cid = comm_id_for(mesh, axis_name, comm_sms, peer_to_peer, cta_policy)
   watchdog = watchdog_seconds()
   groups = axis_groups(mesh, axis_name)
   spans_processes = any(len({d.process_index for d in g}) > 1 for g in groups)
@@ -170,7 +182,8 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
             f"uid/{cid}/{index}", owner=group[0].process_index == me,
             make=lambda: ext.nccl_unique_id().hex()))
       ext.create_communicators(cid, unique_id, len(group), local, int(comm_sms),
-                               int(workspace_bytes), watchdog, peer_to_peer=peer_to_peer)
+                               int(workspace_bytes), watchdog, peer_to_peer=peer_to_peer,
+                               cta_policy=cta_policy_code(cta_policy))
     if spans_processes:
       distributed.barrier(f"init/{cid}")
     if peer_to_peer:
@@ -212,8 +225,8 @@ def op_memory(op: str, x_shape, w_shape, dtype, world: int) -> dict:
 
 def list_communicators() -> list:
   """This process's communicators: comm_id, device, rank, world_size, comm_sms,
-  workspace_bytes, wait_method, watchdog_seconds, aborted, peer_to_peer (empty without the
-  extension)."""
+  workspace_bytes, wait_method, watchdog_seconds, aborted, peer_to_peer, cta_policy (0
+  default, 1 efficiency, 2 zero) (empty without the extension)."""
   from jax_flashoverlap import _ext
   return [] if _ext.ext is None else list(_ext.ext.list_communicators())
 

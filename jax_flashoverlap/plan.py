@@ -85,6 +85,7 @@ class GroupPlan:
   overlap: bool = True   # False: run XLA's dot + collective instead
   predicted_s: float = 0.0
   baseline_s: float = 0.0
+  cta_policy: str = "default"  # the communicator's ncclConfig_t.CTAPolicy (comm.CTA_POLICIES)
 
   @property
   def num_groups(self) -> int:
@@ -100,6 +101,9 @@ class GroupPlan:
       raise ValueError(f"plan has {self.num_groups} groups; at most {MAX_GROUPS} are supported")
     if not 0 <= self.comm_sms < NUM_SMS:
       raise ValueError(f"plan comm_sms={self.comm_sms} must be in [0, {NUM_SMS})")
+    if self.cta_policy not in ("default", "efficiency", "zero"):
+      raise ValueError(f"plan cta_policy={self.cta_policy!r} must be 'default', 'efficiency' "
+                       "or 'zero'")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,15 +295,15 @@ _override = Override()
 
 
 def forced(num_groups: int | None = None, comm_sms: int | None = None, overlap: bool = True,
-           band_rows=None):
+           band_rows=None, cta_policy: str | None = None):
   """Within this context, ops *lowered* here use `num_groups` even row bands (aligned to the
   kernel's cluster rows) or exactly `band_rows` (boundaries in one rank block's rows), and/or
-  `comm_sms`, instead of the cost model's plan; overlap=False forces XLA's dot + collective.
-  For tuning: jit-compile inside the context."""
+  `comm_sms` and the communicator's `cta_policy`, instead of the cost model's plan;
+  overlap=False forces XLA's dot + collective. For tuning: jit-compile inside the context."""
   if num_groups is not None and band_rows is not None:
     raise ValueError("forced(): give num_groups or band_rows, not both")
   bands = None if band_rows is None else tuple(int(b) for b in band_rows)
-  return _override.active((num_groups, comm_sms, overlap, bands))
+  return _override.active((num_groups, comm_sms, overlap, bands, cta_policy))
 
 
 def is_forced() -> bool:
@@ -315,7 +319,8 @@ def choose_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: i
   an all-reduce `in_place` on XLA's output); the cost model."""
   in_place = bool(in_place) and collective == "all_reduce"
   override = _override.get()
-  forced_groups, forced_sms, forced_overlap, forced_bands = override or (None, None, True, None)
+  forced_groups, forced_sms, forced_overlap, forced_bands, forced_policy = (
+      override or (None, None, True, None, None))
   if override is None and comm_sms is None and not in_place:
     from jax_flashoverlap import tuning
     entry = tuning.lookup(gpu, world, collective, dtype, m, n, k)
@@ -323,7 +328,8 @@ def choose_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: i
       blocks = world if collective == "reduce_scatter" else 1
       plan = GroupPlan(collective, m // blocks, tuple(entry["band_rows"]), entry["comm_sms"],
                        entry.get("overlap", True),
-                       entry.get("measured_ms", 0.0) / 1e3, entry.get("baseline_ms", 0.0) / 1e3)
+                       entry.get("measured_ms", 0.0) / 1e3, entry.get("baseline_ms", 0.0) / 1e3,
+                       entry.get("cta_policy", "default"))
       plan.validate()
       return plan
   if comm_sms is None:
@@ -343,6 +349,8 @@ def choose_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: i
     plan = dataclasses.replace(plan, band_rows=bands, predicted_s=plan_time(
         collective, m, n, k, world, bands, plan.comm_sms, itemsize, profile))
   plan = dataclasses.replace(plan, overlap=forced_overlap)
+  if forced_policy is not None:
+    plan = dataclasses.replace(plan, cta_policy=forced_policy)
   plan.validate()
   return plan
 

@@ -101,9 +101,10 @@ def _collective_cuda_lowering(prim, reference_lowering, collective):
     if keep_reference(plan, comm_sms, plan_lib.is_forced()):
       return reference_lowering(ctx, x, w, axis_name=axis_name)
     comm_id = prepare_communicators(
-        prim.name, mesh, axis_name, {"band_rows": list(plan.band_rows), "in_place": in_place},
+        prim.name, mesh, axis_name,
+        {"band_rows": list(plan.band_rows), "in_place": in_place, "cta_policy": plan.cta_policy},
         plan.comm_sms, 0 if in_place else m * n * dtype.itemsize,
-        f"x {tuple(x_aval.shape)} w {tuple(w_aval.shape)}")
+        f"x {tuple(x_aval.shape)} w {tuple(w_aval.shape)}", cta_policy=plan.cta_policy)
     attrs = {"in_place": np.int32(in_place)} if collective == "all_reduce" else {}
     return emit_call(prim, ctx, x, w, comm_id, world, plan.comm_sms,
                      band_rows=np.asarray(plan.band_rows, dtype=np.int32), **attrs)
@@ -131,18 +132,19 @@ def keep_reference(plan, comm_sms, forced: bool) -> bool:
 
 
 def prepare_communicators(name, mesh, axis_name, plan_fields, comm_sms, workspace_bytes,
-                          shapes, peer_to_peer=False) -> int:
+                          shapes, peer_to_peer=False, cta_policy="default") -> int:
   """At lowering: the comm_id of the plan's communicators, the plan checked identical on every
   process (a plan that differs would hang NCCL), and the communicators made here when the
   program runs on this machine's GPUs (not when cross-lowering)."""
-  comm_id = comm.comm_id_for(mesh, axis_name, comm_sms, peer_to_peer)
+  comm_id = comm.comm_id_for(mesh, axis_name, comm_sms, peer_to_peer, cta_policy)
   if jax.process_count() > 1:
     from jax_flashoverlap import distributed
     distributed.check_identical(f"the group plan of {name} for {shapes}",
                                 dict(plan_fields, comm_id=comm_id, comm_sms=comm_sms))
   if comm.mesh_is_local_gpu(mesh):
     comm.ensure_communicators(mesh, axis_name, comm_sms=comm_sms,
-                              workspace_bytes=workspace_bytes, peer_to_peer=peer_to_peer)
+                              workspace_bytes=workspace_bytes, peer_to_peer=peer_to_peer,
+                              cta_policy=cta_policy)
   return comm_id
 
 

@@ -122,6 +122,19 @@ def calibrate(pb, comm_sms_list, calls: int, samples: int) -> tuple:
   return tune_model.Calibration(wave, comm), t
 
 
+def time_cta_policies(pb, cand, args) -> dict:
+  """{policy: ms} of one plan with its communicator under each of --cta-policies (each a
+  communicator of its own), interleaved."""
+  variants = {}
+  for policy in args.cta_policies:
+    fn = pb.smap(pb.ours)
+    with plan_lib.forced(band_rows=cand.band_rows, comm_sms=cand.comm_sms, cta_policy=policy):
+      fn(*pb.args).block_until_ready()  # compiles (and makes the communicator) here
+    variants[policy] = (fn, pb.args)
+  return {v: r["median_ms"] for v, r in
+          bench.time_variants(variants, calls=args.calls, samples=args.samples).items()}
+
+
 def tune_problem(pb, args, progress) -> tuple:
   """(config entry, report row) of one problem."""
   import jax_flashoverlap as fo
@@ -163,6 +176,14 @@ def tune_problem(pb, args, progress) -> tuple:
     best = None
   entry = entry_for(pb.collective, pb.dtype.name, m, n, k_local, world, best,
                     measured.get(best, 0.0), t["xla_dot_collective"])
+  policy_ms = {}
+  if best is not None and len(args.cta_policies) > 1:
+    progress.show(f"{label}: CTA policies {args.cta_policies}")
+    policy_ms = time_cta_policies(pb, best, args)
+    chosen = min(policy_ms, key=policy_ms.get)
+    entry = entry_for(pb.collective, pb.dtype.name, m, n, k_local, world, best,
+                      policy_ms[chosen], t["xla_dot_collective"])
+    entry.update(cta_policy=chosen, cta_policy_ms=policy_ms)
   default = plan_lib.choose_plan(pb.collective, m, n, k_local, world, pb.dtype.itemsize)
   row = {"collective": pb.collective, "m": pb.m, "n": pb.n, "k": pb.k, "world": world,
          "calibration": cal.to_json(), "calibration_ms": cal_ms,
@@ -171,7 +192,7 @@ def tune_problem(pb, args, progress) -> tuple:
                     "how": c.how, "predicted_ms": c.predicted_s * 1e3,
                     "measured_ms": t[name], "rel_error_vs_f32": errors[name]}
                    for name, c in zip(names, picked)],
-         "times_ms": t, "entry": entry,
+         "times_ms": t, "entry": entry, "cta_policy_ms": policy_ms,
          "cost_model_default": {"band_rows": list(default.band_rows),
                                 "comm_sms": default.comm_sms, "overlap": default.overlap}}
   bench.say(f"{label}: xla {t['xla_dot_collective']:.3f} ms, cost-model default "
@@ -197,6 +218,10 @@ def main(argv=None) -> int:
   parser.add_argument("--world", type=int, default=0, help="GPUs in the mesh (0: all)")
   parser.add_argument("--comm-sms", type=int, nargs="+", default=[8, 12, 16],
                       help="SMs left to NCCL to calibrate and search over")
+  parser.add_argument("--cta-policies", nargs="+", default=["default", "efficiency"],
+                      choices=("default", "efficiency", "zero"),
+                      help="the communicator's ncclConfig_t.CTAPolicy values the kept plan is "
+                           "timed under (the fastest is kept, each one's time reported)")
   parser.add_argument("--top", type=int, default=6,
                       help="candidate plans timed per problem (at least one per comm_sms)")
   parser.add_argument("--calls", type=int, default=10)

@@ -9,9 +9,11 @@ A config file (never pickle) holds measured-best plans for one GPU model and wor
                   "predicted_ms": 1.01, "model_error": -0.028,
                   "source": "python -m jax_flashoverlap.tune"}]}
 
-Optional, informative: measured_ms / baseline_ms (ours and XLA's dot + collective when
-tuned), predicted_ms and model_error (the tuner's measured cost model for the kept plan:
-predicted / measured - 1).
+Optional: cta_policy ("default" | "efficiency" | "zero": the communicator's
+ncclConfig_t.CTAPolicy the plan runs with). Informative: measured_ms / baseline_ms (ours and
+XLA's dot + collective when tuned), predicted_ms and model_error (the tuner's measured cost
+model for the kept plan: predicted / measured - 1), cta_policy_ms (the kept plan's time under
+each policy tried).
 
 m, n, k are the per-device GEMM's (x [m, k], w [k, n]). Files are read from the package's
 `configs/` folder, then from the user's config dir ($JAX_FLASHOVERLAP_CONFIG_DIR, default
@@ -140,6 +142,9 @@ def validate(data, path="<config>") -> dict:
     _check_plan(path, where, e, world, m)
     if not isinstance(e.get("overlap", True), bool):
       _fail(path, f"{where}: 'overlap' must be true or false")
+    if e.get("cta_policy", "default") not in ("default", "efficiency", "zero"):
+      _fail(path, f"{where}: 'cta_policy' must be 'default', 'efficiency' or 'zero', got "
+                  f"{e.get('cta_policy')!r}")
     for field in ("measured_ms", "baseline_ms", "predicted_ms"):  # optional; informative
       _number(path, where, e, field)
     _number(path, where, e, "model_error", signed=True)

@@ -238,3 +238,18 @@ def test_in_place_plan_uses_the_plain_buffer_model():
     # reduce-scatter ignores the switch
     assert P.choose_plan("reduce_scatter", 8192, 8192, 4096, 2, in_place=True) == \
         P.choose_plan("reduce_scatter", 8192, 8192, 4096, 2)
+
+
+def test_cuda_lowering_cta_policy_selects_its_own_communicators(fo, no_fallback):
+    """A plan's CTA policy is part of its communicators' identity (comm_id): the same program
+    under plan.forced(cta_policy=...) calls another communicator."""
+    from jax_flashoverlap import plan as P
+
+    mesh = make_mesh_1d(4)
+    ids = {}
+    for policy in ("default", "efficiency"):
+        f, args = _program(fo, "all_reduce", mesh, size=LARGE)
+        with P.forced(comm_sms=16, cta_policy=policy):
+            call = "\n".join(_custom_call_lines(_cuda_text(f, args), PRIMITIVE_NAMES["all_reduce"]))
+        ids[policy] = re.search(r"comm_id\s*=\s*([^,}\s]+)", call).group(1)
+    assert ids["default"] != ids["efficiency"], ids

@@ -201,3 +201,33 @@ def test_bad_a2a_entries_are_errors(case):
     with pytest.raises(tuning.ConfigError, match="split_axis|band_rows|chunks|end at"):
         tuning.validate({"schema": tuning.SCHEMA, "gpu": "NVIDIA H200", "world_size": 2,
                          "entries": [entry]}, path=case)
+
+
+# --- the communicator's CTA policy (ncclConfig_t.CTAPolicy) -----------------------------------
+
+def test_cta_policy_in_plans_configs_and_communicator_ids(tmp_path, monkeypatch):
+    from jax_flashoverlap import comm
+    from _util import make_mesh_1d
+    mesh = make_mesh_1d(4)
+    ids = {p: comm.comm_id_for(mesh, "tp", 16, cta_policy=p) for p in comm.CTA_POLICIES}
+    assert len(set(ids.values())) == 3
+    assert ids["default"] == comm.comm_id_for(mesh, "tp", 16)  # ids of before are kept
+    with pytest.raises(ValueError, match="cta_policy must be one of"):
+        comm.comm_id_for(mesh, "tp", 16, cta_policy="fast")
+    with P.forced(cta_policy="efficiency"):
+        plan = P.choose_plan("all_reduce", 8192, 8192, 4096, 2)
+    assert plan.cta_policy == "efficiency"
+    assert P.choose_plan("all_reduce", 8192, 8192, 4096, 2).cta_policy == "default"
+    with P.forced(cta_policy="fast"):
+        with pytest.raises(ValueError, match="cta_policy='fast'"):
+            P.choose_plan("all_reduce", 8192, 8192, 4096, 2)
+    monkeypatch.setenv(tuning.CONFIG_DIR_ENV, str(tmp_path))
+    entry = dict(collective="all_reduce", dtype="bfloat16", m=1024, n=512, k=256, comm_sms=12,
+                 band_rows=[0, 512, 1024], cta_policy="efficiency",
+                 cta_policy_ms={"default": 0.2, "efficiency": 0.19})
+    tuning.write_entries(tmp_path / "t.json", "NVIDIA H200", 2, [entry])
+    assert P.choose_plan("all_reduce", 1024, 512, 256, 2, gpu="NVIDIA H200").cta_policy == \
+        "efficiency"
+    with pytest.raises(tuning.ConfigError, match="'cta_policy' must be"):
+        tuning.validate({"schema": tuning.SCHEMA, "gpu": "NVIDIA H200", "world_size": 2,
+                         "entries": [dict(entry, cta_policy="zero-sm")]})

@@ -68,7 +68,7 @@ py::bytes NcclUniqueId() {
 void CreateCommunicators(int64_t comm_id, const py::bytes& unique_id, int world_size,
                          const std::vector<std::pair<int, int>>& local_rank_device,
                          int comm_sms, size_t workspace_bytes, double watchdog_seconds,
-                         bool peer_to_peer) {
+                         bool peer_to_peer, int cta_policy) {
   std::string raw = unique_id;
   if (raw.size() != sizeof(ncclUniqueId::internal)) {
     throw std::invalid_argument("unique_id must be " +
@@ -82,7 +82,8 @@ void CreateCommunicators(int64_t comm_id, const py::bytes& unique_id, int world_
   {
     py::gil_scoped_release release;  // NCCL init blocks until every rank has joined
     status = flashoverlap::CreateCommunicators(comm_id, id, world_size, local, comm_sms,
-                                               workspace_bytes, watchdog_seconds, peer_to_peer);
+                                               workspace_bytes, watchdog_seconds, peer_to_peer,
+                                               cta_policy);
   }
   ThrowIfError(status);
 }
@@ -138,6 +139,7 @@ py::list ListCommunicators() {
     d["watchdog_seconds"] = c.watchdog_seconds;
     d["aborted"] = c.aborted;
     d["peer_to_peer"] = c.peer_to_peer;
+    d["cta_policy"] = c.cta_policy;
     out.append(d);
   }
   return out;
@@ -185,10 +187,11 @@ PYBIND11_MODULE(_xla_ffi, m) {
   m.def("create_communicators", &CreateCommunicators, py::arg("comm_id"), py::arg("unique_id"),
         py::arg("world_size"), py::arg("local_rank_device"), py::arg("comm_sms"),
         py::arg("workspace_bytes"), py::arg("watchdog_seconds") = 0.0,
-        py::arg("peer_to_peer") = false,
+        py::arg("peer_to_peer") = false, py::arg("cta_policy") = 0,
         "Creates this process's communicators of one group (all local ranks at once); "
         "watchdog_seconds > 0 watches their calls (xla_ffi/comm/watchdog.h); peer_to_peer: "
-        "for ncclSend/ncclRecv ops (workspace not registered with NCCL)");
+        "for ncclSend/ncclRecv ops (workspace not registered with NCCL); cta_policy: "
+        "ncclConfig_t.CTAPolicy (0 default, 1 efficiency, 2 zero)");
   m.def("ensure_workspace", &EnsureWorkspace, py::arg("comm_id"), py::arg("bytes"),
         "Grows the workspaces of comm_id to at least `bytes`");
   m.def("connect_peers", &ConnectPeers, py::arg("comm_id"),

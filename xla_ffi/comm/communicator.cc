@@ -155,9 +155,13 @@ Status DestroyOne(Communicator& c) {
 Status CreateCommunicators(int64_t comm_id, const ncclUniqueId& id, int world_size,
                            const std::vector<LocalRank>& local, int comm_sms,
                            size_t workspace_bytes, double watchdog_seconds,
-                           bool peer_to_peer) {
+                           bool peer_to_peer, int cta_policy) {
   std::lock_guard<std::mutex> lock(RegistryMutex());
   if (comm_id == 0) return Status::Error("comm_id must be non-zero");
+  if (cta_policy < 0 || cta_policy > 2) {
+    return Status::Error("cta_policy must be 0 (default), 1 (efficiency) or 2 (zero), got " +
+                         std::to_string(cta_policy));
+  }
   if (!(watchdog_seconds >= 0)) return Status::Error("watchdog_seconds must be >= 0");
   if (local.empty()) return Status::Error("no local ranks given");
   for (const LocalRank& lr : local) {
@@ -178,6 +182,13 @@ Status CreateCommunicators(int64_t comm_id, const ncclUniqueId& id, int world_si
     config.minCTAs = comm_sms;
     config.maxCTAs = comm_sms;
   }
+  if (cta_policy != 0) {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+    config.CTAPolicy = cta_policy;
+#else
+    return Status::Error("cta_policy needs NCCL >= 2.27 headers at build time");
+#endif
+  }
   FO_RETURN_IF_NCCL(ncclGroupStart());
   for (const LocalRank& lr : local) {
     auto c = std::make_unique<Communicator>();
@@ -186,6 +197,7 @@ Status CreateCommunicators(int64_t comm_id, const ncclUniqueId& id, int world_si
     c->rank = lr.rank;
     c->world_size = world_size;
     c->comm_sms = comm_sms;
+    c->cta_policy = cta_policy;
     c->peer_to_peer = peer_to_peer;
     cudaError_t err = cudaSetDevice(lr.device);
     ncclResult_t res = err == cudaSuccess
@@ -307,7 +319,7 @@ std::vector<CommunicatorSummary> ListCommunicators() {
     out.push_back({c->comm_id, c->device, c->rank, c->world_size, c->comm_sms,
                    c->workspace_bytes,
                    c->wait_method == WaitMethod::kStreamOp ? "stream_op" : "spin",
-                   c->watchdog_seconds, c->aborted.load(), c->peer_to_peer});
+                   c->watchdog_seconds, c->aborted.load(), c->peer_to_peer, c->cta_policy});
   }
   return out;
 }

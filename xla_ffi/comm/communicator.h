@@ -30,6 +30,7 @@ struct Communicator {
   int rank = -1;
   int world_size = 0;
   int comm_sms = 0;          // NCCL maxCTAs; the GEMM leaves this many SMs free
+  int cta_policy = 0;        // ncclConfig_t.CTAPolicy: NCCL_CTA_POLICY_DEFAULT/EFFICIENCY/ZERO
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;        // communication stream (high priority)
   // All-reduce results are copied from the workspace to XLA's output on their own stream
@@ -68,10 +69,11 @@ struct LocalRank {
 // workspace of `workspace_bytes` each (peer_to_peer: ops using ncclSend/ncclRecv, whose
 // workspace is not registered with NCCL). Fails if (comm_id, device) already exists.
 // watchdog_seconds > 0 turns the watchdog on for these communicators (watchdog.h).
+// cta_policy: ncclConfig_t.CTAPolicy (0 default, 1 efficiency, 2 zero; NCCL >= 2.27).
 Status CreateCommunicators(int64_t comm_id, const ncclUniqueId& id, int world_size,
                            const std::vector<LocalRank>& local, int comm_sms,
                            size_t workspace_bytes, double watchdog_seconds = 0,
-                           bool peer_to_peer = false);
+                           bool peer_to_peer = false, int cta_policy = 0);
 
 // Grows the workspaces of every local communicator of comm_id to at least `bytes`
 // (collective over the group: call it for all local devices of a group at once).
@@ -100,6 +102,7 @@ struct CommunicatorSummary {
   double watchdog_seconds;
   bool aborted;
   bool peer_to_peer;
+  int cta_policy;
 };
 std::vector<CommunicatorSummary> ListCommunicators();
 
