@@ -52,6 +52,13 @@ class CommProfile:
   # All-gather + GEMM overlaps only when the (modelled) GEMM takes at least this long: on
   # 2 x H200 it lost at 0.4 and 0.8 ms and won at 2.8 and 3.3 ms (module docstring).
   min_all_gather_gemm_s: float = 1.5e-3
+  # The collective gather (one ncclAllGather over a registered window, CTA policy ZERO: copy
+  # engines, the GEMM keeps all but `ce_comm_sms` SMs): bytes received per rank per second
+  # (DESIGN.md: 0.26 ms for a 128 MB all-gather on 2 x H200). Off in the default plans until
+  # measured inside the op on 2 GPUs; tuned configs and forced(gather=...) can choose it.
+  collective_gather: bool = False
+  ce_all_gather_bw: float = 246e9
+  ce_comm_sms: tuple = (2,)
 
 
 DEFAULT_PROFILE = CommProfile()
@@ -71,6 +78,9 @@ class AllToAllPlan:
     return len(self.band_rows) - 1
 
 
+GATHERS = ("p2p", "collective")
+
+
 @dataclasses.dataclass(frozen=True)
 class AllGatherPlan:
   chunks: int            # transfers (and flags) per row block
@@ -78,6 +88,9 @@ class AllGatherPlan:
   overlap: bool = True
   predicted_s: float = 0.0
   baseline_s: float = 0.0
+  # p2p: chunked ncclSend/ncclRecv; collective: one ncclAllGather over a registered window on
+  # a CTA-policy-ZERO communicator (chunks 1; xla_ffi/comm/all_gather_gemm_call.cc)
+  gather: str = "p2p"
 
 
 def _kernel(m: int, n: int, comm_sms: int):
@@ -186,12 +199,16 @@ def all_gather_baseline(rows, n, k, world, itemsize=2, p: CommProfile = DEFAULT_
 
 
 def all_gather_plan_time(rows, n, k, world, chunks, comm_sms, itemsize=2,
-                         p: CommProfile = DEFAULT_PROFILE) -> float:
-  """Chunks arrive one after another; the GEMM runs chunk by chunk, never before arrival."""
+                         p: CommProfile = DEFAULT_PROFILE, gather: str = "p2p") -> float:
+  """Chunks arrive one after another; the GEMM runs chunk by chunk, never before arrival.
+  Collective gather: every remote block arrives at once, after one all-gather."""
   f = rows // chunks
   step, block_n, grid = _kernel(world * rows, n, comm_sms)
   unit = _unit_time(k, step, block_n, p)
   chunk_work = math.ceil(f / step) * math.ceil(n / block_n) * unit / grid
+  if gather == "collective":
+    arrived = p.comm_latency + (world - 1) * rows * k * itemsize / p.ce_all_gather_bw
+    return max(chunks * chunk_work, arrived) + (world - 1) * chunks * chunk_work + unit
   transfer = p.comm_latency + f * k * itemsize / _busbw(p.p2p_bw, comm_sms)
   t = chunks * chunk_work  # the local block, ready at once
   arrived = 0.0
@@ -207,15 +224,17 @@ def default_all_gather_plan(rows, n, k, world, itemsize=2,
   sms = ((profile.comm_sms,) if profile.comm_sms is not None else profile.comm_sms_candidates)
   baseline = all_gather_baseline(rows, n, k, world, itemsize, profile)
   big_enough = _all_gather_gemm_time(rows, n, k, world, profile) >= profile.min_all_gather_gemm_s
+  candidates = [(c, chunks, "p2p") for c in sms for chunks in profile.chunk_candidates
+                if rows % chunks == 0 and world * chunks <= MAX_GROUPS]
+  if profile.collective_gather:
+    candidates += [(c, 1, "collective") for c in profile.ce_comm_sms]
   best = None
-  for c in sms:
-    for chunks in profile.chunk_candidates:
-      if rows % chunks or world * chunks > MAX_GROUPS:
-        continue
-      t = all_gather_plan_time(rows, n, k, world, chunks, c, itemsize, profile)
-      if best is None or t < best.predicted_s - 1e-12:
-        best = AllGatherPlan(chunks, max(1, c),
-                             big_enough and t < baseline * (1 - profile.min_gain), t, baseline)
+  for c, chunks, gather in candidates:
+    t = all_gather_plan_time(rows, n, k, world, chunks, c, itemsize, profile, gather)
+    if best is None or t < best.predicted_s - 1e-12:
+      best = AllGatherPlan(chunks, max(1, c),
+                           big_enough and t < baseline * (1 - profile.min_gain), t, baseline,
+                           gather)
   return best
 
 
@@ -235,10 +254,13 @@ _override = plan_lib.Override()
 
 
 def forced(num_groups: int | None = None, comm_sms: int | None = None, overlap: bool = True,
-           chunks: int | None = None):
+           chunks: int | None = None, gather: str | None = None):
   """Within this context, these ops *lowered* here use `num_groups` even bands (all-to-all),
-  `chunks` (all-gather), `comm_sms`, or overlap=False (XLA's composition)."""
-  return _override.active((num_groups, comm_sms, overlap, chunks))
+  `chunks` and `gather` ("p2p" | "collective", all-gather), `comm_sms`, or overlap=False
+  (XLA's composition)."""
+  if gather is not None and gather not in GATHERS:
+    raise ValueError(f"forced(): gather must be one of {GATHERS}, got {gather!r}")
+  return _override.active((num_groups, comm_sms, overlap, chunks, gather))
 
 
 def is_forced() -> bool:
@@ -277,7 +299,7 @@ def choose_a2a_plan(m, n, k, world, split_axis, concat_axis, itemsize=2,
                           _profile_for(comm_sms))
   if override is None:
     return plan
-  num_groups, _, overlap, _ = override
+  num_groups, _, overlap, _, _ = override
   if num_groups is not None:
     step = _kernel(m, n, plan.comm_sms)[0]
     bands = plan_lib.even_bands(plan.rows_per_block, num_groups, step)
@@ -296,15 +318,24 @@ def choose_all_gather_plan(rows, n, k, world, itemsize=2, comm_sms=None, gpu=Non
     if entry is not None:
       return AllGatherPlan(entry["chunks"], max(1, entry["comm_sms"]),
                            entry.get("overlap", True), entry.get("measured_ms", 0.0) / 1e3,
-                           entry.get("baseline_ms", 0.0) / 1e3)
+                           entry.get("baseline_ms", 0.0) / 1e3, entry.get("gather", "p2p"))
   plan = default_all_gather_plan(rows, n, k, world, itemsize, _profile_for(comm_sms))
   if override is None:
     return plan
-  _, _, overlap, chunks = override
+  _, _, overlap, chunks, gather = override
+  gather = gather or plan.gather
+  if gather == "collective":
+    if chunks not in (None, 1):
+      raise ValueError(f"forced chunks={chunks}: the collective gather takes whole blocks "
+                       "(chunks=1)")
+    chunks = 1
   if chunks is not None:
     if rows % chunks or world * chunks > MAX_GROUPS:
       raise ValueError(f"forced chunks={chunks} must divide the {rows} local rows and "
                        f"world * chunks must be <= {MAX_GROUPS}")
-    plan = dataclasses.replace(plan, chunks=int(chunks), predicted_s=all_gather_plan_time(
-        rows, n, k, world, int(chunks), plan.comm_sms, itemsize))
+  chunks = int(chunks or plan.chunks)
+  plan = dataclasses.replace(plan, chunks=chunks, gather=gather,
+                             predicted_s=all_gather_plan_time(
+                                 rows, n, k, world, chunks, plan.comm_sms, itemsize,
+                                 gather=gather))
   return dataclasses.replace(plan, overlap=overlap)

@@ -43,8 +43,13 @@ all_gather_gemm_p, _ag_reference_lowering = make_primitive(
 # --- CUDA lowerings ------------------------------------------------------------------------
 
 
-def _prepare_comm(prim, mesh, axis_name, plan_fields, comm_sms, workspace_bytes, shapes):
-  # ncclSend/ncclRecv: their peer connections are made at lowering too (ConnectPeers).
+def _prepare_comm(prim, mesh, axis_name, plan_fields, comm_sms, workspace_bytes, shapes,
+                  collective_gather=False):
+  # ncclSend/ncclRecv: their peer connections are made at lowering too (ConnectPeers). The
+  # collective gather: a collective communicator (registered window) with CTA policy ZERO.
+  if collective_gather:
+    return prepare_communicators(prim.name, mesh, axis_name, plan_fields, comm_sms,
+                                 workspace_bytes, shapes, cta_policy="zero")
   return prepare_communicators(prim.name, mesh, axis_name, plan_fields, comm_sms,
                                workspace_bytes, shapes, peer_to_peer=True)
 
@@ -89,9 +94,11 @@ def _ag_cuda_lowering(ctx, x, w, *, axis_name, comm_sms):
   if keep_reference(plan, comm_sms, plan_a2a.is_forced()):
     return reference()
   comm_id = _prepare_comm(prim, mesh, axis_name,
-                          {"chunks": plan.chunks, "comm_sms": plan.comm_sms}, plan.comm_sms,
+                          {"chunks": plan.chunks, "comm_sms": plan.comm_sms,
+                           "gather": plan.gather}, plan.comm_sms,
                           world * rows * k * dtype.itemsize,
-                          f"x {tuple(x_aval.shape)} w {tuple(w_aval.shape)}")
+                          f"x {tuple(x_aval.shape)} w {tuple(w_aval.shape)}",
+                          collective_gather=plan.gather == "collective")
   return emit_call(prim, ctx, x, w, comm_id, world, plan.comm_sms, chunks=np.int32(plan.chunks))
 
 

@@ -18,11 +18,15 @@ COLLECTIVE = {"all_gather": "all_gather", "all_to_all": "all_to_all",
               "all_to_all_ulysses": "all_to_all"}
 
 
+CE_COMM_SMS = (1, 2, 4)  # the collective gather runs on copy engines: few SMs left free
+
+
 @dataclasses.dataclass(frozen=True)
 class GridPlan:
   name: str
   comm_sms: int
   groups: int            # all-to-all: even bands; all-gather: chunks
+  gather: str = "p2p"    # all-gather: "p2p" | "collective" (plan_a2a.AllGatherPlan)
 
 
 def local_problem(op: str, m: int, n: int, k: int, world: int) -> tuple:
@@ -42,12 +46,14 @@ def grid(op: str, comm_sms_list, rows: int, world: int) -> list:
     else:
       for groups in A2A_GROUPS:
         plans.append(GridPlan(f"sms{sms}_g{groups}", sms, groups))
+  if op == "all_gather":  # one ncclAllGather on copy engines (CTA policy ZERO)
+    plans += [GridPlan(f"sms{sms}_collective", sms, 1, "collective") for sms in CE_COMM_SMS]
   return plans
 
 
 def _forced(op, p: GridPlan):
   if op == "all_gather":
-    return plan_a2a.forced(comm_sms=p.comm_sms, chunks=p.groups)
+    return plan_a2a.forced(comm_sms=p.comm_sms, chunks=p.groups, gather=p.gather)
   return plan_a2a.forced(num_groups=p.groups, comm_sms=p.comm_sms)
 
 
@@ -70,7 +76,7 @@ def entry_for(op, dtype, rows, n, k, world, plan, measured_ms, baseline_ms) -> d
   if plan is None:
     entry.update(comm_sms=0, overlap=False, measured_ms=baseline_ms)
     if op == "all_gather":
-      entry["chunks"] = 1
+      entry.update(chunks=1, gather="p2p")
     else:
       entry["band_rows"] = [0, plan_a2a.a2a_shape(rows, n, world, entry["split_axis"])[1]]
     return entry
@@ -78,7 +84,7 @@ def entry_for(op, dtype, rows, n, k, world, plan, measured_ms, baseline_ms) -> d
                predicted_ms=plan.predicted_s * 1e3,
                model_error=plan.predicted_s * 1e3 / measured_ms - 1.0)
   if op == "all_gather":
-    entry["chunks"] = plan.chunks
+    entry.update(chunks=plan.chunks, gather=plan.gather)
   else:
     entry["band_rows"] = list(plan.band_rows)
   return entry

@@ -112,6 +112,12 @@ def _check_plan(path, where, e, world, m):
     if m % chunks or world * chunks > MAX_GROUPS:
       _fail(path, f"{where}: chunks={chunks} must divide m={m} and world_size * chunks must "
                   f"be <= {MAX_GROUPS}")
+    gather = e.get("gather", "p2p")
+    if gather not in ("p2p", "collective"):
+      _fail(path, f"{where}: 'gather' must be 'p2p' or 'collective', got {gather!r}")
+    if gather == "collective" and chunks != 1:
+      _fail(path, f"{where}: the collective gather takes whole blocks: chunks must be 1, "
+                  f"got {chunks}")
 
 
 def validate(data, path="<config>") -> dict:

@@ -178,6 +178,20 @@ def test_forced_chunks(fo, monkeypatch):
         assert not _calls(_cuda_text(fo, 2, (2048, 4096), (4096, 4096)))
 
 
+def test_forced_collective_gather_uses_its_own_communicators(fo, monkeypatch):
+    """The collective gather lowers with chunks 1 onto a collective CTA-policy-ZERO
+    communicator: another comm_id than the point-to-point one of the same comm_sms."""
+    from jax_flashoverlap import plan_a2a
+    monkeypatch.delenv("JAX_FLASHOVERLAP_FORCE_REFERENCE", raising=False)
+    ids = {}
+    for gather in ("p2p", "collective"):
+        with plan_a2a.forced(gather=gather, comm_sms=2, chunks=1):
+            call = _calls(_cuda_text(fo, 2, (2048, 4096), (4096, 4096)))[0]
+        assert "chunks = 1 : i32" in call and "comm_sms = 2 : i32" in call, call
+        ids[gather] = re.search(r"comm_id = (-?\d+)", call).group(1)
+    assert ids["p2p"] != ids["collective"], ids
+
+
 def test_cpu_lowering_is_reference(fo):
     f = shard_map(_ours(fo), make_mesh_1d(4), *SPECS)
     text = jax.jit(f).trace(jax.ShapeDtypeStruct((32, 16), jnp.bfloat16),

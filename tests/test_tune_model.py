@@ -1,5 +1,6 @@
 """The tuner's measured cost model and search (jax_flashoverlap.tune_model), its config
 entries and progress display (jax_flashoverlap.tune), and forced explicit plans: on CPU."""
+import dataclasses
 import io
 import itertools
 import math
@@ -149,10 +150,13 @@ def test_a2a_grid_and_local_problem():
     assert tune_a2a.local_problem("all_to_all", 8192, 8192, 4096, 2) == (4096, 8192, 4096)
     g = tune_a2a.grid("all_gather", (8, 16), 4096, 2)
     assert [p.name for p in g] == ["sms8_chunks1", "sms8_chunks2", "sms8_chunks4",
-                                   "sms16_chunks1", "sms16_chunks2", "sms16_chunks4"]
+                                   "sms16_chunks1", "sms16_chunks2", "sms16_chunks4",
+                                   "sms1_collective", "sms2_collective", "sms4_collective"]
+    assert all(p.groups == 1 for p in g if p.gather == "collective")
     assert len(tune_a2a.grid("all_to_all", (8,), 4096, 2)) == len(tune_a2a.A2A_GROUPS)
     # chunks that do not divide the rows are not in the grid
-    assert [p.groups for p in tune_a2a.grid("all_gather", (8,), 6, 2)] == [1, 2]
+    assert [p.groups for p in tune_a2a.grid("all_gather", (8,), 6, 2)
+            if p.gather == "p2p"] == [1, 2]
 
 
 @pytest.mark.parametrize("op", ["all_to_all", "all_to_all_ulysses", "all_gather"])
@@ -192,13 +196,17 @@ BAD_A2A = {
     "ag_chunks_not_dividing": dict(collective="all_gather", m=4096, n=512, k=64, comm_sms=8,
                                    chunks=3),
     "ag_no_chunks": dict(collective="all_gather", m=4096, n=512, k=64, comm_sms=8),
+    "ag_collective_in_chunks": dict(collective="all_gather", m=4096, n=512, k=64, comm_sms=2,
+                                    chunks=2, gather="collective"),
+    "ag_unknown_gather": dict(collective="all_gather", m=4096, n=512, k=64, comm_sms=2,
+                              chunks=1, gather="nvshmem"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BAD_A2A))
 def test_bad_a2a_entries_are_errors(case):
     entry = dict(BAD_A2A[case], dtype="bfloat16")
-    with pytest.raises(tuning.ConfigError, match="split_axis|band_rows|chunks|end at"):
+    with pytest.raises(tuning.ConfigError, match="split_axis|band_rows|chunks|end at|gather"):
         tuning.validate({"schema": tuning.SCHEMA, "gpu": "NVIDIA H200", "world_size": 2,
                          "entries": [entry]}, path=case)
 
@@ -231,3 +239,36 @@ def test_cta_policy_in_plans_configs_and_communicator_ids(tmp_path, monkeypatch)
     with pytest.raises(tuning.ConfigError, match="'cta_policy' must be"):
         tuning.validate({"schema": tuning.SCHEMA, "gpu": "NVIDIA H200", "world_size": 2,
                          "entries": [dict(entry, cta_policy="zero-sm")]})
+
+
+def test_collective_gather_plans(tmp_path, monkeypatch):
+    """The collective all-gather (one ncclAllGather on a CTA-policy-ZERO communicator): chosen
+    by forced(gather=...) or a tuned entry, whole blocks only; off in the default plans until
+    measured; its modelled time has every remote block arrive at once."""
+    rows, n, k = 4096, 4096, 8192
+    assert plan_a2a.choose_all_gather_plan(rows, n, k, 2).gather == "p2p"
+    with plan_a2a.forced(gather="collective", comm_sms=2):
+        got = plan_a2a.choose_all_gather_plan(rows, n, k, 2)
+    assert (got.gather, got.chunks, got.comm_sms) == ("collective", 1, 2)
+    with plan_a2a.forced(gather="collective", chunks=2):
+        with pytest.raises(ValueError, match="chunks=1"):
+            plan_a2a.choose_all_gather_plan(rows, n, k, 2)
+    with pytest.raises(ValueError, match="gather must be one of"):
+        plan_a2a.forced(gather="nvshmem")
+    # the model: remote blocks arrive together; a slower link only delays them
+    p = plan_a2a.DEFAULT_PROFILE
+    fast = plan_a2a.all_gather_plan_time(rows, n, k, 2, 1, 2, 2, p, "collective")
+    slow = plan_a2a.all_gather_plan_time(rows, n, k, 2, 1, 2, 2, dataclasses.replace(
+        p, ce_all_gather_bw=p.ce_all_gather_bw / 100), "collective")
+    assert slow > fast > 0
+    on = dataclasses.replace(p, collective_gather=True)
+    assert plan_a2a.default_all_gather_plan(rows, n, k, 2, 2, on).predicted_s <= \
+        plan_a2a.default_all_gather_plan(rows, n, k, 2, 2, p).predicted_s
+    monkeypatch.setenv(tuning.CONFIG_DIR_ENV, str(tmp_path))
+    plan = tune_a2a._chosen_plan("all_gather", tune_a2a.GridPlan("x", 2, 1, "collective"),
+                                 rows, n, k, 2, 2)
+    entry = tune_a2a.entry_for("all_gather", "bfloat16", rows, n, k, 2, plan, 1.0, 1.2)
+    assert entry["gather"] == "collective" and entry["chunks"] == 1
+    tuning.write_entries(tmp_path / "c.json", "NVIDIA H200", 2, [entry])
+    got = plan_a2a.choose_all_gather_plan(rows, n, k, 2, gpu="NVIDIA H200")
+    assert (got.gather, got.chunks, got.comm_sms) == ("collective", 1, 2)

@@ -3,7 +3,7 @@
 // NVIDIA compute-sanitizer can watch whole overlapped calls (under JAX, racecheck crashed the
 // process before any kernel ran: benchmarks/results/README.md).
 //
-//   overlap_harness --rank R --world N --id-file PATH [--device D] [--ops ar,ar_out,rs,a2a,ag]
+//   overlap_harness --rank R --world N --id-file PATH [--device D] [--ops ar,ar_out,rs,a2a,ag,ag_ce]
 //                   [--calls C] [--m M --n N --k K] [--comm-sms S] [--inject nccl|cuda]
 //                   [--trace 1]
 //
@@ -45,7 +45,7 @@ struct Options {
   int rank = -1, world = 0, device = -1, calls = 2, comm_sms = 16;
   bool trace = false;
   int64_t m = 512, n = 512, k = 512;
-  std::string id_file, ops = "ar,ar_out,rs,a2a,ag", inject;  // inject: "", "nccl" or "cuda"
+  std::string id_file, ops = "ar,ar_out,rs,a2a,ag,ag_ce", inject;  // inject: "", "nccl" or "cuda"
 };
 
 [[noreturn]] void Fail(const std::string& what) {
@@ -87,9 +87,10 @@ Options Parse(int argc, char** argv) {
   return o;
 }
 
-// Two NCCL unique ids (the collective group and the point-to-point group), from rank 0.
+// Three NCCL unique ids (the collective group, the point-to-point group and the collective
+// group with CTA policy ZERO), from rank 0.
 std::vector<ncclUniqueId> ExchangeIds(const Options& o) {
-  std::vector<ncclUniqueId> ids(2);
+  std::vector<ncclUniqueId> ids(3);
   const size_t bytes = sizeof(ncclUniqueId::internal);
   if (o.rank == 0) {
     std::string tmp = o.id_file + ".tmp";
@@ -107,7 +108,9 @@ std::vector<ncclUniqueId> ExchangeIds(const Options& o) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(300);
   while (std::chrono::steady_clock::now() < deadline) {
     std::ifstream in(o.id_file, std::ios::binary);
-    if (in && in.read(ids[0].internal, bytes) && in.read(ids[1].internal, bytes)) return ids;
+    bool complete = static_cast<bool>(in);
+    for (auto& id : ids) complete = complete && static_cast<bool>(in.read(id.internal, bytes));
+    if (complete) return ids;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   Fail("no NCCL ids in " + o.id_file + " after 300 s (is rank 0 running?)");
@@ -148,7 +151,8 @@ struct DeviceBuffers {
 
 // One overlapped call of `op` on this rank's buffers.
 fo::Status CallOp(const std::string& op, const Options& o, fo::Communicator& coll,
-                  fo::Communicator& p2p, cudaStream_t stream, const DeviceBuffers& d) {
+                  fo::Communicator& p2p, fo::Communicator& zero, cudaStream_t stream,
+                  const DeviceBuffers& d) {
   const int64_t world = o.world;
   if (op == "ar" || op == "rs" || op == "ar_out") {
     const bool rs = op == "rs";
@@ -174,7 +178,12 @@ fo::Status CallOp(const std::string& op, const Options& o, fo::Communicator& col
     return fo::RunAllGatherGemm(p2p, stream, d.x, o.m / world, /*chunks=*/2, gemm, d.out,
                                 "harness_all_gather");
   }
-  Fail("unknown op " + op + " (ar, ar_out, rs, a2a, a2a11, ag)");
+  if (op == "ag_ce") {  // one ncclAllGather over the window of a CTA-policy-ZERO communicator
+    auto gemm = Gemm(o, nullptr, d.w, nullptr, nullptr, 1, {0, 1});
+    return fo::RunAllGatherGemm(zero, stream, d.x, o.m / world, /*chunks=*/1, gemm, d.out,
+                                "harness_all_gather_collective");
+  }
+  Fail("unknown op " + op + " (ar, ar_out, rs, a2a, a2a11, ag, ag_ce)");
 }
 
 // --trace: the op's calls just made left one record each (injected failures none), ordered
@@ -182,7 +191,7 @@ fo::Status CallOp(const std::string& op, const Options& o, fo::Communicator& col
 int64_t CheckTrace(const std::string& op, const Options& o) {
   std::vector<fo::TracedCall> calls;
   Check(fo::ReadTrace(/*clear=*/true, &calls), "ReadTrace");
-  const size_t expected = op == "ag" ? 0 : static_cast<size_t>(o.calls);
+  const size_t expected = op == "ag" || op == "ag_ce" ? 0 : static_cast<size_t>(o.calls);
   int64_t bad = calls.size() == expected ? 0 : 1;
   for (const fo::TracedCall& c : calls) {
     const size_t groups = c.band_rows.size() - 1;
@@ -207,18 +216,21 @@ int64_t CheckTrace(const std::string& op, const Options& o) {
 
 // Runs `calls` calls of one op; returns the number of mismatching elements.
 int64_t RunOp(const std::string& op, const Options& o, fo::Communicator& coll,
-              fo::Communicator& p2p, cudaStream_t stream, const DeviceBuffers& d) {
+              fo::Communicator& p2p, fo::Communicator& zero, cudaStream_t stream,
+              const DeviceBuffers& d) {
   const int64_t rank = o.rank;
   int64_t bad = 0, checked = 0;
   double max_err = 0;
   for (int call = 0; call < o.calls; ++call) {
-    Problem p = MakeProblem(op, o.m, o.n, o.k, o.world, o.rank, /*seed=*/1000 * call + 17);
+    // ar_out / ag_ce compute what ar / ag do (another buffer, another communicator).
+    const std::string math = op == "ar_out" ? "ar" : op == "ag_ce" ? "ag" : op;
+    Problem p = MakeProblem(math, o.m, o.n, o.k, o.world, o.rank, /*seed=*/1000 * call + 17);
     CheckCuda(cudaMemcpy(d.x, p.x.data(), p.x.size() * 2, cudaMemcpyHostToDevice), "copy x");
     CheckCuda(cudaMemcpy(d.w, p.w.data(), p.w.size() * 2, cudaMemcpyHostToDevice), "copy w");
     CheckCuda(cudaMemset(d.out, 0xff, p.expected.size() * 2), "poison out");  // bf16 NaN
     if (!o.inject.empty()) {  // first an injected failure: it must name the op, then clear
       fo::SetFaultInjection(o.inject == "nccl" ? fo::FaultKind::kNccl : fo::FaultKind::kCuda, 1);
-      fo::Status failed = CallOp(op, o, coll, p2p, stream, d);
+      fo::Status failed = CallOp(op, o, coll, p2p, zero, stream, d);
       fo::SetFaultInjection(fo::FaultKind::kNone, 0);
       CheckCuda(cudaStreamSynchronize(stream), "synchronize after the injected failure");
       const bool named = failed.message.find("harness_") == 0 &&
@@ -229,7 +241,7 @@ int64_t RunOp(const std::string& op, const Options& o, fo::Communicator& coll,
       if (failed.ok() || !named) ++bad;
       CheckCuda(cudaMemset(d.out, 0xff, p.expected.size() * 2), "poison out");
     }
-    fo::Status s = CallOp(op, o, coll, p2p, stream, d);
+    fo::Status s = CallOp(op, o, coll, p2p, zero, stream, d);
     Check(s, op.c_str());
     CheckCuda(cudaStreamSynchronize(stream), "synchronize");
     std::vector<uint16_t> got(p.expected.size());
@@ -268,9 +280,12 @@ int main(int argc, char** argv) {
   Check(fo::CreateCommunicators(2, ids[1], o.world, local, o.comm_sms, bytes, 0,
                                 /*peer_to_peer=*/true), "point-to-point comm");
   Check(fo::ConnectPeers(2), "ConnectPeers");
+  Check(fo::CreateCommunicators(3, ids[2], o.world, local, o.comm_sms, bytes, 0,
+                                /*peer_to_peer=*/false, /*cta_policy=*/2), "zero-policy comm");
   if (o.trace) Check(fo::SetTraceEnabled(true, fo::kDefaultTraceCapacity), "SetTraceEnabled");
   fo::Communicator* coll = fo::FindCommunicator(1, o.device);
   fo::Communicator* p2p = fo::FindCommunicator(2, o.device);
+  fo::Communicator* zero = fo::FindCommunicator(3, o.device);
 
   cudaStream_t stream;
   CheckCuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
@@ -281,7 +296,7 @@ int main(int argc, char** argv) {
   int64_t bad = 0;
   std::string ops = o.ops + ",";
   for (size_t at = 0, next; (next = ops.find(',', at)) != std::string::npos; at = next + 1) {
-    if (next > at) bad += RunOp(ops.substr(at, next - at), o, *coll, *p2p, stream, d);
+    if (next > at) bad += RunOp(ops.substr(at, next - at), o, *coll, *p2p, *zero, stream, d);
   }
   CheckCuda(cudaFree(d.x), "free");
   CheckCuda(cudaFree(d.w), "free");

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -101,13 +102,15 @@ inline Problem MakeProblem(const std::string& op, int64_t m, int64_t n, int64_t 
       for (int64_t r = 0; r < m; ++r)
         for (int64_t c = 0; c < cols; ++c) p.expected[r * n + s * cols + c] = block[r * cols + c];
     }
-  } else {  // ag: rows of block s = x_s @ w_rank
+  } else if (op == "ag") {  // rows of block s = x_s @ w_rank
     p.expected.assign(m * n, 0.0f);
     for (int64_t s = 0; s < world; ++s) {
       std::vector<float> block(rows * n, 0.0f);
       AddProduct(xs[s], ws[rank], 0, rows, 0, n, &block);
       std::copy(block.begin(), block.end(), p.expected.begin() + s * rows * n);
     }
+  } else {
+    throw std::invalid_argument("MakeProblem: unknown op " + op);
   }
   return p;
 }

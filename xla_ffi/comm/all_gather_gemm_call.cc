@@ -14,6 +14,13 @@
 //                       flag before its first TMA load; out straight into the output;
 //                       wait for C.
 //
+// Collective mode (a communicator that is not peer_to_peer: its workspace is a registered
+// symmetric window, and made with CTA policy ZERO NCCL can move an all-gather on copy
+// engines, leaving the SMs to the GEMM): S copies x into block r of the window first, then C
+// runs one in-place ncclAllGather over the window and raises every remote block's flag.
+// chunks is 1 there (an all-gather lands whole blocks; chunks of several blocks would not be
+// contiguous).
+//
 // The comm stream never waits for the GEMM (only the GEMM for the comm stream), and the GEMM
 // leaves comm_sms >= 1 SMs free, so NCCL always progresses. C's work is enqueued before the
 // GEMM is launched: a first launch loads the GEMM's module, which waits for running kernels,
@@ -22,6 +29,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <string>
 
 #include "xla_ffi/comm/call_frame.h"
 #include "xla_ffi/comm/fault_injection.h"
@@ -65,6 +73,24 @@ Status EnqueueExchange(Communicator& comm, const char* x, char* gathered, int64_
   return Status::Ok();
 }
 
+// C's part in collective mode: x's block (already in the window) gathered in place, then the
+// remote blocks' flags.
+Status EnqueueCollectiveGather(Communicator& comm, char* gathered, int64_t rows, int64_t k,
+                               int32_t value, ncclDataType_t dtype) {
+  const size_t count = static_cast<size_t>(rows * k);
+  FO_RETURN_IF_NCCL(ncclAllGather(gathered + comm.rank * count * 2, gathered, count, dtype,
+                                  comm.comm, comm.stream));
+  for (int s = 0; s < comm.world_size; ++s) {
+    if (s != comm.rank) FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(comm.stream, comm.counters + s, value));
+  }
+  return Status::Ok();
+}
+
+Status CopyLocalBlock(cudaStream_t stream, char* block, const void* x, size_t bytes) {
+  return CudaStatus(cudaMemcpyAsync(block, x, bytes, cudaMemcpyDeviceToDevice, stream),
+                    "cudaMemcpyAsync");
+}
+
 }  // namespace
 
 Status RunAllGatherGemm(Communicator& comm, cudaStream_t stream, const void* x, int64_t rows,
@@ -76,17 +102,27 @@ Status RunAllGatherGemm(Communicator& comm, cudaStream_t stream, const void* x, 
   const int32_t value = NextFlagValue();
   char* gathered = static_cast<char*>(comm.workspace);
   const size_t block_bytes = static_cast<size_t>(rows * k) * 2;
+  const bool collective = !comm.peer_to_peer;
+  if (collective && chunks != 1) {
+    return Status::Error(std::string(op) + ": chunks must be 1 with a collective (all-gather) "
+                         "communicator, got " + std::to_string(chunks));
+  }
 
-  Status status = StartCall(comm, stream, n * chunks, /*copies=*/false);
+  // Collective mode: x's block is in the window before C (ordered after S by StartCall)
+  // gathers it.
+  Status status = collective ? CopyLocalBlock(stream, gathered + rank * block_bytes, x,
+                                              block_bytes)
+                             : Status::Ok();
+  if (status.ok()) status = StartCall(comm, stream, n * chunks, /*copies=*/false);
   if (status.ok()) status = TakeInjectedFault(comm.device);
   if (status.ok()) {
-    status = EnqueueExchange(comm, static_cast<const char*>(x), gathered, rows, k, chunks, value,
-                             NcclType(gemm.dtype));
+    status = collective
+                 ? EnqueueCollectiveGather(comm, gathered, rows, k, value, NcclType(gemm.dtype))
+                 : EnqueueExchange(comm, static_cast<const char*>(x), gathered, rows, k, chunks,
+                                   value, NcclType(gemm.dtype));
   }
-  if (status.ok()) {
-    status = CudaStatus(cudaMemcpyAsync(gathered + rank * block_bytes, x, block_bytes,
-                                        cudaMemcpyDeviceToDevice, stream),
-                        "cudaMemcpyAsync");
+  if (status.ok() && !collective) {
+    status = CopyLocalBlock(stream, gathered + rank * block_bytes, x, block_bytes);
   }
   for (int c = 0; c < chunks && status.ok(); ++c) {
     status = EnqueueWriteFlag(stream, comm.counters + rank * chunks + c, value);

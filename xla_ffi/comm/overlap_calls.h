@@ -45,8 +45,11 @@ Status RunGemmAllToAll(Communicator& comm, cudaStream_t stream, const AllToAllSh
                        const SignalingGemmArgs& gemm, void* result, const char* op);
 
 // All-gather + GEMM (all_gather_gemm_call.cc): out[world * rows, N] = all_gather(x) @ w,
-// x [rows, K] local, gathered into comm.workspace in `chunks` flagged chunks per rank. `gemm`
-// carries w, N, K, dtype and comm_sms; its x / m / out / layout / flags are set here.
+// x [rows, K] local, gathered into comm.workspace in `chunks` flagged chunks per rank
+// (ncclSend/ncclRecv on a peer_to_peer communicator), or, on a collective communicator, by one
+// in-place ncclAllGather over its registered window (chunks 1; with CTA policy ZERO on copy
+// engines). `gemm` carries w, N, K, dtype and comm_sms; its x / m / out / layout / flags are
+// set here.
 Status RunAllGatherGemm(Communicator& comm, cudaStream_t stream, const void* x, int64_t rows,
                         int chunks, SignalingGemmArgs gemm, void* out, const char* op);
 

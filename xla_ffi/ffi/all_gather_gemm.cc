@@ -39,6 +39,9 @@ ffi::Error ValidateAg(const Communicator* comm, ffi::AnyBuffer x, ffi::AnyBuffer
                    static_cast<int64_t>(world_size) * chunks <= kMaxGroups,
                kOp << ": chunks=" << chunks << " must divide the " << r
                    << " rows of x and world_size * chunks must be <= " << kMaxGroups);
+  FO_CHECK_ARG(comm->peer_to_peer || chunks == 1,
+               kOp << ": chunks must be 1 on a collective (all-gather) communicator, got "
+                   << chunks);
   return CheckWorkspace(kOp, *comm, static_cast<size_t>(world_size) * r * k * 2);
 }
 
