@@ -4,6 +4,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import pytest
 from jax import lax
 
 TOL = 1e-2          # relative Frobenius error bound against float32 (and against XLA's bf16)
@@ -82,3 +83,17 @@ def launch_two_processes(tmp_path, script_text: str, gpus_per_process: int, *arg
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-6000:]
     return out
+
+
+# The GPU test files' marks: run on a GPU with the extension built, skipped (saying why) elsewhere.
+MARKS = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not ON_GPU, reason=f"no GPU (platform {platform()!r})"),
+    pytest.mark.skipif(ON_GPU and not extension_built(), reason="CUDA extension not built"),
+]
+
+
+def use_our_kernels(monkeypatch):
+    """Our kernels at every shape (no cost-model fallback), whatever the environment says."""
+    monkeypatch.setenv("JAX_FLASHOVERLAP_FALLBACK", "0")
+    monkeypatch.delenv("JAX_FLASHOVERLAP_FORCE_REFERENCE", raising=False)

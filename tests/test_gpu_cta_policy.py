@@ -11,17 +11,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from _util import shard_map
 import _gpu_util as U
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not U.ON_GPU, reason=f"no GPU (platform {U.platform()!r})"),
-    pytest.mark.skipif(U.ON_GPU and not U.extension_built(), reason="CUDA extension not built"),
-]
+pytestmark = U.MARKS
 
 
 @pytest.fixture(autouse=True)
 def _our_kernels(monkeypatch):
-    monkeypatch.setenv("JAX_FLASHOVERLAP_FALLBACK", "0")
-    monkeypatch.delenv("JAX_FLASHOVERLAP_FORCE_REFERENCE", raising=False)
+    U.use_our_kernels(monkeypatch)
 
 
 @pytest.mark.parametrize("policy", ["efficiency", "zero"])

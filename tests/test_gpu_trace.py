@@ -11,11 +11,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from _util import shard_map
 import _gpu_util as U
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not U.ON_GPU, reason=f"no GPU (platform {U.platform()!r})"),
-    pytest.mark.skipif(U.ON_GPU and not U.extension_built(), reason="CUDA extension not built"),
-]
+pytestmark = U.MARKS
 
 GROUPS = 4
 M, K, N = 2048, 4096, 2048
@@ -23,8 +19,7 @@ M, K, N = 2048, 4096, 2048
 
 @pytest.fixture(autouse=True)
 def _our_kernels_trace_off(monkeypatch):
-    monkeypatch.setenv("JAX_FLASHOVERLAP_FALLBACK", "0")
-    monkeypatch.delenv("JAX_FLASHOVERLAP_FORCE_REFERENCE", raising=False)
+    U.use_our_kernels(monkeypatch)
     from jax_flashoverlap import trace
     trace.disable()
     trace.read(clear=True)
