@@ -227,7 +227,8 @@ def nccl_capped_fn(pb, plan):
   m, n, world = pb.m, pb.n, pb.world
   rs = pb.collective == "reduce_scatter"
   cid = fo.comm.ensure_communicators(pb.mesh, "tp", comm_sms=plan.comm_sms,
-                                     workspace_bytes=m * n * pb.dtype.itemsize)
+                                     workspace_bytes=m * n * pb.dtype.itemsize,
+                                     cta_policy=getattr(plan, "cta_policy", "default"))
   groups = plan.num_groups if m % (plan.num_groups * world) == 0 else 1
   out_rows = m // world if rs else m
 
