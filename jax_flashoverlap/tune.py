@@ -18,6 +18,7 @@ measurement and candidate as JSON. Needs GPUs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import re
@@ -28,6 +29,7 @@ import types
 from jax_flashoverlap import bench, bench_a2a, plan as plan_lib, tune_a2a, tune_model, tuning
 
 CALIBRATION_GROUPS = (1, 2, 4, 8)
+CALIBRATION_PLAN_GROUPS = 6  # the op itself, even bands: fits the GEMM's slowdown beside NCCL
 
 
 class Progress:
@@ -82,7 +84,8 @@ def _name(index: int, c) -> str:
 
 def calibrate(pb, comm_sms_list, calls: int, samples: int) -> tuple:
   """(Calibration, raw times in ms) for one problem: our GEMM alone on one device at each
-  comm_sms, our capped collective alone at CALIBRATION_GROUPS group counts."""
+  comm_sms, our capped collective alone at CALIBRATION_GROUPS group counts, and the op itself
+  with CALIBRATION_PLAN_GROUPS even groups (the GEMM's slowdown beside NCCL)."""
   import jax
   import jax.numpy as jnp
 
@@ -109,6 +112,16 @@ def calibrate(pb, comm_sms_list, calls: int, samples: int) -> tuple:
       if fn is None:
         raise RuntimeError("our capped collective is not available (CUDA extension)")
       variants[f"coll_sms{sms}_g{g}"] = (fn, (y,))
+  calibration_bands = {}
+  for sms in comm_sms_list:
+    fn = pb.smap(pb.ours)
+    bands = plan_lib.aligned_even_bands(pb.collective, m, n, world, CALIBRATION_PLAN_GROUPS, sms)
+    with plan_lib.forced(band_rows=bands, comm_sms=sms):
+      fn(*pb.args).block_until_ready()  # compiles with the calibration plan
+      if not bench.uses_custom_call(fn, pb.args, pb.target):
+        raise RuntimeError("our overlapped op is not in the compiled program")
+    calibration_bands[sms] = bands
+    variants[f"op_sms{sms}_even{CALIBRATION_PLAN_GROUPS}"] = (fn, pb.args)
   t = {v: r["median_ms"] for v, r in
        bench.time_variants(variants, calls=calls, samples=samples).items()}
   nbytes = m * n * pb.dtype.itemsize
@@ -119,7 +132,12 @@ def calibrate(pb, comm_sms_list, calls: int, samples: int) -> tuple:
     points = [(g, nbytes, t[f"coll_sms{sms}_g{g}"] / 1e3) for g in groups]
     if len(points) >= 2:
       comm[sms] = tune_model.fit_comm_curve(points)
-  return tune_model.Calibration(wave, comm), t
+  cal = tune_model.Calibration(wave, comm)
+  slowdown = {sms: tune_model.fit_interference(
+      pb.collective, m, n, world, calibration_bands[sms], sms,
+      t[f"op_sms{sms}_even{CALIBRATION_PLAN_GROUPS}"] / 1e3, cal, pb.dtype.itemsize)
+      for sms in comm_sms_list if sms in comm}
+  return dataclasses.replace(cal, interference=slowdown), t
 
 
 def time_cta_policies(pb, cand, args) -> dict:
@@ -193,6 +211,10 @@ def tune_problem(pb, args, progress) -> tuple:
                     "measured_ms": t[name], "rel_error_vs_f32": errors[name]}
                    for name, c in zip(names, picked)],
          "times_ms": t, "entry": entry, "cta_policy_ms": policy_ms,
+         # the kept plan is the one the slowdown was fitted to: its model error is in-sample
+         "kept_is_calibration_plan": best is not None and tuple(best.band_rows) ==
+             plan_lib.aligned_even_bands(pb.collective, m, n, world, CALIBRATION_PLAN_GROUPS,
+                                         best.comm_sms),
          "cost_model_default": {"band_rows": list(default.band_rows),
                                 "comm_sms": default.comm_sms, "overlap": default.overlap}}
   bench.say(f"{label}: xla {t['xla_dot_collective']:.3f} ms, cost-model default "

@@ -3,7 +3,10 @@
 The tuner (jax_flashoverlap.tune) measures, on the machine, what plan.py's model only
 assumes: the GEMM's wave time at each comm_sms (our kernel timed alone at that SM count)
 and our capped collective's time per group (latency + bytes / bandwidth, fitted from the
-collective alone at several group counts). With those it predicts every candidate plan with
+collective alone at several group counts), and how much slower the GEMM runs beside NCCL
+(fitted to one run of the op itself with even groups at that comm_sms, `fit_interference`:
+the only number taken from the op, and never from the plan it then keeps unless that plan
+is the calibration plan itself). With those it predicts every candidate plan with
 plan.py's pipeline (gemm_end / comm_end recurrence), ranks them, and the tuner times only the
 best few for real. The prediction of the plan it keeps is recorded next to its measured time:
 that is the model's error.
@@ -65,14 +68,21 @@ class Calibration:
   """Measurements of one problem (collective, per-device m x n x k, world) on this machine."""
   wave_s: dict           # comm_sms -> seconds per wave of our GEMM alone
   comm: dict             # comm_sms -> CommCurve of our capped collective
-  interference: float = plan_lib.DEFAULT_PROFILE.interference  # GEMM beside NCCL
+  # GEMM slowdown beside NCCL: one factor, or comm_sms -> factor (fit_interference)
+  interference: object = plan_lib.DEFAULT_PROFILE.interference
   copy_bandwidth: float = plan_lib.DEFAULT_PROFILE.copy_bandwidth
+
+  def slowdown(self, comm_sms: int) -> float:
+    if isinstance(self.interference, dict):
+      return self.interference.get(comm_sms, plan_lib.DEFAULT_PROFILE.interference)
+    return self.interference
 
   def to_json(self) -> dict:
     return {"wave_ms": {str(s): w * 1e3 for s, w in self.wave_s.items()},
             "comm": {str(s): {"latency_us": c.latency_s * 1e6, "gb_per_s": c.bytes_per_s / 1e9}
                      for s, c in self.comm.items()},
-            "interference": self.interference}
+            "interference": ({str(s): f for s, f in self.interference.items()}
+                             if isinstance(self.interference, dict) else self.interference)}
 
 
 def wave_time(gemm_s: float, m: int, n: int, comm_sms: int) -> float:
@@ -83,7 +93,7 @@ def wave_time(gemm_s: float, m: int, n: int, comm_sms: int) -> float:
 def predict(collective: str, m: int, n: int, world: int, band_rows, comm_sms: int,
             cal: Calibration, itemsize: int = 2) -> float:
   """Predicted seconds of our op with this plan, from the measurements."""
-  unit = cal.wave_s[comm_sms] * cal.interference
+  unit = cal.wave_s[comm_sms] * cal.slowdown(comm_sms)
   curve = cal.comm[comm_sms]
   blocks = world if collective == "reduce_scatter" else 1
   t = plan_lib.pipeline_time(
@@ -92,6 +102,30 @@ def predict(collective: str, m: int, n: int, world: int, band_rows, comm_sms: in
   if collective == "all_reduce":  # the last group's copy to the output is exposed
     t += (band_rows[-1] - band_rows[-2]) * n * itemsize / cal.copy_bandwidth
   return t
+
+
+def fit_interference(collective: str, m: int, n: int, world: int, band_rows, comm_sms: int,
+                     measured_s: float, cal: Calibration, itemsize: int = 2,
+                     low: float = 0.8, high: float = 2.0) -> float:
+  """The GEMM slowdown under which `predict` gives `measured_s` for this plan (one run of the
+  op itself, measured in calibration), by bisection; clamped to [low, high]."""
+  def at(factor):
+    trial = dataclasses.replace(cal, interference={**_as_dict(cal), comm_sms: factor})
+    return predict(collective, m, n, world, band_rows, comm_sms, trial, itemsize)
+  if at(low) >= measured_s:
+    return low
+  if at(high) <= measured_s:
+    return high
+  for _ in range(50):
+    mid = 0.5 * (low + high)
+    low, high = (mid, high) if at(mid) < measured_s else (low, mid)
+  return 0.5 * (low + high)
+
+
+def _as_dict(cal: Calibration) -> dict:
+  if isinstance(cal.interference, dict):
+    return dict(cal.interference)
+  return {s: cal.interference for s in cal.wave_s}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,7 +165,7 @@ def candidates(collective: str, m: int, n: int, world: int, cal: Calibration,
     if sms not in cal.comm:
       continue
     step = plan_lib.cut_step(m, n, sms)
-    unit = cal.wave_s[sms] * cal.interference
+    unit = cal.wave_s[sms] * cal.slowdown(sms)
     curve = cal.comm[sms]
     add(sms, plan_lib.best_cuts(
         rows, step, plan_lib.gemm_end_fn(collective, m, n, world, sms, unit),

@@ -272,3 +272,19 @@ def test_collective_gather_plans(tmp_path, monkeypatch):
     tuning.write_entries(tmp_path / "c.json", "NVIDIA H200", 2, [entry])
     got = plan_a2a.choose_all_gather_plan(rows, n, k, 2, gpu="NVIDIA H200")
     assert (got.gather, got.chunks, got.comm_sms) == ("collective", 1, 2)
+
+
+def test_fit_interference_recovers_the_slowdown_of_a_measured_run():
+    m, n, k = 8192, 8192, 4096
+    cal = _calibration_from_profile("all_reduce", m, n, k, 2, (8, 16))
+    bands = P.aligned_even_bands("all_reduce", m, n, 2, 6, 16)
+    truth = dataclasses.replace(cal, interference={8: 1.06, 16: 1.17})
+    measured = TM.predict("all_reduce", m, n, 2, bands, 16, truth)
+    got = TM.fit_interference("all_reduce", m, n, 2, bands, 16, measured, cal)
+    assert got == pytest.approx(1.17, rel=1e-6)
+    fitted = dataclasses.replace(cal, interference={8: 1.06, 16: got})
+    assert fitted.slowdown(16) == pytest.approx(1.17) and fitted.slowdown(8) == 1.06
+    assert fitted.to_json()["interference"]["16"] == pytest.approx(1.17)
+    # out of range: clamped, never a negative or absurd factor
+    assert TM.fit_interference("all_reduce", m, n, 2, bands, 16, 1e-9, cal) == 0.8
+    assert TM.fit_interference("all_reduce", m, n, 2, bands, 16, 1.0, cal) == 2.0
