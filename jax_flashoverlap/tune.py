@@ -29,7 +29,9 @@ import types
 from jax_flashoverlap import bench, bench_a2a, plan as plan_lib, tune_a2a, tune_model, tuning
 
 CALIBRATION_GROUPS = (1, 2, 4, 8)
-CALIBRATION_PLAN_GROUPS = 6  # the op itself, even bands: fits the GEMM's slowdown beside NCCL
+# The op itself with even bands, few and many groups: fits the GEMM's slowdown beside NCCL and
+# what each group costs (tune_model.fit_op_runs).
+CALIBRATION_PLAN_GROUPS = (3, 12)
 
 
 class Progress:
@@ -85,7 +87,8 @@ def _name(index: int, c) -> str:
 def calibrate(pb, comm_sms_list, calls: int, samples: int) -> tuple:
   """(Calibration, raw times in ms) for one problem: our GEMM alone on one device at each
   comm_sms, our capped collective alone at CALIBRATION_GROUPS group counts, and the op itself
-  with CALIBRATION_PLAN_GROUPS even groups (the GEMM's slowdown beside NCCL)."""
+  with CALIBRATION_PLAN_GROUPS even groups (the GEMM's slowdown beside NCCL, the per-group
+  cost)."""
   import jax
   import jax.numpy as jnp
 
@@ -112,16 +115,20 @@ def calibrate(pb, comm_sms_list, calls: int, samples: int) -> tuple:
       if fn is None:
         raise RuntimeError("our capped collective is not available (CUDA extension)")
       variants[f"coll_sms{sms}_g{g}"] = (fn, (y,))
-  calibration_bands = {}
+  op_runs = {}  # variant name -> (comm_sms, band_rows)
   for sms in comm_sms_list:
-    fn = pb.smap(pb.ours)
-    bands = plan_lib.aligned_even_bands(pb.collective, m, n, world, CALIBRATION_PLAN_GROUPS, sms)
-    with plan_lib.forced(band_rows=bands, comm_sms=sms):
-      fn(*pb.args).block_until_ready()  # compiles with the calibration plan
-      if not bench.uses_custom_call(fn, pb.args, pb.target):
-        raise RuntimeError("our overlapped op is not in the compiled program")
-    calibration_bands[sms] = bands
-    variants[f"op_sms{sms}_even{CALIBRATION_PLAN_GROUPS}"] = (fn, pb.args)
+    for groups in CALIBRATION_PLAN_GROUPS:
+      bands = plan_lib.aligned_even_bands(pb.collective, m, n, world, groups, sms)
+      name = f"op_sms{sms}_g{len(bands) - 1}"
+      if name in variants:  # too few rows for this many groups
+        continue
+      fn = pb.smap(pb.ours)
+      with plan_lib.forced(band_rows=bands, comm_sms=sms):
+        fn(*pb.args).block_until_ready()  # compiles with the calibration plan
+        if not bench.uses_custom_call(fn, pb.args, pb.target):
+          raise RuntimeError("our overlapped op is not in the compiled program")
+      op_runs[name] = (sms, bands)
+      variants[name] = (fn, pb.args)
   t = {v: r["median_ms"] for v, r in
        bench.time_variants(variants, calls=calls, samples=samples).items()}
   nbytes = m * n * pb.dtype.itemsize
@@ -133,11 +140,12 @@ def calibrate(pb, comm_sms_list, calls: int, samples: int) -> tuple:
     if len(points) >= 2:
       comm[sms] = tune_model.fit_comm_curve(points)
   cal = tune_model.Calibration(wave, comm)
-  slowdown = {sms: tune_model.fit_interference(
-      pb.collective, m, n, world, calibration_bands[sms], sms,
-      t[f"op_sms{sms}_even{CALIBRATION_PLAN_GROUPS}"] / 1e3, cal, pb.dtype.itemsize)
-      for sms in comm_sms_list if sms in comm}
-  return dataclasses.replace(cal, interference=slowdown), t
+  slowdown, overhead = {}, {}
+  for sms in comm:
+    runs = [(bands, t[name] / 1e3) for name, (s, bands) in op_runs.items() if s == sms]
+    slowdown[sms], overhead[sms] = tune_model.fit_op_runs(
+        pb.collective, m, n, world, sms, runs, cal, pb.dtype.itemsize)
+  return dataclasses.replace(cal, interference=slowdown, group_overhead_s=overhead), t
 
 
 def time_cta_policies(pb, cand, args) -> dict:
@@ -211,10 +219,11 @@ def tune_problem(pb, args, progress) -> tuple:
                     "measured_ms": t[name], "rel_error_vs_f32": errors[name]}
                    for name, c in zip(names, picked)],
          "times_ms": t, "entry": entry, "cta_policy_ms": policy_ms,
-         # the kept plan is the one the slowdown was fitted to: its model error is in-sample
-         "kept_is_calibration_plan": best is not None and tuple(best.band_rows) ==
-             plan_lib.aligned_even_bands(pb.collective, m, n, world, CALIBRATION_PLAN_GROUPS,
-                                         best.comm_sms),
+         # the kept plan is one the model was fitted to: its model error is in-sample
+         "kept_is_calibration_plan": best is not None and any(
+             tuple(best.band_rows) == plan_lib.aligned_even_bands(
+                 pb.collective, m, n, world, g, best.comm_sms)
+             for g in CALIBRATION_PLAN_GROUPS),
          "cost_model_default": {"band_rows": list(default.band_rows),
                                 "comm_sms": default.comm_sms, "overlap": default.overlap}}
   bench.say(f"{label}: xla {t['xla_dot_collective']:.3f} ms, cost-model default "

@@ -3,10 +3,11 @@
 The tuner (jax_flashoverlap.tune) measures, on the machine, what plan.py's model only
 assumes: the GEMM's wave time at each comm_sms (our kernel timed alone at that SM count)
 and our capped collective's time per group (latency + bytes / bandwidth, fitted from the
-collective alone at several group counts), and how much slower the GEMM runs beside NCCL
-(fitted to one run of the op itself with even groups at that comm_sms, `fit_interference`:
-the only number taken from the op, and never from the plan it then keeps unless that plan
-is the calibration plan itself). With those it predicts every candidate plan with
+collective alone at several group counts), and, from two runs of the op itself with even
+groups (few and many) at that comm_sms, how much slower the GEMM runs beside NCCL and what
+each group adds on the critical path (`fit_op_runs`: the only numbers taken from the op; the
+report says when the plan it keeps is one of those runs). With those it predicts every
+candidate plan with
 plan.py's pipeline (gemm_end / comm_end recurrence), ranks them, and the tuner times only the
 best few for real. The prediction of the plan it keeps is recorded next to its measured time:
 that is the model's error.
@@ -68,9 +69,12 @@ class Calibration:
   """Measurements of one problem (collective, per-device m x n x k, world) on this machine."""
   wave_s: dict           # comm_sms -> seconds per wave of our GEMM alone
   comm: dict             # comm_sms -> CommCurve of our capped collective
-  # GEMM slowdown beside NCCL: one factor, or comm_sms -> factor (fit_interference)
+  # GEMM slowdown beside NCCL: one factor, or comm_sms -> factor (fit_op_runs)
   interference: object = plan_lib.DEFAULT_PROFILE.interference
   copy_bandwidth: float = plan_lib.DEFAULT_PROFILE.copy_bandwidth
+  # comm_sms -> seconds every group adds to the op on its critical path (stream waits,
+  # launches, signals: what the collective alone does not show; fit_op_runs)
+  group_overhead_s: dict = dataclasses.field(default_factory=dict)
 
   def slowdown(self, comm_sms: int) -> float:
     if isinstance(self.interference, dict):
@@ -82,7 +86,8 @@ class Calibration:
             "comm": {str(s): {"latency_us": c.latency_s * 1e6, "gb_per_s": c.bytes_per_s / 1e9}
                      for s, c in self.comm.items()},
             "interference": ({str(s): f for s, f in self.interference.items()}
-                             if isinstance(self.interference, dict) else self.interference)}
+                             if isinstance(self.interference, dict) else self.interference),
+            "group_overhead_us": {str(s): v * 1e6 for s, v in self.group_overhead_s.items()}}
 
 
 def wave_time(gemm_s: float, m: int, n: int, comm_sms: int) -> float:
@@ -101,25 +106,47 @@ def predict(collective: str, m: int, n: int, world: int, band_rows, comm_sms: in
       lambda r0, r1: curve.time(blocks * (r1 - r0) * n * itemsize))
   if collective == "all_reduce":  # the last group's copy to the output is exposed
     t += (band_rows[-1] - band_rows[-2]) * n * itemsize / cal.copy_bandwidth
-  return t
+  return t + (len(band_rows) - 1) * cal.group_overhead_s.get(comm_sms, 0.0)
 
 
-def fit_interference(collective: str, m: int, n: int, world: int, band_rows, comm_sms: int,
-                     measured_s: float, cal: Calibration, itemsize: int = 2,
-                     low: float = 0.8, high: float = 2.0) -> float:
-  """The GEMM slowdown under which `predict` gives `measured_s` for this plan (one run of the
-  op itself, measured in calibration), by bisection; clamped to [low, high]."""
-  def at(factor):
-    trial = dataclasses.replace(cal, interference={**_as_dict(cal), comm_sms: factor})
-    return predict(collective, m, n, world, band_rows, comm_sms, trial, itemsize)
-  if at(low) >= measured_s:
-    return low
-  if at(high) <= measured_s:
-    return high
-  for _ in range(50):
-    mid = 0.5 * (low + high)
-    low, high = (mid, high) if at(mid) < measured_s else (low, mid)
-  return 0.5 * (low + high)
+def fit_op_runs(collective: str, m: int, n: int, world: int, comm_sms: int, runs,
+                cal: Calibration, itemsize: int = 2, low: float = 0.8,
+                high: float = 2.0) -> tuple:
+  """(slowdown, per-group overhead in s) that make `predict` give the measured times of runs
+  of the op itself at this comm_sms: runs = [(band_rows, measured_s), ...] with different
+  group counts. With t_i = P_i(slowdown) + G_i * overhead for two runs, the overhead cancels
+  in G_2 * t_1 - G_1 * t_2, which fixes the slowdown (bisection, clamped to [low, high]);
+  then the overhead follows (clamped at 0, the slowdown then refit to the first run alone).
+  One run: the slowdown alone."""
+  def with_(factor, overhead):
+    return dataclasses.replace(cal, interference={**_as_dict(cal), comm_sms: factor},
+                               group_overhead_s={**cal.group_overhead_s, comm_sms: overhead})
+
+  def pred(bands, factor):
+    return predict(collective, m, n, world, bands, comm_sms, with_(factor, 0.0), itemsize)
+
+  def bisect(f):  # f increasing; its root in [low, high], clamped
+    lo, hi = low, high
+    if f(lo) >= 0:
+      return lo
+    if f(hi) <= 0:
+      return hi
+    for _ in range(60):
+      mid = 0.5 * (lo + hi)
+      lo, hi = (mid, hi) if f(mid) < 0 else (lo, mid)
+    return 0.5 * (lo + hi)
+
+  runs = [(tuple(b), float(t)) for b, t in runs]
+  (b1, t1) = runs[0]
+  g1 = len(b1) - 1
+  if len(runs) >= 2 and len(runs[1][0]) - 1 != g1:
+    (b2, t2) = runs[1]
+    g2 = len(b2) - 1
+    factor = bisect(lambda f: g2 * pred(b1, f) - g1 * pred(b2, f) - (g2 * t1 - g1 * t2))
+    overhead = (t1 - pred(b1, factor)) / g1
+    if overhead >= 0:
+      return factor, overhead
+  return bisect(lambda f: pred(b1, f) - t1), 0.0
 
 
 def _as_dict(cal: Calibration) -> dict:

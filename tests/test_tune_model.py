@@ -274,17 +274,26 @@ def test_collective_gather_plans(tmp_path, monkeypatch):
     assert (got.gather, got.chunks, got.comm_sms) == ("collective", 1, 2)
 
 
-def test_fit_interference_recovers_the_slowdown_of_a_measured_run():
+def test_fit_op_runs_recovers_slowdown_and_group_overhead():
     m, n, k = 8192, 8192, 4096
     cal = _calibration_from_profile("all_reduce", m, n, k, 2, (8, 16))
-    bands = P.aligned_even_bands("all_reduce", m, n, 2, 6, 16)
-    truth = dataclasses.replace(cal, interference={8: 1.06, 16: 1.17})
-    measured = TM.predict("all_reduce", m, n, 2, bands, 16, truth)
-    got = TM.fit_interference("all_reduce", m, n, 2, bands, 16, measured, cal)
-    assert got == pytest.approx(1.17, rel=1e-6)
-    fitted = dataclasses.replace(cal, interference={8: 1.06, 16: got})
-    assert fitted.slowdown(16) == pytest.approx(1.17) and fitted.slowdown(8) == 1.06
-    assert fitted.to_json()["interference"]["16"] == pytest.approx(1.17)
-    # out of range: clamped, never a negative or absurd factor
-    assert TM.fit_interference("all_reduce", m, n, 2, bands, 16, 1e-9, cal) == 0.8
-    assert TM.fit_interference("all_reduce", m, n, 2, bands, 16, 1.0, cal) == 2.0
+    few = P.aligned_even_bands("all_reduce", m, n, 2, 3, 16)
+    many = P.aligned_even_bands("all_reduce", m, n, 2, 12, 16)
+    truth = dataclasses.replace(cal, interference={8: 1.06, 16: 1.17},
+                                group_overhead_s={16: 9e-6})
+    runs = [(b, TM.predict("all_reduce", m, n, 2, b, 16, truth)) for b in (few, many)]
+    slowdown, overhead = TM.fit_op_runs("all_reduce", m, n, 2, 16, runs, cal)
+    assert slowdown == pytest.approx(1.17, rel=1e-6)
+    assert overhead == pytest.approx(9e-6, rel=1e-4)
+    fitted = dataclasses.replace(cal, interference={16: slowdown}, group_overhead_s={16: overhead})
+    other = P.aligned_even_bands("all_reduce", m, n, 2, 7, 16)  # a plan not fitted to
+    assert TM.predict("all_reduce", m, n, 2, other, 16, fitted) == pytest.approx(
+        TM.predict("all_reduce", m, n, 2, other, 16, truth), rel=1e-6)
+    assert fitted.to_json()["group_overhead_us"]["16"] == pytest.approx(9.0, rel=1e-4)
+    # one run: the slowdown alone; no negative overhead; clamped, never absurd
+    s1, o1 = TM.fit_op_runs("all_reduce", m, n, 2, 16, runs[:1], truth)
+    assert o1 == 0.0 and 0.8 <= s1 <= 2.0
+    faster_with_more = [(few, runs[0][1]), (many, runs[0][1] * 0.9)]
+    s2, o2 = TM.fit_op_runs("all_reduce", m, n, 2, 16, faster_with_more, cal)
+    assert o2 >= 0.0 and 0.8 <= s2 <= 2.0
+    assert TM.fit_op_runs("all_reduce", m, n, 2, 16, [(few, 1e-9)], cal) == (0.8, 0.0)
