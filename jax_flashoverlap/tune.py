@@ -163,7 +163,6 @@ def time_cta_policies(pb, cand, args) -> dict:
 
 def tune_problem(pb, args, progress) -> tuple:
   """(config entry, report row) of one problem."""
-  import jax_flashoverlap as fo
   label = f"{pb.collective} {pb.m}x{pb.n}x{pb.k}"
   m, n, world = pb.m, pb.n, pb.world
   k_local = pb.k // world
