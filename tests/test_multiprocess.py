@@ -86,15 +86,16 @@ COMM_2D_SCRIPT = textwrap.dedent('''
 
     class Recorder:  # the extension's communicator API, recording instead of calling NCCL
         def __init__(self):
-            self.made, self.n, self.connected = {}, 0, []
+            self.made, self.n, self.connected, self.policies = {}, 0, [], {}
         def has_communicators(self, cid):
             return any(c[0] == cid for c in self.made)
         def nccl_unique_id(self):
             self.n += 1
             return bytes([me, self.n]) * 64
         def create_communicators(self, cid, uid, world, local, comm_sms, nbytes, watchdog,
-                                  peer_to_peer=False):
+                                  peer_to_peer=False, cta_policy=0):
             self.made[(cid, tuple(local))] = uid.hex()
+            self.policies[cid] = cta_policy
         def connect_peers(self, cid):
             self.connected.append(cid)
         def ensure_workspace(self, cid, nbytes):
@@ -117,6 +118,11 @@ COMM_2D_SCRIPT = textwrap.dedent('''
     assert rec.connected == [cid], rec.connected
     # ... on communicators of their own (unregistered workspace), not the collectives' ones.
     assert cid != comm.comm_id_for(mesh, "dp", 16), "p2p ops must not share the collectives' comm"
+    # A CTA policy is fixed at creation: its communicators are others, made with it.
+    cid = comm.ensure_communicators(mesh, "tp", workspace_bytes=1 << 20, comm_sms=16,
+                                    cta_policy="zero")
+    assert cid != comm.comm_id_for(mesh, "tp", 16) and rec.policies[cid] == 2, rec.policies
+    assert rec.policies[comm.comm_id_for(mesh, "tp", 16)] == 0, rec.policies
     print("COMM2D OK", flush=True)
 ''')
 
