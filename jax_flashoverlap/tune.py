@@ -108,17 +108,17 @@ def calibrate(pb, comm_sms_list, calls: int, samples: int) -> tuple:
   y = jax.jit(lambda: jnp.ones((world * m, n), pb.dtype),
               out_shardings=jax.sharding.NamedSharding(
                   pb.mesh, jax.sharding.PartitionSpec("tp", None)))()
-  groups = [g for g in CALIBRATION_GROUPS if m % (g * world) == 0]
+  coll_groups = [g for g in CALIBRATION_GROUPS if m % (g * world) == 0]
   for sms in comm_sms_list:
-    for g in groups:
+    for g in coll_groups:
       fn = bench.nccl_capped_fn(pb, types.SimpleNamespace(comm_sms=sms, num_groups=g))
       if fn is None:
         raise RuntimeError("our capped collective is not available (CUDA extension)")
       variants[f"coll_sms{sms}_g{g}"] = (fn, (y,))
   op_runs = {}  # variant name -> (comm_sms, band_rows)
   for sms in comm_sms_list:
-    for groups in CALIBRATION_PLAN_GROUPS:
-      bands = plan_lib.aligned_even_bands(pb.collective, m, n, world, groups, sms)
+    for count in CALIBRATION_PLAN_GROUPS:
+      bands = plan_lib.aligned_even_bands(pb.collective, m, n, world, count, sms)
       name = f"op_sms{sms}_g{len(bands) - 1}"
       if name in variants:  # too few rows for this many groups
         continue
@@ -136,7 +136,7 @@ def calibrate(pb, comm_sms_list, calls: int, samples: int) -> tuple:
           for sms in comm_sms_list}
   comm = {}
   for sms in comm_sms_list:
-    points = [(g, nbytes, t[f"coll_sms{sms}_g{g}"] / 1e3) for g in groups]
+    points = [(g, nbytes, t[f"coll_sms{sms}_g{g}"] / 1e3) for g in coll_groups]
     if len(points) >= 2:
       comm[sms] = tune_model.fit_comm_curve(points)
   cal = tune_model.Calibration(wave, comm)
