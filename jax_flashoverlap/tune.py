@@ -201,7 +201,7 @@ def tune_problem(pb, args, progress) -> tuple:
   t = {v: r["median_ms"] for v, r in
        bench.time_variants(variants, calls=args.calls, samples=args.samples).items()}
   progress.step(f"{label}: timed")
-  refit = fit_op(pb, cal, op_runs, {n: t["calibration_" + n] for n in op_runs})
+  refit = fit_op(pb, cal, op_runs, {name: t["calibration_" + name] for name in op_runs})
   picked = [dataclasses.replace(c, predicted_s=tune_model.predict(
       pb.collective, m, n, world, c.band_rows, c.comm_sms, refit, pb.dtype.itemsize))
       for c in picked]
