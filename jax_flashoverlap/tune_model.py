@@ -12,9 +12,10 @@ plan.py's pipeline (gemm_end / comm_end recurrence), ranks them, and the tuner t
 best few for real. The prediction of the plan it keeps is recorded next to its measured time:
 that is the model's error.
 
-Candidates per comm_sms: the dynamic-programming optimum under the measured model, even
-bands of 1..MAX_EVEN groups, and, where the row block has at most EXHAUSTIVE_CUTS possible
-boundaries, every composition of it (2^(cuts) plans).
+Candidates per comm_sms: the dynamic-programming optimum under the measured model, and the
+optimum for every group count up to MAX_DP_GROUPS (a cost per group makes the best count
+matter), even bands of 1..MAX_EVEN groups, and, where the row block has at most
+EXHAUSTIVE_CUTS possible boundaries, every composition of it (2^(cuts) plans).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from jax_flashoverlap import plan as plan_lib
 
 EXHAUSTIVE_CUTS = 12   # <= 4096 plans per comm_sms
 MAX_EVEN = 12
+MAX_DP_GROUPS = 16     # best_cuts_by_count: the optimum for every group count up to this
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,6 +169,38 @@ class Candidate:
     return len(self.band_rows) - 1
 
 
+def best_cuts_by_count(rows: int, step: int, gemm_end, comm_time, max_groups: int) -> dict:
+  """{G: band_rows} minimizing the pipeline's end for each group count G <= max_groups (plan.
+  best_cuts' recurrence with the count in the state): with a fixed cost per group, the best
+  plan overall is one of these."""
+  cuts = [0] + list(range(step, rows, step)) + [rows]
+  inf = float("inf")
+  size = len(cuts)
+  # best[c][j]: minimal end of c groups ending at cuts[j]; prev[c][j]: the cut before.
+  best = [[inf] * size for _ in range(max_groups + 1)]
+  prev = [[0] * size for _ in range(max_groups + 1)]
+  best[0][0] = 0.0
+  ready = [gemm_end(c) for c in cuts]
+  for c in range(1, max_groups + 1):
+    for j in range(1, size):
+      for i in range(j):
+        if best[c - 1][i] == inf:
+          continue
+        t = max(ready[j], best[c - 1][i]) + comm_time(cuts[i], cuts[j])
+        if t < best[c][j] - 1e-12:
+          best[c][j], prev[c][j] = t, i
+  out = {}
+  for c in range(1, max_groups + 1):
+    if best[c][size - 1] == inf:
+      continue
+    bounds, j = [size - 1], size - 1
+    for k in range(c, 0, -1):
+      j = prev[k][j]
+      bounds.append(j)
+    out[c] = tuple(cuts[j] for j in reversed(bounds))
+  return out
+
+
 def _compositions(rows: int, step: int):
   cuts = list(range(step, rows, step))
   for r in range(len(cuts) + 1):
@@ -194,9 +228,11 @@ def candidates(collective: str, m: int, n: int, world: int, cal: Calibration,
     step = plan_lib.cut_step(m, n, sms)
     unit = cal.wave_s[sms] * cal.slowdown(sms)
     curve = cal.comm[sms]
-    add(sms, plan_lib.best_cuts(
-        rows, step, plan_lib.gemm_end_fn(collective, m, n, world, sms, unit),
-        lambda r0, r1, c=curve: c.time(blocks * (r1 - r0) * n * itemsize)), "dp")
+    gemm_end = plan_lib.gemm_end_fn(collective, m, n, world, sms, unit)
+    comm_time = lambda r0, r1, c=curve: c.time(blocks * (r1 - r0) * n * itemsize)
+    add(sms, plan_lib.best_cuts(rows, step, gemm_end, comm_time), "dp")
+    for g, bands in best_cuts_by_count(rows, step, gemm_end, comm_time, MAX_DP_GROUPS).items():
+      add(sms, bands, f"dp{g}")
     for g in range(1, MAX_EVEN + 1):
       add(sms, plan_lib.even_bands(rows, g, step), f"even{g}")
     if math.ceil(rows / step) - 1 <= EXHAUSTIVE_CUTS:

@@ -297,3 +297,24 @@ def test_fit_op_runs_recovers_slowdown_and_group_overhead():
     s2, o2 = TM.fit_op_runs("all_reduce", m, n, 2, 16, faster_with_more, cal)
     assert o2 >= 0.0 and 0.8 <= s2 <= 2.0
     assert TM.fit_op_runs("all_reduce", m, n, 2, 16, [(few, 1e-9)], cal) == (0.8, 0.0)
+
+
+def test_dp_by_count_is_the_best_plan_of_each_group_count():
+    m, n, k = 2048, 4096, 2048  # 8 work units: every composition can be checked
+    cal = _calibration_from_profile("all_reduce", m, n, k, 2, (8,))
+    step = P.cut_step(m, n, 8)
+    gemm_end = P.gemm_end_fn("all_reduce", m, n, 2, 8, cal.wave_s[8] * cal.slowdown(8))
+    comm = lambda r0, r1: cal.comm[8].time((r1 - r0) * n * 2)
+    by_count = TM.best_cuts_by_count(m, step, gemm_end, comm, 16)
+    assert sorted(by_count) == list(range(1, m // step + 1))  # at most one group per unit
+    everything = list(TM._compositions(m, step))
+    for g, bands in by_count.items():
+        assert len(bands) - 1 == g and bands[0] == 0 and bands[-1] == m
+        same_count = [b for b in everything if len(b) - 1 == g]
+        best = min(P.pipeline_time(b, gemm_end, comm) for b in same_count)
+        assert P.pipeline_time(bands, gemm_end, comm) == pytest.approx(best, rel=1e-12)
+    # with a cost per group, the candidates' best is the best over counts too
+    costly = dataclasses.replace(cal, group_overhead_s={8: 50e-6})
+    cands = TM.candidates("all_reduce", m, n, 2, costly)
+    brute = min(TM.predict("all_reduce", m, n, 2, b, 8, costly) for b in everything)
+    assert cands[0].predicted_s == pytest.approx(brute, rel=1e-12)
