@@ -291,6 +291,9 @@ def main(argv=None) -> int:
   args.world = len(devices)
   gpu = devices[0].device_kind
   problems = list(bench._problems(args))
+  if args.ops and args.world < 2:
+    parser.error(f"--ops needs a mesh of >= 2 GPUs (over one device the all-to-all / "
+                 f"all-gather ops are XLA's own composition), have {args.world}")
   op_problems = [(op, shape) for op in args.ops for shape in args.shapes]
   for op, (m, n, _) in op_problems:  # before any GPU time is spent
     try:
