@@ -223,7 +223,8 @@ def tune_problem(pb, args, progress) -> tuple:
     entry = entry_for(pb.collective, pb.dtype.name, m, n, k_local, world, best,
                       policy_ms[chosen], t["xla_dot_collective"])
     entry.update(cta_policy=chosen, cta_policy_ms=policy_ms)
-  default = plan_lib.choose_plan(pb.collective, m, n, k_local, world, pb.dtype.itemsize)
+  with bench.bench_variants.model_plans_only():  # the model's plan, not a shipped config's
+    default = plan_lib.choose_plan(pb.collective, m, n, k_local, world, pb.dtype.itemsize)
   row = {"collective": pb.collective, "m": pb.m, "n": pb.n, "k": pb.k, "world": world,
          "calibration": cal.to_json(), "calibration_ms": cal_ms,
          "calibration_refit": refit.to_json(),
