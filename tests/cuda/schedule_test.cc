@@ -31,7 +31,7 @@ int g_failures = 0;
 
 // Same construction as LaunchSignalingGemm (signaling_gemm.cu).
 TileSchedule Build(int m, int n, int blocks, const std::vector<int>& bands, int bm, int bn,
-                   int cm, int panel, int rotation) {
+                   int cm, int panel, int rotation, int serpentine = 1) {
   TileSchedule s;
   s.m = m;
   s.n = n;
@@ -44,13 +44,9 @@ TileSchedule Build(int m, int n, int blocks, const std::vector<int>& bands, int 
   s.n_tiles = CeilDiv(n, bn);
   s.panel = panel;
   s.row_rotation = rotation;
+  s.serpentine = serpentine;
   for (size_t g = 0; g < bands.size(); ++g) s.band_rows[g] = bands[g];
-  int units = 0;
-  for (int g = 0; g <= s.num_groups; ++g) {
-    s.unit_start[g] = units;
-    if (g < s.num_groups) units += ClusterRowsInGroup(s, g) * s.n_tiles;
-  }
-  s.num_units = units;
+  CountUnits(s);
   return s;
 }
 
@@ -119,7 +115,7 @@ int main() {
         bands.push_back(std::min(rows, bands.back() + uni(1, 400)));
       }
       bands.back() = rows;
-      Check(Build(blocks * rows, n, blocks, bands, bm, bn, cm, panel, 0), 0, "blocks");
+      Check(Build(blocks * rows, n, blocks, bands, bm, bn, cm, panel, 0, it & 1), 0, "blocks");
     } else {
       // n_flag flag blocks of f rows (mode 2) or free bands with one wrap boundary (mode 1).
       const int nb = uni(1, 8), f = uni(1, 500), m = nb * f;
@@ -135,9 +131,27 @@ int main() {
         bands.push_back(base + f);
       }
       const int rot = f * uni(0, nb - 1);
-      Check(Build(m, n, 1, bands, bm, bn, cm, panel, rot), mode == 2 ? f : 0,
+      Check(Build(m, n, 1, bands, bm, bn, cm, panel, rot, (it >> 1) & 1), mode == 2 ? f : 0,
             mode == 1 ? "rotation" : "rotation+flags");
     }
+    ++cases;
+  }
+  // Serpentine: one-cluster-row bands (one panel each) alternate their column direction, so
+  // the last unit of band g and the first of band g+1 share a column tile.
+  {
+    std::vector<int> bands;
+    for (int b = 0; b <= 8; ++b) bands.push_back(256 * b);
+    const TileSchedule s = Build(2048, 4096, 1, bands, 128, 256, 2, 8, 0, 1);
+    for (int g = 0; g + 1 < 8; ++g) {
+      const TileWork last = DecodeUnit(s, s.unit_start[g + 1] - 1, 0);
+      const TileWork first = DecodeUnit(s, s.unit_start[g + 1], 0);
+      EXPECT(last.n_tile == first.n_tile, "serpentine: band %d ends at column %d, band %d starts "
+             "at %d", g, last.n_tile, g + 1, first.n_tile);
+      EXPECT(DecodeUnit(s, s.unit_start[g], 0).n_tile == ((g & 1) ? s.n_tiles - 1 : 0),
+             "serpentine: band %d starts at column %d", g, DecodeUnit(s, s.unit_start[g], 0).n_tile);
+    }
+    const TileSchedule off = Build(2048, 4096, 1, bands, 128, 256, 2, 8, 0, 0);
+    EXPECT(DecodeUnit(off, off.unit_start[1], 0).n_tile == 0, "serpentine off: reversed");
     ++cases;
   }
   std::printf("schedule: %d layouts, %d failure(s)\n", cases, g_failures);

@@ -229,15 +229,10 @@ cudaError_t LaunchSignalingGemm(const SignalingGemmArgs& args, cudaStream_t stre
   // 8 cluster rows x ~8 column tiles per wave of ~66 units: about square, see tile_schedule.h.
   s.panel = EnvInt("FLASHOVERLAP_GEMM_PANEL", 8);
   if (s.panel < 1) s.panel = 1;
+  s.serpentine = EnvInt("FLASHOVERLAP_GEMM_SERPENTINE", 1) != 0;
   for (int g = 0; g <= s.num_groups; ++g) s.band_rows[g] = args.layout.band_rows[g];
   s.row_rotation = args.row_rotation;
-  int64_t units = 0;
-  for (int g = 0; g <= s.num_groups; ++g) {
-    s.unit_start[g] = int(units);
-    if (g < s.num_groups) units += int64_t(ClusterRowsInGroup(s, g)) * s.n_tiles;
-    if (units > (int64_t(1) << 30)) return Fail(cudaErrorInvalidValue, "too many tiles");
-  }
-  s.num_units = int(units);
+  if (!CountUnits(s)) return Fail(cudaErrorInvalidValue, "too many tiles");
 
   // Persistent grid: one cluster per unit at most, never more than fit at once, and
   // comm_sms multiprocessors left for the collective (whole clusters only).
