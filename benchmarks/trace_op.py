@@ -14,42 +14,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import statistics
 import sys
 import types
-
-
-def _median(values):
-  values = [v for v in values if v is not None]
-  return statistics.median(values) if values else None
-
-
-def summarize(records) -> dict:
-  """Medians over calls of one device's records: gemm_done, end, and per group ready,
-  comm_done, comm_ms (own communication time) and copy_done."""
-  from jax_flashoverlap import trace
-  groups = len(records[0]["band_rows"]) - 1
-  per_group = lambda field: [_median([r[field][g] for r in records if r[field] is not None])
-                             for g in range(groups)]
-  return {"calls": len(records), "band_rows": records[0]["band_rows"],
-          "gemm_done_ms": _median([r["gemm_done_ms"] for r in records]),
-          "end_ms": _median([trace.call_end_ms(r) for r in records]),
-          "ready_ms": per_group("ready_ms"), "comm_done_ms": per_group("comm_done_ms"),
-          "comm_ms": per_group("comm_ms"),
-          "copy_done_ms": per_group("copy_done_ms") if records[0]["copy_done_ms"] else None}
-
-
-def table(s: dict) -> str:
-  fmt = lambda v: "-" if v is None else f"{v:7.3f}"
-  lines = ["group    rows   ready  comm_done  comm_ms  copy_done"]
-  b = s["band_rows"]
-  for g in range(len(b) - 1):
-    copy = s["copy_done_ms"][g] if s["copy_done_ms"] else None
-    lines.append(f"{g:5d} {b[g + 1] - b[g]:7d} {fmt(s['ready_ms'][g])} {fmt(s['comm_done_ms'][g])}"
-                 f"    {fmt(s['comm_ms'][g])}  {fmt(copy)}")
-  lines.append(f"GEMM done {fmt(s['gemm_done_ms'])} ms, call end {fmt(s['end_ms'])} ms, "
-               f"exposed tail {fmt(s['end_ms'] - s['gemm_done_ms'])} ms")
-  return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -106,7 +72,7 @@ def main(argv=None) -> int:
   result = {"collective": args.collective, "shape": list(args.shape), "world": pb.world,
             "plan": {"band_rows": list(plan.band_rows), "comm_sms": plan.comm_sms,
                      "predicted_ms": plan.predicted_s * 1e3},
-            "times_ms": t, "devices": {str(d): summarize(rs) for d, rs in by_device.items()},
+            "times_ms": t, "devices": {str(d): trace.medians(rs) for d, rs in by_device.items()},
             "command": "python benchmarks/trace_op.py " + " ".join(argv or sys.argv[1:]),
             "git_commit": bench._git_commit()}
   print(f"{args.collective} {'x'.join(map(str, args.shape))} on {pb.world} GPUs, comm_sms "
@@ -115,7 +81,7 @@ def main(argv=None) -> int:
         f"XLA dot + collective {t['xla_dot_collective']:.3f} ms")
   for d, s in result["devices"].items():
     print(f"device {d}, median of {s['calls']} isolated calls:")
-    print(table(s))
+    print(trace.medians_table(s))
   if args.out:
     with open(args.out, "w") as f:
       json.dump(result, f, indent=1)

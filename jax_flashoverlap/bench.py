@@ -259,6 +259,23 @@ def _other_variants(pb, args) -> dict:
   return out
 
 
+def traced_calls(fn, args, calls: int) -> dict:
+  """{device: trace.medians} of `calls` isolated calls of fn (our overlapped op) under the
+  per-group trace; {} where it cannot be traced (no extension)."""
+  from jax_flashoverlap import trace
+  if calls <= 0 or not trace.available():
+    return {}
+  trace.read(clear=True)
+  with trace.recording():
+    for _ in range(calls):
+      fn(*args).block_until_ready()  # isolated: nothing queued ahead or behind
+    records = trace.read(clear=True)
+  by_device = {}
+  for r in records:
+    by_device.setdefault(str(r["device"]), []).append(r)
+  return {d: trace.medians(rs) for d, rs in by_device.items()}
+
+
 def bench_overlap(args) -> dict:
   import jax
   import jax.numpy as jnp
@@ -315,6 +332,7 @@ def bench_overlap(args) -> dict:
            "plan": {"band_rows": list(plan.band_rows), "comm_sms": plan.comm_sms,
                     "overlap": plan.overlap, "predicted_ms": plan.predicted_s * 1e3,
                     "predicted_baseline_ms": plan.baseline_s * 1e3}}
+    row["trace"] = traced_calls(ours_fn, pb.args, args.trace) if custom_call else {}
     rows.append(row)
     path = "" if custom_call else (
         " (XLA path: " + ("cost-model fallback" if not plan.overlap else "extension not in use")
@@ -326,6 +344,10 @@ def bench_overlap(args) -> dict:
           f"groups {plan.num_groups} sms {plan.comm_sms}{path}"
           + (f"  chained: xla {t['xla_chain']:.3f} ours {t['ours_chain']:.3f} "
              f"({row['chain_speedup']:.3f}x)" if row["chain_speedup"] else ""))
+    for device, medians in sorted(row["trace"].items())[:1]:  # one device's timeline
+      from jax_flashoverlap import trace
+      say(f"  trace, device {device}, median of {medians['calls']} isolated calls:\n    "
+          + trace.medians_table(medians).replace("\n", "\n    "))
   return {"kind": "overlap", "rows": rows}
 
 
@@ -402,6 +424,9 @@ def main(argv=None) -> int:
                                 "chain"],
                        help="comparison programs (jax_flashoverlap.bench_variants)")
         p.add_argument("--plot", help="write a PNG of the speedups here (needs matplotlib)")
+        p.add_argument("--trace", type=int, default=5,
+                       help="isolated calls of ours traced per shape (per-group medians in the "
+                            "JSON, jax_flashoverlap.trace); 0: none")
       if name == "sweep":
         p.add_argument("--comm-sms", type=int, nargs="+", default=[4, 8, 16])
         p.add_argument("--groups", type=int, nargs="+", default=[0, 2, 4, 8],

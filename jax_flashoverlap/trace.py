@@ -61,6 +61,12 @@ def disable() -> None:
     _ext.ext.set_trace(False, _capacity)
 
 
+def available() -> bool:
+  """Whether tracing can be turned on here (the CUDA extension is loaded)."""
+  from jax_flashoverlap import _ext
+  return _ext.ext is not None
+
+
 def enabled() -> bool:
   from jax_flashoverlap import _ext
   return _ext.ext is not None and bool(_ext.ext.trace_enabled())
@@ -155,4 +161,48 @@ def summarize(records) -> str:
     lines.append(f"{r['op']:<{width}}  {r['device']:>3}  {r.get('rank', '-'):>4}  "
                  f"{len(r['comm_done_ms']):>6}  {ms(r.get('gemm_done_ms')):>12}  "
                  f"{ms(call_end_ms(r)):>6}  {ms(exposed_tail_ms(r)):>7}")
+  return "\n".join(lines)
+
+
+def _median(values):
+  values = sorted(v for v in values if v is not None)
+  if not values:
+    return None
+  mid = len(values) // 2
+  return values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] + values[mid])
+
+
+def medians(records) -> dict:
+  """Medians over several calls of one op on one device (records as `read` returns them, all
+  with the same groups): calls, band_rows, gemm_done_ms, end_ms, and per group ready_ms,
+  comm_done_ms, comm_ms and copy_done_ms (None without copies)."""
+  if not records:
+    raise ValueError("jax_flashoverlap.trace.medians: no records")
+  groups = len(records[0]["band_rows"]) - 1
+  if any(len(r["band_rows"]) - 1 != groups for r in records):
+    raise ValueError("jax_flashoverlap.trace.medians: records of different group counts")
+  def per_group(field):
+    return [_median([r[field][g] for r in records if r.get(field) is not None])
+            for g in range(groups)]
+  return {"calls": len(records), "band_rows": list(records[0]["band_rows"]),
+          "gemm_done_ms": _median([r.get("gemm_done_ms") for r in records]),
+          "end_ms": _median([call_end_ms(r) for r in records]),
+          "ready_ms": per_group("ready_ms"), "comm_done_ms": per_group("comm_done_ms"),
+          "comm_ms": per_group("comm_ms"),
+          "copy_done_ms": per_group("copy_done_ms") if records[0].get("copy_done_ms") else None}
+
+
+def medians_table(m: dict) -> str:
+  """`medians` as text: a line per group, then the GEMM's end, the call's end and the tail."""
+  fmt = lambda v: "-" if v is None else f"{v:7.3f}"
+  lines = ["group    rows   ready  comm_done  comm_ms  copy_done"]
+  b = m["band_rows"]
+  for g in range(len(b) - 1):
+    copy = m["copy_done_ms"][g] if m["copy_done_ms"] else None
+    lines.append(f"{g:5d} {b[g + 1] - b[g]:7d} {fmt(m['ready_ms'][g])} "
+                 f"{fmt(m['comm_done_ms'][g])}    {fmt(m['comm_ms'][g])}  {fmt(copy)}")
+  tail = (None if m["gemm_done_ms"] is None or m["end_ms"] is None
+          else m["end_ms"] - m["gemm_done_ms"])
+  lines.append(f"GEMM done {fmt(m['gemm_done_ms'])} ms, call end {fmt(m['end_ms'])} ms, "
+               f"exposed tail {fmt(tail)} ms")
   return "\n".join(lines)

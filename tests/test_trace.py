@@ -201,7 +201,7 @@ def test_public_reexport(fo):
         assert callable(getattr(fo.trace, name))
 
 
-# --- benchmarks/trace_op.py: the per-group medians it prints ------------------------------
+# --- medians over calls (jax_flashoverlap.trace.medians; benchmarks/trace_op.py, bench) ----
 
 def _trace_op():
     import importlib.util
@@ -214,9 +214,8 @@ def _trace_op():
     return mod
 
 
-def test_trace_op_summary_takes_medians_per_group():
+def test_medians_per_group():
     from jax_flashoverlap import trace
-    mod = _trace_op()
     recs = []
     for shift in (0.0, 1.0, 0.2):  # three calls; medians are the middle one (shift 0.2)
         r = {"band_rows": [0, 100, 300], "gemm_done_ms": 2.0 + shift,
@@ -224,15 +223,20 @@ def test_trace_op_summary_takes_medians_per_group():
              "copy_done_ms": [1.2 + shift, 2.7 + shift]}
         r["comm_ms"] = trace.group_comm_ms(r["ready_ms"], r["comm_done_ms"])
         recs.append(r)
-    s = mod.summarize(recs)
+    s = trace.medians(recs)
     assert s["calls"] == 3 and s["gemm_done_ms"] == pytest.approx(2.2)
     assert s["ready_ms"] == pytest.approx([0.7, 1.7]) and s["comm_ms"] == pytest.approx([0.5, 1.0])
     assert s["end_ms"] == pytest.approx(2.9) and s["copy_done_ms"] == pytest.approx([1.4, 2.9])
-    text = mod.table(s)
+    text = trace.medians_table(s)
     assert "exposed tail   0.700 ms" in text and len(text.splitlines()) == 4
     rs = [dict(r, copy_done_ms=None) for r in recs]
-    assert mod.summarize(rs)["copy_done_ms"] is None
-    assert mod.summarize(rs)["end_ms"] == pytest.approx(2.7)
+    assert trace.medians(rs)["copy_done_ms"] is None
+    assert trace.medians(rs)["end_ms"] == pytest.approx(2.7)
+    assert trace.medians(recs[:2])["gemm_done_ms"] == pytest.approx(2.5)  # even count: mean
+    with pytest.raises(ValueError, match="no records"):
+        trace.medians([])
+    with pytest.raises(ValueError, match="different group counts"):
+        trace.medians([recs[0], dict(recs[1], band_rows=[0, 300])])
 
 
 def test_trace_op_refuses_without_gpu(capsys):
