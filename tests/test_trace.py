@@ -246,3 +246,48 @@ def test_trace_op_refuses_without_gpu(capsys):
         pytest.skip("a GPU is present")
     assert mod.main(["--shape", "256x256x256"]) == 2
     assert "needs GPUs" in capsys.readouterr().err
+
+
+def test_bench_traced_calls_groups_medians_by_device(monkeypatch):
+    """bench overlap --trace: N isolated calls under the trace, medians per device (the trace
+    module's extension calls replaced by a recorder here; the GPU path is the same code)."""
+    from jax_flashoverlap import bench, trace
+
+    calls = []
+
+    class Out:
+        def block_until_ready(self):
+            return self
+
+    def fn(x):
+        calls.append(x)
+        return Out()
+
+    def record(device, shift):
+        r = {"device": device, "band_rows": [0, 64, 128], "gemm_done_ms": 1.0 + shift,
+             "ready_ms": [0.4 + shift, 1.0 + shift], "comm_done_ms": [0.6 + shift, 1.2 + shift],
+             "copy_done_ms": None}
+        r["comm_ms"] = trace.group_comm_ms(r["ready_ms"], r["comm_done_ms"])
+        return r
+
+    state = {"on": False, "reads": 0}
+    monkeypatch.setattr(trace, "available", lambda: True)
+    monkeypatch.setattr(trace, "enabled", lambda: state["on"])
+    monkeypatch.setattr(trace, "enable", lambda capacity=256: state.update(on=True))
+    monkeypatch.setattr(trace, "disable", lambda: state.update(on=False))
+
+    def read(clear=True):
+        state["reads"] += 1
+        if state["reads"] == 1:  # the clearing read before recording
+            return []
+        return [record(d, s) for s in (0.0, 0.1, 0.2) for d in (0, 1)]
+
+    monkeypatch.setattr(trace, "read", read)
+    out = bench.traced_calls(fn, ("x",), 3)
+    assert calls == ["x"] * 3 and not state["on"]
+    assert sorted(out) == ["0", "1"]
+    assert out["0"]["calls"] == 3 and out["0"]["gemm_done_ms"] == pytest.approx(1.1)
+    assert out["1"]["end_ms"] == pytest.approx(1.3)
+    assert bench.traced_calls(fn, ("x",), 0) == {}
+    monkeypatch.setattr(trace, "available", lambda: False)
+    assert bench.traced_calls(fn, ("x",), 3) == {}
