@@ -54,14 +54,7 @@ def main(argv=None) -> int:
     return 1
   for _ in range(3):
     fn(*pb.args).block_until_ready()
-  trace.read(clear=True)
-  with trace.recording():
-    for _ in range(args.calls):
-      fn(*pb.args).block_until_ready()  # isolated calls: nothing queued behind or ahead
-    records = trace.read(clear=True)
-  by_device = {}
-  for r in records:
-    by_device.setdefault(r["device"], []).append(r)
+  medians = bench.traced_calls(fn, pb.args, args.calls)  # {device: per-group medians}
   x0 = jax.device_put(pb.x.addressable_shards[0].data, pb.mesh.devices.flat[0])
   w0 = jax.device_put(pb.w.addressable_shards[0].data, pb.mesh.devices.flat[0])
   gemm = jax.jit(lambda x, w: fo.matmul(x, w, comm_sms=plan.comm_sms))
@@ -72,7 +65,7 @@ def main(argv=None) -> int:
   result = {"collective": args.collective, "shape": list(args.shape), "world": pb.world,
             "plan": {"band_rows": list(plan.band_rows), "comm_sms": plan.comm_sms,
                      "predicted_ms": plan.predicted_s * 1e3},
-            "times_ms": t, "devices": {str(d): trace.medians(rs) for d, rs in by_device.items()},
+            "times_ms": t, "devices": medians,
             "command": "python benchmarks/trace_op.py " + " ".join(argv or sys.argv[1:]),
             "git_commit": bench._git_commit()}
   print(f"{args.collective} {'x'.join(map(str, args.shape))} on {pb.world} GPUs, comm_sms "
