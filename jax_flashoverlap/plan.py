@@ -51,7 +51,9 @@ class MachineProfile:
   xla_all_reduce_busbw: float = 227e9
   xla_reduce_scatter_busbw: float = 200e9
   comm_sms: int | None = None       # SMs left to NCCL; None: the model picks a candidate
-  comm_sms_candidates: tuple = (8, 16)  # 4 starved NCCL in the sweep
+  # 4 starved NCCL in the sweep. Each also raised to the most SMs that cost the GEMM no extra
+  # wave (wave_aligned_comm_sms), up to the largest CTA count calibrated below.
+  comm_sms_candidates: tuple = (8, 16)
   min_gain: float = 0.03            # fall back unless predicted >= 3% faster
 
 
@@ -208,6 +210,34 @@ def gemm_waves(m: int, n: int, comm_sms: int) -> int:
   return math.ceil(units / kern.grid)
 
 
+def wave_aligned_comm_sms(m: int, n: int, comm_sms: int, limit: int) -> int:
+  """The most SMs, up to `limit`, that can be left to NCCL without costing the GEMM anything
+  more than `comm_sms` does: same tile shape, same number of waves of its persistent grid.
+  Why: the last wave is partial, so its idle SMs are free for the collective; e.g. at
+  8192 x 8192 (1024 cluster units) 8 and 10 SMs left both take 17 waves, and at 4096 x 8192
+  (512 units) 8 to 18 all take 9 (the 2 x H200 GEMM bench: 0.864 vs 0.861 of XLA at 8 vs 16)."""
+  kern, waves = _kernel(m, n, comm_sms), gemm_waves(m, n, comm_sms)
+  best = comm_sms
+  for c in range(comm_sms + 1, min(limit, NUM_SMS - 2) + 1):
+    other = _kernel(m, n, c)
+    if (other.block_m, other.block_n, other.cluster_m) != (
+        kern.block_m, kern.block_n, kern.cluster_m) or gemm_waves(m, n, c) != waves:
+      break  # waves only grow with c
+    best = c
+  return best
+
+
+def calibrated_ctas(collective: str, profile: MachineProfile) -> int:
+  """The largest CTA cap the profile's bandwidth table for this collective was measured at
+  (the model clamps beyond it, so it cannot tell what more CTAs would bring)."""
+  if collective == "all_reduce":
+    table = (profile.all_reduce_plain_busbw if profile.all_reduce_in_place
+             else profile.all_reduce_busbw)
+  else:
+    table = profile.reduce_scatter_busbw
+  return max(c for c, _ in table)
+
+
 def cut_step(m: int, n: int, comm_sms: int) -> int:
   """Rows of one work unit: group boundaries lie on multiples of it."""
   return _kernel(m, n, comm_sms).rows_per_unit
@@ -223,8 +253,13 @@ def default_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: 
   """
   if collective not in ("all_reduce", "reduce_scatter"):
     raise ValueError(f"unknown collective {collective!r}")
-  candidates = ((profile.comm_sms,) if profile.comm_sms is not None
-                else profile.comm_sms_candidates)
+  if profile.comm_sms is not None:
+    candidates = (profile.comm_sms,)
+  else:  # and each raised to the most SMs its GEMM waves leave free, within calibration
+    # (not always better: fewer clusters finish the early groups later)
+    limit = calibrated_ctas(collective, profile)
+    candidates = sorted({s for c in profile.comm_sms_candidates
+                         for s in (c, wave_aligned_comm_sms(m, n, c, max(c, limit)))})
   plans = [_best_bands(collective, m, n, k, world, itemsize, profile, sms) for sms in candidates]
   plan = min(plans, key=lambda p: p.predicted_s)
   plan.validate()

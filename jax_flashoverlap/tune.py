@@ -2,7 +2,8 @@
 
 Per problem (collective, global shape) on a 1-D mesh over --world GPUs:
 
-  1. calibrate: our GEMM alone at each --comm-sms (its wave time), and our capped collective
+  1. calibrate: our GEMM alone at each --comm-sms (its wave time; each value raised to the
+     most SMs that cost the GEMM no extra wave), and our capped collective
      alone at several group counts (latency and bandwidth per group; tune_model.CommCurve);
   2. search: every candidate plan predicted with those measurements (dynamic programming,
      even bands, every composition for small problems; tune_model.candidates);
@@ -78,6 +79,18 @@ def entry_for(collective: str, dtype: str, m: int, n: int, k: int, world: int, c
                measured_ms=measured_ms, predicted_ms=chosen.predicted_s * 1e3,
                model_error=chosen.predicted_s * 1e3 / measured_ms - 1.0)
   return entry
+
+
+def problem_comm_sms(m: int, n: int, requested, align: bool = True) -> list:
+  """The --comm-sms values tuned for one GEMM of m x n: each raised to the most SMs that cost
+  the GEMM no extra wave of its persistent grid (plan.wave_aligned_comm_sms), staying below
+  the next requested value (the largest: at most 8 more), so the SMs the last, partial wave
+  would leave idle are NCCL's. align=False: as requested."""
+  values = sorted(set(requested))
+  if not align:
+    return values
+  return sorted({plan_lib.wave_aligned_comm_sms(m, n, c, nxt - 1)
+                 for c, nxt in zip(values, values[1:] + [values[-1] + 9])})
 
 
 def _name(index: int, c) -> str:
@@ -173,7 +186,8 @@ def tune_problem(pb, args, progress) -> tuple:
   m, n, world = pb.m, pb.n, pb.world
   k_local = pb.k // world
   progress.show(f"{label}: calibrating")
-  cal, cal_ms, op_runs = calibrate(pb, args.comm_sms, args.calls, args.samples)
+  comm_sms = problem_comm_sms(m, n, args.comm_sms, args.wave_align)
+  cal, cal_ms, op_runs = calibrate(pb, comm_sms, args.calls, args.samples)
   progress.step(f"{label}: calibrated")
   cands = tune_model.candidates(pb.collective, m, n, world, cal, pb.dtype.itemsize)
   picked = tune_model.shortlist(cands, args.top)
@@ -226,6 +240,7 @@ def tune_problem(pb, args, progress) -> tuple:
   with bench.bench_variants.model_plans_only():  # the model's plan, not a shipped config's
     default = plan_lib.choose_plan(pb.collective, m, n, k_local, world, pb.dtype.itemsize)
   row = {"collective": pb.collective, "m": pb.m, "n": pb.n, "k": pb.k, "world": world,
+         "comm_sms": comm_sms,
          "calibration": cal.to_json(), "calibration_ms": cal_ms,
          "calibration_refit": refit.to_json(),
          "candidates_predicted": len(cands),
@@ -263,7 +278,11 @@ def main(argv=None) -> int:
   parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
   parser.add_argument("--world", type=int, default=0, help="GPUs in the mesh (0: all)")
   parser.add_argument("--comm-sms", type=int, nargs="+", default=[8, 12, 16],
-                      help="SMs left to NCCL to calibrate and search over")
+                      help="SMs left to NCCL to calibrate and search over (each raised, per "
+                           "shape, to the most that cost the GEMM no extra wave; see "
+                           "--no-wave-align)")
+  parser.add_argument("--no-wave-align", dest="wave_align", action="store_false",
+                      help="tune exactly the --comm-sms values given")
   parser.add_argument("--cta-policies", nargs="+", default=["default", "efficiency"],
                       choices=("default", "efficiency", "zero"),
                       help="the communicator's ncclConfig_t.CTAPolicy values the kept plan is "

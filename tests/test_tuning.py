@@ -1,5 +1,6 @@
 """Plans: the cost model, forced overrides, tuned-config files (validation, lookup, merge) and
 the tuner CLI's CPU behaviour."""
+import dataclasses
 import json
 import subprocess
 import sys
@@ -40,7 +41,9 @@ def test_cost_model_plan_is_valid_and_deterministic(collective, shape):
     b = P.default_plan(collective, m, n, k, 2)
     assert a == b
     a.validate()
-    assert a.comm_sms in P.DEFAULT_PROFILE.comm_sms_candidates
+    limit = P.calibrated_ctas(collective, P.DEFAULT_PROFILE)
+    assert a.comm_sms in {s for c in P.DEFAULT_PROFILE.comm_sms_candidates
+                          for s in (c, P.wave_aligned_comm_sms(m, n, c, max(c, limit)))}
     rows = m // (2 if collective == "reduce_scatter" else 1)
     assert a.band_rows[0] == 0 and a.band_rows[-1] == rows
     assert a.predicted_s > 0 and a.baseline_s > 0
@@ -146,3 +149,47 @@ def test_tune_cli_refuses_without_gpu():
     r = subprocess.run([sys.executable, "-m", "jax_flashoverlap.tune", "--shapes", "256x256x256"],
                        capture_output=True, text=True, timeout=240, cwd=repo, env=env)
     assert r.returncode == 2 and "needs GPUs" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("m, n", [(4096, 8192), (8192, 8192), (16384, 8192), (8192, 28672),
+                                  (8192, 1024), (777, 4096)])
+def test_wave_aligned_comm_sms_costs_the_gemm_nothing(m, n):
+    """Raised comm_sms keeps the tile shape and the GEMM's waves; one SM more would not."""
+    for c in (8, 12, 16):
+        up = P.wave_aligned_comm_sms(m, n, c, 40)
+        assert c <= up <= 40
+        assert P.gemm_waves(m, n, up) == P.gemm_waves(m, n, c)
+        assert P.cut_step(m, n, up) == P.cut_step(m, n, c)
+        if up < 40:
+            assert (P.gemm_waves(m, n, up + 1) > P.gemm_waves(m, n, c)
+                    or P.cut_step(m, n, up + 1) != P.cut_step(m, n, c))
+        assert P.wave_aligned_comm_sms(m, n, c, c) == c  # the limit holds
+
+
+def test_wave_aligned_examples():
+    # 8192 x 8192: 1024 units of 256 x 256; 62 clusters (8 SMs left) and 61 (10) both take
+    # 17 waves, 60 (12) take 18
+    assert P.gemm_waves(8192, 8192, 8) == P.gemm_waves(8192, 8192, 10) == 17
+    assert P.wave_aligned_comm_sms(8192, 8192, 8, 16) == 10
+    # 4096 x 8192: 512 units; 9 waves from 8 up to 18 SMs left
+    assert P.wave_aligned_comm_sms(4096, 8192, 8, 32) == 18
+
+
+def test_model_considers_the_wave_aligned_comm_sms():
+    """At 8192 x 8192 x 4096 all-reduce, 10 SMs cost the GEMM what 8 do and give NCCL more
+    bandwidth (the profile interpolates between 8 and 16): the model takes 10."""
+    plan = P.default_plan("all_reduce", 8192, 8192, 4096, 2)
+    eight = P.default_plan("all_reduce", 8192, 8192, 4096, 2, 2,
+                           dataclasses.replace(P.DEFAULT_PROFILE, comm_sms=8))
+    assert plan.comm_sms == 10 and plan.predicted_s < eight.predicted_s
+
+
+def test_tuner_raises_each_comm_sms_to_its_wave_aligned_value():
+    assert tune.problem_comm_sms(8192, 8192, [8, 12, 16]) == [10, 15, 18]
+    assert tune.problem_comm_sms(8192, 28672, [16, 8, 12]) == [8, 12, 16]  # already aligned
+    assert tune.problem_comm_sms(8192, 8192, [8, 12, 16], align=False) == [8, 12, 16]
+    for m, n in [(4096, 8192), (16384, 8192)]:
+        got = tune.problem_comm_sms(m, n, [8, 12, 16])
+        assert len(got) == len(set(got)) and got == sorted(got)
+        assert all(P.gemm_waves(m, n, s) == P.gemm_waves(m, n, c)
+                   for s, c in zip(got, [8, 12, 16]))

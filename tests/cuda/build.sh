@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds tests/cuda/gemm_test (standalone test + benchmark of the signaling GEMM), gemm_ext_test
-# (its issue-#9 extensions) and schedule_test (host-only) with nvcc / g++.
+# (its issue-#9 extensions), sm_share_probe (the GEMM on fewer SMs, vs cuBLAS) and schedule_test (host-only) with nvcc / g++.
 #   tests/cuda/build.sh [BUILD_DIR]      (default: .build at the repository root)
 # CUTLASS headers: $CUTLASS_DIR (the folder holding include/ and tools/util/include), else
 # the nvidia-cutlass wheel's copy found through python's cutlass_library, else .cutlass/.
@@ -23,7 +23,8 @@ SRCS=(xla_ffi/kernels/signaling_gemm_bf16_128x256.cu xla_ffi/kernels/signaling_g
       xla_ffi/kernels/signaling_gemm_bf16_128x256_overlap.cu xla_ffi/kernels/signaling_gemm_bf16_128x128_overlap.cu
       xla_ffi/kernels/signaling_gemm_f16_128x256_overlap.cu xla_ffi/kernels/signaling_gemm_f16_128x128_overlap.cu
       xla_ffi/kernels/signaling_gemm_f16_128x256.cu xla_ffi/kernels/signaling_gemm_f16_128x128.cu
-      xla_ffi/kernels/signaling_gemm.cu tests/cuda/gemm_test.cu tests/cuda/gemm_ext_test.cu)
+      xla_ffi/kernels/signaling_gemm.cu tests/cuda/gemm_test.cu tests/cuda/gemm_ext_test.cu
+      tests/cuda/sm_share_probe.cu)
 export NVCC BUILD ROOT KERNEL_OBJ_DIR
 export FLAGS_STR="${FLAGS[*]}"
 compile() {
@@ -51,6 +52,8 @@ $NVCC -o "$BUILD/gemm_test" "$BUILD"/signaling_gemm_*.o "$BUILD/signaling_gemm.o
 echo "built $BUILD/gemm_test"
 $NVCC -o "$BUILD/gemm_ext_test" "$BUILD"/signaling_gemm_*.o "$BUILD/signaling_gemm.o" "$BUILD/gemm_ext_test.o" -ldl
 echo "built $BUILD/gemm_ext_test"
+$NVCC -o "$BUILD/sm_share_probe" "$BUILD"/signaling_gemm_*.o "$BUILD/signaling_gemm.o" "$BUILD/sm_share_probe.o" -ldl
+echo "built $BUILD/sm_share_probe"
 # Host-only schedule check (no GPU needed).
 CUDA_INC="$(dirname "$(dirname "$(readlink -f "$(command -v "$NVCC")")")")/include"
 [[ -f "$CUDA_INC/cuda_runtime.h" ]] || CUDA_INC=/usr/local/cuda/include  # nvcc may be a wrapper script
