@@ -15,7 +15,7 @@
 // clock and board power sampled through NVML while the batches ran.
 //
 //   nvcc ... -o sm_share_probe sm_share_probe.cu <kernel objects> -ldl   (tests/cuda/build.sh)
-//   ./sm_share_probe [out.json]
+//   ./sm_share_probe [out.json] [--no-held]
 #include <unistd.h>
 
 #include <chrono>
@@ -30,15 +30,16 @@ const Shape kShapes[] = {{4096, 8192, 4096}, {8192, 8192, 4096}, {16384, 8192, 8
                          {8192, 28672, 4096}};
 
 // ---------------------------------------------------------------- spinner
-// One CTA per SM (all of the SM's shared memory): it reports that it runs, then spins until
-// the host sets *stop (host-mapped memory; the GPU sees the write while the kernel runs).
+// One CTA per SM (all of the SM's shared memory): it reports that it runs (host-mapped
+// counter), then spins on a flag in device memory (not host memory: no PCIe traffic while
+// the GEMM runs) until a copy on another stream sets it.
 __global__ void HoldSms(volatile int* started, volatile int* stop) {
   extern __shared__ int smem[];
   if (threadIdx.x == 0) {
     smem[0] = blockIdx.x;
     atomicAdd((int*)started, 1);
     __threadfence_system();
-    while (*stop == 0) __nanosleep(1000);
+    while (*stop == 0) __nanosleep(2000);
   }
   __syncthreads();
   if (smem[0] < 0) started[1] = 0;  // keeps smem in use
@@ -46,16 +47,18 @@ __global__ void HoldSms(volatile int* started, volatile int* stop) {
 
 struct Spinner {
   int* started = nullptr;  // host-mapped
-  int* stop = nullptr;
   int* d_started = nullptr;
-  int* d_stop = nullptr;
+  int* d_stop = nullptr;   // device memory
+  int* h_one = nullptr;    // pinned host: the value copied into *d_stop
   int smem = 0;
-  cudaStream_t stream{};
+  cudaStream_t stream{}, release{};
   Spinner() {
     CK(cudaHostAlloc(&started, 2 * sizeof(int), cudaHostAllocMapped));
-    CK(cudaHostAlloc(&stop, sizeof(int), cudaHostAllocMapped));
     CK(cudaHostGetDevicePointer((void**)&d_started, started, 0));
-    CK(cudaHostGetDevicePointer((void**)&d_stop, stop, 0));
+    CK(cudaMalloc(&d_stop, sizeof(int)));
+    CK(cudaHostAlloc(&h_one, sizeof(int), cudaHostAllocDefault));
+    *h_one = 1;
+    CK(cudaStreamCreateWithFlags(&release, cudaStreamNonBlocking));
     int dev = 0;
     CK(cudaGetDevice(&dev));
     CK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
@@ -65,7 +68,7 @@ struct Spinner {
   // Returns once `sms` CTAs are resident (each on its own SM).
   void Hold(int sms) {
     started[0] = 0;
-    *stop = 0;
+    CK(cudaMemsetAsync(d_stop, 0, sizeof(int), stream));
     HoldSms<<<sms, 32, smem, stream>>>(d_started, d_stop);
     CK(cudaGetLastError());
     const auto t0 = std::chrono::steady_clock::now();
@@ -77,7 +80,7 @@ struct Spinner {
     }
   }
   void Release() {
-    *(volatile int*)stop = 1;
+    CK(cudaMemcpyAsync(d_stop, h_one, sizeof(int), cudaMemcpyHostToDevice, release));
     CK(cudaStreamSynchronize(stream));
   }
 };
@@ -129,7 +132,13 @@ float Median(std::vector<float> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const char* json_path = argc > 1 ? argv[1] : nullptr;
+  // sm_share_probe [out.json] [--no-held]
+  const char* json_path = nullptr;
+  bool held_variants = true;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--no-held") held_variants = false;
+    else json_path = argv[i];
+  }
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;
@@ -161,10 +170,12 @@ int main(int argc, char** argv) {
     vs.push_back({"ours_0", 0, -1, 0});
     for (int held : {8, 16}) {
       vs.push_back({"cublas_target", 0, sms - held, 0});
-      vs.push_back({"cublas_held", held, 0, 0});
-      vs.push_back({"cublas_target_held", held, sms - held, 0});
+      if (held_variants) {
+        vs.push_back({"cublas_held", held, 0, 0});
+        vs.push_back({"cublas_target_held", held, sms - held, 0});
+      }
       vs.push_back({"ours", 0, -1, held});
-      vs.push_back({"ours_held", held, -1, held});
+      if (held_variants) vs.push_back({"ours_held", held, -1, held});
     }
     const int batch = sh.m * sh.n * sh.k > (int64_t(1) << 38) ? 6 : 12;
     auto launch = [&](const Variant& v) {

@@ -6,8 +6,12 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <string>
+#include <tuple>
 
 #include "signaling_gemm.h"
 #include "signaling_gemm_instances.h"
@@ -141,6 +145,22 @@ std::string ValidateExtensions(const SignalingGemmArgs& a) {
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
+// FLASHOVERLAP_GEMM_LOG=1: one line on stderr per distinct launch geometry (diagnosis: what
+// grid a process really gets, e.g. under JAX vs a standalone program).
+void LogGeometry(const SignalingGemmArgs& args, const GemmTileShape& ts, const TileSchedule& s,
+                 int device, int max_clusters, int clusters) {
+  static std::mutex mu;
+  static std::set<std::tuple<int64_t, int64_t, int64_t, int, int, int>> seen;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!seen.insert({args.m, args.n, args.k, args.comm_sms, clusters, device}).second) return;
+  std::fprintf(stderr,
+               "[flashoverlap gemm] device %d M=%lld N=%lld K=%lld comm_sms=%d tile %dx%d cluster %d: "
+               "%d units, grid %d clusters (occupancy allows %d), %d waves, %d groups\n",
+               device, (long long)args.m, (long long)args.n, (long long)args.k, args.comm_sms, ts.block_m,
+               ts.block_n, ts.cluster_m, s.num_units, clusters, max_clusters,
+               (s.num_units + clusters - 1) / clusters, s.num_groups);
+}
+
 }  // namespace
 
 const char* LastSignalingGemmError() { return g_last_error.c_str(); }
@@ -241,6 +261,7 @@ cudaError_t LaunchSignalingGemm(const SignalingGemmArgs& args, cudaStream_t stre
   int clusters = allowed < max_clusters ? allowed : max_clusters;
   if (clusters > s.num_units) clusters = s.num_units;
 
+  if (EnvInt("FLASHOVERLAP_GEMM_LOG", 0) != 0) LogGeometry(args, ts, s, device, max_clusters, clusters);
   e = ops.launch(args, s, clusters, stream);
   if (e != cudaSuccess) return Fail(e, std::string("kernel launch failed: ") + cudaGetErrorString(e));
   return cudaSuccess;
