@@ -193,6 +193,7 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
 
 
 COUNTER_BYTES = 64 * 4  # kMaxGroups int32 counters per communicator (signaling_gemm.h)
+GEMM_QUEUE_BYTES = 16 + 256 * 16 * 8  # kGemmQueueBytes: the GEMM's tile queue per communicator
 
 
 def op_memory(op: str, x_shape, w_shape, dtype, world: int) -> dict:
@@ -202,7 +203,8 @@ def op_memory(op: str, x_shape, w_shape, dtype, world: int) -> dict:
   on that communicator, grown to the largest; DESIGN.md says why the all-reduce has one too).
   The collectives (all-reduce, reduce-scatter) share one communicator per axis, the
   point-to-point ops (all-to-all, all-gather) another, each with its own workspace.
-  `counter_bytes`: the group counters. x_shape / w_shape are per device. The all-reduce
+  `counter_bytes`: the group counters; `queue_bytes`: the GEMM's tile queue (per
+  communicator, like the counters). x_shape / w_shape are per device. The all-reduce
   lowered with JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER=output (read here as at lowering) needs no
   workspace: only the counters.
   """
@@ -220,7 +222,8 @@ def op_memory(op: str, x_shape, w_shape, dtype, world: int) -> dict:
   }
   if op not in workspace:
     raise ValueError(f"op must be one of {sorted(workspace)}, got {op!r}")
-  return {"workspace_bytes": workspace[op] * itemsize, "counter_bytes": COUNTER_BYTES}
+  return {"workspace_bytes": workspace[op] * itemsize, "counter_bytes": COUNTER_BYTES,
+          "queue_bytes": GEMM_QUEUE_BYTES}
 
 
 def list_communicators() -> list:

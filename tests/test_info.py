@@ -200,10 +200,11 @@ def test_op_memory_reports_workspace_and_counters(monkeypatch):
   import jax.numpy as jnp
   monkeypatch.delenv("JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER", raising=False)
   ar = comm.op_memory("matmul_all_reduce", (8192, 4096), (4096, 8192), jnp.bfloat16, 2)
-  assert ar == {"workspace_bytes": 8192 * 8192 * 2, "counter_bytes": 256}
+  q = 16 + 256 * 16 * 8  # the GEMM's tile queue (kGemmQueueBytes)
+  assert ar == {"workspace_bytes": 8192 * 8192 * 2, "counter_bytes": 256, "queue_bytes": q}
   monkeypatch.setenv("JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER", "output")  # in place: counters only
   ar = comm.op_memory("matmul_all_reduce", (8192, 4096), (4096, 8192), jnp.bfloat16, 2)
-  assert ar == {"workspace_bytes": 0, "counter_bytes": 256}
+  assert ar == {"workspace_bytes": 0, "counter_bytes": 256, "queue_bytes": q}
   monkeypatch.delenv("JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER")
   rs = comm.op_memory("matmul_reduce_scatter", (4, 2048, 4096), (4096, 1024), jnp.float16, 2)
   assert rs["workspace_bytes"] == 4 * 2048 * 1024 * 2
@@ -212,3 +213,15 @@ def test_op_memory_reports_workspace_and_counters(monkeypatch):
   with pytest.raises(ValueError, match="op must be one of"):
     comm.op_memory("psum", (8, 8), (8, 8), jnp.bfloat16, 2)
   assert isinstance(comm.list_communicators(), list)
+
+
+def test_queue_bytes_match_the_kernel_header():
+  """comm.GEMM_QUEUE_BYTES mirrors kGemmQueueBytes (xla_ffi/kernels/signaling_gemm.h)."""
+  import pathlib
+  import re
+  from jax_flashoverlap import comm
+  header = (pathlib.Path(__file__).parent.parent / "xla_ffi/kernels/signaling_gemm.h").read_text()
+  slots = int(re.search(r"kQueueRingSlots = (\d+);", header).group(1))
+  clusters = int(re.search(r"kQueueMaxClusters = (\d+);", header).group(1))
+  assert "kGemmQueueBytes = 16 + size_t(kQueueMaxClusters) * kQueueRingSlots * 8;" in header
+  assert comm.GEMM_QUEUE_BYTES == 16 + clusters * slots * 8

@@ -82,6 +82,7 @@ void Rotation(int* counters, cudaStream_t s) {
     Fill(w.p, r.c.k * r.c.n, r.c.dt, seed + 1, s);
     Reference(x.p, w.p, (float*)ref.p, int(r.c.m), int(r.c.n), int(r.c.k), r.c.dt, s);
     SignalingGemmArgs a;
+    a.queue = GemmQueue();
     a.x = x.p; a.w = w.p; a.out = out.p; a.m = r.c.m; a.n = r.c.n; a.k = r.c.k; a.dtype = r.c.dt;
     a.comm_sms = 8; a.layout = L; a.row_rotation = int(r.rot_block * f);
     if (r.tile) setenv("FLASHOVERLAP_GEMM_TILE", r.tile, 1);
@@ -107,6 +108,7 @@ void ColBlocked(int* counters, cudaStream_t s) {
     Fill(w.p, c.c.k * c.c.n, c.c.dt, seed + 1, s);
     Reference(x.p, w.p, (float*)ref.p, int(c.c.m), int(c.c.n), int(c.c.k), c.c.dt, s);
     SignalingGemmArgs a;
+    a.queue = GemmQueue();
     a.x = x.p; a.w = w.p; a.out = out.p; a.m = c.c.m; a.n = c.c.n; a.k = c.c.k; a.dtype = c.c.dt;
     a.comm_sms = 16; a.layout = L; a.out_col_block = c.cb; a.counters = counters;
     if (c.tile) setenv("FLASHOVERLAP_GEMM_TILE", c.tile, 1);
@@ -156,6 +158,7 @@ void Flags(cudaStream_t s) {
     Fill(w.p, f.c.k * f.c.n, f.c.dt, seed + 1, s);
     Reference(truth.p, w.p, (float*)ref.p, int(f.c.m), int(f.c.n), int(f.c.k), f.c.dt, s);
     SignalingGemmArgs a;
+    a.queue = GemmQueue();
     a.x = x.p; a.w = w.p; a.out = out.p; a.m = f.c.m; a.n = f.c.n; a.k = f.c.k; a.dtype = f.c.dt;
     a.comm_sms = f.comm;
     std::vector<int> bands;
@@ -223,6 +226,7 @@ void Flags(cudaStream_t s) {
 void Api(cudaStream_t s) {
   Buf x(512 * 64 * 2), w(64 * 256 * 2), out(512 * 256 * 2), flags(256);
   SignalingGemmArgs a;
+  a.queue = GemmQueue();
   a.x = x.p; a.w = w.p; a.out = out.p; a.m = 512; a.n = 256; a.k = 64;
   a.layout = MakeLayout(512, 1, {0, 128, 256, 512});
   auto expect = [&](const char* what, SignalingGemmArgs b, cudaError_t want) {

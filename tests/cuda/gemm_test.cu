@@ -30,6 +30,7 @@ struct Problem {
     a.x = x.p; a.w = w.p; a.out = out.p;
     a.m = s.m; a.n = s.n; a.k = s.k;
     a.dtype = dt; a.comm_sms = comm_sms; a.layout = L;
+    a.queue = GemmQueue();
     return a;
   }
 };
@@ -87,6 +88,13 @@ void ApiChecks(cudaStream_t s) {
   b = a; b.layout.num_groups = 0; expect("num_groups 0", b, cudaErrorInvalidValue);
   b = a; b.comm_sms = 100000; expect("comm_sms too large", b, cudaErrorInvalidValue);
   b = a; b.counters = nullptr; expect("no counters (no signal)", b, cudaSuccess);
+  b = a; b.queue = (char*)a.queue + 8; expect("misaligned tile queue", b, cudaErrorInvalidValue);
+  b = a; b.queue = nullptr; expect("no tile queue (round robin)", b, cudaSuccess);
+  const char* queue_env = getenv("FLASHOVERLAP_GEMM_QUEUE");
+  const std::string saved = queue_env ? queue_env : "";
+  setenv("FLASHOVERLAP_GEMM_QUEUE", "dynamc", 1);
+  expect("FLASHOVERLAP_GEMM_QUEUE typo", a, cudaErrorInvalidValue);
+  if (queue_env) setenv("FLASHOVERLAP_GEMM_QUEUE", saved.c_str(), 1); else unsetenv("FLASHOVERLAP_GEMM_QUEUE");
   CK(cudaStreamSynchronize(s));
 }
 

@@ -191,6 +191,14 @@ struct Buf {
   Buf(const Buf&) = delete;
 };
 
+// The tile queue's workspace (signaling_gemm.h), one for the process: every launch here is
+// on one stream, one at a time. FLASHOVERLAP_GEMM_QUEUE=static runs the round-robin order.
+void* GemmQueue() {
+  static void* q = nullptr;
+  if (q == nullptr) CK(cudaMalloc(&q, kGemmQueueBytes));
+  return q;
+}
+
 void Fill(void* p, int64_t n, GemmDType dt, uint64_t seed, cudaStream_t s) {
   if (dt == GemmDType::kBFloat16) FillRandom<<<1024, 256, 0, s>>>((__nv_bfloat16*)p, n, seed);
   else FillRandom<<<1024, 256, 0, s>>>((__half*)p, n, seed);
@@ -254,6 +262,7 @@ RunResult RunAndCheck(SignalingGemmArgs a, const float* ref, int* counters, cuda
   CK(cudaMemsetAsync(a.out, 0xFF, size_t(a.m) * a.n * 2, s));
   CK(cudaMemsetAsync(counters, 0, sizeof(int) * kMaxGroups, s));
   a.counters = counters;
+  if (a.queue == nullptr) a.queue = GemmQueue();
   r.launch = LaunchSignalingGemm(a, s);
   if (r.launch != cudaSuccess) { fprintf(stderr, "launch: %s\n", LastSignalingGemmError()); return r; }
   CK(cudaGetLastError());

@@ -9,7 +9,8 @@
 //                     all shared memory, so nothing else fits there): truly 132 - S SMs
 //   cublas_target_held  both
 //   ours_S            our signaling GEMM with comm_sms = S (grid of (132 - S) / 2 clusters)
-//   ours_S_held       the same while the spinner holds S SMs (do the clusters still fit?)
+//   ours_S_held       the same while the spinner holds S SMs (do the clusters still fit?),
+//                     with the dynamic tile queue (default) and with the round-robin order (rr)
 // Each round runs every variant once (a batch of back-to-back launches, CUDA events), so
 // clock drift hits all alike; reported: the median per-launch time over rounds, and the SM
 // clock and board power sampled through NVML while the batches ran.
@@ -119,6 +120,7 @@ struct Variant {
   int held;        // SMs held by the spinner (0: none)
   int sm_target;   // cuBLAS SM-count target (0: none); ours: -1
   int comm_sms;    // ours only
+  bool queue = true;  // ours: the dynamic tile queue (false: round robin)
   std::vector<float> ms;
   std::vector<float> mhz, watts;
 };
@@ -168,6 +170,7 @@ int main(int argc, char** argv) {
     std::vector<Variant> vs;
     vs.push_back({"cublas", 0, 0, 0});
     vs.push_back({"ours_0", 0, -1, 0});
+    vs.push_back({"ours_rr_0", 0, -1, 0, false});
     for (int held : {8, 16}) {
       vs.push_back({"cublas_target", 0, sms - held, 0});
       if (held_variants) {
@@ -175,7 +178,11 @@ int main(int argc, char** argv) {
         vs.push_back({"cublas_target_held", held, sms - held, 0});
       }
       vs.push_back({"ours", 0, -1, held});
-      if (held_variants) vs.push_back({"ours_held", held, -1, held});
+      vs.push_back({"ours_rr", 0, -1, held, false});
+      if (held_variants) {
+        vs.push_back({"ours_held", held, -1, held});
+        vs.push_back({"ours_rr_held", held, -1, held, false});
+      }
     }
     const int batch = sh.m * sh.n * sh.k > (int64_t(1) << 38) ? 6 : 12;
     auto launch = [&](const Variant& v) {
@@ -192,6 +199,7 @@ int main(int argc, char** argv) {
       a.comm_sms = v.comm_sms;
       a.layout = EvenLayout(sh.m, 1, 4, 256);
       a.counters = counters;
+      a.queue = v.queue ? GemmQueue() : nullptr;
       if (LaunchSignalingGemm(a, s) != cudaSuccess) { fprintf(stderr, "launch: %s\n", LastSignalingGemmError()); exit(2); }
     };
     const int kRounds = 9;
@@ -232,10 +240,10 @@ int main(int argc, char** argv) {
       snprintf(buf, sizeof buf,
                "{\"m\":%lld,\"n\":%lld,\"k\":%lld,\"variant\":\"%s\",\"sms_not_ours\":%d,\"held_by_spinner\":%d,"
                "\"sm_count_target\":%d,\"comm_sms\":%d,\"ms\":%.4f,\"tflops\":%.1f,\"cublas_full_over_this\":%.3f,"
-               "\"sm_mhz\":%.0f,\"watts\":%.0f}",
+               "\"sm_mhz\":%.0f,\"watts\":%.0f,\"tile_order\":\"%s\"}",
                (long long)sh.m, (long long)sh.n, (long long)sh.k, v.name.c_str(), held, v.held,
                v.sm_target > 0 ? v.sm_target : 0, v.comm_sms, t, flop / t * 1e-9, base / t, Median(v.mhz),
-               Median(v.watts));
+               Median(v.watts), v.sm_target >= 0 ? "cublas" : v.queue ? "dynamic" : "round-robin");
       json += (json.empty() ? "" : ",\n") + std::string(buf);
       char line[256];
       snprintf(line, sizeof line, "%6lldx%6lldx%6lld  %-19s S=%2d  %.3f ms (%4.0f TF/s)  cublas/this %.3f  %4.0f MHz %4.0f W\n",

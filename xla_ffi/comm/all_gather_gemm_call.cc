@@ -141,7 +141,7 @@ Status RunAllGatherGemm(Communicator& comm, cudaStream_t stream, const void* x, 
     gemm.in_flags = comm.counters;
     gemm.in_flag_rows = chunk_rows;
     gemm.in_flag_value = value;
-    status = LaunchGemm(gemm, stream);
+    status = LaunchGemm(comm, gemm, stream);
   }
   // Join back even after an error (a failed launch leaves C's sends queued: wait for them).
   return FinishCall(comm, stream, /*copies=*/false, status, op);

@@ -16,7 +16,8 @@ Status StartCall(Communicator& comm, cudaStream_t stream, int counters, bool cop
   return Status::Ok();
 }
 
-Status LaunchGemm(const SignalingGemmArgs& args, cudaStream_t stream) {
+Status LaunchGemm(Communicator& comm, SignalingGemmArgs args, cudaStream_t stream) {
+  args.queue = comm.gemm_queue;  // ordered on `stream`, like the counters: one call at a time
   cudaError_t launched = LaunchSignalingGemm(args, stream);
   if (launched == cudaSuccess) return Status::Ok();
   return Status::Error(std::string("signaling GEMM launch failed: ") +

@@ -22,8 +22,8 @@ inline ncclDataType_t NcclType(GemmDType dtype) {
 // (and the copy stream when `copies`) after everything queued on `stream` so far.
 Status StartCall(Communicator& comm, cudaStream_t stream, int counters, bool copies);
 
-// LaunchSignalingGemm with its reason on failure.
-Status LaunchGemm(const SignalingGemmArgs& args, cudaStream_t stream);
+// LaunchSignalingGemm with the communicator's tile queue, and its reason on failure.
+Status LaunchGemm(Communicator& comm, SignalingGemmArgs args, cudaStream_t stream);
 
 // Watches the call (watchdog on, `status` ok), then makes `stream` wait for our comm stream
 // (and the copy stream when `copies`) whatever `status` says, so the compute stream never

@@ -124,6 +124,7 @@ Status CreateStreamAndEvents(Communicator& c) {
   }
   FO_RETURN_IF_CUDA(cudaMalloc(&c.counters, sizeof(int32_t) * kMaxGroups));
   FO_RETURN_IF_CUDA(cudaMemset(c.counters, 0, sizeof(int32_t) * kMaxGroups));
+  FO_RETURN_IF_CUDA(cudaMalloc(&c.gemm_queue, kGemmQueueBytes));
   return Status::Ok();
 }
 
@@ -134,6 +135,7 @@ Status DestroyOne(Communicator& c) {
   if (c.gemm_started) FO_RETURN_IF_CUDA(cudaEventDestroy(c.gemm_started));
   if (c.comm_done) FO_RETURN_IF_CUDA(cudaEventDestroy(c.comm_done));
   if (c.counters) FO_RETURN_IF_CUDA(cudaFree(c.counters));
+  if (c.gemm_queue) FO_RETURN_IF_CUDA(cudaFree(c.gemm_queue));
   if (c.copy_stream) FO_RETURN_IF_CUDA(cudaStreamDestroy(c.copy_stream));
   if (c.copies_done) FO_RETURN_IF_CUDA(cudaEventDestroy(c.copies_done));
   for (cudaEvent_t& e : c.group_reduced) {
@@ -145,6 +147,7 @@ Status DestroyOne(Communicator& c) {
   c.stream = nullptr;
   c.gemm_started = c.comm_done = nullptr;
   c.counters = nullptr;
+  c.gemm_queue = nullptr;
   if (c.comm && !c.aborted) FO_RETURN_IF_NCCL(ncclCommDestroy(c.comm));
   c.comm = nullptr;
   return Status::Ok();

@@ -41,6 +41,7 @@ struct Communicator {
   cudaEvent_t gemm_started = nullptr;   // compute stream -> comm stream
   cudaEvent_t comm_done = nullptr;      // comm stream -> compute stream
   int32_t* counters = nullptr;          // kMaxGroups group counters (device memory)
+  void* gemm_queue = nullptr;           // the signaling GEMM's tile queue (kGemmQueueBytes)
   // Collectives: ncclMemAlloc'd and registered as a symmetric window (NCCL runs beside the
   // GEMM on few SMs). Point-to-point (peer_to_peer): plain cudaMalloc, never registered:
   // NCCL 2.28's ncclSend out of a registered window hung on 2 x H200 (it ran with

@@ -104,7 +104,7 @@ Status RunGemmAllToAll(Communicator& comm, cudaStream_t stream, const AllToAllSh
   CallTrace trace;
   Status status = StartCall(comm, stream, groups, /*copies=*/true);
   if (status.ok()) status = trace.Begin(comm, stream, op, gemm.layout, /*gemm=*/true, true);
-  if (status.ok()) status = LaunchGemm(gemm, stream);
+  if (status.ok()) status = LaunchGemm(comm, gemm, stream);
   if (status.ok()) status = trace.GemmDone(stream);
   if (status.ok()) status = TakeInjectedFault(comm.device);
 

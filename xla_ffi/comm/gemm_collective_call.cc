@@ -68,7 +68,7 @@ Status RunGemmCollective(Communicator& comm, cudaStream_t stream, CollectiveKind
   CallTrace trace;
   Status status = StartCall(comm, stream, groups, copies);
   if (status.ok()) status = trace.Begin(comm, stream, op, gemm.layout, /*gemm=*/true, copies);
-  if (status.ok()) status = LaunchGemm(gemm, stream);
+  if (status.ok()) status = LaunchGemm(comm, gemm, stream);
   if (status.ok()) status = trace.GemmDone(stream);
   if (status.ok()) status = TakeInjectedFault(comm.device);
 

@@ -74,6 +74,10 @@ ffi::Error GemmImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::Any
   FO_CHECK(counters.has_value(), "flashoverlap_gemm: scratch allocation of the group counters failed");
   args.counters = static_cast<int32_t*>(*counters);
   FO_CHECK_CUDA(cudaMemsetAsync(args.counters, 0, sizeof(int32_t) * groups, stream));
+  // The tile queue's workspace (the launcher resets it on `stream`).
+  std::optional<void*> queue = scratch.Allocate(kGemmQueueBytes, 16);
+  FO_CHECK(queue.has_value(), "flashoverlap_gemm: scratch allocation of the tile queue failed");
+  args.queue = *queue;
 
   const cudaError_t e = LaunchSignalingGemm(args, stream);
   FO_CHECK_ARG(e != cudaErrorInvalidValue, "flashoverlap_gemm: " << LastSignalingGemmError());

@@ -75,6 +75,16 @@ Epilogue ChosenEpilogue() {
   return std::strcmp(v, "sync") == 0 ? Epilogue::kSync : Epilogue::kInvalid;
 }
 
+// FLASHOVERLAP_GEMM_QUEUE: "dynamic" (default: the tile queue when the caller gives one) or
+// "static" (always the fixed round-robin order, for comparison); anything else is an error.
+enum class Queue { kDynamic, kStatic, kInvalid };
+
+Queue ChosenQueue() {
+  const char* v = std::getenv("FLASHOVERLAP_GEMM_QUEUE");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "dynamic") == 0) return Queue::kDynamic;
+  return std::strcmp(v, "static") == 0 ? Queue::kStatic : Queue::kInvalid;
+}
+
 const InstanceOps& PickInstance(GemmDType dtype, const GemmTileShape& ts, Epilogue epilogue) {
   const bool wide = ts.block_n == 256, f16 = dtype == GemmDType::kFloat16;
   if (epilogue == Epilogue::kSync) {
@@ -150,15 +160,16 @@ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 void LogGeometry(const SignalingGemmArgs& args, const GemmTileShape& ts, const TileSchedule& s,
                  int device, int max_clusters, int clusters) {
   static std::mutex mu;
-  static std::set<std::tuple<int64_t, int64_t, int64_t, int, int, int>> seen;
+  static std::set<std::tuple<int64_t, int64_t, int64_t, int, int, int, bool>> seen;
   std::lock_guard<std::mutex> lock(mu);
-  if (!seen.insert({args.m, args.n, args.k, args.comm_sms, clusters, device}).second) return;
+  if (!seen.insert({args.m, args.n, args.k, args.comm_sms, clusters, device, args.queue != nullptr}).second) return;
   std::fprintf(stderr,
                "[flashoverlap gemm] device %d M=%lld N=%lld K=%lld comm_sms=%d tile %dx%d cluster %d: "
-               "%d units, grid %d clusters (occupancy allows %d), %d waves, %d groups\n",
+               "%d units, grid %d clusters (occupancy allows %d), %d waves, %d groups, %s tile order\n",
                device, (long long)args.m, (long long)args.n, (long long)args.k, args.comm_sms, ts.block_m,
                ts.block_n, ts.cluster_m, s.num_units, clusters, max_clusters,
-               (s.num_units + clusters - 1) / clusters, s.num_groups);
+               (s.num_units + clusters - 1) / clusters, s.num_groups,
+               args.queue != nullptr ? "dynamic" : "round-robin");
 }
 
 }  // namespace
@@ -229,6 +240,12 @@ cudaError_t LaunchSignalingGemm(const SignalingGemmArgs& args, cudaStream_t stre
   if (epilogue == Epilogue::kInvalid)
     return Fail(cudaErrorInvalidValue, std::string("FLASHOVERLAP_GEMM_EPILOGUE must be 'overlap' or 'sync', got '") +
                                            std::getenv("FLASHOVERLAP_GEMM_EPILOGUE") + "'");
+  const Queue queue = ChosenQueue();
+  if (queue == Queue::kInvalid)
+    return Fail(cudaErrorInvalidValue, std::string("FLASHOVERLAP_GEMM_QUEUE must be 'dynamic' or 'static', got '") +
+                                           std::getenv("FLASHOVERLAP_GEMM_QUEUE") + "'");
+  if (args.queue != nullptr && (reinterpret_cast<uintptr_t>(args.queue) & 15) != 0)
+    return Fail(cudaErrorInvalidValue, "queue must be 16-byte aligned");
   const GemmTileShape ts = ChooseTileShape(args);
   const InstanceOps& ops = PickInstance(args.dtype, ts, epilogue);
   int max_clusters = 0;
@@ -261,8 +278,15 @@ cudaError_t LaunchSignalingGemm(const SignalingGemmArgs& args, cudaStream_t stre
   int clusters = allowed < max_clusters ? allowed : max_clusters;
   if (clusters > s.num_units) clusters = s.num_units;
 
-  if (EnvInt("FLASHOVERLAP_GEMM_LOG", 0) != 0) LogGeometry(args, ts, s, device, max_clusters, clusters);
-  e = ops.launch(args, s, clusters, stream);
+  SignalingGemmArgs launch_args = args;
+  if (queue == Queue::kStatic || clusters > kQueueMaxClusters) launch_args.queue = nullptr;
+  if (launch_args.queue != nullptr) {  // the claim counter and the used part of the rings
+    e = cudaMemsetAsync(launch_args.queue, 0, 16 + size_t(clusters) * kQueueRingSlots * 8, stream);
+    if (e != cudaSuccess) return Fail(e, std::string("tile queue reset failed: ") + cudaGetErrorString(e));
+  }
+  if (EnvInt("FLASHOVERLAP_GEMM_LOG", 0) != 0)
+    LogGeometry(launch_args, ts, s, device, max_clusters, clusters);
+  e = ops.launch(launch_args, s, clusters, stream);
   if (e != cudaSuccess) return Fail(e, std::string("kernel launch failed: ") + cudaGetErrorString(e));
   return cudaSuccess;
 }

@@ -32,6 +32,13 @@ enum class GemmDType : int { kBFloat16 = 0, kFloat16 = 1 };
 
 constexpr int kMaxGroups = 64;
 
+// The dynamic tile queue's workspace (SignalingGemmArgs::queue): a claim counter, then per
+// cluster a ring of kQueueRingSlots claimed unit ids (64-bit, tagged with their sequence
+// number) through which a cluster's leader CTA hands its claims to its partner.
+constexpr int kQueueRingSlots = 16;
+constexpr int kQueueMaxClusters = 256;
+constexpr size_t kGemmQueueBytes = 16 + size_t(kQueueMaxClusters) * kQueueRingSlots * 8;
+
 struct GroupLayout {
   int num_blocks = 1;   // rank blocks; M % num_blocks == 0
   int num_groups = 1;   // 1 <= num_groups <= kMaxGroups
@@ -51,6 +58,13 @@ struct SignalingGemmArgs {
   int32_t* counters = nullptr;
   int comm_sms = 0;  // SMs left free for communication: persistent grid = SMs - comm_sms
   GroupLayout layout;
+  // Dynamic tile queue: device memory of kGemmQueueBytes (any content; the launcher zeroes
+  // it on `stream` before the kernel), owned by the caller and used by one launch at a time.
+  // With it, clusters take the next work unit from an atomic counter instead of a fixed
+  // round-robin share, so a cluster that starts late (SMs still held by another stream's
+  // kernels) takes fewer units instead of delaying the end by its whole share. Null: the
+  // fixed round-robin order. FLASHOVERLAP_GEMM_QUEUE=static forces the fixed order.
+  void* queue = nullptr;
 
   // ---- Extensions (issue #9); the defaults keep the behaviour above. ----
   // Row rotation: schedule row o (the rows the group layout talks about) is row

@@ -52,6 +52,7 @@ struct Config {
   static constexpr int kSmemCapacity = 232448;  // sm_90 opt-in dynamic smem per block
   static constexpr int kStageBytes = (BM + BN) * BK * int(sizeof(Element));
   static constexpr int kStages = (kSmemCapacity - kEpiBytes - 1024) / kStageBytes;
+  static_assert(kStages + 3 <= kQueueRingSlots, "the leader may run kStages units ahead of its partner");
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
@@ -64,12 +65,22 @@ struct Config {
   using Pipeline = typename Mainloop::MainloopPipeline;
   using PipelineState = typename Mainloop::PipelineState;
 
+  // The producer warp hands each work unit it claims to the CTA's other warps through this
+  // small pipeline (it runs at most a few units ahead: the mainloop's stages bound it).
+  static constexpr int kUnitSlots = 8;
+  using UnitPipeline = cutlass::PipelineAsync<kUnitSlots>;
+  using UnitState = typename UnitPipeline::PipelineState;
+  // Warps that take units from it: the two consumer warpgroups, and the copy-out warps.
+  static constexpr int kUnitReaderWarps = 8 + (kOverlapEpilogue ? 3 : 0);
+
   struct SharedStorage {
     // Mainloop tiles first: the dynamic smem window starts 1024-byte aligned, which the
     // 128-byte TMA/wgmma swizzle needs.
     typename Mainloop::TensorStorage mainloop;
     alignas(16) uint32_t epi[kEpiWords];
     alignas(16) typename Mainloop::PipelineStorage pipeline;
+    alignas(16) typename UnitPipeline::SharedStorage unit_pipeline;
+    int unit_ids[kUnitSlots];
   };
   static_assert(sizeof(SharedStorage) <= kSmemCapacity, "shared memory over the sm_90 limit");
 
@@ -84,6 +95,9 @@ struct Config {
     const int32_t* in_flags;  // null: x is ready; else wait per tile (signaling_gemm.h)
     int in_flag_rows;
     int32_t in_flag_value;
+    // Dynamic tile queue (signaling_gemm.h), zeroed before the launch; null: round robin.
+    uint32_t* queue_next;               // units claimed so far
+    unsigned long long* queue_ring;     // [clusters][kQueueRingSlots]: (seq + 1) << 32 | unit
   };
 
   static constexpr int kThreads = 384;  // 1 producer warpgroup + 2 consumer warpgroups
@@ -158,6 +172,81 @@ constexpr int kBarCopyOut = 13;     // the 96 copy-out threads among themselves
 constexpr int kCopyOutThreads = 96;
 constexpr int kStagingThreads = 256 + kCopyOutThreads;
 
+// ---- work units: which one a CTA takes next ------------------------------------------------
+
+constexpr unsigned kNoUnit = 0xFFFFFFFFu;
+
+// The seq-th unit of this CTA's cluster (lane 0 of the producer warp only), or -1 when none
+// is left. Round robin without a queue; with it, the cluster's leader CTA claims the next
+// unit from the counter and publishes it in the cluster's ring, and the partner CTA reads it
+// there, so both CTAs of a cluster work on the same units.
+template <class Cfg>
+__device__ int ClaimUnit(const typename Cfg::Params& p, int cluster_id, uint32_t rank_in_cluster,
+                         int seq) {
+  const int num_units = p.sched.num_units;
+  if (p.queue_next == nullptr) {
+    const long long u = cluster_id + static_cast<long long>(seq) * p.num_clusters;
+    return u < num_units ? int(u) : -1;
+  }
+  unsigned long long* slot =
+      p.queue_ring + size_t(cluster_id) * kQueueRingSlots + seq % kQueueRingSlots;
+  const unsigned long long tag = static_cast<unsigned long long>(seq + 1) << 32;
+  unsigned id;
+  if (rank_in_cluster == 0) {
+    const unsigned u = atomicAdd(p.queue_next, 1u);
+    id = u < unsigned(num_units) ? u : kNoUnit;
+    // The slot's previous entry (seq - kQueueRingSlots) was read long ago: the multicast
+    // pipeline keeps the two CTAs within kStages units of each other (static_assert above).
+    if (Cfg::CM > 1) {
+      asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(slot), "l"(tag | id) : "memory");
+    }
+  } else {
+    unsigned long long v;
+    while (true) {
+      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(slot) : "memory");
+      if ((v & 0xFFFFFFFF00000000ull) == tag) break;
+      __nanosleep(64);
+    }
+    id = unsigned(v & 0xFFFFFFFFull);
+  }
+  return id == kNoUnit ? -1 : int(id);
+}
+
+// Producer warp: claims the seq-th unit and hands it to the CTA's other warps (-1: done).
+template <class Cfg>
+__device__ int ClaimAndPublishUnit(const typename Cfg::Params& p, typename Cfg::UnitPipeline& pipe,
+                                   typename Cfg::UnitState& state, int* ids, int cluster_id,
+                                   uint32_t rank_in_cluster, int seq, int lane) {
+  int unit = 0;
+  if (lane == 0) {
+    unit = ClaimUnit<Cfg>(p, cluster_id, rank_in_cluster, seq);
+    pipe.producer_acquire(state);
+    asm volatile("" ::: "memory");
+    *reinterpret_cast<volatile int*>(ids + state.index()) = unit;
+    asm volatile("" ::: "memory");
+    pipe.producer_commit(state);
+  }
+  ++state;
+  return __shfl_sync(0xffffffffu, unit, 0);
+}
+
+// Any other warp: the next unit the producer handed out (-1: done). One lane waits and
+// releases the slot (the pipeline counts warps), the warp shares the id.
+template <class Cfg>
+__device__ int NextUnit(typename Cfg::UnitPipeline& pipe, typename Cfg::UnitState& state,
+                        const int* ids, int lane) {
+  int unit = 0;
+  if (lane == 0) {
+    pipe.consumer_wait(state);
+    asm volatile("" ::: "memory");
+    unit = *reinterpret_cast<const volatile int*>(ids + state.index());
+    asm volatile("" ::: "memory");
+    pipe.consumer_release(state);
+  }
+  ++state;
+  return __shfl_sync(0xffffffffu, unit, 0);
+}
+
 // Byte offset in `out` of tile row `row`, column `col` (row-major or column-blocked).
 __device__ __forceinline__ int64_t OutOffset(int dst_row, int row, int col, int M, int N,
                                              int out_col_block) {
@@ -172,11 +261,15 @@ __device__ __forceinline__ int64_t OutOffset(int dst_row, int row, int col, int 
 // its group, then hand the staging rows back.
 template <class Cfg>
 __device__ void CopyOutTiles(const typename Cfg::Params& params, const uint32_t* epi,
-                             int cluster_id, int rank_m, int et) {
+                             typename Cfg::UnitPipeline& unit_pipe, const int* unit_ids,
+                             int rank_m, int et) {
   const TileSchedule& sched = params.sched;
   constexpr int kChunksPerRow = Cfg::BN / 8;
   char* out = static_cast<char*>(params.out);
-  for (int unit = cluster_id; unit < sched.num_units; unit += params.num_clusters) {
+  typename Cfg::UnitState unit_state;
+  while (true) {
+    const int unit = NextUnit<Cfg>(unit_pipe, unit_state, unit_ids, et % 32);
+    if (unit < 0) break;
     const TileWork w = DecodeUnit(sched, unit, rank_m);
     if (w.rows <= 0) continue;  // the consumers skip it too
     // Full barriers both ways (bar.sync by all 352 threads; compute-sanitizer's racecheck
@@ -237,6 +330,14 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
   pp.transaction_bytes = params.mainloop.tma_transaction_bytes;
   Pipeline pipeline(ss.pipeline, pp, typename Cfg::ClusterShape{});
 
+  typename Cfg::UnitPipeline::Params up;
+  up.role = (warp_group == 0 && warp_in_group == 0) ? Cfg::UnitPipeline::ThreadCategory::Producer
+                                                    : Cfg::UnitPipeline::ThreadCategory::Consumer;
+  up.producer_arv_count = 1;
+  up.consumer_arv_count = Cfg::kUnitReaderWarps;
+  up.initializing_warp = 0;
+  typename Cfg::UnitPipeline unit_pipe(ss.unit_pipeline, up);
+
   // Barrier initialisation must be visible to every CTA of the cluster before any TMA
   // multicast or remote arrive touches it.
   if constexpr (CM > 1) {
@@ -258,7 +359,11 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
       Tensor mA = params.mainloop.tma_load_a.get_tma_tensor(make_shape(M, k_extent, 1));
       Tensor mB = params.mainloop.tma_load_b.get_tma_tensor(make_shape(N, k_extent, 1));
       Tensor gB_nkl = local_tile(mB, typename Cfg::TileShape{}, make_coord(_, _, _), Step<X, _1, _1>{});
-      for (int unit = cluster_id; unit < sched.num_units; unit += params.num_clusters) {
+      typename Cfg::UnitState unit_state = cutlass::make_producer_start_state<typename Cfg::UnitPipeline>();
+      for (int seq = 0;; ++seq) {
+        const int unit = ClaimAndPublishUnit<Cfg>(params, unit_pipe, unit_state, ss.unit_ids,
+                                                  cluster_id, rank_in_cluster, seq, lane);
+        if (unit < 0) break;
         const TileWork w = DecodeUnit(sched, unit, rank_m);
         // Input rows still in flight (all-gather + GEMM): wait for their flag. Idle cluster
         // partners (rows <= 0) load rows that are never stored, so they need not wait.
@@ -279,7 +384,7 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
       // Keep this CTA alive until every consumer of the cluster released our stages.
       mainloop.load_tail(pipeline, write_state);
     } else if constexpr (Cfg::kOverlapEpilogue) {
-      CopyOutTiles<Cfg>(params, ss.epi, cluster_id, rank_m, thread_idx - 32);
+      CopyOutTiles<Cfg>(params, ss.epi, unit_pipe, ss.unit_ids, rank_m, thread_idx - 32);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<232>();
@@ -293,7 +398,10 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
     typename Cfg::TiledMma tiled_mma;
     PipelineState read_state;
 
-    for (int unit = cluster_id; unit < sched.num_units; unit += params.num_clusters) {
+    typename Cfg::UnitState unit_state;
+    while (true) {
+      const int unit = NextUnit<Cfg>(unit_pipe, unit_state, ss.unit_ids, lane);
+      if (unit < 0) break;
       const TileWork w = DecodeUnit(sched, unit, rank_m);
       auto accum = partition_fragment_C(tiled_mma, take<0, 2>(typename Cfg::TileShape{}));
       mainloop.mma(pipeline, read_state, accum, params.k_tiles, mma_thread, ss.mainloop,
@@ -439,6 +547,9 @@ struct Instance {
     params.in_flags = args.in_flags;
     params.in_flag_rows = args.in_flag_rows;
     params.in_flag_value = args.in_flag_value;
+    params.queue_next = static_cast<uint32_t*>(args.queue);
+    params.queue_ring = args.queue == nullptr ? nullptr
+        : reinterpret_cast<unsigned long long*>(static_cast<char*>(args.queue) + 16);
 
     cudaLaunchAttribute attr;
     cudaLaunchConfig_t cfg = LaunchConfig(num_clusters, stream, &attr);
