@@ -176,50 +176,82 @@ constexpr int kStagingThreads = 256 + kCopyOutThreads;
 
 constexpr unsigned kNoUnit = 0xFFFFFFFFu;
 
-// The seq-th unit of this CTA's cluster (lane 0 of the producer warp only), or -1 when none
-// is left. Round robin without a queue; with it, the cluster's leader CTA claims the next
-// unit from the counter and publishes it in the cluster's ring, and the partner CTA reads it
-// there, so both CTAs of a cluster work on the same units.
+// Which units a CTA works on, decided by lane 0 of its producer warp: round robin without a
+// queue; with it, the cluster's leader CTA claims units from the counter and publishes them in
+// the cluster's ring, where the partner CTA reads them, so both CTAs of a cluster work on the
+// same units. Claims run ahead so that no wait sits between two units' loads: the leader
+// claims two units ahead (the atomic's result is first used one unit later) and publishes one
+// ahead; the partner reads the coming entry while it loads the current unit (relaxed: the id
+// is the only data handed over).
 template <class Cfg>
-__device__ int ClaimUnit(const typename Cfg::Params& p, int cluster_id, uint32_t rank_in_cluster,
-                         int seq) {
-  const int num_units = p.sched.num_units;
-  if (p.queue_next == nullptr) {
-    const long long u = cluster_id + static_cast<long long>(seq) * p.num_clusters;
-    return u < num_units ? int(u) : -1;
-  }
-  unsigned long long* slot =
-      p.queue_ring + size_t(cluster_id) * kQueueRingSlots + seq % kQueueRingSlots;
-  const unsigned long long tag = static_cast<unsigned long long>(seq + 1) << 32;
-  unsigned id;
-  if (rank_in_cluster == 0) {
-    const unsigned u = atomicAdd(p.queue_next, 1u);
-    id = u < unsigned(num_units) ? u : kNoUnit;
-    // The slot's previous entry (seq - kQueueRingSlots) was read long ago: the multicast
-    // pipeline keeps the two CTAs within kStages units of each other (static_assert above).
-    if (Cfg::CM > 1) {
-      asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(slot), "l"(tag | id) : "memory");
-    }
-  } else {
-    unsigned long long v;
-    while (true) {
-      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(slot) : "memory");
-      if ((v & 0xFFFFFFFF00000000ull) == tag) break;
-      __nanosleep(64);
-    }
-    id = unsigned(v & 0xFFFFFFFFull);
-  }
-  return id == kNoUnit ? -1 : int(id);
-}
+struct UnitClaims {
+  const typename Cfg::Params& p;
+  int cluster_id;
+  bool leader;
+  unsigned current = 0, ahead = 0;  // leader: the claims for seq and seq + 1
+  unsigned long long peek = 0;      // partner: an early read of entry seq
 
-// Producer warp: claims the seq-th unit and hands it to the CTA's other warps (-1: done).
+  __device__ UnitClaims(const typename Cfg::Params& params, int cluster, uint32_t rank)
+      : p(params), cluster_id(cluster), leader(rank == 0) {}
+
+  __device__ unsigned Claim() {
+    const unsigned u = atomicAdd(p.queue_next, 1u);
+    return u < unsigned(p.sched.num_units) ? u : kNoUnit;
+  }
+  __device__ unsigned long long* Slot(int seq) const {
+    return p.queue_ring + size_t(cluster_id) * kQueueRingSlots + seq % kQueueRingSlots;
+  }
+  static __device__ unsigned long long Tag(int seq) {
+    return static_cast<unsigned long long>(seq + 1) << 32;
+  }
+  // The slot's previous entry (seq - kQueueRingSlots) was read long ago: the multicast
+  // pipeline keeps the two CTAs within kStages units of each other (static_assert above).
+  __device__ void Publish(int seq, unsigned id) {
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(Slot(seq)), "l"(Tag(seq) | id) : "memory");
+  }
+  __device__ unsigned long long Read(int seq) const {
+    unsigned long long v;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(Slot(seq)) : "memory");
+    return v;
+  }
+
+  // The seq-th unit (seq = 0, 1, ... in turn), -1 when none is left.
+  __device__ int Next(int seq) {
+    if (p.queue_next == nullptr) {
+      const long long u = cluster_id + static_cast<long long>(seq) * p.num_clusters;
+      return u < p.sched.num_units ? int(u) : -1;
+    }
+    unsigned id;
+    if (leader) {
+      if (seq == 0) {
+        current = Claim();
+        ahead = Claim();
+        if (Cfg::CM > 1) Publish(0, current);
+      }
+      id = current;
+      if (Cfg::CM > 1) Publish(seq + 1, ahead);
+      current = ahead;
+      if (id != kNoUnit) ahead = Claim();  // used one unit from now
+    } else {
+      unsigned long long v = peek;
+      while ((v & 0xFFFFFFFF00000000ull) != Tag(seq)) {
+        __nanosleep(64);
+        v = Read(seq);
+      }
+      id = unsigned(v & 0xFFFFFFFFull);
+      if (id != kNoUnit) peek = Read(seq + 1);  // checked when this unit is loaded
+    }
+    return id == kNoUnit ? -1 : int(id);
+  }
+};
+
+// Producer warp: the seq-th unit, handed to the CTA's other warps too (-1: done).
 template <class Cfg>
-__device__ int ClaimAndPublishUnit(const typename Cfg::Params& p, typename Cfg::UnitPipeline& pipe,
-                                   typename Cfg::UnitState& state, int* ids, int cluster_id,
-                                   uint32_t rank_in_cluster, int seq, int lane) {
+__device__ int ClaimAndPublishUnit(UnitClaims<Cfg>& claims, typename Cfg::UnitPipeline& pipe,
+                                   typename Cfg::UnitState& state, int* ids, int seq, int lane) {
   int unit = 0;
   if (lane == 0) {
-    unit = ClaimUnit<Cfg>(p, cluster_id, rank_in_cluster, seq);
+    unit = claims.Next(seq);
     pipe.producer_acquire(state);
     asm volatile("" ::: "memory");
     *reinterpret_cast<volatile int*>(ids + state.index()) = unit;
@@ -360,9 +392,10 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
       Tensor mB = params.mainloop.tma_load_b.get_tma_tensor(make_shape(N, k_extent, 1));
       Tensor gB_nkl = local_tile(mB, typename Cfg::TileShape{}, make_coord(_, _, _), Step<X, _1, _1>{});
       typename Cfg::UnitState unit_state = cutlass::make_producer_start_state<typename Cfg::UnitPipeline>();
+      UnitClaims<Cfg> claims(params, cluster_id, rank_in_cluster);  // used by lane 0 only
       for (int seq = 0;; ++seq) {
-        const int unit = ClaimAndPublishUnit<Cfg>(params, unit_pipe, unit_state, ss.unit_ids,
-                                                  cluster_id, rank_in_cluster, seq, lane);
+        const int unit = ClaimAndPublishUnit<Cfg>(claims, unit_pipe, unit_state, ss.unit_ids,
+                                                  seq, lane);
         if (unit < 0) break;
         const TileWork w = DecodeUnit(sched, unit, rank_m);
         // Input rows still in flight (all-gather + GEMM): wait for their flag. Idle cluster
