@@ -18,6 +18,7 @@ FORCE_REFERENCE_ENV = "JAX_FLASHOVERLAP_FORCE_REFERENCE"
 # is predicted not to pay: every shape then runs our kernels (tests, benchmarks).
 FALLBACK_ENV = "JAX_FLASHOVERLAP_FALLBACK"
 GEMM_EPILOGUE_ENV = "FLASHOVERLAP_GEMM_EPILOGUE"  # read by the kernel launcher at every launch
+GEMM_QUEUE_ENV = "FLASHOVERLAP_GEMM_QUEUE"  # likewise
 ALL_REDUCE_BUFFER_ENV = "JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER"  # read at lowering
 
 
@@ -88,13 +89,19 @@ def fallback_enabled() -> bool:
 
 def check_gemm_epilogue() -> None:
   """FLASHOVERLAP_GEMM_EPILOGUE is unset, 'overlap' (the default) or 'sync' (the signaling
-  GEMM's earlier epilogue), exactly as the launcher reads it; anything else is an error here,
-  at lowering, instead of at the first launch."""
+  GEMM's earlier epilogue), and FLASHOVERLAP_GEMM_QUEUE unset, 'dynamic' or 'static', exactly
+  as the launcher reads them; anything else is an error here, at lowering, instead of at the
+  first launch."""
   raw = os.environ.get(GEMM_EPILOGUE_ENV)
   if raw not in (None, "", "overlap", "sync"):
     raise ValueError(f"jax_flashoverlap: environment variable {GEMM_EPILOGUE_ENV}={raw!r} must "
                      "be 'overlap' (the default) or 'sync' (the signaling GEMM's earlier "
                      "epilogue)")
+  raw = os.environ.get(GEMM_QUEUE_ENV)
+  if raw not in (None, "", "dynamic", "static"):
+    raise ValueError(f"jax_flashoverlap: environment variable {GEMM_QUEUE_ENV}={raw!r} must be "
+                     "'dynamic' (the default: the signaling GEMM's tile queue) or 'static' "
+                     "(its round-robin tile order)")
 
 
 def all_reduce_in_place() -> bool:

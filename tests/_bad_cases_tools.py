@@ -289,4 +289,10 @@ def env_gemm_epilogue_typo(t):
     cuda_lowering_text()
 
 
+def env_gemm_queue_typo(t):
+    t.monkeypatch.delenv(_ext.FORCE_REFERENCE_ENV, raising=False)
+    t.monkeypatch.setenv(_ext.GEMM_QUEUE_ENV, "dynamc")
+    cuda_lowering_text()
+
+
 # ----------------------------------------------------------------------------- the table
