@@ -94,11 +94,10 @@ class AllGatherPlan:
 
 
 def _kernel(m: int, n: int, comm_sms: int):
-  """(rows per work unit, block_n, clusters) as signaling_gemm.cu's ChooseTileShape."""
-  usable = NUM_SMS - comm_sms
-  if math.ceil(m / 128) * math.ceil(n / 256) >= usable:
-    return 256, 256, usable // 2
-  return 128, 128, usable
+  """(rows per work unit, block_n, clusters) as signaling_gemm.cu's ChooseTileShape (the
+  collectives' model's mirror of it, plan._kernel)."""
+  kern = plan_lib._kernel(m, n, comm_sms)
+  return kern.rows_per_unit, kern.block_n, kern.grid
 
 
 def _busbw(table: tuple, ctas: int) -> float:
