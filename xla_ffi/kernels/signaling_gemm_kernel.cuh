@@ -179,17 +179,18 @@ constexpr unsigned kNoUnit = 0xFFFFFFFFu;
 // Which units a CTA works on, decided by lane 0 of its producer warp: round robin without a
 // queue; with it, the cluster's leader CTA claims units from the counter and publishes them in
 // the cluster's ring, where the partner CTA reads them, so both CTAs of a cluster work on the
-// same units. Claims run ahead so that no wait sits between two units' loads: the leader
-// claims two units ahead (the atomic's result is first used one unit later) and publishes one
-// ahead; the partner reads the coming entry while it loads the current unit (relaxed: the id
-// is the only data handed over).
+// same units. No wait sits between two units' loads: the leader issues the claim for the next
+// unit before it loads the current one and publishes it after (the atomic's result is first
+// used then); the partner reads the coming entry after loading (relaxed: the id is the only
+// data handed over) and polls only if it was not there yet. Claims stay in the order units
+// are processed, so a wave still covers the schedule's compact L2 panel.
 template <class Cfg>
 struct UnitClaims {
   const typename Cfg::Params& p;
   int cluster_id;
   bool leader;
-  unsigned current = 0, ahead = 0;  // leader: the claims for seq and seq + 1
-  unsigned long long peek = 0;      // partner: an early read of entry seq
+  unsigned current = 0, pending = 0;  // leader: the claims for seq and seq + 1
+  unsigned long long peek = 0;        // partner: an early read of entry seq
 
   __device__ UnitClaims(const typename Cfg::Params& params, int cluster, uint32_t rank)
       : p(params), cluster_id(cluster), leader(rank == 0) {}
@@ -225,13 +226,10 @@ struct UnitClaims {
     if (leader) {
       if (seq == 0) {
         current = Claim();
-        ahead = Claim();
         if (Cfg::CM > 1) Publish(0, current);
       }
       id = current;
-      if (Cfg::CM > 1) Publish(seq + 1, ahead);
-      current = ahead;
-      if (id != kNoUnit) ahead = Claim();  // used one unit from now
+      if (id != kNoUnit) pending = Claim();  // its result is first used in Loaded()
     } else {
       unsigned long long v = peek;
       while ((v & 0xFFFFFFFF00000000ull) != Tag(seq)) {
@@ -239,9 +237,19 @@ struct UnitClaims {
         v = Read(seq);
       }
       id = unsigned(v & 0xFFFFFFFFull);
-      if (id != kNoUnit) peek = Read(seq + 1);  // checked when this unit is loaded
     }
     return id == kNoUnit ? -1 : int(id);
+  }
+
+  // After the seq-th unit's loads were issued: hand out / look for the next one.
+  __device__ void Loaded(int seq) {
+    if (p.queue_next == nullptr) return;
+    if (leader) {
+      current = pending;
+      if (Cfg::CM > 1) Publish(seq + 1, current);
+    } else {
+      peek = Read(seq + 1);
+    }
   }
 };
 
@@ -413,6 +421,7 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
                       make_coord(0, w.n_tile, _, 0), k_iter, params.k_tiles, lane,
                       rank_in_cluster, ss.mainloop);
         write_state.advance(params.k_tiles);
+        if (lane == 0) claims.Loaded(seq);
       }
       // Keep this CTA alive until every consumer of the cluster released our stages.
       mainloop.load_tail(pipeline, write_state);
