@@ -109,7 +109,7 @@ class GroupPlan:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Kernel:
+class KernelGeometry:
   """Mirror of the launcher's choices (xla_ffi/kernels/signaling_gemm.cu: ChooseTileShape)."""
   block_m: int
   block_n: int
@@ -121,12 +121,12 @@ class _Kernel:
     return self.block_m * self.cluster_m
 
 
-def _kernel(m: int, n: int, comm_sms: int) -> _Kernel:
+def kernel_geometry(m: int, n: int, comm_sms: int) -> KernelGeometry:
   usable = NUM_SMS - comm_sms
   wide_tiles = math.ceil(m / 128) * math.ceil(n / 256)
   if wide_tiles >= usable:
-    return _Kernel(128, 256, 2, usable // 2)
-  return _Kernel(128, 128, 1, usable)
+    return KernelGeometry(128, 256, 2, usable // 2)
+  return KernelGeometry(128, 128, 1, usable)
 
 
 def _comm_time(collective: str, group_bytes: float, world: int, p: MachineProfile,
@@ -168,7 +168,7 @@ def plan_time(collective: str, m: int, n: int, k: int, world: int, band_rows, co
               itemsize: int = 2, profile: MachineProfile = DEFAULT_PROFILE) -> float:
   """Predicted time of a given plan (the same model the search minimizes)."""
   p = profile
-  kern = _kernel(m, n, comm_sms)
+  kern = kernel_geometry(m, n, comm_sms)
   unit_time = 2.0 * kern.block_m * kern.block_n * k / p.sm_flops * p.interference
   tail = 0.0
   if collective == "all_reduce" and not p.all_reduce_in_place:  # the last group's copy
@@ -192,7 +192,7 @@ def gemm_end_fn(collective: str, m: int, n: int, world: int, comm_sms: int, unit
   """r -> when the GEMM has written rows [0, r) of every rank block: whole waves of the
   persistent grid over the work units up to there (the kernel's band order), each unit_time."""
   blocks = world if collective == "reduce_scatter" else 1
-  kern = _kernel(m, n, comm_sms)
+  kern = kernel_geometry(m, n, comm_sms)
   step = kern.rows_per_unit
   n_tiles = math.ceil(n / kern.block_n)
   return lambda r: math.ceil(blocks * math.ceil(r / step) * n_tiles / kern.grid) * unit_time
@@ -205,7 +205,7 @@ def _group_bytes(collective: str, r0: int, r1: int, n: int, world: int, itemsize
 
 def gemm_waves(m: int, n: int, comm_sms: int) -> int:
   """Waves of the persistent grid over the whole GEMM (the kernel's work units)."""
-  kern = _kernel(m, n, comm_sms)
+  kern = kernel_geometry(m, n, comm_sms)
   units = math.ceil(m / kern.rows_per_unit) * math.ceil(n / kern.block_n)
   return math.ceil(units / kern.grid)
 
@@ -216,10 +216,10 @@ def wave_aligned_comm_sms(m: int, n: int, comm_sms: int, limit: int) -> int:
   Why: the last wave is partial, so its idle SMs are free for the collective; e.g. at
   8192 x 8192 (1024 cluster units) 8 and 10 SMs left both take 17 waves, and at 4096 x 8192
   (512 units) 8 to 18 all take 9 (the 2 x H200 GEMM bench: 0.864 vs 0.861 of XLA at 8 vs 16)."""
-  kern, waves = _kernel(m, n, comm_sms), gemm_waves(m, n, comm_sms)
+  kern, waves = kernel_geometry(m, n, comm_sms), gemm_waves(m, n, comm_sms)
   best = comm_sms
   for c in range(comm_sms + 1, min(limit, NUM_SMS - 2) + 1):
-    other = _kernel(m, n, c)
+    other = kernel_geometry(m, n, c)
     if (other.block_m, other.block_n, other.cluster_m) != (
         kern.block_m, kern.block_n, kern.cluster_m) or gemm_waves(m, n, c) != waves:
       break  # waves only grow with c
@@ -240,7 +240,7 @@ def calibrated_ctas(collective: str, profile: MachineProfile) -> int:
 
 def cut_step(m: int, n: int, comm_sms: int) -> int:
   """Rows of one work unit: group boundaries lie on multiples of it."""
-  return _kernel(m, n, comm_sms).rows_per_unit
+  return kernel_geometry(m, n, comm_sms).rows_per_unit
 
 
 @functools.lru_cache(maxsize=512)
@@ -295,7 +295,7 @@ def _best_bands(collective, m, n, k, world, itemsize, p, comm_sms) -> GroupPlan:
   """The cost model's best group boundaries for one comm_sms (best_cuts)."""
   blocks = world if collective == "reduce_scatter" else 1
   rows = m // blocks
-  kern = _kernel(m, n, comm_sms)
+  kern = kernel_geometry(m, n, comm_sms)
   unit_time = 2.0 * kern.block_m * kern.block_n * k / p.sm_flops * p.interference
   band_rows = best_cuts(
       rows, kern.rows_per_unit, gemm_end_fn(collective, m, n, world, comm_sms, unit_time),
@@ -394,7 +394,7 @@ def aligned_even_bands(collective: str, m: int, n: int, world: int, num_groups: 
                        comm_sms: int) -> tuple:
   """`num_groups` even bands of one rank block, on the kernel's cluster-row boundaries."""
   blocks = world if collective == "reduce_scatter" else 1
-  return even_bands(m // blocks, num_groups, _kernel(m, n, comm_sms).rows_per_unit)
+  return even_bands(m // blocks, num_groups, kernel_geometry(m, n, comm_sms).rows_per_unit)
 
 
 def even_bands(rows: int, num_groups: int, align: int) -> tuple:

@@ -95,8 +95,8 @@ class AllGatherPlan:
 
 def _kernel(m: int, n: int, comm_sms: int):
   """(rows per work unit, block_n, clusters) as signaling_gemm.cu's ChooseTileShape (the
-  collectives' model's mirror of it, plan._kernel)."""
-  kern = plan_lib._kernel(m, n, comm_sms)
+  collectives' model's mirror of it, plan.kernel_geometry)."""
+  kern = plan_lib.kernel_geometry(m, n, comm_sms)
   return kern.rows_per_unit, kern.block_n, kern.grid
 
 

@@ -33,7 +33,7 @@ def _calibration_from_profile(collective, m, n, k, world, sms_list, p=P.DEFAULT_
     """The calibration under which tune_model must predict exactly what plan.py does."""
     wave, comm = {}, {}
     for sms in sms_list:
-        kern = P._kernel(m, n, sms)
+        kern = P.kernel_geometry(m, n, sms)
         wave[sms] = 2.0 * kern.block_m * kern.block_n * k / p.sm_flops
         if collective == "all_reduce":
             bw = P._busbw(p.all_reduce_busbw, sms) * world / (2 * (world - 1))
