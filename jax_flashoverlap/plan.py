@@ -215,7 +215,8 @@ def wave_aligned_comm_sms(m: int, n: int, comm_sms: int, limit: int) -> int:
   more than `comm_sms` does: same tile shape, same number of waves of its persistent grid.
   Why: the last wave is partial, so its idle SMs are free for the collective; e.g. at
   8192 x 8192 (1024 cluster units) 8 and 10 SMs left both take 17 waves, and at 4096 x 8192
-  (512 units) 8 to 18 all take 9 (the 2 x H200 GEMM bench: 0.864 vs 0.861 of XLA at 8 vs 16)."""
+  (512 units) 8 to 18 all take 9 (`bench gemm` on one H200, d3c65a9: 0.864 vs 0.861 of XLA
+  at 8 vs 16)."""
   kern, waves = kernel_geometry(m, n, comm_sms), gemm_waves(m, n, comm_sms)
   best = comm_sms
   for c in range(comm_sms + 1, min(limit, NUM_SMS - 2) + 1):
@@ -225,6 +226,14 @@ def wave_aligned_comm_sms(m: int, n: int, comm_sms: int, limit: int) -> int:
       break  # waves only grow with c
     best = c
   return best
+
+
+def raised_comm_sms_candidates(m: int, n: int, candidates, limit: int) -> list:
+  """`candidates` and each raised to its wave boundary (at most `limit`, never below itself):
+  the comm_sms values a cost model compares for a GEMM of m x n. Both are kept, since the
+  raised one is not always better (fewer clusters finish the early groups later)."""
+  return sorted({s for c in candidates
+                 for s in (c, wave_aligned_comm_sms(m, n, c, max(c, limit)))})
 
 
 def calibrated_ctas(collective: str, profile: MachineProfile) -> int:
@@ -255,11 +264,9 @@ def default_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: 
     raise ValueError(f"unknown collective {collective!r}")
   if profile.comm_sms is not None:
     candidates = (profile.comm_sms,)
-  else:  # and each raised to the most SMs its GEMM waves leave free, within calibration
-    # (not always better: fewer clusters finish the early groups later)
-    limit = calibrated_ctas(collective, profile)
-    candidates = sorted({s for c in profile.comm_sms_candidates
-                         for s in (c, wave_aligned_comm_sms(m, n, c, max(c, limit)))})
+  else:  # raised within the CTA counts the bandwidth table was measured at
+    candidates = raised_comm_sms_candidates(m, n, profile.comm_sms_candidates,
+                                            calibrated_ctas(collective, profile))
   plans = [_best_bands(collective, m, n, k, world, itemsize, profile, sms) for sms in candidates]
   plan = min(plans, key=lambda p: p.predicted_s)
   plan.validate()

@@ -180,9 +180,8 @@ def _comm_sms_candidates(m: int, n: int, p: CommProfile) -> list:
   GEMM no extra wave, within the calibrated CTA counts (plan.wave_aligned_comm_sms)."""
   if p.comm_sms is not None:
     return [p.comm_sms]
-  limit = max(c for c, _ in p.p2p_bw)
-  return sorted({s for c in p.comm_sms_candidates
-                 for s in (c, plan_lib.wave_aligned_comm_sms(m, n, c, max(c, limit)))})
+  return plan_lib.raised_comm_sms_candidates(m, n, p.comm_sms_candidates,
+                                             max(c for c, _ in p.p2p_bw))
 
 
 @functools.lru_cache(maxsize=512)

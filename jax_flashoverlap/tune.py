@@ -89,8 +89,9 @@ def problem_comm_sms(m: int, n: int, requested, align: bool = True) -> list:
   values = sorted(set(requested))
   if not align:
     return values
-  return sorted({plan_lib.wave_aligned_comm_sms(m, n, c, nxt - 1)
-                 for c, nxt in zip(values, values[1:] + [values[-1] + 9])})
+  limits = [nxt - 1 for nxt in values[1:]] + [values[-1] + 8]
+  return sorted({plan_lib.wave_aligned_comm_sms(m, n, c, limit)
+                 for c, limit in zip(values, limits)})
 
 
 def _name(index: int, c) -> str:
