@@ -19,6 +19,7 @@ FORCE_REFERENCE_ENV = "JAX_FLASHOVERLAP_FORCE_REFERENCE"
 FALLBACK_ENV = "JAX_FLASHOVERLAP_FALLBACK"
 GEMM_EPILOGUE_ENV = "FLASHOVERLAP_GEMM_EPILOGUE"  # read by the kernel launcher at every launch
 GEMM_QUEUE_ENV = "FLASHOVERLAP_GEMM_QUEUE"  # likewise
+GEMM_TAIL_ENV = "FLASHOVERLAP_GEMM_TAIL"  # likewise
 ALL_REDUCE_BUFFER_ENV = "JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER"  # read at lowering
 
 
@@ -89,9 +90,9 @@ def fallback_enabled() -> bool:
 
 def check_gemm_epilogue() -> None:
   """FLASHOVERLAP_GEMM_EPILOGUE is unset, 'overlap' (the default) or 'sync' (the signaling
-  GEMM's earlier epilogue), and FLASHOVERLAP_GEMM_QUEUE unset, 'dynamic' or 'static', exactly
-  as the launcher reads them; anything else is an error here, at lowering, instead of at the
-  first launch."""
+  GEMM's earlier epilogue), FLASHOVERLAP_GEMM_QUEUE unset, 'dynamic' or 'static', and
+  FLASHOVERLAP_GEMM_TAIL unset, 'split' or 'whole', exactly as the launcher reads them;
+  anything else is an error here, at lowering, instead of at the first launch."""
   raw = os.environ.get(GEMM_EPILOGUE_ENV)
   if raw not in (None, "", "overlap", "sync"):
     raise ValueError(f"jax_flashoverlap: environment variable {GEMM_EPILOGUE_ENV}={raw!r} must "
@@ -102,6 +103,11 @@ def check_gemm_epilogue() -> None:
     raise ValueError(f"jax_flashoverlap: environment variable {GEMM_QUEUE_ENV}={raw!r} must be "
                      "'dynamic' (the default: the signaling GEMM's tile queue) or 'static' "
                      "(its round-robin tile order)")
+  raw = os.environ.get(GEMM_TAIL_ENV)
+  if raw not in (None, "", "split", "whole"):
+    raise ValueError(f"jax_flashoverlap: environment variable {GEMM_TAIL_ENV}={raw!r} must be "
+                     "'split' (the default: the signaling GEMM cuts its last two waves along K "
+                     "when the last one is partial) or 'whole' (whole tiles only)")
 
 
 def all_reduce_in_place() -> bool:

@@ -193,7 +193,12 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
 
 
 COUNTER_BYTES = 64 * 4  # kMaxGroups int32 counters per communicator (signaling_gemm.h)
-GEMM_QUEUE_BYTES = 16 + 256 * 16 * 8  # kGemmQueueBytes: the GEMM's tile queue per communicator
+# kGemmQueueBytes (xla_ffi/kernels/signaling_gemm.h), the GEMM's tile queue per communicator:
+# claim counter, split-tail flags, the clusters' claim rings, then the split tail's fp32
+# partial tiles (66 cluster tiles of 2 x 128 x 256: ~16.5 MiB, most of it).
+_QUEUE_PARTIALS_OFFSET = -(-(16 + 512 * 4 + 256 * 16 * 8) // 256) * 256
+SPLIT_PARTIAL_BYTES = 66 * 2 * 128 * 256 * 4
+GEMM_QUEUE_BYTES = _QUEUE_PARTIALS_OFFSET + SPLIT_PARTIAL_BYTES
 
 
 def op_memory(op: str, x_shape, w_shape, dtype, world: int) -> dict:
@@ -204,7 +209,8 @@ def op_memory(op: str, x_shape, w_shape, dtype, world: int) -> dict:
   The collectives (all-reduce, reduce-scatter) share one communicator per axis, the
   point-to-point ops (all-to-all, all-gather) another, each with its own workspace.
   `counter_bytes`: the group counters; `queue_bytes`: the GEMM's tile queue (per
-  communicator, like the counters). x_shape / w_shape are per device. The all-reduce
+  communicator, like the counters; a fixed ~16.6 MiB, nearly all of it the split tail's
+  partial tiles, docs/signaling_gemm.md). x_shape / w_shape are per device. The all-reduce
   lowered with JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER=output (read here as at lowering) needs no
   workspace: only the counters.
   """

@@ -295,4 +295,10 @@ def env_gemm_queue_typo(t):
     cuda_lowering_text()
 
 
+def env_gemm_tail_typo(t):
+    t.monkeypatch.delenv(_ext.FORCE_REFERENCE_ENV, raising=False)
+    t.monkeypatch.setenv(_ext.GEMM_TAIL_ENV, "spilt")
+    cuda_lowering_text()
+
+
 # ----------------------------------------------------------------------------- the table

@@ -200,7 +200,8 @@ def test_op_memory_reports_workspace_and_counters(monkeypatch):
   import jax.numpy as jnp
   monkeypatch.delenv("JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER", raising=False)
   ar = comm.op_memory("matmul_all_reduce", (8192, 4096), (4096, 8192), jnp.bfloat16, 2)
-  q = 16 + 256 * 16 * 8  # the GEMM's tile queue (kGemmQueueBytes)
+  q = comm.GEMM_QUEUE_BYTES  # the GEMM's tile queue (kGemmQueueBytes; checked below)
+  assert 16 << 20 < q < 17 << 20
   assert ar == {"workspace_bytes": 8192 * 8192 * 2, "counter_bytes": 256, "queue_bytes": q}
   monkeypatch.setenv("JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER", "output")  # in place: counters only
   ar = comm.op_memory("matmul_all_reduce", (8192, 4096), (4096, 8192), jnp.bfloat16, 2)
@@ -221,7 +222,16 @@ def test_queue_bytes_match_the_kernel_header():
   import re
   from jax_flashoverlap import comm
   header = (pathlib.Path(__file__).parent.parent / "xla_ffi/kernels/signaling_gemm.h").read_text()
-  slots = int(re.search(r"kQueueRingSlots = (\d+);", header).group(1))
-  clusters = int(re.search(r"kQueueMaxClusters = (\d+);", header).group(1))
-  assert "kGemmQueueBytes = 16 + size_t(kQueueMaxClusters) * kQueueRingSlots * 8;" in header
-  assert comm.GEMM_QUEUE_BYTES == 16 + clusters * slots * 8
+  def const(name):
+    return int(re.search(rf"\b{name} = (\d+);", header).group(1))
+  slots, clusters, flags = const("kQueueRingSlots"), const("kQueueMaxClusters"), const("kSplitMaxFlags")
+  # The layout's formulas as the header spells them; then the same arithmetic here.
+  for line in ("kQueueFlagsOffset = 16;",
+               "kQueueRingOffset = kQueueFlagsOffset + size_t(kSplitMaxFlags) * 4;",
+               "(kQueueRingOffset + size_t(kQueueMaxClusters) * kQueueRingSlots * 8 + 255) / 256 * 256;",
+               "kSplitPartialBytes = size_t(66) * 2 * 128 * 256 * 4;",
+               "kGemmQueueBytes = kQueuePartialsOffset + kSplitPartialBytes;"):
+    assert line in header, line
+  ring_offset = 16 + flags * 4
+  partials_offset = (ring_offset + clusters * slots * 8 + 255) // 256 * 256
+  assert comm.GEMM_QUEUE_BYTES == partials_offset + 66 * 2 * 128 * 256 * 4

@@ -41,28 +41,34 @@ std::string LayoutStr(const GroupLayout& L) {
   return b;
 }
 
+// want_split: 1 = the launch must have split its tail, 0 = must not, -1 = either.
 void CheckCase(const char* tag, Problem& p, const GroupLayout& L, int comm, int* counters, cudaStream_t s,
-               const char* force_tile = nullptr) {
+               const char* force_tile = nullptr, int want_split = -1) {
   if (force_tile) setenv("FLASHOVERLAP_GEMM_TILE", force_tile, 1); else unsetenv("FLASHOVERLAP_GEMM_TILE");
   SignalingGemmArgs a = p.Args(L, comm);
   const GemmTileShape ts = ChooseTileShape(a);
   RunResult r = RunAndCheck(a, (const float*)p.ref.p, counters, s);
   unsetenv("FLASHOVERLAP_GEMM_TILE");
-  const bool pass = r.launch == cudaSuccess && r.bad == 0 && r.rel_err < 1e-2 && r.counters_ok;
+  const bool split_ok = want_split < 0 || (r.info.split_units > 0) == (want_split == 1);
+  const bool pass = r.launch == cudaSuccess && r.bad == 0 && r.wrong == 0 && r.rel_err < 1e-2 && r.counters_ok &&
+                    split_ok;
   if (!pass) ++g_failures;
   char buf[768];
   snprintf(buf, sizeof buf,
            "{\"tag\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"dtype\":\"%s\",\"num_blocks\":%d,\"bands\":\"%s\","
            "\"comm_sms\":%d,\"tile\":\"%dx%d c%d\",\"launch\":\"%s\",\"rel_err\":%.3e,\"nonfinite\":%llu,"
+           "\"wrong\":%llu,\"clusters\":%d,\"units\":%d,\"split_units\":%d,\"split_chunks\":%d,\"want_split\":%d,"
            "\"counters_ok\":%s,\"pass\":%s}",
            tag, (long long)p.s.m, (long long)p.s.n, (long long)p.s.k, DtName(p.dt), L.num_blocks, LayoutStr(L).c_str(),
-           comm, ts.block_m, ts.block_n, ts.cluster_m, cudaGetErrorName(r.launch), r.rel_err, r.bad,
+           comm, ts.block_m, ts.block_n, ts.cluster_m, cudaGetErrorName(r.launch), r.rel_err, r.bad, r.wrong,
+           r.info.clusters, r.info.units, r.info.split_units, r.info.split_chunks, want_split,
            r.counters_ok ? "true" : "false", pass ? "true" : "false");
   AddJson(buf);
-  printf("%-6s %-5s %6lldx%6lldx%6lld nb=%d bands=%-28s comm=%2d tile=%dx%d c%d rel_err=%.2e nonfinite=%llu counters=%s %s\n",
+  printf("%-6s %-5s %6lldx%6lldx%6lld nb=%d bands=%-28s comm=%2d tile=%dx%d c%d rel_err=%.2e nonfinite=%llu wrong=%llu "
+         "units=%d/%d split=%d/%d counters=%s %s\n",
          tag, DtName(p.dt), (long long)p.s.m, (long long)p.s.n, (long long)p.s.k, L.num_blocks, LayoutStr(L).c_str(),
-         comm, ts.block_m, ts.block_n, ts.cluster_m, r.rel_err, r.bad, r.counters_ok ? "ok" : "BAD",
-         pass ? "PASS" : "FAIL");
+         comm, ts.block_m, ts.block_n, ts.cluster_m, r.rel_err, r.bad, r.wrong, r.info.units, r.info.clusters,
+         r.info.split_units, r.info.split_chunks, r.counters_ok ? "ok" : "BAD", pass ? "PASS" : "FAIL");
   fflush(stdout);
 }
 
@@ -95,8 +101,15 @@ void ApiChecks(cudaStream_t s) {
   setenv("FLASHOVERLAP_GEMM_QUEUE", "dynamc", 1);
   expect("FLASHOVERLAP_GEMM_QUEUE typo", a, cudaErrorInvalidValue);
   if (queue_env) setenv("FLASHOVERLAP_GEMM_QUEUE", saved.c_str(), 1); else unsetenv("FLASHOVERLAP_GEMM_QUEUE");
+  const char* tail_env = getenv("FLASHOVERLAP_GEMM_TAIL");
+  const std::string saved_tail = tail_env ? tail_env : "";
+  setenv("FLASHOVERLAP_GEMM_TAIL", "spilt", 1);
+  expect("FLASHOVERLAP_GEMM_TAIL typo", a, cudaErrorInvalidValue);
+  if (tail_env) setenv("FLASHOVERLAP_GEMM_TAIL", saved_tail.c_str(), 1); else unsetenv("FLASHOVERLAP_GEMM_TAIL");
   CK(cudaStreamSynchronize(s));
 }
+
+void SplitTail(bool quick, int* counters, cudaStream_t s, uint64_t seed);
 
 void Correctness(bool quick, int* counters, cudaStream_t s) {
   ApiChecks(s);
@@ -138,6 +151,37 @@ void Correctness(bool quick, int* counters, cudaStream_t s) {
   for (const Odd& o : odd) {
     Problem p(o.s, o.dt, seed += 10, s);
     CheckCase("odd", p, MakeLayout(o.s.m, o.nb, o.bands), o.comm, counters, s, o.tile);
+  }
+  SplitTail(quick, counters, s, seed);
+}
+
+// The split tail (tile_schedule.h: PlanSplitTail): cases that must split, across tile
+// shapes, last-wave fill, K (16 K tiles, a partial last K tile), rank blocks, idle cluster
+// partners in the split units, and the all-gather extensions' row rotation; and the same
+// problem with FLASHOVERLAP_GEMM_TAIL=whole, which must not split.
+void SplitTail(bool quick, int* counters, cudaStream_t s, uint64_t seed) {
+  if (getenv("FLASHOVERLAP_GEMM_QUEUE") && !strcmp(getenv("FLASHOVERLAP_GEMM_QUEUE"), "static")) {
+    printf("split  (skipped: FLASHOVERLAP_GEMM_QUEUE=static never splits)\n");
+    return;
+  }
+  struct Sp { Shape3 s; GemmDType dt; int nb; std::vector<int> bands; int comm; const char* tile; };
+  const GemmDType B = GemmDType::kBFloat16, H = GemmDType::kFloat16;
+  std::vector<Sp> cases = {
+      {{8192, 8192, 1024}, B, 1, {0, 2048, 8192}, 0, nullptr},       // 1024 units / 66: R 34
+      {{4096, 8192, 4096}, B, 1, {0, 1024, 4096}, 8, nullptr},       // 512 / 62: R 16
+      {{8192, 8192, 4096}, H, 2, {0, 1024, 4096}, 16, nullptr},      // 1024 / 58: R 38, 2 rank blocks
+      {{5000, 7168, 1000}, B, 1, {0, 1000, 2100, 3333, 4096, 5000}, 16, nullptr},  // idle partners, K 1000
+      {{8192, 8192, 1536}, H, 1, {0, 8192}, 0, "128"},               // 128x128: 4096 / 132: R 4
+      {{3000, 2048, 2112}, B, 1, {0, 1500, 3000}, 102, "256"},       // 96 units on 15 clusters
+  };
+  if (quick) cases.resize(2);
+  for (const Sp& c : cases) {
+    Problem p(c.s, c.dt, seed += 10, s);
+    const GroupLayout L = MakeLayout(c.s.m, c.nb, c.bands);
+    CheckCase("split", p, L, c.comm, counters, s, c.tile, 1);
+    setenv("FLASHOVERLAP_GEMM_TAIL", "whole", 1);
+    CheckCase("whole", p, L, c.comm, counters, s, c.tile, 0);
+    unsetenv("FLASHOVERLAP_GEMM_TAIL");
   }
 }
 
@@ -218,6 +262,7 @@ struct Variant {
   int comm, groups, panel;  // panel 0: launcher default
   bool signal, is_cublas;
   std::vector<float> ms;
+  bool whole = false;  // FLASHOVERLAP_GEMM_TAIL=whole (no split tail)
 };
 
 void Bench(bool quick, Cublas& cublas, int* counters, cudaStream_t s) {
@@ -240,6 +285,7 @@ void Bench(bool quick, Cublas& cublas, int* counters, cudaStream_t s) {
     vs.push_back({"g4 sig p16", 0, 4, 16, true, false, {}});
     vs.push_back({"g4 sig p4", 0, 4, 4, true, false, {}});
     for (int comm : {4, 8, 12, 16}) vs.push_back({"g4 sig", comm, 4, 0, true, false, {}});
+    for (int comm : {0, 8, 16}) vs.push_back({"g4 sig whole", comm, 4, 0, true, false, {}, true});
     int launch_no = 0;
     auto launch = [&](const Variant& v) {
       Problem* p = sets[launch_no++ % kSets];
@@ -258,6 +304,8 @@ void Bench(bool quick, Cublas& cublas, int* counters, cudaStream_t s) {
       for (Variant& v : vs) {
         if (v.panel > 0) setenv("FLASHOVERLAP_GEMM_PANEL", std::to_string(v.panel).c_str(), 1);
         else unsetenv("FLASHOVERLAP_GEMM_PANEL");
+        if (v.whole) setenv("FLASHOVERLAP_GEMM_TAIL", "whole", 1);
+        else unsetenv("FLASHOVERLAP_GEMM_TAIL");
         // Counters are reset once per batch; they only grow, and the kernel never reads them.
         if (v.signal) CK(cudaMemsetAsync(counters, 0, sizeof(int) * kMaxGroups, s));
         CK(cudaEventRecord(e0, s));
@@ -270,6 +318,7 @@ void Bench(bool quick, Cublas& cublas, int* counters, cudaStream_t s) {
       }
     }
     unsetenv("FLASHOVERLAP_GEMM_PANEL");
+    unsetenv("FLASHOVERLAP_GEMM_TAIL");
     auto median = [](std::vector<float> t) { std::sort(t.begin(), t.end()); return t[t.size() / 2]; };
     const float t_cublas = cublas.ok() ? median(vs[0].ms) : -1.f;
     for (const Variant& v : vs) {
@@ -279,15 +328,16 @@ void Bench(bool quick, Cublas& cublas, int* counters, cudaStream_t s) {
       char buf[640];
       snprintf(buf, sizeof buf,
                "{\"tag\":\"bench\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"dtype\":\"bf16\",\"variant\":\"%s\",\"comm_sms\":%d,"
-               "\"groups\":%d,\"signal\":%s,\"panel\":%d,\"ms\":%.4f,\"ms_min\":%.4f,\"ms_max\":%.4f,\"tflops\":%.1f,"
+               "\"groups\":%d,\"signal\":%s,\"panel\":%d,\"tail\":\"%s\",\"ms\":%.4f,\"ms_min\":%.4f,\"ms_max\":%.4f,\"tflops\":%.1f,"
                "\"cublas_ms\":%.4f,\"cublas_over_ours\":%.3f}",
                (long long)sh.m, (long long)sh.n, (long long)sh.k, v.name.c_str(), v.comm, v.groups,
-               v.signal ? "true" : "false", v.is_cublas ? 0 : (v.panel ? v.panel : 8), t, lo, hi, flop / t * 1e-9,
+               v.signal ? "true" : "false", v.is_cublas ? 0 : (v.panel ? v.panel : 8), v.whole ? "whole" : "split",
+               t, lo, hi, flop / t * 1e-9,
                t_cublas, ratio);
       AddJson(buf);
       char line[256];
       snprintf(line, sizeof line,
-               "%6lldx%6lldx%6lld  %-11s comm=%2d  %.3f ms [%.3f-%.3f] (%4.0f TF/s)  cublas %.3f ms  ratio %.3f\n",
+               "%6lldx%6lldx%6lld  %-13s comm=%2d  %.3f ms [%.3f-%.3f] (%4.0f TF/s)  cublas %.3f ms  ratio %.3f\n",
                (long long)sh.m, (long long)sh.n, (long long)sh.k, v.name.c_str(), v.comm, t, lo, hi,
                flop / t * 1e-9, t_cublas, ratio);
       table += line;
@@ -302,15 +352,21 @@ void Bench(bool quick, Cublas& cublas, int* counters, cudaStream_t s) {
 }
 
 void Sanitize(int* counters, cudaStream_t s) {
-  struct C { Shape3 s; GemmDType dt; int nb; std::vector<int> bands; const char* tile; };
-  const std::vector<C> cs = {{{300, 264, 200}, GemmDType::kBFloat16, 2, {0, 50, 100, 150}, "256"},
-                             {{300, 264, 200}, GemmDType::kFloat16, 2, {0, 50, 100, 150}, "128"},
-                             {{1, 8, 8}, GemmDType::kBFloat16, 1, {0, 1}, "256"},
-                             {{130, 136, 72}, GemmDType::kFloat16, 1, {0, 70, 130}, nullptr}};
+  struct C { Shape3 s; GemmDType dt; int nb; std::vector<int> bands; const char* tile; int comm, split; };
+  const std::vector<C> cs = {{{300, 264, 200}, GemmDType::kBFloat16, 2, {0, 50, 100, 150}, "256", 0, 0},
+                             {{300, 264, 200}, GemmDType::kFloat16, 2, {0, 50, 100, 150}, "128", 0, 0},
+                             {{1, 8, 8}, GemmDType::kBFloat16, 1, {0, 1}, "256", 0, 0},
+                             {{130, 136, 72}, GemmDType::kFloat16, 1, {0, 70, 130}, nullptr, 0, 0},
+                             // split tail (partial tiles between chunks), both tile shapes
+                             {{3000, 2048, 2112}, GemmDType::kBFloat16, 1, {0, 1500, 3000}, "256", 102, 1},
+                             {{1024, 1024, 1000}, GemmDType::kFloat16, 1, {0, 1024}, "128", 102, 1}};
   uint64_t seed = 77;
+  const char* queue = getenv("FLASHOVERLAP_GEMM_QUEUE");
+  const bool can_split = !(queue && !strcmp(queue, "static"));
   for (const C& c : cs) {
     Problem p(c.s, c.dt, seed += 10, s);
-    CheckCase("sanit", p, MakeLayout(c.s.m, c.nb, c.bands), 0, counters, s, c.tile);
+    CheckCase("sanit", p, MakeLayout(c.s.m, c.nb, c.bands), c.comm, counters, s, c.tile,
+              c.split && can_split ? 1 : -1);
   }
 }
 

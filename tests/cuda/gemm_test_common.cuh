@@ -128,6 +128,22 @@ __global__ void ErrorStats(const T* out, const float* ref, const int* dst, int64
   if (threadIdx.x % 32 == 0) { atomicAdd(acc, d2); atomicAdd(acc + 1, r2); atomicAdd(bad, nbad); }
 }
 
+// Elements off the reference by more than tol_rel * |ref| + tol_abs (a missing or doubled
+// K slice of one tile shows here even when the norm over the whole output barely moves).
+template <class T>
+__global__ void CountWrong(const T* out, const float* ref, const int* dst, int64_t M, int64_t N, float tol_rel,
+                           float tol_abs, unsigned long long* wrong) {
+  unsigned long long n = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < M * N; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / N, c = i % N;
+    const float o = ToF(out[int64_t(dst[r]) * N + c]);
+    const float e = ref[i];
+    if (isfinite(o) && fabsf(o - e) > tol_rel * fabsf(e) + tol_abs) ++n;
+  }
+  for (int off = 16; off > 0; off /= 2) n += __shfl_down_sync(0xffffffffu, n, off);
+  if (threadIdx.x % 32 == 0 && n) atomicAdd(wrong, n);
+}
+
 __device__ __forceinline__ int LoadAcquire(const int* p) {
   int v;
   asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -251,8 +267,10 @@ const char* DtName(GemmDType d) { return d == GemmDType::kBFloat16 ? "bf16" : "f
 struct RunResult {
   cudaError_t launch;
   double rel_err;
-  unsigned long long bad;
+  unsigned long long bad;    // non-finite outputs (unwritten: the poison is NaN)
+  unsigned long long wrong;  // finite but off the reference by > 2% of |ref| + 2% of its rms
   bool counters_ok;
+  GemmLaunchInfo info;
 };
 
 // Poison, zero counters, launch, compare with the fp32 reference and check counters.
@@ -265,6 +283,7 @@ RunResult RunAndCheck(SignalingGemmArgs a, const float* ref, int* counters, cuda
   if (a.queue == nullptr) a.queue = GemmQueue();
   r.launch = LaunchSignalingGemm(a, s);
   if (r.launch != cudaSuccess) { fprintf(stderr, "launch: %s\n", LastSignalingGemmError()); return r; }
+  r.info = LastSignalingGemmLaunch();
   CK(cudaGetLastError());
   std::vector<int> dst = DstRows(a.m, L);
   Buf d_dst(dst.size() * 4), acc(16), bad(8);
@@ -283,6 +302,18 @@ RunResult RunAndCheck(SignalingGemmArgs a, const float* ref, int* counters, cuda
   CK(cudaMemcpyAsync(h_cnt, counters, sizeof(h_cnt), cudaMemcpyDeviceToHost, s));
   CK(cudaStreamSynchronize(s));
   r.rel_err = std::sqrt(h_acc[0] / std::max(h_acc[1], 1e-30));
+  const float rms = float(std::sqrt(h_acc[1] / double(a.m * a.n)));
+  Buf wrong(8);
+  CK(cudaMemsetAsync(wrong.p, 0, 8, s));
+  if (a.dtype == GemmDType::kBFloat16)
+    CountWrong<<<1024, 256, 0, s>>>((const __nv_bfloat16*)a.out, ref, (int*)d_dst.p, a.m, a.n, 0.02f, 0.02f * rms,
+                                    (unsigned long long*)wrong.p);
+  else
+    CountWrong<<<1024, 256, 0, s>>>((const __half*)a.out, ref, (int*)d_dst.p, a.m, a.n, 0.02f, 0.02f * rms,
+                                    (unsigned long long*)wrong.p);
+  CK(cudaGetLastError());
+  CK(cudaMemcpyAsync(&r.wrong, wrong.p, 8, cudaMemcpyDeviceToHost, s));
+  CK(cudaStreamSynchronize(s));
   r.counters_ok = true;
   for (int g = 0; g < L.num_groups; ++g) r.counters_ok &= (h_cnt[g] == TilesInGroup(a, g));
   return r;

@@ -94,6 +94,73 @@ void Check(const TileSchedule& s, int flag_rows, const char* what) {
   }
 }
 
+// Split tail (PlanSplitTail / ItemPieces): every unit's K loop is covered exactly once; a
+// split unit is one partial store and one partial add on the same slot, the add in a later
+// chunk; a chunk stores its partial first and adds last (so a wait is only ever for the
+// first piece of an earlier-claimed chunk); chunks are at most split_len k tiles and at
+// least k_tiles; slots stay below max_slots. Returns false when no split was planned.
+bool CheckSplit(int units, int clusters, int k_tiles, int max_slots) {
+  TileSchedule s;
+  s.num_units = units;
+  s.k_tiles = k_tiles;
+  PlanSplitTail(s, clusters, max_slots);
+  if (s.split_units == 0) {
+    EXPECT(s.num_items == units, "no split: %d items for %d units", s.num_items, units);
+    return false;
+  }
+  const int R = units % clusters;
+  EXPECT(s.split_units == clusters + R && s.split_chunks <= clusters,
+         "U=%d C=%d: %d split units in %d chunks", units, clusters, s.split_units, s.split_chunks);
+  EXPECT(s.num_items == units - s.split_units + s.split_chunks, "items %d", s.num_items);
+  std::vector<int> covered(size_t(units) * k_tiles, 0);
+  std::vector<int> store_chunk(max_slots + 1, -1), add_chunk(max_slots + 1, -1);
+  std::vector<int> store_unit(max_slots + 1, -1), add_unit(max_slots + 1, -1);
+  for (int item = 0; item < s.num_items; ++item) {
+    Piece p[kMaxPiecesPerItem + 1];
+    const int n = ItemPieces(s, item, p);
+    EXPECT(n >= 1 && n <= kMaxPiecesPerItem, "item %d has %d pieces", item, n);
+    int k_sum = 0;
+    for (int i = 0; i < n; ++i) {
+      EXPECT(p[i].k_count >= 1 && p[i].k_begin >= 0 && p[i].k_begin + p[i].k_count <= k_tiles,
+             "item %d piece %d: k [%d, +%d)", item, i, p[i].k_begin, p[i].k_count);
+      for (int k = p[i].k_begin; k < p[i].k_begin + p[i].k_count; ++k)
+        ++covered[size_t(p[i].unit) * k_tiles + k];
+      k_sum += p[i].k_count;
+      if (p[i].kind == kPieceWhole) {
+        EXPECT(p[i].k_begin == 0 && p[i].k_count == k_tiles, "whole piece not whole");
+        continue;
+      }
+      const int slot = p[i].slot;
+      EXPECT(slot >= 0 && slot < max_slots, "slot %d of %d", slot, max_slots);
+      if (slot < 0 || slot >= max_slots) continue;
+      const int chunk = item - (units - s.split_units);
+      if (p[i].kind == kPieceStorePartial) {
+        EXPECT(i == 0 && p[i].k_begin == 0, "chunk %d: partial store is piece %d", chunk, i);
+        EXPECT(store_chunk[slot] < 0, "slot %d stored twice", slot);
+        store_chunk[slot] = chunk, store_unit[slot] = p[i].unit;
+      } else {
+        EXPECT(i == n - 1 && p[i].k_begin + p[i].k_count == k_tiles,
+               "chunk %d: partial add is piece %d of %d", chunk, i, n);
+        EXPECT(add_chunk[slot] < 0, "slot %d added twice", slot);
+        add_chunk[slot] = chunk, add_unit[slot] = p[i].unit;
+      }
+    }
+    if (item >= units - s.split_units) EXPECT(k_sum <= s.split_len, "chunk of %d > %d", k_sum, s.split_len);
+  }
+  for (size_t i = 0; i < covered.size(); ++i)
+    EXPECT(covered[i] == 1, "U=%d C=%d k=%d: unit %zu k tile %zu covered %d times", units,
+           clusters, k_tiles, i / k_tiles, i % k_tiles, covered[i]);
+  for (int slot = 0; slot <= max_slots; ++slot) {
+    EXPECT((store_chunk[slot] < 0) == (add_chunk[slot] < 0), "slot %d: store %d add %d", slot,
+           store_chunk[slot], add_chunk[slot]);
+    if (store_chunk[slot] >= 0)
+      EXPECT(add_chunk[slot] == store_chunk[slot] + 1 && add_unit[slot] == store_unit[slot],
+             "slot %d: stored by chunk %d (unit %d), added by chunk %d (unit %d)", slot,
+             store_chunk[slot], store_unit[slot], add_chunk[slot], add_unit[slot]);
+  }
+  return true;
+}
+
 }  // namespace
 
 int main() {
@@ -154,6 +221,19 @@ int main() {
     EXPECT(DecodeUnit(off, off.unit_start[1], 0).n_tile == 0, "serpentine off: reversed");
     ++cases;
   }
+  // Split tail: random grids; and the cases it must (not) take.
+  int splits = 0;
+  for (int it = 0; it < 3000; ++it) {
+    const int clusters = uni(1, 140), units = uni(1, 3000), k_tiles = uni(1, 300);
+    splits += CheckSplit(units, clusters, k_tiles, uni(1, 300));
+  }
+  EXPECT(CheckSplit(1024, 66, 64, 66), "8192 x 8192 x 4096 on 66 clusters: no split");
+  EXPECT(CheckSplit(512, 62, 64, 66), "4096 x 8192 x 4096 on 62 clusters: no split");
+  EXPECT(!CheckSplit(1056, 66, 64, 66), "a full last wave was split");
+  EXPECT(!CheckSplit(1050, 66, 64, 66), "a 60/66 last wave was split");
+  EXPECT(!CheckSplit(1024, 66, 8, 66), "8 K tiles were split");
+  EXPECT(!CheckSplit(60, 66, 64, 66), "less than one wave was split");
+  std::printf("split tail: %d random grids split\n", splits);
   std::printf("schedule: %d layouts, %d failure(s)\n", cases, g_failures);
   return g_failures ? 1 : 0;
 }

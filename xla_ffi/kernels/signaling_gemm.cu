@@ -21,6 +21,7 @@ namespace flashoverlap {
 namespace {
 
 thread_local std::string g_last_error;
+thread_local GemmLaunchInfo g_last_launch;
 
 cudaError_t Fail(cudaError_t code, const std::string& msg) {
   g_last_error = msg;
@@ -83,6 +84,17 @@ Queue ChosenQueue() {
   const char* v = std::getenv("FLASHOVERLAP_GEMM_QUEUE");
   if (v == nullptr || *v == '\0' || std::strcmp(v, "dynamic") == 0) return Queue::kDynamic;
   return std::strcmp(v, "static") == 0 ? Queue::kStatic : Queue::kInvalid;
+}
+
+// FLASHOVERLAP_GEMM_TAIL: "split" (default: cut the last two waves' K loops into one chunk
+// per cluster when the last wave is partial; signaling_gemm.h) or "whole" (whole units only,
+// for comparison); anything else is an error.
+enum class Tail { kSplit, kWhole, kInvalid };
+
+Tail ChosenTail() {
+  const char* v = std::getenv("FLASHOVERLAP_GEMM_TAIL");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "split") == 0) return Tail::kSplit;
+  return std::strcmp(v, "whole") == 0 ? Tail::kWhole : Tail::kInvalid;
 }
 
 const InstanceOps& PickInstance(GemmDType dtype, const GemmTileShape& ts, Epilogue epilogue) {
@@ -163,18 +175,25 @@ void LogGeometry(const SignalingGemmArgs& args, const GemmTileShape& ts, const T
   static std::set<std::tuple<int64_t, int64_t, int64_t, int, int, int, bool>> seen;
   std::lock_guard<std::mutex> lock(mu);
   if (!seen.insert({args.m, args.n, args.k, args.comm_sms, clusters, device, args.queue != nullptr}).second) return;
+  char split[160] = "whole units";
+  if (s.split_units > 0)
+    std::snprintf(split, sizeof split, "split tail: last %d units in %d chunks of %d K tiles (%.2f waves)",
+                  s.split_units, s.split_chunks, s.split_len,
+                  double(s.num_units - s.split_units) / clusters + double(s.split_len) / s.k_tiles);
   std::fprintf(stderr,
                "[flashoverlap gemm] device %d M=%lld N=%lld K=%lld comm_sms=%d tile %dx%d cluster %d: "
-               "%d units, grid %d clusters (occupancy allows %d), %d waves, %d groups, %s tile order\n",
+               "%d units, grid %d clusters (occupancy allows %d), %d waves, %d groups, %s tile order, %s\n",
                device, (long long)args.m, (long long)args.n, (long long)args.k, args.comm_sms, ts.block_m,
                ts.block_n, ts.cluster_m, s.num_units, clusters, max_clusters,
                (s.num_units + clusters - 1) / clusters, s.num_groups,
-               args.queue != nullptr ? "dynamic" : "round-robin");
+               args.queue != nullptr ? "dynamic" : "round-robin", split);
 }
 
 }  // namespace
 
 const char* LastSignalingGemmError() { return g_last_error.c_str(); }
+
+GemmLaunchInfo LastSignalingGemmLaunch() { return g_last_launch; }
 
 GemmTileShape ChooseTileShape(const SignalingGemmArgs& args) {
   // 128x256 tiles (2x1 clusters multicasting w) are the fastest per flop; use them once
@@ -244,6 +263,10 @@ cudaError_t LaunchSignalingGemm(const SignalingGemmArgs& args, cudaStream_t stre
   if (queue == Queue::kInvalid)
     return Fail(cudaErrorInvalidValue, std::string("FLASHOVERLAP_GEMM_QUEUE must be 'dynamic' or 'static', got '") +
                                            std::getenv("FLASHOVERLAP_GEMM_QUEUE") + "'");
+  const Tail tail = ChosenTail();
+  if (tail == Tail::kInvalid)
+    return Fail(cudaErrorInvalidValue, std::string("FLASHOVERLAP_GEMM_TAIL must be 'split' or 'whole', got '") +
+                                           std::getenv("FLASHOVERLAP_GEMM_TAIL") + "'");
   if (args.queue != nullptr && (reinterpret_cast<uintptr_t>(args.queue) & 15) != 0)
     return Fail(cudaErrorInvalidValue, "queue must be 16-byte aligned");
   const GemmTileShape ts = ChooseTileShape(args);
@@ -269,6 +292,7 @@ cudaError_t LaunchSignalingGemm(const SignalingGemmArgs& args, cudaStream_t stre
   s.serpentine = EnvInt("FLASHOVERLAP_GEMM_SERPENTINE", 1) != 0;
   for (int g = 0; g <= s.num_groups; ++g) s.band_rows[g] = args.layout.band_rows[g];
   s.row_rotation = args.row_rotation;
+  s.k_tiles = int(CeilDiv64(args.k, kGemmBlockK));
   if (!CountUnits(s)) return Fail(cudaErrorInvalidValue, "too many tiles");
 
   // Persistent grid: one cluster per unit at most, never more than fit at once, and
@@ -280,14 +304,16 @@ cudaError_t LaunchSignalingGemm(const SignalingGemmArgs& args, cudaStream_t stre
 
   SignalingGemmArgs launch_args = args;
   if (queue == Queue::kStatic || clusters > kQueueMaxClusters) launch_args.queue = nullptr;
-  if (launch_args.queue != nullptr) {  // the claim counter and the used part of the rings
-    e = cudaMemsetAsync(launch_args.queue, 0, 16 + size_t(clusters) * kQueueRingSlots * 8, stream);
+  if (launch_args.queue != nullptr && tail == Tail::kSplit) PlanSplitTail(s, clusters, ops.max_split_slots);
+  if (launch_args.queue != nullptr) {  // the claim counter, the split flags, the used rings
+    e = cudaMemsetAsync(launch_args.queue, 0, kQueueRingOffset + size_t(clusters) * kQueueRingSlots * 8, stream);
     if (e != cudaSuccess) return Fail(e, std::string("tile queue reset failed: ") + cudaGetErrorString(e));
   }
   if (EnvInt("FLASHOVERLAP_GEMM_LOG", 0) != 0)
     LogGeometry(launch_args, ts, s, device, max_clusters, clusters);
   e = ops.launch(launch_args, s, clusters, stream);
   if (e != cudaSuccess) return Fail(e, std::string("kernel launch failed: ") + cudaGetErrorString(e));
+  g_last_launch = GemmLaunchInfo{clusters, s.num_units, s.split_units, s.split_chunks};
   return cudaSuccess;
 }
 

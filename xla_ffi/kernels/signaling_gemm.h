@@ -32,12 +32,24 @@ enum class GemmDType : int { kBFloat16 = 0, kFloat16 = 1 };
 
 constexpr int kMaxGroups = 64;
 
-// The dynamic tile queue's workspace (SignalingGemmArgs::queue): a claim counter, then per
-// cluster a ring of kQueueRingSlots claimed unit ids (64-bit, tagged with their sequence
-// number) through which a cluster's leader CTA hands its claims to its partner.
+// The dynamic tile queue's workspace (SignalingGemmArgs::queue), in this order:
+//  - a claim counter (16 bytes);
+//  - the split tail's ready flags (int32, one per partial tile, see below);
+//  - per cluster a ring of kQueueRingSlots claimed ids (64-bit, tagged with their sequence
+//    number) through which a cluster's leader CTA hands its claims to its partner;
+//  - the split tail's partial tiles (fp32 accumulators, kSplitPartialBytes).
+// The launcher zeroes everything but the partials before each launch (one memset).
 constexpr int kQueueRingSlots = 16;
 constexpr int kQueueMaxClusters = 256;
-constexpr size_t kGemmQueueBytes = 16 + size_t(kQueueMaxClusters) * kQueueRingSlots * 8;
+constexpr int kSplitMaxFlags = 512;  // partial tiles (CTAs) of one launch's split tail
+constexpr size_t kQueueFlagsOffset = 16;
+constexpr size_t kQueueRingOffset = kQueueFlagsOffset + size_t(kSplitMaxFlags) * 4;
+constexpr size_t kQueuePartialsOffset =
+    (kQueueRingOffset + size_t(kQueueMaxClusters) * kQueueRingSlots * 8 + 255) / 256 * 256;
+// Split tail: room for 66 cluster tiles of 2 x 128 x 256 fp32 (one per cluster of a full
+// H100/H200 grid), or 264 of the 128 x 128 tile.
+constexpr size_t kSplitPartialBytes = size_t(66) * 2 * 128 * 256 * 4;
+constexpr size_t kGemmQueueBytes = kQueuePartialsOffset + kSplitPartialBytes;
 
 struct GroupLayout {
   int num_blocks = 1;   // rank blocks; M % num_blocks == 0
@@ -64,6 +76,13 @@ struct SignalingGemmArgs {
   // round-robin share, so a cluster that starts late (SMs still held by another stream's
   // kernels) takes fewer units instead of delaying the end by its whole share. Null: the
   // fixed round-robin order. FLASHOVERLAP_GEMM_QUEUE=static forces the fixed order.
+  //
+  // Split tail (only with the queue): when the units do not fill the grid's last wave, the
+  // last wave and the one before it are cut along K into one equal chunk per cluster (a
+  // cluster tile split between two chunks: the earlier chunk leaves its fp32 partial sum in
+  // the queue workspace, the later one adds it and stores the tile), so the GEMM takes
+  // ~units/clusters unit times instead of ceil(units/clusters). FLASHOVERLAP_GEMM_TAIL=whole
+  // keeps whole units (SplitTailPlan in tile_schedule.h says when the launcher splits).
   void* queue = nullptr;
 
   // ---- Extensions (issue #9); the defaults keep the behaviour above. ----
@@ -110,5 +129,14 @@ cudaError_t LaunchSignalingGemm(const SignalingGemmArgs& args, cudaStream_t stre
 // Human-readable reason for the last cudaErrorInvalidValue / NotSupported returned by
 // LaunchSignalingGemm on this host thread.
 const char* LastSignalingGemmError();
+
+// What the last successful LaunchSignalingGemm on this host thread launched (tests, logs).
+struct GemmLaunchInfo {
+  int clusters = 0;      // persistent grid, in clusters
+  int units = 0;         // work units (cluster tiles)
+  int split_units = 0;   // units in the split tail (0: whole units only)
+  int split_chunks = 0;  // chunks they were cut into
+};
+GemmLaunchInfo LastSignalingGemmLaunch();
 
 }  // namespace flashoverlap

@@ -29,7 +29,7 @@ using namespace cute;
 template <class Element_, int kBlockM, int kBlockN, int kClusterM, bool kOverlapEpilogue_ = false>
 struct Config {
   using Element = Element_;
-  static constexpr int BM = kBlockM, BN = kBlockN, CM = kClusterM, BK = 64;
+  static constexpr int BM = kBlockM, BN = kBlockN, CM = kClusterM, BK = kGemmBlockK;
   // Overlapped epilogue: the consumers stage the whole tile in smem and go straight on to the
   // next tile's mainloop; the producer warpgroup's three idle warps copy it out and signal.
   // Costs smem (the whole tile staged: one mainloop stage fewer at 128x256) to take the
@@ -54,6 +54,11 @@ struct Config {
   static constexpr int kStageBytes = (BM + BN) * BK * int(sizeof(Element));
   static constexpr int kStages = (kSmemCapacity - kEpiBytes - 1024) / kStageBytes;
   static_assert(kStages + 3 <= kQueueRingSlots, "the leader may run kStages units ahead of its partner");
+  // Split tail: one partial tile per CTA (256 consumer threads x BN/2 fp32 accumulators).
+  static constexpr size_t kPartialBytes = size_t(BM) * BN * 4;
+  static constexpr int kMaxSplitSlots =
+      int(kSplitPartialBytes / (CM * kPartialBytes)) < kSplitMaxFlags / CM
+          ? int(kSplitPartialBytes / (CM * kPartialBytes)) : kSplitMaxFlags / CM;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
@@ -66,8 +71,9 @@ struct Config {
   using Pipeline = typename Mainloop::MainloopPipeline;
   using PipelineState = typename Mainloop::PipelineState;
 
-  // The producer warp hands each work unit it claims to the CTA's other warps through this
-  // small pipeline (it runs at most a few units ahead: the mainloop's stages bound it).
+  // The producer warp hands each piece of work (a unit, or part of one's K loop: the split
+  // tail) to the CTA's other warps through this small pipeline (it runs at most a few pieces
+  // ahead: the mainloop's stages bound it).
   static constexpr int kUnitSlots = 8;
   using UnitPipeline = cutlass::PipelineAsync<kUnitSlots>;
   using UnitState = typename UnitPipeline::PipelineState;
@@ -81,7 +87,7 @@ struct Config {
     alignas(16) uint32_t epi[kEpiWords];
     alignas(16) typename Mainloop::PipelineStorage pipeline;
     alignas(16) typename UnitPipeline::SharedStorage unit_pipeline;
-    int unit_ids[kUnitSlots];
+    int4 pieces[kUnitSlots];  // Piece: unit, k_begin, k_count, kind | slot << 2
   };
   static_assert(sizeof(SharedStorage) <= kSmemCapacity, "shared memory over the sm_90 limit");
 
@@ -98,7 +104,10 @@ struct Config {
     int32_t in_flag_value;
     // Dynamic tile queue (signaling_gemm.h), zeroed before the launch; null: round robin.
     uint32_t* queue_next;               // units claimed so far
-    unsigned long long* queue_ring;     // [clusters][kQueueRingSlots]: (seq + 1) << 32 | unit
+    unsigned long long* queue_ring;     // [clusters][kQueueRingSlots]: (seq + 1) << 32 | item
+    // Split tail (sched.split_units > 0): partial tiles [slot][rank_m] and their ready flags.
+    float* partials;
+    int32_t* split_flags;
   };
 
   static constexpr int kThreads = 384;  // 1 producer warpgroup + 2 consumer warpgroups
@@ -187,17 +196,18 @@ __device__ __forceinline__ int64_t OutOffset(int dst_row, int row, int col, int 
 // its group, then hand the staging rows back.
 template <class Cfg>
 __device__ void CopyOutTiles(const typename Cfg::Params& params, const uint32_t* epi,
-                             typename Cfg::UnitPipeline& unit_pipe, const int* unit_ids,
+                             typename Cfg::UnitPipeline& unit_pipe, const int4* pieces,
                              int rank_m, int et) {
   const TileSchedule& sched = params.sched;
   constexpr int kChunksPerRow = Cfg::BN / 8;
   char* out = static_cast<char*>(params.out);
   typename Cfg::UnitState unit_state;
   while (true) {
-    const int unit = NextUnit<Cfg>(unit_pipe, unit_state, unit_ids, et % 32);
-    if (unit < 0) break;
-    const TileWork w = DecodeUnit(sched, unit, rank_m);
-    if (w.rows <= 0) continue;  // the consumers skip it too
+    const Piece piece = NextPiece<Cfg>(unit_pipe, unit_state, pieces, et % 32);
+    if (piece.unit < 0) break;
+    const TileWork w = DecodeUnit(sched, piece.unit, rank_m);
+    // The consumers skip these too: an idle cluster partner; a partial sum left for later.
+    if (w.rows <= 0 || piece.kind == kPieceStorePartial) continue;
     // Full barriers both ways (bar.sync by all 352 threads; compute-sanitizer's racecheck
     // reported the staging rows racy with a bar.arrive / bar.sync hand-off): the copy-out
     // warps wait here anyway, and the consumers reach each barrier after the copy-out warps,
@@ -288,31 +298,39 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
       typename Cfg::UnitState unit_state = cutlass::make_producer_start_state<typename Cfg::UnitPipeline>();
       UnitClaims<Cfg> claims(params, cluster_id, rank_in_cluster);  // used by lane 0 only
       for (int seq = 0;; ++seq) {
-        const int unit = ClaimAndPublishUnit<Cfg>(claims, unit_pipe, unit_state, ss.unit_ids,
-                                                  seq, lane);
-        if (unit < 0) break;
-        const TileWork w = DecodeUnit(sched, unit, rank_m);
-        // Input rows still in flight (all-gather + GEMM): wait for their flag. Idle cluster
-        // partners (rows <= 0) load rows that are never stored, so they need not wait.
-        if (params.in_flags != nullptr && w.rows > 0) {
-          WaitInputFlag(params.in_flags + w.src_row / params.in_flag_rows, params.in_flag_value);
+        const int item = ClaimItem<Cfg>(claims, seq, lane);
+        if (item < 0) {
+          PublishPiece<Cfg>(unit_pipe, unit_state, ss.pieces, Piece{-1, 0, 0, 0, 0}, lane);
+          break;
         }
-        // Tiles start at arbitrary rows (band and rank-block offsets), so shift the TMA
-        // coordinate space to the tile's first row and take tile 0. Rows past M read as
-        // zeros (TMA bounds), rows of a neighbouring band are computed but never stored.
-        Tensor gA_mkl = local_tile(domain_offset(make_coord(w.src_row, 0, 0), mA),
-                                   typename Cfg::TileShape{}, make_coord(_, _, _), Step<_1, X, _1>{});
-        auto k_iter = make_coord_iterator(idx2crd(0, shape<3>(gA_mkl)), shape<3>(gA_mkl));
-        mainloop.load(params.mainloop, pipeline, write_state, cute::make_tuple(gA_mkl, gB_nkl),
-                      make_coord(0, w.n_tile, _, 0), k_iter, params.k_tiles, lane,
-                      rank_in_cluster, ss.mainloop);
-        write_state.advance(params.k_tiles);
+        Piece pieces[kMaxPiecesPerItem];
+        const int count = ItemPieces(sched, item, pieces);
+        for (int i = 0; i < count; ++i) {
+          const Piece& piece = pieces[i];
+          PublishPiece<Cfg>(unit_pipe, unit_state, ss.pieces, piece, lane);
+          const TileWork w = DecodeUnit(sched, piece.unit, rank_m);
+          // Input rows still in flight (all-gather + GEMM): wait for their flag. Idle cluster
+          // partners (rows <= 0) load rows that are never stored, so they need not wait.
+          if (params.in_flags != nullptr && w.rows > 0) {
+            WaitInputFlag(params.in_flags + w.src_row / params.in_flag_rows, params.in_flag_value);
+          }
+          // Tiles start at arbitrary rows (band and rank-block offsets), so shift the TMA
+          // coordinate space to the tile's first row and take tile 0. Rows past M read as
+          // zeros (TMA bounds), rows of a neighbouring band are computed but never stored.
+          Tensor gA_mkl = local_tile(domain_offset(make_coord(w.src_row, 0, 0), mA),
+                                     typename Cfg::TileShape{}, make_coord(_, _, _), Step<_1, X, _1>{});
+          auto k_iter = make_coord_iterator(idx2crd(piece.k_begin, shape<3>(gA_mkl)), shape<3>(gA_mkl));
+          mainloop.load(params.mainloop, pipeline, write_state, cute::make_tuple(gA_mkl, gB_nkl),
+                        make_coord(0, w.n_tile, _, 0), k_iter, piece.k_count, lane,
+                        rank_in_cluster, ss.mainloop);
+          write_state.advance(piece.k_count);
+        }
         if (lane == 0) claims.Loaded(seq);
       }
       // Keep this CTA alive until every consumer of the cluster released our stages.
       mainloop.load_tail(pipeline, write_state);
     } else if constexpr (Cfg::kOverlapEpilogue) {
-      CopyOutTiles<Cfg>(params, ss.epi, unit_pipe, ss.unit_ids, rank_m, thread_idx - 32);
+      CopyOutTiles<Cfg>(params, ss.epi, unit_pipe, ss.pieces, rank_m, thread_idx - 32);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<232>();
@@ -328,15 +346,21 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
 
     typename Cfg::UnitState unit_state;
     while (true) {
-      const int unit = NextUnit<Cfg>(unit_pipe, unit_state, ss.unit_ids, lane);
-      if (unit < 0) break;
-      const TileWork w = DecodeUnit(sched, unit, rank_m);
+      const Piece piece = NextPiece<Cfg>(unit_pipe, unit_state, ss.pieces, lane);
+      if (piece.unit < 0) break;
+      const TileWork w = DecodeUnit(sched, piece.unit, rank_m);
       auto accum = partition_fragment_C(tiled_mma, take<0, 2>(typename Cfg::TileShape{}));
-      mainloop.mma(pipeline, read_state, accum, params.k_tiles, mma_thread, ss.mainloop,
+      mainloop.mma(pipeline, read_state, accum, piece.k_count, mma_thread, ss.mainloop,
                    params.mainloop);
-      mainloop.mma_tail(pipeline, read_state, params.k_tiles);
-      read_state.advance(params.k_tiles);
+      mainloop.mma_tail(pipeline, read_state, piece.k_count);
+      read_state.advance(piece.k_count);
       if (w.rows <= 0) continue;  // idle cluster partner past the band end: CTA-uniform
+      if (piece.kind == kPieceStorePartial) {  // split tail: the unit is finished elsewhere
+        StorePartial<Cfg>(params, accum, piece.slot, rank_m, mma_thread, kBarConsumers);
+        continue;
+      }
+      if (piece.kind == kPieceAddPartial)
+        AddPartial<Cfg>(params, accum, piece.slot, rank_m, mma_thread, kBarConsumers);
 
       if constexpr (Cfg::kOverlapEpilogue) {
         // Whole tile into smem (rows 64*mwg + 16*warp + 8*half + lane/4), then on to the
@@ -455,6 +479,11 @@ struct Instance {
 
   static cudaError_t Launch(const SignalingGemmArgs& args, const TileSchedule& sched,
                             int num_clusters, cudaStream_t stream) {
+    // The launcher plans the split tail (sched.split_*) within our slot capacity, and only
+    // with a queue (the partials live in its workspace).
+    if (sched.k_tiles != (int(args.k) + Cfg::BK - 1) / Cfg::BK ||
+        (sched.split_units > 0 && (args.queue == nullptr || sched.split_chunks - 1 > Cfg::kMaxSplitSlots)))
+      return cudaErrorInvalidValue;
     using Element = typename Cfg::Element;
     using Mainloop = typename Cfg::Mainloop;
     const int M = int(args.m), N = int(args.n), K = int(args.k);
@@ -468,7 +497,7 @@ struct Instance {
     params.mainloop = Mainloop::to_underlying_arguments(make_shape(M, N, K, 1), ml_args, nullptr);
     params.out = args.out;
     params.counters = args.counters;
-    params.k_tiles = (K + Cfg::BK - 1) / Cfg::BK;
+    params.k_tiles = sched.k_tiles;
     params.num_clusters = num_clusters;
     params.sched = sched;
     params.out_col_block = args.out_col_block;
@@ -476,8 +505,12 @@ struct Instance {
     params.in_flag_rows = args.in_flag_rows;
     params.in_flag_value = args.in_flag_value;
     params.queue_next = static_cast<uint32_t*>(args.queue);
-    params.queue_ring = args.queue == nullptr ? nullptr
-        : reinterpret_cast<unsigned long long*>(static_cast<char*>(args.queue) + 16);
+    char* queue = static_cast<char*>(args.queue);
+    params.queue_ring = queue == nullptr ? nullptr
+        : reinterpret_cast<unsigned long long*>(queue + kQueueRingOffset);
+    const bool split = queue != nullptr && sched.split_units > 0;
+    params.partials = split ? reinterpret_cast<float*>(queue + kQueuePartialsOffset) : nullptr;
+    params.split_flags = split ? reinterpret_cast<int32_t*>(queue + kQueueFlagsOffset) : nullptr;
 
     cudaLaunchAttribute attr;
     cudaLaunchConfig_t cfg = LaunchConfig(num_clusters, stream, &attr);
@@ -495,6 +528,7 @@ struct Instance {
   const InstanceOps& NAME() {                                                               \
     static const InstanceOps ops = {BM, BN, CM, NAME##Cfg::kStages,                          \
                                     ::flashoverlap::sg::Instance<NAME##Cfg>::kSmemBytes,   \
+                                    NAME##Cfg::kMaxSplitSlots,                               \
                                     &::flashoverlap::sg::Instance<NAME##Cfg>::Prepare,      \
                                     &::flashoverlap::sg::Instance<NAME##Cfg>::Launch};      \
     return ops;                                                                             \

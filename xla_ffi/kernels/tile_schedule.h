@@ -44,7 +44,27 @@ struct TileSchedule {
   int band_rows[kMaxGroups + 1] = {0};
   int unit_start[kMaxGroups + 1] = {0};  // units before group g; unit_start[num_groups] == num_units
   int panel_start[kMaxGroups + 1] = {0};  // panels before group g (the serpentine's parity)
+  // Split tail (signaling_gemm.h; PlanSplitTail): the queue hands out the whole units
+  // [0, num_units - split_units), then split_chunks chunks of split_len k tiles each that
+  // cut the K loops of the last split_units units. split_units == 0: no split tail.
+  int k_tiles = 0;
+  int split_units = 0, split_chunks = 0, split_len = 0;
+  int num_items = 0;  // what the queue (or the round robin) hands out
 };
+
+constexpr int kGemmBlockK = 64;        // every instance's K tile
+constexpr int kSplitMinKTiles = 16;    // shorter K loops: a partial tile costs more than it saves
+
+// One piece of a queue item: k tiles [k_begin, k_begin + k_count) of one unit.
+enum PieceKind : int {
+  kPieceWhole = 0,         // the whole K loop: store the tile and signal
+  kPieceStorePartial = 1,  // the first part: leave the fp32 sum in partial slot `slot`
+  kPieceAddPartial = 2,    // the rest: add slot `slot` (the previous chunk's), store, signal
+};
+struct Piece {
+  int unit, k_begin, k_count, kind, slot;
+};
+constexpr int kMaxPiecesPerItem = 3;
 
 struct TileWork {
   int group;
@@ -103,6 +123,60 @@ FO_HOST_DEVICE TileWork DecodeUnit(const TileSchedule& s, int unit, int rank_m) 
   return w;
 }
 
+// Pieces of queue item `item` in the order a cluster processes them (1 to 3). A chunk that
+// ends inside a unit stores that unit's first part as a partial *first*, and finishes the
+// unit it starts inside (adding the previous chunk's partial) *last*: a chunk's wait is
+// then only for a piece that an earlier-claimed chunk does before anything else, so every
+// wait ends (claims are handed out in order and every claimed chunk is being run).
+FO_HOST_DEVICE int ItemPieces(const TileSchedule& s, int item, Piece* out) {
+  const int first_split = s.num_units - s.split_units;
+  if (item < first_split) {
+    out[0] = Piece{item, 0, s.k_tiles, kPieceWhole, 0};
+    return 1;
+  }
+  const int c = item - first_split;
+  const long long k = s.k_tiles;
+  const long long total = static_cast<long long>(s.split_units) * k;
+  const long long begin = static_cast<long long>(c) * s.split_len;
+  const long long end = begin + s.split_len < total ? begin + s.split_len : total;
+  int n = 0;
+  if (end % k != 0) {  // split_len >= k_tiles: the unit started in this chunk
+    const long long b = end / k;
+    out[n++] = Piece{first_split + int(b), 0, int(end - b * k), kPieceStorePartial, c};
+  }
+  for (long long u = (begin + k - 1) / k; (u + 1) * k <= end; ++u)
+    out[n++] = Piece{first_split + int(u), 0, int(k), kPieceWhole, 0};
+  if (begin % k != 0) {  // ... and ends in this one (split_len >= k_tiles)
+    const long long a = begin / k;
+    out[n++] = Piece{first_split + int(a), int(begin - a * k), int((a + 1) * k - begin),
+                     kPieceAddPartial, c - 1};
+  }
+  return n;
+}
+
+// Host: the split tail for a grid of `clusters` clusters, when it pays. The last wave holds
+// R = num_units % clusters units; the last two waves (clusters + R units) become one chunk
+// per cluster of (clusters + R) / clusters units' worth of K tiles, which ends about
+// 1 - R / clusters unit times sooner than two waves of whole units; each chunk pays at most
+// one partial tile's store and one's load. Off when R == 0, when R > 0.8 * clusters, for
+// fewer than kSplitMinKTiles K tiles, or when the partials would need more than max_slots.
+inline void PlanSplitTail(TileSchedule& s, int clusters, int max_slots) {
+  s.split_units = s.split_chunks = s.split_len = 0;
+  s.num_items = s.num_units;
+  const int C = clusters, U = s.num_units;
+  if (C < 2 || U <= C || s.k_tiles < kSplitMinKTiles) return;
+  const int R = U % C;
+  if (R == 0 || 5 * R > 4 * C) return;
+  const long long total = static_cast<long long>(C + R) * s.k_tiles;
+  const int len = static_cast<int>((total + C - 1) / C);
+  const int chunks = static_cast<int>((total + len - 1) / len);
+  if (chunks - 1 > max_slots) return;  // chunk c < chunks - 1 leaves partial slot c
+  s.split_units = C + R;
+  s.split_chunks = chunks;
+  s.split_len = len;
+  s.num_items = U - (C + R) + chunks;
+}
+
 // Host: unit_start, panel_start and num_units from the layout fields. False when the
 // schedule would have more than 2^30 units.
 inline bool CountUnits(TileSchedule& s) {
@@ -117,6 +191,7 @@ inline bool CountUnits(TileSchedule& s) {
     if (units > (1LL << 30)) return false;
   }
   s.num_units = static_cast<int>(units);
+  s.num_items = s.num_units;  // no split tail until PlanSplitTail
   return true;
 }
 

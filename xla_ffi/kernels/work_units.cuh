@@ -1,6 +1,7 @@
 // The signaling GEMM's work units: which one a CTA takes next (round robin, or the dynamic
-// tile queue of signaling_gemm.h), and how the producer warp hands each to the CTA's other
-// warps. Device code only; included by signaling_gemm_kernel.cuh.
+// tile queue of signaling_gemm.h), how the producer warp hands each piece of work to the
+// CTA's other warps, and the split tail's partial tiles. Device code only; included by
+// signaling_gemm_kernel.cuh.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include "cutlass/pipeline/pipeline.hpp"
 
 #include "signaling_gemm.h"
+#include "tile_schedule.h"
 
 namespace flashoverlap {
 namespace sg {
@@ -37,7 +39,7 @@ struct UnitClaims {
 
   __device__ unsigned Claim() {
     const unsigned u = atomicAdd(p.queue_next, 1u);
-    return u < unsigned(p.sched.num_units) ? u : kNoUnit;
+    return u < unsigned(p.sched.num_items) ? u : kNoUnit;
   }
   __device__ unsigned long long* Slot(int seq) const {
     return p.queue_ring + size_t(cluster_id) * kQueueRingSlots + seq % kQueueRingSlots;
@@ -56,11 +58,12 @@ struct UnitClaims {
     return v;
   }
 
-  // The seq-th unit (seq = 0, 1, ... in turn), -1 when none is left.
+  // The seq-th item (seq = 0, 1, ... in turn; a unit, or a split tail chunk), -1 when none
+  // is left.
   __device__ int Next(int seq) {
     if (p.queue_next == nullptr) {
       const long long u = cluster_id + static_cast<long long>(seq) * p.num_clusters;
-      return u < p.sched.num_units ? int(u) : -1;
+      return u < p.sched.num_items ? int(u) : -1;
     }
     unsigned id;
     if (leader) {
@@ -93,38 +96,103 @@ struct UnitClaims {
   }
 };
 
-// Producer warp: the seq-th unit, handed to the CTA's other warps too (-1: done).
+// Producer warp: the seq-th item's claim, shared by the warp (-1: none left).
 template <class Cfg>
-__device__ int ClaimAndPublishUnit(UnitClaims<Cfg>& claims, typename Cfg::UnitPipeline& pipe,
-                                   typename Cfg::UnitState& state, int* ids, int seq, int lane) {
-  int unit = 0;
+__device__ int ClaimItem(UnitClaims<Cfg>& claims, int seq, int lane) {
+  int item = 0;
+  if (lane == 0) item = claims.Next(seq);
+  return __shfl_sync(0xffffffffu, item, 0);
+}
+
+// Producer warp: hands one piece (unit -1: done) to the CTA's other warps.
+template <class Cfg>
+__device__ void PublishPiece(typename Cfg::UnitPipeline& pipe, typename Cfg::UnitState& state,
+                             int4* slots, const Piece& piece, int lane) {
   if (lane == 0) {
-    unit = claims.Next(seq);
     pipe.producer_acquire(state);
     asm volatile("" ::: "memory");
-    *reinterpret_cast<volatile int*>(ids + state.index()) = unit;
+    volatile int4* slot = slots + state.index();
+    slot->x = piece.unit, slot->y = piece.k_begin, slot->z = piece.k_count;
+    slot->w = piece.kind | (piece.slot << 2);
     asm volatile("" ::: "memory");
     pipe.producer_commit(state);
   }
   ++state;
-  return __shfl_sync(0xffffffffu, unit, 0);
 }
 
-// Any other warp: the next unit the producer handed out (-1: done). One lane waits and
-// releases the slot (the pipeline counts warps), the warp shares the id.
+// Any other warp: the next piece the producer handed out (unit -1: done). One lane waits and
+// releases the slot (the pipeline counts warps), the warp shares the piece.
 template <class Cfg>
-__device__ int NextUnit(typename Cfg::UnitPipeline& pipe, typename Cfg::UnitState& state,
-                        const int* ids, int lane) {
-  int unit = 0;
+__device__ Piece NextPiece(typename Cfg::UnitPipeline& pipe, typename Cfg::UnitState& state,
+                           const int4* slots, int lane) {
+  int4 v = make_int4(0, 0, 0, 0);
   if (lane == 0) {
     pipe.consumer_wait(state);
     asm volatile("" ::: "memory");
-    unit = *reinterpret_cast<const volatile int*>(ids + state.index());
+    const volatile int4* slot = slots + state.index();
+    v.x = slot->x, v.y = slot->y, v.z = slot->z, v.w = slot->w;
     asm volatile("" ::: "memory");
     pipe.consumer_release(state);
   }
   ++state;
-  return __shfl_sync(0xffffffffu, unit, 0);
+  v.x = __shfl_sync(0xffffffffu, v.x, 0);
+  v.y = __shfl_sync(0xffffffffu, v.y, 0);
+  v.z = __shfl_sync(0xffffffffu, v.z, 0);
+  v.w = __shfl_sync(0xffffffffu, v.w, 0);
+  return Piece{v.x, v.y, v.z, v.w & 3, v.w >> 2};
+}
+
+// ---- split tail: partial tiles between two chunks ------------------------------------------
+
+// The 256 consumer threads leave their accumulators in partial slot `slot` (layout: float4
+// j of thread t at [j * 256 + t], so a warp writes 512 contiguous bytes per j), then one
+// thread publishes the slot's flag. Same release pattern as the group counters: every
+// thread's stores precede the barrier, the releasing thread's gpu-scope fence orders them
+// all before the flag.
+template <class Cfg, class Accum>
+__device__ void StorePartial(const typename Cfg::Params& p, const Accum& accum, int slot,
+                             int rank_m, int mma_thread, int barrier_id) {
+  float4* dst = reinterpret_cast<float4*>(p.partials) +
+                size_t(slot * Cfg::CM + rank_m) * (Cfg::BM * Cfg::BN / 4);
+  CUTLASS_PRAGMA_UNROLL
+  for (int j = 0; j < Cfg::BN / 8; ++j) {
+    __stcg(dst + j * 256 + mma_thread,
+           make_float4(accum(4 * j), accum(4 * j + 1), accum(4 * j + 2), accum(4 * j + 3)));
+  }
+  asm volatile("bar.sync %0, 256;" ::"r"(barrier_id) : "memory");
+  if (mma_thread == 0) {
+    __threadfence();
+    asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(p.split_flags + slot * Cfg::CM + rank_m),
+                 "r"(1) : "memory");
+  }
+}
+
+// The other side: one thread waits for the flag (acquire), the barrier passes that on to
+// the other 255, and each adds its own part of the partial (L2 loads: the data came from
+// another SM).
+template <class Cfg, class Accum>
+__device__ void AddPartial(const typename Cfg::Params& p, Accum& accum, int slot, int rank_m,
+                           int mma_thread, int barrier_id) {
+  if (mma_thread == 0) {
+    const int32_t* flag = p.split_flags + slot * Cfg::CM + rank_m;
+    int32_t seen;
+    while (true) {
+      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(flag) : "memory");
+      if (seen != 0) break;
+      __nanosleep(64);
+    }
+  }
+  asm volatile("bar.sync %0, 256;" ::"r"(barrier_id) : "memory");
+  const float4* src = reinterpret_cast<const float4*>(p.partials) +
+                      size_t(slot * Cfg::CM + rank_m) * (Cfg::BM * Cfg::BN / 4);
+  CUTLASS_PRAGMA_UNROLL
+  for (int j = 0; j < Cfg::BN / 8; ++j) {
+    const float4 v = __ldcg(src + j * 256 + mma_thread);
+    accum(4 * j) += v.x;
+    accum(4 * j + 1) += v.y;
+    accum(4 * j + 2) += v.z;
+    accum(4 * j + 3) += v.w;
+  }
 }
 
 }  // namespace sg
