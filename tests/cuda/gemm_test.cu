@@ -357,9 +357,10 @@ void Sanitize(int* counters, cudaStream_t s) {
                              {{300, 264, 200}, GemmDType::kFloat16, 2, {0, 50, 100, 150}, "128", 0, 0},
                              {{1, 8, 8}, GemmDType::kBFloat16, 1, {0, 1}, "256", 0, 0},
                              {{130, 136, 72}, GemmDType::kFloat16, 1, {0, 70, 130}, nullptr, 0, 0},
-                             // split tail (partial tiles between chunks), both tile shapes
-                             {{3000, 2048, 2112}, GemmDType::kBFloat16, 1, {0, 1500, 3000}, "256", 102, 1},
-                             {{1024, 1024, 1000}, GemmDType::kFloat16, 1, {0, 1024}, "128", 102, 1}};
+                             // split tail (partial tiles between chunks), both tile shapes: 4 units
+                             // on 3 clusters (comm_sms leaves 6 / 3 SMs), 16 K tiles
+                             {{1024, 256, 1024}, GemmDType::kBFloat16, 1, {0, 512, 1024}, "256", 126, 1},
+                             {{512, 128, 1000}, GemmDType::kFloat16, 1, {0, 512}, "128", 129, 1}};
   uint64_t seed = 77;
   const char* queue = getenv("FLASHOVERLAP_GEMM_QUEUE");
   const bool can_split = !(queue && !strcmp(queue, "static"));
