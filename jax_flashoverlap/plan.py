@@ -10,6 +10,7 @@ rows for reduce-scatter; xla_ffi/kernels/signaling_gemm.h).
 The default plan comes from a cost model (the FlashOverlap paper's, on our schedule):
 
     gemm_end[g] = (waves until group g's last work unit is done) * unit time * interference
+                  (the kernel's split tail ends the last two waves early: gemm_waves)
     comm_end[g] = max(gemm_end[g], comm_end[g-1]) + comm_time(bytes of group g)
 
 minimized exactly by dynamic programming over group boundaries (boundaries on cluster rows:
@@ -23,10 +24,16 @@ import dataclasses
 import functools
 import contextlib
 import math
+import os
 import threading
 
 MAX_GROUPS = 64  # xla_ffi/kernels/signaling_gemm.h: kMaxGroups
 NUM_SMS = 132    # H100 / H200 SXM
+# The signaling GEMM's split tail (xla_ffi/kernels/tile_schedule.h, signaling_gemm.h).
+BLOCK_K = 64                                 # kGemmBlockK
+SPLIT_MIN_K_TILES = 16                       # kSplitMinKTiles
+SPLIT_PARTIAL_BYTES = 66 * 2 * 128 * 256 * 4  # kSplitPartialBytes
+SPLIT_MAX_FLAGS = 512                        # kSplitMaxFlags
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +127,12 @@ class KernelGeometry:
   def rows_per_unit(self) -> int:
     return self.block_m * self.cluster_m
 
+  @property
+  def max_split_slots(self) -> int:
+    """Partial cluster tiles the queue workspace holds (Config::kMaxSplitSlots)."""
+    per_slot = self.cluster_m * self.block_m * self.block_n * 4
+    return min(SPLIT_PARTIAL_BYTES // per_slot, SPLIT_MAX_FLAGS // self.cluster_m)
+
 
 def kernel_geometry(m: int, n: int, comm_sms: int) -> KernelGeometry:
   usable = NUM_SMS - comm_sms
@@ -174,7 +187,7 @@ def plan_time(collective: str, m: int, n: int, k: int, world: int, band_rows, co
   if collective == "all_reduce" and not p.all_reduce_in_place:  # the last group's copy
     tail = (band_rows[-1] - band_rows[-2]) * n * itemsize / p.copy_bandwidth
   return pipeline_time(
-      band_rows, gemm_end_fn(collective, m, n, world, comm_sms, unit_time),
+      band_rows, gemm_end_fn(collective, m, n, world, comm_sms, unit_time, k),
       lambda r0, r1: _comm_time(collective, _group_bytes(collective, r0, r1, n, world, itemsize),
                                 world, p, comm_sms)) + tail
 
@@ -188,14 +201,19 @@ def pipeline_time(band_rows, gemm_end, comm_time) -> float:
   return comm_end
 
 
-def gemm_end_fn(collective: str, m: int, n: int, world: int, comm_sms: int, unit_time: float):
+def gemm_end_fn(collective: str, m: int, n: int, world: int, comm_sms: int, unit_time: float,
+                k: int | None = None):
   """r -> when the GEMM has written rows [0, r) of every rank block: whole waves of the
-  persistent grid over the work units up to there (the kernel's band order), each unit_time."""
+  persistent grid over the work units up to there (the kernel's band order), each unit_time,
+  and never later than the whole GEMM's end (gemm_waves: with the split tail the last wave
+  ends early; k None: whole units)."""
   blocks = world if collective == "reduce_scatter" else 1
   kern = kernel_geometry(m, n, comm_sms)
   step = kern.rows_per_unit
   n_tiles = math.ceil(n / kern.block_n)
-  return lambda r: math.ceil(blocks * math.ceil(r / step) * n_tiles / kern.grid) * unit_time
+  end = gemm_waves(m, n, comm_sms, k)
+  return lambda r: min(math.ceil(blocks * math.ceil(r / step) * n_tiles / kern.grid),
+                       end) * unit_time
 
 
 def _group_bytes(collective: str, r0: int, r1: int, n: int, world: int, itemsize: int) -> int:
@@ -203,37 +221,74 @@ def _group_bytes(collective: str, r0: int, r1: int, n: int, world: int, itemsize
   return blocks * (r1 - r0) * n * itemsize
 
 
-def gemm_waves(m: int, n: int, comm_sms: int) -> int:
-  """Waves of the persistent grid over the whole GEMM (the kernel's work units)."""
+def split_tail_enabled() -> bool:
+  """The launcher's switches: the split tail needs the tile queue (FLASHOVERLAP_GEMM_QUEUE
+  not 'static') and FLASHOVERLAP_GEMM_TAIL not 'whole'."""
+  return (os.environ.get("FLASHOVERLAP_GEMM_TAIL") != "whole"
+          and os.environ.get("FLASHOVERLAP_GEMM_QUEUE") != "static")
+
+
+def split_tail(units: int, clusters: int, k_tiles: int, max_slots: int) -> tuple:
+  """Mirror of the launcher's PlanSplitTail (tile_schedule.h): (split units, chunks, K tiles
+  per chunk), or (0, 0, 0) when the last two waves stay whole units."""
+  c, u = clusters, units
+  if c < 2 or u <= c or k_tiles < SPLIT_MIN_K_TILES:
+    return (0, 0, 0)
+  r = u % c
+  if r == 0 or 10 * r > 7 * c:
+    return (0, 0, 0)
+  total = (c + r) * k_tiles
+  length = -(-total // c)
+  chunks = -(-total // length)
+  if chunks - 1 > max_slots:
+    return (0, 0, 0)
+  return (c + r, chunks, length)
+
+
+def gemm_waves(m: int, n: int, comm_sms: int, k: int | None = None) -> float:
+  """Waves of the persistent grid over the whole GEMM (the kernel's work units), in unit
+  times. Given the per-device K, the split tail counts: the last two waves take
+  (clusters + R) / clusters unit times instead of 2 (e.g. 8192 x 8192 on 124 SMs: 16.5, not
+  17); k None: whole units (an int)."""
   kern = kernel_geometry(m, n, comm_sms)
   units = math.ceil(m / kern.rows_per_unit) * math.ceil(n / kern.block_n)
-  return math.ceil(units / kern.grid)
+  whole = math.ceil(units / kern.grid)
+  if k is None or not split_tail_enabled():
+    return whole
+  k_tiles = math.ceil(k / BLOCK_K)
+  split, _, length = split_tail(units, kern.grid, k_tiles, kern.max_split_slots)
+  if not split:
+    return whole
+  return (units - split) / kern.grid + length / k_tiles
 
 
-def wave_aligned_comm_sms(m: int, n: int, comm_sms: int, limit: int) -> int:
+def wave_aligned_comm_sms(m: int, n: int, comm_sms: int, limit: int, k: int | None = None) -> int:
   """The most SMs, up to `limit`, that can be left to NCCL without costing the GEMM anything
-  more than `comm_sms` does: same tile shape, same number of waves of its persistent grid.
-  Why: the last wave is partial, so its idle SMs are free for the collective; e.g. at
-  8192 x 8192 (1024 cluster units) 8 and 10 SMs left both take 17 waves, and at 4096 x 8192
-  (512 units) 8 to 18 all take 9 (`bench gemm` on one H200, d3c65a9: 0.864 vs 0.861 of XLA
-  at 8 vs 16)."""
-  kern, waves = kernel_geometry(m, n, comm_sms), gemm_waves(m, n, comm_sms)
+  more than `comm_sms` does: same tile shape, same waves of its persistent grid (gemm_waves;
+  with k, the split tail's fractional waves, which rarely stay equal: where the kernel splits
+  its tail, SMs are no longer free). Why: a partial last wave of whole units leaves SMs idle,
+  which are then free for the collective; e.g. at 4096 x 8192 (512 cluster units) with whole
+  units 8 to 18 SMs left all take 9 waves (`bench gemm` on one H200, d3c65a9: 0.864 vs 0.861
+  of XLA at 8 vs 16)."""
+  kern, waves = kernel_geometry(m, n, comm_sms), gemm_waves(m, n, comm_sms, k)
   best = comm_sms
   for c in range(comm_sms + 1, min(limit, NUM_SMS - 2) + 1):
     other = kernel_geometry(m, n, c)
     if (other.block_m, other.block_n, other.cluster_m) != (
-        kern.block_m, kern.block_n, kern.cluster_m) or gemm_waves(m, n, c) != waves:
-      break  # waves only grow with c
+        kern.block_m, kern.block_n, kern.cluster_m) or gemm_waves(m, n, c, k) > waves:
+      break
     best = c
   return best
 
 
-def raised_comm_sms_candidates(m: int, n: int, candidates, limit: int) -> list:
+def raised_comm_sms_candidates(m: int, n: int, candidates, limit: int,
+                               k: int | None = None) -> list:
   """`candidates` and each raised to its wave boundary (at most `limit`, never below itself):
-  the comm_sms values a cost model compares for a GEMM of m x n. Both are kept, since the
-  raised one is not always better (fewer clusters finish the early groups later)."""
+  the comm_sms values a cost model compares for a GEMM of m x n (x k: the split tail). Both
+  are kept, since the raised one is not always better (fewer clusters finish the early
+  groups later)."""
   return sorted({s for c in candidates
-                 for s in (c, wave_aligned_comm_sms(m, n, c, max(c, limit)))})
+                 for s in (c, wave_aligned_comm_sms(m, n, c, max(c, limit), k))})
 
 
 def calibrated_ctas(collective: str, profile: MachineProfile) -> int:
@@ -252,7 +307,6 @@ def cut_step(m: int, n: int, comm_sms: int) -> int:
   return kernel_geometry(m, n, comm_sms).rows_per_unit
 
 
-@functools.lru_cache(maxsize=512)
 def default_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: int = 2,
                  profile: MachineProfile = DEFAULT_PROFILE) -> GroupPlan:
   """The cost model's best plan for this problem (deterministic; identical on every rank).
@@ -260,13 +314,20 @@ def default_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: 
   m is the per-device GEMM's M (all rows of x), k its K (the local shard of the global K).
   comm_sms is the profile's, or the best of its candidates.
   """
+  return _default_plan(collective, m, n, k, world, itemsize, profile, split_tail_enabled())
+
+
+@functools.lru_cache(maxsize=512)
+def _default_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: int,
+                  profile: MachineProfile, split: bool) -> GroupPlan:
+  del split  # a cache key only: gemm_waves reads the same switches
   if collective not in ("all_reduce", "reduce_scatter"):
     raise ValueError(f"unknown collective {collective!r}")
   if profile.comm_sms is not None:
     candidates = (profile.comm_sms,)
   else:  # raised within the CTA counts the bandwidth table was measured at
     candidates = raised_comm_sms_candidates(m, n, profile.comm_sms_candidates,
-                                            calibrated_ctas(collective, profile))
+                                            calibrated_ctas(collective, profile), k)
   plans = [_best_bands(collective, m, n, k, world, itemsize, profile, sms) for sms in candidates]
   plan = min(plans, key=lambda p: p.predicted_s)
   plan.validate()
@@ -305,7 +366,7 @@ def _best_bands(collective, m, n, k, world, itemsize, p, comm_sms) -> GroupPlan:
   kern = kernel_geometry(m, n, comm_sms)
   unit_time = 2.0 * kern.block_m * kern.block_n * k / p.sm_flops * p.interference
   band_rows = best_cuts(
-      rows, kern.rows_per_unit, gemm_end_fn(collective, m, n, world, comm_sms, unit_time),
+      rows, kern.rows_per_unit, gemm_end_fn(collective, m, n, world, comm_sms, unit_time, k),
       lambda r0, r1: _comm_time(collective, _group_bytes(collective, r0, r1, n, world, itemsize),
                                 world, p, comm_sms))
   predicted = plan_time(collective, m, n, k, world, band_rows, comm_sms, itemsize, p)

@@ -175,20 +175,20 @@ def a2a_supported(m: int, n: int, world: int, split_axis: int) -> str | None:
   return None
 
 
-def _comm_sms_candidates(m: int, n: int, p: CommProfile) -> list:
+def _comm_sms_candidates(m: int, n: int, p: CommProfile, k: int | None = None) -> list:
   """The profile's comm_sms, else its candidates and each raised to the most SMs that cost the
   GEMM no extra wave, within the calibrated CTA counts (plan.wave_aligned_comm_sms)."""
   if p.comm_sms is not None:
     return [p.comm_sms]
   return plan_lib.raised_comm_sms_candidates(m, n, p.comm_sms_candidates,
-                                             max(c for c, _ in p.p2p_bw))
+                                             max(c for c, _ in p.p2p_bw), k)
 
 
 @functools.lru_cache(maxsize=512)
 def default_a2a_plan(m, n, k, world, split_axis, concat_axis, itemsize=2,
                      profile: CommProfile = DEFAULT_PROFILE) -> AllToAllPlan:
   plans = [_best_a2a(m, n, k, world, split_axis, concat_axis, itemsize, profile, c)
-           for c in _comm_sms_candidates(m, n, profile)]
+           for c in _comm_sms_candidates(m, n, profile, k)]
   return min(plans, key=lambda q: q.predicted_s)
 
 
@@ -227,7 +227,7 @@ def all_gather_plan_time(rows, n, k, world, chunks, comm_sms, itemsize=2,
 @functools.lru_cache(maxsize=512)
 def default_all_gather_plan(rows, n, k, world, itemsize=2,
                             profile: CommProfile = DEFAULT_PROFILE) -> AllGatherPlan:
-  sms = _comm_sms_candidates(world * rows, n, profile)
+  sms = _comm_sms_candidates(world * rows, n, profile, k)
   baseline = all_gather_baseline(rows, n, k, world, itemsize, profile)
   big_enough = _all_gather_gemm_time(rows, n, k, world, profile) >= profile.min_all_gather_gemm_s
   candidates = [(c, chunks, "p2p") for c in sms for chunks in profile.chunk_candidates

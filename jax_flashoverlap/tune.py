@@ -81,7 +81,7 @@ def entry_for(collective: str, dtype: str, m: int, n: int, k: int, world: int, c
   return entry
 
 
-def problem_comm_sms(m: int, n: int, requested, align: bool = True) -> list:
+def problem_comm_sms(m: int, n: int, requested, align: bool = True, k: int | None = None) -> list:
   """The --comm-sms values tuned for one GEMM of m x n: each raised to the most SMs that cost
   the GEMM no extra wave of its persistent grid (plan.wave_aligned_comm_sms), staying below
   the next requested value (the largest: at most 8 more), so the SMs the last, partial wave
@@ -90,7 +90,7 @@ def problem_comm_sms(m: int, n: int, requested, align: bool = True) -> list:
   if not align:
     return values
   limits = [nxt - 1 for nxt in values[1:]] + [values[-1] + 8]
-  return sorted({plan_lib.wave_aligned_comm_sms(m, n, c, limit)
+  return sorted({plan_lib.wave_aligned_comm_sms(m, n, c, limit, k)
                  for c, limit in zip(values, limits)})
 
 
@@ -147,14 +147,14 @@ def calibrate(pb, comm_sms_list, calls: int, samples: int) -> tuple:
   t = {v: r["median_ms"] for v, r in
        bench.time_variants(variants, calls=calls, samples=samples).items()}
   nbytes = m * n * pb.dtype.itemsize
-  wave = {sms: tune_model.wave_time(t[f"gemm_sms{sms}"] / 1e3, m, n, sms)
+  wave = {sms: tune_model.wave_time(t[f"gemm_sms{sms}"] / 1e3, m, n, sms, k_local)
           for sms in comm_sms_list}
   comm = {}
   for sms in comm_sms_list:
     points = [(g, nbytes, t[f"coll_sms{sms}_g{g}"] / 1e3) for g in coll_groups]
     if len(points) >= 2:
       comm[sms] = tune_model.fit_comm_curve(points)
-  return fit_op(pb, tune_model.Calibration(wave, comm), op_runs, t), t, op_runs
+  return fit_op(pb, tune_model.Calibration(wave, comm, k=k_local), op_runs, t), t, op_runs
 
 
 def fit_op(pb, cal, op_runs, times_ms):
@@ -187,7 +187,7 @@ def tune_problem(pb, args, progress) -> tuple:
   m, n, world = pb.m, pb.n, pb.world
   k_local = pb.k // world
   progress.show(f"{label}: calibrating")
-  comm_sms = problem_comm_sms(m, n, args.comm_sms, args.wave_align)
+  comm_sms = problem_comm_sms(m, n, args.comm_sms, args.wave_align, pb.k // pb.world)
   cal, cal_ms, op_runs = calibrate(pb, comm_sms, args.calls, args.samples)
   progress.step(f"{label}: calibrated")
   cands = tune_model.candidates(pb.collective, m, n, world, cal, pb.dtype.itemsize)

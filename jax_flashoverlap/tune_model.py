@@ -77,6 +77,7 @@ class Calibration:
   # comm_sms -> seconds every group adds to the op on its critical path (stream waits,
   # launches, signals: what the collective alone does not show; fit_op_runs)
   group_overhead_s: dict = dataclasses.field(default_factory=dict)
+  k: int | None = None   # per-device K (the GEMM's split tail: plan.gemm_waves); None: whole units
 
   def slowdown(self, comm_sms: int) -> float:
     if isinstance(self.interference, dict):
@@ -89,12 +90,13 @@ class Calibration:
                      for s, c in self.comm.items()},
             "interference": ({str(s): f for s, f in self.interference.items()}
                              if isinstance(self.interference, dict) else self.interference),
-            "group_overhead_us": {str(s): v * 1e6 for s, v in self.group_overhead_s.items()}}
+            "group_overhead_us": {str(s): v * 1e6 for s, v in self.group_overhead_s.items()},
+            "k": self.k}
 
 
-def wave_time(gemm_s: float, m: int, n: int, comm_sms: int) -> float:
-  """Seconds per wave from the GEMM's measured time at this comm_sms."""
-  return gemm_s / plan_lib.gemm_waves(m, n, comm_sms)
+def wave_time(gemm_s: float, m: int, n: int, comm_sms: int, k: int | None = None) -> float:
+  """Seconds per wave (one unit time) from the GEMM's measured time at this comm_sms."""
+  return gemm_s / plan_lib.gemm_waves(m, n, comm_sms, k)
 
 
 def predict(collective: str, m: int, n: int, world: int, band_rows, comm_sms: int,
@@ -104,7 +106,7 @@ def predict(collective: str, m: int, n: int, world: int, band_rows, comm_sms: in
   curve = cal.comm[comm_sms]
   blocks = world if collective == "reduce_scatter" else 1
   t = plan_lib.pipeline_time(
-      band_rows, plan_lib.gemm_end_fn(collective, m, n, world, comm_sms, unit),
+      band_rows, plan_lib.gemm_end_fn(collective, m, n, world, comm_sms, unit, cal.k),
       lambda r0, r1: curve.time(blocks * (r1 - r0) * n * itemsize))
   if collective == "all_reduce":  # the last group's copy to the output is exposed
     t += (band_rows[-1] - band_rows[-2]) * n * itemsize / cal.copy_bandwidth
@@ -228,7 +230,7 @@ def candidates(collective: str, m: int, n: int, world: int, cal: Calibration,
     step = plan_lib.cut_step(m, n, sms)
     unit = cal.wave_s[sms] * cal.slowdown(sms)
     curve = cal.comm[sms]
-    gemm_end = plan_lib.gemm_end_fn(collective, m, n, world, sms, unit)
+    gemm_end = plan_lib.gemm_end_fn(collective, m, n, world, sms, unit, cal.k)
     comm_time = lambda r0, r1, c=curve: c.time(blocks * (r1 - r0) * n * itemsize)
     add(sms, plan_lib.best_cuts(rows, step, gemm_end, comm_time), "dp")
     for g, bands in best_cuts_by_count(rows, step, gemm_end, comm_time, MAX_DP_GROUPS).items():

@@ -40,7 +40,7 @@ def _calibration_from_profile(collective, m, n, k, world, sms_list, p=P.DEFAULT_
         else:
             bw = P._busbw(p.reduce_scatter_busbw, sms) * world / (world - 1)
         comm[sms] = TM.CommCurve(p.comm_latency, bw)
-    return TM.Calibration(wave, comm, p.interference, p.copy_bandwidth)
+    return TM.Calibration(wave, comm, p.interference, p.copy_bandwidth, k=k)
 
 
 @pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter"])

@@ -2,6 +2,7 @@
 the tuner CLI's CPU behaviour."""
 import dataclasses
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -175,13 +176,52 @@ def test_wave_aligned_examples():
     assert P.wave_aligned_comm_sms(4096, 8192, 8, 32) == 18
 
 
-def test_model_considers_the_wave_aligned_comm_sms():
-    """At 8192 x 8192 x 4096 all-reduce, 10 SMs cost the GEMM what 8 do and give NCCL more
-    bandwidth (the profile interpolates between 8 and 16): the model takes 10."""
+def test_model_considers_the_wave_aligned_comm_sms(monkeypatch):
+    """At 8192 x 8192 x 4096 all-reduce with whole units, 10 SMs cost the GEMM what 8 do and
+    give NCCL more bandwidth (the profile interpolates between 8 and 16): the model takes 10.
+    With the split tail (the default), 8 SMs left take 16.53 unit times and 10 take 17 (their
+    last wave, 48 of 61 units, is too full to split): 10 costs the GEMM, and the model keeps 8."""
+    monkeypatch.setenv("FLASHOVERLAP_GEMM_TAIL", "whole")
     plan = P.default_plan("all_reduce", 8192, 8192, 4096, 2)
     eight = P.default_plan("all_reduce", 8192, 8192, 4096, 2, 2,
                            dataclasses.replace(P.DEFAULT_PROFILE, comm_sms=8))
     assert plan.comm_sms == 10 and plan.predicted_s < eight.predicted_s
+    monkeypatch.delenv("FLASHOVERLAP_GEMM_TAIL")
+    assert P.gemm_waves(8192, 8192, 8, 4096) == pytest.approx(15 + 98 / 64)
+    assert P.gemm_waves(8192, 8192, 10, 4096) == 17
+    assert P.wave_aligned_comm_sms(8192, 8192, 8, 16, 4096) == 8  # 9 left: 61 clusters, 17
+    split = P.default_plan("all_reduce", 8192, 8192, 4096, 2)
+    assert split.comm_sms == 8 and split.predicted_s < plan.predicted_s
+
+
+def test_split_tail_mirrors_the_launcher():
+    """plan.split_tail is PlanSplitTail (xla_ffi/kernels/tile_schedule.h): the values the
+    launcher reported on one H200 (gemm_test correctness, `split=units/chunks`), and the
+    header's thresholds."""
+    assert P.split_tail(1024, 66, 64, 66) == (100, 66, 97)   # 8192 x 8192 x 4096, 132 SMs
+    assert P.split_tail(1024, 66, 16, 66) == (100, 64, 25)   # K 1024
+    assert P.split_tail(588, 58, 16, 66) == (66, 56, 19)     # 5000 x 7168 x 1000, 116 SMs
+    assert P.split_tail(4096, 132, 24, 264) == (136, 131, 25)  # 128 x 128 tiles
+    assert P.split_tail(512, 66, 64, 66) == (0, 0, 0)        # last wave 50 / 66: too full
+    assert P.split_tail(1056, 66, 64, 66) == (0, 0, 0)       # full last wave
+    assert P.split_tail(1024, 66, 8, 66) == (0, 0, 0)        # too few K tiles
+    assert P.split_tail(1024, 66, 64, 10) == (0, 0, 0)       # partials do not fit
+    header = (pathlib.Path(__file__).parent.parent / "xla_ffi/kernels/tile_schedule.h").read_text()
+    assert f"kSplitMinKTiles = {P.SPLIT_MIN_K_TILES};" in header
+    assert f"kGemmBlockK = {P.BLOCK_K};" in header
+    assert "if (R == 0 || 10 * R > 7 * C) return;" in header
+    wide, narrow = P.kernel_geometry(8192, 8192, 0), P.kernel_geometry(128, 1024, 0)
+    assert (wide.max_split_slots, narrow.max_split_slots) == (66, 264)
+
+
+def test_gemm_waves_follow_the_split_switches(monkeypatch):
+    # 2048 units on 66 clusters: 30 waves whole, then 68 units as 66 chunks of 132 K tiles
+    assert P.gemm_waves(16384, 8192, 0, 8192) == pytest.approx(30 + 132 / 128)
+    monkeypatch.setenv("FLASHOVERLAP_GEMM_QUEUE", "static")  # no queue: no split tail
+    assert P.gemm_waves(16384, 8192, 0, 8192) == 32
+    monkeypatch.delenv("FLASHOVERLAP_GEMM_QUEUE")
+    monkeypatch.setenv("FLASHOVERLAP_GEMM_TAIL", "whole")
+    assert P.gemm_waves(16384, 8192, 0, 8192) == 32
 
 
 def test_tuner_raises_each_comm_sms_to_its_wave_aligned_value():

@@ -360,10 +360,13 @@ void Sanitize(int* counters, cudaStream_t s) {
                              // split tail (partial tiles between chunks), both tile shapes: 4 units
                              // on 3 clusters (comm_sms leaves 6 / 3 SMs), 16 K tiles
                              {{1024, 256, 1024}, GemmDType::kBFloat16, 1, {0, 512, 1024}, "256", 126, 1},
-                             {{512, 128, 1000}, GemmDType::kFloat16, 1, {0, 512}, "128", 129, 1}};
+                             {{512, 128, 1000}, GemmDType::kFloat16, 1, {0, 512}, "128", 129, 1},
+                             // several whole tiles per CTA (8 K tiles: no split)
+                             {{1024, 256, 512}, GemmDType::kBFloat16, 1, {0, 512, 1024}, "256", 126, 0}};
   uint64_t seed = 77;
   const char* queue = getenv("FLASHOVERLAP_GEMM_QUEUE");
-  const bool can_split = !(queue && !strcmp(queue, "static"));
+  const char* tail = getenv("FLASHOVERLAP_GEMM_TAIL");
+  const bool can_split = !(queue && !strcmp(queue, "static")) && !(tail && !strcmp(tail, "whole"));
   for (const C& c : cs) {
     Problem p(c.s, c.dt, seed += 10, s);
     CheckCase("sanit", p, MakeLayout(c.s.m, c.nb, c.bands), c.comm, counters, s, c.tile,

@@ -231,6 +231,8 @@ int main() {
   EXPECT(CheckSplit(512, 62, 64, 66), "4096 x 8192 x 4096 on 62 clusters: no split");
   EXPECT(!CheckSplit(1056, 66, 64, 66), "a full last wave was split");
   EXPECT(!CheckSplit(1050, 66, 64, 66), "a 60/66 last wave was split");
+  EXPECT(!CheckSplit(512, 66, 64, 66), "a 50/66 last wave was split");
+  EXPECT(CheckSplit(2048, 58, 64, 66), "16384 x 8192 on 58 clusters (R 18): no split");
   EXPECT(!CheckSplit(1024, 66, 8, 66), "8 K tiles were split");
   EXPECT(!CheckSplit(60, 66, 64, 66), "less than one wave was split");
   std::printf("split tail: %d random grids split\n", splits);
