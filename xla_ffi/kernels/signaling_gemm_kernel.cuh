@@ -360,7 +360,7 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
         continue;
       }
       if (piece.kind == kPieceAddPartial)
-        AddPartial<Cfg>(params, accum, piece.slot, rank_m, mma_thread, kBarConsumers);
+        AddPartial<Cfg>(params, accum, piece.slot, rank_m, mma_thread);
 
       if constexpr (Cfg::kOverlapEpilogue) {
         // Whole tile into smem (rows 64*mwg + 16*warp + 8*half + lane/4), then on to the

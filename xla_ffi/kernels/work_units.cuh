@@ -167,22 +167,19 @@ __device__ void StorePartial(const typename Cfg::Params& p, const Accum& accum, 
   }
 }
 
-// The other side: one thread waits for the flag (acquire), the barrier passes that on to
-// the other 255, and each adds its own part of the partial (L2 loads: the data came from
-// another SM).
+// The other side: every thread waits for the flag itself (acquire: then its own loads see
+// the partial; no barrier, so no warp reaches one while its lane 0 still spins) and adds
+// its own part of the partial (L2 loads: the data came from another SM).
 template <class Cfg, class Accum>
 __device__ void AddPartial(const typename Cfg::Params& p, Accum& accum, int slot, int rank_m,
-                           int mma_thread, int barrier_id) {
-  if (mma_thread == 0) {
-    const int32_t* flag = p.split_flags + slot * Cfg::CM + rank_m;
-    int32_t seen;
-    while (true) {
-      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(flag) : "memory");
-      if (seen != 0) break;
-      __nanosleep(64);
-    }
+                           int mma_thread) {
+  const int32_t* flag = p.split_flags + slot * Cfg::CM + rank_m;
+  int32_t seen;
+  while (true) {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(flag) : "memory");
+    if (seen != 0) break;
+    __nanosleep(64);
   }
-  asm volatile("bar.sync %0, 256;" ::"r"(barrier_id) : "memory");
   const float4* src = reinterpret_cast<const float4*>(p.partials) +
                       size_t(slot * Cfg::CM + rank_m) * (Cfg::BM * Cfg::BN / 4);
   CUTLASS_PRAGMA_UNROLL
