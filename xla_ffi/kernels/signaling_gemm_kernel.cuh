@@ -88,6 +88,9 @@ struct Config {
     alignas(16) typename Mainloop::PipelineStorage pipeline;
     alignas(16) typename UnitPipeline::SharedStorage unit_pipeline;
     int4 pieces[kUnitSlots];  // Piece: unit, k_begin, k_count, kind | slot << 2
+    // Overlapped epilogue: the staged tile's hand-off (consumers -> copy-out warps) and the
+    // staging rows' return (copy-out warps -> consumers), one phase per staged tile.
+    cutlass::arch::ClusterBarrier staging_full, staging_empty;
   };
   static_assert(sizeof(SharedStorage) <= kSmemCapacity, "shared memory over the sm_90 limit");
 
@@ -137,10 +140,10 @@ __device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-// The overlapped epilogue's hand-offs between warps on different code paths: the warp is
-// reconverged first (the copy-out loop leaves lanes at different trip counts) and the barrier
-// is the non-.aligned form, which does not require every lane at the same instruction
-// (synccheck reported "divergent threads" at these barriers with bar.sync).
+// The copy-out warps' barrier among themselves: the warp is reconverged first (the copy-out
+// loop leaves lanes at different trip counts) and the barrier is the non-.aligned form,
+// which does not require every lane at the same instruction (synccheck reported "divergent
+// threads" with bar.sync).
 __device__ __forceinline__ void HandOffBarrier(int id, int threads) {
   __syncwarp();
   asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
@@ -175,12 +178,9 @@ __device__ __forceinline__ void WaitInputFlag(const int32_t* flag, int32_t value
 // We run no CUTLASS epilogue, but stay clear of them anyway.
 constexpr int kBarWarpGroup0 = 8;   // +1 for consumer warpgroup 1
 constexpr int kBarConsumers = 10;   // both consumer warpgroups (256 threads)
-// Overlapped epilogue: consumers (256) + copy-out warps (96).
-constexpr int kBarStaged = 11;      // the tile is in smem
-constexpr int kBarStagingFree = 12; // the staging rows may be overwritten
 constexpr int kBarCopyOut = 13;     // the 96 copy-out threads among themselves
 constexpr int kCopyOutThreads = 96;
-constexpr int kStagingThreads = 256 + kCopyOutThreads;
+constexpr int kConsumerThreads = 256;
 
 // Byte offset in `out` of tile row `row`, column `col` (row-major or column-blocked).
 __device__ __forceinline__ int64_t OutOffset(int dst_row, int row, int col, int M, int N,
@@ -197,8 +197,10 @@ __device__ __forceinline__ int64_t OutOffset(int dst_row, int row, int col, int 
 template <class Cfg>
 __device__ void CopyOutTiles(const typename Cfg::Params& params, const uint32_t* epi,
                              typename Cfg::UnitPipeline& unit_pipe, const int4* pieces,
-                             int rank_m, int et) {
+                             cutlass::arch::ClusterBarrier& ss_full,
+                             cutlass::arch::ClusterBarrier& ss_empty, int rank_m, int et) {
   const TileSchedule& sched = params.sched;
+  uint32_t full_phase = 0;
   constexpr int kChunksPerRow = Cfg::BN / 8;
   char* out = static_cast<char*>(params.out);
   typename Cfg::UnitState unit_state;
@@ -208,12 +210,12 @@ __device__ void CopyOutTiles(const typename Cfg::Params& params, const uint32_t*
     const TileWork w = DecodeUnit(sched, piece.unit, rank_m);
     // The consumers skip these too: an idle cluster partner; a partial sum left for later.
     if (w.rows <= 0 || piece.kind == kPieceStorePartial) continue;
-    // Full barriers both ways (bar.sync by all 352 threads; compute-sanitizer's racecheck
-    // reported the staging rows racy with a bar.arrive / bar.sync hand-off): the copy-out
-    // warps wait here anyway, and the consumers reach each barrier after the copy-out warps,
-    // so neither costs the consumers a wait.
-    HandOffBarrier(kBarStagingFree, kStagingThreads);  // the previous tile is copied out
-    HandOffBarrier(kBarStaged, kStagingThreads);
+    // The tile is staged: all 256 consumer threads arrived (each arrive releases its own
+    // stores; this wait acquires them). mbarriers rather than named barriers shared by both
+    // sides: compute-sanitizer's racecheck reported the bar.arrive / bar.sync hand-off racy,
+    // and the later barrier.sync one intermittently with several tiles per CTA.
+    ss_full.wait(full_phase);
+    full_phase ^= 1;
     const int n0 = w.n_tile * Cfg::BN;
     for (int id = et; id < Cfg::BM * kChunksPerRow; id += kCopyOutThreads) {
       const int row = id / kChunksPerRow, ch = id % kChunksPerRow, col = n0 + 8 * ch;
@@ -223,6 +225,7 @@ __device__ void CopyOutTiles(const typename Cfg::Params& params, const uint32_t*
                                                   params.out_col_block)) = v;
       }
     }
+    ss_empty.arrive();  // this thread's reads of the staging rows are done (release)
     // Signal as in the consumers' epilogue: every copy-out store precedes this barrier, the
     // releasing thread's gpu-scope fence orders them all before the counter increment.
     HandOffBarrier(kBarCopyOut, kCopyOutThreads);
@@ -273,6 +276,13 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
   up.consumer_arv_count = Cfg::kUnitReaderWarps;
   up.initializing_warp = 0;
   typename Cfg::UnitPipeline unit_pipe(ss.unit_pipeline, up);
+  if constexpr (Cfg::kOverlapEpilogue) {
+    if (thread_idx == 0) {
+      ss.staging_full.init(kConsumerThreads);
+      ss.staging_empty.init(kCopyOutThreads);
+      cutlass::arch::fence_barrier_init();
+    }
+  }
 
   // Barrier initialisation must be visible to every CTA of the cluster before any TMA
   // multicast or remote arrive touches it.
@@ -330,7 +340,8 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
       // Keep this CTA alive until every consumer of the cluster released our stages.
       mainloop.load_tail(pipeline, write_state);
     } else if constexpr (Cfg::kOverlapEpilogue) {
-      CopyOutTiles<Cfg>(params, ss.epi, unit_pipe, ss.pieces, rank_m, thread_idx - 32);
+      CopyOutTiles<Cfg>(params, ss.epi, unit_pipe, ss.pieces, ss.staging_full, ss.staging_empty,
+                        rank_m, thread_idx - 32);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<232>();
@@ -345,6 +356,8 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
     PipelineState read_state;
 
     typename Cfg::UnitState unit_state;
+    uint32_t empty_phase = 0;
+    bool staged_before = false;  // overlapped epilogue: a tile was staged (rows not yet free)
     while (true) {
       const Piece piece = NextPiece<Cfg>(unit_pipe, unit_state, ss.pieces, lane);
       if (piece.unit < 0) break;
@@ -364,8 +377,13 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
 
       if constexpr (Cfg::kOverlapEpilogue) {
         // Whole tile into smem (rows 64*mwg + 16*warp + 8*half + lane/4), then on to the
-        // next tile: the copy-out warps store and signal it meanwhile.
-        HandOffBarrier(kBarStagingFree, kStagingThreads);
+        // next tile: the copy-out warps store and signal it meanwhile. First wait until they
+        // have read the previous one out of the staging rows.
+        if (staged_before) {
+          ss.staging_empty.wait(empty_phase);
+          empty_phase ^= 1;
+        }
+        staged_before = true;
         uint32_t* staging = ss.epi + 64 * mwg * Cfg::kEpiPitchWords;
         CUTLASS_PRAGMA_UNROLL
         for (int half = 0; half < 2; ++half) {
@@ -376,7 +394,7 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
                                                 accum(4 * v2 + 2 * half + 1));
           }
         }
-        HandOffBarrier(kBarStaged, kStagingThreads);
+        ss.staging_full.arrive();  // this thread's part is staged (release)
         continue;
       }
       const int n0 = w.n_tile * BN;
