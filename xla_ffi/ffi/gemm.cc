@@ -68,16 +68,17 @@ ffi::Error GemmImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::Any
   const GemmTileShape ts = ChooseTileShape(args);
   const int groups = SplitRows(m, num_groups, ts.row_align(), &args.layout);
 
-  // Counters live only for this call: the scratch allocation is valid until the handler
-  // returns, and everything using it is ordered on `stream`.
-  std::optional<void*> counters = scratch.Allocate(sizeof(int32_t) * kMaxGroups, 16);
-  FO_CHECK(counters.has_value(), "flashoverlap_gemm: scratch allocation of the group counters failed");
-  args.counters = static_cast<int32_t*>(*counters);
+  // One scratch allocation for this call: the group counters, then the tile queue's
+  // workspace (the launcher resets it on `stream`). Valid until the handler returns, and
+  // everything using it is ordered on `stream`.
+  constexpr size_t kCounterBytes = 256;  // kMaxGroups int32, padded to the queue's alignment
+  static_assert(sizeof(int32_t) * kMaxGroups <= kCounterBytes, "counters overlap the queue");
+  std::optional<void*> mem = scratch.Allocate(kCounterBytes + kGemmQueueBytes, 256);
+  FO_CHECK(mem.has_value(), "flashoverlap_gemm: scratch allocation of the group counters and tile "
+                            "queue (" << kCounterBytes + kGemmQueueBytes << " bytes) failed");
+  args.counters = static_cast<int32_t*>(*mem);
+  args.queue = static_cast<char*>(*mem) + kCounterBytes;
   FO_CHECK_CUDA(cudaMemsetAsync(args.counters, 0, sizeof(int32_t) * groups, stream));
-  // The tile queue's workspace (the launcher resets it on `stream`).
-  std::optional<void*> queue = scratch.Allocate(kGemmQueueBytes, 16);
-  FO_CHECK(queue.has_value(), "flashoverlap_gemm: scratch allocation of the tile queue failed");
-  args.queue = *queue;
 
   const cudaError_t e = LaunchSignalingGemm(args, stream);
   FO_CHECK_ARG(e != cudaErrorInvalidValue, "flashoverlap_gemm: " << LastSignalingGemmError());
