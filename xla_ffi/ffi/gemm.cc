@@ -71,9 +71,10 @@ ffi::Error GemmImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::Any
   // One scratch allocation for this call: the group counters, then the tile queue's
   // workspace (the launcher resets it on `stream`). Valid until the handler returns, and
   // everything using it is ordered on `stream`.
-  constexpr size_t kCounterBytes = 256;  // kMaxGroups int32, padded to the queue's alignment
+  // (16-byte alignment: XLA's scratch allocator refuses more than its allocator alignment.)
+  constexpr size_t kCounterBytes = 256;  // kMaxGroups int32, keeps the queue 16-byte aligned
   static_assert(sizeof(int32_t) * kMaxGroups <= kCounterBytes, "counters overlap the queue");
-  std::optional<void*> mem = scratch.Allocate(kCounterBytes + kGemmQueueBytes, 256);
+  std::optional<void*> mem = scratch.Allocate(kCounterBytes + kGemmQueueBytes, 16);
   FO_CHECK(mem.has_value(), "flashoverlap_gemm: scratch allocation of the group counters and tile "
                             "queue (" << kCounterBytes + kGemmQueueBytes << " bytes) failed");
   args.counters = static_cast<int32_t*>(*mem);
