@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "xla_ffi/kernels/tile_schedule.h"
@@ -163,7 +164,21 @@ bool CheckSplit(int units, int clusters, int k_tiles, int max_slots) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // `schedule_test split`: for each "units clusters k_tiles max_slots" line on stdin, print
+  // PlanSplitTail's "split_units split_chunks split_len" (the Python cost model's mirror,
+  // plan.split_tail, is compared against it by tests/test_tile_schedule.py).
+  if (argc > 1 && std::string(argv[1]) == "split") {
+    int units, clusters, k_tiles, max_slots;
+    while (std::scanf("%d %d %d %d", &units, &clusters, &k_tiles, &max_slots) == 4) {
+      TileSchedule s;
+      s.num_units = units;
+      s.k_tiles = k_tiles;
+      PlanSplitTail(s, clusters, max_slots);
+      std::printf("%d %d %d\n", s.split_units, s.split_chunks, s.split_len);
+    }
+    return 0;
+  }
   std::mt19937 rng(12345);
   auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   const int shapes[][3] = {{128, 128, 1}, {128, 256, 2}};
