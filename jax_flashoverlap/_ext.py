@@ -93,21 +93,23 @@ def check_gemm_epilogue() -> None:
   GEMM's earlier epilogue), FLASHOVERLAP_GEMM_QUEUE unset, 'dynamic' or 'static', and
   FLASHOVERLAP_GEMM_TAIL unset, 'split' or 'whole', exactly as the launcher reads them;
   anything else is an error here, at lowering, instead of at the first launch."""
-  raw = os.environ.get(GEMM_EPILOGUE_ENV)
-  if raw not in (None, "", "overlap", "sync"):
-    raise ValueError(f"jax_flashoverlap: environment variable {GEMM_EPILOGUE_ENV}={raw!r} must "
-                     "be 'overlap' (the default) or 'sync' (the signaling GEMM's earlier "
-                     "epilogue)")
-  raw = os.environ.get(GEMM_QUEUE_ENV)
-  if raw not in (None, "", "dynamic", "static"):
-    raise ValueError(f"jax_flashoverlap: environment variable {GEMM_QUEUE_ENV}={raw!r} must be "
-                     "'dynamic' (the default: the signaling GEMM's tile queue) or 'static' "
-                     "(its round-robin tile order)")
-  raw = os.environ.get(GEMM_TAIL_ENV)
-  if raw not in (None, "", "split", "whole"):
-    raise ValueError(f"jax_flashoverlap: environment variable {GEMM_TAIL_ENV}={raw!r} must be "
-                     "'split' (the default: the signaling GEMM cuts its last two waves along K "
-                     "when the last one is partial) or 'whole' (whole tiles only)")
+  for env, allowed, meaning in _GEMM_SWITCHES:
+    raw = os.environ.get(env)
+    if raw not in (None, "", *allowed):
+      raise ValueError(f"jax_flashoverlap: environment variable {env}={raw!r} must be {meaning}")
+
+
+# The signaling GEMM's switches (xla_ffi/kernels/signaling_gemm.cu reads them on every launch).
+_GEMM_SWITCHES = (
+    (GEMM_EPILOGUE_ENV, ("overlap", "sync"),
+     "'overlap' (the default) or 'sync' (the signaling GEMM's earlier epilogue)"),
+    (GEMM_QUEUE_ENV, ("dynamic", "static"),
+     "'dynamic' (the default: the signaling GEMM's tile queue) or 'static' (its round-robin "
+     "tile order)"),
+    (GEMM_TAIL_ENV, ("split", "whole"),
+     "'split' (the default: the signaling GEMM cuts its last two waves along K when the last "
+     "one is partial) or 'whole' (whole tiles only)"),
+)
 
 
 def all_reduce_in_place() -> bool:

@@ -277,28 +277,19 @@ def env_fallback_typo(t):
     cuda_lowering_text()  # a small shape: the cost model predicts no gain, the switch decides
 
 
-def env_all_reduce_buffer_typo(t):
-    t.monkeypatch.delenv(_ext.FORCE_REFERENCE_ENV, raising=False)
-    t.monkeypatch.setenv(_ext.ALL_REDUCE_BUFFER_ENV, "in_place")
-    cuda_lowering_text()
+def lowering_with_env(name, value):
+    """A case: lower an op for CUDA with environment variable `name` set to `value`."""
+    def case(t):
+        t.monkeypatch.delenv(_ext.FORCE_REFERENCE_ENV, raising=False)
+        t.monkeypatch.setenv(name, value)
+        cuda_lowering_text()
+    return case
 
 
-def env_gemm_epilogue_typo(t):
-    t.monkeypatch.delenv(_ext.FORCE_REFERENCE_ENV, raising=False)
-    t.monkeypatch.setenv(_ext.GEMM_EPILOGUE_ENV, "snyc")
-    cuda_lowering_text()
-
-
-def env_gemm_queue_typo(t):
-    t.monkeypatch.delenv(_ext.FORCE_REFERENCE_ENV, raising=False)
-    t.monkeypatch.setenv(_ext.GEMM_QUEUE_ENV, "dynamc")
-    cuda_lowering_text()
-
-
-def env_gemm_tail_typo(t):
-    t.monkeypatch.delenv(_ext.FORCE_REFERENCE_ENV, raising=False)
-    t.monkeypatch.setenv(_ext.GEMM_TAIL_ENV, "spilt")
-    cuda_lowering_text()
+env_all_reduce_buffer_typo = lowering_with_env(_ext.ALL_REDUCE_BUFFER_ENV, "in_place")
+env_gemm_epilogue_typo = lowering_with_env(_ext.GEMM_EPILOGUE_ENV, "snyc")
+env_gemm_queue_typo = lowering_with_env(_ext.GEMM_QUEUE_ENV, "dynamc")
+env_gemm_tail_typo = lowering_with_env(_ext.GEMM_TAIL_ENV, "spilt")
 
 
 # ----------------------------------------------------------------------------- the table

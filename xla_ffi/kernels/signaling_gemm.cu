@@ -65,41 +65,33 @@ int EnvInt(const char* name, int fallback) {
   return std::atoi(v);
 }
 
-// FLASHOVERLAP_GEMM_EPILOGUE: unset / "overlap" (default) or "sync", the instances whose
-// consumers store and signal each tile themselves (the design before the overlapped epilogue;
-// kept for comparison). Anything else is an error (a typo must not silently pick one).
-enum class Epilogue { kOverlap, kSync, kInvalid };
+// Two-valued switches from the environment, for comparison runs: unset, empty or `usual`
+// selects the default, `alternative` the other behaviour; anything else is an error naming
+// the variable (a typo must not silently pick one).
+struct EnvSwitch {
+  const char* name;
+  const char* usual;
+  const char* alternative;
+};
+// sync: the instances whose consumers store and signal each tile themselves (the design
+// before the overlapped epilogue).
+constexpr EnvSwitch kEpilogueSwitch{"FLASHOVERLAP_GEMM_EPILOGUE", "overlap", "sync"};
+// static: the fixed round-robin order even when the caller gives a tile queue.
+constexpr EnvSwitch kQueueSwitch{"FLASHOVERLAP_GEMM_QUEUE", "dynamic", "static"};
+// whole: no split tail (whole units only; signaling_gemm.h).
+constexpr EnvSwitch kTailSwitch{"FLASHOVERLAP_GEMM_TAIL", "split", "whole"};
 
-Epilogue ChosenEpilogue() {
-  const char* v = std::getenv("FLASHOVERLAP_GEMM_EPILOGUE");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "overlap") == 0) return Epilogue::kOverlap;
-  return std::strcmp(v, "sync") == 0 ? Epilogue::kSync : Epilogue::kInvalid;
+// Sets *alternative from the environment; returns "" or the error for a value it does not know.
+std::string ReadSwitch(const EnvSwitch& sw, bool* alternative) {
+  const char* v = std::getenv(sw.name);
+  *alternative = v != nullptr && std::strcmp(v, sw.alternative) == 0;
+  if (v == nullptr || *v == '\0' || *alternative || std::strcmp(v, sw.usual) == 0) return "";
+  return std::string(sw.name) + " must be '" + sw.usual + "' or '" + sw.alternative + "', got '" + v + "'";
 }
 
-// FLASHOVERLAP_GEMM_QUEUE: "dynamic" (default: the tile queue when the caller gives one) or
-// "static" (always the fixed round-robin order, for comparison); anything else is an error.
-enum class Queue { kDynamic, kStatic, kInvalid };
-
-Queue ChosenQueue() {
-  const char* v = std::getenv("FLASHOVERLAP_GEMM_QUEUE");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "dynamic") == 0) return Queue::kDynamic;
-  return std::strcmp(v, "static") == 0 ? Queue::kStatic : Queue::kInvalid;
-}
-
-// FLASHOVERLAP_GEMM_TAIL: "split" (default: cut the last two waves' K loops into one chunk
-// per cluster when the last wave is partial; signaling_gemm.h) or "whole" (whole units only,
-// for comparison); anything else is an error.
-enum class Tail { kSplit, kWhole, kInvalid };
-
-Tail ChosenTail() {
-  const char* v = std::getenv("FLASHOVERLAP_GEMM_TAIL");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "split") == 0) return Tail::kSplit;
-  return std::strcmp(v, "whole") == 0 ? Tail::kWhole : Tail::kInvalid;
-}
-
-const InstanceOps& PickInstance(GemmDType dtype, const GemmTileShape& ts, Epilogue epilogue) {
+const InstanceOps& PickInstance(GemmDType dtype, const GemmTileShape& ts, bool sync_epilogue) {
   const bool wide = ts.block_n == 256, f16 = dtype == GemmDType::kFloat16;
-  if (epilogue == Epilogue::kSync) {
+  if (sync_epilogue) {
     if (f16) return wide ? SignalingGemmF16Tile128x256() : SignalingGemmF16Tile128x128();
     return wide ? SignalingGemmBf16Tile128x256() : SignalingGemmBf16Tile128x128();
   }
@@ -255,22 +247,16 @@ cudaError_t LaunchSignalingGemm(const SignalingGemmArgs& args, cudaStream_t stre
   if (args.comm_sms < 0 || args.comm_sms >= info.sms)
     return Fail(cudaErrorInvalidValue, "comm_sms must be in [0, " + std::to_string(info.sms) + ")");
 
-  const Epilogue epilogue = ChosenEpilogue();
-  if (epilogue == Epilogue::kInvalid)
-    return Fail(cudaErrorInvalidValue, std::string("FLASHOVERLAP_GEMM_EPILOGUE must be 'overlap' or 'sync', got '") +
-                                           std::getenv("FLASHOVERLAP_GEMM_EPILOGUE") + "'");
-  const Queue queue = ChosenQueue();
-  if (queue == Queue::kInvalid)
-    return Fail(cudaErrorInvalidValue, std::string("FLASHOVERLAP_GEMM_QUEUE must be 'dynamic' or 'static', got '") +
-                                           std::getenv("FLASHOVERLAP_GEMM_QUEUE") + "'");
-  const Tail tail = ChosenTail();
-  if (tail == Tail::kInvalid)
-    return Fail(cudaErrorInvalidValue, std::string("FLASHOVERLAP_GEMM_TAIL must be 'split' or 'whole', got '") +
-                                           std::getenv("FLASHOVERLAP_GEMM_TAIL") + "'");
+  bool sync_epilogue = false, static_queue = false, whole_tail = false;
+  for (const std::string& error : {ReadSwitch(kEpilogueSwitch, &sync_epilogue),
+                                   ReadSwitch(kQueueSwitch, &static_queue),
+                                   ReadSwitch(kTailSwitch, &whole_tail)}) {
+    if (!error.empty()) return Fail(cudaErrorInvalidValue, error);
+  }
   if (args.queue != nullptr && (reinterpret_cast<uintptr_t>(args.queue) & 15) != 0)
     return Fail(cudaErrorInvalidValue, "queue must be 16-byte aligned");
   const GemmTileShape ts = ChooseTileShape(args);
-  const InstanceOps& ops = PickInstance(args.dtype, ts, epilogue);
+  const InstanceOps& ops = PickInstance(args.dtype, ts, sync_epilogue);
   int max_clusters = 0;
   e = ops.prepare(device, &max_clusters);
   if (e != cudaSuccess) return Fail(e, std::string("kernel setup failed: ") + cudaGetErrorString(e));
@@ -303,8 +289,8 @@ cudaError_t LaunchSignalingGemm(const SignalingGemmArgs& args, cudaStream_t stre
   if (clusters > s.num_units) clusters = s.num_units;
 
   SignalingGemmArgs launch_args = args;
-  if (queue == Queue::kStatic || clusters > kQueueMaxClusters) launch_args.queue = nullptr;
-  if (launch_args.queue != nullptr && tail == Tail::kSplit) PlanSplitTail(s, clusters, ops.max_split_slots);
+  if (static_queue || clusters > kQueueMaxClusters) launch_args.queue = nullptr;
+  if (launch_args.queue != nullptr && !whole_tail) PlanSplitTail(s, clusters, ops.max_split_slots);
   if (launch_args.queue != nullptr) {  // the claim counter, the split flags, the used rings
     e = cudaMemsetAsync(launch_args.queue, 0, kQueueRingOffset + size_t(clusters) * kQueueRingSlots * 8, stream);
     if (e != cudaSuccess) return Fail(e, std::string("tile queue reset failed: ") + cudaGetErrorString(e));
