@@ -3,6 +3,8 @@
 //   gemm_test signal       : a watcher kernel checks each group as soon as its counter completes
 //   gemm_test bench        : CUDA-event timing vs cublasGemmEx (bf16, fp32 accumulation)
 //   gemm_test sanitize     : small shapes, for compute-sanitizer memcheck/racecheck/synccheck
+//   gemm_test profile      : one shape (--shape MxNxK, --comm C), 5 launches of ours then 5 of
+//                            cublasGemmEx, nothing timed: for a profiler (ncu -k ...)
 //   gemm_test all          : correctness + signal + bench
 // Options: --json PATH, --iters N (signal runs per case, default 3), --quick.
 // Exit code 1 if any check failed.
@@ -354,6 +356,26 @@ void Bench(bool quick, Cublas& cublas, int* counters, cudaStream_t s) {
          table.c_str());
 }
 
+// Launches only (a profiler times them): ours at comm_sms `comm` (4 groups, signals on), then
+// cublasGemmEx, 5 each on one input set.
+void Profile(const Shape3& sh, int comm, Cublas& cublas, int* counters, cudaStream_t s) {
+  Problem p(sh, GemmDType::kBFloat16, 901, s, false);
+  for (int i = 0; i < 5; ++i) {
+    SignalingGemmArgs a = p.Args(EvenLayout(sh.m, 1, 4, 256), comm);
+    a.counters = counters;
+    CK(cudaMemsetAsync(counters, 0, sizeof(int) * kMaxGroups, s));
+    if (LaunchSignalingGemm(a, s) != cudaSuccess) { fprintf(stderr, "launch: %s\n", LastSignalingGemmError()); exit(2); }
+  }
+  for (int i = 0; i < 5 && cublas.ok(); ++i) {
+    if (cublas.Run(p.x.p, p.w.p, p.out.p, int(sh.m), int(sh.n), int(sh.k), GemmDType::kBFloat16, s) != 0) {
+      fprintf(stderr, "cublasGemmEx failed\n"); exit(2);
+    }
+  }
+  CK(cudaStreamSynchronize(s));
+  printf("profile %lldx%lldx%lld comm=%d: 5 + %d launches\n", (long long)sh.m, (long long)sh.n, (long long)sh.k,
+         comm, cublas.ok() ? 5 : 0);
+}
+
 void Sanitize(int* counters, cudaStream_t s) {
   struct C { Shape3 s; GemmDType dt; int nb; std::vector<int> bands; const char* tile; int comm, split; };
   const std::vector<C> cs = {{{300, 264, 200}, GemmDType::kBFloat16, 2, {0, 50, 100, 150}, "256", 0, 0},
@@ -381,9 +403,16 @@ int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "all";
   std::string json_path;
   bool quick = false;
-  int iters = 3;
+  int iters = 3, comm = 0;
+  Shape3 shape = kDesignShapes[1];
   for (int i = 2; i < argc; ++i) {
     if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
+    else if (!strcmp(argv[i], "--comm") && i + 1 < argc) comm = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--shape") && i + 1 < argc) {
+      long long m, n, k;
+      if (sscanf(argv[++i], "%lldx%lldx%lld", &m, &n, &k) != 3) { fprintf(stderr, "--shape MxNxK\n"); return 2; }
+      shape = {m, n, k};
+    }
     else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--quick")) quick = true;
   }
@@ -396,12 +425,13 @@ int main(int argc, char** argv) {
   int* counters;
   CK(cudaMalloc(&counters, sizeof(int) * kMaxGroups));
   Cublas cublas;
-  if (mode == "bench" || mode == "all") cublas.Load();
+  if (mode == "bench" || mode == "all" || mode == "profile") cublas.Load();
 
   if (mode == "correctness" || mode == "all") Correctness(quick, counters, s);
   if (mode == "signal" || mode == "all") SignalTest(quick, iters, counters, s);
   if (mode == "bench" || mode == "all") Bench(quick, cublas, counters, s);
   if (mode == "sanitize") Sanitize(counters, s);
+  if (mode == "profile") Profile(shape, comm, cublas, counters, s);
   CK(cudaDeviceSynchronize());
 
   if (!json_path.empty()) {
