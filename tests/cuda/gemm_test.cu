@@ -5,6 +5,8 @@
 //   gemm_test sanitize     : small shapes, for compute-sanitizer memcheck/racecheck/synccheck
 //   gemm_test profile      : one shape (--shape MxNxK, --comm C), 5 launches of ours then 5 of
 //                            cublasGemmEx, nothing timed: for a profiler (ncu -k ...)
+//   gemm_test timeline     : (FO_TIMELINE builds: tests/cuda/build_timeline.sh) one shape, the
+//                            clock64 stamps of the first CTAs' warps per piece of work
 //   gemm_test all          : correctness + signal + bench
 // Options: --json PATH, --iters N (signal runs per case, default 3), --quick.
 // Exit code 1 if any check failed.
@@ -376,6 +378,51 @@ void Profile(const Shape3& sh, int comm, Cublas& cublas, int* counters, cudaStre
          comm, cublas.ok() ? 5 : 0);
 }
 
+#ifdef FO_TIMELINE
+// Where the tile boundaries' time goes: per piece, the first CTAs' consumer / producer /
+// copy-out stamps (signaling_gemm_kernel.cuh: FO_STAMP), as cycle differences.
+void Timeline(const Shape3& sh, int comm, int* counters, cudaStream_t s) {
+  Problem p(sh, GemmDType::kBFloat16, 901, s, false);
+  const size_t n = size_t(kTimelineCtas) * kTimelineRoles * kTimelinePieces * kTimelineEvents;
+  Buf tl(n * 8);
+  for (int i = 0; i < 3; ++i) {
+    SignalingGemmArgs a = p.Args(EvenLayout(sh.m, 1, 4, 256), comm);
+    a.counters = counters;
+    a.timeline = i == 2 ? static_cast<long long*>(tl.p) : nullptr;
+    CK(cudaMemsetAsync(tl.p, 0, n * 8, s));
+    CK(cudaMemsetAsync(counters, 0, sizeof(int) * kMaxGroups, s));
+    if (LaunchSignalingGemm(a, s) != cudaSuccess) { fprintf(stderr, "launch: %s\n", LastSignalingGemmError()); exit(2); }
+  }
+  std::vector<long long> h(n);
+  CK(cudaMemcpyAsync(h.data(), tl.p, n * 8, cudaMemcpyDeviceToHost, s));
+  CK(cudaStreamSynchronize(s));
+  auto at = [&](int cta, int role, int piece, int ev) {
+    return h[((size_t(cta) * kTimelineRoles + role) * kTimelinePieces + piece) * kTimelineEvents + ev];
+  };
+  const GemmLaunchInfo info = LastSignalingGemmLaunch();
+  printf("timeline %lldx%lldx%lld comm=%d: %d clusters, %d units, split %d/%d; cycles since the CTA's first stamp\n",
+         (long long)sh.m, (long long)sh.n, (long long)sh.k, comm, info.clusters, info.units, info.split_units,
+         info.split_chunks);
+  for (int cta = 0; cta < kTimelineCtas; ++cta) {
+    const long long t0 = at(cta, 1, 0, 0);
+    printf("cta %d  (consumer: next-piece wait | mma issue | mma tail | epilogue | boundary = tail end -> next mma;"
+           "  producer: claim | decode | publish | loads; copy-out: wait staged | copy | signal)\n", cta);
+    for (int pc = 0; pc < kTimelinePieces; ++pc) {
+      if (at(cta, 0, pc, 1) == 0) break;
+      const long long c0 = at(cta, 0, pc, 0), c1 = at(cta, 0, pc, 1), c2 = at(cta, 0, pc, 2), c3 = at(cta, 0, pc, 3),
+                      c4 = at(cta, 0, pc, 4), cn = at(cta, 0, pc + 1, 1);
+      const long long p0 = at(cta, 1, pc, 0), p1 = at(cta, 1, pc, 1), p2 = at(cta, 1, pc, 2), p3 = at(cta, 1, pc, 3),
+                      p4 = at(cta, 1, pc, 4);
+      const long long o0 = at(cta, 2, pc, 0), o1 = at(cta, 2, pc, 1), o2 = at(cta, 2, pc, 2), o3 = at(cta, 2, pc, 3);
+      printf("  %2d  start %9lld | %6lld %7lld %6lld %6lld | bnd %6lld || prod start %9lld: %6lld %6lld %6lld %7lld"
+             " || copy %9lld: %7lld %6lld %6lld\n",
+             pc, c1 - t0, c1 - c0, c2 - c1, c3 - c2, c4 ? c4 - c3 : -1, cn ? cn - c3 : -1, p0 ? p0 - t0 : -1,
+             p1 - p0, p4 - p1, p2 - p4, p3 - p2, o0 ? o0 - t0 : -1, o1 - o0, o2 - o1, o3 - o2);
+    }
+  }
+}
+#endif
+
 void Sanitize(int* counters, cudaStream_t s) {
   struct C { Shape3 s; GemmDType dt; int nb; std::vector<int> bands; const char* tile; int comm, split; };
   const std::vector<C> cs = {{{300, 264, 200}, GemmDType::kBFloat16, 2, {0, 50, 100, 150}, "256", 0, 0},
@@ -432,6 +479,9 @@ int main(int argc, char** argv) {
   if (mode == "bench" || mode == "all") Bench(quick, cublas, counters, s);
   if (mode == "sanitize") Sanitize(counters, s);
   if (mode == "profile") Profile(shape, comm, cublas, counters, s);
+#ifdef FO_TIMELINE
+  if (mode == "timeline") Timeline(shape, comm, counters, s);
+#endif
   CK(cudaDeviceSynchronize());
 
   if (!json_path.empty()) {

@@ -62,7 +62,10 @@ int ExpectedDst(const TileSchedule& s, int sched_row) {
   return d;
 }
 
+void CheckDecoder(const TileSchedule& s, const char* what, uint64_t seed);
+
 void Check(const TileSchedule& s, int flag_rows, const char* what) {
+  CheckDecoder(s, what, uint64_t(s.m) * 131 + s.n + s.num_units);
   std::vector<int> cover(size_t(s.m) * s.n_tiles, 0);
   int last_group = 0;
   for (int u = 0; u < s.num_units; ++u) {
@@ -92,6 +95,29 @@ void Check(const TileSchedule& s, int flag_rows, const char* what) {
   for (size_t i = 0; i < cover.size(); ++i) {
     EXPECT(cover[i] == 1, "%s: row %zu tile %zu covered %d times", what, i / s.n_tiles,
            i % s.n_tiles, cover[i]);
+  }
+}
+
+bool SameWork(const TileWork& a, const TileWork& b) {
+  return a.group == b.group && a.n_tile == b.n_tile && a.src_row == b.src_row &&
+         a.dst_row == b.dst_row && a.rows == b.rows;
+}
+
+// The producer's cached decoder (UnitDecoder) against DecodeUnit, in the orders units reach
+// a producer: one cluster's round-robin share (increasing, across groups), and a shuffled
+// walk with steps back (the split tail's pieces go back to an earlier unit).
+void CheckDecoder(const TileSchedule& s, const char* what, uint64_t seed) {
+  for (int r = 0; r < s.cluster_m; ++r) {
+    UnitDecoder inc, walk;
+    for (int u = int(seed % 7); u < s.num_units; u += 1 + int(seed % 5)) {
+      EXPECT(SameWork(inc.Decode(s, u, r), DecodeUnit(s, u, r)), "%s: decoder differs at unit %d", what, u);
+    }
+    uint64_t x = seed | 1;
+    for (int i = 0; i < 200 && s.num_units > 0; ++i) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      const int u = int(x % uint64_t(s.num_units));
+      EXPECT(SameWork(walk.Decode(s, u, r), DecodeUnit(s, u, r)), "%s: decoder differs at unit %d (walk)", what, u);
+    }
   }
 }
 

@@ -103,7 +103,16 @@ struct SignalingGemmArgs {
   const int32_t* in_flags = nullptr;
   int in_flag_rows = 0;
   int32_t in_flag_value = 0;
+#ifdef FO_TIMELINE
+  // Test builds only (tests/cuda/build_timeline.sh, every object compiled with FO_TIMELINE):
+  // clock64() stamps of the first kTimelineCtas CTAs' warps, laid out
+  // [cta][role][piece][event] (roles: consumer, producer, copy-out). Null: none recorded.
+  long long* timeline = nullptr;
+#endif
 };
+#ifdef FO_TIMELINE
+constexpr int kTimelineCtas = 8, kTimelineRoles = 3, kTimelinePieces = 48, kTimelineEvents = 8;
+#endif
 
 // Tile shape the launcher picks for these args (host-side, deterministic for a given
 // device type and args). cluster_m CTAs along M form one thread-block cluster that

@@ -87,7 +87,7 @@ struct Config {
     alignas(16) uint32_t epi[kEpiWords];
     alignas(16) typename Mainloop::PipelineStorage pipeline;
     alignas(16) typename UnitPipeline::SharedStorage unit_pipeline;
-    int4 pieces[kUnitSlots];  // Piece: unit, k_begin, k_count, kind | slot << 2
+    PieceSlot pieces[kUnitSlots];  // PieceWork (work_units.cuh)
     // Overlapped epilogue: the staged tile's hand-off (consumers -> copy-out warps) and the
     // staging rows' return (copy-out warps -> consumers), one phase per staged tile.
     cutlass::arch::ClusterBarrier staging_full, staging_empty;
@@ -111,6 +111,9 @@ struct Config {
     // Split tail (sched.split_units > 0): partial tiles [slot][rank_m] and their ready flags.
     float* partials;
     int32_t* split_flags;
+#ifdef FO_TIMELINE
+    long long* timeline;
+#endif
   };
 
   static constexpr int kThreads = 384;  // 1 producer warpgroup + 2 consumer warpgroups
@@ -135,6 +138,18 @@ constexpr bool AccumulatorLayoutIsCanonical() {
   }
   return size(tv) == 256 * (Cfg::BM * Cfg::BN / 256);
 }
+
+#ifdef FO_TIMELINE
+// Where a CTA's warps spend a tile boundary (test builds: tests/cuda/build_timeline.sh).
+__device__ __forceinline__ void Stamp(long long* tl, int role, int piece, int event) {
+  if (tl != nullptr && blockIdx.x < kTimelineCtas && piece < kTimelinePieces)
+    tl[((int(blockIdx.x) * kTimelineRoles + role) * kTimelinePieces + piece) * kTimelineEvents + event] =
+        clock64();
+}
+#define FO_STAMP(role, piece, event) Stamp(params.timeline, role, piece, event)
+#else
+#define FO_STAMP(role, piece, event) ((void)0)
+#endif
 
 __device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
@@ -196,18 +211,20 @@ __device__ __forceinline__ int64_t OutOffset(int dst_row, int row, int col, int 
 // its group, then hand the staging rows back.
 template <class Cfg>
 __device__ void CopyOutTiles(const typename Cfg::Params& params, const uint32_t* epi,
-                             typename Cfg::UnitPipeline& unit_pipe, const int4* pieces,
+                             typename Cfg::UnitPipeline& unit_pipe, const PieceSlot* pieces,
                              cutlass::arch::ClusterBarrier& ss_full,
-                             cutlass::arch::ClusterBarrier& ss_empty, int rank_m, int et) {
+                             cutlass::arch::ClusterBarrier& ss_empty, int et) {
   const TileSchedule& sched = params.sched;
   uint32_t full_phase = 0;
   constexpr int kChunksPerRow = Cfg::BN / 8;
   char* out = static_cast<char*>(params.out);
   typename Cfg::UnitState unit_state;
-  while (true) {
-    const Piece piece = NextPiece<Cfg>(unit_pipe, unit_state, pieces, et % 32);
+  for (int np = 0;; ++np) {
+    const PieceWork pw = NextPiece<Cfg>(unit_pipe, unit_state, pieces, et % 32);
+    const Piece& piece = pw.piece;
+    const TileWork& w = pw.work;
+    if (et == 0) FO_STAMP(2, np, 0);
     if (piece.unit < 0) break;
-    const TileWork w = DecodeUnit(sched, piece.unit, rank_m);
     // The consumers skip these too: an idle cluster partner; a partial sum left for later.
     if (w.rows <= 0 || piece.kind == kPieceStorePartial) continue;
     // The tile is staged: all 256 consumer threads arrived (each arrive releases its own
@@ -216,6 +233,7 @@ __device__ void CopyOutTiles(const typename Cfg::Params& params, const uint32_t*
     // and the later barrier.sync one intermittently with several tiles per CTA.
     ss_full.wait(full_phase);
     full_phase ^= 1;
+    if (et == 0) FO_STAMP(2, np, 1);
     const int n0 = w.n_tile * Cfg::BN;
     for (int id = et; id < Cfg::BM * kChunksPerRow; id += kCopyOutThreads) {
       const int row = id / kChunksPerRow, ch = id % kChunksPerRow, col = n0 + 8 * ch;
@@ -225,6 +243,7 @@ __device__ void CopyOutTiles(const typename Cfg::Params& params, const uint32_t*
                                                   params.out_col_block)) = v;
       }
     }
+    if (et == 0) FO_STAMP(2, np, 2);
     ss_empty.arrive();  // this thread's reads of the staging rows are done (release)
     // Signal as in the consumers' epilogue: every copy-out store precedes this barrier, the
     // releasing thread's gpu-scope fence orders them all before the counter increment.
@@ -233,6 +252,7 @@ __device__ void CopyOutTiles(const typename Cfg::Params& params, const uint32_t*
       __threadfence();
       atomicAdd(params.counters + w.group, 1);
     }
+    if (et == 0) FO_STAMP(2, np, 3);
   }
 }
 
@@ -307,18 +327,24 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
       Tensor gB_nkl = local_tile(mB, typename Cfg::TileShape{}, make_coord(_, _, _), Step<X, _1, _1>{});
       typename Cfg::UnitState unit_state = cutlass::make_producer_start_state<typename Cfg::UnitPipeline>();
       UnitClaims<Cfg> claims(params, cluster_id, rank_in_cluster);  // used by lane 0 only
+      UnitDecoder decoder;
+      int np = 0;  // pieces so far (timeline)
       for (int seq = 0;; ++seq) {
+        if (lane == 0) FO_STAMP(1, np, 0);
         const int item = ClaimItem<Cfg>(claims, seq, lane);
+        if (lane == 0) FO_STAMP(1, np, 1);
         if (item < 0) {
-          PublishPiece<Cfg>(unit_pipe, unit_state, ss.pieces, Piece{-1, 0, 0, 0, 0}, lane);
+          PublishPiece<Cfg>(unit_pipe, unit_state, ss.pieces, Piece{-1, 0, 0, 0, 0}, TileWork{}, lane);
           break;
         }
         Piece pieces[kMaxPiecesPerItem];
         const int count = ItemPieces(sched, item, pieces);
         for (int i = 0; i < count; ++i) {
           const Piece& piece = pieces[i];
-          PublishPiece<Cfg>(unit_pipe, unit_state, ss.pieces, piece, lane);
-          const TileWork w = DecodeUnit(sched, piece.unit, rank_m);
+          const TileWork w = decoder.Decode(sched, piece.unit, rank_m);
+          if (lane == 0) FO_STAMP(1, np, 4);
+          PublishPiece<Cfg>(unit_pipe, unit_state, ss.pieces, piece, w, lane);
+          if (lane == 0) FO_STAMP(1, np, 5);
           // Input rows still in flight (all-gather + GEMM): wait for their flag. Idle cluster
           // partners (rows <= 0) load rows that are never stored, so they need not wait.
           if (params.in_flags != nullptr && w.rows > 0) {
@@ -330,10 +356,13 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
           Tensor gA_mkl = local_tile(domain_offset(make_coord(w.src_row, 0, 0), mA),
                                      typename Cfg::TileShape{}, make_coord(_, _, _), Step<_1, X, _1>{});
           auto k_iter = make_coord_iterator(idx2crd(piece.k_begin, shape<3>(gA_mkl)), shape<3>(gA_mkl));
+          if (lane == 0) FO_STAMP(1, np, 2);
           mainloop.load(params.mainloop, pipeline, write_state, cute::make_tuple(gA_mkl, gB_nkl),
                         make_coord(0, w.n_tile, _, 0), k_iter, piece.k_count, lane,
                         rank_in_cluster, ss.mainloop);
           write_state.advance(piece.k_count);
+          if (lane == 0) FO_STAMP(1, np, 3);
+          ++np;
         }
         if (lane == 0) claims.Loaded(seq);
       }
@@ -341,7 +370,7 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
       mainloop.load_tail(pipeline, write_state);
     } else if constexpr (Cfg::kOverlapEpilogue) {
       CopyOutTiles<Cfg>(params, ss.epi, unit_pipe, ss.pieces, ss.staging_full, ss.staging_empty,
-                        rank_m, thread_idx - 32);
+                        thread_idx - 32);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<232>();
@@ -358,14 +387,19 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
     typename Cfg::UnitState unit_state;
     uint32_t empty_phase = 0;
     bool staged_before = false;  // overlapped epilogue: a tile was staged (rows not yet free)
-    while (true) {
-      const Piece piece = NextPiece<Cfg>(unit_pipe, unit_state, ss.pieces, lane);
+    for (int np = 0;; ++np) {
+      if (thread_idx == 128) FO_STAMP(0, np, 0);
+      const PieceWork pw = NextPiece<Cfg>(unit_pipe, unit_state, ss.pieces, lane);
+      const Piece& piece = pw.piece;
+      const TileWork& w = pw.work;
       if (piece.unit < 0) break;
-      const TileWork w = DecodeUnit(sched, piece.unit, rank_m);
       auto accum = partition_fragment_C(tiled_mma, take<0, 2>(typename Cfg::TileShape{}));
+      if (thread_idx == 128) FO_STAMP(0, np, 1);
       mainloop.mma(pipeline, read_state, accum, piece.k_count, mma_thread, ss.mainloop,
                    params.mainloop);
+      if (thread_idx == 128) FO_STAMP(0, np, 2);
       mainloop.mma_tail(pipeline, read_state, piece.k_count);
+      if (thread_idx == 128) FO_STAMP(0, np, 3);
       read_state.advance(piece.k_count);
       if (w.rows <= 0) continue;  // idle cluster partner past the band end: CTA-uniform
       if (piece.kind == kPieceStorePartial) {  // split tail: the unit is finished elsewhere
@@ -395,6 +429,7 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
           }
         }
         ss.staging_full.arrive();  // this thread's part is staged (release)
+        if (thread_idx == 128) FO_STAMP(0, np, 4);
         continue;
       }
       const int n0 = w.n_tile * BN;
@@ -522,6 +557,9 @@ struct Instance {
     params.in_flags = args.in_flags;
     params.in_flag_rows = args.in_flag_rows;
     params.in_flag_value = args.in_flag_value;
+#ifdef FO_TIMELINE
+    params.timeline = args.timeline;
+#endif
     params.queue_next = static_cast<uint32_t*>(args.queue);
     char* queue = static_cast<char*>(args.queue);
     params.queue_ring = queue == nullptr ? nullptr

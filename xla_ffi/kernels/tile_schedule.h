@@ -83,37 +83,57 @@ FO_HOST_DEVICE int ClusterRowsInGroup(const TileSchedule& s, int g) {
   return s.num_blocks * CeilDiv(h, s.block_m * s.cluster_m);
 }
 
-// rank_m: this CTA's rank along M inside its cluster (0 .. cluster_m-1).
-FO_HOST_DEVICE TileWork DecodeUnit(const TileSchedule& s, int unit, int rank_m) {
+// What DecodeUnit needs of one group, read from the schedule once per group (a persistent
+// CTA decodes its units in nearly increasing order: UnitDecoder keeps the current group's).
+struct GroupView {
+  int g = -1;
+  int first = 0, end = 0;  // the group's units: [first, end)
+  int band0 = 0, h = 0, ct = 0, total_rows = 0, panel_units = 0, panel_start = 0;
+};
+
+FO_HOST_DEVICE int GroupOfUnit(const TileSchedule& s, int unit) {
   // Largest g with unit_start[g] <= unit (binary search: <= 7 steps for 64 groups).
   int lo = 0, hi = s.num_groups - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) >> 1;
     if (s.unit_start[mid] <= unit) lo = mid; else hi = mid - 1;
   }
-  const int g = lo;
-  const int band0 = s.band_rows[g];
-  const int h = s.band_rows[g + 1] - band0;
+  return lo;
+}
+
+FO_HOST_DEVICE GroupView ViewGroup(const TileSchedule& s, int g) {
+  GroupView v;
+  v.g = g;
+  v.first = s.unit_start[g];
+  v.end = s.unit_start[g + 1];
+  v.band0 = s.band_rows[g];
+  v.h = s.band_rows[g + 1] - v.band0;
+  v.ct = CeilDiv(v.h, s.block_m * s.cluster_m);  // cluster rows per rank block
+  v.total_rows = s.num_blocks * v.ct;            // cluster rows in the group
+  v.panel_units = s.panel * s.n_tiles;
+  v.panel_start = s.panel_start[g];
+  return v;
+}
+
+// Unit `unit` of group v.g; rank_m: this CTA's rank along M inside its cluster.
+FO_HOST_DEVICE TileWork DecodeInGroup(const TileSchedule& s, const GroupView& v, int unit, int rank_m) {
   const int crow_rows = s.block_m * s.cluster_m;
-  const int ct = CeilDiv(h, crow_rows);           // cluster rows per rank block
-  const int total_rows = s.num_blocks * ct;       // cluster rows in the group
-  const int local = unit - s.unit_start[g];
-  const int panel_units = s.panel * s.n_tiles;
-  const int p = local / panel_units;
-  const int within = local - p * panel_units;
-  const int rows_in_panel = MinInt(s.panel, total_rows - p * s.panel);
+  const int local = unit - v.first;
+  const int p = local / v.panel_units;
+  const int within = local - p * v.panel_units;
+  const int rows_in_panel = MinInt(s.panel, v.total_rows - p * s.panel);
   const int crow = p * s.panel + within % rows_in_panel;
   TileWork w;
-  w.group = g;
+  w.group = v.g;
   w.n_tile = within / rows_in_panel;
-  if (s.serpentine && ((s.panel_start[g] + p) & 1)) w.n_tile = s.n_tiles - 1 - w.n_tile;
-  const int j = crow / ct;                        // rank block
-  const int o = (crow - j * ct) * crow_rows + rank_m * s.block_m;  // offset inside the band
-  w.rows = MinInt(s.block_m, h - o);
-  w.src_row = j * s.rows_per_block + band0 + o;
+  if (s.serpentine && ((v.panel_start + p) & 1)) w.n_tile = s.n_tiles - 1 - w.n_tile;
+  const int j = crow / v.ct;                      // rank block
+  const int o = (crow - j * v.ct) * crow_rows + rank_m * s.block_m;  // offset inside the band
+  w.rows = MinInt(s.block_m, v.h - o);
+  w.src_row = j * s.rows_per_block + v.band0 + o;
   // Group g occupies out rows [num_blocks*band0, num_blocks*band_rows[g+1]); block j's part
   // of it starts j*h rows in (signaling_gemm.h).
-  w.dst_row = s.num_blocks * band0 + j * h + o;
+  w.dst_row = s.num_blocks * v.band0 + j * v.h + o;
   if (s.row_rotation != 0) {  // num_blocks == 1: src_row == dst_row before the rotation
     w.src_row += s.row_rotation;
     if (w.src_row >= s.m) w.src_row -= s.m;
@@ -122,6 +142,22 @@ FO_HOST_DEVICE TileWork DecodeUnit(const TileSchedule& s, int unit, int rank_m) 
   }
   return w;
 }
+
+// rank_m: this CTA's rank along M inside its cluster (0 .. cluster_m-1).
+FO_HOST_DEVICE TileWork DecodeUnit(const TileSchedule& s, int unit, int rank_m) {
+  return DecodeInGroup(s, ViewGroup(s, GroupOfUnit(s, unit)), unit, rank_m);
+}
+
+// DecodeUnit with the current group's values kept between calls: the schedule lives in
+// kernel parameters, whose dynamically indexed reads (the group search, the group's bands)
+// took most of the ~2,000 cycles a decode cost the producer between two units' loads.
+struct UnitDecoder {
+  GroupView v;
+  FO_HOST_DEVICE TileWork Decode(const TileSchedule& s, int unit, int rank_m) {
+    if (unit < v.first || unit >= v.end) v = ViewGroup(s, GroupOfUnit(s, unit));
+    return DecodeInGroup(s, v, unit, rank_m);
+  }
+};
 
 // Pieces of queue item `item` in the order a cluster processes them (1 to 3). A chunk that
 // ends inside a unit stores that unit's first part as a partial *first*, and finishes the

@@ -37,8 +37,18 @@ struct UnitClaims {
   __device__ UnitClaims(const typename Cfg::Params& params, int cluster, uint32_t rank)
       : p(params), cluster_id(cluster), leader(rank == 0) {}
 
+  // The raw counter value; Checked() is applied where the claim is first used, so issuing a
+  // claim never waits for the atomic's result. An increment that never wraps (atom.inc with
+  // a bound the counter cannot reach, 2^30 plus a runtime value), not an add: ptxas turns an
+  // atomic add (and an inc with a constant all-ones bound) into a warp-aggregated sequence
+  // whose shuffle of the result made every claim wait ~700 cycles for the atomic.
   __device__ unsigned Claim() {
-    const unsigned u = atomicAdd(p.queue_next, 1u);
+    unsigned u;
+    const unsigned bound = (1u << 30) + unsigned(p.sched.num_items);
+    asm volatile("atom.relaxed.gpu.global.inc.u32 %0, [%1], %2;" : "=r"(u) : "l"(p.queue_next), "r"(bound) : "memory");
+    return u;
+  }
+  __device__ unsigned Checked(unsigned u) const {
     return u < unsigned(p.sched.num_items) ? u : kNoUnit;
   }
   __device__ unsigned long long* Slot(int seq) const {
@@ -68,7 +78,7 @@ struct UnitClaims {
     unsigned id;
     if (leader) {
       if (seq == 0) {
-        current = Claim();
+        current = Checked(Claim());
         if (Cfg::CM > 1) Publish(0, current);
       }
       id = current;
@@ -88,7 +98,7 @@ struct UnitClaims {
   __device__ void Loaded(int seq) {
     if (p.queue_next == nullptr) return;
     if (leader) {
-      current = pending;
+      current = Checked(pending);
       if (Cfg::CM > 1) Publish(seq + 1, current);
     } else {
       peek = Read(seq + 1);
@@ -104,16 +114,27 @@ __device__ int ClaimItem(UnitClaims<Cfg>& claims, int seq, int lane) {
   return __shfl_sync(0xffffffffu, item, 0);
 }
 
+// A piece of work and the tile it computes, as the producer hands it out: the producer
+// decodes the unit once (DecodeUnit reads the schedule from kernel parameters with dynamic
+// indices; on the consumers it sat between two tiles' wgmmas).
+struct PieceWork {
+  Piece piece;
+  TileWork work;
+};
+struct alignas(16) PieceSlot {
+  int v[8];  // unit, k_begin, k_count, kind | slot << 2, group, n_tile, dst_row, rows
+};
+
 // Producer warp: hands one piece (unit -1: done) to the CTA's other warps.
 template <class Cfg>
 __device__ void PublishPiece(typename Cfg::UnitPipeline& pipe, typename Cfg::UnitState& state,
-                             int4* slots, const Piece& piece, int lane) {
+                             PieceSlot* slots, const Piece& piece, const TileWork& work, int lane) {
   if (lane == 0) {
     pipe.producer_acquire(state);
     asm volatile("" ::: "memory");
-    volatile int4* slot = slots + state.index();
-    slot->x = piece.unit, slot->y = piece.k_begin, slot->z = piece.k_count;
-    slot->w = piece.kind | (piece.slot << 2);
+    volatile int* v = slots[state.index()].v;
+    v[0] = piece.unit, v[1] = piece.k_begin, v[2] = piece.k_count, v[3] = piece.kind | piece.slot << 2;
+    v[4] = work.group, v[5] = work.n_tile, v[6] = work.dst_row, v[7] = work.rows;
     asm volatile("" ::: "memory");
     pipe.producer_commit(state);
   }
@@ -121,25 +142,25 @@ __device__ void PublishPiece(typename Cfg::UnitPipeline& pipe, typename Cfg::Uni
 }
 
 // Any other warp: the next piece the producer handed out (unit -1: done). One lane waits and
-// releases the slot (the pipeline counts warps), the warp shares the piece.
+// releases the slot (the pipeline counts warps), the warp shares what it read.
 template <class Cfg>
-__device__ Piece NextPiece(typename Cfg::UnitPipeline& pipe, typename Cfg::UnitState& state,
-                           const int4* slots, int lane) {
-  int4 v = make_int4(0, 0, 0, 0);
+__device__ PieceWork NextPiece(typename Cfg::UnitPipeline& pipe, typename Cfg::UnitState& state,
+                               const PieceSlot* slots, int lane) {
+  int v[8] = {0};
   if (lane == 0) {
     pipe.consumer_wait(state);
     asm volatile("" ::: "memory");
-    const volatile int4* slot = slots + state.index();
-    v.x = slot->x, v.y = slot->y, v.z = slot->z, v.w = slot->w;
+    const volatile int* slot = slots[state.index()].v;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < 8; ++i) v[i] = slot[i];
     asm volatile("" ::: "memory");
     pipe.consumer_release(state);
   }
   ++state;
-  v.x = __shfl_sync(0xffffffffu, v.x, 0);
-  v.y = __shfl_sync(0xffffffffu, v.y, 0);
-  v.z = __shfl_sync(0xffffffffu, v.z, 0);
-  v.w = __shfl_sync(0xffffffffu, v.w, 0);
-  return Piece{v.x, v.y, v.z, v.w & 3, v.w >> 2};
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < 8; ++i) v[i] = __shfl_sync(0xffffffffu, v[i], 0);
+  // (src_row stays with the producer: only its TMA loads need it)
+  return PieceWork{Piece{v[0], v[1], v[2], v[3] & 3, v[3] >> 2}, TileWork{v[4], v[5], -1, v[6], v[7]}};
 }
 
 // ---- split tail: partial tiles between two chunks ------------------------------------------
