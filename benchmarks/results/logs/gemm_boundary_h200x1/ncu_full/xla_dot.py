@@ -1,0 +1,18 @@
+import ctypes, jax, jax.numpy as jnp
+m, n, k = (int(v) for v in "8192x8192x4096".split("x"))
+kx, kw = jax.random.split(jax.random.key(0))
+x = jax.random.normal(kx, (m, k), jnp.bfloat16); w = jax.random.normal(kw, (k, n), jnp.bfloat16)
+f = jax.jit(lambda a, b: a @ b)
+print(f.lower(x, w).compile().as_text()[:4000])
+for _ in range(3): f(x, w).block_until_ready()
+cuda = ctypes.CDLL("libcuda.so.1")
+ctx = ctypes.c_void_p()
+cuda.cuCtxGetCurrent(ctypes.byref(ctx))
+if not ctx.value:  # JAX runs on the primary context; make it current on this thread
+    dev = ctypes.c_int()
+    cuda.cuDeviceGet(ctypes.byref(dev), 0)
+    cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
+    cuda.cuCtxSetCurrent(ctx)
+print("cuProfilerStart", cuda.cuProfilerStart())
+for _ in range(3): f(x, w).block_until_ready()
+print("cuProfilerStop", cuda.cuProfilerStop())
