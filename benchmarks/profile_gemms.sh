@@ -2,7 +2,7 @@
 # Nsight Compute profiles of the same GEMM three ways on one GPU: our signaling GEMM
 # (tests/cuda/gemm_test profile), cublasGemmEx, and the kernel XLA's dot runs through JAX
 # (its autotuned choice). Full section set, clocks left alone (METHOD.md). Needs .build/gemm_test
-# (tests/cuda/build.sh) and the CUDA build of the package for nothing: the dot is plain JAX.
+# (tests/cuda/build.sh) and JAX with CUDA; not the package's extension (the dot is plain JAX).
 #   benchmarks/profile_gemms.sh OUT_DIR [MxNxK] [COMM_SMS]
 set -uo pipefail
 OUT="$1"; SHAPE="${2:-8192x8192x4096}"; COMM="${3:-0}"
@@ -13,29 +13,9 @@ NCU=(ncu --clock-control none --set full --import-source no)
   .build/gemm_test profile --shape "$SHAPE" --comm "$COMM" > "$OUT/ncu_ours.log" 2>&1
 "${NCU[@]}" -k 'regex:nvjet|xmma|gemm|cutlass3x' --launch-skip 2 --launch-count 1 -o "$OUT/cublas_${SHAPE}" \
   .build/gemm_test profile --shape "$SHAPE" --comm "$COMM" > "$OUT/ncu_cublas.log" 2>&1
-# XLA: compile and autotune first, then profile only what runs between cuProfilerStart / Stop
-cat > "$OUT/xla_dot.py" <<PY
-import ctypes, jax, jax.numpy as jnp
-m, n, k = (int(v) for v in "$SHAPE".split("x"))
-kx, kw = jax.random.split(jax.random.key(0))
-x = jax.random.normal(kx, (m, k), jnp.bfloat16); w = jax.random.normal(kw, (k, n), jnp.bfloat16)
-f = jax.jit(lambda a, b: a @ b)
-print(f.lower(x, w).compile().as_text()[:4000])
-for _ in range(3): f(x, w).block_until_ready()
-cuda = ctypes.CDLL("libcuda.so.1")
-ctx = ctypes.c_void_p()
-cuda.cuCtxGetCurrent(ctypes.byref(ctx))
-if not ctx.value:  # JAX runs on the primary context; make it current on this thread
-    dev = ctypes.c_int()
-    cuda.cuDeviceGet(ctypes.byref(dev), 0)
-    cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
-    cuda.cuCtxSetCurrent(ctx)
-print("cuProfilerStart", cuda.cuProfilerStart())
-for _ in range(3): f(x, w).block_until_ready()
-print("cuProfilerStop", cuda.cuProfilerStop())
-PY
+# XLA: compiled and autotuned first; only what runs between cuProfilerStart / Stop is profiled
 "${NCU[@]}" --profile-from-start off --target-processes all --launch-skip 1 --launch-count 1 \
-  -o "$OUT/xla_${SHAPE}" python "$OUT/xla_dot.py" > "$OUT/ncu_xla.log" 2>&1
+  -o "$OUT/xla_${SHAPE}" python benchmarks/xla_dot_profile.py "$SHAPE" > "$OUT/ncu_xla.log" 2>&1
 for r in "$OUT"/*.ncu-rep; do
   ncu --import "$r" --page details --print-units base > "${r%.ncu-rep}.txt" 2>&1
 done
