@@ -2,6 +2,8 @@
 # A/B of gemm_test builds by Nsight Compute metrics: kernel time, SM clock and the share of
 # cycles the tensor pipe was busy (clock-independent), for our GEMM only, twice each.
 #   SHAPES="MxNxK:COMM ..." BINS="gemm_test_base gemm_test" OUT=dir bash benchmarks/ncu_ab.sh
+# A BINS entry may carry one environment setting after '@', e.g.
+# "gemm_test gemm_test@FLASHOVERLAP_GEMM_SCHEDULE=pingpong" (one binary, two kernels).
 # (binaries under .build/; `gemm_test profile` launches the kernel 5 times, the 3rd is read)
 set -u
 P=$OUT/ab; mkdir -p "$P"
@@ -11,8 +13,9 @@ for S in ${SHAPES:-8192x8192x4096:0 8192x8192x4096:16 8192x28672x4096:0 4096x819
   sh=${S%%:*}; c=${S##*:}
   for rep in 1 2; do
     for b in ${BINS:-gemm_test_base gemm_test}; do
-      r=$(ncu --clock-control none $M -k regex:SignalingGemm --launch-skip 2 --launch-count 1 \
-            ".build/$b" profile --shape "$sh" --comm "$c" 2>&1 | grep -E "gpu__|sm__" | awk '{print $NF}' | tr '\n' ' ')
+      e=(); [[ "$b" == *@* ]] && e=("${b#*@}")
+      r=$(env "${e[@]}" ncu --clock-control none $M -k regex:SignalingGemm --launch-skip 2 --launch-count 1 \
+            ".build/${b%%@*}" profile --shape "$sh" --comm "$c" 2>&1 | grep -E "gpu__|sm__" | awk '{print $NF}' | tr '\n' ' ')
       echo "$sh c$c $b: $r" | tee -a "$P/ab.txt"
     done
   done

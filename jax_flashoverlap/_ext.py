@@ -20,6 +20,7 @@ FALLBACK_ENV = "JAX_FLASHOVERLAP_FALLBACK"
 GEMM_EPILOGUE_ENV = "FLASHOVERLAP_GEMM_EPILOGUE"  # read by the kernel launcher at every launch
 GEMM_QUEUE_ENV = "FLASHOVERLAP_GEMM_QUEUE"  # likewise
 GEMM_TAIL_ENV = "FLASHOVERLAP_GEMM_TAIL"  # likewise
+GEMM_SCHEDULE_ENV = "FLASHOVERLAP_GEMM_SCHEDULE"  # likewise (and plan.kernel_geometry)
 ALL_REDUCE_BUFFER_ENV = "JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER"  # read at lowering
 
 
@@ -90,8 +91,9 @@ def fallback_enabled() -> bool:
 
 def check_gemm_epilogue() -> None:
   """FLASHOVERLAP_GEMM_EPILOGUE is unset, 'overlap' (the default) or 'sync' (the signaling
-  GEMM's earlier epilogue), FLASHOVERLAP_GEMM_QUEUE unset, 'dynamic' or 'static', and
-  FLASHOVERLAP_GEMM_TAIL unset, 'split' or 'whole', exactly as the launcher reads them;
+  GEMM's earlier epilogue), FLASHOVERLAP_GEMM_QUEUE unset, 'dynamic' or 'static',
+  FLASHOVERLAP_GEMM_TAIL unset, 'split' or 'whole', and FLASHOVERLAP_GEMM_SCHEDULE unset,
+  'cooperative' or 'pingpong', exactly as the launcher reads them;
   anything else is an error here, at lowering, instead of at the first launch."""
   for env, allowed, meaning in _GEMM_SWITCHES:
     raw = os.environ.get(env)
@@ -109,6 +111,10 @@ _GEMM_SWITCHES = (
     (GEMM_TAIL_ENV, ("split", "whole"),
      "'split' (the default: the signaling GEMM cuts its last two waves along K when the last "
      "one is partial) or 'whole' (whole tiles only)"),
+    (GEMM_SCHEDULE_ENV, ("cooperative", "pingpong"),
+     "'cooperative' (the default: both consumer warpgroups of the signaling GEMM compute "
+     "each 128x256 tile together) or 'pingpong' (each computes 128x128 tiles of its own, in "
+     "turn)"),
 )
 
 

@@ -134,11 +134,19 @@ class KernelGeometry:
     return min(SPLIT_PARTIAL_BYTES // per_slot, SPLIT_MAX_FLAGS // self.cluster_m)
 
 
+# FLASHOVERLAP_GEMM_SCHEDULE (_ext.GEMM_SCHEDULE_ENV; validated at lowering): 'pingpong'
+# replaces the 128x256 tiles by 128x128 ones in the same 2x1 clusters. A ping-pong CTA
+# computes its two warpgroups' tiles in turn, so a unit of 256 x 128 takes half the time
+# of a 256 x 256 one and the wave model below holds with block_n = 128.
+_SCHEDULE_ENV = "FLASHOVERLAP_GEMM_SCHEDULE"
+
+
 def kernel_geometry(m: int, n: int, comm_sms: int) -> KernelGeometry:
   usable = NUM_SMS - comm_sms
   wide_tiles = math.ceil(m / 128) * math.ceil(n / 256)
   if wide_tiles >= usable:
-    return KernelGeometry(128, 256, 2, usable // 2)
+    pingpong = os.environ.get(_SCHEDULE_ENV) == "pingpong"
+    return KernelGeometry(128, 128 if pingpong else 256, 2, usable // 2)
   return KernelGeometry(128, 128, 1, usable)
 
 

@@ -214,6 +214,23 @@ def test_split_tail_mirrors_the_launcher():
     assert (wide.max_split_slots, narrow.max_split_slots) == (66, 264)
 
 
+def test_pingpong_schedule_geometry(monkeypatch):
+  # FLASHOVERLAP_GEMM_SCHEDULE=pingpong: 128x128 tiles in the same 2x1 clusters where the
+  # cooperative kernel takes 128x256 ones (signaling_gemm.cu: ChooseTileShape); small
+  # problems keep the cluster-less 128x128 tiles.
+  monkeypatch.setenv("FLASHOVERLAP_GEMM_SCHEDULE", "pingpong")
+  wide, narrow = P.kernel_geometry(8192, 8192, 8), P.kernel_geometry(128, 1024, 0)
+  assert (wide.block_m, wide.block_n, wide.cluster_m, wide.grid) == (128, 128, 2, 62)
+  assert (narrow.block_n, narrow.cluster_m) == (128, 1)
+  assert wide.max_split_slots == 132  # Config::kMaxSplitSlots of the ping-pong instance
+  # Same work per wave as the cooperative kernel's 256 x 256 units, in twice as many units.
+  monkeypatch.delenv("FLASHOVERLAP_GEMM_SCHEDULE")
+  assert P.kernel_geometry(8192, 8192, 8).block_n == 256
+  source = (pathlib.Path(__file__).parent.parent / "xla_ffi/kernels/signaling_gemm.cu").read_text()
+  assert '"FLASHOVERLAP_GEMM_SCHEDULE", "cooperative", "pingpong"' in source
+  assert "wide = GemmTileShape{128, 128, 2}" in source
+
+
 def test_gemm_waves_follow_the_split_switches(monkeypatch):
     # 2048 units on 66 clusters: 30 waves whole, then 68 units as 66 chunks of 132 K tiles
     assert P.gemm_waves(16384, 8192, 0, 8192) == pytest.approx(30 + 132 / 128)

@@ -23,6 +23,7 @@ SRCS=(xla_ffi/kernels/signaling_gemm_bf16_128x256.cu xla_ffi/kernels/signaling_g
       xla_ffi/kernels/signaling_gemm_bf16_128x256_overlap.cu xla_ffi/kernels/signaling_gemm_bf16_128x128_overlap.cu
       xla_ffi/kernels/signaling_gemm_f16_128x256_overlap.cu xla_ffi/kernels/signaling_gemm_f16_128x128_overlap.cu
       xla_ffi/kernels/signaling_gemm_f16_128x256.cu xla_ffi/kernels/signaling_gemm_f16_128x128.cu
+      xla_ffi/kernels/signaling_gemm_bf16_128x128_pingpong.cu xla_ffi/kernels/signaling_gemm_f16_128x128_pingpong.cu
       xla_ffi/kernels/signaling_gemm.cu tests/cuda/gemm_test.cu tests/cuda/gemm_ext_test.cu
       tests/cuda/sm_share_probe.cu)
 export NVCC BUILD ROOT KERNEL_OBJ_DIR

@@ -110,6 +110,12 @@ void ApiChecks(cudaStream_t s) {
   setenv("FLASHOVERLAP_GEMM_TAIL", "spilt", 1);
   expect("FLASHOVERLAP_GEMM_TAIL typo", a, cudaErrorInvalidValue);
   if (tail_env) setenv("FLASHOVERLAP_GEMM_TAIL", saved_tail.c_str(), 1); else unsetenv("FLASHOVERLAP_GEMM_TAIL");
+  const char* schedule_env = getenv("FLASHOVERLAP_GEMM_SCHEDULE");
+  const std::string saved_schedule = schedule_env ? schedule_env : "";
+  setenv("FLASHOVERLAP_GEMM_SCHEDULE", "ping-pong", 1);
+  expect("FLASHOVERLAP_GEMM_SCHEDULE typo", a, cudaErrorInvalidValue);
+  if (schedule_env) setenv("FLASHOVERLAP_GEMM_SCHEDULE", saved_schedule.c_str(), 1);
+  else unsetenv("FLASHOVERLAP_GEMM_SCHEDULE");
   CK(cudaStreamSynchronize(s));
 }
 
@@ -267,6 +273,7 @@ struct Variant {
   bool signal, is_cublas;
   std::vector<float> ms;
   bool whole = false;  // FLASHOVERLAP_GEMM_TAIL=whole (no split tail)
+  bool pingpong = false;  // FLASHOVERLAP_GEMM_SCHEDULE=pingpong (128x128 ping-pong kernel)
 };
 
 void Bench(bool quick, Cublas& cublas, int* counters, cudaStream_t s) {
@@ -290,6 +297,8 @@ void Bench(bool quick, Cublas& cublas, int* counters, cudaStream_t s) {
     vs.push_back({"g4 sig p4", 0, 4, 4, true, false, {}});
     for (int comm : {4, 8, 12, 16}) vs.push_back({"g4 sig", comm, 4, 0, true, false, {}});
     for (int comm : {0, 8, 16}) vs.push_back({"g4 sig whole", comm, 4, 0, true, false, {}, true});
+    for (int comm : {0, 8, 16}) vs.push_back({"pp g4 sig", comm, 4, 0, true, false, {}, false, true});
+    vs.push_back({"pp g4 sig whole", 0, 4, 0, true, false, {}, true, true});
     int launch_no = 0;
     auto launch = [&](const Variant& v) {
       Problem* p = sets[launch_no++ % kSets];
@@ -313,6 +322,8 @@ void Bench(bool quick, Cublas& cublas, int* counters, cudaStream_t s) {
         else unsetenv("FLASHOVERLAP_GEMM_PANEL");
         if (v.whole) setenv("FLASHOVERLAP_GEMM_TAIL", "whole", 1);
         else unsetenv("FLASHOVERLAP_GEMM_TAIL");
+        if (v.pingpong) setenv("FLASHOVERLAP_GEMM_SCHEDULE", "pingpong", 1);
+        else unsetenv("FLASHOVERLAP_GEMM_SCHEDULE");
         // Counters are reset once per batch; they only grow, and the kernel never reads them.
         if (v.signal) CK(cudaMemsetAsync(counters, 0, sizeof(int) * kMaxGroups, s));
         CK(cudaEventRecord(e0, s));
@@ -326,6 +337,7 @@ void Bench(bool quick, Cublas& cublas, int* counters, cudaStream_t s) {
     }
     unsetenv("FLASHOVERLAP_GEMM_PANEL");
     unsetenv("FLASHOVERLAP_GEMM_TAIL");
+    unsetenv("FLASHOVERLAP_GEMM_SCHEDULE");
     auto median = [](std::vector<float> t) { std::sort(t.begin(), t.end()); return t[t.size() / 2]; };
     const float t_cublas = cublas.ok() ? median(vs[0].ms) : -1.f;
     for (const Variant& v : vs) {
@@ -335,11 +347,11 @@ void Bench(bool quick, Cublas& cublas, int* counters, cudaStream_t s) {
       char buf[640];
       snprintf(buf, sizeof buf,
                "{\"tag\":\"bench\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"dtype\":\"bf16\",\"variant\":\"%s\",\"comm_sms\":%d,"
-               "\"groups\":%d,\"signal\":%s,\"panel\":%d,\"tail\":\"%s\",\"ms\":%.4f,\"ms_min\":%.4f,\"ms_max\":%.4f,\"tflops\":%.1f,"
+               "\"groups\":%d,\"signal\":%s,\"panel\":%d,\"tail\":\"%s\",\"schedule\":\"%s\",\"ms\":%.4f,\"ms_min\":%.4f,\"ms_max\":%.4f,\"tflops\":%.1f,"
                "\"cublas_ms\":%.4f,\"cublas_over_ours\":%.3f}",
                (long long)sh.m, (long long)sh.n, (long long)sh.k, v.name.c_str(), v.comm, v.groups,
                v.signal ? "true" : "false", v.is_cublas ? 0 : (v.panel ? v.panel : 8), v.whole ? "whole" : "split",
-               t, lo, hi, flop / t * 1e-9,
+               v.pingpong ? "pingpong" : "cooperative", t, lo, hi, flop / t * 1e-9,
                t_cublas, ratio);
       AddJson(buf);
       char line[256];

@@ -80,6 +80,9 @@ constexpr EnvSwitch kEpilogueSwitch{"FLASHOVERLAP_GEMM_EPILOGUE", "overlap", "sy
 constexpr EnvSwitch kQueueSwitch{"FLASHOVERLAP_GEMM_QUEUE", "dynamic", "static"};
 // whole: no split tail (whole units only; signaling_gemm.h).
 constexpr EnvSwitch kTailSwitch{"FLASHOVERLAP_GEMM_TAIL", "split", "whole"};
+// pingpong: where the 128x256 cooperative tiles would be used, 128x128 tiles, one per
+// consumer warpgroup, computed in turn (signaling_gemm_consumers.cuh).
+constexpr EnvSwitch kScheduleSwitch{"FLASHOVERLAP_GEMM_SCHEDULE", "cooperative", "pingpong"};
 
 // Sets *alternative from the environment; returns "" or the error for a value it does not know.
 std::string ReadSwitch(const EnvSwitch& sw, bool* alternative) {
@@ -91,6 +94,8 @@ std::string ReadSwitch(const EnvSwitch& sw, bool* alternative) {
 
 const InstanceOps& PickInstance(GemmDType dtype, const GemmTileShape& ts, bool sync_epilogue) {
   const bool wide = ts.block_n == 256, f16 = dtype == GemmDType::kFloat16;
+  if (ts.block_n == 128 && ts.cluster_m == 2)  // the ping-pong shape (ChooseTileShape)
+    return f16 ? SignalingGemmF16Tile128x128PingPong() : SignalingGemmBf16Tile128x128PingPong();
   if (sync_epilogue) {
     if (f16) return wide ? SignalingGemmF16Tile128x256() : SignalingGemmF16Tile128x128();
     return wide ? SignalingGemmBf16Tile128x256() : SignalingGemmBf16Tile128x128();
@@ -191,8 +196,11 @@ GemmTileShape ChooseTileShape(const SignalingGemmArgs& args) {
   // 128x256 tiles (2x1 clusters multicasting w) are the fastest per flop; use them once
   // there is at least one full wave of them, else 128x128 tiles (no cluster: small-M
   // problems would leave half of each cluster idle). FLASHOVERLAP_GEMM_TILE=128 or 256
-  // forces a shape (tests).
+  // forces a shape (tests). FLASHOVERLAP_GEMM_SCHEDULE=pingpong: the ping-pong kernel's
+  // 128x128 tiles in 2x1 clusters in place of the 128x256 ones.
+  bool pingpong = false;
   GemmTileShape wide{128, 256, 2};
+  if (ReadSwitch(kScheduleSwitch, &pingpong).empty() && pingpong) wide = GemmTileShape{128, 128, 2};
   GemmTileShape narrow{128, 128, 1};
   const int forced = EnvInt("FLASHOVERLAP_GEMM_TILE", 0);
   if (forced == 256) return wide;
@@ -247,10 +255,12 @@ cudaError_t LaunchSignalingGemm(const SignalingGemmArgs& args, cudaStream_t stre
   if (args.comm_sms < 0 || args.comm_sms >= info.sms)
     return Fail(cudaErrorInvalidValue, "comm_sms must be in [0, " + std::to_string(info.sms) + ")");
 
-  bool sync_epilogue = false, static_queue = false, whole_tail = false;
+  // (the schedule switch is only validated here: ChooseTileShape acts on it)
+  bool sync_epilogue = false, static_queue = false, whole_tail = false, pingpong = false;
   for (const std::string& error : {ReadSwitch(kEpilogueSwitch, &sync_epilogue),
                                    ReadSwitch(kQueueSwitch, &static_queue),
-                                   ReadSwitch(kTailSwitch, &whole_tail)}) {
+                                   ReadSwitch(kTailSwitch, &whole_tail),
+                                   ReadSwitch(kScheduleSwitch, &pingpong)}) {
     if (!error.empty()) return Fail(cudaErrorInvalidValue, error);
   }
   if (args.queue != nullptr && (reinterpret_cast<uintptr_t>(args.queue) & 15) != 0)

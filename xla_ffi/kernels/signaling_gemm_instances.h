@@ -32,5 +32,9 @@ const InstanceOps& SignalingGemmBf16Tile128x256();  // cluster 2x1, epilogue in 
 const InstanceOps& SignalingGemmBf16Tile128x128();  // cluster 1x1
 const InstanceOps& SignalingGemmF16Tile128x256();   // cluster 2x1
 const InstanceOps& SignalingGemmF16Tile128x128();   // cluster 1x1
+// FLASHOVERLAP_GEMM_SCHEDULE=pingpong: in place of the 128x256 instances, each consumer
+// warpgroup computes 128x128 tiles of its own (cluster 2x1).
+const InstanceOps& SignalingGemmBf16Tile128x128PingPong();
+const InstanceOps& SignalingGemmF16Tile128x128PingPong();
 
 }  // namespace flashoverlap

@@ -1,6 +1,7 @@
-// The signaling GEMM kernel (sm_90a): CUTLASS's TMA + wgmma warp-specialized cooperative
-// mainloop collective, wrapped in our own persistent kernel layer (tile order from
-// tile_schedule.h, register->smem->global epilogue with a row remap, one signal per tile).
+// The signaling GEMM kernel (sm_90a): CUTLASS's TMA + wgmma warp-specialized mainloop
+// collective, wrapped in our own persistent kernel layer (tile order from tile_schedule.h,
+// the producer warp's loads here, the consumers in signaling_gemm_consumers.cuh: cooperative
+// or ping-pong, register->smem->global epilogue with a row remap, one signal per tile).
 // Included by exactly one .cu per instantiation (signaling_gemm_<dtype>_<tile>.cu).
 #pragma once
 
@@ -9,181 +10,14 @@
 #include <cstdint>
 #include <mutex>
 
-#include "cute/tensor.hpp"
-#include "cutlass/cutlass.h"
-#include "cutlass/arch/reg_reconfig.h"
-#include "cutlass/gemm/collective/collective_builder.hpp"
-#include "cutlass/gemm/dispatch_policy.hpp"
-#include "cutlass/pipeline/pipeline.hpp"
-#include "cutlass/util/packed_stride.hpp"
-
-#include "signaling_gemm_instances.h"
-#include "tile_schedule.h"
-#include "work_units.cuh"
+#include "signaling_gemm_config.cuh"
+#include "signaling_gemm_consumers.cuh"
+#include "signaling_gemm_epilogue.cuh"
 
 namespace flashoverlap {
 namespace sg {
 
 using namespace cute;
-
-template <class Element_, int kBlockM, int kBlockN, int kClusterM, bool kOverlapEpilogue_ = false>
-struct Config {
-  using Element = Element_;
-  static constexpr int BM = kBlockM, BN = kBlockN, CM = kClusterM, BK = kGemmBlockK;
-  // Overlapped epilogue: the consumers stage the whole tile in smem and go straight on to the
-  // next tile's mainloop; the producer warpgroup's three idle warps copy it out and signal.
-  // Costs smem (the whole tile staged: one mainloop stage fewer at 128x256) to take the
-  // copy-out and the signal's fence off the tensor cores' critical path.
-  static constexpr bool kOverlapEpilogue = kOverlapEpilogue_;
-  using TileShape = Shape<Int<BM>, Int<BN>, Int<BK>>;
-  using ClusterShape = Shape<Int<CM>, _1, _1>;
-
-  // Epilogue staging: each consumer warpgroup owns 64 tile rows and stages them in two
-  // halves of 32 rows (the wgmma accumulator holds rows r and r+8 of each 16-row warp
-  // slice in separate registers, so "half" = that +8 bit). Rows are padded by 16 bytes:
-  // the bf16x2 register stores of a warp then hit 32 distinct banks, and every row stays
-  // 16-byte aligned for the vector copy-out. The sync epilogue stages half tiles (34 KB for
-  // BN=256, 4 mainloop stages); the overlapped one the whole tile (68 KB, 3 stages), since
-  // the consumers leave it there for the copy-out warps.
-  static constexpr int kEpiRows = 32;
-  static constexpr int kEpiPitchWords = (BN + 8) / 2;  // 32-bit words per staged row
-  static constexpr int kEpiWords = (kOverlapEpilogue ? BM : 2 * kEpiRows) * kEpiPitchWords;
-  static constexpr int kEpiBytes = kEpiWords * 4;
-
-  static constexpr int kSmemCapacity = 232448;  // sm_90 opt-in dynamic smem per block
-  static constexpr int kStageBytes = (BM + BN) * BK * int(sizeof(Element));
-  static constexpr int kStages = (kSmemCapacity - kEpiBytes - 1024) / kStageBytes;
-  static_assert(kStages + 3 <= kQueueRingSlots, "the leader may run kStages units ahead of its partner");
-  // Split tail: one partial tile per CTA (256 consumer threads x BN/2 fp32 accumulators).
-  static constexpr size_t kPartialBytes = size_t(BM) * BN * 4;
-  static constexpr int kMaxSplitSlots =
-      int(kSplitPartialBytes / (CM * kPartialBytes)) < kSplitMaxFlags / CM
-          ? int(kSplitPartialBytes / (CM * kPartialBytes)) : kSplitMaxFlags / CM;
-
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
-      Element, cutlass::layout::RowMajor, 8,   // x [M,K]: K-major
-      Element, cutlass::layout::RowMajor, 8,   // w [K,N]: N-major
-      float, TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCount<kStages>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
-  using TiledMma = typename Mainloop::TiledMma;
-  using Pipeline = typename Mainloop::MainloopPipeline;
-  using PipelineState = typename Mainloop::PipelineState;
-
-  // The producer warp hands each piece of work (a unit, or part of one's K loop: the split
-  // tail) to the CTA's other warps through this small pipeline (it runs at most a few pieces
-  // ahead: the mainloop's stages bound it).
-  static constexpr int kUnitSlots = 8;
-  using UnitPipeline = cutlass::PipelineAsync<kUnitSlots>;
-  using UnitState = typename UnitPipeline::PipelineState;
-  // Warps that take units from it: the two consumer warpgroups, and the copy-out warps.
-  static constexpr int kUnitReaderWarps = 8 + (kOverlapEpilogue ? 3 : 0);
-
-  struct SharedStorage {
-    // Mainloop tiles first: the dynamic smem window starts 1024-byte aligned, which the
-    // 128-byte TMA/wgmma swizzle needs.
-    typename Mainloop::TensorStorage mainloop;
-    alignas(16) uint32_t epi[kEpiWords];
-    alignas(16) typename Mainloop::PipelineStorage pipeline;
-    alignas(16) typename UnitPipeline::SharedStorage unit_pipeline;
-    PieceSlot pieces[kUnitSlots];  // PieceWork (work_units.cuh)
-    // Overlapped epilogue: the staged tile's hand-off (consumers -> copy-out warps) and the
-    // staging rows' return (copy-out warps -> consumers), one phase per staged tile.
-    cutlass::arch::ClusterBarrier staging_full, staging_empty;
-  };
-  static_assert(sizeof(SharedStorage) <= kSmemCapacity, "shared memory over the sm_90 limit");
-
-  struct Params {
-    typename Mainloop::Params mainloop;  // TMA descriptors for x and w
-    void* out;
-    int32_t* counters;
-    int k_tiles;
-    int num_clusters;
-    TileSchedule sched;
-    int out_col_block;        // 0: out [M, N]; c > 0: out [N/c, M, c] (signaling_gemm.h)
-    const int32_t* in_flags;  // null: x is ready; else wait per tile (signaling_gemm.h)
-    int in_flag_rows;
-    int32_t in_flag_value;
-    // Dynamic tile queue (signaling_gemm.h), zeroed before the launch; null: round robin.
-    uint32_t* queue_next;               // units claimed so far
-    unsigned long long* queue_ring;     // [clusters][kQueueRingSlots]: (seq + 1) << 32 | item
-    // Split tail (sched.split_units > 0): partial tiles [slot][rank_m] and their ready flags.
-    float* partials;
-    int32_t* split_flags;
-#ifdef FO_TIMELINE
-    long long* timeline;
-#endif
-  };
-
-  static constexpr int kThreads = 384;  // 1 producer warpgroup + 2 consumer warpgroups
-};
-
-// The epilogue addresses accumulator registers by the documented wgmma D-fragment layout
-// (thread t, value v = v0 + 2*v1 + 4*v2 -> row 64*(t/128) + 16*((t/32)%4) + (t%32)/4 + 8*v1,
-// column 8*v2 + 2*(t%4) + v0). Prove at compile time that CuTe's TiledMma agrees, on a
-// sample of threads covering every warp and both warpgroups and on all values.
-template <class Cfg>
-constexpr bool AccumulatorLayoutIsCanonical() {
-  constexpr auto tv = typename Cfg::TiledMma{}.get_layoutC_TV();
-  constexpr int kThreadsSample[] = {0, 1, 2, 3, 4, 5, 7, 31, 32, 45, 64, 97, 127,
-                                    128, 129, 161, 200, 224, 255};
-  for (int t : kThreadsSample) {
-    for (int v = 0; v < Cfg::BN / 2; ++v) {
-      const int v0 = v % 2, v1 = (v / 2) % 2, v2 = v / 4;
-      const int m = 64 * (t / 128) + 16 * ((t / 32) % 4) + (t % 32) / 4 + 8 * v1;
-      const int n = 8 * v2 + 2 * (t % 4) + v0;
-      if (int(tv(t, v)) != m + Cfg::BM * n) return false;
-    }
-  }
-  return size(tv) == 256 * (Cfg::BM * Cfg::BN / 256);
-}
-
-#ifdef FO_TIMELINE
-// Where a CTA's warps spend a tile boundary (test builds: tests/cuda/build_timeline.sh).
-__device__ __forceinline__ void Stamp(long long* tl, int role, int piece, int event) {
-  if (tl != nullptr && blockIdx.x < kTimelineCtas && piece < kTimelinePieces)
-    tl[((int(blockIdx.x) * kTimelineRoles + role) * kTimelinePieces + piece) * kTimelineEvents + event] =
-        clock64();
-}
-#define FO_STAMP(role, piece, event) Stamp(params.timeline, role, piece, event)
-#else
-#define FO_STAMP(role, piece, event) ((void)0)
-#endif
-
-__device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
-// The copy-out warps' barrier among themselves: the warp is reconverged first (the copy-out
-// loop leaves lanes at different trip counts) and the barrier is the non-.aligned form,
-// which does not require every lane at the same instruction (synccheck reported "divergent
-// threads" with bar.sync).
-__device__ __forceinline__ void HandOffBarrier(int id, int threads) {
-  __syncwarp();
-  asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
-template <class Element>
-__device__ __forceinline__ uint32_t PackPair(float a, float b) {
-  if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<uint32_t*>(&v);
-  } else {
-    __half2 v = __floats2half2_rn(a, b);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-}
-
-// Four 8x8 16-bit matrices from registers to shared memory (stmatrix, sm_90): register j of
-// a lane holds row lane / 4, columns 2 * (lane % 4) + {0, 1} of matrix j; lanes 8j..8j+7 give
-// the 16-byte-aligned addresses of matrix j's rows.
-__device__ __forceinline__ void StoreMatrixX4(uint32_t smem_addr, uint32_t r0, uint32_t r1,
-                                              uint32_t r2, uint32_t r3) {
-  asm volatile("stmatrix.sync.aligned.x4.m8n8.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(smem_addr),
-               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
-               : "memory");
-}
 
 // Waits until *flag == value (the tile's input rows have arrived), then makes the data
 // those rows' writers released visible to this thread's later TMA (async-proxy) loads.
@@ -199,73 +33,6 @@ __device__ __forceinline__ void WaitInputFlag(const int32_t* flag, int32_t value
   asm volatile("fence.proxy.async.global;" ::: "memory");
 }
 
-// Named barrier ids: 0 is __syncthreads; CUTLASS's own epilogues reserve a few low ids.
-// We run no CUTLASS epilogue, but stay clear of them anyway.
-constexpr int kBarWarpGroup0 = 8;   // +1 for consumer warpgroup 1
-constexpr int kBarConsumers = 10;   // both consumer warpgroups (256 threads)
-constexpr int kBarCopyOut = 13;     // the 96 copy-out threads among themselves
-constexpr int kCopyOutThreads = 96;
-constexpr int kConsumerThreads = 256;
-
-// Byte offset in `out` of tile row `row`, column `col` (row-major or column-blocked).
-__device__ __forceinline__ int64_t OutOffset(int dst_row, int row, int col, int M, int N,
-                                             int out_col_block) {
-  if (out_col_block == 0) return ((int64_t(dst_row) + row) * N + col) * 2;
-  const int c = out_col_block;  // column block j stored as its own [M, c] matrix; c % 8 == 0
-  const int j = col / c;
-  return ((int64_t(j) * M + dst_row + row) * c + (col - j * c)) * 2;
-}
-
-// Overlapped epilogue, copy-out side (threads 32..127 of the producer warpgroup): for every
-// tile this CTA stores, wait until the consumers staged it, copy it to global memory, signal
-// its group, then hand the staging rows back.
-template <class Cfg>
-__device__ void CopyOutTiles(const typename Cfg::Params& params, const uint32_t* epi,
-                             typename Cfg::UnitPipeline& unit_pipe, const PieceSlot* pieces,
-                             cutlass::arch::ClusterBarrier& ss_full,
-                             cutlass::arch::ClusterBarrier& ss_empty, int et) {
-  const TileSchedule& sched = params.sched;
-  uint32_t full_phase = 0;
-  constexpr int kChunksPerRow = Cfg::BN / 8;
-  char* out = static_cast<char*>(params.out);
-  typename Cfg::UnitState unit_state;
-  for (int np = 0;; ++np) {
-    const PieceWork pw = NextPiece<Cfg>(unit_pipe, unit_state, pieces, et % 32);
-    const Piece& piece = pw.piece;
-    const TileWork& w = pw.work;
-    if (et == 0) FO_STAMP(2, np, 0);
-    if (piece.unit < 0) break;
-    // The consumers skip these too: an idle cluster partner; a partial sum left for later.
-    if (w.rows <= 0 || piece.kind == kPieceStorePartial) continue;
-    // The tile is staged: all 256 consumer threads arrived (each arrive releases its own
-    // stores; this wait acquires them). mbarriers rather than named barriers shared by both
-    // sides: compute-sanitizer's racecheck reported the bar.arrive / bar.sync hand-off racy,
-    // and the later barrier.sync one intermittently with several tiles per CTA.
-    ss_full.wait(full_phase);
-    full_phase ^= 1;
-    if (et == 0) FO_STAMP(2, np, 1);
-    const int n0 = w.n_tile * Cfg::BN;
-    for (int id = et; id < Cfg::BM * kChunksPerRow; id += kCopyOutThreads) {
-      const int row = id / kChunksPerRow, ch = id % kChunksPerRow, col = n0 + 8 * ch;
-      if (row < w.rows && col < sched.n) {
-        const uint4 v = *reinterpret_cast<const uint4*>(epi + row * Cfg::kEpiPitchWords + 4 * ch);
-        *reinterpret_cast<uint4*>(out + OutOffset(w.dst_row, row, col, sched.m, sched.n,
-                                                  params.out_col_block)) = v;
-      }
-    }
-    if (et == 0) FO_STAMP(2, np, 2);
-    ss_empty.arrive();  // this thread's reads of the staging rows are done (release)
-    // Signal as in the consumers' epilogue: every copy-out store precedes this barrier, the
-    // releasing thread's gpu-scope fence orders them all before the counter increment.
-    HandOffBarrier(kBarCopyOut, kCopyOutThreads);
-    if (et == 0 && params.counters != nullptr) {
-      __threadfence();
-      atomicAdd(params.counters + w.group, 1);
-    }
-    if (et == 0) FO_STAMP(2, np, 3);
-  }
-}
-
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
 SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
@@ -274,7 +41,7 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
   using Pipeline = typename Cfg::Pipeline;
   using PipelineState = typename Cfg::PipelineState;
   using X = Underscore;
-  constexpr int BN = Cfg::BN, CM = Cfg::CM;
+  constexpr int CM = Cfg::CM;
 
   extern __shared__ __align__(1024) char smem_raw[];
   auto& ss = *reinterpret_cast<typename Cfg::SharedStorage*>(smem_raw);
@@ -295,7 +62,7 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
                             : Pipeline::ThreadCategory::Consumer;
   if (warp_group == 0 && warp_in_group != 0) pp.role = Pipeline::ThreadCategory::NonParticipant;
   pp.is_leader = (thread_idx % 128) == 0;
-  pp.num_consumers = 256;
+  pp.num_consumers = Cfg::kMmaThreads;
   pp.transaction_bytes = params.mainloop.tma_transaction_bytes;
   Pipeline pipeline(ss.pipeline, pp, typename Cfg::ClusterShape{});
 
@@ -310,6 +77,13 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
     if (thread_idx == 0) {
       ss.staging_full.init(kConsumerThreads);
       ss.staging_empty.init(kCopyOutThreads);
+      cutlass::arch::fence_barrier_init();
+    }
+  }
+  if constexpr (Cfg::kPingPong) {
+    if (thread_idx == 0) {
+      ss.mma_turn[0].init(128);  // every thread of the other warpgroup arrives
+      ss.mma_turn[1].init(128);
       cutlass::arch::fence_barrier_init();
     }
   }
@@ -384,108 +158,10 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<232>();
-    // Same numbering as CUTLASS's cooperative kernel: mma warpgroup = (thread % 256) / 128.
-    const int mma_thread = thread_idx % 256;
-    const int mwg = mma_thread / 128;            // rows [64*mwg, 64*mwg+64) of the tile
-    const int wg_thread = mma_thread % 128;
-    const int mwarp = wg_thread / 32;
-    uint32_t* epi = ss.epi + mwg * Cfg::kEpiRows * Cfg::kEpiPitchWords;
-    char* out = static_cast<char*>(params.out);
-    typename Cfg::TiledMma tiled_mma;
-    PipelineState read_state;
-
-    typename Cfg::UnitState unit_state;
-    uint32_t empty_phase = 0;
-    bool staged_before = false;  // overlapped epilogue: a tile was staged (rows not yet free)
-    for (int np = 0;; ++np) {
-      if (thread_idx == 128) FO_STAMP(0, np, 0);
-      const PieceWork pw = NextPiece<Cfg>(unit_pipe, unit_state, ss.pieces, lane);
-      const Piece& piece = pw.piece;
-      const TileWork& w = pw.work;
-      if (piece.unit < 0) break;
-      auto accum = partition_fragment_C(tiled_mma, take<0, 2>(typename Cfg::TileShape{}));
-      if (thread_idx == 128) FO_STAMP(0, np, 1);
-      mainloop.mma(pipeline, read_state, accum, piece.k_count, mma_thread, ss.mainloop,
-                   params.mainloop);
-      if (thread_idx == 128) FO_STAMP(0, np, 2);
-      mainloop.mma_tail(pipeline, read_state, piece.k_count);
-      if (thread_idx == 128) FO_STAMP(0, np, 3);
-      read_state.advance(piece.k_count);
-      if (w.rows <= 0) continue;  // idle cluster partner past the band end: CTA-uniform
-      if (piece.kind == kPieceStorePartial) {  // split tail: the unit is finished elsewhere
-        StorePartial<Cfg>(params, accum, piece.slot, rank_m, mma_thread, kBarConsumers);
-        continue;
-      }
-      if (piece.kind == kPieceAddPartial)
-        AddPartial<Cfg>(params, accum, piece.slot, rank_m, mma_thread);
-
-      if constexpr (Cfg::kOverlapEpilogue) {
-        // Whole tile into smem (rows 64*mwg + 16*warp + 8*half + lane/4), then on to the
-        // next tile: the copy-out warps store and signal it meanwhile. First wait until they
-        // have read the previous one out of the staging rows.
-        if (staged_before) {
-          ss.staging_empty.wait(empty_phase);
-          empty_phase ^= 1;
-        }
-        staged_before = true;
-        // stmatrix x4 per two 8-column blocks: matrix i (lanes 8i..8i+7 give its row
-        // addresses) is rows 8 * (i & 1) .. +7 of the warp's 16, column block v2 + (i >> 1);
-        // each lane's registers are already the fragment stmatrix takes (row lane / 4,
-        // columns 2 * (lane % 4) + {0, 1}). A quarter of the store instructions of one 32-bit
-        // store per pair, which the timeline showed at ~950 cycles per tile.
-        const int mat = lane / 8;
-        const uint32_t row_addr = static_cast<uint32_t>(__cvta_generic_to_shared(
-            ss.epi + (64 * mwg + 16 * mwarp + 8 * (mat & 1) + lane % 8) * Cfg::kEpiPitchWords +
-            4 * (mat >> 1)));
-        using E = typename Cfg::Element;
-        CUTLASS_PRAGMA_UNROLL
-        for (int v2 = 0; v2 < BN / 8; v2 += 2) {
-          StoreMatrixX4(row_addr + 16 * v2, PackPair<E>(accum(4 * v2), accum(4 * v2 + 1)),
-                        PackPair<E>(accum(4 * v2 + 2), accum(4 * v2 + 3)),
-                        PackPair<E>(accum(4 * v2 + 4), accum(4 * v2 + 5)),
-                        PackPair<E>(accum(4 * v2 + 6), accum(4 * v2 + 7)));
-        }
-        ss.staging_full.arrive();  // this thread's part is staged (release)
-        if (thread_idx == 128) FO_STAMP(0, np, 4);
-        continue;
-      }
-      const int n0 = w.n_tile * BN;
-      CUTLASS_PRAGMA_UNROLL
-      for (int half = 0; half < 2; ++half) {
-        // Registers -> padded smem rows (local row = 8*warp + lane/4).
-        CUTLASS_PRAGMA_UNROLL
-        for (int v2 = 0; v2 < BN / 8; ++v2) {
-          epi[(8 * mwarp + lane / 4) * Cfg::kEpiPitchWords + 4 * v2 + lane % 4] =
-              PackPair<typename Cfg::Element>(accum(4 * v2 + 2 * half), accum(4 * v2 + 2 * half + 1));
-        }
-        NamedBarrierSync(kBarWarpGroup0 + mwg, 128);
-        // smem -> global, 16 bytes per thread, a warp covers whole contiguous row spans.
-        constexpr int kChunksPerRow = BN / 8;
-        CUTLASS_PRAGMA_UNROLL
-        for (int it = 0; it < Cfg::kEpiRows * kChunksPerRow / 128; ++it) {
-          const int id = it * 128 + wg_thread;
-          const int lr = id / kChunksPerRow;
-          const int ch = id % kChunksPerRow;
-          const int tile_row = 64 * mwg + 16 * (lr / 8) + 8 * half + lr % 8;
-          const int col = n0 + 8 * ch;
-          if (tile_row < w.rows && col < N) {
-            const uint4 v = *reinterpret_cast<const uint4*>(epi + lr * Cfg::kEpiPitchWords + 4 * ch);
-            *reinterpret_cast<uint4*>(out + OutOffset(w.dst_row, tile_row, col, M, N,
-                                                      params.out_col_block)) = v;
-          }
-        }
-#ifndef FO_TEST_PLANT_RACE  // defined only by the sanitizer's negative-control test build
-        if (half == 0) NamedBarrierSync(kBarWarpGroup0 + mwg, 128);  // WAR on the staging rows
-#endif
-      }
-      // Signal: every consumer thread's stores precede this barrier; the releasing thread's
-      // gpu-scope fence then orders all of them (cumulatively, through the barrier) before
-      // the counter increment. This barrier also protects the staging rows of the next tile.
-      NamedBarrierSync(kBarConsumers, 256);
-      if (mma_thread == 0 && params.counters != nullptr) {
-        __threadfence();
-        atomicAdd(params.counters + w.group, 1);
-      }
+    if constexpr (Cfg::kPingPong) {
+      PingPongConsumer<Cfg>(params, ss, pipeline, unit_pipe, rank_m, thread_idx);
+    } else {
+      CooperativeConsumer<Cfg>(params, ss, pipeline, unit_pipe, rank_m, thread_idx);
     }
   }
 #endif
@@ -592,9 +268,10 @@ struct Instance {
 };
 
 // Defines the InstanceOps getter declared in signaling_gemm_instances.h.
-#define FO_DEFINE_SIGNALING_GEMM_INSTANCE(NAME, ELEMENT, BM, BN, CM, OVERLAP_EPILOGUE)      \
+#define FO_DEFINE_SIGNALING_GEMM_INSTANCE(NAME, ELEMENT, BM, BN, CM, SCHEDULE)              \
   namespace {                                                                               \
-  using NAME##Cfg = ::flashoverlap::sg::Config<ELEMENT, BM, BN, CM, OVERLAP_EPILOGUE>;       \
+  using NAME##Cfg = ::flashoverlap::sg::Config<ELEMENT, BM, BN, CM,                          \
+                                               ::flashoverlap::sg::ConsumerSchedule::SCHEDULE>; \
   static_assert(::flashoverlap::sg::AccumulatorLayoutIsCanonical<NAME##Cfg>(),              \
                 "wgmma accumulator layout differs from the one the epilogue assumes");      \
   }                                                                                         \

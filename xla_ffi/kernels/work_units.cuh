@@ -165,9 +165,14 @@ __device__ PieceWork NextPiece(typename Cfg::UnitPipeline& pipe, typename Cfg::U
 
 // ---- split tail: partial tiles between two chunks ------------------------------------------
 
-// The 256 consumer threads leave their accumulators in partial slot `slot` (layout: float4
-// j of thread t at [j * 256 + t], so a warp writes 512 contiguous bytes per j), then one
-// thread publishes the slot's flag. Same release pattern as the group counters: every
+// Accumulators per consumer thread, in float4s.
+template <class Cfg>
+constexpr int kPartialFloat4s = Cfg::BM * Cfg::BN / (4 * Cfg::kMmaThreads);
+
+// The Cfg::kMmaThreads threads that hold the tile (both consumer warpgroups, or one in the
+// ping-pong) leave their accumulators in partial slot `slot` (layout: float4 j of thread t
+// at [j * kMmaThreads + t], so a warp writes 512 contiguous bytes per j), then one thread
+// publishes the slot's flag. `mma_thread` is the thread's index among them. Same release pattern as the group counters: every
 // thread's stores precede the barrier, the releasing thread's gpu-scope fence orders them
 // all before the flag.
 template <class Cfg, class Accum>
@@ -176,11 +181,11 @@ __device__ void StorePartial(const typename Cfg::Params& p, const Accum& accum, 
   float4* dst = reinterpret_cast<float4*>(p.partials) +
                 size_t(slot * Cfg::CM + rank_m) * (Cfg::BM * Cfg::BN / 4);
   CUTLASS_PRAGMA_UNROLL
-  for (int j = 0; j < Cfg::BN / 8; ++j) {
-    __stcg(dst + j * 256 + mma_thread,
+  for (int j = 0; j < kPartialFloat4s<Cfg>; ++j) {
+    __stcg(dst + j * Cfg::kMmaThreads + mma_thread,
            make_float4(accum(4 * j), accum(4 * j + 1), accum(4 * j + 2), accum(4 * j + 3)));
   }
-  asm volatile("bar.sync %0, 256;" ::"r"(barrier_id) : "memory");
+  asm volatile("bar.sync %0, %1;" ::"r"(barrier_id), "r"(Cfg::kMmaThreads) : "memory");
   if (mma_thread == 0) {
     __threadfence();
     asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(p.split_flags + slot * Cfg::CM + rank_m),
@@ -204,8 +209,8 @@ __device__ void AddPartial(const typename Cfg::Params& p, Accum& accum, int slot
   const float4* src = reinterpret_cast<const float4*>(p.partials) +
                       size_t(slot * Cfg::CM + rank_m) * (Cfg::BM * Cfg::BN / 4);
   CUTLASS_PRAGMA_UNROLL
-  for (int j = 0; j < Cfg::BN / 8; ++j) {
-    const float4 v = __ldcg(src + j * 256 + mma_thread);
+  for (int j = 0; j < kPartialFloat4s<Cfg>; ++j) {
+    const float4 v = __ldcg(src + j * Cfg::kMmaThreads + mma_thread);
     accum(4 * j) += v.x;
     accum(4 * j + 1) += v.y;
     accum(4 * j + 2) += v.z;

@@ -1,0 +1,199 @@
+// The signaling GEMM's compile-time configuration (tile, cluster, stages, shared memory,
+// the CUTLASS mainloop collective) and the small device helpers every warp role uses.
+// Included by signaling_gemm_kernel.cuh.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <mutex>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/arch/reg_reconfig.h"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/pipeline/pipeline.hpp"
+#include "cutlass/util/packed_stride.hpp"
+
+#include "signaling_gemm_instances.h"
+#include "tile_schedule.h"
+#include "work_units.cuh"
+
+namespace flashoverlap {
+namespace sg {
+
+using namespace cute;
+
+// Consumer schedules (the CUTLASS kernel schedules of the same names, our own kernel layer):
+//  - cooperative: both consumer warpgroups compute one tile together (64 rows each); with
+//    kOverlapEpilogue they stage it and the producer warpgroup's idle warps store it;
+//  - ping-pong: each consumer warpgroup computes whole tiles of its own, alternating, and
+//    stores one while the other's mainloop runs, so a tile boundary no longer stops the
+//    tensor cores (docs/signaling_gemm.md, "Ping-pong consumers").
+enum class ConsumerSchedule { kCooperative, kCooperativeOverlap, kPingPong };
+
+template <class Element_, int kBlockM, int kBlockN, int kClusterM,
+          ConsumerSchedule kSchedule_ = ConsumerSchedule::kCooperative>
+struct Config {
+  using Element = Element_;
+  static constexpr int BM = kBlockM, BN = kBlockN, CM = kClusterM, BK = kGemmBlockK;
+  static constexpr ConsumerSchedule kSchedule = kSchedule_;
+  static constexpr bool kPingPong = kSchedule == ConsumerSchedule::kPingPong;
+  // Overlapped epilogue: the consumers stage the whole tile in smem and go straight on to the
+  // next tile's mainloop; the producer warpgroup's three idle warps copy it out and signal.
+  // Costs smem (the whole tile staged: one mainloop stage fewer at 128x256) to take the
+  // copy-out and the signal's fence off the tensor cores' critical path.
+  static constexpr bool kOverlapEpilogue = kSchedule == ConsumerSchedule::kCooperativeOverlap;
+  // Threads that hold one tile's accumulators: both consumer warpgroups, or one (ping-pong).
+  static constexpr int kMmaThreads = kPingPong ? 128 : 256;
+  using TileShape = Shape<Int<BM>, Int<BN>, Int<BK>>;
+  using ClusterShape = Shape<Int<CM>, _1, _1>;
+
+  // Epilogue staging: a consumer warpgroup stages 64 tile rows at a time (cooperative: its
+  // own 64 rows, in two halves of 32; ping-pong: each half of its 128-row tile, in a region
+  // of its own, so both warpgroups may store at once). The wgmma accumulator holds rows r
+  // and r+8 of each 16-row warp slice in separate registers, so a cooperative "half" = that
+  // +8 bit. Rows are padded by 16 bytes: the bf16x2 register stores of a warp then hit 32
+  // distinct banks, and every row stays 16-byte aligned for the vector copy-out. The sync
+  // epilogue stages half tiles (34 KB for BN=256, 4 mainloop stages); the overlapped one the
+  // whole tile (68 KB, 3 stages), since the consumers leave it there for the copy-out warps;
+  // ping-pong 2 x 64 rows (34 KB at BN=128: 6 stages of 32 KB).
+  static constexpr int kEpiRows = kPingPong ? 64 : 32;
+  static constexpr int kEpiPitchWords = (BN + 8) / 2;  // 32-bit words per staged row
+  static constexpr int kEpiWords = (kOverlapEpilogue ? BM : 2 * kEpiRows) * kEpiPitchWords;
+  static constexpr int kEpiBytes = kEpiWords * 4;
+
+  static constexpr int kSmemCapacity = 232448;  // sm_90 opt-in dynamic smem per block
+  static constexpr int kStageBytes = (BM + BN) * BK * int(sizeof(Element));
+  static constexpr int kStages = (kSmemCapacity - kEpiBytes - 1024) / kStageBytes;
+  static_assert(kStages + 3 <= kQueueRingSlots, "the leader may run kStages units ahead of its partner");
+  // Split tail: one partial tile per CTA (kMmaThreads consumer threads x their accumulators).
+  static constexpr size_t kPartialBytes = size_t(BM) * BN * 4;
+  static constexpr int kMaxSplitSlots =
+      int(kSplitPartialBytes / (CM * kPartialBytes)) < kSplitMaxFlags / CM
+          ? int(kSplitPartialBytes / (CM * kPartialBytes)) : kSplitMaxFlags / CM;
+
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+      Element, cutlass::layout::RowMajor, 8,   // x [M,K]: K-major
+      Element, cutlass::layout::RowMajor, 8,   // w [K,N]: N-major
+      float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCount<kStages>,
+      std::conditional_t<kPingPong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                         cutlass::gemm::KernelTmaWarpSpecializedCooperative>>::CollectiveOp;
+  using TiledMma = typename Mainloop::TiledMma;
+  using Pipeline = typename Mainloop::MainloopPipeline;
+  using PipelineState = typename Mainloop::PipelineState;
+
+  // The producer warp hands each piece of work (a unit, or part of one's K loop: the split
+  // tail) to the CTA's other warps through this small pipeline (it runs at most a few pieces
+  // ahead: the mainloop's stages bound it).
+  static constexpr int kUnitSlots = 8;
+  using UnitPipeline = cutlass::PipelineAsync<kUnitSlots>;
+  using UnitState = typename UnitPipeline::PipelineState;
+  // Warps that take units from it: the two consumer warpgroups, and the copy-out warps.
+  static constexpr int kUnitReaderWarps = 8 + (kOverlapEpilogue ? 3 : 0);
+  static_assert(!kPingPong || BM == 128, "a ping-pong warpgroup holds a 128-row tile (two wgmma rows)");
+
+  struct SharedStorage {
+    // Mainloop tiles first: the dynamic smem window starts 1024-byte aligned, which the
+    // 128-byte TMA/wgmma swizzle needs.
+    typename Mainloop::TensorStorage mainloop;
+    alignas(16) uint32_t epi[kEpiWords];
+    alignas(16) typename Mainloop::PipelineStorage pipeline;
+    alignas(16) typename UnitPipeline::SharedStorage unit_pipeline;
+    PieceSlot pieces[kUnitSlots];  // PieceWork (work_units.cuh)
+    // Overlapped epilogue: the staged tile's hand-off (consumers -> copy-out warps) and the
+    // staging rows' return (copy-out warps -> consumers), one phase per staged tile.
+    cutlass::arch::ClusterBarrier staging_full, staging_empty;
+    // Ping-pong: mma_turn[w] completes a phase when the other warpgroup has issued its
+    // tile's mainloop, i.e. it is warpgroup w's turn on the tensor cores.
+    cutlass::arch::ClusterBarrier mma_turn[2];
+  };
+  static_assert(sizeof(SharedStorage) <= kSmemCapacity, "shared memory over the sm_90 limit");
+
+  struct Params {
+    typename Mainloop::Params mainloop;  // TMA descriptors for x and w
+    void* out;
+    int32_t* counters;
+    int k_tiles;
+    int num_clusters;
+    TileSchedule sched;
+    int out_col_block;        // 0: out [M, N]; c > 0: out [N/c, M, c] (signaling_gemm.h)
+    const int32_t* in_flags;  // null: x is ready; else wait per tile (signaling_gemm.h)
+    int in_flag_rows;
+    int32_t in_flag_value;
+    // Dynamic tile queue (signaling_gemm.h), zeroed before the launch; null: round robin.
+    uint32_t* queue_next;               // units claimed so far
+    unsigned long long* queue_ring;     // [clusters][kQueueRingSlots]: (seq + 1) << 32 | item
+    // Split tail (sched.split_units > 0): partial tiles [slot][rank_m] and their ready flags.
+    float* partials;
+    int32_t* split_flags;
+#ifdef FO_TIMELINE
+    long long* timeline;
+#endif
+  };
+
+  static constexpr int kThreads = 384;  // 1 producer warpgroup + 2 consumer warpgroups
+};
+
+// The epilogue addresses accumulator registers by the documented wgmma D-fragment layout
+// (thread t, value v = v0 + 2*v1 + 4*v2 -> row 64*(t/128) + 16*((t/32)%4) + (t%32)/4 + 8*v1,
+// column 8*v2 + 2*(t%4) + v0, in the TiledMma's tile: 128 x BN for the cooperative pair,
+// 64 x BN for one ping-pong warpgroup, which repeats it over the tile's two 64-row halves).
+// Prove at compile time that CuTe's TiledMma agrees, on a sample of threads covering every
+// warp (and both warpgroups) and on all values.
+template <class Cfg>
+constexpr bool AccumulatorLayoutIsCanonical() {
+  constexpr auto tv = typename Cfg::TiledMma{}.get_layoutC_TV();
+  constexpr int kMmaRows = 64 * (Cfg::kMmaThreads / 128);
+  constexpr int kThreadsSample[] = {0, 1, 2, 3, 4, 5, 7, 31, 32, 45, 64, 97, 127,
+                                    128, 129, 161, 200, 224, 255};
+  for (int t : kThreadsSample) {
+    if (t >= Cfg::kMmaThreads) continue;
+    for (int v = 0; v < Cfg::BN / 2; ++v) {
+      const int v0 = v % 2, v1 = (v / 2) % 2, v2 = v / 4;
+      const int m = 64 * (t / 128) + 16 * ((t / 32) % 4) + (t % 32) / 4 + 8 * v1;
+      const int n = 8 * v2 + 2 * (t % 4) + v0;
+      if (int(tv(t, v)) != m + kMmaRows * n) return false;
+    }
+  }
+  return size(tv) == kMmaRows * Cfg::BN;
+}
+
+#ifdef FO_TIMELINE
+// Where a CTA's warps spend a tile boundary (test builds: tests/cuda/build_timeline.sh).
+__device__ __forceinline__ void Stamp(long long* tl, int role, int piece, int event) {
+  if (tl != nullptr && blockIdx.x < kTimelineCtas && piece < kTimelinePieces)
+    tl[((int(blockIdx.x) * kTimelineRoles + role) * kTimelinePieces + piece) * kTimelineEvents + event] =
+        clock64();
+}
+#define FO_STAMP(role, piece, event) Stamp(params.timeline, role, piece, event)
+#else
+#define FO_STAMP(role, piece, event) ((void)0)
+#endif
+
+__device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// The copy-out warps' barrier among themselves: the warp is reconverged first (the copy-out
+// loop leaves lanes at different trip counts) and the barrier is the non-.aligned form,
+// which does not require every lane at the same instruction (synccheck reported "divergent
+// threads" with bar.sync).
+__device__ __forceinline__ void HandOffBarrier(int id, int threads) {
+  __syncwarp();
+  asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Named barrier ids: 0 is __syncthreads; CUTLASS's own epilogues reserve a few low ids.
+// We run no CUTLASS epilogue, but stay clear of them anyway.
+constexpr int kBarWarpGroup0 = 8;   // +1 for consumer warpgroup 1
+constexpr int kBarConsumers = 10;   // both consumer warpgroups (256 threads)
+constexpr int kBarCopyOut = 13;     // the 96 copy-out threads among themselves
+constexpr int kCopyOutThreads = 96;
+constexpr int kConsumerThreads = 256;
+
+}  // namespace sg
+}  // namespace flashoverlap

@@ -1,0 +1,127 @@
+// The signaling GEMM's epilogue pieces: accumulators to bf16 / f16 pairs, stmatrix staging,
+// the output's row remap, and the overlapped epilogue's copy-out warps.
+// Included by signaling_gemm_kernel.cuh.
+#pragma once
+
+#include "signaling_gemm_config.cuh"
+
+namespace flashoverlap {
+namespace sg {
+
+using namespace cute;
+
+template <class Element>
+__device__ __forceinline__ uint32_t PackPair(float a, float b) {
+  if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+// Four 8x8 16-bit matrices from registers to shared memory (stmatrix, sm_90): register j of
+// a lane holds row lane / 4, columns 2 * (lane % 4) + {0, 1} of matrix j; lanes 8j..8j+7 give
+// the 16-byte-aligned addresses of matrix j's rows.
+__device__ __forceinline__ void StoreMatrixX4(uint32_t smem_addr, uint32_t r0, uint32_t r1,
+                                              uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.x4.m8n8.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(smem_addr),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
+// Byte offset in `out` of tile row `row`, column `col` (row-major or column-blocked).
+__device__ __forceinline__ int64_t OutOffset(int dst_row, int row, int col, int M, int N,
+                                             int out_col_block) {
+  if (out_col_block == 0) return ((int64_t(dst_row) + row) * N + col) * 2;
+  const int c = out_col_block;  // column block j stored as its own [M, c] matrix; c % 8 == 0
+  const int j = col / c;
+  return ((int64_t(j) * M + dst_row + row) * c + (col - j * c)) * 2;
+}
+
+// One warp's 16 accumulator rows (fragment values [value0, value0 + BN / 2): the warp's rows
+// lane / 4 and 8 + lane / 4) to smem rows `rows`, `rows` + 1, ... (a word pointer, pitch
+// kEpiPitchWords), with stmatrix.x4 per two 8-column blocks: matrix i (lanes 8i..8i+7 give
+// its row addresses) is rows 8 * (i & 1) .. +7, column block v2 + (i >> 1); each lane's
+// registers already are the fragment stmatrix takes (row lane / 4, columns
+// 2 * (lane % 4) + {0, 1}). A quarter of the store instructions of one 32-bit store per
+// pair, which the timeline showed at ~950 cycles per tile.
+template <class Cfg, class Accum>
+__device__ __forceinline__ void StageWarpRows(uint32_t* rows, const Accum& accum, int value0,
+                                              int lane) {
+  using E = typename Cfg::Element;
+  const int mat = lane / 8;
+  const uint32_t row_addr = static_cast<uint32_t>(__cvta_generic_to_shared(
+      rows + (8 * (mat & 1) + lane % 8) * Cfg::kEpiPitchWords + 4 * (mat >> 1)));
+  CUTLASS_PRAGMA_UNROLL
+  for (int v2 = 0; v2 < Cfg::BN / 8; v2 += 2) {
+    const int v = value0 + 4 * v2;
+    StoreMatrixX4(row_addr + 16 * v2, PackPair<E>(accum(v), accum(v + 1)),
+                  PackPair<E>(accum(v + 2), accum(v + 3)), PackPair<E>(accum(v + 4), accum(v + 5)),
+                  PackPair<E>(accum(v + 6), accum(v + 7)));
+  }
+}
+
+// Staged rows [0, rows) (tile rows first_row + i) to `out`, 16 bytes per thread and step, a
+// warp covering contiguous row spans; `thread` of `threads` copying threads. Rows past the
+// tile's valid rows and columns past N are not stored.
+template <class Cfg>
+__device__ __forceinline__ void CopyStagedRows(const typename Cfg::Params& params,
+                                               const uint32_t* staged, const TileWork& w,
+                                               int first_row, int rows, int thread, int threads) {
+  constexpr int kChunksPerRow = Cfg::BN / 8;
+  const TileSchedule& sched = params.sched;
+  char* out = static_cast<char*>(params.out);
+  const int n0 = w.n_tile * Cfg::BN;
+  for (int id = thread; id < rows * kChunksPerRow; id += threads) {
+    const int row = id / kChunksPerRow, ch = id % kChunksPerRow, col = n0 + 8 * ch;
+    if (first_row + row < w.rows && col < sched.n) {
+      const uint4 v = *reinterpret_cast<const uint4*>(staged + row * Cfg::kEpiPitchWords + 4 * ch);
+      *reinterpret_cast<uint4*>(out + OutOffset(w.dst_row, first_row + row, col, sched.m, sched.n,
+                                                params.out_col_block)) = v;
+    }
+  }
+}
+
+// Overlapped epilogue, copy-out side (threads 32..127 of the producer warpgroup): for every
+// tile this CTA stores, wait until the consumers staged it, copy it to global memory, signal
+// its group, then hand the staging rows back.
+template <class Cfg>
+__device__ void CopyOutTiles(const typename Cfg::Params& params, const uint32_t* epi,
+                             typename Cfg::UnitPipeline& unit_pipe, const PieceSlot* pieces,
+                             cutlass::arch::ClusterBarrier& ss_full,
+                             cutlass::arch::ClusterBarrier& ss_empty, int et) {
+  uint32_t full_phase = 0;
+  typename Cfg::UnitState unit_state;
+  for (int np = 0;; ++np) {
+    const PieceWork pw = NextPiece<Cfg>(unit_pipe, unit_state, pieces, et % 32);
+    const Piece& piece = pw.piece;
+    const TileWork& w = pw.work;
+    if (et == 0) FO_STAMP(2, np, 0);
+    if (piece.unit < 0) break;
+    // The consumers skip these too: an idle cluster partner; a partial sum left for later.
+    if (w.rows <= 0 || piece.kind == kPieceStorePartial) continue;
+    // The tile is staged: all 256 consumer threads arrived (each arrive releases its own
+    // stores; this wait acquires them). mbarriers rather than named barriers shared by both
+    // sides: compute-sanitizer's racecheck reported the bar.arrive / bar.sync hand-off racy,
+    // and the later barrier.sync one intermittently with several tiles per CTA.
+    ss_full.wait(full_phase);
+    full_phase ^= 1;
+    if (et == 0) FO_STAMP(2, np, 1);
+    CopyStagedRows<Cfg>(params, epi, w, 0, Cfg::BM, et, kCopyOutThreads);
+    if (et == 0) FO_STAMP(2, np, 2);
+    ss_empty.arrive();  // this thread's reads of the staging rows are done (release)
+    // Signal as in the consumers' epilogue: every copy-out store precedes this barrier, the
+    // releasing thread's gpu-scope fence orders them all before the counter increment.
+    HandOffBarrier(kBarCopyOut, kCopyOutThreads);
+    if (et == 0 && params.counters != nullptr) {
+      __threadfence();
+      atomicAdd(params.counters + w.group, 1);
+    }
+    if (et == 0) FO_STAMP(2, np, 3);
+  }
+}
+
+}  // namespace sg
+}  // namespace flashoverlap
