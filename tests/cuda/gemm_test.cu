@@ -182,7 +182,7 @@ void SplitTail(bool quick, int* counters, cudaStream_t s, uint64_t seed) {
       {{8192, 8192, 4096}, H, 2, {0, 1024, 4096}, 16, nullptr},      // 1024 / 58: R 38, 2 rank blocks
       {{5000, 7168, 1000}, B, 1, {0, 1000, 2100, 3333, 4096, 5000}, 16, nullptr},  // idle partners, K 1000
       {{8192, 8192, 1536}, H, 1, {0, 8192}, 0, "128"},               // 128x128: 4096 / 132: R 4
-      {{3000, 2048, 2112}, B, 1, {0, 1500, 3000}, 102, "256"},       // 96 units on 15 clusters
+      {{3000, 2048, 2112}, B, 1, {0, 1500, 3000}, 112, "256"},       // 96 units on 10 clusters (ping-pong: 192)
   };
   if (quick) cases.resize(2);
   for (const Sp& c : cases) {
@@ -418,7 +418,8 @@ void Timeline(const Shape3& sh, int comm, int* counters, cudaStream_t s) {
   for (int cta = 0; cta < kTimelineCtas; ++cta) {
     const long long t0 = at(cta, 1, 0, 0);
     printf("cta %d  (consumer: next-piece wait | mma issue | mma tail | epilogue | boundary = tail end -> next mma;"
-           "  producer: claim | decode | publish | loads; copy-out: wait staged | copy | signal)\n", cta);
+           "  producer: claim | decode | publish | loads; copy-out: wait half 0 | copy it + wait half 1 |"
+           " copy it + signal)\n", cta);
     for (int pc = 0; pc < kTimelinePieces; ++pc) {
       if (at(cta, 0, pc, 1) == 0) break;
       const long long c0 = at(cta, 0, pc, 0), c1 = at(cta, 0, pc, 1), c2 = at(cta, 0, pc, 2), c3 = at(cta, 0, pc, 3),
