@@ -418,8 +418,7 @@ void Timeline(const Shape3& sh, int comm, int* counters, cudaStream_t s) {
   for (int cta = 0; cta < kTimelineCtas; ++cta) {
     const long long t0 = at(cta, 1, 0, 0);
     printf("cta %d  (consumer: next-piece wait | mma issue | mma tail | epilogue | boundary = tail end -> next mma;"
-           "  producer: claim | decode | publish | loads; copy-out: wait half 0 | copy it + wait half 1 |"
-           " copy it + signal)\n", cta);
+           "  producer: claim | decode | publish | loads; copy-out: wait staged | copy | signal)\n", cta);
     for (int pc = 0; pc < kTimelinePieces; ++pc) {
       if (at(cta, 0, pc, 1) == 0) break;
       const long long c0 = at(cta, 0, pc, 0), c1 = at(cta, 0, pc, 1), c2 = at(cta, 0, pc, 2), c3 = at(cta, 0, pc, 3),

@@ -51,17 +51,17 @@ struct Config {
   using ClusterShape = Shape<Int<CM>, _1, _1>;
 
   // Epilogue staging: a consumer warpgroup stages 64 tile rows at a time (cooperative: its
-  // own 64 rows; ping-pong: each half of its 128-row tile). The wgmma accumulator holds rows
-  // r and r+8 of each 16-row warp slice in separate registers. Rows are padded by 16 bytes:
-  // the bf16x2 register stores of a warp then hit 32 distinct banks, and every row stays
-  // 16-byte aligned for the vector copy-out. Sync epilogue: each warpgroup its own 32 rows
-  // (two halves in turn, by that +8 bit; 34 KB for BN=256, 4 mainloop stages). Overlapped:
-  // one 64-row region the two warpgroups take in turn (34 KB, 4 stages; staging the whole
-  // tile at once cost a stage: 3). Ping-pong: 64 rows per warpgroup (34 KB at BN=128: 6
-  // stages of 32 KB).
+  // own 64 rows, in two halves of 32; ping-pong: each half of its 128-row tile, in a region
+  // of its own, so both warpgroups may store at once). The wgmma accumulator holds rows r
+  // and r+8 of each 16-row warp slice in separate registers, so a cooperative "half" = that
+  // +8 bit. Rows are padded by 16 bytes: the bf16x2 register stores of a warp then hit 32
+  // distinct banks, and every row stays 16-byte aligned for the vector copy-out. The sync
+  // epilogue stages half tiles (34 KB for BN=256, 4 mainloop stages); the overlapped one the
+  // whole tile (68 KB, 3 stages), since the consumers leave it there for the copy-out warps;
+  // ping-pong 2 x 64 rows (34 KB at BN=128: 6 stages of 32 KB).
   static constexpr int kEpiRows = kPingPong ? 64 : 32;
   static constexpr int kEpiPitchWords = (BN + 8) / 2;  // 32-bit words per staged row
-  static constexpr int kEpiWords = (kOverlapEpilogue ? BM / 2 : 2 * kEpiRows) * kEpiPitchWords;
+  static constexpr int kEpiWords = (kOverlapEpilogue ? BM : 2 * kEpiRows) * kEpiPitchWords;
   static constexpr int kEpiBytes = kEpiWords * 4;
 
   static constexpr int kSmemCapacity = 232448;  // sm_90 opt-in dynamic smem per block
@@ -104,9 +104,9 @@ struct Config {
     alignas(16) typename Mainloop::PipelineStorage pipeline;
     alignas(16) typename UnitPipeline::SharedStorage unit_pipeline;
     PieceSlot pieces[kUnitSlots];  // PieceWork (work_units.cuh)
-    // Overlapped epilogue: consumer warpgroup h's staged half -> copy-out warps (full[h]),
-    // its staging rows read out again (empty[h]); one phase per staged tile each.
-    cutlass::arch::ClusterBarrier staging_full[2], staging_empty[2];
+    // Overlapped epilogue: the staged tile's hand-off (consumers -> copy-out warps) and the
+    // staging rows' return (copy-out warps -> consumers), one phase per staged tile.
+    cutlass::arch::ClusterBarrier staging_full, staging_empty;
     // Ping-pong: mma_turn[w] completes a phase when the other warpgroup has issued its
     // tile's mainloop, i.e. it is warpgroup w's turn on the tensor cores.
     cutlass::arch::ClusterBarrier mma_turn[2];

@@ -32,7 +32,8 @@ __device__ void CooperativeConsumer(const typename Cfg::Params& params,
   typename Cfg::PipelineState read_state;
 
   typename Cfg::UnitState unit_state;
-  uint32_t staged = 0;  // overlapped epilogue: tiles this warpgroup staged so far
+  uint32_t empty_phase = 0;
+  bool staged_before = false;  // overlapped epilogue: a tile was staged (rows not yet free)
   for (int np = 0;; ++np) {
     if (thread_idx == 128) FO_STAMP(0, np, 0);
     const PieceWork pw = NextPiece<Cfg>(unit_pipe, unit_state, ss.pieces, lane);
@@ -56,22 +57,16 @@ __device__ void CooperativeConsumer(const typename Cfg::Params& params,
       AddPartial<Cfg>(params, accum, piece.slot, rank_m, mma_thread);
 
     if constexpr (Cfg::kOverlapEpilogue) {
-      // The warpgroup's 64 rows into the staging rows (16*warp + 8*half + lane/4), then on to
-      // the next tile: the copy-out warps store and signal it meanwhile. The staging rows
-      // hold one warpgroup's half at a time (the smem that buys a 4th mainloop stage), taken
-      // in turn: warpgroup 0's half of tile t after the copy-out read warpgroup 1's half of
-      // tile t - 1, warpgroup 1's after it read warpgroup 0's of tile t. Warpgroup 1 thus
-      // starts each tile a copy-out later; warpgroup 0 runs ahead on the stages meanwhile,
-      // and one warpgroup's wgmmas alone keep the tensor cores busy (as in a ping-pong kernel).
-      // Each wait is for the next phase of one barrier, never two phases behind it.
-      if (mwg == 1) {
-        ss.staging_empty[0].wait(staged & 1);
-      } else if (staged > 0) {
-        ss.staging_empty[1].wait((staged - 1) & 1);
+      // Whole tile into smem (rows 64*mwg + 16*warp + 8*half + lane/4), then on to the
+      // next tile: the copy-out warps store and signal it meanwhile. First wait until they
+      // have read the previous one out of the staging rows.
+      if (staged_before) {
+        ss.staging_empty.wait(empty_phase);
+        empty_phase ^= 1;
       }
-      ++staged;
-      StageWarpRows<Cfg>(ss.epi + 16 * mwarp * Cfg::kEpiPitchWords, accum, 0, lane);
-      ss.staging_full[mwg].arrive();  // this thread's part is staged (release)
+      staged_before = true;
+      StageWarpRows<Cfg>(ss.epi + (64 * mwg + 16 * mwarp) * Cfg::kEpiPitchWords, accum, 0, lane);
+      ss.staging_full.arrive();  // this thread's part is staged (release)
       if (thread_idx == 128) FO_STAMP(0, np, 4);
       continue;
     }

@@ -85,13 +85,13 @@ __device__ __forceinline__ void CopyStagedRows(const typename Cfg::Params& param
 }
 
 // Overlapped epilogue, copy-out side (threads 32..127 of the producer warpgroup): for every
-// tile this CTA stores, copy each consumer warpgroup's staged half to global memory once it
-// is staged and hand the staging rows back, then signal the tile's group.
+// tile this CTA stores, wait until the consumers staged it, copy it to global memory, signal
+// its group, then hand the staging rows back.
 template <class Cfg>
 __device__ void CopyOutTiles(const typename Cfg::Params& params, const uint32_t* epi,
                              typename Cfg::UnitPipeline& unit_pipe, const PieceSlot* pieces,
-                             cutlass::arch::ClusterBarrier* ss_full,
-                             cutlass::arch::ClusterBarrier* ss_empty, int et) {
+                             cutlass::arch::ClusterBarrier& ss_full,
+                             cutlass::arch::ClusterBarrier& ss_empty, int et) {
   uint32_t full_phase = 0;
   typename Cfg::UnitState unit_state;
   for (int np = 0;; ++np) {
@@ -102,19 +102,16 @@ __device__ void CopyOutTiles(const typename Cfg::Params& params, const uint32_t*
     if (piece.unit < 0) break;
     // The consumers skip these too: an idle cluster partner; a partial sum left for later.
     if (w.rows <= 0 || piece.kind == kPieceStorePartial) continue;
-    CUTLASS_PRAGMA_UNROLL
-    for (int h = 0; h < 2; ++h) {
-      // Half h is staged: all 128 threads of consumer warpgroup h arrived (each arrive
-      // releases its own stores; this wait acquires them). mbarriers rather than named
-      // barriers shared by both sides: compute-sanitizer's racecheck reported the bar.arrive
-      // / bar.sync hand-off racy, and the later barrier.sync one intermittently with several
-      // tiles per CTA.
-      ss_full[h].wait(full_phase);
-      if (et == 0) FO_STAMP(2, np, 1 + h);
-      CopyStagedRows<Cfg>(params, epi, w, (Cfg::BM / 2) * h, Cfg::BM / 2, et, kCopyOutThreads);
-      ss_empty[h].arrive();  // this thread's reads of the staging rows are done (release)
-    }
+    // The tile is staged: all 256 consumer threads arrived (each arrive releases its own
+    // stores; this wait acquires them). mbarriers rather than named barriers shared by both
+    // sides: compute-sanitizer's racecheck reported the bar.arrive / bar.sync hand-off racy,
+    // and the later barrier.sync one intermittently with several tiles per CTA.
+    ss_full.wait(full_phase);
     full_phase ^= 1;
+    if (et == 0) FO_STAMP(2, np, 1);
+    CopyStagedRows<Cfg>(params, epi, w, 0, Cfg::BM, et, kCopyOutThreads);
+    if (et == 0) FO_STAMP(2, np, 2);
+    ss_empty.arrive();  // this thread's reads of the staging rows are done (release)
     // Signal as in the consumers' epilogue: every copy-out store precedes this barrier, the
     // releasing thread's gpu-scope fence orders them all before the counter increment.
     HandOffBarrier(kBarCopyOut, kCopyOutThreads);

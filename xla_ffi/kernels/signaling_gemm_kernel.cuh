@@ -75,10 +75,8 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
   typename Cfg::UnitPipeline unit_pipe(ss.unit_pipeline, up);
   if constexpr (Cfg::kOverlapEpilogue) {
     if (thread_idx == 0) {
-      for (int h = 0; h < 2; ++h) {
-        ss.staging_full[h].init(kConsumerThreads / 2);  // one consumer warpgroup
-        ss.staging_empty[h].init(kCopyOutThreads);
-      }
+      ss.staging_full.init(kConsumerThreads);
+      ss.staging_empty.init(kCopyOutThreads);
       cutlass::arch::fence_barrier_init();
     }
   }
