@@ -72,6 +72,22 @@ def test_matmul_either_epilogue_vs_xla(monkeypatch, epilogue):
     assert _rel_fro(y, jax.jit(_dot32)(x, w)) < TOL
 
 
+@pytest.mark.parametrize("M,N,K,force_wide", [(4096, 8192, 4096, False), (3000, 2056, 1000, True)])
+def test_matmul_pingpong_vs_xla(monkeypatch, M, N, K, force_wide):
+    # FLASHOVERLAP_GEMM_SCHEDULE=pingpong (read at every launch): the 128x128 ping-pong kernel
+    # where the 128x256 one would run; forcing the wide shape on an odd problem covers partial
+    # tiles in M, N and K, idle cluster partners and the split tail.
+    import jax_flashoverlap as fo
+    monkeypatch.setenv("FLASHOVERLAP_GEMM_SCHEDULE", "pingpong")
+    if force_wide:
+        monkeypatch.setenv("FLASHOVERLAP_GEMM_TILE", "256")
+    kx, kw = jax.random.split(jax.random.PRNGKey(M + N + K))
+    x, w = _normal(kx, (M, K)), _normal(kw, (K, N), K ** -0.5)
+    y = jax.jit(fo.matmul)(x, w)
+    assert bool(jnp.all(jnp.isfinite(y)))
+    assert _rel_fro(y, jax.jit(_dot32)(x, w)) < TOL
+
+
 # ------------------------------------------------------------------ several GPUs
 
 def _mesh():
