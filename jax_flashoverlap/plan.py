@@ -236,6 +236,24 @@ def split_tail_enabled() -> bool:
           and os.environ.get("FLASHOVERLAP_GEMM_QUEUE") != "static")
 
 
+def kernel_switches() -> tuple:
+  """The launcher switches the model mirrors (tile shape, split tail): what a cached plan
+  depends on besides its arguments."""
+  return (split_tail_enabled(), os.environ.get(_SCHEDULE_ENV) == "pingpong")
+
+
+def cached_per_kernel_switches(fn):
+  """functools.lru_cache over fn's arguments and kernel_switches(), read at each call: a
+  switch changed in the process (tests, benchmarks) never returns a plan made for the other
+  kernel."""
+  cached = functools.lru_cache(maxsize=512)(lambda switches, *args, **kwargs: fn(*args, **kwargs))
+
+  @functools.wraps(fn)
+  def wrapper(*args, **kwargs):
+    return cached(kernel_switches(), *args, **kwargs)
+  return wrapper
+
+
 def split_tail(units: int, clusters: int, k_tiles: int, max_slots: int) -> tuple:
   """Mirror of the launcher's PlanSplitTail (tile_schedule.h): (split units, chunks, K tiles
   per chunk), or (0, 0, 0) when the last two waves stay whole units."""
@@ -315,6 +333,7 @@ def cut_step(m: int, n: int, comm_sms: int) -> int:
   return kernel_geometry(m, n, comm_sms).rows_per_unit
 
 
+@cached_per_kernel_switches
 def default_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: int = 2,
                  profile: MachineProfile = DEFAULT_PROFILE) -> GroupPlan:
   """The cost model's best plan for this problem (deterministic; identical on every rank).
@@ -322,13 +341,6 @@ def default_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: 
   m is the per-device GEMM's M (all rows of x), k its K (the local shard of the global K).
   comm_sms is the profile's, or the best of its candidates.
   """
-  return _default_plan(collective, m, n, k, world, itemsize, profile, split_tail_enabled())
-
-
-@functools.lru_cache(maxsize=512)
-def _default_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: int,
-                  profile: MachineProfile, split: bool) -> GroupPlan:
-  del split  # a cache key only: gemm_waves reads the same switches
   if collective not in ("all_reduce", "reduce_scatter"):
     raise ValueError(f"unknown collective {collective!r}")
   if profile.comm_sms is not None:

@@ -25,7 +25,6 @@ collective is predicted the op lowers to XLA's own composition (same switches as
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 from jax_flashoverlap import plan as plan_lib
@@ -184,7 +183,7 @@ def _comm_sms_candidates(m: int, n: int, p: CommProfile, k: int | None = None) -
                                              max(c for c, _ in p.p2p_bw), k)
 
 
-@functools.lru_cache(maxsize=512)
+@plan_lib.cached_per_kernel_switches
 def default_a2a_plan(m, n, k, world, split_axis, concat_axis, itemsize=2,
                      profile: CommProfile = DEFAULT_PROFILE) -> AllToAllPlan:
   plans = [_best_a2a(m, n, k, world, split_axis, concat_axis, itemsize, profile, c)
@@ -224,7 +223,7 @@ def all_gather_plan_time(rows, n, k, world, chunks, comm_sms, itemsize=2,
   return t + unit  # the last wave's tail
 
 
-@functools.lru_cache(maxsize=512)
+@plan_lib.cached_per_kernel_switches
 def default_all_gather_plan(rows, n, k, world, itemsize=2,
                             profile: CommProfile = DEFAULT_PROFILE) -> AllGatherPlan:
   sms = _comm_sms_candidates(world * rows, n, profile, k)

@@ -187,7 +187,7 @@ def tune_problem(pb, args, progress) -> tuple:
   m, n, world = pb.m, pb.n, pb.world
   k_local = pb.k // world
   progress.show(f"{label}: calibrating")
-  comm_sms = problem_comm_sms(m, n, args.comm_sms, args.wave_align, pb.k // pb.world)
+  comm_sms = problem_comm_sms(m, n, args.comm_sms, args.wave_align, k_local)
   cal, cal_ms, op_runs = calibrate(pb, comm_sms, args.calls, args.samples)
   progress.step(f"{label}: calibrated")
   cands = tune_model.candidates(pb.collective, m, n, world, cal, pb.dtype.itemsize)

@@ -215,20 +215,38 @@ def test_split_tail_mirrors_the_launcher():
 
 
 def test_pingpong_schedule_geometry(monkeypatch):
-  # FLASHOVERLAP_GEMM_SCHEDULE=pingpong: 128x128 tiles in the same 2x1 clusters where the
-  # cooperative kernel takes 128x256 ones (signaling_gemm.cu: ChooseTileShape); small
-  # problems keep the cluster-less 128x128 tiles.
-  monkeypatch.setenv("FLASHOVERLAP_GEMM_SCHEDULE", "pingpong")
-  wide, narrow = P.kernel_geometry(8192, 8192, 8), P.kernel_geometry(128, 1024, 0)
-  assert (wide.block_m, wide.block_n, wide.cluster_m, wide.grid) == (128, 128, 2, 62)
-  assert (narrow.block_n, narrow.cluster_m) == (128, 1)
-  assert wide.max_split_slots == 132  # Config::kMaxSplitSlots of the ping-pong instance
-  # Same work per wave as the cooperative kernel's 256 x 256 units, in twice as many units.
-  monkeypatch.delenv("FLASHOVERLAP_GEMM_SCHEDULE")
-  assert P.kernel_geometry(8192, 8192, 8).block_n == 256
-  source = (pathlib.Path(__file__).parent.parent / "xla_ffi/kernels/signaling_gemm.cu").read_text()
-  assert '"FLASHOVERLAP_GEMM_SCHEDULE", "cooperative", "pingpong"' in source
-  assert "wide = GemmTileShape{128, 128, 2}" in source
+    # FLASHOVERLAP_GEMM_SCHEDULE=pingpong: 128x128 tiles in the same 2x1 clusters where the
+    # cooperative kernel takes 128x256 ones (signaling_gemm.cu: ChooseTileShape); small
+    # problems keep the cluster-less 128x128 tiles.
+    monkeypatch.setenv("FLASHOVERLAP_GEMM_SCHEDULE", "pingpong")
+    wide, narrow = P.kernel_geometry(8192, 8192, 8), P.kernel_geometry(128, 1024, 0)
+    assert (wide.block_m, wide.block_n, wide.cluster_m, wide.grid) == (128, 128, 2, 62)
+    assert (narrow.block_n, narrow.cluster_m) == (128, 1)
+    assert wide.max_split_slots == 132  # Config::kMaxSplitSlots of the ping-pong instance
+    # Same work per wave as the cooperative kernel's 256 x 256 units, in twice as many units.
+    monkeypatch.delenv("FLASHOVERLAP_GEMM_SCHEDULE")
+    assert P.kernel_geometry(8192, 8192, 8).block_n == 256
+    source = (pathlib.Path(__file__).parent.parent / "xla_ffi/kernels/signaling_gemm.cu").read_text()
+    assert '"FLASHOVERLAP_GEMM_SCHEDULE", "cooperative", "pingpong"' in source
+    assert "wide = GemmTileShape{128, 128, 2}" in source
+
+
+def test_cached_plans_follow_the_kernel_switches(monkeypatch):
+    """A plan cached under one kernel (switches read at lowering) is not returned under
+    another: the caches key on plan.kernel_switches()."""
+    from jax_flashoverlap import plan_a2a
+    args = ("all_reduce", 8192, 8192, 4096, 2)
+    for env in ("FLASHOVERLAP_GEMM_SCHEDULE", "FLASHOVERLAP_GEMM_TAIL"):
+        value = {"FLASHOVERLAP_GEMM_SCHEDULE": "pingpong", "FLASHOVERLAP_GEMM_TAIL": "whole"}[env]
+        usual = P.default_plan(*args)
+        monkeypatch.setenv(env, value)
+        other = P.default_plan(*args)
+        assert other == P.default_plan.__wrapped__(*args)
+        assert other.predicted_s != usual.predicted_s
+        assert (plan_a2a.default_all_gather_plan(4096, 8192, 8192, 2)
+                == plan_a2a.default_all_gather_plan.__wrapped__(4096, 8192, 8192, 2))
+        monkeypatch.delenv(env)
+        assert P.default_plan(*args) == usual
 
 
 def test_gemm_waves_follow_the_split_switches(monkeypatch):

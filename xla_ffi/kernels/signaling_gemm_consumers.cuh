@@ -103,10 +103,7 @@ __device__ void CooperativeConsumer(const typename Cfg::Params& params,
     // gpu-scope fence then orders all of them (cumulatively, through the barrier) before
     // the counter increment. This barrier also protects the staging rows of the next tile.
     NamedBarrierSync(kBarConsumers, 256);
-    if (mma_thread == 0 && params.counters != nullptr) {
-      __threadfence();
-      atomicAdd(params.counters + w.group, 1);
-    }
+    if (mma_thread == 0) SignalGroup(params, w.group);
   }
 }
 
@@ -176,10 +173,7 @@ __device__ void PingPongConsumer(const typename Cfg::Params& params,
     }
     // Signal: the barrier above ordered the warpgroup's stores before this thread's
     // gpu-scope fence, which orders them (cumulatively) before the counter increment.
-    if (wg_thread == 0 && params.counters != nullptr) {
-      __threadfence();
-      atomicAdd(params.counters + w.group, 1);
-    }
+    if (wg_thread == 0) SignalGroup(params, w.group);
     if (wg_thread == 0) FO_STAMP(2 * wg, np, 4);
   }
 }

@@ -40,6 +40,16 @@ __device__ __forceinline__ int64_t OutOffset(int dst_row, int row, int col, int 
   return ((int64_t(j) * M + dst_row + row) * c + (col - j * c)) * 2;
 }
 
+// A finished tile's signal, by the one thread that releases it: the barrier before the call
+// ordered its threads' stores before this thread's gpu-scope fence, which orders them all
+// (cumulatively) before the counter increment the communication stream waits for.
+template <class Params>
+__device__ __forceinline__ void SignalGroup(const Params& params, int group) {
+  if (params.counters == nullptr) return;
+  __threadfence();
+  atomicAdd(params.counters + group, 1);
+}
+
 // One warp's 16 accumulator rows (fragment values [value0, value0 + BN / 2): the warp's rows
 // lane / 4 and 8 + lane / 4) to smem rows `rows`, `rows` + 1, ... (a word pointer, pitch
 // kEpiPitchWords), with stmatrix.x4 per two 8-column blocks: matrix i (lanes 8i..8i+7 give
@@ -115,10 +125,7 @@ __device__ void CopyOutTiles(const typename Cfg::Params& params, const uint32_t*
     // Signal as in the consumers' epilogue: every copy-out store precedes this barrier, the
     // releasing thread's gpu-scope fence orders them all before the counter increment.
     HandOffBarrier(kBarCopyOut, kCopyOutThreads);
-    if (et == 0 && params.counters != nullptr) {
-      __threadfence();
-      atomicAdd(params.counters + w.group, 1);
-    }
+    if (et == 0) SignalGroup(params, w.group);
     if (et == 0) FO_STAMP(2, np, 3);
   }
 }

@@ -170,11 +170,11 @@ template <class Cfg>
 constexpr int kPartialFloat4s = Cfg::BM * Cfg::BN / (4 * Cfg::kMmaThreads);
 
 // The Cfg::kMmaThreads threads that hold the tile (both consumer warpgroups, or one in the
-// ping-pong) leave their accumulators in partial slot `slot` (layout: float4 j of thread t
-// at [j * kMmaThreads + t], so a warp writes 512 contiguous bytes per j), then one thread
-// publishes the slot's flag. `mma_thread` is the thread's index among them. Same release pattern as the group counters: every
-// thread's stores precede the barrier, the releasing thread's gpu-scope fence orders them
-// all before the flag.
+// ping-pong; `mma_thread` is the thread's index among them) leave their accumulators in
+// partial slot `slot` (layout: float4 j of thread t at [j * kMmaThreads + t], so a warp
+// writes 512 contiguous bytes per j), then one thread publishes the slot's flag. Same release
+// pattern as the group counters: every thread's stores precede the barrier, the releasing
+// thread's gpu-scope fence orders them all before the flag.
 template <class Cfg, class Accum>
 __device__ void StorePartial(const typename Cfg::Params& p, const Accum& accum, int slot,
                              int rank_m, int mma_thread, int barrier_id) {
