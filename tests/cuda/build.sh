@@ -19,11 +19,7 @@ fi
 NVCC="${NVCC:-nvcc}"
 FLAGS=(-std=c++17 -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Xcompiler -fPIC
        -I"$CUTLASS_DIR/include" -I"$CUTLASS_DIR/tools/util/include")
-SRCS=(xla_ffi/kernels/signaling_gemm_bf16_128x256.cu xla_ffi/kernels/signaling_gemm_bf16_128x128.cu
-      xla_ffi/kernels/signaling_gemm_bf16_128x256_overlap.cu xla_ffi/kernels/signaling_gemm_bf16_128x128_overlap.cu
-      xla_ffi/kernels/signaling_gemm_f16_128x256_overlap.cu xla_ffi/kernels/signaling_gemm_f16_128x128_overlap.cu
-      xla_ffi/kernels/signaling_gemm_f16_128x256.cu xla_ffi/kernels/signaling_gemm_f16_128x128.cu
-      xla_ffi/kernels/signaling_gemm_bf16_128x128_pingpong.cu xla_ffi/kernels/signaling_gemm_f16_128x128_pingpong.cu
+SRCS=(xla_ffi/kernels/signaling_gemm_*_*.cu  # every instantiation (signaling_gemm_<dtype>_<tile>*.cu)
       xla_ffi/kernels/signaling_gemm.cu tests/cuda/gemm_test.cu tests/cuda/gemm_ext_test.cu
       tests/cuda/sm_share_probe.cu)
 export NVCC BUILD ROOT KERNEL_OBJ_DIR

@@ -85,6 +85,7 @@ void Rotation(int* counters, cudaStream_t s) {
     a.queue = GemmQueue();
     a.x = x.p; a.w = w.p; a.out = out.p; a.m = r.c.m; a.n = r.c.n; a.k = r.c.k; a.dtype = r.c.dt;
     a.comm_sms = 8; a.layout = L; a.row_rotation = int(r.rot_block * f);
+    const TransposedW tw(a, s);
     if (r.tile) setenv("FLASHOVERLAP_GEMM_TILE", r.tile, 1);
     const RunResult res = RunAndCheck(a, (const float*)ref.p, counters, s);  // identity rows
     unsetenv("FLASHOVERLAP_GEMM_TILE");
@@ -111,6 +112,7 @@ void ColBlocked(int* counters, cudaStream_t s) {
     a.queue = GemmQueue();
     a.x = x.p; a.w = w.p; a.out = out.p; a.m = c.c.m; a.n = c.c.n; a.k = c.c.k; a.dtype = c.c.dt;
     a.comm_sms = 16; a.layout = L; a.out_col_block = c.cb; a.counters = counters;
+    const TransposedW tw(a, s);
     if (c.tile) setenv("FLASHOVERLAP_GEMM_TILE", c.tile, 1);
     CK(cudaMemsetAsync(out.p, 0xFF, out.bytes, s));
     CK(cudaMemsetAsync(counters, 0, sizeof(int) * kMaxGroups, s));
@@ -167,6 +169,7 @@ void Flags(cudaStream_t s) {
     a.row_rotation = int(f.rank * R);
     a.in_flags = (const int32_t*)flags.p;
     a.in_flag_rows = int(rows);
+    const TransposedW tw(a, s);
     if (f.tile) setenv("FLASHOVERLAP_GEMM_TILE", f.tile, 1);
     for (int iter = 0; iter < 4; ++iter) {  // iteration 0 warms up (module loads) with all flags set
       a.in_flag_value = ++value;

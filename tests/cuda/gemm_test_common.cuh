@@ -207,6 +207,29 @@ struct Buf {
   Buf(const Buf&) = delete;
 };
 
+// GEMM_TEST_TRANSPOSE_W=1: every launch reads w as [N, K] (args.transpose_w, the K-major
+// instances) from a transposed copy, while references stay x @ w [K, N]: each check of the
+// test programs then covers the transposed-weight path unchanged.
+bool TransposeWMode() {
+  const char* v = getenv("GEMM_TEST_TRANSPOSE_W");
+  return v != nullptr && *v != '\0' && strcmp(v, "0") != 0;
+}
+__global__ void Transpose16(const uint16_t* in, uint16_t* out, int64_t rows, int64_t cols) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rows * cols; i += int64_t(gridDim.x) * blockDim.x)
+    out[(i % cols) * rows + i / cols] = in[i];
+}
+// In that mode: a [N, K] copy of a.w, swapped into `a`; it lives as long as this object.
+struct TransposedW {
+  Buf wt;
+  TransposedW(SignalingGemmArgs& a, cudaStream_t s) : wt(TransposeWMode() ? size_t(a.k * a.n * 2) : 16) {
+    if (!TransposeWMode()) return;
+    Transpose16<<<1024, 256, 0, s>>>((const uint16_t*)a.w, (uint16_t*)wt.p, a.k, a.n);
+    CK(cudaGetLastError());
+    a.w = wt.p;
+    a.transpose_w = true;
+  }
+};
+
 // The tile queue's workspace (signaling_gemm.h), one for the process: every launch here is
 // on one stream, one at a time. FLASHOVERLAP_GEMM_QUEUE=static runs the round-robin order.
 void* GemmQueue() {

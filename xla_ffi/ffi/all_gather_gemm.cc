@@ -25,13 +25,13 @@ constexpr const char* kOp = "flashoverlap_all_gather_gemm";
 
 ffi::Error ValidateAg(const Communicator* comm, ffi::AnyBuffer x, ffi::AnyBuffer w,
                       const ffi::AnyBuffer& out, int32_t world_size, int32_t comm_sms,
-                      int32_t chunks, int64_t comm_id, int device) {
+                      int32_t chunks, int64_t comm_id, int device, int32_t transpose_w) {
   FO_RETURN_IF_ERROR(CheckCommunicator(kOp, comm, world_size, comm_id, device));
   FO_CHECK_ARG(comm_sms >= 1 && comm->comm_sms >= 1,
                kOp << ": comm_sms must be >= 1 (got " << comm_sms << ", communicator "
                    << comm->comm_sms << "): NCCL needs free SMs while the GEMM waits for it");
-  FO_RETURN_IF_ERROR(CheckGemmOperands(kOp, x, w, out));
-  const int64_t r = x.dimensions()[0], k = x.dimensions()[1], n = w.dimensions()[1];
+  FO_RETURN_IF_ERROR(CheckGemmOperands(kOp, x, w, out, transpose_w));
+  const int64_t r = x.dimensions()[0], k = x.dimensions()[1], n = GemmN(w, transpose_w);
   auto od = out.dimensions();
   FO_CHECK_ARG(od[0] == world_size * r && od[1] == n,
                kOp << ": output must be [" << world_size * r << ", " << n << "]");
@@ -47,11 +47,13 @@ ffi::Error ValidateAg(const Communicator* comm, ffi::AnyBuffer x, ffi::AnyBuffer
 
 ffi::Error AllGatherGemmImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                              ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out, int64_t comm_id,
-                             int32_t world_size, int32_t comm_sms, int32_t chunks) {
+                             int32_t world_size, int32_t comm_sms, int32_t transpose_w,
+                             int32_t chunks) {
   Communicator* comm = FindCommunicator(comm_id, device);
-  FO_RETURN_IF_ERROR(ValidateAg(comm, x, w, *out, world_size, comm_sms, chunks, comm_id, device));
+  FO_RETURN_IF_ERROR(
+      ValidateAg(comm, x, w, *out, world_size, comm_sms, chunks, comm_id, device, transpose_w));
   // x, m, out, layout and flags are the sequence's own (the gathered workspace).
-  SignalingGemmArgs gemm = GemmArgs(nullptr, 0, w, nullptr, nullptr, comm_sms);
+  SignalingGemmArgs gemm = GemmArgs(nullptr, 0, w, transpose_w, nullptr, nullptr, comm_sms);
   return ToFfiError(RunAllGatherGemm(*comm, stream, x.untyped_data(), x.dimensions()[0], chunks,
                                      gemm, out->untyped_data(), kOp));
 }

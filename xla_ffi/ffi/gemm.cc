@@ -32,7 +32,7 @@ int SplitRows(int64_t m, int num_groups, int row_align, GroupLayout* layout) {
 
 ffi::Error GemmImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer x,
                     ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out, int32_t comm_sms,
-                    int32_t num_groups) {
+                    int32_t num_groups, int32_t transpose_w) {
   const ffi::DataType dt = x.element_type();
   FO_CHECK_ARG(dt == ffi::DataType::BF16 || dt == ffi::DataType::F16,
                "flashoverlap_gemm: x must be bfloat16 or float16");
@@ -44,9 +44,14 @@ ffi::Error GemmImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::Any
   FO_CHECK_ARG(xd.size() == 2 && wd.size() == 2 && od.size() == 2,
                "flashoverlap_gemm: x, w and out must be rank 2, got ranks " << xd.size() << ", "
                                                                            << wd.size() << ", " << od.size());
-  const int64_t m = xd[0], k = xd[1], n = wd[1];
-  FO_CHECK_ARG(wd[0] == k, "flashoverlap_gemm: contraction mismatch, x is [" << m << "," << k << "], w is ["
-                                                                            << wd[0] << "," << n << "]");
+  FO_CHECK_ARG(transpose_w == 0 || transpose_w == 1,
+               "flashoverlap_gemm: transpose_w must be 0 or 1, got " << transpose_w);
+  // w is [K, N], or [N, K] with transpose_w (the product x @ w^T).
+  const int64_t m = xd[0], k = xd[1], n = wd[transpose_w ? 0 : 1];
+  FO_CHECK_ARG(wd[transpose_w ? 1 : 0] == k,
+               "flashoverlap_gemm: contraction mismatch, x is [" << m << "," << k << "], w is [" << wd[0] << ","
+                                                               << wd[1] << "] (expected "
+                                                               << (transpose_w ? "[N,K]" : "[K,N]") << ")");
   FO_CHECK_ARG(od[0] == m && od[1] == n,
                "flashoverlap_gemm: out must be [" << m << "," << n << "], got [" << od[0] << "," << od[1] << "]");
   FO_CHECK_ARG(m >= 1 && n >= 8 && k >= 8 && n % 8 == 0 && k % 8 == 0,
@@ -59,6 +64,7 @@ ffi::Error GemmImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::Any
   SignalingGemmArgs args;
   args.x = x.untyped_data();
   args.w = w.untyped_data();
+  args.transpose_w = transpose_w == 1;
   args.out = out->untyped_data();
   args.m = m;
   args.n = n;
@@ -99,7 +105,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FlashoverlapGemm, flashoverlap::GemmImpl,
                                   .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<xla::ffi::ScratchAllocator>()
                                   .Arg<xla::ffi::AnyBuffer>()  // x [M, K]
-                                  .Arg<xla::ffi::AnyBuffer>()  // w [K, N]
+                                  .Arg<xla::ffi::AnyBuffer>()  // w [K, N] (or [N, K])
                                   .Ret<xla::ffi::AnyBuffer>()  // out [M, N]
                                   .Attr<int32_t>("comm_sms")
-                                  .Attr<int32_t>("num_groups"));
+                                  .Attr<int32_t>("num_groups")
+                                  .Attr<int32_t>("transpose_w"));

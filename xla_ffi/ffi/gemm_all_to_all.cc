@@ -25,13 +25,13 @@ constexpr const char* kOp = "flashoverlap_gemm_all_to_all";
 ffi::Error ValidateA2a(const Communicator* comm, ffi::AnyBuffer x, ffi::AnyBuffer w,
                        const ffi::AnyBuffer& out, int32_t world_size, int32_t split,
                        int32_t concat, ffi::Span<const int32_t> band_rows, int64_t comm_id,
-                       int device, AllToAllShape* shape) {
+                       int device, int32_t transpose_w, AllToAllShape* shape) {
   FO_RETURN_IF_ERROR(CheckCommunicator(kOp, comm, world_size, comm_id, device));
   FO_CHECK_ARG((split == 0 || split == 1) && (concat == 0 || concat == 1),
                kOp << ": split_axis and concat_axis must be 0 or 1, got " << split << " and "
                    << concat);
-  FO_RETURN_IF_ERROR(CheckGemmOperands(kOp, x, w, out));
-  const int64_t m = x.dimensions()[0], k = x.dimensions()[1], n = w.dimensions()[1];
+  FO_RETURN_IF_ERROR(CheckGemmOperands(kOp, x, w, out, transpose_w));
+  const int64_t m = x.dimensions()[0], n = GemmN(w, transpose_w);
   const int64_t world = world_size;
   auto od = out.dimensions();
   FO_CHECK_ARG(world >= 1, kOp << ": world_size must be >= 1");
@@ -68,15 +68,16 @@ ffi::Error ValidateA2a(const Communicator* comm, ffi::AnyBuffer x, ffi::AnyBuffe
 
 ffi::Error GemmAllToAllImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                             ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out, int64_t comm_id,
-                            int32_t world_size, int32_t comm_sms, int32_t split_axis,
+                            int32_t world_size, int32_t comm_sms, int32_t transpose_w,
+                            int32_t split_axis,
                             int32_t concat_axis, ffi::Span<const int32_t> band_rows) {
   Communicator* comm = FindCommunicator(comm_id, device);
   AllToAllShape s;
   FO_RETURN_IF_ERROR(ValidateA2a(comm, x, w, *out, world_size, split_axis, concat_axis,
-                                 band_rows, comm_id, device, &s));
+                                 band_rows, comm_id, device, transpose_w, &s));
   const int groups = static_cast<int>(band_rows.size()) - 1;
   SignalingGemmArgs gemm =
-      GemmArgs(x.untyped_data(), s.m, w, comm->workspace, comm->counters, comm_sms);
+      GemmArgs(x.untyped_data(), s.m, w, transpose_w, comm->workspace, comm->counters, comm_sms);
   gemm.layout.num_blocks = s.split == 0 ? static_cast<int>(s.world) : 1;
   gemm.layout.num_groups = groups;
   for (int g = 0; g <= groups; ++g) gemm.layout.band_rows[g] = band_rows[g];

@@ -32,11 +32,11 @@ const char* OpName(Collective kind) {
 ffi::Error Validate(Collective kind, const Communicator* comm, ffi::AnyBuffer x, ffi::AnyBuffer w,
                     const ffi::AnyBuffer& out, int32_t world_size,
                     ffi::Span<const int32_t> band_rows, int64_t comm_id, int device,
-                    bool in_place) {
+                    bool in_place, int32_t transpose_w) {
   const char* op = OpName(kind);
   FO_RETURN_IF_ERROR(CheckCommunicator(op, comm, world_size, comm_id, device));
-  FO_RETURN_IF_ERROR(CheckGemmOperands(op, x, w, out));
-  const int64_t m = x.dimensions()[0], n = w.dimensions()[1];
+  FO_RETURN_IF_ERROR(CheckGemmOperands(op, x, w, out, transpose_w));
+  const int64_t m = x.dimensions()[0], n = GemmN(w, transpose_w);
   auto od = out.dimensions();
   int64_t blocks = kind == Collective::kReduceScatter ? world_size : 1;
   FO_CHECK_ARG(m % blocks == 0, op << ": M=" << m << " not divisible by " << blocks);
@@ -59,13 +59,13 @@ ffi::Error Validate(Collective kind, const Communicator* comm, ffi::AnyBuffer x,
 // the GEMM writes the communicator's registered workspace.
 ffi::Error GemmCollective(Collective kind, cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                           ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out, int64_t comm_id,
-                          int32_t world_size, int32_t comm_sms,
+                          int32_t world_size, int32_t comm_sms, int32_t transpose_w,
                           ffi::Span<const int32_t> band_rows, bool in_place) {
   Communicator* comm = FindCommunicator(comm_id, device);
   FO_RETURN_IF_ERROR(Validate(kind, comm, x, w, *out, world_size, band_rows, comm_id, device,
-                              in_place));
+                              in_place, transpose_w));
   const int groups = static_cast<int>(band_rows.size()) - 1;
-  SignalingGemmArgs gemm = GemmArgs(x.untyped_data(), x.dimensions()[0], w,
+  SignalingGemmArgs gemm = GemmArgs(x.untyped_data(), x.dimensions()[0], w, transpose_w,
                                     in_place ? out->untyped_data() : comm->workspace,
                                     comm->counters, comm_sms);
   gemm.layout.num_blocks = kind == Collective::kReduceScatter ? world_size : 1;
@@ -77,20 +77,20 @@ ffi::Error GemmCollective(Collective kind, cudaStream_t stream, int32_t device, 
 
 ffi::Error GemmAllReduceImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                              ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out, int64_t comm_id,
-                             int32_t world_size, int32_t comm_sms,
+                             int32_t world_size, int32_t comm_sms, int32_t transpose_w,
                              ffi::Span<const int32_t> band_rows, int32_t in_place) {
   FO_CHECK_ARG(in_place == 0 || in_place == 1,
                "flashoverlap_gemm_all_reduce: in_place must be 0 or 1, got " << in_place);
   return GemmCollective(Collective::kAllReduce, stream, device, x, w, out, comm_id, world_size,
-                        comm_sms, band_rows, in_place == 1);
+                        comm_sms, transpose_w, band_rows, in_place == 1);
 }
 
 ffi::Error GemmReduceScatterImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                                  ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out,
                                  int64_t comm_id, int32_t world_size, int32_t comm_sms,
-                                 ffi::Span<const int32_t> band_rows) {
+                                 int32_t transpose_w, ffi::Span<const int32_t> band_rows) {
   return GemmCollective(Collective::kReduceScatter, stream, device, x, w, out, comm_id,
-                        world_size, comm_sms, band_rows, /*in_place=*/false);
+                        world_size, comm_sms, transpose_w, band_rows, /*in_place=*/false);
 }
 
 auto BindCollective() { return BindOverlapCall().Attr<ffi::Span<const int32_t>>("band_rows"); }

@@ -1,5 +1,5 @@
 // Launcher of the signaling GEMM: validates arguments, picks the tile shape, builds the
-// tile schedule (group order, panels) and dispatches to one of the four instantiations.
+// tile schedule (group order, panels) and dispatches to one of the instantiations.
 // Host code only; the kernels live in signaling_gemm_<dtype>_<tile>.cu.
 #include <cuda_runtime.h>
 
@@ -92,8 +92,13 @@ std::string ReadSwitch(const EnvSwitch& sw, bool* alternative) {
   return std::string(sw.name) + " must be '" + sw.usual + "' or '" + sw.alternative + "', got '" + v + "'";
 }
 
-const InstanceOps& PickInstance(GemmDType dtype, const GemmTileShape& ts, bool sync_epilogue) {
+const InstanceOps& PickInstance(GemmDType dtype, const GemmTileShape& ts, bool sync_epilogue,
+                                bool transpose_w) {
   const bool wide = ts.block_n == 256, f16 = dtype == GemmDType::kFloat16;
+  if (transpose_w) {
+    if (f16) return wide ? SignalingGemmF16Tile128x256OverlapNK() : SignalingGemmF16Tile128x128OverlapNK();
+    return wide ? SignalingGemmBf16Tile128x256OverlapNK() : SignalingGemmBf16Tile128x128OverlapNK();
+  }
   if (ts.block_n == 128 && ts.cluster_m == 2)  // the ping-pong shape (ChooseTileShape)
     return f16 ? SignalingGemmF16Tile128x128PingPong() : SignalingGemmBf16Tile128x128PingPong();
   if (sync_epilogue) {
@@ -169,9 +174,11 @@ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 void LogGeometry(const SignalingGemmArgs& args, const GemmTileShape& ts, const TileSchedule& s,
                  int device, int max_clusters, int clusters) {
   static std::mutex mu;
-  static std::set<std::tuple<int64_t, int64_t, int64_t, int, int, int, bool>> seen;
+  static std::set<std::tuple<int64_t, int64_t, int64_t, int, int, int, bool, bool>> seen;
   std::lock_guard<std::mutex> lock(mu);
-  if (!seen.insert({args.m, args.n, args.k, args.comm_sms, clusters, device, args.queue != nullptr}).second) return;
+  if (!seen.insert({args.m, args.n, args.k, args.comm_sms, clusters, device, args.queue != nullptr,
+                   args.transpose_w}).second)
+    return;
   char split[160] = "whole units";
   if (s.split_units > 0)
     std::snprintf(split, sizeof split, "split tail: last %d units in %d chunks of %d K tiles (%.2f waves)",
@@ -179,9 +186,9 @@ void LogGeometry(const SignalingGemmArgs& args, const GemmTileShape& ts, const T
                   double(s.num_units - s.split_units) / clusters + double(s.split_len) / s.k_tiles);
   std::fprintf(stderr,
                "[flashoverlap gemm] device %d M=%lld N=%lld K=%lld comm_sms=%d tile %dx%d cluster %d: "
-               "%d units, grid %d clusters (occupancy allows %d), %d waves, %d groups, %s tile order, %s\n",
+               "w %s, %d units, grid %d clusters (occupancy allows %d), %d waves, %d groups, %s tile order, %s\n",
                device, (long long)args.m, (long long)args.n, (long long)args.k, args.comm_sms, ts.block_m,
-               ts.block_n, ts.cluster_m, s.num_units, clusters, max_clusters,
+               ts.block_n, ts.cluster_m, args.transpose_w ? "[N,K]" : "[K,N]", s.num_units, clusters, max_clusters,
                (s.num_units + clusters - 1) / clusters, s.num_groups,
                args.queue != nullptr ? "dynamic" : "round-robin", split);
 }
@@ -197,10 +204,11 @@ GemmTileShape ChooseTileShape(const SignalingGemmArgs& args) {
   // there is at least one full wave of them, else 128x128 tiles (no cluster: small-M
   // problems would leave half of each cluster idle). FLASHOVERLAP_GEMM_TILE=128 or 256
   // forces a shape (tests). FLASHOVERLAP_GEMM_SCHEDULE=pingpong: the ping-pong kernel's
-  // 128x128 tiles in 2x1 clusters in place of the 128x256 ones.
+  // 128x128 tiles in 2x1 clusters in place of the 128x256 ones ([K, N] weights only).
   bool pingpong = false;
   GemmTileShape wide{128, 256, 2};
-  if (ReadSwitch(kScheduleSwitch, &pingpong).empty() && pingpong) wide = GemmTileShape{128, 128, 2};
+  if (ReadSwitch(kScheduleSwitch, &pingpong).empty() && pingpong && !args.transpose_w)
+    wide = GemmTileShape{128, 128, 2};
   GemmTileShape narrow{128, 128, 1};
   const int forced = EnvInt("FLASHOVERLAP_GEMM_TILE", 0);
   if (forced == 256) return wide;
@@ -266,7 +274,7 @@ cudaError_t LaunchSignalingGemm(const SignalingGemmArgs& args, cudaStream_t stre
   if (args.queue != nullptr && (reinterpret_cast<uintptr_t>(args.queue) & 15) != 0)
     return Fail(cudaErrorInvalidValue, "queue must be 16-byte aligned");
   const GemmTileShape ts = ChooseTileShape(args);
-  const InstanceOps& ops = PickInstance(args.dtype, ts, sync_epilogue);
+  const InstanceOps& ops = PickInstance(args.dtype, ts, sync_epilogue, args.transpose_w);
   int max_clusters = 0;
   e = ops.prepare(device, &max_clusters);
   if (e != cudaSuccess) return Fail(e, std::string("kernel setup failed: ") + cudaGetErrorString(e));

@@ -60,7 +60,11 @@ struct GroupLayout {
 
 struct SignalingGemmArgs {
   const void* x = nullptr;  // [M, K] row-major
-  const void* w = nullptr;  // [K, N] row-major
+  const void* w = nullptr;  // [K, N] row-major, or [N, K] row-major with transpose_w
+  // w given as [N, K] (e.g. an [out, in] weight, or the backward's w^T): out = x @ w^T, w read
+  // in place by K-major loads (no transpose pass). The comparison switches
+  // FLASHOVERLAP_GEMM_EPILOGUE=sync / FLASHOVERLAP_GEMM_SCHEDULE=pingpong apply to [K, N] only.
+  bool transpose_w = false;
   void* out = nullptr;      // [M, N] in the group layout above, dtype of x
   int64_t m = 0, n = 0, k = 0;  // N and K multiples of 8, M >= 1
   GemmDType dtype = GemmDType::kBFloat16;

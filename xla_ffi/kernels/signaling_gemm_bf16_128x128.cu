@@ -2,5 +2,5 @@
 #include "signaling_gemm_kernel.cuh"
 
 namespace flashoverlap {
-FO_DEFINE_SIGNALING_GEMM_INSTANCE(SignalingGemmBf16Tile128x128, cutlass::bfloat16_t, 128, 128, 1, kCooperative)
+FO_DEFINE_SIGNALING_GEMM_INSTANCE(SignalingGemmBf16Tile128x128, cutlass::bfloat16_t, 128, 128, 1, kCooperative, kKN)
 }  // namespace flashoverlap

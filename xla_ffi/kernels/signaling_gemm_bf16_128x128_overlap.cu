@@ -3,5 +3,5 @@
 #include "signaling_gemm_kernel.cuh"
 
 namespace flashoverlap {
-FO_DEFINE_SIGNALING_GEMM_INSTANCE(SignalingGemmBf16Tile128x128Overlap, cutlass::bfloat16_t, 128, 128, 1, kCooperativeOverlap)
+FO_DEFINE_SIGNALING_GEMM_INSTANCE(SignalingGemmBf16Tile128x128Overlap, cutlass::bfloat16_t, 128, 128, 1, kCooperativeOverlap, kKN)
 }  // namespace flashoverlap

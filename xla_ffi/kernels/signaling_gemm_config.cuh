@@ -33,12 +33,21 @@ using namespace cute;
 //    tensor cores (docs/signaling_gemm.md, "Ping-pong consumers").
 enum class ConsumerSchedule { kCooperative, kCooperativeOverlap, kPingPong };
 
+// w as the caller stores it: [K, N] row-major (N-major for the MMA), or [N, K] row-major
+// (K-major: the product is x @ w^T, w read in place; signaling_gemm.h, transpose_w).
+enum class WeightLayout { kKN, kNK };
+
 template <class Element_, int kBlockM, int kBlockN, int kClusterM,
-          ConsumerSchedule kSchedule_ = ConsumerSchedule::kCooperative>
+          ConsumerSchedule kSchedule_ = ConsumerSchedule::kCooperative,
+          WeightLayout kWeightLayout_ = WeightLayout::kKN>
 struct Config {
   using Element = Element_;
   static constexpr int BM = kBlockM, BN = kBlockN, CM = kClusterM, BK = kGemmBlockK;
   static constexpr ConsumerSchedule kSchedule = kSchedule_;
+  static constexpr WeightLayout kWeightLayout = kWeightLayout_;
+  // CUTLASS names B by its [K, N] view: RowMajor = N contiguous, ColumnMajor = K contiguous.
+  using LayoutW = std::conditional_t<kWeightLayout_ == WeightLayout::kKN,
+                                     cutlass::layout::RowMajor, cutlass::layout::ColumnMajor>;
   static constexpr bool kPingPong = kSchedule == ConsumerSchedule::kPingPong;
   // Overlapped epilogue: the consumers stage the whole tile in smem and go straight on to the
   // next tile's mainloop; the producer warpgroup's three idle warps copy it out and signal.
@@ -77,7 +86,7 @@ struct Config {
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
       Element, cutlass::layout::RowMajor, 8,   // x [M,K]: K-major
-      Element, cutlass::layout::RowMajor, 8,   // w [K,N]: N-major
+      Element, LayoutW, 8,                     // w [K,N] (N-major) or [N,K] (K-major)
       float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCount<kStages>,
       std::conditional_t<kPingPong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,

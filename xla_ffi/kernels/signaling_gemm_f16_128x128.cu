@@ -2,5 +2,5 @@
 #include "signaling_gemm_kernel.cuh"
 
 namespace flashoverlap {
-FO_DEFINE_SIGNALING_GEMM_INSTANCE(SignalingGemmF16Tile128x128, cutlass::half_t, 128, 128, 1, kCooperative)
+FO_DEFINE_SIGNALING_GEMM_INSTANCE(SignalingGemmF16Tile128x128, cutlass::half_t, 128, 128, 1, kCooperative, kKN)
 }  // namespace flashoverlap

@@ -4,5 +4,5 @@
 #include "signaling_gemm_kernel.cuh"
 
 namespace flashoverlap {
-FO_DEFINE_SIGNALING_GEMM_INSTANCE(SignalingGemmF16Tile128x128PingPong, cutlass::half_t, 128, 128, 2, kPingPong)
+FO_DEFINE_SIGNALING_GEMM_INSTANCE(SignalingGemmF16Tile128x128PingPong, cutlass::half_t, 128, 128, 2, kPingPong, kKN)
 }  // namespace flashoverlap

@@ -2,5 +2,5 @@
 #include "signaling_gemm_kernel.cuh"
 
 namespace flashoverlap {
-FO_DEFINE_SIGNALING_GEMM_INSTANCE(SignalingGemmF16Tile128x256, cutlass::half_t, 128, 256, 2, kCooperative)
+FO_DEFINE_SIGNALING_GEMM_INSTANCE(SignalingGemmF16Tile128x256, cutlass::half_t, 128, 256, 2, kCooperative, kKN)
 }  // namespace flashoverlap

@@ -3,5 +3,5 @@
 #include "signaling_gemm_kernel.cuh"
 
 namespace flashoverlap {
-FO_DEFINE_SIGNALING_GEMM_INSTANCE(SignalingGemmF16Tile128x256Overlap, cutlass::half_t, 128, 256, 2, kCooperativeOverlap)
+FO_DEFINE_SIGNALING_GEMM_INSTANCE(SignalingGemmF16Tile128x256Overlap, cutlass::half_t, 128, 256, 2, kCooperativeOverlap, kKN)
 }  // namespace flashoverlap

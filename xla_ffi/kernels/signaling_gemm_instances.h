@@ -36,5 +36,11 @@ const InstanceOps& SignalingGemmF16Tile128x128();   // cluster 1x1
 // warpgroup computes 128x128 tiles of its own (cluster 2x1).
 const InstanceOps& SignalingGemmBf16Tile128x128PingPong();
 const InstanceOps& SignalingGemmF16Tile128x128PingPong();
+// w given as [N, K] (args.transpose_w): K-major weight loads, overlapped epilogue; the two
+// comparison switches above (sync epilogue, ping-pong) apply to [K, N] weights only.
+const InstanceOps& SignalingGemmBf16Tile128x256OverlapNK();  // cluster 2x1
+const InstanceOps& SignalingGemmBf16Tile128x128OverlapNK();  // cluster 1x1
+const InstanceOps& SignalingGemmF16Tile128x256OverlapNK();   // cluster 2x1
+const InstanceOps& SignalingGemmF16Tile128x128OverlapNK();   // cluster 1x1
 
 }  // namespace flashoverlap

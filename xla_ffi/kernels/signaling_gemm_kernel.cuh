@@ -268,10 +268,11 @@ struct Instance {
 };
 
 // Defines the InstanceOps getter declared in signaling_gemm_instances.h.
-#define FO_DEFINE_SIGNALING_GEMM_INSTANCE(NAME, ELEMENT, BM, BN, CM, SCHEDULE)              \
+#define FO_DEFINE_SIGNALING_GEMM_INSTANCE(NAME, ELEMENT, BM, BN, CM, SCHEDULE, WEIGHT)      \
   namespace {                                                                               \
   using NAME##Cfg = ::flashoverlap::sg::Config<ELEMENT, BM, BN, CM,                          \
-                                               ::flashoverlap::sg::ConsumerSchedule::SCHEDULE>; \
+                                               ::flashoverlap::sg::ConsumerSchedule::SCHEDULE, \
+                                               ::flashoverlap::sg::WeightLayout::WEIGHT>;   \
   static_assert(::flashoverlap::sg::AccumulatorLayoutIsCanonical<NAME##Cfg>(),              \
                 "wgmma accumulator layout differs from the one the epilogue assumes");      \
   }                                                                                         \

@@ -1,0 +1,7 @@
+// Instantiation: bf16, tile 128x128, cluster 1x1, overlapped epilogue, w given as [N, K]
+// (K-major: out = x @ w^T with w read in place; signaling_gemm.h, transpose_w).
+#include "signaling_gemm_kernel.cuh"
+
+namespace flashoverlap {
+FO_DEFINE_SIGNALING_GEMM_INSTANCE(SignalingGemmBf16Tile128x128OverlapNK, cutlass::bfloat16_t, 128, 128, 1, kCooperativeOverlap, kNK)
+}  // namespace flashoverlap
