@@ -225,25 +225,30 @@ def main():
 def row_parallel_op_times(args, mesh):
   """The GEMM + all-reduce pairs of one block at this model's shapes, T = batch*seq: forward
   attention output x [T, dim/tp] @ w [dim/tp, dim] and MLP down x [T, ffn/tp] @ w [ffn/tp, dim];
-  with --overlap-backward also the backward dx of q|k|v dy [T, 3dim/tp] @ w.T [3dim/tp, dim]
-  and of gate|up dy [T, 2ffn/tp] @ w.T.
+  with --overlap-backward also the backward dx of q|k|v dy [T, 3dim/tp] @ w.T (the kernel
+  w [dim, 3dim/tp] read in place: transpose_w=True, as the layer does) and of gate|up.
   Median ms of ours vs XLA's dot + psum, timed like the benchmark."""
   from jax_flashoverlap.bench import time_variants
   from jax_flashoverlap.ops import matmul_all_reduce
   tokens = args.batch * args.seq
   out = {}
-  pairs = [("attention_out", args.dim), ("mlp_down", args.ffn)]
+  pairs = [("attention_out", args.dim, False), ("mlp_down", args.ffn, False)]
   if args.overlap_backward:
-    pairs += [("qkv_dx", 3 * args.dim), ("gate_up_dx", 2 * args.ffn)]
-  for name, k in pairs:
+    pairs += [("qkv_dx", 3 * args.dim, True), ("gate_up_dx", 2 * args.ffn, True)]
+  for name, k, transposed in pairs:
     kx, kw = jax.random.split(jax.random.key(k))
     x = jax.device_put(jax.random.normal(kx, (tokens, k), DTYPE), NamedSharding(mesh, P(None, AXIS)))
-    w = jax.device_put((jax.random.normal(kw, (k, args.dim)) / np.sqrt(k)).astype(DTYPE),
-                       NamedSharding(mesh, P(AXIS, None)))
-    smap = lambda f: jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P(None, AXIS), P(AXIS, None)),
+    w_shape, w_spec = ((args.dim, k), P(None, AXIS)) if transposed else \
+        ((k, args.dim), P(AXIS, None))
+    w = jax.device_put((jax.random.normal(kw, w_shape) / np.sqrt(k)).astype(DTYPE),
+                       NamedSharding(mesh, w_spec))
+    smap = lambda f: jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P(None, AXIS), w_spec),
                                            out_specs=P()))
-    t = time_variants({"xla": (smap(lambda a, b: lax.psum(a @ b, AXIS)), (x, w)),
-                       "fo": (smap(lambda a, b: matmul_all_reduce(a, b, AXIS)), (x, w))},
+    t = time_variants({"xla": (smap(lambda a, b: lax.psum(a @ (b.T if transposed else b), AXIS)),
+                               (x, w)),
+                       "fo": (smap(lambda a, b: matmul_all_reduce(a, b, AXIS,
+                                                                  transpose_w=transposed)),
+                              (x, w))},
                       calls=10, samples=10)
     out[name] = {"shape_per_device": [tokens, k // mesh.size, args.dim],
                  "xla_ms": t["xla"]["median_ms"], "fo_ms": t["fo"]["median_ms"]}

@@ -24,8 +24,9 @@ def _shape_dtype(op, name, value):
   return tuple(shape), jnp.dtype(dtype)
 
 
-def check_operands(op: str, x, w, *, x_rank: str = ">=2") -> tuple:
-  """Validates x [..., K] (or exactly [M, K] when x_rank == "2") and w [K, N].
+def check_operands(op: str, x, w, *, x_rank: str = ">=2", transpose_w: bool = False) -> tuple:
+  """Validates x [..., K] (or exactly [M, K] when x_rank == "2") and w [K, N] (or [N, K]
+  when transpose_w).
 
   Returns (m, k, n) with m the product of x's leading dims.
   """
@@ -37,27 +38,39 @@ def check_operands(op: str, x, w, *, x_rank: str = ">=2") -> tuple:
       raise TypeError(f"{op}: {name} has dtype {dtype}; expected one of {names}")
   if xd != wd:
     raise TypeError(f"{op}: x and w must have the same dtype, got x {xd} and w {wd}")
+  # Where K and N sit in w, for the messages: [K, N], or [N, K] with transpose_w=True.
+  layout, k_dim, n_dim = (("[N, K] (transpose_w=True)", "last", "first") if transpose_w
+                          else ("[K, N]", "first", "last"))
   if len(ws) != 2:
-    raise ValueError(f"{op}: w must be a 2-D weight [K, N], got shape {ws}")
+    raise ValueError(f"{op}: w must be a 2-D weight {layout}, got shape {ws}")
   if x_rank == "2" and len(xs) != 2:
     raise ValueError(f"{op}: x must be 2-D [M, K], got shape {xs}")
   if len(xs) < 2:
     raise ValueError(f"{op}: x must have at least 2 dims [..., K], got shape {xs}")
-  k, n = ws
+  n, k = ws if transpose_w else ws[::-1]
   if xs[-1] != k:
+    hint = (f"; w looks like {'[K, N]' if transpose_w else '[N, K]'}: pass "
+            f"transpose_w={not transpose_w}" if xs[-1] == n else "")
     raise ValueError(f"{op}: contracting dims differ: x has K={xs[-1]} (last dim of x, shape "
-                     f"{xs}) but w has K={k} (first dim of w, shape {ws})")
+                     f"{xs}) but w has K={k} ({k_dim} dim of w {layout}, shape {ws}){hint}")
   if 0 in xs:
     raise ValueError(f"{op}: x must not be empty, got shape {xs}")
   if 0 in ws:
     raise ValueError(f"{op}: w must not be empty, got shape {ws}")
   if k % ALIGN:
-    raise ValueError(f"{op}: K (last dim of x, first dim of w) must be a multiple of {ALIGN}, "
+    raise ValueError(f"{op}: K (last dim of x, {k_dim} dim of w) must be a multiple of {ALIGN}, "
                      f"got K={k} (x shape {xs}, w shape {ws})")
   if n % ALIGN:
-    raise ValueError(f"{op}: N (last dim of w) must be a multiple of {ALIGN}, got N={n} "
+    raise ValueError(f"{op}: N ({n_dim} dim of w) must be a multiple of {ALIGN}, got N={n} "
                      f"(w shape {ws})")
   return int(np.prod(xs[:-1])), int(k), int(n)
+
+
+def check_transpose_w(op: str, transpose_w) -> bool:
+  # Only a real bool: a 0/1 int or an array would be a silent layout guess.
+  if not isinstance(transpose_w, (bool, np.bool_)):
+    raise TypeError(f"{op}: transpose_w must be a bool (True: w is [N, K]), got {transpose_w!r}")
+  return bool(transpose_w)
 
 
 def check_axis_name(op: str, axis_name) -> int:

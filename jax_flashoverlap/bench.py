@@ -6,6 +6,8 @@ samples after warm-up (DESIGN.md's method). Inputs are fresh random values; ever
 result is checked against XLA's before it is timed.
 
   gemm     jax_flashoverlap.matmul (signals on) vs XLA's dot on one GPU, per comm_sms
+           (--transpose-w: w stored [N, K], ours with transpose_w=True, and ours on an XLA
+           transpose of w, i.e. what `matmul(x, w.T)` costs)
   overlap  matmul_all_reduce / matmul_reduce_scatter vs XLA's dot, collective, dot+collective
            on a 1-D mesh over all GPUs; speedup and overlap efficiency
   sweep    our op under forced plans (comm_sms x groups)
@@ -112,24 +114,35 @@ def bench_gemm(args) -> dict:
   for (m, n, k) in args.shapes:
     key, sub = jax.random.split(key)
     x, w = _random_inputs(sub, m, n, k // world, dtype)
-    xla = jax.jit(jnp.matmul)
+    tw = args.transpose_w
+    if tw:  # the weight as stored [N, K]; XLA's dot reads it transposed natively
+      w = jnp.asarray(w.T)
+    xla = jax.jit(lambda x, w: jnp.matmul(x, w.T if tw else w))
     variants = {"xla_dot": (xla, (x, w))}
     ref = xla(x, w)
-    ref32 = jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32))
+    ref32 = jnp.matmul(x.astype(jnp.float32), (w.T if tw else w).astype(jnp.float32))
     errors = {}
     errors_f32 = {}
     custom_call = {}
-    for sms in args.comm_sms:
-      fn = jax.jit(lambda x, w, sms=sms: fo.matmul(x, w, comm_sms=sms))
-      errors[f"ours_sms{sms}"] = relative_error(fn(x, w), ref)
-      errors_f32[f"ours_sms{sms}"] = relative_error(fn(x, w), ref32)
-      custom_call[f"ours_sms{sms}"] = uses_custom_call(fn, (x, w), "flashoverlap_gemm")
-      variants[f"ours_sms{sms}"] = (fn, (x, w))
+    ours = {f"ours_sms{sms}": jax.jit(lambda x, w, sms=sms: fo.matmul(x, w, comm_sms=sms,
+                                                                      transpose_w=tw))
+            for sms in args.comm_sms}
+    if tw:  # the path before transpose_w: XLA materializes w.T, then our GEMM
+      sms = args.comm_sms[0]
+      ours[f"ours_sms{sms}_on_w_T_copy"] = jax.jit(
+          lambda x, w, sms=sms: fo.matmul(x, w.T, comm_sms=sms))
+    for name, fn in ours.items():
+      out = fn(x, w)
+      errors[name] = relative_error(out, ref)
+      errors_f32[name] = relative_error(out, ref32)
+      custom_call[name] = uses_custom_call(fn, (x, w), "flashoverlap_gemm")
+      variants[name] = (fn, (x, w))
     if not all(custom_call.values()):
       print("WARNING: 'ours' runs XLA's dot, not the signaling GEMM (extension not in use?): "
             f"{fo.info()['paths']['matmul']['why']}", flush=True)
     timing = time_variants(variants, calls=args.calls, samples=args.samples)
     row = {"m": m, "n": n, "k": k // world, "global_k": k, "dtype": str(dtype),
+           "transpose_w": tw,
            "times_ms": {v: t["median_ms"] for v, t in timing.items()},
            "rel_error": errors, "rel_error_vs_f32": errors_f32,
            "uses_custom_call": custom_call}
@@ -414,6 +427,8 @@ def main(argv=None) -> int:
     if name == "gemm":
       p.add_argument("--world", type=int, default=2, help="per-GPU K = K / world")
       p.add_argument("--comm-sms", type=int, nargs="+", default=[0, 8, 16])
+      p.add_argument("--transpose-w", action="store_true",
+                     help="w stored [N, K]: ours with transpose_w=True vs XLA's x @ w.T")
     elif name == "a2a":
       bench_a2a.add_arguments(p)
     else:

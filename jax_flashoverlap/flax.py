@@ -224,11 +224,11 @@ def _row(cfg: _Config, x, w):
 def _column(cfg: _Config, x, w):
   """x @ w with XLA's dot. Inside a check_vma shard_map, when x is the same on every device
   of the axis and the kernel shard is not, the backward needs psum(dy @ w.T) for dx; with
-  overlap_backward=True that is `matmul_all_reduce`, so it overlaps too. Off by default: when
-  several column layers read the same x (separate q/k/v), XLA adds their dx before one
-  all-reduce, fewer bytes than one overlapped all-reduce per layer; fuse such layers (one
-  q|k|v layer) first. Elsewhere (global view, check_vma=False, x varying) the backward is
-  XLA's, exactly what nnx.Linear would do there."""
+  overlap_backward=True that is `matmul_all_reduce(..., transpose_w=True)` (the kernel read in
+  place), so it overlaps too. Off by default: when several column layers read the same x
+  (separate q/k/v), XLA adds their dx before one all-reduce, fewer bytes than one overlapped
+  all-reduce per layer; fuse such layers (one q|k|v layer) first. Elsewhere (global view,
+  check_vma=False, x varying) the backward is XLA's, exactly what nnx.Linear would do there."""
   axis = cfg.axis_name
   if cfg.sequence_parallel and cfg.local_view():  # x: this device's rows of the sequence
     return ops.all_gather_matmul(x, w, axis)
@@ -249,7 +249,9 @@ def _column_matmul_fwd(x, w, axis_name):
 
 def _column_matmul_bwd(axis_name, res, dy):
   x, w = res
-  dx = ops.matmul_all_reduce(dy.reshape(-1, dy.shape[-1]), w.T, axis_name).reshape(x.shape)
+  # w [in, out/n] is dy @ w.T's [N, K] weight: no transposed copy of the kernel.
+  dx = ops.matmul_all_reduce(dy.reshape(-1, dy.shape[-1]), w, axis_name,
+                             transpose_w=True).reshape(x.shape)
   _, w_vjp = jax.vjp(lambda w: jnp.matmul(x, w), w)  # dw exactly as XLA's own backward
   (dw,) = w_vjp(dy)
   return dx.astype(x.dtype), dw

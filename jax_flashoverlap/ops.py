@@ -6,6 +6,10 @@
     y = matmul_all_to_all(x, w, "tp", split_axis=0)  # == lax.all_to_all(x @ w, "tp", 0, 0, tiled=True)
     y = all_gather_matmul(x, w, "tp")       # == lax.all_gather(x, "tp", tiled=True) @ w
 
+Every op takes `transpose_w=True` for a weight stored [N, K] (a PyTorch-style [out, in]
+weight, or a column-parallel kernel in its backward): the product is then x @ w.T, with w read
+in place by the kernel (no transpose pass).
+
 Inputs are validated at trace time. Gradients are those of the reference composition: the
 backward of a row-parallel GEMM + all-reduce is two local GEMMs (the transposed psum moves no
 data); the backward of GEMM + reduce-scatter all-gathers the cotangent, then two GEMMs.
@@ -21,98 +25,105 @@ import numpy as np
 from jax_flashoverlap import _validation, primitives as prims, primitives_a2a as prims_a2a
 
 
-def matmul(x, w, *, comm_sms: int | None = None):
+def matmul(x, w, *, comm_sms: int | None = None, transpose_w: bool = False):
   """x [..., K] @ w [K, N] -> [..., N] through the signaling GEMM (plain `x @ w` on CPU).
 
   `comm_sms` (default 0) leaves that many SMs free, as the overlapped ops do.
+  `transpose_w`: w is [N, K] and the product is x @ w.T, with no transpose pass.
   """
   op = "jax_flashoverlap.matmul"
-  _, k, n = _validation.check_operands(op, x, w)
+  transpose_w = _validation.check_transpose_w(op, transpose_w)
+  _, k, n = _validation.check_operands(op, x, w, transpose_w=transpose_w)
   _validation.check_comm_sms(op, comm_sms)
   lead = x.shape[:-1]
-  out = _gemm(x.reshape(-1, k), w, 0 if comm_sms is None else int(comm_sms))
+  out = _gemm(x.reshape(-1, k), w, _params(transpose_w=transpose_w),
+              _params(comm_sms=0 if comm_sms is None else int(comm_sms)))
   return out.reshape(*lead, n)
 
 
-def matmul_all_reduce(x, w, axis_name, *, comm_sms: int | None = None):
+def matmul_all_reduce(x, w, axis_name, *, comm_sms: int | None = None,
+                      transpose_w: bool = False):
   """psum(x @ w, axis_name) with the all-reduce overlapped tile-by-tile with the GEMM.
 
-  x: [..., K_local] (leading dims are flattened into M), w: [K_local, N]; bfloat16 or
-  float16, N and K multiples of 8. Returns [..., N], invariant over `axis_name`.
+  x: [..., K_local] (leading dims are flattened into M), w: [K_local, N] ([N, K_local] with
+  `transpose_w=True`: the product is then x @ w.T); bfloat16 or float16, N and K multiples
+  of 8. Returns [..., N], invariant over `axis_name`.
   `comm_sms`: SMs left to NCCL (default: the plan's, see jax_flashoverlap.plan).
   """
   op = "jax_flashoverlap.matmul_all_reduce"
-  _, k, n = _validation.check_operands(op, x, w)
+  transpose_w = _validation.check_transpose_w(op, transpose_w)
+  _, k, n = _validation.check_operands(op, x, w, transpose_w=transpose_w)
   _validation.check_axis_name(op, axis_name)
   _validation.check_comm_sms(op, comm_sms)
   lead = x.shape[:-1]
-  out = _gemm_all_reduce(x.reshape(-1, k), w, _hashable(axis_name), comm_sms)
+  out = _gemm_all_reduce(x.reshape(-1, k), w,
+                         _params(axis_name=_hashable(axis_name), transpose_w=transpose_w),
+                         _params(comm_sms=comm_sms))
   return out.reshape(*lead, n)
 
 
-def matmul_reduce_scatter(x, w, axis_name, *, comm_sms: int | None = None):
+def matmul_reduce_scatter(x, w, axis_name, *, comm_sms: int | None = None,
+                          transpose_w: bool = False):
   """psum_scatter(x @ w, axis_name, scatter_dimension=0, tiled=True), overlapped.
 
-  x: [M, K_local], w: [K_local, N]; M divisible by the axis size n. Rank r gets rows
-  [r*M/n, (r+1)*M/n) of the summed product, contiguous: [M/n, N].
+  x: [M, K_local], w: [K_local, N] ([N, K_local] with `transpose_w=True`); M divisible by the
+  axis size n. Rank r gets rows [r*M/n, (r+1)*M/n) of the summed product, contiguous: [M/n, N].
   """
   op = "jax_flashoverlap.matmul_reduce_scatter"
-  m, _, _ = _validation.check_operands(op, x, w, x_rank="2")
+  transpose_w = _validation.check_transpose_w(op, transpose_w)
+  m, _, _ = _validation.check_operands(op, x, w, x_rank="2", transpose_w=transpose_w)
   world = _validation.check_axis_name(op, axis_name)
   _validation.check_comm_sms(op, comm_sms)
   if m % world:
     raise ValueError(f"{op}: M (first dim of x, shape {tuple(x.shape)}) must be divisible by "
                      f"the size {world} of axis {axis_name!r}, got M={m}")
-  return _gemm_reduce_scatter(x, w, _hashable(axis_name), comm_sms)
+  return _gemm_reduce_scatter(x, w,
+                              _params(axis_name=_hashable(axis_name), transpose_w=transpose_w),
+                              _params(comm_sms=comm_sms))
 
 
 def _hashable(axis_name):
   return tuple(axis_name) if isinstance(axis_name, list) else axis_name
 
 
+def _params(**params):
+  """Static keyword arguments as a hashable tuple (a nondiff argument of the custom_vjp)."""
+  return tuple(sorted(params.items()))
+
+
 # --- differentiation: custom_vjp whose backward is the reference's own VJP ---------------
 
 
-def _reference_vjp(reference, x, w, ct):
-  _, vjp = jax.vjp(reference, x, w)
-  return vjp(ct)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _gemm(x, w, comm_sms):
-  return prims.gemm_p.bind(x, w, comm_sms=comm_sms)
-
-
-def _gemm_fwd(x, w, comm_sms):
-  return _gemm(x, w, comm_sms), (x, w)
-
-
-def _gemm_bwd(comm_sms, res, ct):
-  return _reference_vjp(prims.reference_gemm, *res, ct)
-
-
-_gemm.defvjp(_gemm_fwd, _gemm_bwd)
-
-
-def _collective_with_vjp(prim, reference):
+def _with_reference_vjp(prim, reference):
+  """prim.bind(x, w, **ref, **knobs) whose gradient is that of reference(x, w, **ref): `ref`
+  are the reference's own parameters (axis_name, transpose_w, ...), `knobs` the tuning ones
+  it does not take (comm_sms)."""
   @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-  def call(x, w, axis_name, comm_sms):
-    return prim.bind(x, w, axis_name=axis_name, comm_sms=comm_sms)
+  def call(x, w, ref, knobs):
+    return prim.bind(x, w, **dict(ref), **dict(knobs))
 
-  def fwd(x, w, axis_name, comm_sms):
-    return call(x, w, axis_name, comm_sms), (x, w)
+  def fwd(x, w, ref, knobs):
+    return call(x, w, ref, knobs), (x, w)
 
-  def bwd(axis_name, comm_sms, res, ct):
-    return _reference_vjp(functools.partial(reference, axis_name=axis_name), *res, ct)
+  def bwd(ref, knobs, res, ct):
+    # e.g. the transposed psum moves no data; the transpose of an all-to-all is the inverse
+    # all-to-all; that of the all-gather a reduce-scatter of dx (dw is local).
+    _, vjp = jax.vjp(functools.partial(reference, **dict(ref)), *res)
+    return vjp(ct)
 
   call.defvjp(fwd, bwd)
   return call
 
 
-_gemm_all_reduce = _collective_with_vjp(prims.gemm_all_reduce_p,
-                                        prims.reference_gemm_all_reduce)
-_gemm_reduce_scatter = _collective_with_vjp(prims.gemm_reduce_scatter_p,
-                                            prims.reference_gemm_reduce_scatter)
+_gemm = _with_reference_vjp(prims.gemm_p, prims.reference_gemm)
+_gemm_all_reduce = _with_reference_vjp(prims.gemm_all_reduce_p,
+                                       prims.reference_gemm_all_reduce)
+_gemm_reduce_scatter = _with_reference_vjp(prims.gemm_reduce_scatter_p,
+                                           prims.reference_gemm_reduce_scatter)
+_gemm_all_to_all = _with_reference_vjp(prims_a2a.gemm_all_to_all_p,
+                                       prims_a2a.reference_gemm_all_to_all)
+_all_gather_gemm = _with_reference_vjp(prims_a2a.all_gather_gemm_p,
+                                       prims_a2a.reference_all_gather_gemm)
 
 
 # --- all-to-all and all-gather (issue #9; primitives_a2a.py) ------------------------------
@@ -128,12 +139,13 @@ def _check_axis_arg(op, name, value):
 
 
 def matmul_all_to_all(x, w, axis_name, *, split_axis: int = 0, concat_axis: int | None = None,
-                      comm_sms: int | None = None):
+                      comm_sms: int | None = None, transpose_w: bool = False):
   """all_to_all(x @ w, axis_name, split_axis, concat_axis, tiled=True), overlapped.
 
-  x: [M, K], w: [K, N] (bfloat16 or float16, N and K multiples of 8); concat_axis defaults
-  to split_axis. The product's n = axis-size blocks along `split_axis` go to ranks 0..n-1;
-  the blocks received from ranks 0..n-1 are concatenated along `concat_axis`:
+  x: [M, K], w: [K, N] ([N, K] with `transpose_w=True`: the product is x @ w.T; bfloat16 or
+  float16, N and K multiples of 8); concat_axis defaults to split_axis. The product's
+  n = axis-size blocks along `split_axis` go to ranks 0..n-1; the blocks received from ranks
+  0..n-1 are concatenated along `concat_axis`:
     split 0, concat 0: [M, N]      (M divisible by n; e.g. expert-parallel token exchange)
     split 1, concat 0: [n*M, N/n]  (N divisible by n; Ulysses: heads out, sequence in)
     split 0, concat 1: [M/n, n*N]
@@ -145,62 +157,48 @@ def matmul_all_to_all(x, w, axis_name, *, split_axis: int = 0, concat_axis: int 
   split_axis = _check_axis_arg(op, "split_axis", split_axis)
   concat_axis = split_axis if concat_axis is None else _check_axis_arg(op, "concat_axis",
                                                                          concat_axis)
+  transpose_w = _validation.check_transpose_w(op, transpose_w)
   rowwise = split_axis == 0 and concat_axis == 0
-  _, k, n = _validation.check_operands(op, x, w, x_rank=">=2" if rowwise else "2")
+  _, k, n = _validation.check_operands(op, x, w, x_rank=">=2" if rowwise else "2",
+                                       transpose_w=transpose_w)
   world = _validation.check_axis_name(op, axis_name)
   _validation.check_comm_sms(op, comm_sms)
   if split_axis == 0 and x.shape[0] % world:
     raise ValueError(f"{op}: split_axis=0 needs the first dim of x (shape {tuple(x.shape)}) to "
                      f"be divisible by the size {world} of axis {axis_name!r}")
   if split_axis == 1 and n % world:
-    raise ValueError(f"{op}: split_axis=1 needs N (last dim of w, shape {tuple(w.shape)}) to "
-                     f"be divisible by the size {world} of axis {axis_name!r}")
+    n_dim = "first" if transpose_w else "last"
+    raise ValueError(f"{op}: split_axis=1 needs N ({n_dim} dim of w, shape {tuple(w.shape)}) "
+                     f"to be divisible by the size {world} of axis {axis_name!r}")
   lead = x.shape[:-1]
-  out = _gemm_all_to_all(x.reshape(-1, k), w, _hashable(axis_name), split_axis, concat_axis,
-                         comm_sms)
+  out = _gemm_all_to_all(x.reshape(-1, k), w,
+                         _params(axis_name=_hashable(axis_name), split_axis=split_axis,
+                                 concat_axis=concat_axis, transpose_w=transpose_w),
+                         _params(comm_sms=comm_sms))
   return out.reshape(*lead, n) if len(lead) > 1 else out
 
 
-def all_gather_matmul(x, w, axis_name, *, comm_sms: int | None = None):
+def all_gather_matmul(x, w, axis_name, *, comm_sms: int | None = None,
+                      transpose_w: bool = False):
   """all_gather(x, axis_name, axis=0, tiled=True) @ w, overlapped (sequence-parallel
   column-parallel layer): the GEMM starts on the local rows at once and takes each other
   rank's rows as they arrive.
 
-  x: [M_local, K] (or [B, ..., K]: gathered along the first dim), w: [K, N];
-  returns [n*M_local, N]. `comm_sms` (>= 1; default: the plan's) SMs are left to NCCL,
-  which must run while the GEMM waits for its rows.
+  x: [M_local, K] (or [B, ..., K]: gathered along the first dim), w: [K, N] ([N, K] with
+  `transpose_w=True`: the product is then all_gather(x) @ w.T); returns [n*M_local, N].
+  `comm_sms` (>= 1; default: the plan's) SMs are left to NCCL, which must run while the
+  GEMM waits for its rows.
   """
   op = "jax_flashoverlap.all_gather_matmul"
-  _, k, n = _validation.check_operands(op, x, w)
+  transpose_w = _validation.check_transpose_w(op, transpose_w)
+  _, k, n = _validation.check_operands(op, x, w, transpose_w=transpose_w)
   world = _validation.check_axis_name(op, axis_name)
   _validation.check_comm_sms(op, comm_sms)
   if comm_sms is not None and int(comm_sms) < 1:
     raise ValueError(f"{op}: comm_sms must be >= 1 (NCCL needs SMs while the GEMM waits for "
                      f"the gathered rows), got {comm_sms}")
   lead = x.shape[:-1]
-  out = _all_gather_gemm(x.reshape(-1, k), w, _hashable(axis_name), comm_sms)
+  out = _all_gather_gemm(x.reshape(-1, k), w,
+                         _params(axis_name=_hashable(axis_name), transpose_w=transpose_w),
+                         _params(comm_sms=comm_sms))
   return out.reshape(world * lead[0], *lead[1:], n)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
-def _gemm_all_to_all(x, w, axis_name, split_axis, concat_axis, comm_sms):
-  return prims_a2a.gemm_all_to_all_p.bind(x, w, axis_name=axis_name, split_axis=split_axis,
-                                          concat_axis=concat_axis, comm_sms=comm_sms)
-
-
-def _gemm_all_to_all_fwd(x, w, axis_name, split_axis, concat_axis, comm_sms):
-  return _gemm_all_to_all(x, w, axis_name, split_axis, concat_axis, comm_sms), (x, w)
-
-
-def _gemm_all_to_all_bwd(axis_name, split_axis, concat_axis, comm_sms, res, ct):
-  # The transpose of an all-to-all is the inverse all-to-all; then two local GEMMs.
-  return _reference_vjp(functools.partial(prims_a2a.reference_gemm_all_to_all,
-                                          axis_name=axis_name, split_axis=split_axis,
-                                          concat_axis=concat_axis), *res, ct)
-
-
-_gemm_all_to_all.defvjp(_gemm_all_to_all_fwd, _gemm_all_to_all_bwd)
-
-# The transpose of the all-gather is a reduce-scatter of dx; dw is local.
-_all_gather_gemm = _collective_with_vjp(prims_a2a.all_gather_gemm_p,
-                                        prims_a2a.reference_all_gather_gemm)

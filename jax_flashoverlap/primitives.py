@@ -1,6 +1,7 @@
 """Per-device primitives: abstract evaluation, lowerings (CUDA custom call / reference), vmap.
 
-Each primitive takes 2-D operands x [M, K], w [K, N] (ops.py flattens and validates):
+Each primitive takes 2-D operands x [M, K], w [K, N] (ops.py flattens and validates), or
+w [N, K] with the param transpose_w=True (the product is then x @ w.T):
 
     flashoverlap_gemm                 x @ w
     flashoverlap_gemm_all_reduce      psum(x @ w, axis_name)
@@ -25,26 +26,26 @@ from jax_flashoverlap import _compat, _ext, comm, plan as plan_lib
 # --- reference compositions (also the CPU lowering) --------------------------------------
 
 
-def _dot(x, w):
-  return jnp.matmul(x, w)
+def dot(x, w, transpose_w=False):
+  return jnp.matmul(x, w.T if transpose_w else w)
 
 
-def reference_gemm(x, w):
-  return _dot(x, w)
+def reference_gemm(x, w, *, transpose_w=False):
+  return dot(x, w, transpose_w)
 
 
-def reference_gemm_all_reduce(x, w, *, axis_name):
-  return lax.psum(_dot(x, w), axis_name)
+def reference_gemm_all_reduce(x, w, *, axis_name, transpose_w=False):
+  return lax.psum(dot(x, w, transpose_w), axis_name)
 
 
-def reference_gemm_reduce_scatter(x, w, *, axis_name):
-  return lax.psum_scatter(_dot(x, w), axis_name, scatter_dimension=0, tiled=True)
+def reference_gemm_reduce_scatter(x, w, *, axis_name, transpose_w=False):
+  return lax.psum_scatter(dot(x, w, transpose_w), axis_name, scatter_dimension=0, tiled=True)
 
 
 # --- primitive construction --------------------------------------------------------------
 
 
-def make_primitive(name, reference, reference_keys=("axis_name",)):
+def make_primitive(name, reference, reference_keys=("axis_name", "transpose_w")):
   """A primitive whose output type comes from tracing `reference(x, w, **params)` and whose
   default lowering is that reference; params outside `reference_keys` are tuning knobs the
   reference does not take. Returns (primitive, reference lowering)."""
@@ -79,50 +80,52 @@ gemm_reduce_scatter_p, _rs_reference_lowering = make_primitive(
 GEMM_SIGNAL_GROUPS = 4
 
 
-def _gemm_cuda_lowering(ctx, x, w, *, comm_sms):
+def _gemm_cuda_lowering(ctx, x, w, *, comm_sms, transpose_w):
   use_cuda, _ = _ext.check_cuda_path(gemm_p.name)
   if not use_cuda:
-    return _gemm_reference_lowering(ctx, x, w)
+    return _gemm_reference_lowering(ctx, x, w, transpose_w=transpose_w)
   return _compat.ffi_lowering(gemm_p.name)(
-      ctx, x, w, comm_sms=np.int32(comm_sms), num_groups=np.int32(GEMM_SIGNAL_GROUPS))
+      ctx, x, w, comm_sms=np.int32(comm_sms), num_groups=np.int32(GEMM_SIGNAL_GROUPS),
+      transpose_w=np.int32(transpose_w))
 
 
 def _collective_cuda_lowering(prim, reference_lowering, collective):
-  def lowering(ctx, x, w, *, axis_name, comm_sms):
+  def lowering(ctx, x, w, *, axis_name, comm_sms, transpose_w):
     use_cuda, _ = _ext.check_cuda_path(prim.name)
     if not use_cuda:
-      return reference_lowering(ctx, x, w, axis_name=axis_name)
-    mesh, world, x_aval, w_aval, dtype = lowering_problem(ctx, axis_name)
-    (m, k), n = x_aval.shape, w_aval.shape[1]
+      return reference_lowering(ctx, x, w, axis_name=axis_name, transpose_w=transpose_w)
+    mesh, world, x_aval, w_aval, dtype, (m, n, k) = lowering_problem(ctx, axis_name,
+                                                                     transpose_w)
     in_place = collective == "all_reduce" and _ext.all_reduce_in_place()
     plan = plan_lib.choose_plan(collective, m, n, k, world, dtype.itemsize, comm_sms,
                                 gpu=comm.mesh_gpu_name(mesh), dtype=dtype.name,
                                 in_place=in_place)
     if keep_reference(plan, comm_sms, plan_lib.is_forced()):
-      return reference_lowering(ctx, x, w, axis_name=axis_name)
+      return reference_lowering(ctx, x, w, axis_name=axis_name, transpose_w=transpose_w)
     comm_id = prepare_communicators(
         prim.name, mesh, axis_name,
         {"band_rows": list(plan.band_rows), "in_place": in_place, "cta_policy": plan.cta_policy},
         plan.comm_sms, 0 if in_place else m * n * dtype.itemsize,
         f"x {tuple(x_aval.shape)} w {tuple(w_aval.shape)}", cta_policy=plan.cta_policy)
     attrs = {"in_place": np.int32(in_place)} if collective == "all_reduce" else {}
-    return emit_call(prim, ctx, x, w, comm_id, world, plan.comm_sms,
+    return emit_call(prim, ctx, x, w, comm_id, world, plan.comm_sms, transpose_w,
                      band_rows=np.asarray(plan.band_rows, dtype=np.int32), **attrs)
   return lowering
 
 
-def lowering_problem(ctx, axis_name):
-  """(mesh, world size, x aval, w aval, dtype) of a CUDA lowering."""
+def lowering_problem(ctx, axis_name, transpose_w):
+  """(mesh, world size, x aval, w aval, dtype, (m, n, k)) of a CUDA lowering; m: rows of x."""
   mesh = _compat.lowering_mesh(ctx)
   x_aval, w_aval = ctx.avals_in
-  return mesh, world_size(mesh, axis_name), x_aval, w_aval, np.dtype(x_aval.dtype)
+  (m, k), n = x_aval.shape, w_aval.shape[0 if transpose_w else 1]
+  return mesh, world_size(mesh, axis_name), x_aval, w_aval, np.dtype(x_aval.dtype), (m, n, k)
 
 
-def emit_call(prim, ctx, x, w, comm_id, world, comm_sms, **attrs):
+def emit_call(prim, ctx, x, w, comm_id, world, comm_sms, transpose_w, **attrs):
   """The custom call of an overlapped op: the attributes every handler takes, and its own."""
   return _compat.ffi_lowering(prim.name)(
       ctx, x, w, comm_id=np.int64(comm_id), world_size=np.int32(world),
-      comm_sms=np.int32(comm_sms), **attrs)
+      comm_sms=np.int32(comm_sms), transpose_w=np.int32(transpose_w), **attrs)
 
 
 def keep_reference(plan, comm_sms, forced: bool) -> bool:
@@ -167,7 +170,8 @@ _compat.mlir.register_lowering(
 
 # --- batching (vmap) -------------------------------------------------------------------------
 # x batched, w not: fold the batch into M (for reduce-scatter, rank-major so each rank still
-# gets its own rows of every batch element). w batched, x not: fold the batch into N. Both
+# gets its own rows of every batch element). w batched, x not: fold the batch into N (w
+# [B, K, N] -> [K, B*N]; transposed, w [B, N, K] -> [B*N, K] is a free reshape). Both
 # batched: one call per batch element (lax.map).
 
 
@@ -193,8 +197,13 @@ def _batch_rule(prim, world_of):
       return out.reshape(b, rows, out.shape[1]), 0
     if bx is not_mapped and bw is not not_mapped:
       w = jnp.moveaxis(w, bw, 0)
-      b, k, n = w.shape
-      out = prim.bind(x, w.transpose(1, 0, 2).reshape(k, b * n), **params)
+      if params["transpose_w"]:
+        b, n, k = w.shape
+        folded = w.reshape(b * n, k)
+      else:
+        b, k, n = w.shape
+        folded = w.transpose(1, 0, 2).reshape(k, b * n)
+      out = prim.bind(x, folded, **params)
       return out.reshape(out.shape[0], b, n).transpose(1, 0, 2), 0
     x = jnp.moveaxis(x, bx, 0)
     w = jnp.moveaxis(w, bw, 0)

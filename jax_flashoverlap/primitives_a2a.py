@@ -3,10 +3,11 @@
     flashoverlap_gemm_all_to_all   all_to_all(x @ w, axis_name, split_axis, concat_axis, tiled=True)
     flashoverlap_all_gather_gemm   all_gather(x, axis_name, axis=0, tiled=True) @ w
 
-x [M, K], w [K, N] (ops.py flattens and validates). As in primitives.py: output types come
-from tracing the reference composition (so shard_map's varying-axes typing is XLA's own), the
-CPU lowering is that reference, and the CUDA lowering is the FFI target of the same name,
-or the reference where the shape is not supported or the plan (plan_a2a.py) predicts no gain.
+x [M, K], w [K, N] (or [N, K] with transpose_w=True; ops.py flattens and validates). As in
+primitives.py: output types come from tracing the reference composition (so shard_map's
+varying-axes typing is XLA's own), the CPU lowering is that reference, and the CUDA lowering is
+the FFI target of the same name, or the reference where the shape is not supported or the plan
+(plan_a2a.py) predicts no gain.
 """
 
 from __future__ import annotations
@@ -18,21 +19,22 @@ import numpy as np
 from jax import lax
 
 from jax_flashoverlap import _compat, _ext, comm, plan_a2a
-from jax_flashoverlap.primitives import (emit_call, keep_reference, lowering_problem,
+from jax_flashoverlap.primitives import (dot, emit_call, keep_reference, lowering_problem,
                                          make_primitive, prepare_communicators)
 
 # --- reference compositions (also the CPU lowering) --------------------------------------
 
 
-def reference_gemm_all_to_all(x, w, *, axis_name, split_axis=0, concat_axis=0):
-  return lax.all_to_all(jnp.matmul(x, w), axis_name, split_axis, concat_axis, tiled=True)
+def reference_gemm_all_to_all(x, w, *, axis_name, split_axis=0, concat_axis=0,
+                              transpose_w=False):
+  return lax.all_to_all(dot(x, w, transpose_w), axis_name, split_axis, concat_axis, tiled=True)
 
 
-def reference_all_gather_gemm(x, w, *, axis_name):
-  return jnp.matmul(lax.all_gather(x, axis_name, axis=0, tiled=True), w)
+def reference_all_gather_gemm(x, w, *, axis_name, transpose_w=False):
+  return dot(lax.all_gather(x, axis_name, axis=0, tiled=True), w, transpose_w)
 
 
-_REFERENCE_KEYS = ("axis_name", "split_axis", "concat_axis")
+_REFERENCE_KEYS = ("axis_name", "split_axis", "concat_axis", "transpose_w")
 
 
 gemm_all_to_all_p, _a2a_reference_lowering = make_primitive(
@@ -54,15 +56,16 @@ def _prepare_comm(prim, mesh, axis_name, plan_fields, comm_sms, workspace_bytes,
                                workspace_bytes, shapes, peer_to_peer=True)
 
 
-def _a2a_cuda_lowering(ctx, x, w, *, axis_name, split_axis, concat_axis, comm_sms):
+def _a2a_cuda_lowering(ctx, x, w, *, axis_name, split_axis, concat_axis, comm_sms,
+                       transpose_w):
   prim = gemm_all_to_all_p
   reference = functools.partial(_a2a_reference_lowering, ctx, x, w, axis_name=axis_name,
-                                split_axis=split_axis, concat_axis=concat_axis)
+                                split_axis=split_axis, concat_axis=concat_axis,
+                                transpose_w=transpose_w)
   use_cuda, _ = _ext.check_cuda_path(prim.name)
   if not use_cuda:
     return reference()
-  mesh, world, x_aval, w_aval, dtype = lowering_problem(ctx, axis_name)
-  (m, k), n = x_aval.shape, w_aval.shape[1]
+  mesh, world, x_aval, w_aval, dtype, (m, n, k) = lowering_problem(ctx, axis_name, transpose_w)
   if plan_a2a.a2a_supported(m, n, world, split_axis) is not None:
     return reference()
   plan = plan_a2a.choose_a2a_plan(m, n, k, world, split_axis, concat_axis, dtype.itemsize,
@@ -74,19 +77,20 @@ def _a2a_cuda_lowering(ctx, x, w, *, axis_name, split_axis, concat_axis, comm_sm
                           {"band_rows": list(plan.band_rows), "comm_sms": plan.comm_sms},
                           plan.comm_sms, workspace,
                           f"x {tuple(x_aval.shape)} w {tuple(w_aval.shape)}")
-  return emit_call(prim, ctx, x, w, comm_id, world, plan.comm_sms,
+  return emit_call(prim, ctx, x, w, comm_id, world, plan.comm_sms, transpose_w,
                    split_axis=np.int32(split_axis), concat_axis=np.int32(concat_axis),
                    band_rows=np.asarray(plan.band_rows, dtype=np.int32))
 
 
-def _ag_cuda_lowering(ctx, x, w, *, axis_name, comm_sms):
+def _ag_cuda_lowering(ctx, x, w, *, axis_name, comm_sms, transpose_w):
   prim = all_gather_gemm_p
-  reference = functools.partial(_ag_reference_lowering, ctx, x, w, axis_name=axis_name)
+  reference = functools.partial(_ag_reference_lowering, ctx, x, w, axis_name=axis_name,
+                                transpose_w=transpose_w)
   use_cuda, _ = _ext.check_cuda_path(prim.name)
   if not use_cuda:
     return reference()
-  mesh, world, x_aval, w_aval, dtype = lowering_problem(ctx, axis_name)
-  (rows, k), n = x_aval.shape, w_aval.shape[1]
+  mesh, world, x_aval, w_aval, dtype, (rows, n, k) = lowering_problem(ctx, axis_name,
+                                                                      transpose_w)
   if plan_a2a.all_gather_supported(rows, n, world) is not None:
     return reference()
   plan = plan_a2a.choose_all_gather_plan(rows, n, k, world, dtype.itemsize, comm_sms,
@@ -99,7 +103,8 @@ def _ag_cuda_lowering(ctx, x, w, *, axis_name, comm_sms):
                           world * rows * k * dtype.itemsize,
                           f"x {tuple(x_aval.shape)} w {tuple(w_aval.shape)}",
                           collective_gather=plan.gather == "collective")
-  return emit_call(prim, ctx, x, w, comm_id, world, plan.comm_sms, chunks=np.int32(plan.chunks))
+  return emit_call(prim, ctx, x, w, comm_id, world, plan.comm_sms, transpose_w,
+                   chunks=np.int32(plan.chunks))
 
 
 _compat.mlir.register_lowering(gemm_all_to_all_p, _a2a_cuda_lowering, platform="cuda")

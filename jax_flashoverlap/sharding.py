@@ -3,6 +3,7 @@
     x: [M, K] sharded P(dp, tp)   w: [K, N] sharded P(tp, None)
     row_parallel_matmul(x, w, reduce="all_reduce")     -> [M, N] sharded P(dp, None)
     row_parallel_matmul(x, w, reduce="reduce_scatter") -> [M, N] sharded P((dp, tp), None)
+    row_parallel_matmul(x, w, transpose_w=True)         w: [N, K] sharded P(None, tp); x @ w.T
 
 The partitioner picks the contracting mesh axis from x's sharding on K (or `axis_name`),
 keeps any mesh axes that shard M (data parallel), and runs the per-device op on each shard.
@@ -13,45 +14,47 @@ from __future__ import annotations
 import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jax_flashoverlap import _compat, _validation, ops
+from jax_flashoverlap import _compat, _validation, ops, primitives as prims
 
 REDUCTIONS = ("all_reduce", "reduce_scatter")
 
 
-def row_parallel_matmul(x, w, reduce: str = "all_reduce", axis_name=None):
+def row_parallel_matmul(x, w, reduce: str = "all_reduce", axis_name=None, *,
+                        transpose_w: bool = False):
   """x [M, K] @ w [K, N] with K sharded over one mesh axis, reduced by `reduce`.
 
   Returns the same values as `x @ w` under XLA's sharding; the output is replicated over the
   contracting axis ("all_reduce") or has its rows sharded over it ("reduce_scatter").
   `axis_name`: the contracting mesh axis; by default, the one that shards x's last dim.
+  `transpose_w`: w is [N, K] (K sharded: P(None, tp)) and the product is x @ w.T.
   """
   op = "jax_flashoverlap.row_parallel_matmul"
   if reduce not in REDUCTIONS:
     raise ValueError(f"{op}: reduce must be one of {REDUCTIONS}, got {reduce!r}")
-  _validation.check_operands(op, x, w, x_rank="2")
+  transpose_w = _validation.check_transpose_w(op, transpose_w)
+  _validation.check_operands(op, x, w, x_rank="2", transpose_w=transpose_w)
   if axis_name is not None and not isinstance(axis_name, str):
     raise TypeError(f"{op}: axis_name must be a mesh axis name (str) or None, got {axis_name!r}")
-  return _row_parallel_vjp(x, w, reduce, axis_name)
+  return _row_parallel_vjp(x, w, reduce, axis_name, transpose_w)
 
 
 # custom_partitioning has no autodiff rule; the global-view gradient is that of x @ w (the
 # reduction only decides the output's sharding), left to XLA's own sharded dots.
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _row_parallel_vjp(x, w, reduce, axis_name):
-  return _row_parallel(x, w, reduce, axis_name)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _row_parallel_vjp(x, w, reduce, axis_name, transpose_w):
+  return _row_parallel(x, w, reduce, axis_name, transpose_w)
 
 
-def _row_parallel_fwd(x, w, reduce, axis_name):
-  return _row_parallel(x, w, reduce, axis_name), (x, w)
+def _row_parallel_fwd(x, w, reduce, axis_name, transpose_w):
+  return _row_parallel(x, w, reduce, axis_name, transpose_w), (x, w)
 
 
-def _row_parallel_bwd(reduce, axis_name, res, ct):
+def _row_parallel_bwd(reduce, axis_name, transpose_w, res, ct):
   x, w = res
-  _, vjp = jax.vjp(jnp.matmul, x, w)
+  _, vjp = jax.vjp(functools.partial(prims.dot, transpose_w=transpose_w), x, w)
   return vjp(ct.astype(x.dtype))
 
 
@@ -69,11 +72,11 @@ def _spec(sharding, ndim) -> tuple:
   return spec + (None,) * (ndim - len(spec))
 
 
-def _layout(mesh, x_sharding, w_sharding, reduce, axis_name):
+def _layout(mesh, x_sharding, w_sharding, reduce, axis_name, transpose_w):
   """Chooses (m_axes, k_axis) from the operands' shardings."""
   x_spec = _spec(x_sharding, 2)
   w_spec = _spec(w_sharding, 2)
-  k_axes = _spec_axes(x_spec[1]) or _spec_axes(w_spec[0])
+  k_axes = _spec_axes(x_spec[1]) or _spec_axes(w_spec[1 if transpose_w else 0])
   if axis_name is not None:
     if axis_name not in mesh.axis_names:
       raise ValueError(f"jax_flashoverlap.row_parallel_matmul: axis_name {axis_name!r} is not "
@@ -97,21 +100,21 @@ def _m_entry(m_axes):
   return m_axes if m_axes else None
 
 
-@functools.partial(_compat.custom_partitioning, static_argnums=(2, 3))
-def _row_parallel(x, w, reduce, axis_name):
+@functools.partial(_compat.custom_partitioning, static_argnums=(2, 3, 4))
+def _row_parallel(x, w, reduce, axis_name, transpose_w):
   # Unpartitioned semantics (also what runs if nothing is sharded).
-  return ops.matmul(x, w)
+  return ops.matmul(x, w, transpose_w=transpose_w)
 
 
-def _infer(reduce, axis_name, mesh, arg_shapes, result_shape):
+def _infer(reduce, axis_name, transpose_w, mesh, arg_shapes, result_shape):
   x, w = arg_shapes
-  m_axes, k_axis = _layout(mesh, x.sharding, w.sharding, reduce, axis_name)
+  m_axes, k_axis = _layout(mesh, x.sharding, w.sharding, reduce, axis_name, transpose_w)
   return NamedSharding(mesh, _out_spec(m_axes, k_axis, reduce))
 
 
-def _partition(reduce, axis_name, mesh, arg_shapes, result_shape):
+def _partition(reduce, axis_name, transpose_w, mesh, arg_shapes, result_shape):
   x, w = arg_shapes
-  m_axes, k_axis = _layout(mesh, x.sharding, w.sharding, reduce, axis_name)
+  m_axes, k_axis = _layout(mesh, x.sharding, w.sharding, reduce, axis_name, transpose_w)
   op = "jax_flashoverlap.row_parallel_matmul"
   if reduce == "reduce_scatter" and k_axis is not None:
     m_local = x.shape[0]
@@ -121,20 +124,20 @@ def _partition(reduce, axis_name, mesh, arg_shapes, result_shape):
       raise ValueError(f"{op}: reduce_scatter needs the rows of each shard ({m_local}) to be "
                        f"divisible by the size {mesh.shape[k_axis]} of axis {k_axis!r}")
   arg_shardings = (NamedSharding(mesh, P(_m_entry(m_axes), k_axis)),
-                   NamedSharding(mesh, P(k_axis, None)))
+                   NamedSharding(mesh, P(None, k_axis) if transpose_w else P(k_axis, None)))
   out_sharding = NamedSharding(mesh, _out_spec(m_axes, k_axis, reduce))
 
   def lower(x, w):
     if k_axis is None:
-      return ops.matmul(x, w)
+      return ops.matmul(x, w, transpose_w=transpose_w)
     if reduce == "all_reduce":
-      return ops.matmul_all_reduce(x, w, k_axis)
-    return ops.matmul_reduce_scatter(x, w, k_axis)
+      return ops.matmul_all_reduce(x, w, k_axis, transpose_w=transpose_w)
+    return ops.matmul_reduce_scatter(x, w, k_axis, transpose_w=transpose_w)
 
   return mesh, lower, out_sharding, arg_shardings
 
 
-def _sdy_rule(reduce, axis_name, mesh, value_types, result_types):
+def _sdy_rule(reduce, axis_name, transpose_w, mesh, value_types, result_types):
   """Shardy rule, built at lowering time when the mesh is known.
 
   all_reduce: `m k, k n -> m n`, K a reduction factor. reduce_scatter: the contracting axis'
@@ -144,9 +147,12 @@ def _sdy_rule(reduce, axis_name, mesh, value_types, result_types):
       x: (d m2) (t kk),  w: (t kk) n  ->  out: (d t m3) n
 
   so Shardy itself propagates P(dp, tp) inputs to a P((dp, tp), None) output: the layout the
-  reduce-scatter produces, with no gather after it.
+  reduce-scatter produces, with no gather after it. With transpose_w, w's two factors swap.
   """
-  simple = ("m k, k n -> m n", {"reduction_factors": ("k",)})
+  def w_factors(k):
+    return f"n {k}" if transpose_w else f"{k} n"
+
+  simple = (f"m k, {w_factors('k')} -> m n", {"reduction_factors": ("k",)})
   if reduce != "reduce_scatter":
     return simple
   names = list(mesh.axis_names)
@@ -162,8 +168,9 @@ def _sdy_rule(reduce, axis_name, mesh, value_types, result_types):
   if t == 1 or k % t or m % (d * t):
     return simple
   if d == 1:
-    return ("m (t kk) , (t kk) n -> (t m3) n", {"t": t, "kk": k // t, "m3": m // t})
-  return ("(d m2) (t kk), (t kk) n -> (d t m3) n",
+    return (f"m (t kk) , {w_factors('(t kk)')} -> (t m3) n",
+            {"t": t, "kk": k // t, "m3": m // t})
+  return (f"(d m2) (t kk), {w_factors('(t kk)')} -> (d t m3) n",
           {"d": d, "t": t, "m2": m // d, "kk": k // t, "m3": m // (d * t)})
 
 

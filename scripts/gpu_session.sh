@@ -2,7 +2,7 @@
 # One call on the GPU machine (device tool): set up, build, test, benchmark; logs to $OUT.
 #   bash scripts/gpu_session.sh [STEP ...]   steps: build info tests gpu_tests gpu_k mesh_tests gemm_bench
 #     tune overlap_bench overlap_all sweep procs stress flax_example sanitize_overlap harness
-#     sanitize_harness gemm_epilogue quickstart
+#     sanitize_harness gemm_epilogue transpose_w quickstart
 #     global_view diagnose a2a_tests a2a_bench readme_tests cuda_tests pack (last: one archive of $OUT)
 #     (default: build info tests)
 # Carry: .whl (nvidia-cutlass wheel; the machine has no index) and build/obj (object cache).
@@ -84,6 +84,22 @@ for step in "${steps[@]}"; do
       run_step ge_bench_sync "${SYNC[@]}" .build/gemm_test bench --json "$OUT/ge_bench_sync.json"
       run_step ge_jax_overlap python3 -m jax_flashoverlap.bench gemm --comm-sms 0 8 16 --out "$OUT/gemm_h200.json"
       run_step ge_jax_sync "${SYNC[@]}" python3 -m jax_flashoverlap.bench gemm --comm-sms 0 8 16 --out "$OUT/gemm_sync_epilogue_h200.json" ;;
+    transpose_w)  # w given as [N, K] (the _nk instances): every standalone check on that path, timed
+      # against the [K, N] kernel and cuBLAS, then through JAX (ours in place vs XLA's x @ w.T
+      # vs ours on a materialized w.T); .build/ as in gemm_epilogue.
+      export CUBLAS_LIB="${CUBLAS_LIB:-$(find /usr /opt -name 'libcublas.so.13*' -not -name '*Lt*' 2>/dev/null | head -1)}"
+      SAN="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)"
+      NK=(env GEMM_TEST_TRANSPOSE_W=1)
+      run_step tw_correctness "${NK[@]}" .build/gemm_test correctness --json "$OUT/tw_correctness.json"
+      run_step tw_signal "${NK[@]}" .build/gemm_test signal --json "$OUT/tw_signal.json"
+      run_step tw_ext "${NK[@]}" .build/gemm_ext_test all --json "$OUT/tw_ext.json"
+      for tool in memcheck racecheck synccheck; do
+        run_step "tw_$tool" "${NK[@]}" "$SAN" --tool "$tool" --error-exitcode 3 .build/gemm_test sanitize
+      done
+      run_step tw_bench_kn .build/gemm_test bench --json "$OUT/tw_bench_kn.json"
+      run_step tw_bench_nk "${NK[@]}" .build/gemm_test bench --json "$OUT/tw_bench_nk.json"
+      run_step tw_tests env JAX_FLASHOVERLAP_FALLBACK=0 python3 -m pytest -q -ra tests/test_gpu_transpose_w.py
+      run_step tw_jax python3 -m jax_flashoverlap.bench gemm --transpose-w --comm-sms 0 8 16 ${TW_ARGS:-} --out "$OUT/gemm_transpose_w_h200.json" ;;
     quickstart) run_step quickstart python3 examples/quickstart.py ;;
     global_view) run_step global_view python3 examples/global_view_jit.py ;;
     a2a_tests)  # #9 ops (matmul_all_to_all, all_gather_matmul) on GPUs

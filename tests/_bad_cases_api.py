@@ -101,6 +101,29 @@ def op_x_not_array(t):
     fo.matmul([[1.0] * 8], jnp.ones((8, 8), BF16))
 
 
+def op_transpose_w_int(t):
+    trace_op("all_reduce", sds((8, 64)), sds((32, 64)), w_spec=P(None, "tp"), transpose_w=1)
+
+
+def op_transpose_w_given_k_n(t):
+    # w passed as [K, N] (local (16, 32)) with transpose_w=True, which reads it as [N, K]
+    trace_op("all_reduce", sds((8, 64)), sds((64, 32)), transpose_w=True)
+
+
+def op_w_given_n_k(t):
+    # an [out, in] weight (local (32, 16)) passed without transpose_w=True
+    trace_op("all_reduce", sds((8, 64)), sds((32, 64)), w_spec=P(None, "tp"))
+
+
+def op_transpose_w_rank3(t):
+    trace_op("matmul", sds((8, 64)), sds((32, 64, 8)), transpose_w=True)
+
+
+def op_transpose_w_n_not_multiple_of_8(t):
+    trace_op("reduce_scatter", sds((8, 64)), sds((12, 64)), w_spec=P(None, "tp"),
+             transpose_w=True)
+
+
 # ----------------------------------------------------------------------------- global view
 
 def rp_bad_reduce(t):
@@ -115,6 +138,11 @@ def rp_axis_not_str(t):
 
 def rp_x_rank3(t):
     jax.jit(fo.row_parallel_matmul).trace(sds((2, 16, 64)), sds((64, 32)))
+
+
+def rp_transpose_w_not_bool(t):
+    jax.jit(lambda a, b: fo.row_parallel_matmul(a, b, transpose_w="yes")).trace(
+        sds((16, 64)), sds((32, 64)))
 
 
 def rp_axis_unknown(t):

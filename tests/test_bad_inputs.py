@@ -91,6 +91,24 @@ CASES = [
                  id="op-comm-sms-out-of-range"),
     pytest.param(op_x_not_array, raises(TypeError, "x must be an array", "list"),
                  id="op-x-not-an-array"),
+    pytest.param(op_transpose_w_int, raises(TypeError, "matmul_all_reduce: transpose_w must be "
+                                            "a bool (True: w is [N, K])", "got 1"),
+                 id="op-transpose-w-not-bool"),
+    pytest.param(op_transpose_w_given_k_n, raises(ValueError, "contracting dims differ",
+                                                  "x has K=16", "w has K=32 (last dim of w "
+                                                  "[N, K] (transpose_w=True), shape (16, 32))",
+                                                  "w looks like [K, N]: pass transpose_w=False"),
+                 id="op-transpose-w-given-k-n"),
+    pytest.param(op_w_given_n_k, raises(ValueError, "contracting dims differ", "w has K=32 "
+                                        "(first dim of w [K, N]", "w looks like [N, K]: pass "
+                                        "transpose_w=True"),
+                 id="op-w-given-n-k"),
+    pytest.param(op_transpose_w_rank3, raises(ValueError, "w must be a 2-D weight [N, K] "
+                                              "(transpose_w=True)", "(32, 64, 8)"),
+                 id="op-transpose-w-rank-3"),
+    pytest.param(op_transpose_w_n_not_multiple_of_8, raises(ValueError, "N (first dim of w) "
+                                                            "must be a multiple of 8", "N=12"),
+                 id="op-transpose-w-n-not-multiple-of-8"),
     # --- row_parallel_matmul under jit (global view) ---
     pytest.param(rp_bad_reduce, raises(ValueError, "row_parallel_matmul", "reduce must be one of "
                                        "('all_reduce', 'reduce_scatter')", "'all_gather'"),
@@ -99,6 +117,9 @@ CASES = [
                                          "None", "('tp',)"), id="rp-axis-not-str"),
     pytest.param(rp_x_rank3, raises(ValueError, "row_parallel_matmul", "x must be 2-D [M, K]"),
                  id="rp-x-rank-3"),
+    pytest.param(rp_transpose_w_not_bool, raises(TypeError, "row_parallel_matmul: transpose_w "
+                                                 "must be a bool", "'yes'"),
+                 id="rp-transpose-w-not-bool"),
     # raised in the custom partitioner: XLA wraps the ValueError, its message is kept
     pytest.param(rp_axis_unknown, raises(JaxRuntimeError, "ValueError", "axis_name 'model' is "
                                          "not an axis of the mesh ('tp',)"),

@@ -1,6 +1,7 @@
 """Global view: row_parallel_matmul under jax.jit with NamedSharding inputs, no shard_map.
 
-x [M, K] sharded on K over one mesh axis, w [K, N] sharded on K over the same axis.
+x [M, K] sharded on K over one mesh axis, w [K, N] sharded on K over the same axis (or, with
+transpose_w=True, w [N, K] sharded on its last dim: the product is x @ w.T).
 all_reduce: output [M, N] replicated over that axis; reduce_scatter: rows sharded over it.
 Other mesh axes (dp on M) pass through. Values equal x @ w computed by XLA with its own sharding.
 """
@@ -19,15 +20,16 @@ def _put(mesh, a, spec):
     return jax.device_put(a, NamedSharding(mesh, spec))
 
 
-def _inputs(mesh, rng, dt, reduce, dp=False):
+def _inputs(mesh, rng, dt, reduce, dp=False, transpose_w=False):
     tp = mesh.shape["tp"]
     ndp = mesh.shape["dp"] if dp else 1
     M = ndp * (5 if reduce == "all_reduce" else 3 * tp)  # odd M for all_reduce
     K, N = 16 * tp, 24
     x = rand(rng, (M, K), dt)
-    w = rand(rng, (K, N), dt)
     x_spec = P("dp", "tp") if dp else P(None, "tp")
-    return _put(mesh, x, x_spec), _put(mesh, w, P("tp", None))
+    if transpose_w:
+        return _put(mesh, x, x_spec), _put(mesh, rand(rng, (N, K), dt), P(None, "tp"))
+    return _put(mesh, x, x_spec), _put(mesh, rand(rng, (K, N), dt), P("tp", None))
 
 
 def _check_out_sharding(out, reduce, dp):
@@ -57,12 +59,13 @@ def _rs_out_sharding(x):
     return NamedSharding(x.sharding.mesh, P(rows, None))
 
 
-def _run(fo, x, w, reduce, axis_name):
+def _run(fo, x, w, reduce, axis_name, transpose_w=False):
     """The reduce-scatter's compiled program must hold no all-gather: the rows stay where the
     reduce-scatter put them. Under Shardy with several mesh axes and no axis_name, the
     contracting axis is unknown to the sharding rule, so the layout is asked for with
     out_shardings there (README, docs/DESIGN.md); everywhere else it is inferred."""
-    fn = lambda a, b: fo.row_parallel_matmul(a, b, reduce=reduce, axis_name=axis_name)
+    fn = lambda a, b: fo.row_parallel_matmul(a, b, reduce=reduce, axis_name=axis_name,
+                                             transpose_w=transpose_w)
     if reduce == "reduce_scatter":
         ask = _shardy() and axis_name is None and len(x.sharding.mesh.axis_names) > 1
         f = jax.jit(fn, out_shardings=_rs_out_sharding(x)) if ask else jax.jit(fn)
@@ -73,36 +76,47 @@ def _run(fo, x, w, reduce, axis_name):
     return jax.jit(fn)(x, w)
 
 
+@pytest.mark.parametrize("transpose_w", [False, True], ids=["w_kn", "w_nk"])
 @pytest.mark.parametrize("dp", [False, True], ids=["tp", "dp_tp"])
-def test_global_view_gspmd_infers_reduce_scatter_rows(fo, dp, rng):
+def test_global_view_gspmd_infers_reduce_scatter_rows(fo, dp, transpose_w, rng):
     """With GSPMD the partitioner infers the row-sharded output itself (no out_shardings)."""
     from _util import make_mesh_2d
 
     mesh = make_mesh_2d(2, 4) if dp else make_mesh_1d(4)
-    x, w = _inputs(mesh, rng, jnp.bfloat16, "reduce_scatter", dp=dp)
+    x, w = _inputs(mesh, rng, jnp.bfloat16, "reduce_scatter", dp=dp, transpose_w=transpose_w)
     old = _shardy()
     jax.config.update("jax_use_shardy_partitioner", False)
     try:
-        f = jax.jit(lambda a, b: fo.row_parallel_matmul(a, b, reduce="reduce_scatter"))
+        f = jax.jit(lambda a, b: fo.row_parallel_matmul(a, b, reduce="reduce_scatter",
+                                                        transpose_w=transpose_w))
         out = f(x, w)
         hlo = f.lower(x, w).compile().as_text()
     finally:
         jax.config.update("jax_use_shardy_partitioner", old)
     assert "all-gather" not in hlo
-    check_against_refs(out, _xla(x, w), np.matmul(f32(x), f32(w)))
+    check_against_refs(out, _xla(x, w, transpose_w), _np(x, w, transpose_w))
     _check_out_sharding(out, "reduce_scatter", dp=dp)
 
 
-def _xla(x, w):
-    return jax.jit(lambda a, b: a @ b)(x, w)
+def _xla(x, w, transpose_w=False):
+    return jax.jit(lambda a, b: a @ (b.T if transpose_w else b))(x, w)
 
 
+def _np(x, w, transpose_w=False):
+    return np.matmul(f32(x), f32(w).T if transpose_w else f32(w))
+
+
+@pytest.mark.parametrize("transpose_w", [False, True], ids=["w_kn", "w_nk"])
 @pytest.mark.parametrize("reduce", ["all_reduce", "reduce_scatter"])
-def test_global_view_1d(fo, tp_mesh, reduce, rng):
-    x, w = _inputs(tp_mesh, rng, jnp.bfloat16, reduce)
-    out = _run(fo, x, w, reduce, None)
-    assert out.shape == (x.shape[0], w.shape[1]) and out.dtype == x.dtype
-    check_against_refs(out, _xla(x, w), np.matmul(f32(x), f32(w)))
+def test_global_view_1d(fo, tp_mesh, reduce, transpose_w, rng):
+    x, w = _inputs(tp_mesh, rng, jnp.bfloat16, reduce, transpose_w=transpose_w)
+    out = _run(fo, x, w, reduce, None, transpose_w)
+    assert out.shape == (x.shape[0], 24) and out.dtype == x.dtype
+    if transpose_w:  # w [N, K] is used as sharded (P(None, tp)): no reshard of it
+        hlo = jax.jit(lambda a, b: fo.row_parallel_matmul(a, b, reduce=reduce, transpose_w=True)
+                      ).lower(x, w).compile().as_text()
+        assert "all-gather" not in hlo and "all-to-all" not in hlo, hlo
+    check_against_refs(out, _xla(x, w, transpose_w), _np(x, w, transpose_w))
     _check_out_sharding(out, reduce, dp=False)
 
 
@@ -115,13 +129,14 @@ def test_global_view_explicit_axis_name(fo, mesh4, reduce, dtype, rng):
     _check_out_sharding(out, reduce, dp=False)
 
 
+@pytest.mark.parametrize("transpose_w", [False, True], ids=["w_kn", "w_nk"])
 @pytest.mark.parametrize("axis_name", [None, "tp"], ids=["infer_axis", "axis_tp"])
 @pytest.mark.parametrize("reduce", ["all_reduce", "reduce_scatter"])
-def test_global_view_2d_dp_tp(fo, mesh2d, reduce, axis_name, rng):
-    x, w = _inputs(mesh2d, rng, jnp.bfloat16, reduce, dp=True)
+def test_global_view_2d_dp_tp(fo, mesh2d, reduce, axis_name, transpose_w, rng):
+    x, w = _inputs(mesh2d, rng, jnp.bfloat16, reduce, dp=True, transpose_w=transpose_w)
     assert x.sharding.spec == P("dp", "tp")
-    out = _run(fo, x, w, reduce, axis_name)
-    check_against_refs(out, _xla(x, w), np.matmul(f32(x), f32(w)))
+    out = _run(fo, x, w, reduce, axis_name, transpose_w)
+    check_against_refs(out, _xla(x, w, transpose_w), _np(x, w, transpose_w))
     _check_out_sharding(out, reduce, dp=True)
 
 
@@ -139,22 +154,25 @@ def test_global_view_output_feeds_next_op(fo, mesh4, reduce, rng):
     assert_close(got, want)
 
 
+@pytest.mark.parametrize("transpose_w", [False, True], ids=["w_kn", "w_nk"])
 @pytest.mark.parametrize("reduce", ["all_reduce", "reduce_scatter"])
 @pytest.mark.parametrize("dp", [False, True], ids=["tp", "dp_tp"])
-def test_global_view_grad(fo, reduce, dp, rng):
+def test_global_view_grad(fo, reduce, dp, transpose_w, rng):
     from _util import make_mesh_2d
 
     mesh = make_mesh_2d(2, 4) if dp else make_mesh_1d(4)
-    x, w = _inputs(mesh, rng, jnp.bfloat16, reduce, dp=dp)
-    ct = jnp.asarray(rng.standard_normal((x.shape[0], w.shape[1]), dtype=np.float32))
+    x, w = _inputs(mesh, rng, jnp.bfloat16, reduce, dp=dp, transpose_w=transpose_w)
+    ct = jnp.asarray(rng.standard_normal((x.shape[0], 24), dtype=np.float32))
 
     def grads(mm, a, b):
         loss = lambda a, b: jnp.sum(mm(a, b).astype(jnp.float32) * ct)
         return jax.jit(jax.grad(loss, argnums=(0, 1)))(a, b)
 
-    got = grads(lambda a, b: fo.row_parallel_matmul(a, b, reduce=reduce), x, w)
-    want = grads(lambda a, b: a @ b, x, w)
-    want32 = grads(lambda a, b: a @ b, *upcast(x, w))
+    got = grads(lambda a, b: fo.row_parallel_matmul(a, b, reduce=reduce,
+                                                    transpose_w=transpose_w), x, w)
+    ref = lambda a, b: a @ (b.T if transpose_w else b)  # noqa: E731
+    want = grads(ref, x, w)
+    want32 = grads(ref, *upcast(x, w))
     for g, r, r32, a in zip(got, want, want32, (x, w)):
         assert g.shape == a.shape and g.dtype == a.dtype
         assert_close(g, r)

@@ -121,7 +121,7 @@ def _check_cuda_lowering(text, name, per_device_out):
     lines = _custom_call_lines(text, target)
     assert lines, f"no custom_call to {target} in CUDA lowering:\n{text}"
     call = "\n".join(lines)
-    required = ["comm_sms"] + (["comm_id"] if name != "matmul" else [])
+    required = ["comm_sms", "transpose_w"] + (["comm_id"] if name != "matmul" else [])
     for attr in required:
         assert re.search(rf"\b{attr}\b", call), f"attribute {attr} missing from:\n{call}"
     M, N = per_device_out
