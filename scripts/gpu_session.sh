@@ -93,13 +93,13 @@ for step in "${steps[@]}"; do
       run_step tw_correctness "${NK[@]}" .build/gemm_test correctness --json "$OUT/tw_correctness.json"
       run_step tw_signal "${NK[@]}" .build/gemm_test signal --json "$OUT/tw_signal.json"
       run_step tw_ext "${NK[@]}" .build/gemm_ext_test all --json "$OUT/tw_ext.json"
-      for tool in memcheck racecheck synccheck; do
-        run_step "tw_$tool" "${NK[@]}" "$SAN" --tool "$tool" --error-exitcode 3 .build/gemm_test sanitize
-      done
+      run_step tw_tests env JAX_FLASHOVERLAP_FALLBACK=0 python3 -m pytest -q -ra tests/test_gpu_transpose_w.py
       run_step tw_bench_kn .build/gemm_test bench --json "$OUT/tw_bench_kn.json"
       run_step tw_bench_nk "${NK[@]}" .build/gemm_test bench --json "$OUT/tw_bench_nk.json"
-      run_step tw_tests env JAX_FLASHOVERLAP_FALLBACK=0 python3 -m pytest -q -ra tests/test_gpu_transpose_w.py
-      run_step tw_jax python3 -m jax_flashoverlap.bench gemm --transpose-w --comm-sms 0 8 16 ${TW_ARGS:-} --out "$OUT/gemm_transpose_w_h200.json" ;;
+      run_step tw_jax python3 -m jax_flashoverlap.bench gemm --transpose-w --comm-sms 0 8 16 ${TW_ARGS:-} --out "$OUT/gemm_transpose_w_h200.json"
+      for tool in memcheck racecheck synccheck; do
+        run_step "tw_$tool" "${NK[@]}" "$SAN" --tool "$tool" --error-exitcode 3 .build/gemm_test sanitize
+      done ;;
     quickstart) run_step quickstart python3 examples/quickstart.py ;;
     global_view) run_step global_view python3 examples/global_view_jit.py ;;
     a2a_tests)  # #9 ops (matmul_all_to_all, all_gather_matmul) on GPUs
