@@ -6,8 +6,9 @@ samples after warm-up (DESIGN.md's method). Inputs are fresh random values; ever
 result is checked against XLA's before it is timed.
 
   gemm     jax_flashoverlap.matmul (signals on) vs XLA's dot on one GPU, per comm_sms
-           (--transpose-w: w stored [N, K], ours with transpose_w=True, and ours on an XLA
-           transpose of w, i.e. what `matmul(x, w.T)` costs)
+           (--transpose-w: w stored [N, K], ours with transpose_w=True, ours on an XLA
+           transpose of w, i.e. what `matmul(x, w.T)` costs, and the [K, N] kernel on a
+           weight stored [K, N])
   overlap  matmul_all_reduce / matmul_reduce_scatter vs XLA's dot, collective, dot+collective
            on a 1-D mesh over all GPUs; speedup and overlap efficiency
   sweep    our op under forced plans (comm_sms x groups)
@@ -127,16 +128,22 @@ def bench_gemm(args) -> dict:
     ours = {f"ours_sms{sms}": jax.jit(lambda x, w, sms=sms: fo.matmul(x, w, comm_sms=sms,
                                                                       transpose_w=tw))
             for sms in args.comm_sms}
-    if tw:  # the path before transpose_w: XLA materializes w.T, then our GEMM
+    inputs = {name: (x, w) for name in ours}
+    if tw:
       sms = args.comm_sms[0]
+      # The path before transpose_w: XLA materializes w.T in the program, then our GEMM.
       ours[f"ours_sms{sms}_on_w_T_copy"] = jax.jit(
           lambda x, w, sms=sms: fo.matmul(x, w.T, comm_sms=sms))
+      inputs[f"ours_sms{sms}_on_w_T_copy"] = (x, w)
+      # The [K, N] kernel on a weight already stored [K, N]: the kernels compared alone.
+      ours[f"ours_sms{sms}_kn_kernel"] = jax.jit(lambda x, w, sms=sms: fo.matmul(x, w, comm_sms=sms))
+      inputs[f"ours_sms{sms}_kn_kernel"] = (x, jnp.asarray(w.T))
     for name, fn in ours.items():
-      out = fn(x, w)
+      out = fn(*inputs[name])
       errors[name] = relative_error(out, ref)
       errors_f32[name] = relative_error(out, ref32)
-      custom_call[name] = uses_custom_call(fn, (x, w), "flashoverlap_gemm")
-      variants[name] = (fn, (x, w))
+      custom_call[name] = uses_custom_call(fn, inputs[name], "flashoverlap_gemm")
+      variants[name] = (fn, inputs[name])
     if not all(custom_call.values()):
       print("WARNING: 'ours' runs XLA's dot, not the signaling GEMM (extension not in use?): "
             f"{fo.info()['paths']['matmul']['why']}", flush=True)
