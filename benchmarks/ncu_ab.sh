@@ -7,15 +7,16 @@
 # (binaries under .build/; `gemm_test profile` launches the kernel 5 times, the 3rd is read)
 set -u
 P=$OUT/ab; mkdir -p "$P"
-M="--metrics gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed"
-echo "shape comm binary: duration (us or ms), SM clock (GHz), tensor pipe busy (%)" | tee -a "$P/ab.txt"
+# EXTRA_METRICS=",name,...": more metrics after those three (printed in ncu's order).
+M="--metrics gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed${EXTRA_METRICS:-}"
+echo "shape comm binary: duration (us or ms), SM clock (GHz), tensor pipe busy (%)${EXTRA_METRICS:-}" | tee -a "$P/ab.txt"
 for S in ${SHAPES:-8192x8192x4096:0 8192x8192x4096:16 8192x28672x4096:0 4096x8192x4096:0}; do
   sh=${S%%:*}; c=${S##*:}
   for rep in 1 2; do
     for b in ${BINS:-gemm_test_base gemm_test}; do
       e=(); [[ "$b" == *@* ]] && e=("${b#*@}")
       r=$(env "${e[@]}" ncu --clock-control none $M -k regex:SignalingGemm --launch-skip 2 --launch-count 1 \
-            ".build/${b%%@*}" profile --shape "$sh" --comm "$c" 2>&1 | grep -E "gpu__|sm__" | awk '{print $NF}' | tr '\n' ' ')
+            ".build/${b%%@*}" profile --shape "$sh" --comm "$c" 2>&1 | grep -E "^ *(gpu__|sm__|dram__|lts__|l1tex__)" | awk '{print $NF}' | tr '\n' ' ')
       echo "$sh c$c $b: $r" | tee -a "$P/ab.txt"
     done
   done
