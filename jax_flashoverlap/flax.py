@@ -47,6 +47,7 @@ import typing as tp
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 import flax.linen as nn
 from flax import nnx
@@ -75,7 +76,8 @@ class _Config:
   reduce: str
   dtype: tp.Any
   param_dtype: tp.Any
-  overlap_backward: bool = False  # column layer: dx's all-reduce through matmul_all_reduce
+  overlap_backward: bool = False  # column layer: dx's all-reduce (sequence parallel: its
+  # reduce-scatter) through matmul_all_reduce (matmul_reduce_scatter), kernel read in place
   sequence_parallel: bool = False  # column layer: x sharded on its first dim, all_gather_matmul
 
   def check(self, mesh=None):
@@ -231,6 +233,8 @@ def _column(cfg: _Config, x, w):
   check_vma=False, x varying) the backward is XLA's, exactly what nnx.Linear would do there."""
   axis = cfg.axis_name
   if cfg.sequence_parallel and cfg.local_view():  # x: this device's rows of the sequence
+    if cfg.overlap_backward:
+      return _sequence_parallel_matmul(x, w, axis)
     return ops.all_gather_matmul(x, w, axis)
   if cfg.overlap_backward and axis in _compat.varying_axes(w) and \
       axis not in _compat.varying_axes(x):
@@ -258,6 +262,33 @@ def _column_matmul_bwd(axis_name, res, dy):
 
 
 _column_matmul.defvjp(_column_matmul_fwd, _column_matmul_bwd)
+
+
+# Sequence parallelism with overlap_backward=True: the forward is all_gather_matmul; its
+# backward's dx = psum_scatter(dy @ w.T) over the sequence rows is `matmul_reduce_scatter` on
+# the kernel read in place (transpose_w), overlapped like the forward (Megatron's sequence-
+# parallel layer in both directions). dw = all_gather(x).T @ dy stays XLA's.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _sequence_parallel_matmul(x, w, axis_name):
+  return ops.all_gather_matmul(x, w, axis_name)
+
+
+def _sequence_parallel_matmul_fwd(x, w, axis_name):
+  return ops.all_gather_matmul(x, w, axis_name), (x, w)
+
+
+def _sequence_parallel_matmul_bwd(axis_name, res, dy):
+  x, w = res
+  # dy [n*B, ..., out/n]: flattened, rank r's rows of x are the r-th contiguous block.
+  dx = ops.matmul_reduce_scatter(dy.reshape(-1, dy.shape[-1]), w, axis_name,
+                                 transpose_w=True).reshape(x.shape)
+  _, w_vjp = jax.vjp(lambda w: jnp.matmul(lax.all_gather(x, axis_name, axis=0, tiled=True), w),
+                     w)
+  (dw,) = w_vjp(dy)
+  return dx.astype(x.dtype), dw
+
+
+_sequence_parallel_matmul.defvjp(_sequence_parallel_matmul_fwd, _sequence_parallel_matmul_bwd)
 
 
 def _jit_axis(cfg: _Config):
@@ -321,7 +352,9 @@ class ColumnParallelLinear(_NNXParallel):
   sequence_parallel=True (inside shard_map): x is this device's share of the first dim (the
   sequence-parallel layout a row layer with reduce="reduce_scatter" returns), and the layer is
   `all_gather_matmul`: y_local [B, ..., out/n] = all_gather(x) @ kernel_local (overlapped on
-  GPUs where the cost model predicts a gain, else XLA's all_gather + dot). `reduce` is not used."""
+  GPUs where the cost model predicts a gain, else XLA's all_gather + dot); with
+  overlap_backward=True its backward's dx (a reduce-scatter of dy @ kernel.T) is
+  `matmul_reduce_scatter(..., transpose_w=True)`, overlapped too. `reduce` is not used."""
   _row = False
 
 

@@ -1,6 +1,8 @@
 """Flax layers (jax_flashoverlap.flax): NNX and linen row/column-parallel layers against the same
 layer built from nnx.Linear / nn.Dense + XLA collectives with the same params, inside shard_map
 (per-device params) and under jit with sharding annotations (global params)."""
+import re
+
 import numpy as np
 import pytest
 
@@ -244,13 +246,17 @@ def test_linen_init_inside_shard_map_and_jit_global_view(rng):
 
 # ----------------------------------------------------------------------------- sequence parallel
 
-def test_sequence_parallel_mlp_matches_xla_collectives(rng):
+@pytest.mark.parametrize("overlap_backward", [False, True])
+def test_sequence_parallel_mlp_matches_xla_collectives(rng, overlap_backward):
   """Megatron-style sequence parallelism: x sharded on its first dim, column layer with
   sequence_parallel=True (all_gather_matmul), row layer with reduce='reduce_scatter' back to
-  the sharded layout; values and grads equal all_gather / nnx.Linear / psum_scatter."""
+  the sharded layout; values and grads equal all_gather / nnx.Linear / psum_scatter. With
+  overlap_backward=True the column layer's dx (a reduce-scatter of dy @ kernel.T) is
+  matmul_reduce_scatter on the kernel read in place."""
   mesh = make_mesh_1d(4)
   x = rand(rng, (8, 3, 32), BF16)
-  up = ColumnParallelLinear(32, 64, sequence_parallel=True, rngs=nnx.Rngs(0))
+  up = ColumnParallelLinear(32, 64, sequence_parallel=True, overlap_backward=overlap_backward,
+                            rngs=nnx.Rngs(0))
   down = RowParallelLinear(64, 32, reduce="reduce_scatter", rngs=nnx.Rngs(1))
   _nonzero_bias(up)
   _nonzero_bias(down)
@@ -284,6 +290,15 @@ def test_sequence_parallel_mlp_matches_xla_collectives(rng):
       assert_close(gs[layer][k].get_value(), gs_ref[layer][k].get_value(), BF16)
   text = str(jax.make_jaxpr(shard_map(ours, mesh, (specs, P("tp")), P("tp")))(state, x))
   assert "flashoverlap_all_gather_gemm" in text and "flashoverlap_gemm_reduce_scatter" in text
+  # The backward: the row layer's reduce-scatter transposes to XLA's all_gather; the column
+  # layer's dx is our reduce-scatter (on w as stored) only with overlap_backward.
+  f = shard_map(ours, mesh, (specs, P("tp")), P("tp"))
+  grad_text = str(jax.make_jaxpr(jax.grad(lambda s, x: _loss(f(s, x)), argnums=(0, 1)))(
+      state, x))
+  rs_params = re.findall(r"flashoverlap_gemm_reduce_scatter\[(.*?)\]", grad_text, re.S)
+  # the forward's row layer, plus (overlap_backward) the column layer's dx, transpose_w=True
+  assert len(rs_params) == (2 if overlap_backward else 1), grad_text
+  assert any("transpose_w=True" in p for p in rs_params) == overlap_backward, rs_params
 
 
 def test_sequence_parallel_is_for_column_layers():

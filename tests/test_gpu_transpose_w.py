@@ -150,3 +150,34 @@ def test_collective_ops(name, m, k, cols):
     ref32 = run(lambda a, b: OPS[name][1](a.astype("float32"), b.astype("float32").T))(x, w)
     assert U.rel_fro(y, ref32) < U.TOL
     assert U.rel_fro(y, run(_ref_t(name))(x, w)) < U.TOL
+
+
+@pytest.mark.multigpu
+@pytest.mark.skipif(U.N_GPUS < 2, reason=f"needs >= 2 GPUs, have {U.N_GPUS}")
+def test_sequence_parallel_backward_overlap_grads():
+    """The sequence-parallel Flax column layer with overlap_backward=True: its dx is
+    matmul_reduce_scatter on the kernel read in place; grads against XLA's composition."""
+    from flax import nnx
+    from jax_flashoverlap.flax import ColumnParallelLinear
+    mesh, n = Mesh(np.array(jax.devices()), ("tp",)), U.N_GPUS
+    D, F, rows = 2048, 4096, 1024
+    layer = ColumnParallelLinear(D, F, sequence_parallel=True, overlap_backward=True,
+                                 use_bias=False, dtype=U.BF16, rngs=nnx.Rngs(0))
+    gdef, state = nnx.split(layer)
+    specs = nnx.get_partition_spec(state)
+    x = U.normal(jax.random.PRNGKey(1), (n * rows, D))
+    ct = U.normal(jax.random.PRNGKey(2), (n * rows, F))
+
+    def grads(body):
+        f = shard_map(body, mesh, (specs, P("tp")), P(None, "tp"))
+        return jax.jit(jax.grad(lambda s, a: jnp.sum(f(s, a).astype(jnp.float32) * ct),
+                                argnums=(0, 1)))
+
+    ours = grads(lambda s, a: nnx.merge(gdef, s)(a))
+    ref = grads(lambda s, a: lax.all_gather(a, "tp", axis=0, tiled=True).astype(jnp.float32)
+                @ s["kernel"][...].astype(U.BF16).astype(jnp.float32))
+    text = ours.lower(state, x).compile().as_text()
+    assert "flashoverlap_gemm_reduce_scatter" in text and "flashoverlap_all_gather_gemm" in text
+    (gs, gx), (gs_ref, gx_ref) = ours(state, x), ref(state, x)
+    assert U.rel_fro(gx, gx_ref) < U.TOL
+    assert U.rel_fro(gs["kernel"].get_value(), gs_ref["kernel"].get_value()) < U.TOL
