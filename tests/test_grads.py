@@ -103,6 +103,39 @@ def test_grad_2d_mesh(fo, mesh2d, name, rng):
     _check_grads(got, want, want32, x, w)
 
 
+@pytest.mark.parametrize("policy", ["default", "nothing_saveable", "dots_saveable"])
+@pytest.mark.parametrize("name", ["all_reduce", "reduce_scatter", "matmul"])
+def test_grad_under_remat(fo, mesh4, name, policy, rng):
+    """jax.checkpoint around a layer built on our op (how large models are trained): grads equal
+    those without remat (exactly) and the reference's under the same remat; a policy that saves
+    nothing recomputes our op in the backward (it appears twice in the grad's jaxpr), so its
+    communicators run again there."""
+    from _util import PRIMITIVE_NAMES
+    x, w, specs, out_shape = _setup(name, 4, rng, jnp.bfloat16)
+    ct = jnp.asarray(rng.standard_normal(out_shape, dtype=np.float32))
+    op, ref = op_fn(fo, name)
+    pol = None if policy == "default" else getattr(jax.checkpoint_policies, policy)
+
+    def layer(f, remat):
+        body = lambda x, w: jnp.tanh(f(x, w))  # noqa: E731  (a nonlinearity: residuals matter)
+        return jax.checkpoint(body, policy=pol) if remat else body
+
+    got = _global_grads(layer(op, True), mesh4, specs, x, w, ct)
+    for g, r, a in zip(got, _global_grads(layer(ref, True), mesh4, specs, x, w, ct), (x, w)):
+        assert g.shape == a.shape and g.dtype == a.dtype
+        assert_close(g, r)
+    plain = _global_grads(layer(op, False), mesh4, specs, x, w, ct)
+    for g, p in zip(got, plain):
+        np.testing.assert_array_equal(f32(g), f32(p))
+    xs, ws, os_ = specs
+    f = shard_map(layer(op, True), mesh4, (xs, ws), os_)
+    text = str(jax.make_jaxpr(jax.grad(lambda x, w: jnp.sum(f(x, w).astype(jnp.float32) * ct),
+                                       argnums=(0, 1)))(x, w))
+    calls = text.count(PRIMITIVE_NAMES[name] + "[")
+    # nothing_saveable: the forward's call and its recomputation in the backward
+    assert calls == 2 if policy == "nothing_saveable" else calls >= 1, text
+
+
 def _inner_grads(body, mesh, specs, x, w, ct):
     """jax.grad inside the shard_map body; the per-device grads come back with x's and w's specs."""
     xs, ws, os_ = specs
