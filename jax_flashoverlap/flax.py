@@ -242,53 +242,42 @@ def _column(cfg: _Config, x, w):
   return jnp.matmul(x, w)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _column_matmul(x, w, axis_name):
-  return jnp.matmul(x, w)
+def _overlapped_dx(forward, dw_reference, dx_op):
+  """forward(x, w, axis) whose backward computes dx with our op `dx_op(dy, w, axis,
+  transpose_w=True)` (dy @ w.T and its collective, the kernel w [in, out/n] read in place as
+  the [N, K] weight) and dw exactly as XLA's own backward of `dw_reference(x, w, axis)`."""
+  @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+  def call(x, w, axis_name):
+    return forward(x, w, axis_name)
+
+  def fwd(x, w, axis_name):
+    return forward(x, w, axis_name), (x, w)
+
+  def bwd(axis_name, res, dy):
+    x, w = res
+    # dy [rows..., out/n] flattened: for the reduce-scatter, rank r's rows of x are the r-th
+    # contiguous block of the gathered rows.
+    dx = dx_op(dy.reshape(-1, dy.shape[-1]), w, axis_name, transpose_w=True).reshape(x.shape)
+    _, w_vjp = jax.vjp(lambda w: dw_reference(x, w, axis_name), w)
+    (dw,) = w_vjp(dy)
+    return dx.astype(x.dtype), dw
+
+  call.defvjp(fwd, bwd)
+  return call
 
 
-def _column_matmul_fwd(x, w, axis_name):
-  return jnp.matmul(x, w), (x, w)
+def _gathered_matmul(x, w, axis_name):
+  return jnp.matmul(lax.all_gather(x, axis_name, axis=0, tiled=True), w)
 
 
-def _column_matmul_bwd(axis_name, res, dy):
-  x, w = res
-  # w [in, out/n] is dy @ w.T's [N, K] weight: no transposed copy of the kernel.
-  dx = ops.matmul_all_reduce(dy.reshape(-1, dy.shape[-1]), w, axis_name,
-                             transpose_w=True).reshape(x.shape)
-  _, w_vjp = jax.vjp(lambda w: jnp.matmul(x, w), w)  # dw exactly as XLA's own backward
-  (dw,) = w_vjp(dy)
-  return dx.astype(x.dtype), dw
-
-
-_column_matmul.defvjp(_column_matmul_fwd, _column_matmul_bwd)
-
-
-# Sequence parallelism with overlap_backward=True: the forward is all_gather_matmul; its
-# backward's dx = psum_scatter(dy @ w.T) over the sequence rows is `matmul_reduce_scatter` on
-# the kernel read in place (transpose_w), overlapped like the forward (Megatron's sequence-
-# parallel layer in both directions). dw = all_gather(x).T @ dy stays XLA's.
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _sequence_parallel_matmul(x, w, axis_name):
-  return ops.all_gather_matmul(x, w, axis_name)
-
-
-def _sequence_parallel_matmul_fwd(x, w, axis_name):
-  return ops.all_gather_matmul(x, w, axis_name), (x, w)
-
-
-def _sequence_parallel_matmul_bwd(axis_name, res, dy):
-  x, w = res
-  # dy [n*B, ..., out/n]: flattened, rank r's rows of x are the r-th contiguous block.
-  dx = ops.matmul_reduce_scatter(dy.reshape(-1, dy.shape[-1]), w, axis_name,
-                                 transpose_w=True).reshape(x.shape)
-  _, w_vjp = jax.vjp(lambda w: jnp.matmul(lax.all_gather(x, axis_name, axis=0, tiled=True), w),
-                     w)
-  (dw,) = w_vjp(dy)
-  return dx.astype(x.dtype), dw
-
-
-_sequence_parallel_matmul.defvjp(_sequence_parallel_matmul_fwd, _sequence_parallel_matmul_bwd)
+# x replicated, kernel sharded on out: dx = psum(dy @ w.T) is matmul_all_reduce.
+_column_matmul = _overlapped_dx(lambda x, w, _: jnp.matmul(x, w),
+                                lambda x, w, _: jnp.matmul(x, w), ops.matmul_all_reduce)
+# Sequence parallelism: the forward is all_gather_matmul, and its backward's dx =
+# psum_scatter(dy @ w.T) over the sequence rows is matmul_reduce_scatter, overlapped like the
+# forward (Megatron's sequence-parallel layer in both directions); dw = all_gather(x).T @ dy.
+_sequence_parallel_matmul = _overlapped_dx(ops.all_gather_matmul, _gathered_matmul,
+                                           ops.matmul_reduce_scatter)
 
 
 def _jit_axis(cfg: _Config):

@@ -94,17 +94,9 @@ def test_grads_under_remat_recompute_our_op(kind):
     (one GPU: a 1-rank communicator): the compiled program runs our custom call in the forward
     and again in the backward (the recomputation), and value and grads match the float32
     program's."""
-    import jax_flashoverlap as fo
     mesh = Mesh(np.array(jax.devices()), ("tp",))
     M, N, K = 2048, 2048, 1024 * len(jax.devices())
-    if kind == "all_reduce":
-        op = lambda a, b: fo.matmul_all_reduce(a, b, "tp", comm_sms=8)
-        ref32 = lambda a, b: lax.psum(_dot32(a, b), "tp")
-        out = P()
-    else:
-        op = lambda a, b: fo.matmul_reduce_scatter(a, b, "tp", comm_sms=8)
-        ref32 = lambda a, b: lax.psum_scatter(_dot32(a, b), "tp", scatter_dimension=0, tiled=True)
-        out = P("tp", None)
+    op, _, ref32, out = _bodies(kind)
     kx, kw, kc = jax.random.split(jax.random.PRNGKey(17), 3)
     x, w = _normal(kx, (M, K)), _normal(kw, (K, N), K ** -0.5)
     ct = jax.random.normal(kc, (M, N), jnp.float32)
@@ -112,7 +104,7 @@ def test_grads_under_remat_recompute_our_op(kind):
     def grads(f):
         layer = jax.checkpoint(lambda a, b: jnp.tanh(f(a, b).astype(jnp.float32)),
                                policy=jax.checkpoint_policies.nothing_saveable)
-        g = shard_map(layer, mesh, (P(None, "tp"), P("tp", None)), out)
+        g = shard_map(layer, mesh, IN_SPECS, out)
         return jax.jit(jax.value_and_grad(lambda a, b: jnp.sum(g(a, b) * ct), argnums=(0, 1)))
 
     ours = grads(op)
@@ -133,22 +125,28 @@ def _mesh():
     return Mesh(np.array(jax.devices()), ("tp",))
 
 
-def _programs(kind, mesh):
-    """(ours, reference in the input dtype, reference in float32) as jitted shard_map programs."""
+def _bodies(kind):
+    """(ours, reference in the input dtype, reference in float32, out spec) per device."""
     import jax_flashoverlap as fo
 
     if kind == "all_reduce":
         op = lambda a, b: fo.matmul_all_reduce(a, b, "tp")
         ref = lambda a, b: lax.psum(a @ b, "tp")
         ref32 = lambda a, b: lax.psum(_dot32(a, b), "tp")
-        out = P()
-    else:
-        op = lambda a, b: fo.matmul_reduce_scatter(a, b, "tp")
-        ref = lambda a, b: lax.psum_scatter(a @ b, "tp", scatter_dimension=0, tiled=True)
-        ref32 = lambda a, b: lax.psum_scatter(_dot32(a, b), "tp", scatter_dimension=0, tiled=True)
-        out = P("tp", None)
-    ins = (P(None, "tp"), P("tp", None))
-    return tuple(jax.jit(shard_map(f, mesh, ins, out)) for f in (op, ref, ref32))
+        return op, ref, ref32, P()
+    op = lambda a, b: fo.matmul_reduce_scatter(a, b, "tp")
+    ref = lambda a, b: lax.psum_scatter(a @ b, "tp", scatter_dimension=0, tiled=True)
+    ref32 = lambda a, b: lax.psum_scatter(_dot32(a, b), "tp", scatter_dimension=0, tiled=True)
+    return op, ref, ref32, P("tp", None)
+
+
+IN_SPECS = (P(None, "tp"), P("tp", None))
+
+
+def _programs(kind, mesh):
+    """(ours, reference in the input dtype, reference in float32) as jitted shard_map programs."""
+    *fns, out = _bodies(kind)
+    return tuple(jax.jit(shard_map(f, mesh, IN_SPECS, out)) for f in fns)
 
 
 def _target(kind):

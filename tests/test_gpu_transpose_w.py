@@ -75,20 +75,16 @@ def test_without_the_option_w_is_moved():
 
 
 def _ar_rs(fo, kind):
-    """(ours, float32 reference) over every local GPU; one GPU: a 1-rank communicator, the same
-    handler and sequence. comm_sms given, so the plan cannot hand the shape to XLA."""
+    """(mesh over every local GPU, in specs, out spec, ours, float32 reference); one GPU: a
+    1-rank communicator, the same handler and sequence."""
     mesh = Mesh(np.array(jax.devices()), ("tp",))
+    xs, ws, out = OPS[kind][2]  # w [N, K]: sharded on K, the contracted dim
     if kind == "all_reduce":
-        op = lambda a, b: fo.matmul_all_reduce(a, b, "tp", comm_sms=8, transpose_w=True)
         ref32 = lambda a, b: lax.psum(U.dot32(a, b.T), "tp")
-        out = P()
     else:
-        op = lambda a, b: fo.matmul_reduce_scatter(a, b, "tp", comm_sms=8, transpose_w=True)
         ref32 = lambda a, b: lax.psum_scatter(U.dot32(a, b.T), "tp", scatter_dimension=0,
                                               tiled=True)
-        out = P("tp", None)
-    ins = (P(None, "tp"), P(None, "tp"))  # w [N, K]: sharded on K, the contracted dim
-    return mesh, ins, out, op, ref32
+    return mesh, (xs, ws), out, _ours(fo, kind, transpose_w=True), ref32
 
 
 @pytest.mark.parametrize("kind,M,N,K", [

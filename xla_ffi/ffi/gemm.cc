@@ -8,6 +8,7 @@
 
 #include "../kernels/signaling_gemm.h"
 #include "check.h"
+#include "gemm_operands.h"
 #include "handlers.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -33,44 +34,21 @@ int SplitRows(int64_t m, int num_groups, int row_align, GroupLayout* layout) {
 ffi::Error GemmImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer x,
                     ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out, int32_t comm_sms,
                     int32_t num_groups, int32_t transpose_w) {
-  const ffi::DataType dt = x.element_type();
-  FO_CHECK_ARG(dt == ffi::DataType::BF16 || dt == ffi::DataType::F16,
-               "flashoverlap_gemm: x must be bfloat16 or float16");
-  FO_CHECK_ARG(w.element_type() == dt && out->element_type() == dt,
-               "flashoverlap_gemm: x, w and out must have the same dtype");
-  const auto xd = x.dimensions();
-  const auto wd = w.dimensions();
+  constexpr const char* kOp = "flashoverlap_gemm";
+  FO_RETURN_IF_ERROR(CheckGemmOperands(kOp, x, w, *out, transpose_w));
+  const int64_t m = x.dimensions()[0], k = x.dimensions()[1], n = GemmN(w, transpose_w);
   const auto od = out->dimensions();
-  FO_CHECK_ARG(xd.size() == 2 && wd.size() == 2 && od.size() == 2,
-               "flashoverlap_gemm: x, w and out must be rank 2, got ranks " << xd.size() << ", "
-                                                                           << wd.size() << ", " << od.size());
-  FO_CHECK_ARG(transpose_w == 0 || transpose_w == 1,
-               "flashoverlap_gemm: transpose_w must be 0 or 1, got " << transpose_w);
-  // w is [K, N], or [N, K] with transpose_w (the product x @ w^T).
-  const int64_t m = xd[0], k = xd[1], n = wd[transpose_w ? 0 : 1];
-  FO_CHECK_ARG(wd[transpose_w ? 1 : 0] == k,
-               "flashoverlap_gemm: contraction mismatch, x is [" << m << "," << k << "], w is [" << wd[0] << ","
-                                                               << wd[1] << "] (expected "
-                                                               << (transpose_w ? "[N,K]" : "[K,N]") << ")");
   FO_CHECK_ARG(od[0] == m && od[1] == n,
-               "flashoverlap_gemm: out must be [" << m << "," << n << "], got [" << od[0] << "," << od[1] << "]");
-  FO_CHECK_ARG(m >= 1 && n >= 8 && k >= 8 && n % 8 == 0 && k % 8 == 0,
-               "flashoverlap_gemm: need M >= 1 and N, K positive multiples of 8; got M=" << m << " N=" << n
-                                                                                        << " K=" << k);
+               kOp << ": out must be [" << m << "," << n << "], got [" << od[0] << "," << od[1] << "]");
+  FO_CHECK_ARG(m >= 1 && n >= 8 && k >= 8,
+               kOp << ": need M >= 1 and N, K positive multiples of 8; got M=" << m << " N=" << n
+                   << " K=" << k);
   FO_CHECK_ARG(num_groups >= 1 && num_groups <= kMaxGroups,
-               "flashoverlap_gemm: num_groups must be in [1, " << kMaxGroups << "], got " << num_groups);
-  FO_CHECK_ARG(comm_sms >= 0, "flashoverlap_gemm: comm_sms must be >= 0, got " << comm_sms);
+               kOp << ": num_groups must be in [1, " << kMaxGroups << "], got " << num_groups);
+  FO_CHECK_ARG(comm_sms >= 0, kOp << ": comm_sms must be >= 0, got " << comm_sms);
 
-  SignalingGemmArgs args;
-  args.x = x.untyped_data();
-  args.w = w.untyped_data();
-  args.transpose_w = transpose_w == 1;
-  args.out = out->untyped_data();
-  args.m = m;
-  args.n = n;
-  args.k = k;
-  args.dtype = dt == ffi::DataType::BF16 ? GemmDType::kBFloat16 : GemmDType::kFloat16;
-  args.comm_sms = comm_sms;
+  SignalingGemmArgs args = GemmArgs(x.untyped_data(), m, w, transpose_w, out->untyped_data(),
+                                    /*counters=*/nullptr, comm_sms);
   const GemmTileShape ts = ChooseTileShape(args);
   const int groups = SplitRows(m, num_groups, ts.row_align(), &args.layout);
 
