@@ -66,11 +66,16 @@ def check_operands(op: str, x, w, *, x_rank: str = ">=2", transpose_w: bool = Fa
   return int(np.prod(xs[:-1])), int(k), int(n)
 
 
+def check_flag(op: str, name: str, value, meaning: str = "") -> bool:
+  # Only a real bool: a 0/1 int or an array would be a silent guess (of a layout, of how
+  # many results come back).
+  if not isinstance(value, (bool, np.bool_)):
+    raise TypeError(f"{op}: {name} must be a bool{meaning}, got {value!r}")
+  return bool(value)
+
+
 def check_transpose_w(op: str, transpose_w) -> bool:
-  # Only a real bool: a 0/1 int or an array would be a silent layout guess.
-  if not isinstance(transpose_w, (bool, np.bool_)):
-    raise TypeError(f"{op}: transpose_w must be a bool (True: w is [N, K]), got {transpose_w!r}")
-  return bool(transpose_w)
+  return check_flag(op, "transpose_w", transpose_w, " (True: w is [N, K])")
 
 
 def check_axis_name(op: str, axis_name) -> int:

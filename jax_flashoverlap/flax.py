@@ -76,8 +76,10 @@ class _Config:
   reduce: str
   dtype: tp.Any
   param_dtype: tp.Any
-  overlap_backward: bool = False  # column layer: dx's all-reduce (sequence parallel: its
-  # reduce-scatter) through matmul_all_reduce (matmul_reduce_scatter), kernel read in place
+  overlap_backward: bool = False  # the backward's collective of dx overlapped too: column
+  # layer: its all-reduce (sequence parallel: reduce-scatter) through matmul_all_reduce
+  # (matmul_reduce_scatter), kernel read in place; row layer with reduce_scatter: dy's
+  # all-gather through all_gather_matmul (which returns the gathered dy for dw)
   sequence_parallel: bool = False  # column layer: x sharded on its first dim, all_gather_matmul
 
   def check(self, mesh=None):
@@ -217,7 +219,8 @@ def _row(cfg: _Config, x, w):
                      f"(shape {tuple(x.shape)}) to be divisible by the size {n} of axis "
                      f"{cfg.axis_name!r}")
   if n:
-    y = ops.matmul_reduce_scatter(x.reshape(-1, k), w, cfg.axis_name)
+    rs = _row_scatter_matmul if cfg.overlap_backward else ops.matmul_reduce_scatter
+    y = rs(x.reshape(-1, k), w, cfg.axis_name)
     return y.reshape(lead[0] // n, *lead[1:], w.shape[1])
   y = sharding.row_parallel_matmul(x.reshape(-1, k), w, "reduce_scatter", _jit_axis(cfg))
   return y.reshape(*lead, w.shape[1])
@@ -242,10 +245,12 @@ def _column(cfg: _Config, x, w):
   return jnp.matmul(x, w)
 
 
-def _overlapped_dx(forward, dw_reference, dx_op):
+def _overlapped_dx(forward, dw_reference, dx_op, gathers_dy=False):
   """forward(x, w, axis) whose backward computes dx with our op `dx_op(dy, w, axis,
   transpose_w=True)` (dy @ w.T and its collective, the kernel w [in, out/n] read in place as
-  the [N, K] weight) and dw exactly as XLA's own backward of `dw_reference(x, w, axis)`."""
+  the [N, K] weight) and dw exactly as XLA's own backward of `dw_reference(x, w, axis)`.
+  gathers_dy: dx_op is all_gather_matmul, whose gathered dy (returned with dx, no second
+  gather) is the cotangent of dw_reference."""
   @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
   def call(x, w, axis_name):
     return forward(x, w, axis_name)
@@ -257,10 +262,14 @@ def _overlapped_dx(forward, dw_reference, dx_op):
     x, w = res
     # dy [rows..., out/n] flattened: for the reduce-scatter, rank r's rows of x are the r-th
     # contiguous block of the gathered rows.
-    dx = dx_op(dy.reshape(-1, dy.shape[-1]), w, axis_name, transpose_w=True).reshape(x.shape)
+    dy_rows = dy.reshape(-1, dy.shape[-1])
+    if gathers_dy:
+      dx, dy = dx_op(dy_rows, w, axis_name, transpose_w=True, return_gathered=True)
+    else:
+      dx = dx_op(dy_rows, w, axis_name, transpose_w=True)
     _, w_vjp = jax.vjp(lambda w: dw_reference(x, w, axis_name), w)
     (dw,) = w_vjp(dy)
-    return dx.astype(x.dtype), dw
+    return dx.reshape(x.shape).astype(x.dtype), dw
 
   call.defvjp(fwd, bwd)
   return call
@@ -278,6 +287,12 @@ _column_matmul = _overlapped_dx(lambda x, w, _: jnp.matmul(x, w),
 # forward (Megatron's sequence-parallel layer in both directions); dw = all_gather(x).T @ dy.
 _sequence_parallel_matmul = _overlapped_dx(ops.all_gather_matmul, _gathered_matmul,
                                            ops.matmul_reduce_scatter)
+# The row layer's reduce-scatter (x [M, in/n] -> [M/n, out]): its backward's dx =
+# all_gather(dy) @ w.T is all_gather_matmul, which also returns all_gather(dy) for
+# dw = x.T @ all_gather(dy), XLA's local dot: dy is gathered once, as in XLA's backward.
+_row_scatter_matmul = _overlapped_dx(ops.matmul_reduce_scatter,
+                                     lambda x, w, _: jnp.matmul(x, w), ops.all_gather_matmul,
+                                     gathers_dy=True)
 
 
 def _jit_axis(cfg: _Config):
@@ -328,6 +343,11 @@ class RowParallelLinear(_NNXParallel):
   reduce="all_reduce": y [..., out] (`matmul_all_reduce` / `row_parallel_matmul`);
   "reduce_scatter": the first dim of y is scattered over the axis (per-device [B/n, ..., out]).
   Inside shard_map x is [..., in_features / n]; see the module docstring for the two views.
+  overlap_backward=True with reduce="reduce_scatter" (inside shard_map): the backward's
+  dx = all_gather(dy) @ kernel.T is `all_gather_matmul(..., transpose_w=True,
+  return_gathered=True)`, overlapped, and dw = x.T @ all_gather(dy) reuses its gathered dy
+  (XLA's dot). With reduce="all_reduce" the backward has no collective and the flag changes
+  nothing.
   """
   _row = True
 
@@ -358,7 +378,7 @@ class _LinenParallel(nn.Module):
   param_dtype: tp.Any = jnp.float32
   kernel_init: tp.Callable = _default_kernel_init
   bias_init: tp.Callable = _default_bias_init
-  overlap_backward: bool = False  # column layer only: see ColumnParallelLinear
+  overlap_backward: bool = False  # see ColumnParallelLinear / RowParallelLinear
   sequence_parallel: bool = False  # column layer only: see ColumnParallelLinear
   kernel_axes: tp.Any = None  # logical names of the kernel's (in, out) dims
   _row: tp.ClassVar[bool] = True
@@ -399,7 +419,7 @@ def _unbox(cfg: _Config, value):
 class RowParallelDense(_LinenParallel):
   """Row-parallel `nn.Dense` (`features`: global output size; the input size comes from x):
   kernel sharded on its input dim over `axis_name`, y = reduce(x @ kernel) + bias, the bias
-  added once. Same views and `reduce` as `RowParallelLinear`."""
+  added once. Same views, `reduce` and `overlap_backward` as `RowParallelLinear`."""
   _row: tp.ClassVar[bool] = True
 
 

@@ -5,6 +5,7 @@
     y = matmul(x, w)                        # == x @ w, through the signaling GEMM on GPU
     y = matmul_all_to_all(x, w, "tp", split_axis=0)  # == lax.all_to_all(x @ w, "tp", 0, 0, tiled=True)
     y = all_gather_matmul(x, w, "tp")       # == lax.all_gather(x, "tp", tiled=True) @ w
+    y, xg = all_gather_matmul(x, w, "tp", return_gathered=True)  # also xg == all_gather(x)
 
 Every op takes `transpose_w=True` for a weight stored [N, K] (a PyTorch-style [out, in]
 weight, or a column-parallel kernel in its backward): the product is then x @ w.T, with w read
@@ -100,7 +101,8 @@ def _with_reference_vjp(prim, reference):
   it does not take (comm_sms)."""
   @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
   def call(x, w, ref, knobs):
-    return prim.bind(x, w, **dict(ref), **dict(knobs))
+    out = prim.bind(x, w, **dict(ref), **dict(knobs))
+    return tuple(out) if prim.multiple_results else out  # the reference's own structure
 
   def fwd(x, w, ref, knobs):
     return call(x, w, ref, knobs), (x, w)
@@ -179,7 +181,7 @@ def matmul_all_to_all(x, w, axis_name, *, split_axis: int = 0, concat_axis: int 
 
 
 def all_gather_matmul(x, w, axis_name, *, comm_sms: int | None = None,
-                      transpose_w: bool = False):
+                      transpose_w: bool = False, return_gathered: bool = False):
   """all_gather(x, axis_name, axis=0, tiled=True) @ w, overlapped (sequence-parallel
   column-parallel layer): the GEMM starts on the local rows at once and takes each other
   rank's rows as they arrive.
@@ -188,9 +190,14 @@ def all_gather_matmul(x, w, axis_name, *, comm_sms: int | None = None,
   `transpose_w=True`: the product is then all_gather(x) @ w.T); returns [n*M_local, N].
   `comm_sms` (>= 1; default: the plan's) SMs are left to NCCL, which must run while the
   GEMM waits for its rows.
+  `return_gathered=True` returns `(out, gathered)`, gathered = all_gather(x) [n*M_local, ...,
+  K], the rows the GEMM read, for a caller that needs them too (the backward of a
+  sequence-parallel row layer: dx = all_gather(dy) @ w.T and dw = x.T @ all_gather(dy)); on
+  GPUs the rows are received straight into that output, no second gather and no copy.
   """
   op = "jax_flashoverlap.all_gather_matmul"
   transpose_w = _validation.check_transpose_w(op, transpose_w)
+  return_gathered = _validation.check_flag(op, "return_gathered", return_gathered)
   _, k, n = _validation.check_operands(op, x, w, transpose_w=transpose_w)
   world = _validation.check_axis_name(op, axis_name)
   _validation.check_comm_sms(op, comm_sms)
@@ -198,7 +205,11 @@ def all_gather_matmul(x, w, axis_name, *, comm_sms: int | None = None,
     raise ValueError(f"{op}: comm_sms must be >= 1 (NCCL needs SMs while the GEMM waits for "
                      f"the gathered rows), got {comm_sms}")
   lead = x.shape[:-1]
-  out = _all_gather_gemm(x.reshape(-1, k), w,
-                         _params(axis_name=_hashable(axis_name), transpose_w=transpose_w),
-                         _params(comm_sms=comm_sms))
-  return out.reshape(world * lead[0], *lead[1:], n)
+  outs = _all_gather_gemm(x.reshape(-1, k), w,
+                          _params(axis_name=_hashable(axis_name), transpose_w=transpose_w,
+                                  return_gathered=return_gathered),
+                          _params(comm_sms=comm_sms))
+  out = outs[0].reshape(world * lead[0], *lead[1:], n)
+  if return_gathered:
+    return out, outs[1].reshape(world * lead[0], *lead[1:], k)
+  return out

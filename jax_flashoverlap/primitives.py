@@ -45,25 +45,30 @@ def reference_gemm_reduce_scatter(x, w, *, axis_name, transpose_w=False):
 # --- primitive construction --------------------------------------------------------------
 
 
-def make_primitive(name, reference, reference_keys=("axis_name", "transpose_w")):
+def make_primitive(name, reference, reference_keys=("axis_name", "transpose_w"),
+                   multiple_results=False):
   """A primitive whose output type comes from tracing `reference(x, w, **params)` and whose
   default lowering is that reference; params outside `reference_keys` are tuning knobs the
-  reference does not take. Returns (primitive, reference lowering)."""
+  reference does not take. multiple_results: the reference returns a tuple of arrays.
+  Returns (primitive, reference lowering)."""
   def reference_params(params):
     return {k: v for k, v in params.items() if k in reference_keys}
 
   prim = _compat.Primitive(name)
+  prim.multiple_results = multiple_results
   prim.def_impl(functools.partial(_compat.apply_primitive, prim))
 
   def abstract_eval(x, w, **params):
     params = reference_params(params)
+    if multiple_results:
+      return list(_compat.abstract_eval_fun(lambda a, b: tuple(reference(a, b, **params)), x, w))
     (out,) = _compat.abstract_eval_fun(lambda a, b: (reference(a, b, **params),), x, w)
     return out
 
   prim.def_abstract_eval(abstract_eval)
   lowered_reference = _compat.mlir.lower_fun(
       lambda x, w, **params: reference(x, w, **reference_params(params)),
-      multiple_results=False)
+      multiple_results=multiple_results)
   _compat.mlir.register_lowering(prim, lowered_reference)
   return prim, lowered_reference
 

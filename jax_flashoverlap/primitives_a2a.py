@@ -2,6 +2,8 @@
 
     flashoverlap_gemm_all_to_all   all_to_all(x @ w, axis_name, split_axis, concat_axis, tiled=True)
     flashoverlap_all_gather_gemm   all_gather(x, axis_name, axis=0, tiled=True) @ w
+                                   (a list of results: [out], or with return_gathered=True
+                                   [out, all_gather(x)])
 
 x [M, K], w [K, N] (or [N, K] with transpose_w=True; ops.py flattens and validates). As in
 primitives.py: output types come from tracing the reference composition (so shard_map's
@@ -30,17 +32,19 @@ def reference_gemm_all_to_all(x, w, *, axis_name, split_axis=0, concat_axis=0,
   return lax.all_to_all(dot(x, w, transpose_w), axis_name, split_axis, concat_axis, tiled=True)
 
 
-def reference_all_gather_gemm(x, w, *, axis_name, transpose_w=False):
-  return dot(lax.all_gather(x, axis_name, axis=0, tiled=True), w, transpose_w)
-
-
-_REFERENCE_KEYS = ("axis_name", "split_axis", "concat_axis", "transpose_w")
+def reference_all_gather_gemm(x, w, *, axis_name, transpose_w=False, return_gathered=False):
+  """(out,) or, with return_gathered, (out, gathered): the rows the product read."""
+  gathered = lax.all_gather(x, axis_name, axis=0, tiled=True)
+  out = dot(gathered, w, transpose_w)
+  return (out, gathered) if return_gathered else (out,)
 
 
 gemm_all_to_all_p, _a2a_reference_lowering = make_primitive(
-    "flashoverlap_gemm_all_to_all", reference_gemm_all_to_all, _REFERENCE_KEYS)
+    "flashoverlap_gemm_all_to_all", reference_gemm_all_to_all,
+    ("axis_name", "split_axis", "concat_axis", "transpose_w"))
 all_gather_gemm_p, _ag_reference_lowering = make_primitive(
-    "flashoverlap_all_gather_gemm", reference_all_gather_gemm, _REFERENCE_KEYS)
+    "flashoverlap_all_gather_gemm", reference_all_gather_gemm,
+    ("axis_name", "transpose_w", "return_gathered"), multiple_results=True)
 
 # --- CUDA lowerings ------------------------------------------------------------------------
 
@@ -82,27 +86,32 @@ def _a2a_cuda_lowering(ctx, x, w, *, axis_name, split_axis, concat_axis, comm_sm
                    band_rows=np.asarray(plan.band_rows, dtype=np.int32))
 
 
-def _ag_cuda_lowering(ctx, x, w, *, axis_name, comm_sms, transpose_w):
+def _ag_cuda_lowering(ctx, x, w, *, axis_name, comm_sms, transpose_w, return_gathered):
   prim = all_gather_gemm_p
   reference = functools.partial(_ag_reference_lowering, ctx, x, w, axis_name=axis_name,
-                                transpose_w=transpose_w)
+                                transpose_w=transpose_w, return_gathered=return_gathered)
   use_cuda, _ = _ext.check_cuda_path(prim.name)
   if not use_cuda:
     return reference()
   mesh, world, x_aval, w_aval, dtype, (rows, n, k) = lowering_problem(ctx, axis_name,
                                                                       transpose_w)
-  if plan_a2a.all_gather_supported(rows, n, world) is not None:
+  # One rank has nothing to gather: XLA's composition, unless forced (tests run the whole
+  # call, its flags and copies, through a 1-rank communicator).
+  if plan_a2a.all_gather_supported(rows, n, max(world, 2 if plan_a2a.is_forced() else 1)):
     return reference()
   plan = plan_a2a.choose_all_gather_plan(rows, n, k, world, dtype.itemsize, comm_sms,
                                          gpu=comm.mesh_gpu_name(mesh), dtype=dtype.name)
   if keep_reference(plan, comm_sms, plan_a2a.is_forced()):
     return reference()
+  # Peer-to-peer with the gathered rows returned: they are received straight into that
+  # output, no workspace.
+  collective = plan.gather == "collective"
+  workspace = 0 if return_gathered and not collective else world * rows * k * dtype.itemsize
   comm_id = _prepare_comm(prim, mesh, axis_name,
                           {"chunks": plan.chunks, "comm_sms": plan.comm_sms,
-                           "gather": plan.gather}, plan.comm_sms,
-                          world * rows * k * dtype.itemsize,
+                           "gather": plan.gather}, plan.comm_sms, workspace,
                           f"x {tuple(x_aval.shape)} w {tuple(w_aval.shape)}",
-                          collective_gather=plan.gather == "collective")
+                          collective_gather=collective)
   return emit_call(prim, ctx, x, w, comm_id, world, plan.comm_sms, transpose_w,
                    chunks=np.int32(plan.chunks))
 
@@ -120,13 +129,15 @@ def _map_batch_rule(prim):
     not_mapped = _compat.not_mapped
     if bw is not_mapped:
       x = jnp.moveaxis(x, bx, 0)
-      return lax.map(lambda a: prim.bind(a, w, **params), x), 0
-    if bx is not_mapped:
+      out = lax.map(lambda a: prim.bind(a, w, **params), x)
+    elif bx is not_mapped:
       w = jnp.moveaxis(w, bw, 0)
-      return lax.map(lambda b: prim.bind(x, b, **params), w), 0
-    x = jnp.moveaxis(x, bx, 0)
-    w = jnp.moveaxis(w, bw, 0)
-    return lax.map(lambda ab: prim.bind(ab[0], ab[1], **params), (x, w)), 0
+      out = lax.map(lambda b: prim.bind(x, b, **params), w)
+    else:
+      x = jnp.moveaxis(x, bx, 0)
+      w = jnp.moveaxis(w, bw, 0)
+      out = lax.map(lambda ab: prim.bind(ab[0], ab[1], **params), (x, w))
+    return out, ([0] * len(out) if prim.multiple_results else 0)
   return rule
 
 

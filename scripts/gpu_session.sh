@@ -56,13 +56,13 @@ for step in "${steps[@]}"; do
     harness)  # the overlapped ops without JAX (tests/cuda/overlap_harness.cc), one process per GPU
       run_step harness_build bash tests/cuda/build_overlap_harness.sh
       run_step harness bash tests/cuda/run_overlap_harness.sh none "$OUT/harness" --calls 3
-      run_step harness_odd bash tests/cuda/run_overlap_harness.sh none "$OUT/harness_odd" --m 320 --n 272 --k 200 --ops ar,ar_out,rs,a2a,a2a11,ag,ag_ce
+      run_step harness_odd bash tests/cuda/run_overlap_harness.sh none "$OUT/harness_odd" --m 320 --n 272 --k 200 --ops ar,ar_out,rs,a2a,a2a11,ag,ag_ce,ag_g,ag_ce_g
       run_step harness_spin env JAX_FLASHOVERLAP_WAIT=spin bash tests/cuda/run_overlap_harness.sh none "$OUT/harness_spin"
       for kind in nccl cuda; do  # an injected failure per call: named, and the next call right
-        run_step "harness_inject_$kind" bash tests/cuda/run_overlap_harness.sh none "$OUT/harness_inject_$kind" --inject "$kind" --ops ar,ar_out,rs,a2a,a2a11,ag,ag_ce
+        run_step "harness_inject_$kind" bash tests/cuda/run_overlap_harness.sh none "$OUT/harness_inject_$kind" --inject "$kind" --ops ar,ar_out,rs,a2a,a2a11,ag,ag_ce,ag_g,ag_ce_g
       done ;;
     sanitize_harness)  # the same under compute-sanitizer (small, unaligned shapes: the tools are slow)
-      hargs=(--m 320 --n 272 --k 200 --calls 1 --ops ar,ar_out,rs,a2a,a2a11,ag,ag_ce)
+      hargs=(--m 320 --n 272 --k 200 --calls 1 --ops "${HARNESS_SAN_OPS:-ar,ar_out,rs,a2a,a2a11,ag,ag_ce,ag_g,ag_ce_g}")
       for tool in memcheck racecheck synccheck; do
         run_step "hsan_$tool" bash tests/cuda/run_overlap_harness.sh "$tool" "$OUT/harness_san" "${hargs[@]}"
       done

@@ -108,6 +108,94 @@ def test_vmap(fo, w_batched, rng):
     assert_close(run(_ours(fo)), run(_ref()))
 
 
+# ------------------------------------------------------------------ return_gathered
+
+GATHERED_SPECS = (P("tp", None), P(None, "tp")), (P(None, "tp"), P("tp", None))
+
+
+def _ours_gathered(fo, **kw):
+    return lambda x, w: fo.all_gather_matmul(x, w, "tp", return_gathered=True, **kw)
+
+
+def _ref_gathered(transpose_w=False):
+    def ref(x, w):
+        g = lax.all_gather(x, "tp", axis=0, tiled=True)
+        return g @ (w.T if transpose_w else w), g
+    return ref
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+@pytest.mark.parametrize("transpose_w", [False, True], ids=["kn", "nk"])
+def test_return_gathered_values(fo, n, transpose_w, rng):
+    """(out, gathered): out as without the flag, gathered == all_gather(x) bit for bit, on
+    every device (the out_spec stacks the n devices' copies)."""
+    mesh = make_mesh_1d(n)
+    x = rand(rng, (n * 5, 24), jnp.bfloat16)
+    w = rand(rng, (n * 16, 24) if transpose_w else (24, n * 16), jnp.bfloat16, scale=24 ** -0.5)
+    w_spec = P("tp", None) if transpose_w else P(None, "tp")
+    specs = (P("tp", None), w_spec), (P(None, "tp"), P("tp", None))
+    out, gathered = _run(_ours_gathered(fo, transpose_w=transpose_w), mesh, x, w, specs)
+    ref_out, ref_gathered = _run(_ref_gathered(transpose_w), mesh, x, w, specs)
+    assert out.shape == (n * 5, n * 16) and gathered.shape == (n * n * 5, 24)
+    np.testing.assert_array_equal(np.asarray(gathered), np.tile(np.asarray(x), (n, 1)))
+    np.testing.assert_array_equal(np.asarray(gathered), np.asarray(ref_gathered))
+    assert_close(out, ref_out)
+    plain = _run(_ours(fo, transpose_w=transpose_w), mesh, x, w, ((P("tp", None), w_spec),
+                                                                   P(None, "tp")))
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(plain))
+
+
+def test_return_gathered_leading_dims(fo, rng):
+    """x [B, S, K]: gathered [n*B, S, K], as lax.all_gather(axis=0, tiled=True)."""
+    mesh = make_mesh_1d(4)
+    x = rand(rng, (4 * 2, 3, 16), jnp.bfloat16)
+    w = rand(rng, (16, 32), jnp.bfloat16)
+    specs = (P("tp", None, None), P(None, "tp")), (P(None, None, "tp"), P("tp", None, None))
+    out, gathered = _run(_ours_gathered(fo), mesh, x, w, specs)
+    assert out.shape == (8, 3, 32) and gathered.shape == (4 * 8, 3, 16)
+    np.testing.assert_array_equal(np.asarray(gathered), np.tile(np.asarray(x), (4, 1, 1)))
+
+
+def test_return_gathered_grads_flow_through_both_results(fo, rng):
+    """A loss on both results: grads equal those of the reference composition (the
+    gathered rows' cotangent reduce-scatters back onto x)."""
+    mesh = make_mesh_1d(4)
+    x = rand(rng, (4 * 6, 32), jnp.bfloat16)
+    w = rand(rng, (32, 4 * 8), jnp.bfloat16)
+    ct = jnp.asarray(rng.standard_normal((24, 32)), jnp.float32)
+    ct_g = jnp.asarray(rng.standard_normal((4 * 24, 32)), jnp.float32)
+
+    def grads(body):
+        f = shard_map(body, mesh, *GATHERED_SPECS)
+
+        def loss(a, b):
+            out, g = f(a, b)
+            return jnp.sum(out.astype(jnp.float32) * ct) + jnp.sum(g.astype(jnp.float32) * ct_g)
+        return jax.jit(jax.grad(loss, argnums=(0, 1)))(x, w)
+
+    for g, r in zip(grads(_ours_gathered(fo)), grads(_ref_gathered())):
+        assert g.shape == r.shape and g.dtype == r.dtype
+        assert_close(g, r)
+
+
+def test_return_gathered_vmap(fo, rng):
+    mesh = make_mesh_1d(4)
+    x = rand(rng, (3, 4 * 5, 16), jnp.bfloat16)
+    w = rand(rng, (16, 32), jnp.bfloat16)
+    specs = (P(None, "tp", None), P(None, "tp")), (P(None, None, "tp"), P(None, "tp", None))
+    run = lambda op: jax.jit(shard_map(jax.vmap(op, in_axes=(0, None)), mesh, *specs))(x, w)
+    (out, g), (ref_out, ref_g) = run(_ours_gathered(fo)), run(_ref_gathered())
+    assert g.shape == (3, 4 * 4 * 5, 16)
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(ref_g))
+    assert_close(out, ref_out)
+
+
+@pytest.mark.parametrize("value", [1, "yes", None, np.array(True)])
+def test_return_gathered_must_be_a_bool(fo, value):
+    with pytest.raises(TypeError, match="return_gathered must be a bool"):
+        _trace(fo, (32, 16), (16, 32), return_gathered=value)
+
+
 # ------------------------------------------------------------------ errors (trace time)
 
 def _trace(fo, x_shape, w_shape, dtype=jnp.bfloat16, axis="tp", **kw):
@@ -190,6 +278,36 @@ def test_forced_collective_gather_uses_its_own_communicators(fo, monkeypatch):
         assert "chunks = 1 : i32" in call and "comm_sms = 2 : i32" in call, call
         ids[gather] = re.search(r"comm_id = (-?\d+)", call).group(1)
     assert ids["p2p"] != ids["collective"], ids
+
+
+@pytest.mark.parametrize("gather", ["p2p", "collective"])
+def test_cuda_lowering_return_gathered_is_a_second_result(fo, monkeypatch, gather):
+    """return_gathered: one custom call with two results, out [n*R, N] and gathered
+    [n*R, K] (no separate all-gather in the program)."""
+    from jax_flashoverlap import plan_a2a
+    monkeypatch.delenv("JAX_FLASHOVERLAP_FORCE_REFERENCE", raising=False)
+    n, (R, K), N = 2, (2048, 4096), 4096
+    f = shard_map(_ours_gathered(fo), make_mesh_1d(n), *GATHERED_SPECS)
+    args = (jax.ShapeDtypeStruct((n * R, K), jnp.bfloat16),
+            jax.ShapeDtypeStruct((K, n * N), jnp.bfloat16))
+    with plan_a2a.forced(gather=gather, comm_sms=8, chunks=1):
+        text = lower_for_cuda(f, args)
+    calls = _calls(text)
+    assert len(calls) == 1, calls
+    assert re.search(rf"-> \(tensor<{n * R}x{N}xbf16>, tensor<{n * R}x{K}xbf16>\)", calls[0]), \
+        calls[0]
+    assert "all_gather" not in text.replace(TARGET, "")
+
+
+def test_one_rank_lowers_to_the_reference_unless_forced(fo, monkeypatch):
+    """One rank has nothing to gather: XLA's composition; forced, the custom call (so one
+    GPU can run the whole call through a 1-rank communicator)."""
+    from jax_flashoverlap import plan_a2a
+    monkeypatch.delenv("JAX_FLASHOVERLAP_FORCE_REFERENCE", raising=False)
+    monkeypatch.setenv("JAX_FLASHOVERLAP_FALLBACK", "0")
+    assert not _calls(_cuda_text(fo, 1, (2048, 4096), (4096, 4096)))
+    with plan_a2a.forced(comm_sms=8):
+        assert len(_calls(_cuda_text(fo, 1, (2048, 4096), (4096, 4096)))) == 1
 
 
 def test_cpu_lowering_is_reference(fo):

@@ -252,12 +252,14 @@ def test_sequence_parallel_mlp_matches_xla_collectives(rng, overlap_backward):
   sequence_parallel=True (all_gather_matmul), row layer with reduce='reduce_scatter' back to
   the sharded layout; values and grads equal all_gather / nnx.Linear / psum_scatter. With
   overlap_backward=True the column layer's dx (a reduce-scatter of dy @ kernel.T) is
-  matmul_reduce_scatter on the kernel read in place."""
+  matmul_reduce_scatter on the kernel read in place, and the row layer's dx (all_gather(dy)
+  @ kernel.T) is all_gather_matmul, whose gathered dy also makes dw."""
   mesh = make_mesh_1d(4)
   x = rand(rng, (8, 3, 32), BF16)
   up = ColumnParallelLinear(32, 64, sequence_parallel=True, overlap_backward=overlap_backward,
                             rngs=nnx.Rngs(0))
-  down = RowParallelLinear(64, 32, reduce="reduce_scatter", rngs=nnx.Rngs(1))
+  down = RowParallelLinear(64, 32, reduce="reduce_scatter", overlap_backward=overlap_backward,
+                           rngs=nnx.Rngs(1))
   _nonzero_bias(up)
   _nonzero_bias(down)
   (g_up, s_up), (g_down, s_down) = nnx.split(up), nnx.split(down)
@@ -290,8 +292,9 @@ def test_sequence_parallel_mlp_matches_xla_collectives(rng, overlap_backward):
       assert_close(gs[layer][k].get_value(), gs_ref[layer][k].get_value(), BF16)
   text = str(jax.make_jaxpr(shard_map(ours, mesh, (specs, P("tp")), P("tp")))(state, x))
   assert "flashoverlap_all_gather_gemm" in text and "flashoverlap_gemm_reduce_scatter" in text
-  # The backward: the row layer's reduce-scatter transposes to XLA's all_gather; the column
-  # layer's dx is our reduce-scatter (on w as stored) only with overlap_backward.
+  # The backward: the row layer's reduce-scatter transposes to XLA's all_gather (with
+  # overlap_backward: our all-gather + GEMM returning the gathered dy); the column layer's dx
+  # is our reduce-scatter (on w as stored) only with overlap_backward.
   f = shard_map(ours, mesh, (specs, P("tp")), P("tp"))
   grad_text = str(jax.make_jaxpr(jax.grad(lambda s, x: _loss(f(s, x)), argnums=(0, 1)))(
       state, x))
@@ -299,6 +302,12 @@ def test_sequence_parallel_mlp_matches_xla_collectives(rng, overlap_backward):
   # the forward's row layer, plus (overlap_backward) the column layer's dx, transpose_w=True
   assert len(rs_params) == (2 if overlap_backward else 1), grad_text
   assert any("transpose_w=True" in p for p in rs_params) == overlap_backward, rs_params
+  ag_params = re.findall(r"flashoverlap_all_gather_gemm\[(.*?)\]", grad_text, re.S)
+  # the forward's column layer, plus (overlap_backward) the row layer's dx
+  assert len(ag_params) == (2 if overlap_backward else 1), grad_text
+  gathering = [p for p in ag_params if "return_gathered=True" in p]
+  assert len(gathering) == overlap_backward, ag_params
+  assert all("transpose_w=True" in p for p in gathering), ag_params
 
 
 def test_sequence_parallel_is_for_column_layers():

@@ -25,7 +25,7 @@ def harness(tmp_path_factory):
 @pytest.mark.parametrize("shape", [[], ["--m", "320", "--n", "272", "--k", "200"]],
                          ids=["aligned", "unaligned"])
 def test_harness_every_op_matches(harness, tmp_path, shape):
-    ops = "ar,ar_out,rs,a2a,a2a11,ag,ag_ce"
+    ops = "ar,ar_out,rs,a2a,a2a11,ag,ag_ce,ag_g,ag_ce_g"
     r = subprocess.run(["bash", "tests/cuda/run_overlap_harness.sh", "none", str(tmp_path),
                         "--calls", "2", "--ops", ops, *shape],
                        cwd=REPO, capture_output=True, text=True, timeout=400,

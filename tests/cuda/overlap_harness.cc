@@ -3,7 +3,8 @@
 // NVIDIA compute-sanitizer can watch whole overlapped calls (under JAX, racecheck crashed the
 // process before any kernel ran: benchmarks/results/README.md).
 //
-//   overlap_harness --rank R --world N --id-file PATH [--device D] [--ops ar,ar_out,rs,a2a,ag,ag_ce]
+//   overlap_harness --rank R --world N --id-file PATH [--device D]
+//                   [--ops ar,ar_out,rs,a2a,a2a11,ag,ag_ce,ag_g,ag_ce_g]
 //                   [--calls C] [--m M --n N --k K] [--comm-sms S] [--inject nccl|cuda]
 //                   [--trace 1]
 //
@@ -11,7 +12,8 @@
 // NCCL unique id to PATH; the others wait for it (at most 300 s). Every call gets fresh
 // random bfloat16 inputs (a hash of rank, call and index, so every rank can build every
 // rank's inputs), a poisoned (NaN) output, and is checked element by element against a
-// float32 host reference. Prints one line per op and exits 0 only if every element of every
+// float32 host reference (ag_g / ag_ce_g: the all-gathers that also return the gathered rows,
+// which must equal every rank's x bit for bit). Prints one line per op and exits 0 only if every element of every
 // call matched and no CUDA / NCCL call failed. --inject: before each op's calls, one call with
 // an injected failure (fault_injection.h) that must fail naming the op, leaving the next fine.
 // --trace 1: tracing on (xla_ffi/comm/trace.h); after each op, one record per successful call
@@ -45,7 +47,7 @@ struct Options {
   int rank = -1, world = 0, device = -1, calls = 2, comm_sms = 16;
   bool trace = false;
   int64_t m = 512, n = 512, k = 512;
-  std::string id_file, ops = "ar,ar_out,rs,a2a,ag,ag_ce", inject;  // inject: "", "nccl" or "cuda"
+  std::string id_file, ops = "ar,ar_out,rs,a2a,ag,ag_ce,ag_g,ag_ce_g", inject;  // inject: "", "nccl" or "cuda"
 };
 
 [[noreturn]] void Fail(const std::string& what) {
@@ -147,7 +149,10 @@ struct DeviceBuffers {
   void* x = nullptr;
   void* w = nullptr;
   void* out = nullptr;
+  void* gathered = nullptr;  // [M, K]: the all-gathers' second result (ag_g, ag_ce_g)
 };
+
+bool IsAllGather(const std::string& op) { return op.rfind("ag", 0) == 0; }
 
 // One overlapped call of `op` on this rank's buffers.
 fo::Status CallOp(const std::string& op, const Options& o, fo::Communicator& coll,
@@ -173,17 +178,20 @@ fo::Status CallOp(const std::string& op, const Options& o, fo::Communicator& col
     gemm.out_col_block = split == 1 ? static_cast<int>(shape.cols) : 0;
     return fo::RunGemmAllToAll(p2p, stream, shape, gemm, d.out, "harness_all_to_all");
   }
-  if (op == "ag") {
+  // ag_ce: one ncclAllGather over the window of a CTA-policy-ZERO communicator. _g: the
+  // gathered rows returned too (peer-to-peer: received straight into them).
+  if (op == "ag" || op == "ag_g") {
     auto gemm = Gemm(o, nullptr, d.w, nullptr, nullptr, 1, {0, 1});
     return fo::RunAllGatherGemm(p2p, stream, d.x, o.m / world, /*chunks=*/2, gemm, d.out,
-                                "harness_all_gather");
+                                op == "ag_g" ? d.gathered : nullptr, "harness_all_gather");
   }
-  if (op == "ag_ce") {  // one ncclAllGather over the window of a CTA-policy-ZERO communicator
+  if (op == "ag_ce" || op == "ag_ce_g") {
     auto gemm = Gemm(o, nullptr, d.w, nullptr, nullptr, 1, {0, 1});
     return fo::RunAllGatherGemm(zero, stream, d.x, o.m / world, /*chunks=*/1, gemm, d.out,
+                                op == "ag_ce_g" ? d.gathered : nullptr,
                                 "harness_all_gather_collective");
   }
-  Fail("unknown op " + op + " (ar, ar_out, rs, a2a, a2a11, ag, ag_ce)");
+  Fail("unknown op " + op + " (ar, ar_out, rs, a2a, a2a11, ag, ag_ce, ag_g, ag_ce_g)");
 }
 
 // --trace: the op's calls just made left one record each (injected failures none), ordered
@@ -191,7 +199,7 @@ fo::Status CallOp(const std::string& op, const Options& o, fo::Communicator& col
 int64_t CheckTrace(const std::string& op, const Options& o) {
   std::vector<fo::TracedCall> calls;
   Check(fo::ReadTrace(/*clear=*/true, &calls), "ReadTrace");
-  const size_t expected = op == "ag" || op == "ag_ce" ? 0 : static_cast<size_t>(o.calls);
+  const size_t expected = IsAllGather(op) ? 0 : static_cast<size_t>(o.calls);
   int64_t bad = calls.size() == expected ? 0 : 1;
   for (const fo::TracedCall& c : calls) {
     const size_t groups = c.band_rows.size() - 1;
@@ -222,12 +230,14 @@ int64_t RunOp(const std::string& op, const Options& o, fo::Communicator& coll,
   int64_t bad = 0, checked = 0;
   double max_err = 0;
   for (int call = 0; call < o.calls; ++call) {
-    // ar_out / ag_ce compute what ar / ag do (another buffer, another communicator).
-    const std::string math = op == "ar_out" ? "ar" : op == "ag_ce" ? "ag" : op;
+    // ar_out / ag_* compute what ar / ag do (another buffer, another communicator).
+    const std::string math = op == "ar_out" ? "ar" : IsAllGather(op) ? "ag" : op;
+    const bool gathered = op == "ag_g" || op == "ag_ce_g";
     Problem p = MakeProblem(math, o.m, o.n, o.k, o.world, o.rank, /*seed=*/1000 * call + 17);
     CheckCuda(cudaMemcpy(d.x, p.x.data(), p.x.size() * 2, cudaMemcpyHostToDevice), "copy x");
     CheckCuda(cudaMemcpy(d.w, p.w.data(), p.w.size() * 2, cudaMemcpyHostToDevice), "copy w");
     CheckCuda(cudaMemset(d.out, 0xff, p.expected.size() * 2), "poison out");  // bf16 NaN
+    CheckCuda(cudaMemset(d.gathered, 0xff, o.m * o.k * 2), "poison gathered");
     if (!o.inject.empty()) {  // first an injected failure: it must name the op, then clear
       fo::SetFaultInjection(o.inject == "nccl" ? fo::FaultKind::kNccl : fo::FaultKind::kCuda, 1);
       fo::Status failed = CallOp(op, o, coll, p2p, zero, stream, d);
@@ -257,6 +267,19 @@ int64_t RunOp(const std::string& op, const Options& o, fo::Communicator& coll,
       if (!std::isnan(err) && err > max_err) max_err = err;
     }
     checked += static_cast<int64_t>(got.size());
+    if (gathered) {  // the gathered rows: every rank's x, bit for bit (NaN poison never is)
+      std::vector<uint16_t> rows(p.gathered.size());
+      CheckCuda(cudaMemcpy(rows.data(), d.gathered, rows.size() * 2, cudaMemcpyDeviceToHost),
+                "copy gathered");
+      for (size_t i = 0; i < rows.size(); ++i) {
+        if (rows[i] != p.gathered[i] && bad < 5) {
+          std::printf("  %s call %d: gathered element %zu = 0x%04x, expected 0x%04x\n",
+                      op.c_str(), call, i, rows[i], p.gathered[i]);
+        }
+        bad += rows[i] == p.gathered[i] ? 0 : 1;
+      }
+      checked += static_cast<int64_t>(rows.size());
+    }
   }
   std::printf("rank %lld %-5s calls %d  elements %lld  mismatches %lld  max_abs_err %.4f  %s\n",
               static_cast<long long>(rank), op.c_str(), o.calls, static_cast<long long>(checked),
@@ -293,6 +316,7 @@ int main(int argc, char** argv) {
   CheckCuda(cudaMalloc(&d.x, o.m * o.k * 2), "malloc x");
   CheckCuda(cudaMalloc(&d.w, o.k * o.n * 2), "malloc w");
   CheckCuda(cudaMalloc(&d.out, o.world * o.m * o.n * 2), "malloc out");
+  CheckCuda(cudaMalloc(&d.gathered, o.m * o.k * 2), "malloc gathered");
   int64_t bad = 0;
   std::string ops = o.ops + ",";
   for (size_t at = 0, next; (next = ops.find(',', at)) != std::string::npos; at = next + 1) {
@@ -301,6 +325,7 @@ int main(int argc, char** argv) {
   CheckCuda(cudaFree(d.x), "free");
   CheckCuda(cudaFree(d.w), "free");
   CheckCuda(cudaFree(d.out), "free");
+  CheckCuda(cudaFree(d.gathered), "free");
   CheckCuda(cudaStreamDestroy(stream), "stream destroy");
   Check(fo::DestroyCommunicators(0), "destroy communicators");
   std::printf("rank %d: %s\n", o.rank, bad == 0 ? "all calls matched" : "MISMATCHES");

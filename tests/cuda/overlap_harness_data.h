@@ -68,6 +68,7 @@ inline void AddProduct(const Matrix& x, const Matrix& w, int64_t r0, int64_t r1,
 struct Problem {
   std::vector<uint16_t> x, w;   // this rank's inputs
   std::vector<float> expected;  // what this rank's output must hold, row-major
+  std::vector<uint16_t> gathered;  // "ag": all_gather(x), which must come back bit for bit
 };
 
 // op: "ar" (sum_r x_r @ w_r), "rs" (this rank's rows of it), "a2a" (all_to_all of x_r @ w_r,
@@ -81,7 +82,7 @@ inline Problem MakeProblem(const std::string& op, int64_t m, int64_t n, int64_t 
     xs.push_back(RandomMatrix(x_rows, k, seed, 1, r, 1.0f));
     ws.push_back(RandomMatrix(k, n, seed, 2, r, w_scale));
   }
-  Problem p{xs[rank].bf16, ws[rank].bf16, {}};
+  Problem p{xs[rank].bf16, ws[rank].bf16, {}, {}};
   const int64_t rows = m / world, cols = n / world;
   if (op == "ar" || op == "rs") {
     const int64_t r0 = op == "rs" ? rank * rows : 0, r1 = op == "rs" ? r0 + rows : m;
@@ -108,6 +109,7 @@ inline Problem MakeProblem(const std::string& op, int64_t m, int64_t n, int64_t 
       std::vector<float> block(rows * n, 0.0f);
       AddProduct(xs[s], ws[rank], 0, rows, 0, n, &block);
       std::copy(block.begin(), block.end(), p.expected.begin() + s * rows * n);
+      p.gathered.insert(p.gathered.end(), xs[s].bf16.begin(), xs[s].bf16.end());
     }
   } else {
     throw std::invalid_argument("MakeProblem: unknown op " + op);

@@ -1,6 +1,9 @@
 // All-gather + GEMM (issue #9; the sequence-parallel column-parallel layer):
 // out[n*R, N] = all_gather(x[R, K], tiled) @ w[K, N] over the n ranks of the communicator.
-// The gathered x lives in the registered workspace ([n*R, K], block s = rank s's rows). Each
+// The gathered x lives in the workspace ([n*R, K], block s = rank s's rows), or, when the
+// caller wants it too (`gathered`, e.g. dy of a sequence-parallel row layer's backward, which
+// dw needs as well), straight in that buffer in peer-to-peer mode (NCCL receives into it,
+// no copy); a collective gather lands in the registered window and C copies it out. Each
 // block is `chunks` chunks of F = R/chunks rows, each with a readiness flag (the
 // communicator's counters, reset every call, set to a fresh value):
 //
@@ -20,6 +23,9 @@
 // runs one in-place ncclAllGather over the window and raises every remote block's flag.
 // chunks is 1 there (an all-gather lands whole blocks; chunks of several blocks would not be
 // contiguous).
+//
+// With `gathered` in collective mode, C copies the window into it after the all-gather
+// (a device copy beside the GEMM, which keeps reading the window).
 //
 // The comm stream never waits for the GEMM (only the GEMM for the comm stream), and the GEMM
 // leaves comm_sms >= 1 SMs free, so NCCL always progresses. C's work is enqueued before the
@@ -94,15 +100,18 @@ Status CopyLocalBlock(cudaStream_t stream, char* block, const void* x, size_t by
 }  // namespace
 
 Status RunAllGatherGemm(Communicator& comm, cudaStream_t stream, const void* x, int64_t rows,
-                        int chunks, SignalingGemmArgs gemm, void* out, const char* op) {
+                        int chunks, SignalingGemmArgs gemm, void* out, void* gathered_out,
+                        const char* op) {
   std::lock_guard<std::mutex> lock(comm.call_mutex);
   FO_RETURN_IF_NOT_OK(CheckNotAborted(comm, op));
   const int n = comm.world_size, rank = comm.rank;
   const int64_t k = gemm.k;
   const int32_t value = NextFlagValue();
-  char* gathered = static_cast<char*>(comm.workspace);
   const size_t block_bytes = static_cast<size_t>(rows * k) * 2;
   const bool collective = !comm.peer_to_peer;
+  // Peer-to-peer with a gathered output: the rows land there and the GEMM reads them there.
+  char* gathered = static_cast<char*>(collective || gathered_out == nullptr ? comm.workspace
+                                                                            : gathered_out);
   if (collective && chunks != 1) {
     return Status::Error(std::string(op) + ": chunks must be 1 with a collective (all-gather) "
                          "communicator, got " + std::to_string(chunks));
@@ -120,6 +129,11 @@ Status RunAllGatherGemm(Communicator& comm, cudaStream_t stream, const void* x, 
                  ? EnqueueCollectiveGather(comm, gathered, rows, k, value, NcclType(gemm.dtype))
                  : EnqueueExchange(comm, static_cast<const char*>(x), gathered, rows, k, chunks,
                                    value, NcclType(gemm.dtype));
+  }
+  if (status.ok() && collective && gathered_out != nullptr) {
+    status = CudaStatus(cudaMemcpyAsync(gathered_out, gathered, n * block_bytes,
+                                        cudaMemcpyDeviceToDevice, comm.stream),
+                        "cudaMemcpyAsync (gathered rows)");
   }
   if (status.ok() && !collective) {
     status = CopyLocalBlock(stream, gathered + rank * block_bytes, x, block_bytes);

@@ -49,9 +49,12 @@ Status RunGemmAllToAll(Communicator& comm, cudaStream_t stream, const AllToAllSh
 // (ncclSend/ncclRecv on a peer_to_peer communicator), or, on a collective communicator, by one
 // in-place ncclAllGather over its registered window (chunks 1; with CTA policy ZERO on copy
 // engines). `gemm` carries w, N, K, dtype and comm_sms; its x / m / out / layout / flags are
-// set here.
+// set here. `gathered_out` (nullable, [world * rows, K]) receives all_gather(x) too: in
+// peer-to-peer mode the rows are gathered there (the workspace is not used), in collective
+// mode copied there from the window on the comm stream.
 Status RunAllGatherGemm(Communicator& comm, cudaStream_t stream, const void* x, int64_t rows,
-                        int chunks, SignalingGemmArgs gemm, void* out, const char* op);
+                        int chunks, SignalingGemmArgs gemm, void* out, void* gathered_out,
+                        const char* op);
 
 // The communication half of RunGemmCollective alone (no GEMM: the workspace's contents are
 // reduced as they are), in `groups` equal groups: for timing the capped NCCL calls.

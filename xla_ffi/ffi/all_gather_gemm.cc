@@ -3,12 +3,14 @@
 //
 //   AllGatherGemmImpl -> FlashoverlapAllGatherGemm -> "flashoverlap_all_gather_gemm"
 //
-// out[n*R, N] = all_gather(x[R, K], tiled) @ w[K, N] over the n ranks of the communicator.
+// out[n*R, N] = all_gather(x[R, K], tiled) @ w[K, N] over the n ranks of the communicator;
+// an optional second result gathered[n*R, K] = all_gather(x) (ops: return_gathered=True).
 // Decodes and validates, then hands the call to the framework-free sequence
 // (xla_ffi/comm/all_gather_gemm_call.cc, where the chunked exchange and its flags are).
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <optional>
 
 #include "xla/ffi/api/ffi.h"
 #include "xla_ffi/comm/communicator.h"
@@ -24,8 +26,9 @@ namespace {
 constexpr const char* kOp = "flashoverlap_all_gather_gemm";
 
 ffi::Error ValidateAg(const Communicator* comm, ffi::AnyBuffer x, ffi::AnyBuffer w,
-                      const ffi::AnyBuffer& out, int32_t world_size, int32_t comm_sms,
-                      int32_t chunks, int64_t comm_id, int device, int32_t transpose_w) {
+                      const ffi::AnyBuffer& out, const ffi::AnyBuffer* gathered,
+                      int32_t world_size, int32_t comm_sms, int32_t chunks, int64_t comm_id,
+                      int device, int32_t transpose_w) {
   FO_RETURN_IF_ERROR(CheckCommunicator(kOp, comm, world_size, comm_id, device));
   FO_CHECK_ARG(comm_sms >= 1 && comm->comm_sms >= 1,
                kOp << ": comm_sms must be >= 1 (got " << comm_sms << ", communicator "
@@ -42,23 +45,40 @@ ffi::Error ValidateAg(const Communicator* comm, ffi::AnyBuffer x, ffi::AnyBuffer
   FO_CHECK_ARG(comm->peer_to_peer || chunks == 1,
                kOp << ": chunks must be 1 on a collective (all-gather) communicator, got "
                    << chunks);
+  if (gathered != nullptr) {
+    auto gd = gathered->dimensions();
+    FO_CHECK_ARG(gathered->element_type() == x.element_type() && gd.size() == 2 &&
+                     gd[0] == world_size * r && gd[1] == k,
+                 kOp << ": the gathered result must be [" << world_size * r << ", " << k
+                     << "] of x's dtype");
+    // Peer-to-peer: the rows are gathered straight into it; the workspace is not used.
+    if (comm->peer_to_peer) return ffi::Error::Success();
+  }
   return CheckWorkspace(kOp, *comm, static_cast<size_t>(world_size) * r * k * 2);
 }
 
 ffi::Error AllGatherGemmImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                              ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out, int64_t comm_id,
                              int32_t world_size, int32_t comm_sms, int32_t transpose_w,
-                             int32_t chunks) {
+                             int32_t chunks,
+                             std::optional<ffi::Result<ffi::AnyBuffer>> gathered) {
   Communicator* comm = FindCommunicator(comm_id, device);
-  FO_RETURN_IF_ERROR(
-      ValidateAg(comm, x, w, *out, world_size, comm_sms, chunks, comm_id, device, transpose_w));
+  const ffi::AnyBuffer* gathered_buffer = gathered.has_value() ? &**gathered : nullptr;
+  FO_RETURN_IF_ERROR(ValidateAg(comm, x, w, *out, gathered_buffer, world_size, comm_sms, chunks,
+                                comm_id, device, transpose_w));
   // x, m, out, layout and flags are the sequence's own (the gathered workspace).
   SignalingGemmArgs gemm = GemmArgs(nullptr, 0, w, transpose_w, nullptr, nullptr, comm_sms);
   return ToFfiError(RunAllGatherGemm(*comm, stream, x.untyped_data(), x.dimensions()[0], chunks,
-                                     gemm, out->untyped_data(), kOp));
+                                     gemm, out->untyped_data(),
+                                     gathered_buffer ? gathered_buffer->untyped_data() : nullptr,
+                                     kOp));
 }
 
-auto BindAllGatherGemm() { return BindOverlapCall().Attr<int32_t>("chunks"); }
+// The optional result follows the attributes in the binding (results and attributes are
+// decoded separately): present when the op was called with return_gathered=True.
+auto BindAllGatherGemm() {
+  return BindOverlapCall().Attr<int32_t>("chunks").OptionalRet<ffi::AnyBuffer>();
+}
 
 }  // namespace
 }  // namespace flashoverlap
