@@ -153,6 +153,8 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
   cid = comm_id_for(mesh, axis_name, comm_sms, peer_to_peer, cta_policy)
   watchdog = watchdog_seconds()
   groups = axis_groups(mesh, axis_name)
+  if peer_to_peer:  # the peer connection's handshake (ConnectPeers) uses the workspace too
+    workspace_bytes = max(int(workspace_bytes), peer_handshake_bytes(len(groups[0])))
   spans_processes = any(len({d.process_index for d in g}) > 1 for g in groups)
   if spans_processes:
     from jax_flashoverlap import distributed
@@ -190,6 +192,12 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
       ext.connect_peers(cid)
     _register_atexit()
   return cid
+
+
+def peer_handshake_bytes(world: int) -> int:
+  """Workspace a point-to-point communicator needs at least: ConnectPeers sends and receives
+  one int32 per peer through it (an op whose data bypass the workspace still connects)."""
+  return 2 * 4 * world
 
 
 COUNTER_BYTES = 64 * 4  # kMaxGroups int32 counters per communicator (signaling_gemm.h)

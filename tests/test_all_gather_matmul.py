@@ -338,3 +338,47 @@ def test_plan_overlaps_only_where_measured_to_win(m, n, k, overlap):
     from jax_flashoverlap import plan_a2a
     p = plan_a2a.choose_all_gather_plan(m // 2, n // 2, k, 2)
     assert p.overlap is overlap, p
+
+
+# ------------------------------------------------------------------ communicator setup
+
+class _RecordingExtension:
+    """The extension's communicator API, recording instead of calling NCCL."""
+    def __init__(self):
+        self.workspace, self.connected = {}, []
+
+    def has_communicators(self, cid):
+        return cid in self.workspace
+
+    def nccl_unique_id(self):
+        return bytes(128)
+
+    def create_communicators(self, cid, uid, world, local, comm_sms, nbytes, watchdog,
+                             peer_to_peer=False, cta_policy=0):
+        self.workspace[cid] = nbytes
+
+    def ensure_workspace(self, cid, nbytes):
+        self.workspace[cid] = max(self.workspace[cid], nbytes)
+
+    def connect_peers(self, cid):
+        self.connected.append(cid)
+
+    def destroy_communicators(self, cid):
+        pass
+
+
+def test_peer_to_peer_communicator_gets_its_handshake_workspace(monkeypatch):
+    """return_gathered on a peer-to-peer plan needs no workspace for the data (NCCL receives
+    into the op's output), but ConnectPeers exchanges one int32 per peer through it: asked
+    for 0 bytes, the communicators still get those (on GPU, 0 failed 'ConnectPeers needs the
+    workspace allocated first')."""
+    from jax_flashoverlap import _ext, comm
+    rec = _RecordingExtension()
+    monkeypatch.setattr(_ext, "ext", rec)
+    mesh = make_mesh_1d(4)
+    cid = comm.ensure_communicators(mesh, "tp", workspace_bytes=0, comm_sms=8,
+                                    peer_to_peer=True)
+    assert rec.workspace[cid] == comm.peer_handshake_bytes(4) == 2 * 4 * 4
+    assert rec.connected == [cid]
+    collective = comm.ensure_communicators(mesh, "tp", workspace_bytes=0, comm_sms=8)
+    assert rec.workspace[collective] == 0  # a collective communicator makes no handshake
