@@ -105,6 +105,13 @@ def op_transpose_w_int(t):
     trace_op("all_reduce", sds((8, 64)), sds((32, 64)), w_spec=P(None, "tp"), transpose_w=1)
 
 
+def op_return_gathered_not_bool(t):
+    # an int would silently decide how many results come back
+    f = shard_map(lambda a, b: fo.all_gather_matmul(a, b, "tp", return_gathered=1),
+                  make_mesh_1d(4), (P("tp", None), P(None, "tp")), P(None, "tp"))
+    jax.make_jaxpr(f)(sds((16, 64)), sds((64, 32)))
+
+
 def op_transpose_w_given_k_n(t):
     # w passed as [K, N] (local (16, 32)) with transpose_w=True, which reads it as [N, K]
     trace_op("all_reduce", sds((8, 64)), sds((64, 32)), transpose_w=True)

@@ -94,6 +94,9 @@ CASES = [
     pytest.param(op_transpose_w_int, raises(TypeError, "matmul_all_reduce: transpose_w must be "
                                             "a bool (True: w is [N, K])", "got 1"),
                  id="op-transpose-w-not-bool"),
+    pytest.param(op_return_gathered_not_bool,
+                 raises(TypeError, "all_gather_matmul: return_gathered must be a bool", "got 1"),
+                 id="op-return-gathered-not-bool"),
     pytest.param(op_transpose_w_given_k_n, raises(ValueError, "contracting dims differ",
                                                   "x has K=16", "w has K=32 (last dim of w "
                                                   "[N, K] (transpose_w=True), shape (16, 32))",
