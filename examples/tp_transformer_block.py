@@ -8,6 +8,12 @@ residuals; no biases. The same model is built twice from the same parameters:
        all-reduce overlapped / jax_flashoverlap.matmul_all_reduce)
   xla: nnx.Linear on the local shards + lax.psum after each row-parallel projection
 
+--sequence-parallel (Megatron's sequence parallelism): activations are [S, B, dim] with the
+sequence sharded over 'tp' between the layers; column layers all-gather it (fo:
+all_gather_matmul; xla: lax.all_gather + nnx.Linear), row layers reduce-scatter back to it
+(fo: matmul_reduce_scatter; xla: lax.psum_scatter). With --overlap-backward the backward's
+collectives overlap too (the column layers' dx reduce-scatter, the row layers' dy all-gather).
+
 and both are trained side by side (optax AdamW if installed, else SGD) on synthetic data,
 forward and backward inside one jax.shard_map over a 'tp' mesh of all devices (check_vma=True).
 Each step prints both losses (they must match closely) and both step times.
@@ -46,29 +52,39 @@ DTYPE = jnp.bfloat16
 
 class XlaLinear(nnx.Linear):
   """Reference: nnx.Linear with the given partition spec on its kernel (global shapes). Inside
-  shard_map it sees the local shard; row-parallel (spec (tp, None)) adds a psum over tp."""
+  shard_map it sees the local shard; row-parallel (spec (tp, None)) adds a psum over tp.
+  Sequence parallel: a column layer all-gathers its input's first dim first, a row layer
+  reduce-scatters its output's first dim instead of the psum."""
 
-  def __init__(self, din, dout, spec, *, rngs):
+  def __init__(self, din, dout, spec, sequence_parallel=False, *, rngs):
     super().__init__(din, dout, use_bias=False, dtype=DTYPE, rngs=rngs,
                      kernel_metadata=dict(out_sharding=spec, eager_sharding=False))
-    self.row = spec[0] == AXIS
+    self.row, self.sequence_parallel = spec[0] == AXIS, sequence_parallel
 
   def __call__(self, x):
+    if self.sequence_parallel and not self.row:
+      x = lax.all_gather(x, AXIS, axis=0, tiled=True)
     y = super().__call__(x)
-    return lax.psum(y, AXIS) if self.row else y
+    if not self.row:
+      return y
+    if self.sequence_parallel:
+      return lax.psum_scatter(y, AXIS, scatter_dimension=0, tiled=True)
+    return lax.psum(y, AXIS)
 
 
-def make_linears(impl, overlap_backward=False):
-  if impl == "fo":  # overlap_backward: the column layers' dx all-reduce overlapped too
-    col = lambda din, dout, rngs: ColumnParallelLinear(din, dout, use_bias=False, dtype=DTYPE,
-                                                       axis_name=AXIS,
-                                                       overlap_backward=overlap_backward,
-                                                       rngs=rngs)
-    row = lambda din, dout, rngs: RowParallelLinear(din, dout, use_bias=False, dtype=DTYPE,
-                                                    axis_name=AXIS, rngs=rngs)
+def make_linears(impl, overlap_backward=False, sequence_parallel=False):
+  if impl == "fo":  # overlap_backward: the backward's collectives overlapped too
+    common = dict(use_bias=False, dtype=DTYPE, axis_name=AXIS, overlap_backward=overlap_backward)
+    col = lambda din, dout, rngs: ColumnParallelLinear(
+        din, dout, sequence_parallel=sequence_parallel, rngs=rngs, **common)
+    row = lambda din, dout, rngs: RowParallelLinear(
+        din, dout, reduce="reduce_scatter" if sequence_parallel else "all_reduce", rngs=rngs,
+        **common)
     return col, row
-  return (lambda din, dout, rngs: XlaLinear(din, dout, (None, AXIS), rngs=rngs),
-          lambda din, dout, rngs: XlaLinear(din, dout, (AXIS, None), rngs=rngs))
+  return (lambda din, dout, rngs: XlaLinear(din, dout, (None, AXIS), sequence_parallel,
+                                            rngs=rngs),
+          lambda din, dout, rngs: XlaLinear(din, dout, (AXIS, None), sequence_parallel,
+                                            rngs=rngs))
 
 
 def rope(x, base=10000.0):
@@ -82,9 +98,11 @@ def rope(x, base=10000.0):
 
 
 class Block(nnx.Module):
-  def __init__(self, dim, heads, ffn, impl, overlap_backward=False, *, rngs):
-    col, row = make_linears(impl, overlap_backward)
+  def __init__(self, dim, heads, ffn, impl, overlap_backward=False, sequence_parallel=False, *,
+               rngs):
+    col, row = make_linears(impl, overlap_backward, sequence_parallel)
     self.heads, self.head_dim = heads, dim // heads
+    self.sequence_parallel = sequence_parallel
     self.attn_norm = nnx.RMSNorm(dim, dtype=DTYPE, rngs=rngs)
     # Fused projections, as in most Llama implementations: one q|k|v and one gate|up layer.
     # Each device's output shard holds its heads' q, k, v (and its slice of gate, up) side by
@@ -95,22 +113,30 @@ class Block(nnx.Module):
     self.w_gate_up = col(dim, 2 * ffn, rngs)
     self.w_down = row(ffn, dim, rngs)
 
-  def __call__(self, x):  # x [B, S, dim], replicated over tp
-    b, s, _ = x.shape
+  def __call__(self, x):
+    # x [B, S, dim] replicated over tp; sequence parallel: [S/tp, B, dim], this device's
+    # tokens (the column layers gather them: their outputs are [S, B, ...]).
     h = self.attn_norm(x)
+    qkv = self.wqkv(h)
+    if self.sequence_parallel:
+      qkv = jnp.swapaxes(qkv, 0, 1)  # [B, S, 3 dim / tp] for the attention
+    b, s, _ = qkv.shape
     # Per device: the local heads (heads / tp of them); q/k/v are [B, S, dim / tp].
-    q, k, v = (t.reshape(b, s, -1, self.head_dim) for t in jnp.split(self.wqkv(h), 3, -1))
-    o = jax.nn.dot_product_attention(rope(q), rope(k), v, is_causal=True)
-    x = x + self.wo(o.reshape(b, s, -1))  # row-parallel: all-reduce over tp
+    q, k, v = (t.reshape(b, s, -1, self.head_dim) for t in jnp.split(qkv, 3, -1))
+    o = jax.nn.dot_product_attention(rope(q), rope(k), v, is_causal=True).reshape(b, s, -1)
+    if self.sequence_parallel:
+      o = jnp.swapaxes(o, 0, 1)
+    x = x + self.wo(o)  # row-parallel: all-reduce (sequence parallel: reduce-scatter) over tp
     h = self.mlp_norm(x)
     gate, up = jnp.split(self.w_gate_up(h), 2, -1)
     return x + self.w_down(nnx.silu(gate) * up)
 
 
 class Model(nnx.Module):
-  def __init__(self, layers, dim, heads, ffn, impl, overlap_backward=False, *, rngs):
-    self.blocks = nnx.List([Block(dim, heads, ffn, impl, overlap_backward, rngs=rngs)
-                            for _ in range(layers)])
+  def __init__(self, layers, dim, heads, ffn, impl, overlap_backward=False,
+               sequence_parallel=False, *, rngs):
+    self.blocks = nnx.List([Block(dim, heads, ffn, impl, overlap_backward, sequence_parallel,
+                                  rngs=rngs) for _ in range(layers)])
 
   def __call__(self, x):
     for blk in self.blocks:
@@ -118,14 +144,17 @@ class Model(nnx.Module):
     return x
 
 
-def make_step(graphdef, specs, mesh, tx, params, opt_state):
-  """One jitted training step: forward + backward inside shard_map, update in the global view."""
+def make_step(graphdef, specs, mesh, tx, params, opt_state, sequence_parallel=False):
+  """One jitted training step: forward + backward inside shard_map, update in the global view.
+  Sequence parallel: x and y [S, B, dim] sharded on S, the loss the mean over the devices'."""
+  data = P(AXIS) if sequence_parallel else P()
 
   def per_device_loss(params, x, y):
     out = nnx.merge(graphdef, params)(x)
-    return jnp.mean(jnp.square(out.astype(jnp.float32) - y))  # replicated over tp
+    loss = jnp.mean(jnp.square(out.astype(jnp.float32) - y))
+    return lax.pmean(loss, AXIS) if sequence_parallel else loss  # replicated over tp
 
-  loss_fn = jax.shard_map(per_device_loss, mesh=mesh, in_specs=(specs, P(), P()),
+  loss_fn = jax.shard_map(per_device_loss, mesh=mesh, in_specs=(specs, data, data),
                           out_specs=P(), check_vma=True)
 
   def step(params, opt_state, x, y):
@@ -157,8 +186,11 @@ def main():
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--rtol", type=float, default=2e-2, help="allowed relative loss difference")
   ap.add_argument("--overlap-backward", action="store_true",
-                  help="also overlap the column layers' backward all-reduce (on 2 x H200 at "
-                  "the default sizes it was slower: see benchmarks/results)")
+                  help="also overlap the backward's collectives (the column layers' all-reduce; "
+                  "on 2 x H200 at the default sizes it was slower: see benchmarks/results)")
+  ap.add_argument("--sequence-parallel", action="store_true",
+                  help="Megatron sequence parallelism: tokens sharded over tp between layers "
+                  "(all_gather_matmul / matmul_reduce_scatter)")
   ap.add_argument("--json", help="write step times, losses and the row-parallel ops' own "
                   "times (ours vs XLA dot + psum at this model's shapes) to this file")
   args = ap.parse_args()
@@ -169,13 +201,16 @@ def main():
   if args.heads % tp or args.dim % args.heads or (args.dim // tp) % 8 or (args.ffn // tp) % 8:
     raise SystemExit(f"need heads % tp == 0, dim % heads == 0 and dim/tp, ffn/tp multiples of "
                      f"8 (tp={tp}, dim={args.dim}, heads={args.heads}, ffn={args.ffn})")
+  if args.sequence_parallel and args.seq % tp:
+    raise SystemExit(f"--sequence-parallel needs seq % tp == 0 (seq={args.seq}, tp={tp})")
   print(f"backend={jax.default_backend()} tp={tp} layers={args.layers} batch={args.batch} "
         f"seq={args.seq} dim={args.dim} heads={args.heads} ffn={args.ffn} dtype=bfloat16 "
-        f"optimizer={'adamw' if optax else 'sgd'}")
+        f"optimizer={'adamw' if optax else 'sgd'}"
+        + (" sequence_parallel" if args.sequence_parallel else ""))
 
   dims = (args.layers, args.dim, args.heads, args.ffn)
-  models = {impl: Model(*dims, impl, args.overlap_backward, rngs=nnx.Rngs(args.seed))
-            for impl in ("fo", "xla")}
+  models = {impl: Model(*dims, impl, args.overlap_backward, args.sequence_parallel,
+                        rngs=nnx.Rngs(args.seed)) for impl in ("fo", "xla")}
   # Same initial parameters for both (the state trees have the same paths and specs).
   nnx.update(models["xla"], nnx.state(models["fo"], nnx.Param))
 
@@ -183,7 +218,10 @@ def main():
   x = jax.random.normal(kx, (args.batch, args.seq, args.dim), jnp.float32)
   teacher = jax.random.normal(kt, (args.dim, args.dim), jnp.float32) / np.sqrt(args.dim)
   y = jnp.tanh(x @ teacher)  # synthetic regression target
-  x, y = jax.device_put((x.astype(DTYPE), y), NamedSharding(mesh, P()))
+  if args.sequence_parallel:  # [S, B, dim], the sequence sharded over tp
+    x, y = (jnp.swapaxes(a, 0, 1) for a in (x, y))
+  x, y = jax.device_put((x.astype(DTYPE), y),
+                        NamedSharding(mesh, P(AXIS) if args.sequence_parallel else P()))
 
   tx = optax.adamw(args.lr) if optax else None
   runs = {}
@@ -195,7 +233,8 @@ def main():
     opt_state = jax.tree.map(  # moments follow the params; the step count goes on every device
         lambda a: a if isinstance(a.sharding, NamedSharding) else jax.device_put(a, replicated),
         tx.init(params)) if tx else None
-    runs[impl] = [make_step(graphdef, specs, mesh, tx, params, opt_state), params, opt_state]
+    runs[impl] = [make_step(graphdef, specs, mesh, tx, params, opt_state,
+                            args.sequence_parallel), params, opt_state]
 
   worst = 0.0
   history = []
@@ -222,35 +261,77 @@ def main():
     write_report(args, mesh, history, worst)
 
 
+def _op_pairs(args):
+  """The block's GEMM + collective pairs at this model's shapes, T = batch * seq tokens:
+  {name: (K, N, collective, transposed)}. The GEMM is [T, K] x [K, N] globally; transposed:
+  the weight as stored [N, K] (a backward's dx through `transpose_w=True`, as the layers do).
+  Forward: attention output (K = dim) and MLP down (K = ffn) end in the all-reduce
+  (sequence parallel: reduce-scatter); sequence parallel adds q|k|v and gate|up, which start
+  with an all-gather. With --overlap-backward, the backward's dx pairs: the column layers'
+  all-reduce (reduce-scatter) of dy @ w.T, and, sequence parallel, the row layers' all-gather
+  of dy before dy @ w.T."""
+  d, f = args.dim, args.ffn
+  if not args.sequence_parallel:
+    pairs = {"attention_out": (d, d, "all_reduce", False), "mlp_down": (f, d, "all_reduce", False)}
+    if args.overlap_backward:
+      pairs.update(qkv_dx=(3 * d, d, "all_reduce", True), gate_up_dx=(2 * f, d, "all_reduce", True))
+    return pairs
+  pairs = {"attention_out": (d, d, "reduce_scatter", False),
+           "mlp_down": (f, d, "reduce_scatter", False),
+           "qkv": (d, 3 * d, "all_gather", False), "gate_up": (d, 2 * f, "all_gather", False)}
+  if args.overlap_backward:
+    pairs.update(qkv_dx=(3 * d, d, "reduce_scatter", True),
+                 gate_up_dx=(2 * f, d, "reduce_scatter", True),
+                 attention_out_dx=(d, d, "all_gather", True),
+                 mlp_down_dx=(d, f, "all_gather", True))
+  return pairs
+
+
+def _pair_programs(mesh, collective, transposed):
+  """(xla, ours, x spec, w spec) of one pair, per device inside shard_map. The all-gather's
+  transposed form returns the gathered dy too, as the row layer's backward does."""
+  import jax_flashoverlap as fo
+  dot = (lambda a, b: a @ b.T) if transposed else (lambda a, b: a @ b)
+  if collective == "all_gather":  # x rows sharded, w sharded on N (the weight's columns)
+    x_spec, w_spec, out = P(AXIS, None), (P(AXIS, None) if transposed else P(None, AXIS)), P(None, AXIS)
+    xla = lambda a, b: dot(lax.all_gather(a, AXIS, axis=0, tiled=True), b)
+    ours = lambda a, b: fo.all_gather_matmul(a, b, AXIS, transpose_w=transposed,
+                                             return_gathered=transposed)
+  else:  # x sharded on K, w sharded on K
+    x_spec, w_spec = P(None, AXIS), (P(None, AXIS) if transposed else P(AXIS, None))
+    if collective == "all_reduce":
+      out, reduce = P(), lambda y: lax.psum(y, AXIS)
+      op = fo.matmul_all_reduce
+    else:
+      out, reduce = P(AXIS, None), lambda y: lax.psum_scatter(y, AXIS, scatter_dimension=0,
+                                                             tiled=True)
+      op = fo.matmul_reduce_scatter
+    xla = lambda a, b: reduce(dot(a, b))
+    ours = lambda a, b: op(a, b, AXIS, transpose_w=transposed)
+  smap = lambda f, outs: jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(x_spec, w_spec),
+                                               out_specs=outs))
+  gathered = collective == "all_gather" and transposed
+  return (smap(xla, out), smap(ours, (out, P(AXIS, None)) if gathered else out), x_spec,
+          w_spec)
+
+
 def row_parallel_op_times(args, mesh):
-  """The GEMM + all-reduce pairs of one block at this model's shapes, T = batch*seq: forward
-  attention output x [T, dim/tp] @ w [dim/tp, dim] and MLP down x [T, ffn/tp] @ w [ffn/tp, dim];
-  with --overlap-backward also the backward dx of q|k|v dy [T, 3dim/tp] @ w.T (the kernel
-  w [dim, 3dim/tp] read in place: transpose_w=True, as the layer does) and of gate|up.
-  Median ms of ours vs XLA's dot + psum, timed like the benchmark."""
+  """Median ms of each pair of `_op_pairs`: ours vs XLA's dot + collective, timed like the
+  benchmark."""
   from jax_flashoverlap.bench import time_variants
-  from jax_flashoverlap.ops import matmul_all_reduce
   tokens = args.batch * args.seq
   out = {}
-  pairs = [("attention_out", args.dim, False), ("mlp_down", args.ffn, False)]
-  if args.overlap_backward:
-    pairs += [("qkv_dx", 3 * args.dim, True), ("gate_up_dx", 2 * args.ffn, True)]
-  for name, k, transposed in pairs:
-    kx, kw = jax.random.split(jax.random.key(k))
-    x = jax.device_put(jax.random.normal(kx, (tokens, k), DTYPE), NamedSharding(mesh, P(None, AXIS)))
-    w_shape, w_spec = ((args.dim, k), P(None, AXIS)) if transposed else \
-        ((k, args.dim), P(AXIS, None))
-    w = jax.device_put((jax.random.normal(kw, w_shape) / np.sqrt(k)).astype(DTYPE),
-                       NamedSharding(mesh, w_spec))
-    smap = lambda f: jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P(None, AXIS), w_spec),
-                                           out_specs=P()))
-    t = time_variants({"xla": (smap(lambda a, b: lax.psum(a @ (b.T if transposed else b), AXIS)),
-                               (x, w)),
-                       "fo": (smap(lambda a, b: matmul_all_reduce(a, b, AXIS,
-                                                                  transpose_w=transposed)),
-                              (x, w))},
-                      calls=10, samples=10)
-    out[name] = {"shape_per_device": [tokens, k // mesh.size, args.dim],
+  for name, (k, n, collective, transposed) in _op_pairs(args).items():
+    xla, ours, x_spec, w_spec = _pair_programs(mesh, collective, transposed)
+    kx, kw = jax.random.split(jax.random.key(k + n))
+    x = jax.device_put(jax.random.normal(kx, (tokens, k), DTYPE), NamedSharding(mesh, x_spec))
+    w = jax.device_put((jax.random.normal(kw, (n, k) if transposed else (k, n)) /
+                        np.sqrt(k)).astype(DTYPE), NamedSharding(mesh, w_spec))
+    first = lambda f: (lambda a, b: jax.tree.leaves(f(a, b))[0])
+    t = time_variants({"xla": (xla, (x, w)), "fo": (first(ours), (x, w))}, calls=10,
+                      samples=10)
+    out[name] = {"collective": collective, "weight_as_stored": transposed,
+                 "gemm_global": [tokens, k, n],
                  "xla_ms": t["xla"]["median_ms"], "fo_ms": t["fo"]["median_ms"]}
   return out
 

@@ -47,7 +47,7 @@ for step in "${steps[@]}"; do
       run_step tune python3 -m jax_flashoverlap.tune ${TUNE_ARGS:-} --out "jax_flashoverlap/configs/${TAG/h200x/h200_x}.json" --report "$OUT/tune_$TAG.json"
       cp jax_flashoverlap/configs/*.json "$OUT/" ;;
     stress) run_step stress python3 benchmarks/stress.py --out "$OUT/stress_$TAG.json" ;;
-    flax_example) run_step flax_example python3 examples/tp_transformer_block.py --steps 20 ${FLAX_ARGS:-} --json "$OUT/tp_block_$TAG.json" ;;
+    flax_example) run_step "flax_example${FLAX_SUFFIX:-}" python3 examples/tp_transformer_block.py --steps 20 ${FLAX_ARGS:-} --json "$OUT/tp_block_$TAG${FLAX_SUFFIX:-}.json" ;;
     sanitize_overlap)  # one overlapped call of each op under compute-sanitizer, 2 processes
       for tool in memcheck racecheck synccheck; do
         run_step "san_$tool" env XLA_FLAGS=--xla_gpu_autotune_level=0 python3 -m jax_flashoverlap.launch -n 2 --gpus-per-process 1 --timeout 280 tests/cuda/sanitize_overlap.py "$tool" "$OUT/sanitize"

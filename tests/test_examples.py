@@ -55,6 +55,33 @@ def test_tp_transformer_block(tmp_path):
   assert d["median_step_ms"]["fo"] > 0 and d["median_step_ms"]["xla"] > 0
 
 
+def test_tp_transformer_block_sequence_parallel(tmp_path):
+  """--sequence-parallel --overlap-backward: the same model with the tokens sharded between
+  layers (all_gather_matmul / matmul_reduce_scatter, both directions overlapped); its losses
+  equal XLA's all_gather / psum_scatter model's and, the model being the same, those of the
+  replicated layout; the report times every forward and backward pair."""
+  pytest.importorskip("flax")
+  common = ("--steps", "2", "--layers", "1", "--batch", "2", "--seq", "16", "--dim", "64",
+            "--heads", "8", "--ffn", "128")
+  report = tmp_path / "sp.json"
+  out = run_example("tp_transformer_block.py", *common, "--sequence-parallel",
+                    "--overlap-backward", "--json", str(report))
+  assert "sequence_parallel" in out and "OK: losses match" in out, out
+  replicated = run_example("tp_transformer_block.py", *common)
+  sp_losses = [float(a) for a, _ in re.findall(r"loss fo (\S+)\s+xla (\S+)", out)]
+  rep_losses = [float(a) for a, _ in re.findall(r"loss fo (\S+)\s+xla (\S+)", replicated)]
+  assert len(sp_losses) == len(rep_losses) == 2
+  for a, b in zip(sp_losses, rep_losses):
+    assert abs(a - b) <= 1e-3 * abs(b), (sp_losses, rep_losses)
+  d = json.loads(report.read_text())
+  assert set(d["row_parallel_ops"]) == {"attention_out", "mlp_down", "qkv", "gate_up",
+                                        "attention_out_dx", "mlp_down_dx", "qkv_dx",
+                                        "gate_up_dx"}
+  assert {o["collective"] for o in d["row_parallel_ops"].values()} == {"reduce_scatter",
+                                                                      "all_gather"}
+  assert all(o["xla_ms"] > 0 and o["fo_ms"] > 0 for o in d["row_parallel_ops"].values())
+
+
 def test_stress_script_checks_every_call(tmp_path):
   report = tmp_path / "stress.json"
   out = run_example("stress.py", "--calls", "6", "--scan-steps", "2", "--layers", "2",
