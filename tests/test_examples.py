@@ -87,9 +87,29 @@ def test_stress_script_checks_every_call(tmp_path):
   out = run_example("stress.py", "--calls", "6", "--scan-steps", "2", "--layers", "2",
                     "--out", str(report), folder="benchmarks")
   d = json.loads(report.read_text())
-  assert [d["ops"][op]["calls"] for op in ("all_reduce", "reduce_scatter")] == [6, 6]
+  ops = ("all_reduce", "reduce_scatter", "all_to_all", "all_gather", "all_gather_gathered")
+  assert {op: d["ops"][op]["calls"] for op in ops} == {op: 6 for op in ops}
   assert d["scan_model"]["steps"] == 2 and d["total_mismatches"] == 0
   assert "OK: no mismatch" in out
+
+
+def test_stress_check_fails_on_a_wrong_result(tmp_path):
+  """The stress run's per-call check: a product off by more than the tolerance, or gathered
+  rows one bit off, is a mismatch (the checker can fail)."""
+  script = tmp_path / "check.py"
+  script.write_text(
+      "import sys; sys.path.insert(0, 'benchmarks')\n"
+      "import jax.numpy as jnp, stress\n"
+      "a = jnp.linspace(1, 2, 64, dtype=jnp.bfloat16).reshape(8, 8)\n"
+      "b = a.at[3, 5].set(a[3, 5] * 2)\n"
+      "print('same', stress._check((a, a), (a, a)))\n"
+      "print('gathered', stress._check((a, b), (a, a)))\n"
+      "err, same, extra = stress._check(a * 2, a)\n"
+      "print('product', err > stress.TOL, same, extra)\n")
+  out = run_example(str(script), folder=".")
+  assert "same (0.0, True, True)" in out, out
+  assert "gathered (0.0, False, False)" in out, out
+  assert "product True False True" in out, out
 
 
 @pytest.mark.parametrize("reduce,spec", [("all_reduce", "P('dp', None)"),
