@@ -5,8 +5,10 @@ Over every local GPU; on one GPU the all-gather is forced through a 1-rank commu
 default plan keeps XLA's composition there: nothing to gather), which runs the same handler,
 copies, flags and GEMM, though no NCCL transfer. The compiled program is checked to hold our
 custom call with its second result. Inputs are fresh random bf16; both outputs are poisoned
-(NaN buffers donated to the program) so that anything left unwritten shows. The gathered rows
-must equal XLA's all_gather(x) bit for bit; the product is compared with float32 and XLA.
+where XLA lets us: NaN buffers of the outputs' shapes are donated, so XLA may place our results
+in them (whether it did is checked through the buffer pointers and printed), and anything left
+unwritten then shows. The gathered rows must equal XLA's all_gather(x) bit for bit; the
+product is compared with float32 and XLA.
 """
 import re
 
@@ -91,7 +93,11 @@ def test_values_and_gathered_rows(gather, chunks, transpose_w, M, N, K):
         want, want_g = ref(x, w)
         poison = [jax.device_put(jnp.full(a.shape, jnp.nan, U.BF16), s)
                   for a, s in zip((want, want_g), out_shardings)]
+        ptrs = [[s.data.unsafe_buffer_pointer() for s in p.addressable_shards] for p in poison]
         y, g = poisoned(x, w, *poison)
+        aliased = [ptrs[i] == [s.data.unsafe_buffer_pointer() for s in r.addressable_shards]
+                   for i, r in enumerate((y, g))]
+        print(f"outputs in the poisoned buffers (out, gathered): {aliased}")
     assert y.shape == want.shape and g.shape == (n * M, K)
     np.testing.assert_array_equal(np.asarray(g.astype(jnp.float32)),
                                   np.asarray(want_g.astype(jnp.float32)))
