@@ -7,8 +7,8 @@ copies, flags and GEMM, though no NCCL transfer. The compiled program is checked
 custom call with its second result. Inputs are fresh random bf16. Outputs are poisoned where
 XLA lets us: NaN buffers of the outputs' shapes are donated, so XLA may place our results in
 them (whether it did is checked through the buffer pointers and printed; in the #9 tests on 2
-GPUs it never did). What catches an unwritten tile here is the 200-call test: XLA hands a
-freed output buffer to the next call, so a tile left unwritten holds another call's values,
+GPUs it never did). What catches an unwritten tile here is the 200-call test: XLA's allocator
+typically reuses freed output memory for the next call, so a tile left unwritten holds stale values,
 which fresh inputs make wrong. The JAX-free harness (overlap_harness ag_g / ag_ce_g) poisons
 both outputs with NaN before every call. The gathered rows must equal XLA's all_gather(x) bit
 for bit; the product is compared with float32 and XLA.
