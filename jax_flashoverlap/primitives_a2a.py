@@ -97,7 +97,7 @@ def _ag_cuda_lowering(ctx, x, w, *, axis_name, comm_sms, transpose_w, return_gat
                                                                       transpose_w)
   # One rank has nothing to gather: XLA's composition, unless forced (tests run the whole
   # call, its flags and copies, through a 1-rank communicator).
-  if plan_a2a.all_gather_supported(rows, n, max(world, 2 if plan_a2a.is_forced() else 1)):
+  if plan_a2a.all_gather_supported(rows, n, world, one_rank=plan_a2a.is_forced()):
     return reference()
   plan = plan_a2a.choose_all_gather_plan(rows, n, k, world, dtype.itemsize, comm_sms,
                                          gpu=comm.mesh_gpu_name(mesh), dtype=dtype.name)
