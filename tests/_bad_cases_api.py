@@ -178,6 +178,26 @@ def rp_mesh_mismatch(t):
                  put(rand((64, 32)), mesh_b, P("tp", None)))
 
 
+def _column_parallel(x, w, **kw):
+    return jax.jit(lambda a, b: fo.column_parallel_matmul(a, b, **kw))(x, w)
+
+
+def cp_axis_unknown(t):
+    _column_parallel(*rp_inputs(make_mesh_1d(4), x_spec=P("tp", None), w_spec=P(None, "tp")),
+                     axis_name="model")
+
+
+def cp_n_two_axes(t):
+    mesh = make_mesh_2d(2, 4)
+    _column_parallel(*rp_inputs(mesh, x_spec=P("tp", None), w_spec=P(None, ("dp", "tp"))))
+
+
+def cp_local_n_not_multiple_of_8(t):
+    # global N = 40 is a multiple of 8, but each of the 8 shards holds N = 5
+    _column_parallel(*rp_inputs(make_mesh_1d(8), x_shape=(16, 64), w_shape=(64, 40),
+                                x_spec=P("tp", None), w_spec=P(None, "tp")))
+
+
 def rp_w_sharded_on_other_axis(t):
     """w sharded on 'dp' while x's K is sharded on 'tp': legal; XLA reshards w."""
     mesh = make_mesh_2d(2, 4)

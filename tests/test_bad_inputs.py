@@ -139,6 +139,15 @@ CASES = [
                  id="rp-local-k-not-multiple-of-8"),
     pytest.param(rp_mesh_mismatch, raises(ValueError, "incompatible devices", "device ids [0, 1, "
                                           "2, 3]", "[4, 5, 6, 7]"), id="rp-mesh-mismatch"),
+    pytest.param(cp_axis_unknown, raises(JaxRuntimeError, "ValueError", "column_parallel_matmul: "
+                                         "axis_name 'model' is not an axis of the mesh ('tp',)"),
+                 id="cp-axis-unknown"),
+    pytest.param(cp_n_two_axes, raises(JaxRuntimeError, "N is sharded over several mesh axes "
+                                       "('dp', 'tp')", "pass axis_name"),
+                 id="cp-n-sharded-over-two-axes"),
+    pytest.param(cp_local_n_not_multiple_of_8, raises(JaxRuntimeError, "must be a multiple of 8",
+                                                      "N=5"),
+                 id="cp-local-n-not-multiple-of-8"),
     pytest.param(rp_w_sharded_on_other_axis, SAME, id="rp-w-sharded-on-other-axis"),
     # --- "non-contiguous" inputs and donated buffers ---
     pytest.param(noncontig_transposed, SAME, id="noncontiguous-transposed"),
