@@ -41,24 +41,33 @@ def row_parallel_matmul(x, w, reduce: str = "all_reduce", axis_name=None, *,
   return _row_parallel_vjp(x, w, reduce, axis_name, transpose_w)
 
 
-# custom_partitioning has no autodiff rule; the global-view gradient is that of x @ w (the
-# reduction only decides the output's sharding), left to XLA's own sharded dots.
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def _row_parallel_vjp(x, w, reduce, axis_name, transpose_w):
-  return _row_parallel(x, w, reduce, axis_name, transpose_w)
+def with_dot_gradient(fn, num_static):
+  """fn(x, w, *static) (a custom_partitioning function; transpose_w its last static
+  argument) with the gradient of x @ w: custom_partitioning has no autodiff rule, and the
+  collective only decides the output's sharding, so the backward is left to XLA's own
+  sharded dots."""
+  @functools.partial(jax.custom_vjp, nondiff_argnums=tuple(range(2, 2 + num_static)))
+  def call(x, w, *static):
+    return fn(x, w, *static)
+
+  def fwd(x, w, *static):
+    return fn(x, w, *static), (x, w)
+
+  def bwd(*args):
+    *static, (x, w), ct = args
+    _, vjp = jax.vjp(functools.partial(prims.dot, transpose_w=static[-1]), x, w)
+    return vjp(ct.astype(x.dtype))
+
+  call.defvjp(fwd, bwd)
+  return call
 
 
-def _row_parallel_fwd(x, w, reduce, axis_name, transpose_w):
-  return _row_parallel(x, w, reduce, axis_name, transpose_w), (x, w)
-
-
-def _row_parallel_bwd(reduce, axis_name, transpose_w, res, ct):
-  x, w = res
-  _, vjp = jax.vjp(functools.partial(prims.dot, transpose_w=transpose_w), x, w)
-  return vjp(ct.astype(x.dtype))
-
-
-_row_parallel_vjp.defvjp(_row_parallel_fwd, _row_parallel_bwd)
+def define_partition(fn, partition, infer, sdy_rule):
+  """fn.def_partition, with the Shardy rule where this JAX has Shardy."""
+  kwargs = dict(partition=partition, infer_sharding_from_operands=infer)
+  if _compat.SdyShardingRule is not None:
+    kwargs["sharding_rule"] = sdy_rule
+  fn.def_partition(**kwargs)
 
 
 def _spec_axes(entry) -> tuple:
@@ -77,18 +86,23 @@ def _layout(mesh, x_sharding, w_sharding, reduce, axis_name, transpose_w):
   x_spec = _spec(x_sharding, 2)
   w_spec = _spec(w_sharding, 2)
   k_axes = _spec_axes(x_spec[1]) or _spec_axes(w_spec[1 if transpose_w else 0])
-  if axis_name is not None:
-    if axis_name not in mesh.axis_names:
-      raise ValueError(f"jax_flashoverlap.row_parallel_matmul: axis_name {axis_name!r} is not "
-                       f"an axis of the mesh {tuple(mesh.axis_names)}")
-    k_axis = axis_name
-  elif len(k_axes) > 1:
-    raise ValueError("jax_flashoverlap.row_parallel_matmul: K is sharded over several mesh "
-                     f"axes {k_axes}; pass axis_name to pick one")
-  else:
-    k_axis = k_axes[0] if k_axes else None
+  k_axis = pick_axis("jax_flashoverlap.row_parallel_matmul", mesh, axis_name, k_axes, "K")
   m_axes = tuple(a for a in _spec_axes(x_spec[0]) if a != k_axis)
   return m_axes, k_axis
+
+
+def pick_axis(op, mesh, axis_name, sharded_over, dim):
+  """The op's mesh axis: `axis_name` (checked against the mesh), else the one axis that shards
+  `dim` (`sharded_over`; None when nothing does)."""
+  if axis_name is not None:
+    if axis_name not in mesh.axis_names:
+      raise ValueError(f"{op}: axis_name {axis_name!r} is not an axis of the mesh "
+                       f"{tuple(mesh.axis_names)}")
+    return axis_name
+  if len(sharded_over) > 1:
+    raise ValueError(f"{op}: {dim} is sharded over several mesh axes {sharded_over}; pass "
+                     "axis_name to pick one")
+  return sharded_over[0] if sharded_over else None
 
 
 def _out_spec(m_axes, k_axis, reduce):
@@ -174,11 +188,5 @@ def _sdy_rule(reduce, axis_name, transpose_w, mesh, value_types, result_types):
           {"d": d, "t": t, "m2": m // d, "kk": k // t, "m3": m // (d * t)})
 
 
-def _def_partition():
-  kwargs = dict(partition=_partition, infer_sharding_from_operands=_infer)
-  if _compat.SdyShardingRule is not None:
-    kwargs["sharding_rule"] = _sdy_rule
-  _row_parallel.def_partition(**kwargs)
-
-
-_def_partition()
+define_partition(_row_parallel, _partition, _infer, _sdy_rule)
+_row_parallel_vjp = with_dot_gradient(_row_parallel, 3)

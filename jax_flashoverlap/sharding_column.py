@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jax_flashoverlap import _compat, _validation, ops, primitives as prims
-from jax_flashoverlap.sharding import _spec, _spec_axes
+from jax_flashoverlap.sharding import (_spec, _spec_axes, define_partition, pick_axis,
+                                       with_dot_gradient)
 
 _OP = "jax_flashoverlap.column_parallel_matmul"
 
@@ -41,41 +41,11 @@ def column_parallel_matmul(x, w, axis_name=None, *, transpose_w: bool = False):
   return _column_parallel_vjp(x, w, axis_name, transpose_w)
 
 
-# custom_partitioning has no autodiff rule; the global-view gradient is that of x @ w, left to
-# XLA's own sharded dots (as row_parallel_matmul's).
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _column_parallel_vjp(x, w, axis_name, transpose_w):
-  return _column_parallel(x, w, axis_name, transpose_w)
-
-
-def _fwd(x, w, axis_name, transpose_w):
-  return _column_parallel(x, w, axis_name, transpose_w), (x, w)
-
-
-def _bwd(axis_name, transpose_w, res, ct):
-  x, w = res
-  _, vjp = jax.vjp(functools.partial(prims.dot, transpose_w=transpose_w), x, w)
-  return vjp(ct.astype(x.dtype))
-
-
-_column_parallel_vjp.defvjp(_fwd, _bwd)
-
-
 def _layout(mesh, x_sharding, w_sharding, axis_name, transpose_w):
   """(row axes besides the gather axis, the gather axis or None, whether x's rows are
   sharded over it) from the operands' shardings."""
   x_spec, w_spec = _spec(x_sharding, 2), _spec(w_sharding, 2)
-  n_axes = _spec_axes(w_spec[0 if transpose_w else 1])
-  if axis_name is not None:
-    if axis_name not in mesh.axis_names:
-      raise ValueError(f"{_OP}: axis_name {axis_name!r} is not an axis of the mesh "
-                       f"{tuple(mesh.axis_names)}")
-    axis = axis_name
-  elif len(n_axes) > 1:
-    raise ValueError(f"{_OP}: N is sharded over several mesh axes {n_axes}; pass axis_name "
-                     "to pick one")
-  else:
-    axis = n_axes[0] if n_axes else None
+  axis = pick_axis(_OP, mesh, axis_name, _spec_axes(w_spec[0 if transpose_w else 1]), "N")
   row_axes = _spec_axes(x_spec[0])
   return tuple(a for a in row_axes if a != axis), axis, axis is not None and axis in row_axes
 
@@ -139,11 +109,6 @@ def _sdy_rule(axis_name, transpose_w, mesh, value_types, result_types):
   return (f"(d a) k, {w_factors} -> (d b) n", {"d": d, "a": m // d, "b": m // d})
 
 
-def _def_partition():
-  kwargs = dict(partition=_partition, infer_sharding_from_operands=_infer)
-  if _compat.SdyShardingRule is not None:
-    kwargs["sharding_rule"] = _sdy_rule
-  _column_parallel.def_partition(**kwargs)
-
-
-_def_partition()
+define_partition(_column_parallel, _partition, _infer, _sdy_rule)
+# The gradient is that of x @ w, XLA's sharded dots (as row_parallel_matmul's).
+_column_parallel_vjp = with_dot_gradient(_column_parallel, 2)
