@@ -17,6 +17,8 @@
    correct bf16 models differ by ~1e-2, so bf16 against bf16 alone says little.)
 
 Our kernels are forced (JAX_FLASHOVERLAP_FALLBACK=0) so no shape silently takes XLA's path,
+and poisoned (JAX_FLASHOVERLAP_POISON_OUTPUTS=1, unless set otherwise: each call's outputs and
+workspace hold NaN before it runs, so an unwritten tile is a NaN, never a stale value),
 and each compiled program is checked to contain our custom call (on GPU; at world size 1
 the all-to-all and all-gather lower to XLA's composition: nothing to exchange). Prints a
 summary and writes the counts as JSON. Exit status 1 on any mismatch. `--ops` picks ops.
@@ -29,6 +31,7 @@ import sys
 import time
 
 os.environ.setdefault("JAX_FLASHOVERLAP_FALLBACK", "0")
+os.environ.setdefault("JAX_FLASHOVERLAP_POISON_OUTPUTS", "1")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 import _devices  # noqa: E402  (examples/_devices.py: simulated CPU devices without a GPU)
 

@@ -22,6 +22,9 @@ GEMM_QUEUE_ENV = "FLASHOVERLAP_GEMM_QUEUE"  # likewise
 GEMM_TAIL_ENV = "FLASHOVERLAP_GEMM_TAIL"  # likewise
 GEMM_SCHEDULE_ENV = "FLASHOVERLAP_GEMM_SCHEDULE"  # likewise (and plan.kernel_geometry)
 ALL_REDUCE_BUFFER_ENV = "JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER"  # read at lowering
+# "1" (tests): every custom call fills its outputs (and its communicator's workspace) with NaN
+# before it runs, so an element it leaves unwritten shows (read at lowering).
+POISON_OUTPUTS_ENV = "JAX_FLASHOVERLAP_POISON_OUTPUTS"
 
 
 def _load_extension():
@@ -87,6 +90,15 @@ def force_reference() -> bool:
 
 def fallback_enabled() -> bool:
   return env_switch(FALLBACK_ENV, True)
+
+
+def poison_outputs() -> bool:
+  """JAX_FLASHOVERLAP_POISON_OUTPUTS: a test switch, off by default. On, each of our custom
+  calls lowered from then on carries `poison_outputs = 1`, and its handler fills XLA's output
+  buffers and the communicator's workspace with NaN (0xFF bytes) on the compute stream before
+  the call, so a tile the kernels leave unwritten, or one the GEMM computes from rows that had
+  not arrived, comes out NaN instead of stale memory. It costs a memset per buffer per call."""
+  return env_switch(POISON_OUTPUTS_ENV, False)
 
 
 def check_gemm_epilogue() -> None:
@@ -194,6 +206,7 @@ def check_cuda_path(target: str, *, gpu_present: bool | None = None,
   """
   global _warned_missing, _warned_unsupported
   check_gemm_epilogue()
+  poison_outputs()  # a typo is an error at every lowering, whichever path the plan takes
   if force_reference():
     return False, f"{FORCE_REFERENCE_ENV} is set: using the reference path (XLA dot + collective)"
   if gpus is None and gpu_present is not False:

@@ -91,7 +91,7 @@ def _gemm_cuda_lowering(ctx, x, w, *, comm_sms, transpose_w):
     return _gemm_reference_lowering(ctx, x, w, transpose_w=transpose_w)
   return _compat.ffi_lowering(gemm_p.name)(
       ctx, x, w, comm_sms=np.int32(comm_sms), num_groups=np.int32(GEMM_SIGNAL_GROUPS),
-      transpose_w=np.int32(transpose_w))
+      transpose_w=np.int32(transpose_w), poison_outputs=np.int32(_ext.poison_outputs()))
 
 
 def _collective_cuda_lowering(prim, reference_lowering, collective):
@@ -127,10 +127,12 @@ def lowering_problem(ctx, axis_name, transpose_w):
 
 
 def emit_call(prim, ctx, x, w, comm_id, world, comm_sms, transpose_w, **attrs):
-  """The custom call of an overlapped op: the attributes every handler takes, and its own."""
+  """The custom call of an overlapped op: the attributes every handler takes (poison_outputs:
+  the JAX_FLASHOVERLAP_POISON_OUTPUTS test switch), and its own."""
   return _compat.ffi_lowering(prim.name)(
       ctx, x, w, comm_id=np.int64(comm_id), world_size=np.int32(world),
-      comm_sms=np.int32(comm_sms), transpose_w=np.int32(transpose_w), **attrs)
+      comm_sms=np.int32(comm_sms), transpose_w=np.int32(transpose_w),
+      poison_outputs=np.int32(_ext.poison_outputs()), **attrs)
 
 
 def keep_reference(plan, comm_sms, forced: bool) -> bool:

@@ -291,6 +291,7 @@ env_gemm_epilogue_typo = lowering_with_env(_ext.GEMM_EPILOGUE_ENV, "snyc")
 env_gemm_queue_typo = lowering_with_env(_ext.GEMM_QUEUE_ENV, "dynamc")
 env_gemm_tail_typo = lowering_with_env(_ext.GEMM_TAIL_ENV, "spilt")
 env_gemm_schedule_typo = lowering_with_env(_ext.GEMM_SCHEDULE_ENV, "ping-pong")
+env_poison_outputs_typo = lowering_with_env(_ext.POISON_OUTPUTS_ENV, "nan")
 
 
 # ----------------------------------------------------------------------------- the table

@@ -307,6 +307,9 @@ CASES = [
     pytest.param(env_all_reduce_buffer_typo, raises(ValueError, _ext.ALL_REDUCE_BUFFER_ENV,
                                                     "'in_place'", "must be 'workspace'"),
                  id="env-all-reduce-buffer-typo"),
+    pytest.param(env_poison_outputs_typo, raises(ValueError, _ext.POISON_OUTPUTS_ENV, "'nan'",
+                                                 "is not an on/off switch"),
+                 id="env-poison-outputs-typo"),
 ]
 
 CUSTOM_CALLS = ("flashoverlap_gemm_all_reduce", "flashoverlap_gemm_reduce_scatter")

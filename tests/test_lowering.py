@@ -121,7 +121,8 @@ def _check_cuda_lowering(text, name, per_device_out):
     lines = _custom_call_lines(text, target)
     assert lines, f"no custom_call to {target} in CUDA lowering:\n{text}"
     call = "\n".join(lines)
-    required = ["comm_sms", "transpose_w"] + (["comm_id"] if name != "matmul" else [])
+    required = (["comm_sms", "transpose_w", "poison_outputs"]
+                + (["comm_id"] if name != "matmul" else []))
     for attr in required:
         assert re.search(rf"\b{attr}\b", call), f"attribute {attr} missing from:\n{call}"
     M, N = per_device_out
@@ -219,6 +220,55 @@ def test_cuda_lowering_all_reduce_buffer_switch(fo, no_fallback, monkeypatch, bu
         else:
             assert found is not None, call
             assert found.group(1) == ("1" if buffer == "output" else "0"), call
+
+
+def _every_op_lowered_for_cuda(fo):
+    """{target: its custom-call line} for each op (the plain GEMM and the four overlapped ops),
+    cross-lowered for CUDA over 2 devices."""
+    n, R, K, N = 2, 512, 1024, 1024
+    bf16 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)  # noqa: E731
+    mesh = make_mesh_1d(n)
+    programs = {
+        "flashoverlap_gemm": (lambda x, w: fo.matmul(x, w), (P(), P()), P(), (R, K), (K, N)),
+        "flashoverlap_gemm_all_reduce": (lambda x, w: fo.matmul_all_reduce(x, w, "tp"),
+                                         (P(None, "tp"), P("tp", None)), P(), (R, n * K), (n * K, N)),
+        "flashoverlap_gemm_reduce_scatter": (lambda x, w: fo.matmul_reduce_scatter(x, w, "tp"),
+                                             (P(None, "tp"), P("tp", None)), P("tp", None),
+                                             (R, n * K), (n * K, N)),
+        "flashoverlap_gemm_all_to_all": (lambda x, w: fo.matmul_all_to_all(x, w, "tp"),
+                                         (P(), P()), P("tp", None), (n * R, K), (K, N)),
+        "flashoverlap_all_gather_gemm": (lambda x, w: fo.all_gather_matmul(x, w, "tp"),
+                                         (P("tp", None), P(None, "tp")), P(None, "tp"),
+                                         (n * R, K), (K, n * N)),
+    }
+    lines = {}
+    for target, (body, ins, out, xs, ws) in programs.items():
+        text = _cuda_text(shard_map(body, mesh, ins, out), (bf16(*xs), bf16(*ws)))
+        found = _custom_call_lines(text, target)
+        assert len(found) == 1, (target, text)
+        lines[target] = found[0]
+    return lines
+
+
+@pytest.mark.parametrize("switch", [None, "0", "1"])
+def test_cuda_lowering_poison_outputs_switch(fo, no_fallback, monkeypatch, switch):
+    """JAX_FLASHOVERLAP_POISON_OUTPUTS=1 (a test switch) gives every custom call
+    poison_outputs = 1 (its handler then fills the outputs with NaN before the call); unset
+    or 0, poison_outputs = 0."""
+    if switch is None:
+        monkeypatch.delenv("JAX_FLASHOVERLAP_POISON_OUTPUTS", raising=False)
+    else:
+        monkeypatch.setenv("JAX_FLASHOVERLAP_POISON_OUTPUTS", switch)
+    want = "1" if switch == "1" else "0"
+    for target, call in _every_op_lowered_for_cuda(fo).items():
+        found = re.findall(r"poison_outputs\s*=\s*(\d+)", call)
+        assert found == [want], (target, call)
+
+
+def test_poison_outputs_switch_typo_is_an_error(fo, no_fallback, monkeypatch):
+    monkeypatch.setenv("JAX_FLASHOVERLAP_POISON_OUTPUTS", "nan")
+    with pytest.raises(ValueError, match="JAX_FLASHOVERLAP_POISON_OUTPUTS='nan' is not an on/off"):
+        _every_op_lowered_for_cuda(fo)
 
 
 def test_in_place_plan_uses_the_plain_buffer_model():

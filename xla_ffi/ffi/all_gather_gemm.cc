@@ -60,12 +60,13 @@ ffi::Error ValidateAg(const Communicator* comm, ffi::AnyBuffer x, ffi::AnyBuffer
 ffi::Error AllGatherGemmImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                              ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out, int64_t comm_id,
                              int32_t world_size, int32_t comm_sms, int32_t transpose_w,
-                             int32_t chunks,
+                             int32_t poison_outputs, int32_t chunks,
                              std::optional<ffi::Result<ffi::AnyBuffer>> gathered) {
   Communicator* comm = FindCommunicator(comm_id, device);
   const ffi::AnyBuffer* gathered_buffer = gathered.has_value() ? &**gathered : nullptr;
   FO_RETURN_IF_ERROR(ValidateAg(comm, x, w, *out, gathered_buffer, world_size, comm_sms, chunks,
                                 comm_id, device, transpose_w));
+  FO_RETURN_IF_ERROR(PoisonCall(kOp, poison_outputs, stream, *comm, {&*out, gathered_buffer}));
   // x, m, out, layout and flags are the sequence's own (the gathered workspace).
   SignalingGemmArgs gemm = GemmArgs(nullptr, 0, w, transpose_w, nullptr, nullptr, comm_sms);
   return ToFfiError(RunAllGatherGemm(*comm, stream, x.untyped_data(), x.dimensions()[0], chunks,

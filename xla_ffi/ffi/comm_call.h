@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "xla/ffi/api/ffi.h"
@@ -14,12 +15,14 @@
 #include "xla_ffi/comm/status.h"
 #include "xla_ffi/ffi/check.h"
 #include "xla_ffi/ffi/gemm_operands.h"
+#include "xla_ffi/ffi/poison.h"
 #include "xla_ffi/kernels/signaling_gemm.h"
 
 namespace flashoverlap {
 
 // Stream, device, x, w, the result, and the attributes every overlapped op takes; each handler
 // appends its own attributes. transpose_w (0 / 1): w is [N, K] and the product x @ w^T.
+// poison_outputs (0 / 1): PoisonCall before the call (poison.h).
 inline auto BindOverlapCall() {
   return ffi::Ffi::Bind()
       .Ctx<ffi::PlatformStream<cudaStream_t>>()
@@ -30,7 +33,25 @@ inline auto BindOverlapCall() {
       .Attr<int64_t>("comm_id")
       .Attr<int32_t>("world_size")
       .Attr<int32_t>("comm_sms")
-      .Attr<int32_t>("transpose_w");
+      .Attr<int32_t>("transpose_w")
+      .Attr<int32_t>("poison_outputs");
+}
+
+// With poison_outputs, fills XLA's results (null entries skipped) and the communicator's
+// workspace with NaN on the compute stream before the call: the call orders our streams after
+// it (StartCall), so an unwritten element of a result, or a GEMM tile that read rows before
+// they arrived in the workspace, shows as NaN.
+inline ffi::Error PoisonCall(const char* op, int32_t poison_outputs, cudaStream_t stream,
+                             const Communicator& comm,
+                             std::initializer_list<const ffi::AnyBuffer*> results) {
+  FO_RETURN_IF_ERROR(CheckPoisonFlag(op, poison_outputs));
+  if (poison_outputs == 0) return ffi::Error::Success();
+  for (const ffi::AnyBuffer* result : results) {
+    if (result != nullptr) {
+      FO_RETURN_IF_ERROR(PoisonBytes(result->untyped_data(), result->size_bytes(), stream));
+    }
+  }
+  return PoisonBytes(comm.workspace, comm.workspace_bytes, stream);
 }
 
 // The communicator's workspace (sized at lowering) holds what this call needs.

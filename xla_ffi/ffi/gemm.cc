@@ -10,6 +10,7 @@
 #include "check.h"
 #include "gemm_operands.h"
 #include "handlers.h"
+#include "poison.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace flashoverlap {
@@ -33,7 +34,7 @@ int SplitRows(int64_t m, int num_groups, int row_align, GroupLayout* layout) {
 
 ffi::Error GemmImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer x,
                     ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out, int32_t comm_sms,
-                    int32_t num_groups, int32_t transpose_w) {
+                    int32_t num_groups, int32_t transpose_w, int32_t poison_outputs) {
   constexpr const char* kOp = "flashoverlap_gemm";
   FO_RETURN_IF_ERROR(CheckGemmOperands(kOp, x, w, *out, transpose_w));
   const int64_t m = x.dimensions()[0], k = x.dimensions()[1], n = GemmN(w, transpose_w);
@@ -46,6 +47,10 @@ ffi::Error GemmImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::Any
   FO_CHECK_ARG(num_groups >= 1 && num_groups <= kMaxGroups,
                kOp << ": num_groups must be in [1, " << kMaxGroups << "], got " << num_groups);
   FO_CHECK_ARG(comm_sms >= 0, kOp << ": comm_sms must be >= 0, got " << comm_sms);
+  FO_RETURN_IF_ERROR(CheckPoisonFlag(kOp, poison_outputs));
+  if (poison_outputs == 1) {
+    FO_RETURN_IF_ERROR(PoisonBytes(out->untyped_data(), out->size_bytes(), stream));
+  }
 
   SignalingGemmArgs args = GemmArgs(x.untyped_data(), m, w, transpose_w, out->untyped_data(),
                                     /*counters=*/nullptr, comm_sms);
@@ -87,4 +92,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FlashoverlapGemm, flashoverlap::GemmImpl,
                                   .Ret<xla::ffi::AnyBuffer>()  // out [M, N]
                                   .Attr<int32_t>("comm_sms")
                                   .Attr<int32_t>("num_groups")
-                                  .Attr<int32_t>("transpose_w"));
+                                  .Attr<int32_t>("transpose_w")
+                                  .Attr<int32_t>("poison_outputs"));

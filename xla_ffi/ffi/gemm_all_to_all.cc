@@ -69,12 +69,13 @@ ffi::Error ValidateA2a(const Communicator* comm, ffi::AnyBuffer x, ffi::AnyBuffe
 ffi::Error GemmAllToAllImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                             ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out, int64_t comm_id,
                             int32_t world_size, int32_t comm_sms, int32_t transpose_w,
-                            int32_t split_axis,
+                            int32_t poison_outputs, int32_t split_axis,
                             int32_t concat_axis, ffi::Span<const int32_t> band_rows) {
   Communicator* comm = FindCommunicator(comm_id, device);
   AllToAllShape s;
   FO_RETURN_IF_ERROR(ValidateA2a(comm, x, w, *out, world_size, split_axis, concat_axis,
                                  band_rows, comm_id, device, transpose_w, &s));
+  FO_RETURN_IF_ERROR(PoisonCall(kOp, poison_outputs, stream, *comm, {&*out}));
   const int groups = static_cast<int>(band_rows.size()) - 1;
   SignalingGemmArgs gemm =
       GemmArgs(x.untyped_data(), s.m, w, transpose_w, comm->workspace, comm->counters, comm_sms);

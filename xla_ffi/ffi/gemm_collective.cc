@@ -60,10 +60,12 @@ ffi::Error Validate(Collective kind, const Communicator* comm, ffi::AnyBuffer x,
 ffi::Error GemmCollective(Collective kind, cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                           ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out, int64_t comm_id,
                           int32_t world_size, int32_t comm_sms, int32_t transpose_w,
-                          ffi::Span<const int32_t> band_rows, bool in_place) {
+                          int32_t poison_outputs, ffi::Span<const int32_t> band_rows,
+                          bool in_place) {
   Communicator* comm = FindCommunicator(comm_id, device);
   FO_RETURN_IF_ERROR(Validate(kind, comm, x, w, *out, world_size, band_rows, comm_id, device,
                               in_place, transpose_w));
+  FO_RETURN_IF_ERROR(PoisonCall(OpName(kind), poison_outputs, stream, *comm, {&*out}));
   const int groups = static_cast<int>(band_rows.size()) - 1;
   SignalingGemmArgs gemm = GemmArgs(x.untyped_data(), x.dimensions()[0], w, transpose_w,
                                     in_place ? out->untyped_data() : comm->workspace,
@@ -78,19 +80,22 @@ ffi::Error GemmCollective(Collective kind, cudaStream_t stream, int32_t device, 
 ffi::Error GemmAllReduceImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                              ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out, int64_t comm_id,
                              int32_t world_size, int32_t comm_sms, int32_t transpose_w,
-                             ffi::Span<const int32_t> band_rows, int32_t in_place) {
+                             int32_t poison_outputs, ffi::Span<const int32_t> band_rows,
+                             int32_t in_place) {
   FO_CHECK_ARG(in_place == 0 || in_place == 1,
                "flashoverlap_gemm_all_reduce: in_place must be 0 or 1, got " << in_place);
   return GemmCollective(Collective::kAllReduce, stream, device, x, w, out, comm_id, world_size,
-                        comm_sms, transpose_w, band_rows, in_place == 1);
+                        comm_sms, transpose_w, poison_outputs, band_rows, in_place == 1);
 }
 
 ffi::Error GemmReduceScatterImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                                  ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out,
                                  int64_t comm_id, int32_t world_size, int32_t comm_sms,
-                                 int32_t transpose_w, ffi::Span<const int32_t> band_rows) {
+                                 int32_t transpose_w, int32_t poison_outputs,
+                                 ffi::Span<const int32_t> band_rows) {
   return GemmCollective(Collective::kReduceScatter, stream, device, x, w, out, comm_id,
-                        world_size, comm_sms, transpose_w, band_rows, /*in_place=*/false);
+                        world_size, comm_sms, transpose_w, poison_outputs, band_rows,
+                        /*in_place=*/false);
 }
 
 auto BindCollective() { return BindOverlapCall().Attr<ffi::Span<const int32_t>>("band_rows"); }
