@@ -57,9 +57,22 @@ def dot32(x, w):
     return jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32), precision=lax.Precision.HIGHEST)
 
 
+def assert_poisoned(lowered_text, target):
+    """Every call to `target` in the lowered (StableHLO) text carries poison_outputs = 1: its
+    handler fills the outputs with NaN before the call (conftest turns the switch on for GPU
+    tests), so an unwritten element cannot pass as a value."""
+    import re
+    lines = [ln for ln in lowered_text.splitlines() if re.search(rf"@{target}(?![A-Za-z0-9_])", ln)]
+    assert lines, f"no call to {target} in the lowered program"
+    for ln in lines:
+        assert re.search(r"poison_outputs\s*=\s*1\b", ln), f"{target} not poisoned: {ln}"
+
+
 def assert_custom_call(jitted, args, target):
-    text = jitted.lower(*args).compile().as_text()
+    lowered = jitted.lower(*args)
+    text = lowered.compile().as_text()
     assert target in text, f"compiled program has no custom call {target}: the CUDA path is not used"
+    assert_poisoned(lowered.as_text(), target)
 
 
 def launch_two_processes(tmp_path, script_text: str, gpus_per_process: int, *args,

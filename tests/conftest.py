@@ -43,6 +43,16 @@ def fo():
     return jax_flashoverlap
 
 
+@pytest.fixture(autouse=True)
+def _poison_outputs_on_gpu(request, monkeypatch):
+    """GPU tests run with JAX_FLASHOVERLAP_POISON_OUTPUTS=1: every custom call lowered in them
+    fills its outputs (and its communicator's workspace) with NaN before it runs, so a tile our
+    kernels leave unwritten shows as NaN (XLA's output buffers cannot be pre-filled from JAX).
+    Subprocesses they start inherit it. CPU tests keep the default (off)."""
+    if request.node.get_closest_marker("gpu") or request.node.get_closest_marker("multigpu"):
+        monkeypatch.setenv("JAX_FLASHOVERLAP_POISON_OUTPUTS", "1")
+
+
 @pytest.fixture
 def no_fallback(monkeypatch):
     """Every shape lowers to our kernels on CUDA (no cost-model fallback to XLA's ops)."""

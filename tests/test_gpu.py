@@ -6,9 +6,10 @@
             program mixing our ops with lax.psum / lax.all_gather inside lax.scan.
 
 Every test also checks that the compiled program really contains our custom call (otherwise it
-would compare the reference path with itself). Inputs are fresh random bf16 (never zeros);
-"output poisoning" (pre-filling the output buffer) is not applicable in JAX, whose outputs are
-fresh buffers. Errors are relative Frobenius errors against a float32-upcast reference (< 1e-2).
+would compare the reference path with itself) and that the call is poisoned: conftest sets
+JAX_FLASHOVERLAP_POISON_OUTPUTS=1, so each handler fills its outputs (and its workspace) with NaN
+before it runs and an unwritten tile shows. Inputs are fresh random bf16 (never zeros).
+Errors are relative Frobenius errors against a float32-upcast reference (< 1e-2).
 """
 import numpy as np
 import pytest
@@ -43,6 +44,43 @@ _normal, _rel_fro, _dot32, _assert_custom_call = U.normal, U.rel_fro, U.dot32, U
 
 
 # ------------------------------------------------------------------ single GPU
+
+def _gemm_ffi_call(poison_outputs, alias_x):
+    """The flashoverlap_gemm target called directly (jax.ffi), its output aliasing x when
+    `alias_x` (x [M, K] and out [M, N] with K == N)."""
+    import numpy as np
+    from jax_flashoverlap import _ext
+    _ext.register_targets()
+
+    def call(x, w):
+        out = jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), x.dtype)
+        f = jax.ffi.ffi_call("flashoverlap_gemm", out,
+                             input_output_aliases={0: 0} if alias_x else None)
+        return f(x, w, comm_sms=np.int32(0), num_groups=np.int32(4), transpose_w=np.int32(0),
+                 poison_outputs=np.int32(poison_outputs))
+    return jax.jit(call)
+
+
+def test_poison_fills_the_output_before_the_kernel():
+    """What makes the poisoned GPU tests meaningful: with poison_outputs = 1 the handler's NaN
+    fill reaches the output buffer before the GEMM runs. Made visible by aliasing the output
+    with x: the GEMM then reads the poisoned x, and every element of the result is NaN. (With
+    the switch off the same call computes from x: finite.)"""
+    M = K = N = 512
+    kx, kw = jax.random.split(jax.random.PRNGKey(5))
+    x, w = _normal(kx, (M, K)), _normal(kw, (K, N), K ** -0.5)
+    poisoned = _gemm_ffi_call(1, alias_x=True)(x + 0, w)  # x + 0: a buffer of its own to alias
+    assert bool(jnp.all(jnp.isnan(poisoned))), "the poison did not reach the output buffer"
+    plain = _gemm_ffi_call(0, alias_x=False)(x, w)
+    assert bool(jnp.all(jnp.isfinite(plain))) and _rel_fro(plain, _dot32(x, w)) < TOL
+
+
+def test_poison_attribute_must_be_0_or_1():
+    kx, kw = jax.random.split(jax.random.PRNGKey(6))
+    x, w = _normal(kx, (256, 256)), _normal(kw, (256, 256))
+    with pytest.raises(Exception, match="poison_outputs must be 0 or 1, got 2"):
+        jax.block_until_ready(_gemm_ffi_call(2, alias_x=False)(x, w))
+
 
 @pytest.mark.parametrize("M,N,K", [(4096, 8192, 4096), (1, 8, 8), (127, 7168, 512), (5000, 1024, 256)])
 def test_matmul_vs_xla(M, N, K):

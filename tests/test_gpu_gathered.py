@@ -4,14 +4,11 @@ overlapped backward built on it (the device machine, never CI).
 Over every local GPU; on one GPU the all-gather is forced through a 1-rank communicator (the
 default plan keeps XLA's composition there: nothing to gather), which runs the same handler,
 copies, flags and GEMM, though no NCCL transfer. The compiled program is checked to hold our
-custom call with its second result. Inputs are fresh random bf16. Outputs are poisoned where
-XLA lets us: NaN buffers of the outputs' shapes are donated, so XLA may place our results in
-them (whether it did is checked through the buffer pointers and printed; in the #9 tests on 2
-GPUs it never did). What catches an unwritten tile here is the 200-call test: XLA's allocator
-typically reuses freed output memory for the next call, so a tile left unwritten holds stale values,
-which fresh inputs make wrong. The JAX-free harness (overlap_harness ag_g / ag_ce_g) poisons
-both outputs with NaN before every call. The gathered rows must equal XLA's all_gather(x) bit
-for bit; the product is compared with float32 and XLA.
+custom call with its second result. Inputs are fresh random bf16. Outputs are poisoned:
+conftest sets JAX_FLASHOVERLAP_POISON_OUTPUTS=1, so the handler fills both results and the
+workspace with NaN before every call (checked on the lowered call), and an unwritten element
+or a GEMM tile computed from rows that had not arrived shows as NaN. The gathered rows must
+equal XLA's all_gather(x) bit for bit; the product is compared with float32 and XLA.
 """
 import re
 
@@ -21,7 +18,7 @@ import pytest
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, PartitionSpec as P
 
 from _util import shard_map
 import _gpu_util as U
@@ -53,8 +50,7 @@ def _forced(**kw):
 
 
 def _programs(transpose_w):
-    """(ours, XLA's bf16, float32) per-device programs returning (out, gathered), and the
-    poisoned version of ours (two NaN buffers donated), and the out shardings."""
+    """(ours, XLA's bf16, float32) per-device programs returning (out, gathered)."""
     import jax_flashoverlap as fo
     mesh = _mesh()
     w_spec = P("tp", None) if transpose_w else P(None, "tp")
@@ -69,11 +65,7 @@ def _programs(transpose_w):
             return dot(g, w.T if transpose_w else w), g
         return body
 
-    progs = [jax.jit(shard_map(b, mesh, ins, outs))
-             for b in (ours, ref(jnp.matmul), ref(U.dot32))]
-    poisoned = jax.jit(shard_map(lambda x, w, p, q: ours(x, w), mesh, ins + outs, outs),
-                       donate_argnums=(2, 3))
-    return progs, poisoned, tuple(NamedSharding(mesh, s) for s in outs)
+    return [jax.jit(shard_map(b, mesh, ins, outs)) for b in (ours, ref(jnp.matmul), ref(U.dot32))]
 
 
 def _inputs(M, N, K, transpose_w, seed):
@@ -89,18 +81,14 @@ def test_values_and_gathered_rows(gather, chunks, transpose_w, M, N, K):
     M = M // (n * chunks) * n * chunks
     x, w = _inputs(M, N, K, transpose_w, M + N + K + chunks)
     with _forced(gather=gather, chunks=chunks, comm_sms=8):
-        (ours, ref, ref32), poisoned, out_shardings = _programs(transpose_w)
-        text = ours.lower(x, w).compile().as_text()
+        ours, ref, ref32 = _programs(transpose_w)
+        lowered = ours.lower(x, w)
+        text = lowered.compile().as_text()
         assert TARGET in text, "the CUDA path is not used"
         assert _returns_gathered(text, M, K), text  # the second result: the gathered rows
+        U.assert_poisoned(lowered.as_text(), TARGET)  # both results NaN before the call
         want, want_g = ref(x, w)
-        poison = [jax.device_put(jnp.full(a.shape, jnp.nan, U.BF16), s)
-                  for a, s in zip((want, want_g), out_shardings)]
-        ptrs = [[s.data.unsafe_buffer_pointer() for s in p.addressable_shards] for p in poison]
-        y, g = poisoned(x, w, *poison)
-        aliased = [ptrs[i] == [s.data.unsafe_buffer_pointer() for s in r.addressable_shards]
-                   for i, r in enumerate((y, g))]
-        print(f"outputs in the poisoned buffers (out, gathered): {aliased}")
+        y, g = ours(x, w)
     assert y.shape == want.shape and g.shape == (n * M, K)
     np.testing.assert_array_equal(np.asarray(g.astype(jnp.float32)),
                                   np.asarray(want_g.astype(jnp.float32)))
@@ -138,7 +126,7 @@ def test_200_calls_fresh_inputs_both_results_checked():
             err = jnp.linalg.norm(y.astype(jnp.float32) - r) / jnp.linalg.norm(r)
             return err, gathered_ok, jnp.sum(x.astype(jnp.float32))
 
-        assert TARGET in step.lower(jax.random.PRNGKey(0)).compile().as_text()
+        U.assert_custom_call(step, (jax.random.PRNGKey(0),), TARGET)
         results = [step(k) for k in jax.random.split(jax.random.PRNGKey(23), 200)]
     errs = np.asarray(jax.device_get(jnp.stack([r[0] for r in results])))
     gathered_ok = np.asarray(jax.device_get(jnp.stack([r[1] for r in results])))
@@ -239,24 +227,3 @@ def test_sequence_parallel_mlp_in_scan_both_directions_overlapped():
             assert U.rel_fro(got, want) < 3 * U.TOL
     np.testing.assert_array_equal(np.asarray(results[0][1][0], np.float32),
                                   np.asarray(results[2][1][0], np.float32))
-
-
-@pytest.mark.parametrize("transpose_w", [False, True], ids=["kn", "nk"])
-def test_global_view_column_parallel_matmul(transpose_w):
-    """column_parallel_matmul under plain jit (no shard_map): its custom partitioner lowers
-    each device's share to all_gather_matmul; values vs float32 and XLA's x @ w, output N
-    sharded over tp."""
-    import jax_flashoverlap as fo
-    mesh, n = _mesh(), len(jax.devices())
-    M, N, K = 1024 * n, 2048 * n, 1024
-    x, w = _inputs(M, N, K, transpose_w, 41 + transpose_w)
-    x = jax.device_put(x, NamedSharding(mesh, P("tp", None)))
-    w = jax.device_put(w, NamedSharding(mesh, P("tp", None) if transpose_w else P(None, "tp")))
-    f = jax.jit(lambda a, b: fo.column_parallel_matmul(a, b, transpose_w=transpose_w))
-    with _forced(comm_sms=8):  # compiled (and partitioned) inside the context
-        assert TARGET in f.lower(x, w).compile().as_text(), "the CUDA path is not used"
-        y = f(x, w)
-    ref = jax.jit(lambda a, b: (U.dot32(a, b.T) if transpose_w else U.dot32(a, b)))(x, w)
-    assert y.sharding.spec == P(None, "tp"), y.sharding.spec
-    assert bool(jnp.all(jnp.isfinite(y)))
-    assert U.rel_fro(y, ref) < U.TOL
