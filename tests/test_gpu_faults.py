@@ -78,3 +78,23 @@ def test_injected_error_raises_naming_op_then_next_call_is_right(op, kind):
     got = f(x2, w2)
     assert not np.isnan(np.asarray(got, np.float32)).any()
     assert U.rel_fro(got, g(x2, w2)) < U.TOL
+
+
+def test_handler_refusals_raise_and_leave_the_process_usable():
+    """Every way a handler refuses a call (an attribute out of range, comm_sms < 0, an unknown
+    communicator, communicators destroyed under a compiled program, the kernel launcher
+    refusing its arguments after work was queued, an injected NCCL failure) comes back as a
+    JaxRuntimeError, and the same process then runs the GEMM and the all-reduce right. In child
+    processes (scripts/diagnose_ffi_error.py): before the handlers returned every error as
+    INTERNAL, each INVALID_ARGUMENT among them crashed the process (SIGSEGV) on the H200."""
+    import os
+    import subprocess
+    import sys
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false",
+               PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, os.path.join(repo, "scripts", "diagnose_ffi_error.py")],
+                       capture_output=True, text=True, timeout=600, env=env)
+    print(r.stdout)
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
+    assert "8 of 8 cases as expected" in r.stdout, r.stdout

@@ -1,5 +1,6 @@
 // CHECK macros that turn failures into xla::ffi::Error instead of throwing.
-// Every CUDA and NCCL return code in the FFI layer goes through one of these.
+// Every CUDA and NCCL return code in the FFI layer goes through one of these. Every error they
+// return has code INTERNAL (see FO_CHECK_ARG: other codes crashed the process).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,13 +23,17 @@ inline std::string FormatError(const char* file, int line, const std::string& wh
 
 }  // namespace flashoverlap
 
-// Returns ffi::Error::InvalidArgument when `cond` is false.
+// A bad argument reaching a handler (shape, attribute, plan, no communicator): the message
+// names the op and what was expected. Returned with code INTERNAL, not INVALID_ARGUMENT: on
+// the H200 machine (jaxlib 0.10.2, CUDA 13) every INVALID_ARGUMENT returned by one of our
+// handlers at execution crashed the process (SIGSEGV) where INTERNAL came back as a Python
+// JaxRuntimeError (scripts/diagnose_ffi_error.py; benchmarks/results/logs/ffi_error_h200x1/).
 #define FO_CHECK_ARG(cond, msg)                                                   \
   do {                                                                            \
     if (!(cond)) {                                                                \
       std::ostringstream fo_msg_;                                                 \
       fo_msg_ << msg;                                                             \
-      return ::xla::ffi::Error::InvalidArgument(                                  \
+      return ::xla::ffi::Error::Internal(                                         \
           ::flashoverlap::FormatError(__FILE__, __LINE__, fo_msg_.str()));        \
     }                                                                             \
   } while (0)

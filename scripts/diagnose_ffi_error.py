@@ -1,0 +1,135 @@
+"""Does an error returned by one of our FFI handlers come back as a Python exception, leaving
+the process usable, or does it crash the process? Each case runs in its own child process (a
+crash kills only the child); every case ends with a good call that must still work. Prints
+one line per call and exits 1 when any case did not go as expected. For the GPU machine (#8;
+tests/test_gpu_faults.py runs it).
+
+  python scripts/diagnose_ffi_error.py [CASE ...]     (default: every case)
+
+Cases (flashoverlap_gemm called through jax.ffi unless said otherwise):
+  bad_attr_first       poison_outputs = 2 in the process's first execution
+  bad_attr_after_good  the same after a good call of another program
+  bad_sms_first        comm_sms = -1, first execution
+  alias_then_bad       a poisoned call whose output aliases x (all NaN), then poison_outputs = 2
+  ar_fault_first       matmul_all_reduce with an injected NCCL failure in its first execution
+  ar_no_comm_ffi       flashoverlap_gemm_all_reduce through jax.ffi with an unknown comm_id
+  ar_no_comm_prim      matmul_all_reduce (our lowering): a good call, destroy_communicators(),
+                       call again (the handler finds no communicator)
+  gemm_launch_error    fo.matmul (our lowering), FLASHOVERLAP_GEMM_EPILOGUE=snyc set after
+                       compiling: the launcher refuses it after work was queued on the stream
+"""
+import subprocess
+import sys
+
+CHILD = r'''
+import faulthandler, os, sys
+faulthandler.enable()
+import numpy as np, jax, jax.numpy as jnp
+from jax.sharding import Mesh, PartitionSpec as P
+import jax_flashoverlap as fo
+from jax_flashoverlap import _ext
+_ext.register_targets()
+os.environ["JAX_FLASHOVERLAP_FALLBACK"] = "0"
+case = sys.argv[1]
+x = jax.random.normal(jax.random.key(0), (512, 512), jnp.bfloat16)
+w = jax.random.normal(jax.random.key(1), (512, 512), jnp.bfloat16)
+
+def gemm(poison=0, comm_sms=0, alias=False):
+    out = jax.ShapeDtypeStruct((512, 512), jnp.bfloat16)
+    f = jax.ffi.ffi_call("flashoverlap_gemm", out, input_output_aliases={0: 0} if alias else None)
+    return jax.jit(lambda a, b: f(a, b, comm_sms=np.int32(comm_sms), num_groups=np.int32(4),
+                                  transpose_w=np.int32(0), poison_outputs=np.int32(poison)))
+
+def all_reduce():
+    mesh = Mesh(np.array(jax.devices()[:1]), ("tp",))
+    return jax.jit(jax.shard_map(lambda a, b: fo.matmul_all_reduce(a, b, "tp"), mesh=mesh,
+                                 in_specs=(P(None, "tp"), P("tp", None)), out_specs=P()))
+
+def attempt(fn, *args):
+    try:
+        y = jax.block_until_ready(fn(*args))
+        print("finite" if bool(jnp.all(jnp.isfinite(y))) else "nan", flush=True)
+    except Exception as e:  # noqa: BLE001
+        print("raised", type(e).__name__, str(e)[:300].replace("\n", " "), flush=True)
+
+if case == "bad_attr_first":
+    attempt(gemm(poison=2), x, w)
+elif case == "bad_attr_after_good":
+    attempt(gemm(), x, w)
+    attempt(gemm(poison=2), x, w)
+elif case == "bad_sms_first":
+    attempt(gemm(comm_sms=-1), x, w)
+elif case == "alias_then_bad":
+    attempt(gemm(poison=1, alias=True), x + 0, w)
+    attempt(gemm(poison=2), x, w)
+elif case == "ar_fault_first":
+    f = all_reduce()
+    f.lower(x, w).compile()
+    fo.comm.inject_faults("nccl", 1)
+    attempt(f, x, w)
+elif case == "ar_no_comm_ffi":
+    out = jax.ShapeDtypeStruct((512, 512), jnp.bfloat16)
+    f = jax.ffi.ffi_call("flashoverlap_gemm_all_reduce", out)
+    attempt(jax.jit(lambda a, b: f(a, b, comm_id=np.int64(987654321), world_size=np.int32(1),
+                                   comm_sms=np.int32(8), transpose_w=np.int32(0),
+                                   poison_outputs=np.int32(0),
+                                   band_rows=np.asarray([0, 512], np.int32),
+                                   in_place=np.int32(0))), x, w)
+elif case == "ar_no_comm_prim":
+    f = all_reduce()
+    attempt(f, x, w)
+    fo.comm.destroy_communicators()
+    attempt(f, x, w)
+elif case == "gemm_launch_error":
+    f = jax.jit(fo.matmul)
+    f.lower(x, w).compile()
+    os.environ["FLASHOVERLAP_GEMM_EPILOGUE"] = "snyc"
+    attempt(f, x, w)
+    del os.environ["FLASHOVERLAP_GEMM_EPILOGUE"]
+attempt(gemm(), x, w)  # the process is still usable
+attempt(all_reduce(), x, w)
+print("child done", flush=True)
+'''
+
+# What each case must print, in order: its calls, then the two good calls at the end.
+EXPECTED = {
+    "bad_attr_first": ["raised"],
+    "bad_attr_after_good": ["finite", "raised"],
+    "bad_sms_first": ["raised"],
+    "alias_then_bad": ["nan", "raised"],
+    "ar_fault_first": ["raised"],
+    "ar_no_comm_ffi": ["raised"],
+    "ar_no_comm_prim": ["finite", "raised"],
+    "gemm_launch_error": ["raised"],
+}
+
+
+def run_case(case):
+    """(ok, report lines) of one case in a child process."""
+    r = subprocess.run([sys.executable, "-c", CHILD, case], capture_output=True, text=True,
+                       timeout=240)
+    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
+    results = [ln for ln in r.stdout.splitlines() if ln.split(" ")[0] in ("finite", "nan",
+                                                                          "raised")]
+    want = EXPECTED[case] + ["finite", "finite"]
+    ok = (r.returncode == 0 and [ln.split(" ")[0] for ln in results] == want
+          and "child done" in r.stdout)
+    report = [f"== {case}: exit {r.returncode}, {'as expected' if ok else 'NOT as expected'}"
+              f" (want {want})"]
+    shown = results + [ln for ln in lines if ln.startswith("Fatal")] or lines[-8:]
+    return ok, report + ["    " + ln[:400] for ln in shown]
+
+
+def main():
+    cases = sys.argv[1:] or list(EXPECTED)
+    bad = 0
+    for case in cases:
+        ok, report = run_case(case)
+        bad += not ok
+        print("\n".join(report), flush=True)
+    print(f"{len(cases) - bad} of {len(cases)} cases as expected")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
