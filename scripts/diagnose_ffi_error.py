@@ -17,6 +17,8 @@ Cases (flashoverlap_gemm called through jax.ffi unless said otherwise):
                        call again (the handler finds no communicator)
   gemm_launch_error    fo.matmul (our lowering), FLASHOVERLAP_GEMM_EPILOGUE=snyc set after
                        compiling: the launcher refuses it after work was queued on the stream
+With LD_PRELOAD=segv_backtrace.so (tests/cuda/segv_backtrace.c) a crashing child's native
+stack is shown too.
 """
 import subprocess
 import sys
@@ -116,7 +118,8 @@ def run_case(case):
           and "child done" in r.stdout)
     report = [f"== {case}: exit {r.returncode}, {'as expected' if ok else 'NOT as expected'}"
               f" (want {want})"]
-    shown = results + [ln for ln in lines if ln.startswith("Fatal")] or lines[-8:]
+    native = [ln for ln in lines if ln.startswith(("native SIGSEGV", "  #"))][:40]
+    shown = results + [ln for ln in lines if ln.startswith("Fatal")] + native or lines[-8:]
     return ok, report + ["    " + ln[:400] for ln in shown]
 
 

@@ -85,8 +85,9 @@ def test_handler_refusals_raise_and_leave_the_process_usable():
     communicator, communicators destroyed under a compiled program, the kernel launcher
     refusing its arguments after work was queued, an injected NCCL failure) comes back as a
     JaxRuntimeError, and the same process then runs the GEMM and the all-reduce right. In child
-    processes (scripts/diagnose_ffi_error.py): before the handlers returned every error as
-    INTERNAL, each INVALID_ARGUMENT among them crashed the process (SIGSEGV) on the H200."""
+    processes (scripts/diagnose_ffi_error.py): while the handlers built their messages with
+    std::ostringstream, every one of these but the NCCL failure crashed the process (SIGSEGV
+    formatting a number: xla_ffi/ffi/check.h says why)."""
     import os
     import subprocess
     import sys

@@ -1,12 +1,19 @@
 // CHECK macros that turn failures into xla::ffi::Error instead of throwing.
-// Every CUDA and NCCL return code in the FFI layer goes through one of these. Every error they
-// return has code INTERNAL (see FO_CHECK_ARG: other codes crashed the process).
+// Every CUDA and NCCL return code in the FFI layer goes through one of these.
+//
+// Messages are built by ErrorMessage, not by std::ostringstream: on the H200 machine every
+// handler error whose message streamed a number crashed the process (SIGSEGV inside
+// std::ostream::_M_insert<long>, a copy of libstdc++'s number formatting compiled into this
+// extension by one g++ and run against another libstdc++, whose locale facets it did not
+// find; scripts/diagnose_ffi_error.py, benchmarks/results/logs/ffi_error_h200x1/). An error
+// path must not depend on which toolchain built the extension.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <sstream>
 #include <string>
+#include <string_view>
+#include <type_traits>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -14,26 +21,50 @@ namespace flashoverlap {
 
 namespace ffi = xla::ffi;
 
-// Builds "<op>: <what> (<file>:<line>)" so the Python exception names the op.
+// `ErrorMessage() << "op: M=" << m << ...`: strings, characters, booleans, integers, enums
+// (as their number) and floating point, appended to a std::string without iostreams.
+class ErrorMessage {
+ public:
+  ErrorMessage& operator<<(std::string_view text) {
+    text_.append(text.data(), text.size());
+    return *this;
+  }
+  ErrorMessage& operator<<(const char* text) { return *this << std::string_view(text ? text : "(null)"); }
+  ErrorMessage& operator<<(const std::string& text) { return *this << std::string_view(text); }
+  ErrorMessage& operator<<(char c) {
+    text_.push_back(c);
+    return *this;
+  }
+  ErrorMessage& operator<<(bool value) { return *this << (value ? "true" : "false"); }
+  template <typename T, std::enable_if_t<std::is_arithmetic_v<T>, int> = 0>
+  ErrorMessage& operator<<(T value) {
+    text_ += std::to_string(value);
+    return *this;
+  }
+  template <typename T, std::enable_if_t<std::is_enum_v<T>, int> = 0>
+  ErrorMessage& operator<<(T value) {
+    return *this << static_cast<std::underlying_type_t<T>>(value);
+  }
+  const std::string& str() const { return text_; }
+
+ private:
+  std::string text_;
+};
+
+// Builds "<op>: <what> [<file>:<line>]" so the Python exception names the op.
 inline std::string FormatError(const char* file, int line, const std::string& what) {
-  std::ostringstream out;
-  out << what << " [" << file << ":" << line << "]";
-  return out.str();
+  return (ErrorMessage() << what << " [" << file << ":" << line << "]").str();
 }
 
 }  // namespace flashoverlap
 
-// A bad argument reaching a handler (shape, attribute, plan, no communicator): the message
-// names the op and what was expected. Returned with code INTERNAL, not INVALID_ARGUMENT: on
-// the H200 machine (jaxlib 0.10.2, CUDA 13) every INVALID_ARGUMENT returned by one of our
-// handlers at execution crashed the process (SIGSEGV) where INTERNAL came back as a Python
-// JaxRuntimeError (scripts/diagnose_ffi_error.py; benchmarks/results/logs/ffi_error_h200x1/).
+// Returns ffi::Error::InvalidArgument when `cond` is false.
 #define FO_CHECK_ARG(cond, msg)                                                   \
   do {                                                                            \
     if (!(cond)) {                                                                \
-      std::ostringstream fo_msg_;                                                 \
+      ::flashoverlap::ErrorMessage fo_msg_;                                       \
       fo_msg_ << msg;                                                             \
-      return ::xla::ffi::Error::Internal(                                         \
+      return ::xla::ffi::Error::InvalidArgument(                                  \
           ::flashoverlap::FormatError(__FILE__, __LINE__, fo_msg_.str()));        \
     }                                                                             \
   } while (0)
@@ -42,7 +73,7 @@ inline std::string FormatError(const char* file, int line, const std::string& wh
 #define FO_CHECK(cond, msg)                                                       \
   do {                                                                            \
     if (!(cond)) {                                                                \
-      std::ostringstream fo_msg_;                                                 \
+      ::flashoverlap::ErrorMessage fo_msg_;                                       \
       fo_msg_ << msg;                                                             \
       return ::xla::ffi::Error::Internal(                                         \
           ::flashoverlap::FormatError(__FILE__, __LINE__, fo_msg_.str()));        \

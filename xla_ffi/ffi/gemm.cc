@@ -71,10 +71,12 @@ ffi::Error GemmImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::Any
   FO_CHECK_CUDA(cudaMemsetAsync(args.counters, 0, sizeof(int32_t) * groups, stream));
 
   const cudaError_t e = LaunchSignalingGemm(args, stream);
-  // Refused arguments (cudaErrorInvalidValue), an unsupported GPU (cudaErrorNotSupported:
-  // not sm_90) or a failed launch: the launcher's reason, as INTERNAL (check.h says why).
-  FO_CHECK(e == cudaSuccess, "flashoverlap_gemm: " << LastSignalingGemmError() << " ("
-                                                   << cudaGetErrorName(e) << ")");
+  FO_CHECK_ARG(e != cudaErrorInvalidValue, "flashoverlap_gemm: " << LastSignalingGemmError());
+  if (e == cudaErrorNotSupported) {
+    return ffi::Error(ffi::ErrorCode::kUnimplemented,
+                      FormatError(__FILE__, __LINE__, std::string("flashoverlap_gemm: ") + LastSignalingGemmError()));
+  }
+  FO_CHECK(e == cudaSuccess, "flashoverlap_gemm: " << LastSignalingGemmError() << " (" << cudaGetErrorName(e) << ")");
   return ffi::Error::Success();
 }
 
