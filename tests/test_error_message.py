@@ -1,0 +1,42 @@
+"""The FFI handlers' error macros (xla_ffi/ffi/check.h) on the CPU: tests/cuda/error_message_test.cc
+checks the code each macro returns and the message it builds (built with g++ against the CUDA
+and XLA FFI headers; skipped, saying why, where g++ or the CUDA headers are missing). And no
+handler source formats with iostreams: on the H200 machine a number formatted by
+std::ostringstream in a handler's error message crashed the process
+(benchmarks/results/logs/ffi_error_h200x1/)."""
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from test_tile_schedule import REPO, _cuda_include
+
+
+def test_error_macros_codes_and_messages(tmp_path):
+    import jax
+    gxx, inc = shutil.which("g++"), _cuda_include()
+    if gxx is None or inc is None:
+        pytest.skip(f"needs g++ ({gxx}) and the CUDA headers ({inc})")
+    exe = tmp_path / "error_message_test"
+    build = subprocess.run([gxx, "-std=c++17", "-O1", f"-I{inc}", f"-I{jax.ffi.include_dir()}",
+                            f"-I{REPO}", os.path.join(REPO, "tests", "cuda", "error_message_test.cc"),
+                            "-o", str(exe)], capture_output=True, text=True, timeout=240)
+    assert build.returncode == 0, build.stderr[-4000:]
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and run.stdout.strip().endswith("OK (0 failures)"), run.stdout
+
+
+def test_no_iostreams_in_the_extension_sources():
+    pattern = re.compile(r"#include\s*<(sstream|iostream|ostream)>|std::(o|i)?stringstream|std::ostream\b")
+    found = []
+    for folder, _, files in os.walk(os.path.join(REPO, "xla_ffi")):
+        for name in files:
+            if name.endswith((".cc", ".h", ".cu", ".cuh")):
+                path = os.path.join(folder, name)
+                with open(path) as f:
+                    for i, line in enumerate(f, 1):
+                        if pattern.search(line) and not line.lstrip().startswith("//"):
+                            found.append(f"{os.path.relpath(path, REPO)}:{i}: {line.strip()}")
+    assert not found, "iostreams in the extension (error paths must not use them):\n" + "\n".join(found)
