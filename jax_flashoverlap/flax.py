@@ -21,7 +21,9 @@ Sizes are always GLOBAL (the unsharded layer's `in_features` / `out_features`, l
 * Anywhere else, e.g. plain `jax.jit` with NamedSharding inputs (global view): arrays are
   global. The row layer calls `row_parallel_matmul`; the column layer is a plain `x @ kernel`
   that XLA partitions with no communication (the signaling GEMM only pays off next to a
-  collective, and an FFI call cannot be partitioned by XLA).
+  collective, and an FFI call cannot be partitioned by XLA), or, with sequence_parallel=True,
+  `column_parallel_matmul`: x's first dim sharded over the axis (what a row layer with
+  reduce="reduce_scatter" returns) is gathered inside the op, overlapped with the GEMM.
 
 Sharding annotations: NNX params are `nnx.Param(..., out_sharding=spec)` (what
 `nnx.with_partitioning` makes): kernel (axis_name, None) for row, (None, axis_name) for
@@ -53,7 +55,7 @@ import flax.linen as nn
 from flax import nnx
 from flax.core import spmd as _flax_spmd
 
-from jax_flashoverlap import _compat, ops, sharding
+from jax_flashoverlap import _compat, ops, sharding, sharding_column
 
 __all__ = ["RowParallelLinear", "ColumnParallelLinear", "RowParallelDense",
            "ColumnParallelDense", "REDUCTIONS"]
@@ -233,12 +235,18 @@ def _column(cfg: _Config, x, w):
   place), so it overlaps too. Off by default: when several column layers read the same x
   (separate q/k/v), XLA adds their dx before one all-reduce, fewer bytes than one overlapped
   all-reduce per layer; fuse such layers (one q|k|v layer) first. Elsewhere (global view,
-  check_vma=False, x varying) the backward is XLA's, exactly what nnx.Linear would do there."""
+  check_vma=False, x varying) the backward is XLA's, exactly what nnx.Linear would do there;
+  with sequence_parallel=True the global view is `column_parallel_matmul` (x's first dim
+  sharded over the axis is gathered inside the op, overlapped with the GEMM)."""
   axis = cfg.axis_name
   if cfg.sequence_parallel and cfg.local_view():  # x: this device's rows of the sequence
     if cfg.overlap_backward:
       return _sequence_parallel_matmul(x, w, axis)
     return ops.all_gather_matmul(x, w, axis)
+  if cfg.sequence_parallel:  # global view: x's first dim sharded over the axis, or not
+    lead, k = x.shape[:-1], x.shape[-1]
+    y = sharding_column.column_parallel_matmul(x.reshape(-1, k), w, _jit_axis(cfg))
+    return y.reshape(*lead, w.shape[1])
   if cfg.overlap_backward and axis in _compat.varying_axes(w) and \
       axis not in _compat.varying_axes(x):
     return _column_matmul(x, w, axis)
@@ -358,12 +366,15 @@ class ColumnParallelLinear(_NNXParallel):
   (XLA's dot), no communication in the forward. overlap_backward=True: inside a check_vma
   shard_map with x replicated, the backward's all-reduce of dx is `matmul_all_reduce`
   (overlapped); worth it when this layer is x's only reader (fused q|k|v).
-  sequence_parallel=True (inside shard_map): x is this device's share of the first dim (the
+  sequence_parallel=True: inside shard_map, x is this device's share of the first dim (the
   sequence-parallel layout a row layer with reduce="reduce_scatter" returns), and the layer is
   `all_gather_matmul`: y_local [B, ..., out/n] = all_gather(x) @ kernel_local (overlapped on
   GPUs where the cost model predicts a gain, else XLA's all_gather + dot); with
   overlap_backward=True its backward's dx (a reduce-scatter of dy @ kernel.T) is
-  `matmul_reduce_scatter(..., transpose_w=True)`, overlapped too. `reduce` is not used."""
+  `matmul_reduce_scatter(..., transpose_w=True)`, overlapped too. Under plain jit (global
+  view) it is `column_parallel_matmul` on x [..., in] whose first dim is sharded over the axis
+  (the output's first dim is whole, its last sharded); the backward is XLA's. `reduce` is not
+  used."""
   _row = False
 
 

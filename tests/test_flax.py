@@ -189,6 +189,47 @@ def test_nnx_jit_global_view_2d_mesh_mlp(rng):
   assert_close(y, h @ sr["kernel"][...].astype(BF16) + sr["bias"][...].astype(BF16))
 
 
+@pytest.mark.parametrize("linen", [False, True], ids=["nnx", "linen"])
+def test_sequence_parallel_column_global_view(linen, rng):
+  """sequence_parallel=True under plain jit: x [S, B, in] with S sharded over tp is the
+  column_parallel_matmul global view (one all-gather of x in the compiled program, inside the
+  op); values and grads equal x @ kernel's, output S whole and out sharded over tp."""
+  mesh = make_mesh_1d(4)
+  S, B, din, dout = 16, 3, 32, 64
+  x = jax.device_put(rand(rng, (S, B, din), BF16), NamedSharding(mesh, P("tp", None, None)))
+  with jax.set_mesh(mesh):
+    if linen:
+      layer = ColumnParallelDense(dout, sequence_parallel=True)
+      variables = layer.init(jax.random.key(0), x)
+      apply = lambda v, x: layer.apply(v, x)  # noqa: E731
+      params = variables
+      kernel = lambda v: nn.unbox(v)["params"]["kernel"]  # noqa: E731
+      bias = lambda v: nn.unbox(v)["params"]["bias"]  # noqa: E731
+    else:
+      model = ColumnParallelLinear(din, dout, sequence_parallel=True, rngs=nnx.Rngs(0))
+      _nonzero_bias(model)
+      gdef, params = nnx.split(model)
+      apply = lambda st, x: nnx.merge(gdef, st)(x)  # noqa: E731
+      kernel = lambda st: st["kernel"][...]  # noqa: E731
+      bias = lambda st: st["bias"][...]  # noqa: E731
+
+    def ref(st, x):
+      return x @ kernel(st).astype(BF16) + bias(st).astype(BF16)
+
+    f = jax.jit(apply)
+    y = f(params, x)
+    hlo = f.lower(params, x).compile().as_text()
+    g = jax.jit(jax.grad(lambda st, x: _loss(apply(st, x)), argnums=(0, 1)))(params, x)
+    g_ref = jax.jit(jax.grad(lambda st, x: _loss(ref(st, x)), argnums=(0, 1)))(params, x)
+  jaxpr = str(jax.make_jaxpr(apply)(params, x))
+  assert "custom_partitioning" in jaxpr, "not the global-view op"
+  assert len(re.findall(r"= \S+ all-gather\(", hlo)) + len(re.findall(r"all-gather-start\(", hlo)) == 1, hlo
+  assert y.shape == (S, B, dout) and y.sharding.spec[0] is None and y.sharding.spec[-1] == "tp"
+  assert_close(y, ref(params, x))
+  for got, want in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)):
+    np.testing.assert_allclose(f32(got), f32(want), rtol=2e-2, atol=2e-2)
+
+
 # ----------------------------------------------------------------------------- linen
 
 @pytest.mark.parametrize("kind,reduce,n", [("row", "all_reduce", 2), ("row", "reduce_scatter", 4),
