@@ -105,11 +105,14 @@ def test_stress_check_fails_on_a_wrong_result(tmp_path):
       "print('same', stress._check((a, a), (a, a)))\n"
       "print('gathered', stress._check((a, b), (a, a)))\n"
       "err, same, extra = stress._check(a * 2, a)\n"
-      "print('product', err > stress.TOL, same, extra)\n")
+      "print('product', err > stress.TOL, same, extra)\n"
+      "nan = float('nan')\n"
+      "print('worst', stress.worst(nan, 0.1), stress.worst(0.1, nan), stress.worst(0.1, 0.2))\n")
   out = run_example(str(script), folder=".")
   assert "same (0.0, True, True)" in out, out
   assert "gathered (0.0, False, False)" in out, out
   assert "product True False True" in out, out
+  assert "worst nan nan 0.2" in out, out  # a NaN error is kept in the maximum
 
 
 @pytest.mark.parametrize("reduce,spec", [("all_reduce", "P('dp', None)"),
