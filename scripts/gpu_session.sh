@@ -33,7 +33,8 @@ for step in "${steps[@]}"; do
     build) run_step build env JAX_FLASHOVERLAP_BUILD_CUDA=1 python3 setup.py build_ext --inplace || { cat "$OUT/build.log" | tail -40; break; } ;;
     info) run_step info python3 -m jax_flashoverlap.info ;;
     tests) run_step tests python3 -m pytest -q -x -ra tests ;;
-    gpu_tests) run_step gpu_tests env JAX_FLASHOVERLAP_FALLBACK=0 python3 -m pytest -q -ra -m "gpu or multigpu" tests ;;
+    gpu_tests)  # ~6.5 min on one H200: a longer default limit than the other steps
+      STEP_TIMEOUT="${STEP_TIMEOUT:-560}" run_step gpu_tests env JAX_FLASHOVERLAP_FALLBACK=0 python3 -m pytest -q -ra -m "gpu or multigpu" tests ;;
     gpu_k) run_step gpu_k env JAX_FLASHOVERLAP_FALLBACK=0 python3 -m pytest -q -ra -m "gpu or multigpu" -k "${PYTEST_K:?set PYTEST_K}" tests ;;
     mesh_tests) run_step mesh_tests env JAX_FLASHOVERLAP_FALLBACK=0 python3 -m pytest -q -ra -s tests/test_gpu_mesh.py ;;
     gemm_bench) run_step gemm_bench python3 -m jax_flashoverlap.bench gemm --out "$OUT/gemm_h200.json" ;;
