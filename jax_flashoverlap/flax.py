@@ -206,14 +206,20 @@ def _forward(cfg: _Config, x, kernel, bias, in_features: int):
   return y[0] if squeeze else y
 
 
+def _on_rows(matmul, x, w, *args):
+  """matmul(x2d, w, *args) on x [..., K] flattened to rows, the result reshaped to [..., N]
+  (the global views take 2-D x)."""
+  y = matmul(x.reshape(-1, x.shape[-1]), w, *args)
+  return y.reshape(*x.shape[:-1], w.shape[1])
+
+
 def _row(cfg: _Config, x, w):
   n = cfg.local_view()
   lead, k = x.shape[:-1], x.shape[-1]
   if cfg.reduce == "all_reduce":
     if n:
       return ops.matmul_all_reduce(x, w, cfg.axis_name)
-    y = sharding.row_parallel_matmul(x.reshape(-1, k), w, "all_reduce", _jit_axis(cfg))
-    return y.reshape(*lead, w.shape[1])
+    return _on_rows(sharding.row_parallel_matmul, x, w, "all_reduce", _jit_axis(cfg))
   # reduce_scatter: the first dim of x is scattered over the axis (rank r keeps rows
   # [r*B/n, (r+1)*B/n)), as psum_scatter(x @ w, axis, scatter_dimension=0, tiled=True).
   if n and lead[0] % n:
@@ -224,8 +230,7 @@ def _row(cfg: _Config, x, w):
     rs = _row_scatter_matmul if cfg.overlap_backward else ops.matmul_reduce_scatter
     y = rs(x.reshape(-1, k), w, cfg.axis_name)
     return y.reshape(lead[0] // n, *lead[1:], w.shape[1])
-  y = sharding.row_parallel_matmul(x.reshape(-1, k), w, "reduce_scatter", _jit_axis(cfg))
-  return y.reshape(*lead, w.shape[1])
+  return _on_rows(sharding.row_parallel_matmul, x, w, "reduce_scatter", _jit_axis(cfg))
 
 
 def _column(cfg: _Config, x, w):
@@ -244,9 +249,7 @@ def _column(cfg: _Config, x, w):
       return _sequence_parallel_matmul(x, w, axis)
     return ops.all_gather_matmul(x, w, axis)
   if cfg.sequence_parallel:  # global view: x's first dim sharded over the axis, or not
-    lead, k = x.shape[:-1], x.shape[-1]
-    y = sharding_column.column_parallel_matmul(x.reshape(-1, k), w, _jit_axis(cfg))
-    return y.reshape(*lead, w.shape[1])
+    return _on_rows(sharding_column.column_parallel_matmul, x, w, _jit_axis(cfg))
   if cfg.overlap_backward and axis in _compat.varying_axes(w) and \
       axis not in _compat.varying_axes(x):
     return _column_matmul(x, w, axis)

@@ -1,6 +1,8 @@
 """Helpers shared by the CPU tests: meshes, shard_map wrapper, inputs, references, comparisons."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -177,3 +179,21 @@ def custom_call_lines(text: str, target: str) -> list:
         rf'(stablehlo\.custom_call\s+@{re.escape(target)}(?![A-Za-z0-9_])'
         rf'|custom_call_target\s*=\s*"{re.escape(target)}")')
     return [ln for ln in text.splitlines() if pat.search(ln)]
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cuda_include():
+    """The CUDA headers' include folder (a CUDA install or the pip wheel), or None."""
+    for base in (os.environ.get("CUDA_HOME"), "/usr/local/cuda", "/usr/cuda", "/opt/cuda"):
+        if base and os.path.exists(os.path.join(base, "include", "cuda_runtime.h")):
+            return os.path.join(base, "include")
+    try:  # the pip wheel of the CUDA runtime headers
+        import nvidia.cuda_runtime as rt
+        inc = os.path.join(list(rt.__path__)[0], "include")
+        if os.path.exists(os.path.join(inc, "cuda_runtime.h")):
+            return inc
+    except ImportError:
+        pass
+    return None

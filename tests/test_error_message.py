@@ -11,12 +11,12 @@ import subprocess
 
 import pytest
 
-from test_tile_schedule import REPO, _cuda_include
+from _util import REPO, cuda_include
 
 
 def test_error_macros_codes_and_messages(tmp_path):
     import jax
-    gxx, inc = shutil.which("g++"), _cuda_include()
+    gxx, inc = shutil.which("g++"), cuda_include()
     if gxx is None or inc is None:
         pytest.skip(f"needs g++ ({gxx}) and the CUDA headers ({inc})")
     exe = tmp_path / "error_message_test"

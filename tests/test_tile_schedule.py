@@ -12,27 +12,12 @@ import subprocess
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _cuda_include():
-    for base in (os.environ.get("CUDA_HOME"), "/usr/local/cuda", "/usr/cuda", "/opt/cuda"):
-        if base and os.path.exists(os.path.join(base, "include", "cuda_runtime.h")):
-            return os.path.join(base, "include")
-    try:  # the pip wheel of the CUDA runtime headers
-        import nvidia.cuda_runtime as rt
-        inc = os.path.join(list(rt.__path__)[0], "include")
-        if os.path.exists(os.path.join(inc, "cuda_runtime.h")):
-            return inc
-    except ImportError:
-        pass
-    return None
-
+from _util import REPO, cuda_include
 
 @pytest.fixture(scope="module")
 def schedule_test(tmp_path_factory):
     gxx = shutil.which("g++")
-    inc = _cuda_include()
+    inc = cuda_include()
     if gxx is None or inc is None:
         pytest.skip(f"needs g++ ({gxx}) and the CUDA headers ({inc})")
     exe = tmp_path_factory.mktemp("schedule") / "schedule_test"

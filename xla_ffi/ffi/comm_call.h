@@ -44,13 +44,8 @@ inline auto BindOverlapCall() {
 inline ffi::Error PoisonCall(const char* op, int32_t poison_outputs, cudaStream_t stream,
                              const Communicator& comm,
                              std::initializer_list<const ffi::AnyBuffer*> results) {
-  FO_RETURN_IF_ERROR(CheckPoisonFlag(op, poison_outputs));
+  FO_RETURN_IF_ERROR(PoisonResults(op, poison_outputs, stream, results));
   if (poison_outputs == 0) return ffi::Error::Success();
-  for (const ffi::AnyBuffer* result : results) {
-    if (result != nullptr) {
-      FO_RETURN_IF_ERROR(PoisonBytes(result->untyped_data(), result->size_bytes(), stream));
-    }
-  }
   return PoisonBytes(comm.workspace, comm.workspace_bytes, stream);
 }
 

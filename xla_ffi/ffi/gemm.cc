@@ -47,10 +47,7 @@ ffi::Error GemmImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::Any
   FO_CHECK_ARG(num_groups >= 1 && num_groups <= kMaxGroups,
                kOp << ": num_groups must be in [1, " << kMaxGroups << "], got " << num_groups);
   FO_CHECK_ARG(comm_sms >= 0, kOp << ": comm_sms must be >= 0, got " << comm_sms);
-  FO_RETURN_IF_ERROR(CheckPoisonFlag(kOp, poison_outputs));
-  if (poison_outputs == 1) {
-    FO_RETURN_IF_ERROR(PoisonBytes(out->untyped_data(), out->size_bytes(), stream));
-  }
+  FO_RETURN_IF_ERROR(PoisonResults(kOp, poison_outputs, stream, {&*out}));
 
   SignalingGemmArgs args = GemmArgs(x.untyped_data(), m, w, transpose_w, out->untyped_data(),
                                     /*counters=*/nullptr, comm_sms);

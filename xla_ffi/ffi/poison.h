@@ -9,23 +9,32 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 #include "xla/ffi/api/ffi.h"
 #include "xla_ffi/ffi/check.h"
 
 namespace flashoverlap {
 
-// The attribute is 0 (off) or 1 (on).
-inline ffi::Error CheckPoisonFlag(const char* op, int32_t poison_outputs) {
-  FO_CHECK_ARG(poison_outputs == 0 || poison_outputs == 1,
-               op << ": poison_outputs must be 0 or 1, got " << poison_outputs);
-  return ffi::Error::Success();
-}
-
 // Fills `bytes` bytes at `data` with NaN bytes on `stream` (nothing for an empty buffer).
 inline ffi::Error PoisonBytes(void* data, size_t bytes, cudaStream_t stream) {
   if (data == nullptr || bytes == 0) return ffi::Error::Success();
   FO_CHECK_CUDA(cudaMemsetAsync(data, 0xFF, bytes, stream));
+  return ffi::Error::Success();
+}
+
+// Checks the attribute (0 or 1); with 1, fills XLA's `results` (null entries skipped) with NaN
+// on `stream`. Every handler calls it before its own work.
+inline ffi::Error PoisonResults(const char* op, int32_t poison_outputs, cudaStream_t stream,
+                                std::initializer_list<const ffi::AnyBuffer*> results) {
+  FO_CHECK_ARG(poison_outputs == 0 || poison_outputs == 1,
+               op << ": poison_outputs must be 0 or 1, got " << poison_outputs);
+  if (poison_outputs == 0) return ffi::Error::Success();
+  for (const ffi::AnyBuffer* result : results) {
+    if (result != nullptr) {
+      FO_RETURN_IF_ERROR(PoisonBytes(result->untyped_data(), result->size_bytes(), stream));
+    }
+  }
   return ffi::Error::Success();
 }
 
