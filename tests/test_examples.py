@@ -31,6 +31,9 @@ def test_quickstart():
   out = run_example("quickstart.py", "--m", "64", "--n", "64", "--k", "128", "--iters", "1")
   err = float(re.search(r"relative error vs XLA psum\(x @ w\): (\S+)", out).group(1))
   assert err < 1e-2
+  # On CPU the op is the reference composition, and the path line says so (GPU: test_gpu_examples).
+  assert "path: XLA's dot + psum: no GPU" in out, out
+  assert "no custom call here" in out, out
 
 
 def test_tp_transformer_block(tmp_path):
