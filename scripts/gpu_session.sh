@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (device tool): set up, build, test, benchmark; logs to $OUT.
-#   bash scripts/gpu_session.sh [STEP ...]   steps: build info tests gpu_tests gpu_k mesh_tests gemm_bench
+#   bash scripts/gpu_session.sh [STEP ...]   steps: build info tests gpu_tests gpu_k gpu_files mesh_tests gemm_bench
 #     tune overlap_bench overlap_all sweep procs stress flax_example sanitize_overlap harness
 #     sanitize_harness gemm_epilogue transpose_w quickstart
 #     global_view diagnose a2a_tests a2a_bench readme_tests cuda_tests pack (last: one archive of $OUT)
@@ -36,6 +36,8 @@ for step in "${steps[@]}"; do
     gpu_tests)  # ~6.5 min on one H200: a longer default limit than the other steps
       STEP_TIMEOUT="${STEP_TIMEOUT:-560}" run_step gpu_tests env JAX_FLASHOVERLAP_FALLBACK=0 python3 -m pytest -q -ra -m "gpu or multigpu" tests ;;
     gpu_k) run_step gpu_k env JAX_FLASHOVERLAP_FALLBACK=0 python3 -m pytest -q -ra -m "gpu or multigpu" -k "${PYTEST_K:?set PYTEST_K}" tests ;;
+    gpu_files)  # the GPU tests of some files (GPU_FILES): the whole suite outgrows one call on 2+ GPUs
+      STEP_TIMEOUT="${STEP_TIMEOUT:-560}" run_step "gpu_files${GPU_FILES_SUFFIX:-}" env JAX_FLASHOVERLAP_FALLBACK=0 python3 -m pytest -q -ra -m "gpu or multigpu" ${GPU_FILES:?set GPU_FILES} ;;
     mesh_tests) run_step mesh_tests env JAX_FLASHOVERLAP_FALLBACK=0 python3 -m pytest -q -ra -s tests/test_gpu_mesh.py ;;
     gemm_bench) run_step gemm_bench python3 -m jax_flashoverlap.bench gemm --out "$OUT/gemm_h200.json" ;;
     overlap_bench) run_step overlap_bench python3 -m jax_flashoverlap.bench overlap --out "$OUT/overlap_$TAG.json" ;;

@@ -36,6 +36,29 @@ def test_quickstart():
   assert "no custom call here" in out, out
 
 
+def test_quickstart_path_line_reasons(monkeypatch):
+  """The reasons the quickstart gives when the CUDA path exists but its program has no custom
+  call: one device, or a plan that predicts no gain (with the plan's own times)."""
+  import importlib.util
+  import types
+  spec = importlib.util.spec_from_file_location("quickstart", ROOT / "examples" / "quickstart.py")
+  monkeypatch.syspath_prepend(str(ROOT / "examples"))
+  quickstart = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(quickstart)
+  fo = quickstart.fo
+  monkeypatch.setattr(fo, "info", lambda: {"paths": {"matmul_all_reduce": {
+      "cuda_custom_call": True, "why": "CUDA extension built"}}})
+  small = types.SimpleNamespace(m=256, n=512, k=512)
+  assert "our custom call" in quickstart.path_taken(True, small, 2)
+  assert quickstart.path_taken(False, small, 1) == (
+      "XLA's dot + psum (one device: nothing to communicate)")
+  plan = fo.plan.choose_plan("all_reduce", 256, 512, 256, 2, gpu="cpu")
+  assert not plan.overlap
+  line = quickstart.path_taken(False, small, 2)
+  assert line.startswith("XLA's dot + psum (the plan predicts no gain over XLA ("), line
+  assert f"{plan.baseline_s * 1e3:.3f} ms)" in line, line
+
+
 def test_tp_transformer_block(tmp_path):
   pytest.importorskip("flax")
   steps = 3
