@@ -27,6 +27,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jax_flashoverlap as fo
+from _path import program_path, timing_note
 from jax_flashoverlap.flax import ColumnParallelLinear, RowParallelLinear
 
 
@@ -84,12 +85,15 @@ def main():
   def mlp_xla(x, w1, w2):
     return jax.nn.gelu(x @ w1) @ w2  # XLA inserts its own all-reduce
 
+  compiled = mlp.lower(xs, w1s, w2s).compile().as_text()
+  custom_call = f"flashoverlap_gemm_{args.reduce}" in compiled
+  print(f"path: {program_path(compiled, args.reduce, args.m // dp, args.d, args.f // tp, tp)}")
   y, t_ours = timed(mlp, xs, w1s, w2s, iters=args.iters)
   y_xla, t_xla = timed(mlp_xla, xs, w1s, w2s, iters=args.iters)
   err_fn = rel_err(y, ref)
   print(f"row_parallel_matmul MLP: out {y.shape} sharding {y.sharding.spec}  "
         f"rel err vs x @ w {err_fn:.2e}  time {t_ours:.3f} ms (XLA {t_xla:.3f} ms, "
-        f"out sharding {y_xla.sharding.spec})")
+        f"out sharding {y_xla.sharding.spec}){timing_note(custom_call)}")
 
   # 2) The Flax NNX layers, params sharded by their annotations under jax.set_mesh.
   class MLP(nnx.Module):

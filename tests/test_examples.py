@@ -36,27 +36,29 @@ def test_quickstart():
   assert "no custom call here" in out, out
 
 
-def test_quickstart_path_line_reasons(monkeypatch):
-  """The reasons the quickstart gives when the CUDA path exists but its program has no custom
+def test_program_path_reasons(monkeypatch):
+  """The reasons the examples give when the CUDA path exists but a program has no custom
   call: one device, or a plan that predicts no gain (with the plan's own times)."""
   import importlib.util
-  import types
-  spec = importlib.util.spec_from_file_location("quickstart", ROOT / "examples" / "quickstart.py")
-  monkeypatch.syspath_prepend(str(ROOT / "examples"))
-  quickstart = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(quickstart)
-  fo = quickstart.fo
-  monkeypatch.setattr(fo, "info", lambda: {"paths": {"matmul_all_reduce": {
-      "cuda_custom_call": True, "why": "CUDA extension built"}}})
-  small = types.SimpleNamespace(m=256, n=512, k=512)
-  assert "our custom call" in quickstart.path_taken(True, small, 2)
-  assert quickstart.path_taken(False, small, 1) == (
+  spec = importlib.util.spec_from_file_location("_path", ROOT / "examples" / "_path.py")
+  path = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(path)
+  fo = path.fo
+  monkeypatch.setattr(fo, "info", lambda: {"paths": {f"matmul_{c}": {
+      "cuda_custom_call": True, "why": "CUDA extension built"}
+      for c in ("all_reduce", "reduce_scatter")}})
+  text = "custom-call(...), custom_call_target=\"flashoverlap_gemm_reduce_scatter\""
+  assert path.program_path(text, "reduce_scatter", 256, 512, 256, 2).startswith(
+      "our custom call flashoverlap_gemm_reduce_scatter")
+  assert path.program_path("", "all_reduce", 256, 512, 256, 1) == (
       "XLA's dot + psum (one device: nothing to communicate)")
-  plan = fo.plan.choose_plan("all_reduce", 256, 512, 256, 2, gpu="cpu")
+  plan = fo.plan.choose_plan("reduce_scatter", 256, 512, 256, 2, gpu="cpu")
   assert not plan.overlap
-  line = quickstart.path_taken(False, small, 2)
-  assert line.startswith("XLA's dot + psum (the plan predicts no gain over XLA ("), line
-  assert f"{plan.baseline_s * 1e3:.3f} ms)" in line, line
+  line = path.program_path(text.replace("reduce_scatter", "all_reduce"), "reduce_scatter",
+                           256, 512, 256, 2)
+  assert line.startswith("XLA's dot + psum_scatter (the plan predicts no gain over XLA: "), line
+  assert f"{plan.predicted_s * 1e3:.3f} ms vs {plan.baseline_s * 1e3:.3f} ms)" in line, line
+  assert "noise" in path.timing_note(False) and path.timing_note(True) == ""
 
 
 def test_tp_transformer_block(tmp_path):
@@ -150,4 +152,6 @@ def test_global_view_jit(reduce, spec):
   assert f"sharding {spec}" in out, out
   errs = [float(e) for e in re.findall(r"rel err vs x @ w (\S+)", out)]
   assert len(errs) == 2 and max(errs) < 1e-2, out
+  psum = "psum" if reduce == "all_reduce" else "psum_scatter"
+  assert f"path: XLA's dot + {psum}: no GPU" in out, out
   assert out.rstrip().endswith("OK")
