@@ -288,13 +288,18 @@ def _op_pairs(args):
 
 
 def _pair_programs(mesh, collective, transposed):
-  """(xla, ours, x spec, w spec) of one pair, per device inside shard_map. The all-gather's
-  transposed form returns the gathered dy too, as the row layer's backward does."""
+  """(xla, ours, x spec, w spec) of one pair, per device inside shard_map. In the all-gather's
+  transposed form both programs return the gathered dy too, as the row layer's backward
+  uses it."""
   import jax_flashoverlap as fo
   dot = (lambda a, b: a @ b.T) if transposed else (lambda a, b: a @ b)
   if collective == "all_gather":  # x rows sharded, w sharded on N (the weight's columns)
-    x_spec, w_spec, out = P(AXIS, None), (P(AXIS, None) if transposed else P(None, AXIS)), P(None, AXIS)
-    xla = lambda a, b: dot(lax.all_gather(a, AXIS, axis=0, tiled=True), b)
+    x_spec, out = P(AXIS, None), P(None, AXIS)
+    w_spec = P(AXIS, None) if transposed else P(None, AXIS)
+    gather = lambda a: lax.all_gather(a, AXIS, axis=0, tiled=True)
+    # Both return the gathered rows when ours does: the layer's backward uses them for dw.
+    xla = ((lambda a, b: (dot(g := gather(a), b), g)) if transposed else
+           (lambda a, b: dot(gather(a), b)))
     ours = lambda a, b: fo.all_gather_matmul(a, b, AXIS, transpose_w=transposed,
                                              return_gathered=transposed)
   else:  # x sharded on K, w sharded on K
@@ -311,8 +316,8 @@ def _pair_programs(mesh, collective, transposed):
   smap = lambda f, outs: jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(x_spec, w_spec),
                                                out_specs=outs))
   gathered = collective == "all_gather" and transposed
-  return (smap(xla, out), smap(ours, (out, P(AXIS, None)) if gathered else out), x_spec,
-          w_spec)
+  outs = (out, P(AXIS, None)) if gathered else out
+  return smap(xla, outs), smap(ours, outs), x_spec, w_spec
 
 
 def row_parallel_op_times(args, mesh):
@@ -328,7 +333,7 @@ def row_parallel_op_times(args, mesh):
     w = jax.device_put((jax.random.normal(kw, (n, k) if transposed else (k, n)) /
                         np.sqrt(k)).astype(DTYPE), NamedSharding(mesh, w_spec))
     first = lambda f: (lambda a, b: jax.tree.leaves(f(a, b))[0])
-    t = time_variants({"xla": (xla, (x, w)), "fo": (first(ours), (x, w))}, calls=10,
+    t = time_variants({"xla": (first(xla), (x, w)), "fo": (first(ours), (x, w))}, calls=10,
                       samples=10)
     out[name] = {"collective": collective, "weight_as_stored": transposed,
                  "gemm_global": [tokens, k, n],
