@@ -7,13 +7,16 @@ import jax
 import jax_flashoverlap as fo
 
 
+def uses_custom_call(compiled_text: str, collective: str) -> bool:
+  return f"flashoverlap_gemm_{collective}" in compiled_text
+
+
 def program_path(compiled_text: str, collective: str, m: int, n: int, k_local: int,
                  world: int) -> str:
   """One line for `compiled_text` (a compiled program's as_text()) of an op doing
   `collective` over `world` devices, per device an m x n x k_local GEMM."""
-  target = f"flashoverlap_gemm_{collective}"
-  if target in compiled_text:
-    return f"our custom call {target} (signaling GEMM + NCCL, overlapped)"
+  if uses_custom_call(compiled_text, collective):
+    return f"our custom call flashoverlap_gemm_{collective} (signaling GEMM + NCCL, overlapped)"
   xla = "XLA's dot + " + ("psum" if collective == "all_reduce" else "psum_scatter")
   status = fo.info()["paths"][f"matmul_{collective}"]
   if not status["cuda_custom_call"]:

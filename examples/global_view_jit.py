@@ -27,7 +27,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jax_flashoverlap as fo
-from _path import program_path, timing_note
+from _path import program_path, timing_note, uses_custom_call
 from jax_flashoverlap.flax import ColumnParallelLinear, RowParallelLinear
 
 
@@ -86,7 +86,7 @@ def main():
     return jax.nn.gelu(x @ w1) @ w2  # XLA inserts its own all-reduce
 
   compiled = mlp.lower(xs, w1s, w2s).compile().as_text()
-  custom_call = f"flashoverlap_gemm_{args.reduce}" in compiled
+  custom_call = uses_custom_call(compiled, args.reduce)
   print(f"path: {program_path(compiled, args.reduce, args.m // dp, args.d, args.f // tp, tp)}")
   y, t_ours = timed(mlp, xs, w1s, w2s, iters=args.iters)
   y_xla, t_xla = timed(mlp_xla, xs, w1s, w2s, iters=args.iters)

@@ -21,7 +21,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jax_flashoverlap as fo
-from _path import program_path, timing_note
+from _path import program_path, timing_note, uses_custom_call
 
 
 def timed(fn, *args, iters):
@@ -60,7 +60,7 @@ def main():
   ours = jax.jit(jax.shard_map(lambda x, w: fo.matmul_all_reduce(x, w, "tp"), **specs))
 
   compiled = ours.lower(x, w).compile().as_text()
-  custom_call = "flashoverlap_gemm_all_reduce" in compiled
+  custom_call = uses_custom_call(compiled, "all_reduce")
   print(f"path: {program_path(compiled, 'all_reduce', args.m, args.n, args.k // n_dev, n_dev)}")
 
   ref, t_xla = timed(xla, x, w, iters=args.iters)

@@ -28,16 +28,20 @@ run_step() {
   summary+=("$(printf '%-14s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - t0))" "$(tail -1 "$OUT/$name.log" | cut -c1-90)")")
   return $rc
 }
+gpu_pytest() {  # NAME PYTEST_ARGS...: the GPU-marked tests, our kernels at every shape
+  local name="$1"; shift
+  run_step "$name" env JAX_FLASHOVERLAP_FALLBACK=0 python3 -m pytest -q -ra -m "gpu or multigpu" "$@"
+}
 for step in "${steps[@]}"; do
   case "$step" in
     build) run_step build env JAX_FLASHOVERLAP_BUILD_CUDA=1 python3 setup.py build_ext --inplace || { cat "$OUT/build.log" | tail -40; break; } ;;
     info) run_step info python3 -m jax_flashoverlap.info ;;
     tests) run_step tests python3 -m pytest -q -x -ra tests ;;
     gpu_tests)  # ~6.5 min on one H200: a longer default limit than the other steps
-      STEP_TIMEOUT="${STEP_TIMEOUT:-560}" run_step gpu_tests env JAX_FLASHOVERLAP_FALLBACK=0 python3 -m pytest -q -ra -m "gpu or multigpu" tests ;;
-    gpu_k) run_step gpu_k env JAX_FLASHOVERLAP_FALLBACK=0 python3 -m pytest -q -ra -m "gpu or multigpu" -k "${PYTEST_K:?set PYTEST_K}" tests ;;
+      STEP_TIMEOUT="${STEP_TIMEOUT:-560}" gpu_pytest gpu_tests tests ;;
+    gpu_k) gpu_pytest gpu_k -k "${PYTEST_K:?set PYTEST_K}" tests ;;
     gpu_files)  # the GPU tests of some files (GPU_FILES): the whole suite outgrows one call on 2+ GPUs
-      STEP_TIMEOUT="${STEP_TIMEOUT:-560}" run_step "gpu_files${GPU_FILES_SUFFIX:-}" env JAX_FLASHOVERLAP_FALLBACK=0 python3 -m pytest -q -ra -m "gpu or multigpu" ${GPU_FILES:?set GPU_FILES} ;;
+      STEP_TIMEOUT="${STEP_TIMEOUT:-560}" gpu_pytest "gpu_files${GPU_FILES_SUFFIX:-}" ${GPU_FILES:?set GPU_FILES} ;;
     mesh_tests) run_step mesh_tests env JAX_FLASHOVERLAP_FALLBACK=0 python3 -m pytest -q -ra -s tests/test_gpu_mesh.py ;;
     gemm_bench) run_step gemm_bench python3 -m jax_flashoverlap.bench gemm --out "$OUT/gemm_h200.json" ;;
     overlap_bench) run_step overlap_bench python3 -m jax_flashoverlap.bench overlap --out "$OUT/overlap_$TAG.json" ;;

@@ -184,6 +184,19 @@ def custom_call_lines(text: str, target: str) -> list:
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def repo_env(**changes):
+    """This process's environment for a child Python that imports the checkout: REPO first on
+    PYTHONPATH; each change set (a value) or removed (None)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
+    for name, value in changes.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
+
+
 def cuda_include():
     """The CUDA headers' include folder (a CUDA install or the pip wheel), or None."""
     for base in (os.environ.get("CUDA_HOME"), "/usr/local/cuda", "/usr/cuda", "/opt/cuda"):

@@ -1,7 +1,6 @@
 """Each example runs as a subprocess with tiny sizes (CPU, 8 simulated devices) and exits 0;
 the transformer's two training runs (our layers / nnx.Linear + psum) print matching losses."""
 import json
-import os
 import re
 import subprocess
 import sys
@@ -9,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from _util import repo_env
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_example(name, *args, timeout=240, folder="examples"):
-  env = dict(os.environ)
-  env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+  env = repo_env()
   flags = env.get("XLA_FLAGS", "")
   if "xla_force_host_platform_device_count" not in flags:
     flags += " --xla_force_host_platform_device_count=8"
@@ -25,6 +25,16 @@ def run_example(name, *args, timeout=240, folder="examples"):
                         env=env, capture_output=True, text=True, timeout=timeout)
   assert proc.returncode == 0, f"{name} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
   return proc.stdout
+
+
+def load_example(name, monkeypatch):
+  """An example file imported as a module (its folder on sys.path, for its own imports)."""
+  import importlib.util
+  monkeypatch.syspath_prepend(str(ROOT / "examples"))
+  spec = importlib.util.spec_from_file_location(Path(name).stem, ROOT / "examples" / name)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
 
 def test_quickstart():
@@ -39,10 +49,7 @@ def test_quickstart():
 def test_program_path_reasons(monkeypatch):
   """The reasons the examples give when the CUDA path exists but a program has no custom
   call: one device, or a plan that predicts no gain (with the plan's own times)."""
-  import importlib.util
-  spec = importlib.util.spec_from_file_location("_path", ROOT / "examples" / "_path.py")
-  path = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(path)
+  path = load_example("_path.py", monkeypatch)
   fo = path.fo
   monkeypatch.setattr(fo, "info", lambda: {"paths": {f"matmul_{c}": {
       "cuda_custom_call": True, "why": "CUDA extension built"}
@@ -66,15 +73,10 @@ def test_tp_block_pair_programs_return_the_same_outputs(monkeypatch):
   rows (the transposed all-gather of the row layer's backward), XLA's program returns them
   too, and both programs' outputs agree."""
   pytest.importorskip("flax")
-  import importlib.util
   import jax
   import numpy as np
   from jax.sharding import Mesh, NamedSharding
-  monkeypatch.syspath_prepend(str(ROOT / "examples"))
-  spec = importlib.util.spec_from_file_location("tp_block", ROOT / "examples" /
-                                                "tp_transformer_block.py")
-  block = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(block)
+  block = load_example("tp_transformer_block.py", monkeypatch)
   mesh = Mesh(np.array(jax.devices()[:4]), (block.AXIS,))
   for collective, transposed, outputs in [("all_gather", True, 2), ("all_gather", False, 1),
                                           ("reduce_scatter", True, 1)]:

@@ -17,7 +17,7 @@ import sys
 import pytest
 
 import _gpu_util as U
-from _util import REPO
+from _util import REPO, repo_env
 
 pytestmark = U.MARKS
 
@@ -25,11 +25,7 @@ ONE_DEVICE = "(one device: nothing to communicate)"
 
 
 def run_example(name, fallback: str | None, *args):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
-    env.pop("JAX_FLASHOVERLAP_FALLBACK", None)
-    if fallback is not None:
-        env["JAX_FLASHOVERLAP_FALLBACK"] = fallback
+    env = repo_env(JAX_FLASHOVERLAP_FALLBACK=fallback)
     script = os.path.join(REPO, "examples", name)
     proc = subprocess.run([sys.executable, script, "--iters", "3", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=240)
