@@ -14,20 +14,13 @@ import pytest
 
 import jax
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from _util import REPO, repo_env
+
 FORCE_ENV = "JAX_FLASHOVERLAP_FORCE_REFERENCE"
 
 
 def _env(**overrides):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop(FORCE_ENV, None)
-    for k, v in overrides.items():
-        if v is None:
-            env.pop(k, None)
-        else:
-            env[k] = v
-    return env
+    return repo_env(**{FORCE_ENV: None, **overrides})
 
 
 def _py(code, **env):
