@@ -29,6 +29,9 @@ import threading
 
 MAX_GROUPS = 64  # xla_ffi/kernels/signaling_gemm.h: kMaxGroups
 NUM_SMS = 132    # H100 / H200 SXM
+# The most SMs a call may leave to NCCL: the GEMM keeps one 2-SM cluster (its 128 x 256
+# tiles run on 2x1 clusters; with fewer than 2 SMs the launcher refuses the call).
+MAX_COMM_SMS = NUM_SMS - 2
 # The signaling GEMM's split tail (xla_ffi/kernels/tile_schedule.h, signaling_gemm.h).
 BLOCK_K = 64                                 # kGemmBlockK
 SPLIT_MIN_K_TILES = 16                       # kSplitMinKTiles
@@ -108,8 +111,8 @@ class GroupPlan:
       raise ValueError(f"plan band_rows {b} must be strictly increasing")
     if self.num_groups > MAX_GROUPS:
       raise ValueError(f"plan has {self.num_groups} groups; at most {MAX_GROUPS} are supported")
-    if not 0 <= self.comm_sms < NUM_SMS:
-      raise ValueError(f"plan comm_sms={self.comm_sms} must be in [0, {NUM_SMS})")
+    if not 0 <= self.comm_sms <= MAX_COMM_SMS:
+      raise ValueError(f"plan comm_sms={self.comm_sms} must be in [0, {MAX_COMM_SMS}]")
     if self.cta_policy not in ("default", "efficiency", "zero"):
       raise ValueError(f"plan cta_policy={self.cta_policy!r} must be 'default', 'efficiency' "
                        "or 'zero'")
@@ -354,29 +357,89 @@ def default_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: 
   return plan
 
 
-def best_cuts(rows: int, step: int, gemm_end, comm_time) -> tuple:
-  """Exact minimum of a group plan's end time over its boundaries (dynamic programming on the
-  multiples of `step` below `rows`, at most MAX_GROUPS groups). gemm_end(r): when the GEMM has
-  written rows [0, r) of every block; comm_time(r0, r1): one group's communication. Each group
-  starts when both its rows and the previous group are done. Returns band_rows."""
-  cuts = [0] + list(range(step, rows, step)) + [rows]  # candidate boundaries, in rows
-  inf = float("inf")
-  # best[j]: minimal end of a plan whose last group ends at cuts[j].
-  best = [0.0] + [inf] * (len(cuts) - 1)
-  prev = [0] * len(cuts)
-  count = [0] * len(cuts)
-  for j in range(1, len(cuts)):
-    ready = gemm_end(cuts[j])
-    for i in range(j):
-      if best[i] == inf or count[i] + 1 > MAX_GROUPS:
-        continue
-      t = max(ready, best[i]) + comm_time(cuts[i], cuts[j])
-      if t < best[j] - 1e-12:
-        best[j], prev[j], count[j] = t, i, count[i] + 1
-  bounds = [len(cuts) - 1]
+MAX_CUTS = 1024  # candidate boundaries of the group DP; beyond, cuts lie on a coarser step
+
+
+def cut_grid(rows: int, step: int) -> list:
+  """Candidate group boundaries: 0, the multiples of `step` below `rows` (coarsened to a
+  multiple of it when there would be more than MAX_CUTS: one of rows / MAX_CUTS rows is
+  fine enough, and the DP's cost grows as their square), and rows."""
+  step *= max(1, math.ceil(math.ceil(rows / step) / MAX_CUTS))
+  return [0] + list(range(step, rows, step)) + [rows]
+
+
+def _group_tables(rows: int, step: int, gemm_end, comm_time):
+  """(cuts, ready, comm): cut_grid, gemm_end at each cut, comm[i, j] = comm_time of a group
+  from cuts[i] to cuts[j] (inf for j <= i)."""
+  import numpy as np
+  cuts = cut_grid(rows, step)
+  size = len(cuts)
+  ready = np.array([gemm_end(c) for c in cuts], dtype=np.float64)
+  comm = np.full((size, size), np.inf)
+  for i in range(size):
+    for j in range(i + 1, size):
+      comm[i, j] = comm_time(cuts[i], cuts[j])
+  return cuts, ready, comm
+
+
+def _bands(cuts, prev, last) -> tuple:
+  bounds = [last]
   while bounds[-1] != 0:
     bounds.append(prev[bounds[-1]])
   return tuple(cuts[j] for j in reversed(bounds))
+
+
+def cuts_by_count(rows: int, step: int, gemm_end, comm_time, max_groups: int) -> dict:
+  """{G: (end, band_rows)}: for each group count G <= max_groups, the plan with the earliest
+  end (dynamic programming over cut_grid, the count in the state). gemm_end(r): when the GEMM
+  has written rows [0, r) of every block; comm_time(r0, r1): one group's communication. Each
+  group starts when both its rows and the previous group are done. Vectorized (numpy): G
+  passes over the cuts x cuts table of group times."""
+  import numpy as np
+  cuts, ready, comm = _group_tables(rows, step, gemm_end, comm_time)
+  size = len(cuts)
+  best = np.full(size, np.inf)  # minimal end of a plan whose last group ends at cuts[j]
+  best[0] = 0.0
+  prevs = []
+  out = {}
+  for g in range(1, min(max_groups, size - 1) + 1):
+    t = np.maximum(ready[None, :], best[:, None]) + comm  # from cuts[i] (rows) to cuts[j]
+    low = t.min(axis=0)
+    # The first i within 1e-12 of the minimum: ties keep the earlier cut, whatever the rounding.
+    prevs.append(np.argmax(t <= low[None, :] + 1e-12, axis=0))
+    best = low
+    if np.isfinite(best[-1]):
+      bounds = [size - 1]
+      for back in reversed(prevs):
+        bounds.append(int(back[bounds[-1]]))
+      out[g] = (float(best[-1]), tuple(cuts[j] for j in reversed(bounds)))
+  return out
+
+
+def best_cuts(rows: int, step: int, gemm_end, comm_time) -> tuple:
+  """band_rows of the earliest-ending plan with at most MAX_GROUPS groups.
+
+  First the DP without a count (one predecessor per cut); when its optimum has more than
+  MAX_GROUPS groups (large M), the count-aware one (cuts_by_count; the fewest groups among
+  near ties). The first pass alone used to drop the extensions past the cap, which at
+  M = 98304 left 64 groups with a 26112-row last band, predicted 12.8 ms where 15 groups
+  take 10.8 ms, and at M = 196608 a plan slower than XLA (so XLA's path) where 55 groups
+  were 20% faster."""
+  cuts, ready, comm = _group_tables(rows, step, gemm_end, comm_time)
+  inf = float("inf")
+  best = [0.0] + [inf] * (len(cuts) - 1)  # best[j]: minimal end of a plan ending at cuts[j]
+  prev = [0] * len(cuts)
+  count = [0] * len(cuts)
+  for j in range(1, len(cuts)):
+    for i in range(j):
+      t = max(ready[j], best[i]) + comm[i, j]
+      if t < best[j] - 1e-12:
+        best[j], prev[j], count[j] = t, i, count[i] + 1
+  if count[-1] <= MAX_GROUPS:
+    return _bands(cuts, prev, len(cuts) - 1)
+  plans = cuts_by_count(rows, step, gemm_end, comm_time, MAX_GROUPS)
+  end = min(e for e, _ in plans.values())
+  return next(bands for _, (e, bands) in sorted(plans.items()) if e <= end + 1e-12)
 
 
 def _best_bands(collective, m, n, k, world, itemsize, p, comm_sms) -> GroupPlan:

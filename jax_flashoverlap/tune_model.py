@@ -172,35 +172,10 @@ class Candidate:
 
 
 def best_cuts_by_count(rows: int, step: int, gemm_end, comm_time, max_groups: int) -> dict:
-  """{G: band_rows} minimizing the pipeline's end for each group count G <= max_groups (plan.
-  best_cuts' recurrence with the count in the state): with a fixed cost per group, the best
-  plan overall is one of these."""
-  cuts = [0] + list(range(step, rows, step)) + [rows]
-  inf = float("inf")
-  size = len(cuts)
-  # best[c][j]: minimal end of c groups ending at cuts[j]; prev[c][j]: the cut before.
-  best = [[inf] * size for _ in range(max_groups + 1)]
-  prev = [[0] * size for _ in range(max_groups + 1)]
-  best[0][0] = 0.0
-  ready = [gemm_end(c) for c in cuts]
-  for c in range(1, max_groups + 1):
-    for j in range(1, size):
-      for i in range(j):
-        if best[c - 1][i] == inf:
-          continue
-        t = max(ready[j], best[c - 1][i]) + comm_time(cuts[i], cuts[j])
-        if t < best[c][j] - 1e-12:
-          best[c][j], prev[c][j] = t, i
-  out = {}
-  for c in range(1, max_groups + 1):
-    if best[c][size - 1] == inf:
-      continue
-    bounds, j = [size - 1], size - 1
-    for k in range(c, 0, -1):
-      j = prev[k][j]
-      bounds.append(j)
-    out[c] = tuple(cuts[j] for j in reversed(bounds))
-  return out
+  """{G: band_rows} minimizing the pipeline's end for each group count G <= max_groups
+  (plan.cuts_by_count): with a fixed cost per group, the best plan overall is one of these."""
+  return {g: bands for g, (_, bands) in
+          plan_lib.cuts_by_count(rows, step, gemm_end, comm_time, max_groups).items()}
 
 
 def _compositions(rows: int, step: int):

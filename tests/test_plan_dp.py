@@ -1,0 +1,137 @@
+"""The group plan's dynamic programming (plan.best_cuts, plan.cuts_by_count) against scalar
+reference implementations written here, and the default plan where the 64-group cap binds
+(large M: the search used to drop the extensions past the cap and return far worse plans)."""
+import math
+import random
+
+import pytest
+
+from jax_flashoverlap import plan as P
+
+
+def _by_count_reference(rows, step, gemm_end, comm_time, max_groups):
+  """Scalar triple loop: {G: earliest end} over the same candidate cuts."""
+  cuts = P.cut_grid(rows, step)
+  best = {0: {0: 0.0}}
+  for g in range(1, max_groups + 1):
+    best[g] = {}
+    for j in range(1, len(cuts)):
+      options = [max(gemm_end(cuts[j]), t) + comm_time(cuts[i], cuts[j])
+                 for i, t in best[g - 1].items() if i < j]
+      if options:
+        best[g][j] = min(options)
+  return {g: row[len(cuts) - 1] for g, row in best.items() if len(cuts) - 1 in row and g}
+
+
+def _old_capped_search(rows, step, gemm_end, comm_time):
+  """The search before the fix: one predecessor per cut, extensions past the cap dropped."""
+  cuts = [0] + list(range(step, rows, step)) + [rows]
+  best, prev, count = [0.0] + [math.inf] * (len(cuts) - 1), [0] * len(cuts), [0] * len(cuts)
+  for j in range(1, len(cuts)):
+    for i in range(j):
+      if best[i] == math.inf or count[i] + 1 > P.MAX_GROUPS:
+        continue
+      t = max(gemm_end(cuts[j]), best[i]) + comm_time(cuts[i], cuts[j])
+      if t < best[j] - 1e-12:
+        best[j], prev[j], count[j] = t, i, count[i] + 1
+  bounds = [len(cuts) - 1]
+  while bounds[-1]:
+    bounds.append(prev[bounds[-1]])
+  return tuple(cuts[j] for j in reversed(bounds))
+
+
+def _random_problem(seed):
+  rng = random.Random(seed)
+  step = rng.choice([128, 256])
+  rows = step * rng.randint(2, 24) + rng.choice([0, 0, rng.randint(1, step - 1)])
+  per_row, latency = rng.uniform(0.5, 2.0), rng.uniform(0.0, 40.0)
+  wave = step * rng.randint(1, 4)
+  bandwidth = rng.uniform(0.3, 3.0)
+  gemm_end = lambda r: math.ceil(r / wave) * wave * per_row  # noqa: E731  waves of units
+  comm_time = lambda r0, r1: latency + (r1 - r0) / bandwidth  # noqa: E731
+  return rows, step, gemm_end, comm_time
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_cuts_by_count_is_exact_per_group_count(seed):
+  rows, step, gemm_end, comm_time = _random_problem(seed)
+  max_groups = 6
+  got = P.cuts_by_count(rows, step, gemm_end, comm_time, max_groups)
+  want = _by_count_reference(rows, step, gemm_end, comm_time, max_groups)
+  assert sorted(got) == sorted(want)
+  for g, (end, bands) in got.items():
+    assert end == pytest.approx(want[g], rel=1e-12, abs=1e-12)
+    assert len(bands) == g + 1 and bands[0] == 0 and bands[-1] == rows
+    assert all(b0 < b1 for b0, b1 in zip(bands, bands[1:]))
+    assert P.pipeline_time(bands, gemm_end, comm_time) == pytest.approx(end, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_best_cuts_is_the_earliest_plan_within_the_cap(seed):
+  rows, step, gemm_end, comm_time = _random_problem(seed)
+  bands = P.best_cuts(rows, step, gemm_end, comm_time)
+  ends = P.cuts_by_count(rows, step, gemm_end, comm_time, P.MAX_GROUPS)
+  assert len(bands) - 1 <= P.MAX_GROUPS
+  assert P.pipeline_time(bands, gemm_end, comm_time) == pytest.approx(
+      min(e for e, _ in ends.values()), rel=1e-12, abs=1e-12)
+
+
+def test_best_cuts_where_the_cap_binds():
+  """Free communication per row and a latency so small that one group per cut is optimal:
+  300 cuts, so the unconstrained optimum has 300 groups; the answer must be the best plan of
+  at most 64 groups (the count-aware DP), not a 64-group prefix with one huge last band."""
+  step, rows = 256, 256 * 300
+  gemm_end = lambda r: float(r)  # noqa: E731
+  comm_time = lambda r0, r1: 1e-3 + 0.5 * (r1 - r0)  # noqa: E731
+  bands = P.best_cuts(rows, step, gemm_end, comm_time)
+  best = min(e for e, _ in P.cuts_by_count(rows, step, gemm_end, comm_time, P.MAX_GROUPS).values())
+  assert len(bands) - 1 <= P.MAX_GROUPS
+  assert P.pipeline_time(bands, gemm_end, comm_time) == pytest.approx(best, rel=1e-12)
+  old = _old_capped_search(rows, step, gemm_end, comm_time)
+  assert P.pipeline_time(old, gemm_end, comm_time) > 1.1 * best  # what the fix changes
+  assert max(b1 - b0 for b0, b1 in zip(old, old[1:])) > 100 * step
+
+
+@pytest.mark.parametrize("collective, m, world, better_than", [
+    ("all_reduce", 98304, 2, 0.9),      # was 64 groups, a 26112-row last band: 12.79 ms
+    ("all_reduce", 131072, 2, 0.8),     # was 18.98 ms
+    ("reduce_scatter", 196608, 2, 0.85),  # was slower than XLA: XLA's path
+])
+def test_default_plan_at_large_m(collective, m, world, better_than):
+  n, k = 8192, 4096
+  plan = P.default_plan(collective, m, n, k, world)
+  plan.validate()
+  prof = P.profile_for_world(world)
+  kern = P.kernel_geometry(m, n, plan.comm_sms)
+  unit = 2.0 * kern.block_m * kern.block_n * k / prof.sm_flops * prof.interference
+  gemm_end = P.gemm_end_fn(collective, m, n, world, plan.comm_sms, unit, k)
+  blocks = world if collective == "reduce_scatter" else 1
+  comm = lambda r0, r1: P._comm_time(collective, blocks * (r1 - r0) * n * 2, world, prof,  # noqa: E731
+                                     plan.comm_sms)
+  old = _old_capped_search(m // blocks, kern.rows_per_unit, gemm_end, comm)
+  old_time = P.plan_time(collective, m, n, k, world, old, plan.comm_sms)
+  assert plan.overlap
+  assert plan.predicted_s < better_than * old_time
+
+
+def test_default_plans_of_the_design_shapes_are_unchanged_by_the_fix():
+  """Where the cap does not bind, the first pass is the search as it was (measured plans)."""
+  for collective in ("all_reduce", "reduce_scatter"):
+    for m, n, k in [(4096, 8192, 4096), (8192, 8192, 4096), (16384, 8192, 8192),
+                    (8192, 28672, 4096), (8192, 8192, 14336)]:
+      plan = P.default_plan(collective, m, n, k, 2)
+      prof = P.profile_for_world(2)
+      kern = P.kernel_geometry(m, n, plan.comm_sms)
+      unit = 2.0 * kern.block_m * kern.block_n * k / prof.sm_flops * prof.interference
+      gemm_end = P.gemm_end_fn(collective, m, n, 2, plan.comm_sms, unit, k)
+      blocks = 2 if collective == "reduce_scatter" else 1
+      comm = lambda r0, r1: P._comm_time(collective, blocks * (r1 - r0) * n * 2, 2, prof,  # noqa: E731
+                                         plan.comm_sms)
+      assert plan.band_rows == _old_capped_search(m // blocks, kern.rows_per_unit, gemm_end,
+                                                  comm)
+
+
+def test_cut_grid_coarsens_past_max_cuts():
+  assert P.cut_grid(1000, 256) == [0, 256, 512, 768, 1000]
+  grid = P.cut_grid(256 * (P.MAX_CUTS * 3), 256)
+  assert len(grid) - 1 <= P.MAX_CUTS and grid[1] % 256 == 0 and grid[1] > 256
