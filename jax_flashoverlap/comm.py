@@ -167,6 +167,7 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
         ext.connect_peers(cid)
       return cid
     me = jax.process_index()
+    _register_atexit()  # before creating: a failed workspace keeps the communicators
     if spans_processes:
       # Every process must reach NCCL's init (which blocks until all ranks join): one that
       # never comes is a timeout error here (JAX_FLASHOVERLAP_KV_TIMEOUT_S), not a hang.
@@ -190,7 +191,6 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
       distributed.barrier(f"init/{cid}")
     if peer_to_peer:
       ext.connect_peers(cid)
-    _register_atexit()
   return cid
 
 
@@ -243,7 +243,9 @@ def op_memory(op: str, x_shape, w_shape, dtype, world: int) -> dict:
 def list_communicators() -> list:
   """This process's communicators: comm_id, device, rank, world_size, comm_sms,
   workspace_bytes, wait_method, watchdog_seconds, aborted, peer_to_peer, cta_policy (0
-  default, 1 efficiency, 2 zero) (empty without the extension)."""
+  default, 1 efficiency, 2 zero), workspace_error (why allocating the workspace last failed;
+  '' if it did not: such a communicator's calls are refused until a lowering grows it)
+  (empty without the extension)."""
   from jax_flashoverlap import _ext
   return [] if _ext.ext is None else list(_ext.ext.list_communicators())
 

@@ -99,3 +99,73 @@ def test_handler_refusals_raise_and_leave_the_process_usable():
     print(r.stdout)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
     assert "8 of 8 cases as expected" in r.stdout, r.stdout
+
+
+_WORKSPACE_SCRIPT = '''
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+import jax_flashoverlap as fo
+from jax_flashoverlap import _ext
+mesh = Mesh(np.array(jax.devices()), ("tp",))
+n_dev = len(jax.devices())
+make = lambda: jax.jit(jax.shard_map(lambda a, b: fo.matmul_all_reduce(a, b, "tp"), mesh=mesh,
+                                     in_specs=(P(None, "tp"), P("tp", None)), out_specs=P()))
+def inputs(seed):
+    kx, kw = jax.random.split(jax.random.key(seed))
+    x = jax.random.normal(kx, (2048, 2048 * n_dev), jnp.bfloat16)
+    w = (jax.random.normal(kw, (2048 * n_dev, 1024), jnp.float32) / 64).astype(jnp.bfloat16)
+    return x, w
+def err(y, x, w):
+    ref = jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32))
+    return float(jnp.linalg.norm(y.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
+f = make()
+x, w = inputs(1)
+f(x, w).block_until_ready()
+(cid,) = {c["comm_id"] for c in fo.comm.list_communicators()}
+try:
+    _ext.ext.ensure_workspace(cid, 1 << 45)  # 32 TiB: no GPU has it
+    print("GROW: no error")
+except RuntimeError as e:
+    print("GROW FAILED:", str(e)[:300].replace(chr(10), " "))
+print("STATE:", sorted((c["workspace_bytes"], bool(c["workspace_error"]))
+                       for c in fo.comm.list_communicators()))
+try:
+    f(x, w).block_until_ready()
+    print("CALL: ran")
+except Exception as e:  # noqa: BLE001
+    print("CALL REFUSED:", str(e)[:600].replace(chr(10), " "))
+x2, w2 = inputs(2)
+y = make()(x2, w2)  # a new lowering grows the workspace again
+print("RELOWERED ERR %.2e" % err(y, x2, w2))
+print("OLD PROGRAM ERR %.2e" % err(f(x2, w2), x2, w2))
+print("STATE:", sorted((c["workspace_bytes"], bool(c["workspace_error"]))
+                       for c in fo.comm.list_communicators()))
+'''
+
+
+def test_workspace_that_cannot_be_allocated_is_refused_then_regrown(tmp_path):
+    """Growing a workspace fails (no GPU has 32 TiB): every local communicator of the group is
+    left without one (none keeps enqueueing NCCL calls its peers would never join), the call is
+    refused naming the allocation's error, and the next lowering grows it again."""
+    import subprocess
+    import sys
+    from _util import REPO, repo_env
+    script = tmp_path / "workspace.py"
+    script.write_text(_WORKSPACE_SCRIPT)
+    r = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True,
+                       env=repo_env(XLA_PYTHON_CLIENT_PREALLOCATE="false",
+                                    JAX_FLASHOVERLAP_FALLBACK="0"), timeout=300)
+    out = r.stdout + r.stderr
+    print(out[-4000:])
+    assert r.returncode == 0, out[-6000:]
+    assert "GROW FAILED:" in out and ("ncclMemAlloc" in out or "out of memory" in out), out
+    import ast
+    states = [ast.literal_eval(line[len("STATE:"):].strip()) for line in out.splitlines()
+              if line.startswith("STATE:")]
+    assert states[0] == [(0, True)] * U.N_GPUS, states  # all members alike: none, error kept
+    assert "CALL REFUSED:" in out and "flashoverlap_gemm_all_reduce" in out, out
+    assert "allocating it when the op was lowered failed" in out, out
+    relowered = [line for line in out.splitlines() if line.startswith(("RELOWERED", "OLD PROGRAM"))]
+    assert len(relowered) == 2 and all(float(line.split()[-1]) < 1e-2 for line in relowered), out
+    assert len(states[1]) == U.N_GPUS and all(size > 0 and not failed
+                                              for size, failed in states[1]), states

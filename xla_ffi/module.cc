@@ -140,6 +140,7 @@ py::list ListCommunicators() {
     d["aborted"] = c.aborted;
     d["peer_to_peer"] = c.peer_to_peer;
     d["cta_policy"] = c.cta_policy;
+    d["workspace_error"] = c.workspace_error;
     out.append(d);
   }
   return out;

@@ -13,7 +13,7 @@ Status StartCall(Communicator& comm, cudaStream_t stream, int counters, bool cop
   FO_RETURN_IF_CUDA(cudaEventRecord(comm.gemm_started, stream));
   FO_RETURN_IF_CUDA(cudaStreamWaitEvent(comm.stream, comm.gemm_started, 0));
   if (copies) FO_RETURN_IF_CUDA(cudaStreamWaitEvent(comm.copy_stream, comm.gemm_started, 0));
-  return Status::Ok();
+  return WatchStart(comm);  // the watchdog times the call from here on the GPU
 }
 
 Status LaunchGemm(Communicator& comm, SignalingGemmArgs args, cudaStream_t stream) {
@@ -41,6 +41,7 @@ Status JoinBack(Communicator& comm, cudaStream_t stream, bool copies) {
 Status FinishCall(Communicator& comm, cudaStream_t stream, bool copies, Status status,
                   const char* op) {
   if (status.ok()) status = WatchCall(comm, op);
+  if (!status.ok()) WatchAbandon(comm);
   Status joined = JoinBack(comm, stream, copies);
   if (status.ok()) status = joined;
   if (status.ok()) return status;

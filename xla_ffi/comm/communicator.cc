@@ -84,7 +84,7 @@ Status ReleaseWorkspaces(const std::vector<Communicator*>& comms) {
 
 // Collectives: ncclMemAlloc + a symmetric window, for all comms together (registration is
 // collective over each communicator's group). Point-to-point: cudaMalloc (communicator.h).
-Status AllocateWorkspaces(const std::vector<Communicator*>& comms, size_t bytes) {
+Status AllocateAndRegister(const std::vector<Communicator*>& comms, size_t bytes) {
   for (Communicator* c : comms) {
     FO_RETURN_IF_CUDA(cudaSetDevice(c->device));
     if (c->peer_to_peer) {
@@ -92,23 +92,53 @@ Status AllocateWorkspaces(const std::vector<Communicator*>& comms, size_t bytes)
     } else {
       FO_RETURN_IF_NCCL(ncclMemAlloc(&c->workspace, bytes));
     }
-    c->workspace_bytes = bytes;
   }
-  if (std::all_of(comms.begin(), comms.end(), [](Communicator* c) { return c->peer_to_peer; })) {
-    return Status::Ok();
-  }
-  FO_RETURN_IF_NCCL(ncclGroupStart());
-  for (Communicator* c : comms) {
-    if (c->peer_to_peer) continue;
-    ncclResult_t res = ncclCommWindowRegister(c->comm, c->workspace, bytes, &c->window,
-                                              NCCL_WIN_COLL_SYMMETRIC);
-    if (res != ncclSuccess) {
-      ncclGroupEnd();
-      return NcclStatus(res, "ncclCommWindowRegister");
+  if (!std::all_of(comms.begin(), comms.end(), [](Communicator* c) { return c->peer_to_peer; })) {
+    FO_RETURN_IF_NCCL(ncclGroupStart());
+    for (Communicator* c : comms) {
+      if (c->peer_to_peer) continue;
+      ncclResult_t res = ncclCommWindowRegister(c->comm, c->workspace, bytes, &c->window,
+                                                NCCL_WIN_COLL_SYMMETRIC);
+      if (res != ncclSuccess) {
+        ncclGroupEnd();
+        return NcclStatus(res, "ncclCommWindowRegister");
+      }
     }
+    FO_RETURN_IF_NCCL(ncclGroupEnd());
   }
-  FO_RETURN_IF_NCCL(ncclGroupEnd());
+  for (Communicator* c : comms) c->workspace_bytes = bytes;
   return Status::Ok();
+}
+
+// Leaves every member without a workspace after a failure, recording why: a member left with
+// one would enqueue NCCL calls that a member without one never joins (a hang); this way every
+// local handler refuses alike (CheckWorkspace names the error) and the next lowering tries
+// again. Buffers with no window are freed (best effort); one NCCL may have registered (a
+// registration group that failed part-way) is left to it: deregistering is collective.
+Status DropWorkspaces(const std::vector<Communicator*>& comms, Status failure) {
+  for (Communicator* c : comms) {
+    if (c->workspace != nullptr && c->window == nullptr && cudaSetDevice(c->device) == cudaSuccess) {
+      if (c->peer_to_peer) {
+        cudaFree(c->workspace);
+      } else {
+        ncclMemFree(c->workspace);
+      }
+    }
+    c->workspace = nullptr;
+    c->window = nullptr;
+    c->workspace_bytes = 0;
+    c->workspace_error = failure.message;
+  }
+  cudaGetLastError();  // what failed above is in `failure`; leave no stale error behind
+  return failure;
+}
+
+// All or nothing (DropWorkspaces).
+Status AllocateWorkspaces(const std::vector<Communicator*>& comms, size_t bytes) {
+  Status status = AllocateAndRegister(comms, bytes);
+  if (!status.ok()) return DropWorkspaces(comms, status);
+  for (Communicator* c : comms) c->workspace_error.clear();
+  return status;
 }
 
 Status CreateStreamAndEvents(Communicator& c) {
@@ -128,29 +158,48 @@ Status CreateStreamAndEvents(Communicator& c) {
   return Status::Ok();
 }
 
-Status DestroyOne(Communicator& c) {
-  FO_RETURN_IF_CUDA(cudaSetDevice(c.device));
-  FO_RETURN_IF_NOT_OK(FreeWatchdog(c));
-  if (c.stream) FO_RETURN_IF_CUDA(cudaStreamDestroy(c.stream));
-  if (c.gemm_started) FO_RETURN_IF_CUDA(cudaEventDestroy(c.gemm_started));
-  if (c.comm_done) FO_RETURN_IF_CUDA(cudaEventDestroy(c.comm_done));
-  if (c.counters) FO_RETURN_IF_CUDA(cudaFree(c.counters));
-  if (c.gemm_queue) FO_RETURN_IF_CUDA(cudaFree(c.gemm_queue));
-  if (c.copy_stream) FO_RETURN_IF_CUDA(cudaStreamDestroy(c.copy_stream));
-  if (c.copies_done) FO_RETURN_IF_CUDA(cudaEventDestroy(c.copies_done));
+// Frees everything `c` owns but its workspace (ReleaseWorkspaces), going on after a failure
+// (the first one is returned); `abort`: ncclCommAbort (local, never waits for peers: error
+// paths) instead of ncclCommDestroy.
+Status ReleaseOne(Communicator& c, bool abort) {
+  Status first = CudaStatus(cudaSetDevice(c.device), "cudaSetDevice");
+  auto keep = [&first](Status s) {
+    if (first.ok() && !s.ok()) first = s;
+  };
+  keep(FreeWatchdog(c));
+  for (cudaStream_t* s : {&c.stream, &c.copy_stream}) {
+    if (*s) keep(CudaStatus(cudaStreamDestroy(*s), "cudaStreamDestroy"));
+    *s = nullptr;
+  }
+  for (cudaEvent_t* e : {&c.gemm_started, &c.comm_done, &c.copies_done}) {
+    if (*e) keep(CudaStatus(cudaEventDestroy(*e), "cudaEventDestroy"));
+    *e = nullptr;
+  }
   for (cudaEvent_t& e : c.group_reduced) {
-    if (e) FO_RETURN_IF_CUDA(cudaEventDestroy(e));
+    if (e) keep(CudaStatus(cudaEventDestroy(e), "cudaEventDestroy"));
     e = nullptr;
   }
-  c.copy_stream = nullptr;
-  c.copies_done = nullptr;
-  c.stream = nullptr;
-  c.gemm_started = c.comm_done = nullptr;
+  if (c.counters) keep(CudaStatus(cudaFree(c.counters), "cudaFree"));
+  if (c.gemm_queue) keep(CudaStatus(cudaFree(c.gemm_queue), "cudaFree"));
   c.counters = nullptr;
   c.gemm_queue = nullptr;
-  if (c.comm && !c.aborted) FO_RETURN_IF_NCCL(ncclCommDestroy(c.comm));
+  if (c.comm && abort) {
+    keep(NcclStatus(ncclCommAbort(c.comm), "ncclCommAbort"));
+  } else if (c.comm && !c.aborted) {
+    keep(NcclStatus(ncclCommDestroy(c.comm), "ncclCommDestroy"));
+  }
   c.comm = nullptr;
-  return Status::Ok();
+  return first;
+}
+
+// Creation failed after NCCL's init: nothing of `made` stays behind (best effort).
+Status Discard(std::vector<std::unique_ptr<Communicator>>& made, Status failure) {
+  for (auto& c : made) {
+    if (c->workspace != nullptr) DropWorkspaces({c.get()}, failure);
+    ReleaseOne(*c, /*abort=*/true);
+  }
+  cudaGetLastError();
+  return failure;
 }
 
 }  // namespace
@@ -206,32 +255,33 @@ Status CreateCommunicators(int64_t comm_id, const ncclUniqueId& id, int world_si
     ncclResult_t res = err == cudaSuccess
                            ? ncclCommInitRankConfig(&c->comm, world_size, id, lr.rank, &config)
                            : ncclInvalidArgument;
+    made.push_back(std::move(c));
     if (res != ncclSuccess) {
       ncclGroupEnd();
-      return err != cudaSuccess ? CudaStatus(err, "cudaSetDevice")
-                                : NcclStatus(res, "ncclCommInitRankConfig");
+      return Discard(made, err != cudaSuccess ? CudaStatus(err, "cudaSetDevice")
+                                              : NcclStatus(res, "ncclCommInitRankConfig"));
     }
-    made.push_back(std::move(c));
   }
-  FO_RETURN_IF_NCCL(ncclGroupEnd());
+  Status status = NcclStatus(ncclGroupEnd(), "ncclGroupEnd (ncclCommInitRankConfig)");
   std::vector<Communicator*> members;
   for (auto& c : made) {
-    FO_RETURN_IF_CUDA(cudaSetDevice(c->device));
-    FO_RETURN_IF_NOT_OK(CreateStreamAndEvents(*c));
+    if (status.ok()) status = CudaStatus(cudaSetDevice(c->device), "cudaSetDevice");
+    if (status.ok()) status = CreateStreamAndEvents(*c);
     c->watchdog_seconds = watchdog_seconds;
-    FO_RETURN_IF_NOT_OK(InitWatchdog(*c));
+    if (status.ok()) status = InitWatchdog(*c);
     // The watchdog's abort flag is read by the spin kernel (a stream wait cannot be aborted).
     c->wait_method = watchdog_seconds > 0 ? WaitMethod::kSpinKernel : ChosenWaitMethod(c->device);
     members.push_back(c.get());
   }
-  if (workspace_bytes > 0) {
-    FO_RETURN_IF_NOT_OK(AllocateWorkspaces(members, RoundWorkspace(workspace_bytes)));
-  }
+  if (!status.ok()) return Discard(made, status);
+  // A failed workspace keeps the communicators (valid, without a workspace: their handlers
+  // refuse, naming the error), so the next lowering only retries the workspace.
+  if (workspace_bytes > 0) status = AllocateWorkspaces(members, RoundWorkspace(workspace_bytes));
   for (auto& c : made) {
     int device = c->device;
     Registry()[{comm_id, device}] = std::move(c);
   }
-  return Status::Ok();
+  return status;
 }
 
 Status EnsureWorkspace(int64_t comm_id, size_t bytes) {
@@ -242,7 +292,8 @@ Status EnsureWorkspace(int64_t comm_id, size_t bytes) {
                             [&](Communicator* c) { return c->workspace_bytes >= bytes; });
   if (enough) return Status::Ok();
   DeviceScope restore_device;
-  FO_RETURN_IF_NOT_OK(ReleaseWorkspaces(comms));
+  Status released = ReleaseWorkspaces(comms);
+  if (!released.ok()) return DropWorkspaces(comms, released);
   return AllocateWorkspaces(comms, RoundWorkspace(bytes));
 }
 
@@ -306,7 +357,7 @@ Status DestroyCommunicators(int64_t comm_id) {
   Status released = ReleaseWorkspaces(comms);
   Status first_error = released;
   for (Communicator* c : comms) {
-    Status s = DestroyOne(*c);
+    Status s = ReleaseOne(*c, /*abort=*/false);
     if (first_error.ok() && !s.ok()) first_error = s;
   }
   for (auto it = Registry().begin(); it != Registry().end();) {
@@ -322,7 +373,8 @@ std::vector<CommunicatorSummary> ListCommunicators() {
     out.push_back({c->comm_id, c->device, c->rank, c->world_size, c->comm_sms,
                    c->workspace_bytes,
                    c->wait_method == WaitMethod::kStreamOp ? "stream_op" : "spin",
-                   c->watchdog_seconds, c->aborted.load(), c->peer_to_peer, c->cta_policy});
+                   c->watchdog_seconds, c->aborted.load(), c->peer_to_peer, c->cta_policy,
+                   c->workspace_error});
   }
   return out;
 }

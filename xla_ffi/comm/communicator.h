@@ -50,11 +50,13 @@ struct Communicator {
   bool peer_to_peer = false;
   size_t workspace_bytes = 0;
   ncclWindow_t window = nullptr;
+  std::string workspace_error;          // why the last allocation failed (none: empty)
   WaitMethod wait_method = WaitMethod::kStreamOp;
   std::mutex call_mutex;                // one overlapped call at a time per communicator
   // Watchdog (watchdog.h): off when watchdog_seconds == 0.
   double watchdog_seconds = 0;
   volatile int* abort_flag = nullptr;   // host-mapped; set by the watchdog, read by kernels
+  cudaEvent_t watch_started = nullptr;  // the current call's start (WatchStart .. WatchCall)
   std::atomic<bool> aborted{false};     // ncclCommAbort'ed: `comm` is gone
   bool p2p_connected = false;           // ConnectPeers done
 };
@@ -68,7 +70,9 @@ struct LocalRank {
 // Creates the communicators of one group for all its local ranks (ncclGroupStart/End around
 // ncclCommInitRankConfig per device), with maxCTAs = minCTAs-cap comm_sms, and a registered
 // workspace of `workspace_bytes` each (peer_to_peer: ops using ncclSend/ncclRecv, whose
-// workspace is not registered with NCCL). Fails if (comm_id, device) already exists.
+// workspace is not registered with NCCL). Fails if (comm_id, device) already exists. A
+// failure before the workspace leaves nothing behind (the NCCL communicators are aborted);
+// a failed workspace keeps the communicators without one (EnsureWorkspace retries).
 // watchdog_seconds > 0 turns the watchdog on for these communicators (watchdog.h).
 // cta_policy: ncclConfig_t.CTAPolicy (0 default, 1 efficiency, 2 zero; NCCL >= 2.27).
 Status CreateCommunicators(int64_t comm_id, const ncclUniqueId& id, int world_size,
@@ -77,7 +81,9 @@ Status CreateCommunicators(int64_t comm_id, const ncclUniqueId& id, int world_si
                            bool peer_to_peer = false, int cta_policy = 0);
 
 // Grows the workspaces of every local communicator of comm_id to at least `bytes`
-// (collective over the group: call it for all local devices of a group at once).
+// (collective over the group: call it for all local devices of a group at once). All or
+// nothing: after a failure no local member has a workspace (each records the error), so
+// their handlers all refuse instead of some enqueueing NCCL calls the others never join.
 Status EnsureWorkspace(int64_t comm_id, size_t bytes);
 
 // Sets up NCCL's point-to-point connections of every local communicator of comm_id to all
@@ -104,6 +110,7 @@ struct CommunicatorSummary {
   bool aborted;
   bool peer_to_peer;
   int cta_policy;
+  std::string workspace_error;  // why the last workspace allocation failed (none: empty)
 };
 std::vector<CommunicatorSummary> ListCommunicators();
 

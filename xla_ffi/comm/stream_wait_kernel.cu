@@ -26,8 +26,11 @@ __global__ void SpinWaitGeqKernel(const int32_t* counter, int32_t value,
 
 cudaError_t LaunchSpinWaitGeq(cudaStream_t stream, const int32_t* counter, int32_t value,
                               const volatile int* abort_flag) {
-  SpinWaitGeqKernel<<<1, 1, 0, stream>>>(counter, value, abort_flag);
-  return cudaGetLastError();
+  // cudaLaunchKernel returns this launch's own error; `<<<>>>` + cudaGetLastError() would
+  // also return an earlier failed call's error left on this thread, failing a call that
+  // launched fine after its GEMM went out (its peers would then wait for it).
+  void* args[] = {&counter, &value, &abort_flag};
+  return cudaLaunchKernel(SpinWaitGeqKernel, dim3(1), dim3(1), args, 0, stream);
 }
 
 }  // namespace flashoverlap

@@ -18,8 +18,8 @@ __global__ void WriteFlagKernel(int32_t* flag, int32_t value) {
 }  // namespace
 
 cudaError_t LaunchWriteFlagKernel(cudaStream_t stream, int32_t* flag, int32_t value) {
-  WriteFlagKernel<<<1, 1, 0, stream>>>(flag, value);
-  return cudaGetLastError();
+  void* args[] = {&flag, &value};  // cudaLaunchKernel: this launch's own error (stream_wait_kernel.cu)
+  return cudaLaunchKernel(WriteFlagKernel, dim3(1), dim3(1), args, 0, stream);
 }
 
 }  // namespace flashoverlap

@@ -20,7 +20,9 @@ using Clock = std::chrono::steady_clock;
 struct WatchedCall {
   Communicator* comm;
   const char* op;        // a string literal of the handler
+  cudaEvent_t started;   // recorded on comm->stream where the call's work begins
   cudaEvent_t done;      // recorded on comm->stream after the call's last operation
+  bool running = false;  // `started` has completed: the timeout counts from `start`
   Clock::time_point start;
   bool fired = false;
   Clock::time_point fired_at;
@@ -37,28 +39,52 @@ class Watchdog {
     return *dog;
   }
 
-  Status Watch(Communicator& comm, const char* op) {
-    cudaEvent_t event = nullptr;
+  // An event of comm's device, from the spares or new.
+  Status TakeEvent(int device, cudaEvent_t* event) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (size_t i = 0; i < spare_.size(); ++i) {
-        if (spare_[i].first == comm.device) {
-          event = spare_[i].second;
+        if (spare_[i].first == device) {
+          *event = spare_[i].second;
           spare_.erase(spare_.begin() + i);
-          break;
+          return Status::Ok();
         }
       }
     }
-    if (event == nullptr) {
-      FO_RETURN_IF_CUDA(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-    }
-    FO_RETURN_IF_CUDA(cudaEventRecord(event, comm.stream));
+    return CudaStatus(cudaEventCreateWithFlags(event, cudaEventDisableTiming),
+                      "cudaEventCreateWithFlags");
+  }
+
+  void GiveBack(int device, cudaEvent_t event) {
     std::lock_guard<std::mutex> lock(mu_);
-    calls_.push_back({&comm, op, event, Clock::now()});
-    if (!started_) {
+    spare_.push_back({device, event});
+  }
+
+  // The watchdog thread is started here, at communicator creation (an error can be returned
+  // there), never inside a handler.
+  Status Start() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (started_) return Status::Ok();
+    try {
       std::thread([this] { Loop(); }).detach();
-      started_ = true;
+    } catch (const std::exception& err) {
+      return Status::Error(std::string("could not start the watchdog thread: ") + err.what());
     }
+    started_ = true;
+    return Status::Ok();
+  }
+
+  Status Watch(Communicator& comm, const char* op, cudaEvent_t started) {
+    cudaEvent_t done = nullptr;
+    Status status = TakeEvent(comm.device, &done);
+    if (status.ok()) status = CudaStatus(cudaEventRecord(done, comm.stream), "cudaEventRecord");
+    if (!status.ok()) {
+      GiveBack(comm.device, started);
+      if (done != nullptr) GiveBack(comm.device, done);
+      return status;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    calls_.push_back({&comm, op, started, done});
     return Status::Ok();
   }
 
@@ -85,8 +111,22 @@ class Watchdog {
         for (size_t i = 0; i < calls_.size();) {
           WatchedCall& call = calls_[i];
           cudaSetDevice(call.comm->device);
-          const cudaError_t state = cudaEventQuery(call.done);
+          cudaError_t state = cudaEventQuery(call.done);
+          if (state == cudaErrorNotReady && !call.running) {
+            // Not timed while the GPU has not reached the call: work queued before it (the
+            // rest of the program, later steps JAX dispatched ahead) may take any time.
+            state = cudaEventQuery(call.started);
+            if (state == cudaSuccess) {
+              call.running = true;
+              call.start = now;
+            }
+            if (state == cudaSuccess || state == cudaErrorNotReady) {
+              ++i;
+              continue;
+            }
+          }
           if (state == cudaSuccess) {
+            spare_.push_back({call.comm->device, call.started});
             spare_.push_back({call.comm->device, call.done});
             calls_.erase(calls_.begin() + i);
             continue;
@@ -114,8 +154,14 @@ class Watchdog {
         }
       }
       // Aborting may block (NCCL can wait for kernels that never stop): never in this loop,
-      // which must stay free to apply the grace deadline below.
-      for (Communicator* comm : to_abort) std::thread([comm] { Abort(*comm); }).detach();
+      // which must stay free to apply the grace deadline above.
+      for (Communicator* comm : to_abort) {
+        try {
+          std::thread([comm] { Abort(*comm); }).detach();
+        } catch (const std::exception&) {
+          Abort(*comm);  // no thread to be had: abort from here (the deadline may then wait)
+        }
+      }
     }
   }
 
@@ -160,6 +206,7 @@ class Watchdog {
 
 Status InitWatchdog(Communicator& comm) {
   if (comm.watchdog_seconds <= 0) return Status::Ok();
+  FO_RETURN_IF_NOT_OK(Watchdog::Get().Start());
   void* flag = nullptr;
   FO_RETURN_IF_CUDA(cudaHostAlloc(&flag, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
   comm.abort_flag = static_cast<volatile int*>(flag);
@@ -169,6 +216,7 @@ Status InitWatchdog(Communicator& comm) {
 
 Status FreeWatchdog(Communicator& comm) {
   Watchdog::Get().Forget(&comm);
+  WatchAbandon(comm);
   if (comm.abort_flag != nullptr) {
     FO_RETURN_IF_CUDA(cudaFreeHost(const_cast<int*>(comm.abort_flag)));
     comm.abort_flag = nullptr;
@@ -183,10 +231,39 @@ Status CheckNotAborted(const Communicator& comm, const char* op) {
                        ") after an earlier call hung; restart the process");
 }
 
+Status WatchStart(Communicator& comm) {
+  if (comm.watchdog_seconds <= 0) return Status::Ok();
+  WatchAbandon(comm);  // a start of an earlier call that failed before its end (none: no-op)
+  cudaEvent_t started = nullptr;
+  FO_RETURN_IF_NOT_OK(Watchdog::Get().TakeEvent(comm.device, &started));
+  cudaError_t err = cudaEventRecord(started, comm.stream);
+  if (err != cudaSuccess) {
+    Watchdog::Get().GiveBack(comm.device, started);
+    return CudaStatus(err, "cudaEventRecord");
+  }
+  comm.watch_started = started;
+  return Status::Ok();
+}
+
+void WatchAbandon(Communicator& comm) {
+  if (comm.watch_started == nullptr) return;
+  Watchdog::Get().GiveBack(comm.device, comm.watch_started);
+  comm.watch_started = nullptr;
+}
+
 Status WatchCall(Communicator& comm, const char* op) {
   if (comm.watchdog_seconds <= 0) return Status::Ok();
-  FO_RETURN_IF_CUDA(LaunchAbortCheck(comm.stream, comm.abort_flag));
-  return Watchdog::Get().Watch(comm, op);
+  if (comm.watch_started == nullptr) {
+    return Status::Error("watchdog: the call's start was not recorded (WatchStart)");
+  }
+  cudaEvent_t started = comm.watch_started;
+  comm.watch_started = nullptr;
+  Status status = CudaStatus(LaunchAbortCheck(comm.stream, comm.abort_flag), "abort check kernel");
+  if (!status.ok()) {
+    Watchdog::Get().GiveBack(comm.device, started);
+    return status;
+  }
+  return Watchdog::Get().Watch(comm, op, started);
 }
 
 }  // namespace flashoverlap

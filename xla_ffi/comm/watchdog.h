@@ -5,8 +5,12 @@
 //   * the comm stream waits for the GEMM's counters with the spin kernel, which also reads
 //     the communicator's abort flag (host-mapped memory), and a check kernel runs after the
 //     call's last NCCL operation;
-//   * the call's end is an event registered with one background thread;
-//   * when an event has not completed after the timeout, that thread prints which op,
+//   * the call's start and end are events on the comm stream, registered with one
+//     background thread (started when the first watched communicator is made);
+//   * the timeout counts from when the start event completes (the GPU reached the call), not
+//     from when the handler enqueued it: JAX enqueues whole programs and dispatches later
+//     steps ahead, so a call may wait behind seconds of earlier work without anything hanging;
+//   * when the end has not completed after the timeout, that thread prints which op,
 //     device and rank hung and for how long, sets the abort flag (the spin / check kernels
 //     then trap: the XLA program fails with a CUDA error instead of returning wrong data),
 //     and calls ncclCommAbort so NCCL's kernels stop waiting for the peer. A CUDA context
@@ -36,9 +40,17 @@ Status FreeWatchdog(Communicator& comm);
 // At the start of a call: an error if the watchdog has aborted this communicator.
 Status CheckNotAborted(const Communicator& comm, const char* op);
 
+// Where the call's work begins on comm.stream (StartCall): records its start event, kept in
+// comm.watch_started until WatchCall. No-op when the watchdog is off. Under comm.call_mutex.
+Status WatchStart(Communicator& comm);
+
 // At the end of a call, after its last operation on comm.stream: enqueues the check
-// kernel and registers the call with the watchdog thread. No-op when the watchdog is off.
+// kernel and registers the call (its start and end) with the watchdog thread. No-op when
+// the watchdog is off.
 Status WatchCall(Communicator& comm, const char* op);
+
+// A call that failed before WatchCall: its start event goes back to the spares.
+void WatchAbandon(Communicator& comm);
 
 // Device side (watchdog_kernel.cu): traps when *abort_flag != 0.
 cudaError_t LaunchAbortCheck(cudaStream_t stream, const volatile int* abort_flag);

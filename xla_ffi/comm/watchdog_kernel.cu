@@ -15,8 +15,8 @@ __global__ void AbortCheckKernel(const volatile int* abort_flag) {
 }  // namespace
 
 cudaError_t LaunchAbortCheck(cudaStream_t stream, const volatile int* abort_flag) {
-  AbortCheckKernel<<<1, 1, 0, stream>>>(abort_flag);
-  return cudaGetLastError();
+  void* args[] = {&abort_flag};  // cudaLaunchKernel: this launch's own error (stream_wait_kernel.cu)
+  return cudaLaunchKernel(AbortCheckKernel, dim3(1), dim3(1), args, 0, stream);
 }
 
 }  // namespace flashoverlap

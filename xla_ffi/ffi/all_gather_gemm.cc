@@ -30,9 +30,10 @@ ffi::Error ValidateAg(const Communicator* comm, ffi::AnyBuffer x, ffi::AnyBuffer
                       int32_t world_size, int32_t comm_sms, int32_t chunks, int64_t comm_id,
                       int device, int32_t transpose_w) {
   FO_RETURN_IF_ERROR(CheckCommunicator(kOp, comm, world_size, comm_id, device));
-  FO_CHECK_ARG(comm_sms >= 1 && comm->comm_sms >= 1,
-               kOp << ": comm_sms must be >= 1 (got " << comm_sms << ", communicator "
-                   << comm->comm_sms << "): NCCL needs free SMs while the GEMM waits for it");
+  FO_CHECK_ARG(comm_sms >= 1 && comm->comm_sms >= 1 && comm_sms >= comm->comm_sms,
+               kOp << ": comm_sms must be >= 1 and at least the communicator's CTA cap (got "
+                   << comm_sms << ", communicator " << comm->comm_sms
+                   << "): NCCL needs free SMs while the GEMM waits for it");
   FO_RETURN_IF_ERROR(CheckGemmOperands(kOp, x, w, out, transpose_w));
   const int64_t r = x.dimensions()[0], k = x.dimensions()[1], n = GemmN(w, transpose_w);
   auto od = out.dimensions();

@@ -30,11 +30,16 @@ ffi::Error CollectiveImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer y,
   auto yd = y.dimensions();
   FO_CHECK_ARG(yd.size() == 2, op << ": y must be 2-D");
   const int64_t m = yd[0], n = yd[1];
-  const size_t bytes = static_cast<size_t>(m) * n * 2;
-  FO_CHECK_ARG(comm->workspace_bytes >= bytes, op << ": workspace too small");
+  FO_RETURN_IF_ERROR(CheckWorkspace(op, *comm, static_cast<size_t>(m) * n * 2));
   FO_CHECK_ARG(num_groups >= 1 && m % (int64_t(num_groups) * world_size) == 0,
                op << ": M=" << m << " must split into " << num_groups << " x " << world_size);
   FO_CHECK_ARG(num_groups <= kMaxGroups, op << ": at most " << kMaxGroups << " groups");
+  // Every group's result is written to the output: it must hold all of them.
+  const int64_t out_elems = reduce_scatter ? m / world_size * n : m * n;
+  FO_CHECK_ARG(out->element_type() == dtype &&
+                   out->element_count() == static_cast<size_t>(out_elems),
+               op << ": the output must hold " << out_elems << " elements of y's dtype, got "
+                  << out->element_count());
   const CollectiveKind kind =
       reduce_scatter ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce;
   return ToFfiError(RunCollectiveOnly(*comm, stream, kind, m, n,

@@ -51,6 +51,10 @@ inline ffi::Error PoisonCall(const char* op, int32_t poison_outputs, cudaStream_
 
 // The communicator's workspace (sized at lowering) holds what this call needs.
 inline ffi::Error CheckWorkspace(const char* op, const Communicator& comm, size_t bytes) {
+  FO_CHECK_ARG(comm.workspace_bytes >= bytes || comm.workspace_error.empty(),
+               op << ": no communication workspace on device " << comm.device
+                  << ": allocating it when the op was lowered failed (" << comm.workspace_error
+                  << "); free device memory (XLA_PYTHON_CLIENT_MEM_FRACTION) and lower again");
   FO_CHECK_ARG(comm.workspace_bytes >= bytes,
                op << ": communication workspace has " << comm.workspace_bytes << " bytes, needs "
                   << bytes << " (jax_flashoverlap.comm.ensure_communicators sizes it at lowering)");

@@ -27,6 +27,11 @@ ffi::Error ValidateA2a(const Communicator* comm, ffi::AnyBuffer x, ffi::AnyBuffe
                        int32_t concat, ffi::Span<const int32_t> band_rows, int64_t comm_id,
                        int device, int32_t transpose_w, AllToAllShape* shape) {
   FO_RETURN_IF_ERROR(CheckCommunicator(kOp, comm, world_size, comm_id, device));
+  // ncclSend from a registered window hung on 2 x H200 (communicator.h): never on one.
+  FO_CHECK_ARG(comm->peer_to_peer,
+               kOp << ": comm_id " << comm_id << " names a collective communicator; the "
+                      "all-to-all runs on a point-to-point one (comm.ensure_communicators("
+                      "peer_to_peer=True))");
   FO_CHECK_ARG((split == 0 || split == 1) && (concat == 0 || concat == 1),
                kOp << ": split_axis and concat_axis must be 0 or 1, got " << split << " and "
                    << concat);
