@@ -3,8 +3,13 @@ expected, before anything reaches a kernel."""
 
 from __future__ import annotations
 
-import numpy as np
+import contextlib
+import functools
+import threading
+
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jax_flashoverlap import _compat, comm
 
@@ -78,13 +83,56 @@ def check_transpose_w(op: str, transpose_w) -> bool:
   return check_flag(op, "transpose_w", transpose_w, " (True: w is [N, K])")
 
 
+_partitioner = threading.local()
+
+
+@contextlib.contextmanager
+def partitioner_axes(axis_names):
+  """Inside a custom partitioner's per-device function (the global views): JAX binds the
+  mesh axes there through an axis env, with no shard_map around, so they count as manual."""
+  outer = getattr(_partitioner, "axes", ())
+  _partitioner.axes = outer + tuple(axis_names)
+  try:
+    yield
+  finally:
+    _partitioner.axes = outer
+
+
+def partitioner_lowering(mesh):
+  """Decorates a partition callback's per-device function: runs it under partitioner_axes."""
+  def wrap(fn):
+    @functools.wraps(fn)
+    def lower(*args):
+      with partitioner_axes(mesh.axis_names):
+        return fn(*args)
+    return lower
+  return wrap
+
+
+def _manual_axes():
+  """Mesh axes made manual by the enclosing shard_map (or pmap, or a global view's
+  partitioner), () outside one; None when this JAX does not say (then only boundness is
+  checked)."""
+  get = getattr(jax.sharding, "get_abstract_mesh", None)
+  mesh = get() if get is not None else None
+  manual = () if mesh is None or getattr(mesh, "empty", False) else getattr(
+      mesh, "manual_axes", None)
+  if manual is None:
+    return None
+  return tuple(manual) + getattr(_partitioner, "axes", ())
+
+
 def check_axis_name(op: str, axis_name) -> int:
-  """Checks every axis in `axis_name` is a bound shard_map mesh axis; returns the group size."""
+  """Checks every axis in `axis_name` is a bound, manual mesh axis of the enclosing
+  shard_map; returns the group size. A vmap axis name is bound too, but the ops' collectives
+  (and their kernels) run over mesh devices only: JAX fails on it later with a bare
+  AssertionError / NameError, so it is refused here."""
   axes = comm.normalize_axes(axis_name)
   if not axes:
     raise AxisNameError(f"{op}: axis_name must name at least one mesh axis, got {axis_name!r}")
   bound = _compat.bound_axis_names()
   mesh_axes = _compat.mesh_axis_names()
+  manual = _manual_axes()
   for a in axes:
     if not isinstance(a, str):
       raise TypeError(f"{op}: axis_name must be a mesh axis name (str) or a tuple of them, "
@@ -96,6 +144,11 @@ def check_axis_name(op: str, axis_name) -> int:
     if mesh_axes is not None and a not in mesh_axes:
       raise AxisNameError(f"{op}: axis_name {a!r} is not an axis of the enclosing mesh "
                           f"{tuple(mesh_axes)}; vmap axis names are not supported")
+    if manual is not None and a not in manual:
+      where = (f"its manual axes are {manual}" if manual
+               else "no jax.shard_map encloses this call")
+      raise AxisNameError(f"{op}: axis_name {a!r} is not a mesh axis of an enclosing "
+                          f"jax.shard_map ({where}); vmap axis names are not supported")
   return int(np.prod([_compat.axis_size(a) for a in axes]))
 
 
@@ -104,5 +157,7 @@ def check_comm_sms(op: str, comm_sms) -> None:
     return
   if not isinstance(comm_sms, (int, np.integer)) or isinstance(comm_sms, bool):
     raise TypeError(f"{op}: comm_sms must be an int or None, got {comm_sms!r}")
-  if not 0 <= int(comm_sms) < 132:
-    raise ValueError(f"{op}: comm_sms must be in [0, 132), got {comm_sms}")
+  from jax_flashoverlap.plan import MAX_COMM_SMS
+  if not 0 <= int(comm_sms) <= MAX_COMM_SMS:
+    raise ValueError(f"{op}: comm_sms must be in [0, {MAX_COMM_SMS}] (the GEMM keeps at least "
+                     f"one 2-SM cluster), got {comm_sms}")

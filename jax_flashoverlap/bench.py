@@ -49,6 +49,32 @@ def _parse_shape(text):
   return tuple(parts)
 
 
+def check_tp_shape(shape, world: int, collectives=("all_reduce",), what="--world") -> None:
+  """A global MxNxK of a row-parallel problem splits over `world` devices into a GEMM the ops
+  take (K per device and N multiples of 8; reduce-scatter: M divisible), else a ValueError
+  naming the option: checked at argument parsing, before any compile."""
+  m, n, k = shape
+  head = f"--shapes {m}x{n}x{k}"
+  if k % world or (k // world) % 8:
+    raise ValueError(f"{head}: K={k} must split over {what} {world} into a multiple of 8 per "
+                     f"device (the GEMM's K), got K / {world} = {k / world:g}")
+  if n % 8:
+    raise ValueError(f"{head}: N={n} must be a multiple of 8")
+  if "reduce_scatter" in collectives and m % world:
+    raise ValueError(f"{head}: reduce_scatter over {what} {world} needs M divisible by "
+                     f"{world}, got M={m}")
+
+
+def resolve_world(parser, world: int) -> int:
+  """--world (0: every device) checked against the devices JAX has: a parser error (exit 2)
+  instead of silently slicing the device list (-1 dropped the last device)."""
+  import jax
+  count = len(jax.devices())
+  if not 0 <= world <= count:
+    parser.error(f"--world must be in [1, {count}] (the devices here; 0: all), got {world}")
+  return world or count
+
+
 def time_variants(variants: dict, *, calls: int, samples: int, warmup: int = 3) -> dict:
   """{name: (fn, args)} -> {name: {"median_ms", "samples_ms"}}, interleaved round-robin."""
   for fn, args in variants.values():
@@ -241,6 +267,8 @@ def nccl_capped_fn(pb, plan):
   import jax_flashoverlap as fo
   from jax_flashoverlap import _ext
   target = "flashoverlap_collective"
+  if capped_groups(pb.m, pb.world, plan.num_groups) is None:
+    return None
   if not fo.comm.mesh_is_local_gpu(pb.mesh) or target not in _ext.available_targets():
     return None
   _ext.register_targets()
@@ -249,7 +277,9 @@ def nccl_capped_fn(pb, plan):
   cid = fo.comm.ensure_communicators(pb.mesh, "tp", comm_sms=plan.comm_sms,
                                      workspace_bytes=m * n * pb.dtype.itemsize,
                                      cta_policy=getattr(plan, "cta_policy", "default"))
-  groups = plan.num_groups if m % (plan.num_groups * world) == 0 else 1
+  groups = capped_groups(m, world, plan.num_groups)
+  if groups is None:
+    return None
   out_rows = m // world if rs else m
 
   def body(y):
@@ -261,12 +291,22 @@ def nccl_capped_fn(pb, plan):
                                out_specs=P("tp", None), check_vma=False))
 
 
+def capped_groups(m: int, world: int, num_groups: int) -> int | None:
+  """Groups of the capped collective alone on a per-device [m, n] buffer: its handler
+  (xla_ffi/ffi/collective.cc) needs m % (groups * world) == 0, even for one group, so the
+  plan's count or the largest below it that splits m; None (no such variant) when m % world."""
+  for g in range(max(1, num_groups), 0, -1):
+    if m % (g * world) == 0:
+      return g
+  return None
+
+
 def _other_variants(pb, args) -> dict:
   """The comparison programs of bench_variants that run in this process (jitted, compiled)."""
   out = {}
   if "two_chunk" in args.variants:
     out["two_chunk"] = bench_variants.two_chunk(pb)
-  if "ppermute_ring" in args.variants:
+  if "ppermute_ring" in args.variants and pb.m % pb.world == 0:  # its ring moves row blocks
     out["ppermute_ring"] = bench_variants.ppermute_ring(pb)
   if "chain" in args.variants:
     out["xla_chain"] = bench_variants.chained(pb, lambda x, w: pb.coll(x @ w))
@@ -389,7 +429,8 @@ def bench_sweep(args) -> dict:
         with fo.plan.forced(num_groups=groups or None, comm_sms=sms):
           errors[name] = relative_error(fn(*pb.args), ref32)  # compiles here
           if not uses_custom_call(fn, pb.args, pb.target):
-            raise RuntimeError(f"{name}: our custom call is not in the compiled program")
+            raise RuntimeError(f"{name}: our custom call is not in the compiled program: "
+                               f"{fo.info()['paths']['matmul_' + collective]['why']}")
         variants[name] = (fn, pb.args)
     timing = time_variants(variants, calls=args.calls, samples=args.samples)
     t = {v: r["median_ms"] for v, r in timing.items()}
@@ -417,6 +458,39 @@ def _git_commit() -> str:
     return commit if out.returncode == 0 and len(commit) == 40 else "unknown"
   except (OSError, subprocess.SubprocessError):
     return "unknown"
+
+
+def _check_numbers(parser, args) -> None:
+  """Numbers the benchmarks divide by or pass to the ops, as parser errors (exit 2) naming the
+  option, before any device work (they were tracebacks: --samples 0, --world 0, ...)."""
+  from jax_flashoverlap.plan import MAX_COMM_SMS, MAX_GROUPS
+  for name in ("calls", "samples"):
+    if getattr(args, name) < 1:
+      parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+  if args.kind == "gemm" and args.world < 1:
+    parser.error(f"--world must be >= 1 (per-GPU K = K / world), got {args.world}")
+  for sms in getattr(args, "comm_sms", ()):
+    if not 0 <= sms <= MAX_COMM_SMS:
+      parser.error(f"--comm-sms values must be in [0, {MAX_COMM_SMS}], got {sms}")
+  for groups in getattr(args, "groups", ()):
+    if not 0 <= groups <= MAX_GROUPS:
+      parser.error(f"--groups values must be in [0, {MAX_GROUPS}] (0: the cost model's), "
+                   f"got {groups}")
+  if getattr(args, "trace", 0) < 0:
+    parser.error(f"--trace must be >= 0, got {args.trace}")
+
+
+def _check_shapes(parser, args) -> None:
+  """Every --shapes value splits over the mesh as the subcommand's ops need."""
+  try:
+    for m, n, k in args.shapes:
+      if args.kind == "a2a":
+        for op in args.ops:
+          bench_a2a.check_shape(op, m, n, args.world, k)
+      else:
+        check_tp_shape((m, n, k), args.world, getattr(args, "collectives", ()))
+  except ValueError as err:
+    parser.error(str(err))
 
 
 def main(argv=None) -> int:
@@ -456,11 +530,20 @@ def main(argv=None) -> int:
       p.add_argument("--collectives", nargs="+", default=["all_reduce", "reduce_scatter"],
                      choices=("all_reduce", "reduce_scatter"))
   args = parser.parse_args(argv)
+  _check_numbers(parser, args)
   import jax_flashoverlap as fo
   fo.distributed.initialize()  # no-op unless started by jax_flashoverlap.launch
   import jax
   if args.kind == "gemm" and jax.process_count() > 1:
     parser.error("gemm runs on one GPU in one process; launch it without jax_flashoverlap.launch")
+  if args.kind == "sweep" and jax.default_backend() != "gpu":  # as tune: ours is XLA's there
+    print("jax_flashoverlap.bench sweep: needs GPUs (JAX's backend here is "
+          f"{jax.default_backend()!r}); off GPU every forced plan lowers to XLA's dot + "
+          "collective", file=sys.stderr)
+    return 2
+  if args.kind != "gemm":  # gemm's --world only divides K
+    args.world = resolve_world(parser, args.world)
+  _check_shapes(parser, args)
   result = {"gemm": bench_gemm, "overlap": bench_overlap, "sweep": bench_sweep,
             "a2a": bench_a2a.bench_a2a}[args.kind](args)
   result.update({

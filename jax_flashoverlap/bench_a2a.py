@@ -55,8 +55,9 @@ def _programs(op, mesh):
           smap(ours_fn(op), ins, out), smap)
 
 
-def check_shape(op, m, n, world) -> None:
-  """The global shape splits as the op needs over `world` devices (else a clear error)."""
+def check_shape(op, m, n, world, k=None) -> None:
+  """The global shape splits as the op needs over `world` devices, and (k given) the per-device
+  GEMM's K and N are multiples of 8 (else a clear error)."""
   need = {"all_gather": (("M", m, world), ("N", n, world)),
           "all_to_all": (("M", m, world * world),),
           "all_to_all_ulysses": (("M", m, world), ("N", n, world))}[op]
@@ -64,6 +65,11 @@ def check_shape(op, m, n, world) -> None:
     if size % by:
       raise ValueError(f"bench a2a --shapes: {op} on {world} devices needs {name} divisible by "
                        f"{by}, got {name}={size}")
+  n_local = n // world if op == "all_gather" else n  # w's columns are sharded there
+  for name, size in (("K", k), ("N per device" if op == "all_gather" else "N", n_local)):
+    if size is not None and size % 8:
+      raise ValueError(f"bench a2a --shapes: {op} needs {name} to be a multiple of 8, got "
+                       f"{size}")
 
 
 def bench_a2a(args) -> dict:

@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import contextlib
 import math
+import numbers
 import os
 import threading
 
@@ -488,8 +489,24 @@ def forced(num_groups: int | None = None, comm_sms: int | None = None, overlap: 
   overlap=False forces XLA's dot + collective. For tuning: jit-compile inside the context."""
   if num_groups is not None and band_rows is not None:
     raise ValueError("forced(): give num_groups or band_rows, not both")
+  check_forced(num_groups=num_groups, comm_sms=comm_sms)
   bands = None if band_rows is None else tuple(int(b) for b in band_rows)
   return _override.active((num_groups, comm_sms, overlap, bands, cta_policy))
+
+
+def check_forced(**values) -> None:
+  """forced()'s numbers (plan_a2a's too), checked when the context is made: they reach the
+  lowered custom call as they are (num_groups=0 used to become one group silently)."""
+  bounds = {"num_groups": (1, MAX_GROUPS), "comm_sms": (0, MAX_COMM_SMS),
+            "chunks": (1, MAX_GROUPS)}
+  for name, value in values.items():
+    if value is None:
+      continue
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+      raise TypeError(f"forced(): {name} must be an int or None, got {value!r}")
+    low, high = bounds[name]
+    if not low <= value <= high:
+      raise ValueError(f"forced(): {name} must be in [{low}, {high}], got {value}")
 
 
 def is_forced() -> bool:

@@ -45,6 +45,10 @@ def reference_gemm_reduce_scatter(x, w, *, axis_name, transpose_w=False):
 # --- primitive construction --------------------------------------------------------------
 
 
+# primitive -> (its reference composition, the filter of the params that reference takes)
+_REFERENCES = {}
+
+
 def make_primitive(name, reference, reference_keys=("axis_name", "transpose_w"),
                    multiple_results=False):
   """A primitive whose output type comes from tracing `reference(x, w, **params)` and whose
@@ -56,6 +60,7 @@ def make_primitive(name, reference, reference_keys=("axis_name", "transpose_w"),
 
   prim = _compat.Primitive(name)
   prim.multiple_results = multiple_results
+  _REFERENCES[prim] = (reference, reference_params)
   prim.def_impl(functools.partial(_compat.apply_primitive, prim))
 
   def abstract_eval(x, w, **params):
@@ -98,6 +103,7 @@ def _collective_cuda_lowering(prim, reference_lowering, collective):
   def lowering(ctx, x, w, *, axis_name, comm_sms, transpose_w):
     use_cuda, _ = _ext.check_cuda_path(prim.name)
     if not use_cuda:
+      publish_decision(prim.name, ctx, {"overlap": False})
       return reference_lowering(ctx, x, w, axis_name=axis_name, transpose_w=transpose_w)
     mesh, world, x_aval, w_aval, dtype, (m, n, k) = lowering_problem(ctx, axis_name,
                                                                      transpose_w)
@@ -105,13 +111,14 @@ def _collective_cuda_lowering(prim, reference_lowering, collective):
     plan = plan_lib.choose_plan(collective, m, n, k, world, dtype.itemsize, comm_sms,
                                 gpu=comm.mesh_gpu_name(mesh), dtype=dtype.name,
                                 in_place=in_place)
-    if keep_reference(plan, comm_sms, plan_lib.is_forced()):
-      return reference_lowering(ctx, x, w, axis_name=axis_name, transpose_w=transpose_w)
     comm_id = prepare_communicators(
         prim.name, mesh, axis_name,
         {"band_rows": list(plan.band_rows), "in_place": in_place, "cta_policy": plan.cta_policy},
-        plan.comm_sms, 0 if in_place else m * n * dtype.itemsize,
-        f"x {tuple(x_aval.shape)} w {tuple(w_aval.shape)}", cta_policy=plan.cta_policy)
+        plan.comm_sms, 0 if in_place else m * n * dtype.itemsize, ctx,
+        cta_policy=plan.cta_policy,
+        overlap=not keep_reference(plan, comm_sms, plan_lib.is_forced()))
+    if comm_id is None:
+      return reference_lowering(ctx, x, w, axis_name=axis_name, transpose_w=transpose_w)
     attrs = {"in_place": np.int32(in_place)} if collective == "all_reduce" else {}
     return emit_call(prim, ctx, x, w, comm_id, world, plan.comm_sms, transpose_w,
                      band_rows=np.asarray(plan.band_rows, dtype=np.int32), **attrs)
@@ -141,16 +148,32 @@ def keep_reference(plan, comm_sms, forced: bool) -> bool:
   return not plan.overlap and (forced or (comm_sms is None and _ext.fallback_enabled()))
 
 
-def prepare_communicators(name, mesh, axis_name, plan_fields, comm_sms, workspace_bytes,
-                          shapes, peer_to_peer=False, cta_policy="default") -> int:
-  """At lowering: the comm_id of the plan's communicators, the plan checked identical on every
-  process (a plan that differs would hang NCCL), and the communicators made here when the
-  program runs on this machine's GPUs (not when cross-lowering)."""
-  comm_id = comm.comm_id_for(mesh, axis_name, comm_sms, peer_to_peer, cta_policy)
+def publish_decision(name, ctx, decision) -> None:
+  """With several processes, every CUDA lowering of a collective op publishes its decision
+  (our kernels or XLA's composition, and the plan) exactly once, whichever path it takes: the
+  n-th check of each process is compared with the n-th of the others, so one process keeping
+  XLA's path while another runs the kernels (a switch or tuned config set on one process
+  only) is a DistributedMismatchError on both, not a peer waiting for a check that never
+  comes, or for NCCL calls that never match."""
   if jax.process_count() > 1:
     from jax_flashoverlap import distributed
-    distributed.check_identical(f"the group plan of {name} for {shapes}",
-                                dict(plan_fields, comm_id=comm_id, comm_sms=comm_sms))
+    x_aval, w_aval = ctx.avals_in
+    distributed.check_identical(
+        f"the group plan of {name} for x {tuple(x_aval.shape)} w {tuple(w_aval.shape)}",
+        decision)
+
+
+def prepare_communicators(name, mesh, axis_name, plan_fields, comm_sms, workspace_bytes,
+                          ctx, peer_to_peer=False, cta_policy="default", overlap=True):
+  """At lowering: the decision and plan checked identical on every process (publish_decision),
+  then None when `overlap` is False (XLA's composition runs), else the comm_id of the plan's
+  communicators, made here when the program runs on this machine's GPUs (not when
+  cross-lowering)."""
+  comm_id = comm.comm_id_for(mesh, axis_name, comm_sms, peer_to_peer, cta_policy)
+  publish_decision(name, ctx, dict(plan_fields, comm_id=comm_id, comm_sms=comm_sms,
+                                   overlap=bool(overlap)))
+  if not overlap:
+    return None
   if comm.mesh_is_local_gpu(mesh):
     comm.ensure_communicators(mesh, axis_name, comm_sms=comm_sms,
                               workspace_bytes=workspace_bytes, peer_to_peer=peer_to_peer,
@@ -190,8 +213,24 @@ def _fold_x_rows(x, world):
   return x.reshape(b, world, m // world, k).transpose(1, 0, 2, 3).reshape(b * m, k)
 
 
+def empty_batch(prim, args, dims, params):
+  """The batching rule's answer for a batch of size 0, else None. Nothing to compute or
+  overlap (and folding would divide by 0): XLA's composition, vmapped, returns the empty
+  result with the primitive's own output type."""
+  size = next(a.shape[d] for a, d in zip(args, dims) if d is not _compat.not_mapped)
+  if size:
+    return None
+  reference, reference_params = _REFERENCES[prim]
+  in_axes = tuple(None if d is _compat.not_mapped else d for d in dims)
+  out = jax.vmap(lambda x, w: reference(x, w, **reference_params(params)), in_axes)(*args)
+  return (list(out), [0] * len(out)) if prim.multiple_results else (out, 0)
+
+
 def _batch_rule(prim, world_of):
   def rule(args, dims, **params):
+    empty = empty_batch(prim, args, dims, params)
+    if empty is not None:
+      return empty
     x, w = args
     bx, bw = dims
     not_mapped = _compat.not_mapped

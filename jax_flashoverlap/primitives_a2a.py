@@ -21,8 +21,9 @@ import numpy as np
 from jax import lax
 
 from jax_flashoverlap import _compat, _ext, comm, plan_a2a
-from jax_flashoverlap.primitives import (dot, emit_call, keep_reference, lowering_problem,
-                                         make_primitive, prepare_communicators)
+from jax_flashoverlap.primitives import (dot, emit_call, empty_batch, keep_reference,
+                                         lowering_problem, make_primitive,
+                                         prepare_communicators, publish_decision)
 
 # --- reference compositions (also the CPU lowering) --------------------------------------
 
@@ -49,15 +50,15 @@ all_gather_gemm_p, _ag_reference_lowering = make_primitive(
 # --- CUDA lowerings ------------------------------------------------------------------------
 
 
-def _prepare_comm(prim, mesh, axis_name, plan_fields, comm_sms, workspace_bytes, shapes,
-                  collective_gather=False):
+def _prepare_comm(prim, mesh, axis_name, plan_fields, comm_sms, workspace_bytes, ctx,
+                  overlap, collective_gather=False):
   # ncclSend/ncclRecv: their peer connections are made at lowering too (ConnectPeers). The
   # collective gather: a collective communicator (registered window) with CTA policy ZERO.
   if collective_gather:
     return prepare_communicators(prim.name, mesh, axis_name, plan_fields, comm_sms,
-                                 workspace_bytes, shapes, cta_policy="zero")
+                                 workspace_bytes, ctx, cta_policy="zero", overlap=overlap)
   return prepare_communicators(prim.name, mesh, axis_name, plan_fields, comm_sms,
-                               workspace_bytes, shapes, peer_to_peer=True)
+                               workspace_bytes, ctx, peer_to_peer=True, overlap=overlap)
 
 
 def _a2a_cuda_lowering(ctx, x, w, *, axis_name, split_axis, concat_axis, comm_sms,
@@ -68,19 +69,21 @@ def _a2a_cuda_lowering(ctx, x, w, *, axis_name, split_axis, concat_axis, comm_sm
                                 transpose_w=transpose_w)
   use_cuda, _ = _ext.check_cuda_path(prim.name)
   if not use_cuda:
+    publish_decision(prim.name, ctx, {"overlap": False})
     return reference()
   mesh, world, x_aval, w_aval, dtype, (m, n, k) = lowering_problem(ctx, axis_name, transpose_w)
   if plan_a2a.a2a_supported(m, n, world, split_axis) is not None:
+    publish_decision(prim.name, ctx, {"overlap": False})
     return reference()
   plan = plan_a2a.choose_a2a_plan(m, n, k, world, split_axis, concat_axis, dtype.itemsize,
                                   comm_sms, gpu=comm.mesh_gpu_name(mesh), dtype=dtype.name)
-  if keep_reference(plan, comm_sms, plan_a2a.is_forced()):
-    return reference()
   workspace = m * n * dtype.itemsize * (2 if concat_axis == 1 else 1)
   comm_id = _prepare_comm(prim, mesh, axis_name,
                           {"band_rows": list(plan.band_rows), "comm_sms": plan.comm_sms},
-                          plan.comm_sms, workspace,
-                          f"x {tuple(x_aval.shape)} w {tuple(w_aval.shape)}")
+                          plan.comm_sms, workspace, ctx,
+                          overlap=not keep_reference(plan, comm_sms, plan_a2a.is_forced()))
+  if comm_id is None:
+    return reference()
   return emit_call(prim, ctx, x, w, comm_id, world, plan.comm_sms, transpose_w,
                    split_axis=np.int32(split_axis), concat_axis=np.int32(concat_axis),
                    band_rows=np.asarray(plan.band_rows, dtype=np.int32))
@@ -92,26 +95,28 @@ def _ag_cuda_lowering(ctx, x, w, *, axis_name, comm_sms, transpose_w, return_gat
                                 transpose_w=transpose_w, return_gathered=return_gathered)
   use_cuda, _ = _ext.check_cuda_path(prim.name)
   if not use_cuda:
+    publish_decision(prim.name, ctx, {"overlap": False})
     return reference()
   mesh, world, x_aval, w_aval, dtype, (rows, n, k) = lowering_problem(ctx, axis_name,
                                                                       transpose_w)
   # One rank has nothing to gather: XLA's composition, unless forced (tests run the whole
   # call, its flags and copies, through a 1-rank communicator).
   if plan_a2a.all_gather_supported(rows, n, world, one_rank=plan_a2a.is_forced()):
+    publish_decision(prim.name, ctx, {"overlap": False})
     return reference()
   plan = plan_a2a.choose_all_gather_plan(rows, n, k, world, dtype.itemsize, comm_sms,
                                          gpu=comm.mesh_gpu_name(mesh), dtype=dtype.name)
-  if keep_reference(plan, comm_sms, plan_a2a.is_forced()):
-    return reference()
   # Peer-to-peer with the gathered rows returned: they are received straight into that
   # output, no workspace.
   collective = plan.gather == "collective"
   workspace = 0 if return_gathered and not collective else world * rows * k * dtype.itemsize
   comm_id = _prepare_comm(prim, mesh, axis_name,
                           {"chunks": plan.chunks, "comm_sms": plan.comm_sms,
-                           "gather": plan.gather}, plan.comm_sms, workspace,
-                          f"x {tuple(x_aval.shape)} w {tuple(w_aval.shape)}",
+                           "gather": plan.gather}, plan.comm_sms, workspace, ctx,
+                          overlap=not keep_reference(plan, comm_sms, plan_a2a.is_forced()),
                           collective_gather=collective)
+  if comm_id is None:
+    return reference()
   return emit_call(prim, ctx, x, w, comm_id, world, plan.comm_sms, transpose_w,
                    chunks=np.int32(plan.chunks))
 
@@ -124,6 +129,9 @@ _compat.mlir.register_lowering(all_gather_gemm_p, _ag_cuda_lowering, platform="c
 
 def _map_batch_rule(prim):
   def rule(args, dims, **params):
+    empty = empty_batch(prim, args, dims, params)
+    if empty is not None:
+      return empty
     x, w = args
     bx, bw = dims
     not_mapped = _compat.not_mapped

@@ -36,9 +36,33 @@ def row_parallel_matmul(x, w, reduce: str = "all_reduce", axis_name=None, *,
     raise ValueError(f"{op}: reduce must be one of {REDUCTIONS}, got {reduce!r}")
   transpose_w = _validation.check_transpose_w(op, transpose_w)
   _validation.check_operands(op, x, w, x_rank="2", transpose_w=transpose_w)
+  check_global_axis_name(op, axis_name)
+  return refuse_vmap(op, _row_parallel_vjp, x, w, reduce, axis_name, transpose_w)
+
+
+def check_global_axis_name(op, axis_name):
+  """axis_name of a global view: None or a str; checked against the mesh here when one is
+  set (jax.set_mesh), else by the partitioner, the first to know the mesh."""
   if axis_name is not None and not isinstance(axis_name, str):
     raise TypeError(f"{op}: axis_name must be a mesh axis name (str) or None, got {axis_name!r}")
-  return _row_parallel_vjp(x, w, reduce, axis_name, transpose_w)
+  mesh_axes = _compat.mesh_axis_names()
+  if axis_name is not None and mesh_axes is not None and axis_name not in mesh_axes:
+    raise ValueError(f"{op}: axis_name {axis_name!r} is not an axis of the mesh {mesh_axes}")
+
+
+def refuse_vmap(op, call, *args):
+  """call(*args), with JAX's error for a vmapped custom_partitioning (it has no batching
+  rule: "Batching rule for 'custom_partitioning' not implemented") turned into one that
+  names the op and what to do instead."""
+  try:
+    return call(*args)
+  except NotImplementedError as err:
+    if "custom_partitioning" not in str(err):
+      raise
+    raise NotImplementedError(
+        f"{op}: jax.vmap of the global view is not supported (JAX's custom_partitioning, "
+        "which it is built on, has no batching rule); fold the batch into x's rows "
+        "(x.reshape(-1, K)) or vmap the per-device op inside jax.shard_map") from err
 
 
 def with_dot_gradient(fn, num_static):
@@ -63,8 +87,14 @@ def with_dot_gradient(fn, num_static):
 
 
 def define_partition(fn, partition, infer, sdy_rule):
-  """fn.def_partition, with the Shardy rule where this JAX has Shardy."""
-  kwargs = dict(partition=partition, infer_sharding_from_operands=infer)
+  """fn.def_partition, with the Shardy rule where this JAX has Shardy.
+
+  The callbacks get XLA's shardings undecoded (`decode_shardings=False`) and decode them
+  with `decode_spec`: Shardy may split a mesh axis into sub-axes (a rule's factor smaller
+  than the axis), which no PartitionSpec expresses and JAX's own decoding fails on
+  (`custom_partitioner: KeyError` before our callback runs)."""
+  kwargs = dict(partition=partition, infer_sharding_from_operands=infer,
+                decode_shardings=False)
   if _compat.SdyShardingRule is not None:
     kwargs["sharding_rule"] = sdy_rule
   fn.def_partition(**kwargs)
@@ -81,10 +111,47 @@ def _spec(sharding, ndim) -> tuple:
   return spec + (None,) * (ndim - len(spec))
 
 
-def _layout(mesh, x_sharding, w_sharding, reduce, axis_name, transpose_w):
+def decode_spec(mesh, value) -> tuple:
+  """The PartitionSpec entries (one per dim) of `value.sharding`, an XLA sharding over
+  `mesh`; all None (read as unsharded) when no PartitionSpec expresses it (a sub-axis) or
+  it is unknown. The partitioner then asks for the layout it needs and XLA reshards to it,
+  so a layout read as unsharded costs a reshard, never a wrong value."""
+  ndim, sharding = len(value.shape), value.sharding
+  unknown = (None,) * ndim
+  if sharding is None:
+    return unknown
+  if isinstance(sharding, NamedSharding):
+    return _spec(sharding, ndim)
+  try:  # from where each device's shard starts: public API only
+    index = sharding.devices_indices_map(tuple(value.shape))
+    devices = np.asarray(mesh.devices)
+    starts = [sorted({idx[i].start or 0 for idx in index.values()}) for i in range(ndim)]
+
+    def block(coord, i):  # which block of dim i the device at mesh coordinate `coord` holds
+      return starts[i].index(index[devices[coord]][i].start or 0)
+
+    spec = []
+    for i in range(ndim):
+      steps = []  # (blocks moved by one step along the mesh axis, axis): major axes first
+      for a, name in enumerate(mesh.axis_names):
+        if devices.shape[a] > 1:
+          one = tuple(int(j == a) for j in range(devices.ndim))
+          step = block(one, i) - block((0,) * devices.ndim, i)
+          if step:
+            steps.append((step, name))
+      axes = tuple(name for _, name in sorted(steps, reverse=True))
+      spec.append(axes[0] if len(axes) == 1 else (axes or None))
+    if NamedSharding(mesh, P(*spec)).is_equivalent_to(sharding, ndim):
+      return tuple(spec)
+  except (KeyError, ValueError, TypeError, IndexError):
+    pass
+  return unknown
+
+
+def _layout(mesh, x, w, reduce, axis_name, transpose_w):
   """Chooses (m_axes, k_axis) from the operands' shardings."""
-  x_spec = _spec(x_sharding, 2)
-  w_spec = _spec(w_sharding, 2)
+  x_spec = decode_spec(mesh, x)
+  w_spec = decode_spec(mesh, w)
   k_axes = _spec_axes(x_spec[1]) or _spec_axes(w_spec[1 if transpose_w else 0])
   k_axis = pick_axis("jax_flashoverlap.row_parallel_matmul", mesh, axis_name, k_axes, "K")
   m_axes = tuple(a for a in _spec_axes(x_spec[0]) if a != k_axis)
@@ -120,15 +187,30 @@ def _row_parallel(x, w, reduce, axis_name, transpose_w):
   return prims.dot(x, w, transpose_w)
 
 
+def safe_infer(layout_out):
+  """An infer_sharding_from_operands callback that never raises: under GSPMD an exception
+  there aborts the process (XLA CHECK-fails on it), while the same exception raised by the
+  partition callback reaches the caller as JaxRuntimeError. So a bad input gets a replicated
+  output here and its error from the partition callback, which runs the same checks."""
+  def infer(*args):
+    mesh = args[-3]
+    try:
+      return layout_out(*args)
+    except Exception:  # noqa: BLE001  (raised again by the partition callback)
+      return NamedSharding(mesh, P())
+  return infer
+
+
+@safe_infer
 def _infer(reduce, axis_name, transpose_w, mesh, arg_shapes, result_shape):
   x, w = arg_shapes
-  m_axes, k_axis = _layout(mesh, x.sharding, w.sharding, reduce, axis_name, transpose_w)
+  m_axes, k_axis = _layout(mesh, x, w, reduce, axis_name, transpose_w)
   return NamedSharding(mesh, _out_spec(m_axes, k_axis, reduce))
 
 
 def _partition(reduce, axis_name, transpose_w, mesh, arg_shapes, result_shape):
   x, w = arg_shapes
-  m_axes, k_axis = _layout(mesh, x.sharding, w.sharding, reduce, axis_name, transpose_w)
+  m_axes, k_axis = _layout(mesh, x, w, reduce, axis_name, transpose_w)
   op = "jax_flashoverlap.row_parallel_matmul"
   if reduce == "reduce_scatter" and k_axis is not None:
     m_local = x.shape[0]
@@ -141,6 +223,7 @@ def _partition(reduce, axis_name, transpose_w, mesh, arg_shapes, result_shape):
                    NamedSharding(mesh, P(None, k_axis) if transpose_w else P(k_axis, None)))
   out_sharding = NamedSharding(mesh, _out_spec(m_axes, k_axis, reduce))
 
+  @_validation.partitioner_lowering(mesh)
   def lower(x, w):
     if k_axis is None:
       # K not sharded: nothing to reduce, XLA's local dot (the signaling GEMM pays off next

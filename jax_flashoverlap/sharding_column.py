@@ -20,7 +20,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jax_flashoverlap import _compat, _validation, ops, primitives as prims
-from jax_flashoverlap.sharding import (_spec, _spec_axes, define_partition, pick_axis,
+from jax_flashoverlap.sharding import (_spec_axes, check_global_axis_name, decode_spec,
+                                       define_partition, pick_axis, refuse_vmap, safe_infer,
                                        with_dot_gradient)
 
 _OP = "jax_flashoverlap.column_parallel_matmul"
@@ -36,15 +37,14 @@ def column_parallel_matmul(x, w, axis_name=None, *, transpose_w: bool = False):
   """
   transpose_w = _validation.check_transpose_w(_OP, transpose_w)
   _validation.check_operands(_OP, x, w, x_rank="2", transpose_w=transpose_w)
-  if axis_name is not None and not isinstance(axis_name, str):
-    raise TypeError(f"{_OP}: axis_name must be a mesh axis name (str) or None, got {axis_name!r}")
-  return _column_parallel_vjp(x, w, axis_name, transpose_w)
+  check_global_axis_name(_OP, axis_name)
+  return refuse_vmap(_OP, _column_parallel_vjp, x, w, axis_name, transpose_w)
 
 
-def _layout(mesh, x_sharding, w_sharding, axis_name, transpose_w):
+def _layout(mesh, x, w, axis_name, transpose_w):
   """(row axes besides the gather axis, the gather axis or None, whether x's rows are
   sharded over it) from the operands' shardings."""
-  x_spec, w_spec = _spec(x_sharding, 2), _spec(w_sharding, 2)
+  x_spec, w_spec = decode_spec(mesh, x), decode_spec(mesh, w)
   axis = pick_axis(_OP, mesh, axis_name, _spec_axes(w_spec[0 if transpose_w else 1]), "N")
   row_axes = _spec_axes(x_spec[0])
   return tuple(a for a in row_axes if a != axis), axis, axis is not None and axis in row_axes
@@ -59,15 +59,16 @@ def _column_parallel(x, w, axis_name, transpose_w):
   return prims.dot(x, w, transpose_w)  # unpartitioned semantics
 
 
+@safe_infer
 def _infer(axis_name, transpose_w, mesh, arg_shapes, result_shape):
   x, w = arg_shapes
-  m_axes, axis, _ = _layout(mesh, x.sharding, w.sharding, axis_name, transpose_w)
+  m_axes, axis, _ = _layout(mesh, x, w, axis_name, transpose_w)
   return _out_sharding(mesh, m_axes, axis)
 
 
 def _partition(axis_name, transpose_w, mesh, arg_shapes, result_shape):
   x, w = arg_shapes
-  m_axes, axis, gathered = _layout(mesh, x.sharding, w.sharding, axis_name, transpose_w)
+  m_axes, axis, gathered = _layout(mesh, x, w, axis_name, transpose_w)
   if gathered:
     m_local = x.shape[0]
     for a in m_axes + (axis,):
@@ -81,6 +82,7 @@ def _partition(axis_name, transpose_w, mesh, arg_shapes, result_shape):
   w_spec = P(axis, None) if transpose_w else P(None, axis)
   arg_shardings = (NamedSharding(mesh, P(rows or None, None)), NamedSharding(mesh, w_spec))
 
+  @_validation.partitioner_lowering(mesh)
   def lower(x, w):
     if gathered:
       return ops.all_gather_matmul(x, w, axis, transpose_w=transpose_w)

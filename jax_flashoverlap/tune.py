@@ -94,16 +94,26 @@ def problem_comm_sms(m: int, n: int, requested, align: bool = True, k: int | Non
                  for c, limit in zip(values, limits)})
 
 
+def calibration_shape_error(shape, world: int) -> str | None:
+  """Why calibrate cannot fit the collective's curve for this global shape (it needs >= 2 of
+  CALIBRATION_GROUPS dividing M / world: 1 and 2), else None; then no plan could be predicted."""
+  if shape[0] % (2 * world) == 0:
+    return None
+  return (f"--shapes {'x'.join(map(str, shape))}: tuning a GEMM + collective needs M divisible "
+          f"by 2 * world = {2 * world} (the collective's calibration runs 1 and 2 groups per "
+          f"rank block), got M={shape[0]}")
+
+
 def _name(index: int, c) -> str:
   return f"plan{index}_sms{c.comm_sms}_g{c.num_groups}_{c.how}"
 
 
-def calibrate(pb, comm_sms_list, calls: int, samples: int) -> tuple:
+def calibrate(pb, comm_sms_list, calls: int, samples: int, cta_policy=None) -> tuple:
   """(Calibration, raw times in ms, the op runs {name: (comm_sms, band_rows, compiled fn)})
   for one problem: our GEMM alone on one device at each
   comm_sms, our capped collective alone at CALIBRATION_GROUPS group counts, and the op itself
   with CALIBRATION_PLAN_GROUPS even groups (the GEMM's slowdown beside NCCL, the per-group
-  cost)."""
+  cost); communicators under `cta_policy` (None: the default)."""
   import jax
   import jax.numpy as jnp
 
@@ -126,7 +136,8 @@ def calibrate(pb, comm_sms_list, calls: int, samples: int) -> tuple:
   coll_groups = [g for g in CALIBRATION_GROUPS if m % (g * world) == 0]
   for sms in comm_sms_list:
     for g in coll_groups:
-      fn = bench.nccl_capped_fn(pb, types.SimpleNamespace(comm_sms=sms, num_groups=g))
+      fn = bench.nccl_capped_fn(pb, types.SimpleNamespace(
+          comm_sms=sms, num_groups=g, cta_policy=cta_policy or "default"))
       if fn is None:
         raise RuntimeError("our capped collective is not available (CUDA extension)")
       variants[f"coll_sms{sms}_g{g}"] = (fn, (y,))
@@ -138,7 +149,7 @@ def calibrate(pb, comm_sms_list, calls: int, samples: int) -> tuple:
       if name in variants:  # too few rows for this many groups
         continue
       fn = pb.smap(pb.ours)
-      with plan_lib.forced(band_rows=bands, comm_sms=sms):
+      with plan_lib.forced(band_rows=bands, comm_sms=sms, cta_policy=cta_policy):
         fn(*pb.args).block_until_ready()  # compiles with the calibration plan
         if not bench.uses_custom_call(fn, pb.args, pb.target):
           raise RuntimeError("our overlapped op is not in the compiled program")
@@ -186,12 +197,20 @@ def tune_problem(pb, args, progress) -> tuple:
   label = f"{pb.collective} {pb.m}x{pb.n}x{pb.k}"
   m, n, world = pb.m, pb.n, pb.world
   k_local = pb.k // world
+  why = calibration_shape_error((m, n, pb.k), world)
+  if why:  # main() refuses such shapes; this guards other callers, before any GPU time
+    raise ValueError(why)
   progress.show(f"{label}: calibrating")
   comm_sms = problem_comm_sms(m, n, args.comm_sms, args.wave_align, k_local)
-  cal, cal_ms, op_runs = calibrate(pb, comm_sms, args.calls, args.samples)
+  # One --cta-policies value: every plan is calibrated and timed under it (several: the kept
+  # plan is timed under each, below).
+  policy = args.cta_policies[0] if len(args.cta_policies) == 1 else None
+  cal, cal_ms, op_runs = calibrate(pb, comm_sms, args.calls, args.samples, policy)
   progress.step(f"{label}: calibrated")
   cands = tune_model.candidates(pb.collective, m, n, world, cal, pb.dtype.itemsize)
   picked = tune_model.shortlist(cands, args.top)
+  if not picked:
+    raise RuntimeError(f"{label}: the calibration gave no candidate plan to time")
   progress.show(f"{label}: {len(cands)} candidates predicted, timing {len(picked)}")
   baseline = pb.baseline()
   ref32 = pb.reference_f32()
@@ -200,7 +219,7 @@ def tune_problem(pb, args, progress) -> tuple:
   names = [_name(i, c) for i, c in enumerate(picked)]
   for name, c in zip(names, picked):
     fn = pb.smap(pb.ours)
-    with plan_lib.forced(band_rows=c.band_rows, comm_sms=c.comm_sms):
+    with plan_lib.forced(band_rows=c.band_rows, comm_sms=c.comm_sms, cta_policy=policy):
       errors[name] = bench.relative_error(fn(*pb.args), ref32)  # compiles here
       if not bench.uses_custom_call(fn, pb.args, pb.target):
         raise RuntimeError(f"{name}: our custom call is not in the compiled program")
@@ -231,6 +250,8 @@ def tune_problem(pb, args, progress) -> tuple:
   entry = entry_for(pb.collective, pb.dtype.name, m, n, k_local, world, best,
                     measured.get(best, 0.0), t["xla_dot_collective"])
   policy_ms = {}
+  if best is not None and policy is not None:
+    entry["cta_policy"] = policy
   if best is not None and len(args.cta_policies) > 1:
     progress.show(f"{label}: CTA policies {args.cta_policies}")
     policy_ms = time_cta_policies(pb, best, args)
@@ -287,7 +308,8 @@ def main(argv=None) -> int:
   parser.add_argument("--cta-policies", nargs="+", default=["default", "efficiency"],
                       choices=("default", "efficiency", "zero"),
                       help="the communicator's ncclConfig_t.CTAPolicy values the kept plan is "
-                           "timed under (the fastest is kept, each one's time reported)")
+                           "timed under (the fastest is kept, each one's time reported); one "
+                           "value: every plan is calibrated and timed under it")
   parser.add_argument("--top", type=int, default=6,
                       help="candidate plans timed per problem (at least one per comm_sms)")
   parser.add_argument("--calls", type=int, default=10)
@@ -299,26 +321,41 @@ def main(argv=None) -> int:
   parser.add_argument("--report", help="write every calibration and timing here (JSON)")
   args = parser.parse_args(argv)
   for sms in args.comm_sms:
-    if not 1 <= sms < plan_lib.NUM_SMS:
-      parser.error(f"--comm-sms values must be in [1, {plan_lib.NUM_SMS}), got {sms}")
-  if args.top < 1:
-    parser.error(f"--top must be >= 1, got {args.top}")
+    if not 1 <= sms <= plan_lib.MAX_COMM_SMS:
+      parser.error(f"--comm-sms values must be in [1, {plan_lib.MAX_COMM_SMS}], got {sms}")
+  for name in ("top", "calls", "samples"):
+    if getattr(args, name) < 1:
+      parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
   import jax
   if jax.default_backend() != "gpu":
     print("jax_flashoverlap.tune: needs GPUs (JAX's backend here is "
           f"{jax.default_backend()!r}); nothing to tune on the reference path", file=sys.stderr)
     return 2
-  devices = jax.devices()[: args.world] if args.world else jax.devices()
-  args.world = len(devices)
+  args.world = bench.resolve_world(parser, args.world)
+  devices = jax.devices()[: args.world]
   gpu = devices[0].device_kind
+  for shape in args.shapes if args.collectives else ():
+    try:
+      bench.check_tp_shape(shape, args.world, args.collectives)
+    except ValueError as err:
+      parser.error(str(err))
+    why = calibration_shape_error(shape, args.world)
+    if why:
+      parser.error(why)
+  if not args.out:  # made now: a config dir set but missing fails every tuned-plan lookup
+    try:
+      tuning.user_config_dir().mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+      parser.error(f"cannot make the config dir {tuning.user_config_dir()} "
+                   f"(${tuning.CONFIG_DIR_ENV}): {err}")
   problems = list(bench._problems(args))
   if args.ops and args.world < 2:
     parser.error(f"--ops needs a mesh of >= 2 GPUs (over one device the all-to-all / "
                  f"all-gather ops are XLA's own composition), have {args.world}")
   op_problems = [(op, shape) for op in args.ops for shape in args.shapes]
-  for op, (m, n, _) in op_problems:  # before any GPU time is spent
+  for op, (m, n, k) in op_problems:  # before any GPU time is spent
     try:
-      bench_a2a.check_shape(op, m, n, args.world)
+      bench_a2a.check_shape(op, m, n, args.world, k)
     except ValueError as err:
       parser.error(str(err).replace("bench a2a", "tune"))
   if not problems and not op_problems:

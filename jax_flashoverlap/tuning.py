@@ -13,27 +13,40 @@ Optional: cta_policy ("default" | "efficiency" | "zero": the communicator's
 ncclConfig_t.CTAPolicy the plan runs with). Informative: measured_ms / baseline_ms (ours and
 XLA's dot + collective when tuned), predicted_ms and model_error (the tuner's measured cost
 model for the kept plan: predicted / measured - 1), cta_policy_ms (the kept plan's time under
-each policy tried).
+each policy tried), source (the command that wrote it). Any other key is an error (a typo).
 
 m, n, k are the per-device GEMM's (x [m, k], w [k, n]). Files are read from the package's
 `configs/` folder, then from the user's config dir ($JAX_FLASHOVERLAP_CONFIG_DIR, default
-~/.cache/jax_flashoverlap), whose entries win. A file that does not validate is an error that
-names the file and the field: silently ignoring it could give ranks different plans.
+~/.cache/jax_flashoverlap; when set, it must be a directory), whose entries win;
+$JAX_FLASHOVERLAP_TUNED=0 (an on/off switch) ignores them all. A file that does not validate
+is an error that names the file and the field: silently ignoring it could give ranks
+different plans.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
+import math
 import os
 import threading
 from pathlib import Path
 
+from jax_flashoverlap import _ext
+
 SCHEMA = "jax_flashoverlap.plans/1"
 CONFIG_DIR_ENV = "JAX_FLASHOVERLAP_CONFIG_DIR"
-TUNED_ENV = "JAX_FLASHOVERLAP_TUNED"  # "0": ignore tuned configs (the cost model decides)
+TUNED_ENV = "JAX_FLASHOVERLAP_TUNED"  # an off switch (0/false/no/off): the cost model decides
 PACKAGE_DIR = Path(__file__).resolve().parent / "configs"
 _COLLECTIVES = ("all_reduce", "reduce_scatter", "all_to_all", "all_gather")
 _DTYPES = ("bfloat16", "float16")
+# Every key an entry may hold (what tune.py and tune_a2a.py write): an unknown one is a typo
+# whose field would silently keep its default (a misspelled "overlap": false would overlap).
+ENTRY_KEYS = frozenset((
+    "collective", "dtype", "m", "n", "k", "comm_sms", "overlap", "cta_policy",
+    "band_rows", "split_axis", "concat_axis", "chunks", "gather",  # the plan
+    "measured_ms", "baseline_ms", "predicted_ms", "model_error", "cta_policy_ms",  # informative
+    "source"))
 
 _lock = threading.Lock()
 _cache: dict = {}
@@ -46,7 +59,7 @@ class ConfigError(ValueError):
 def user_config_dir() -> Path:
   env = os.environ.get(CONFIG_DIR_ENV)
   if env:
-    return Path(env)
+    return Path(os.path.expanduser(env))
   base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
   return Path(base) / "jax_flashoverlap"
 
@@ -72,12 +85,31 @@ def entry_key(e: dict) -> tuple:
   return (e.get("collective"), e.get("dtype"), e.get("m"), e.get("n"), e.get("k"), variant)
 
 
+def _finite(value) -> bool:
+  if not isinstance(value, (int, float)) or isinstance(value, bool):
+    return False
+  try:  # an integer too large for a float (10**400) overflowed later, in choose_plan
+    return math.isfinite(float(value))
+  except OverflowError:
+    return False
+
+
 def _number(path, where, e, field, signed=False):
   value = e.get(field, 0.0)
-  if (not isinstance(value, (int, float)) or isinstance(value, bool) or value != value
-      or abs(value) == float("inf") or (not signed and value < 0)):
-    kind = "a number" if signed else "a non-negative number"
-    _fail(path, f"{where}: '{field}' must be {kind}, got {value!r}")
+  if not _finite(value) or (not signed and value < 0):
+    kind = "a finite number" if signed else "a finite non-negative number of milliseconds"
+    text = repr(value)
+    text = text if len(text) <= 40 else text[:20] + f"... ({len(text)} characters)"
+    _fail(path, f"{where}: '{field}' must be {kind}, got {text}")
+
+
+def _check_keys(path, where, e):
+  for key in e:
+    if key not in ENTRY_KEYS:
+      close = difflib.get_close_matches(str(key), ENTRY_KEYS, n=1)
+      hint = f" (did you mean {close[0]!r}?)" if close else ""
+      _fail(path, f"{where}: unknown key {key!r}{hint}; an entry's keys are "
+                  f"{', '.join(sorted(ENTRY_KEYS))}")
 
 
 def _check_bands(path, where, e, rows):
@@ -122,7 +154,7 @@ def _check_plan(path, where, e, world, m):
 
 def validate(data, path="<config>") -> dict:
   """Checks a parsed config; returns {key: entry}, key = (gpu, world) + entry_key(entry)."""
-  from jax_flashoverlap.plan import NUM_SMS
+  from jax_flashoverlap.plan import MAX_COMM_SMS
   if not isinstance(data, dict):
     _fail(path, "top level must be a JSON object")
   if data.get("schema") != SCHEMA:
@@ -139,12 +171,13 @@ def validate(data, path="<config>") -> dict:
     where = f"entries[{i}]"
     if not isinstance(e, dict):
       _fail(path, f"{where} must be an object")
+    _check_keys(path, where, e)
     if e.get("collective") not in _COLLECTIVES:
       _fail(path, f"{where}: 'collective' must be one of {_COLLECTIVES}, got {e.get('collective')!r}")
     if e.get("dtype") not in _DTYPES:
       _fail(path, f"{where}: 'dtype' must be one of {_DTYPES}, got {e.get('dtype')!r}")
     m, n, k = (_int(path, where, e, f, 1) for f in ("m", "n", "k"))
-    _int(path, where, e, "comm_sms", 0, NUM_SMS - 1)
+    _int(path, where, e, "comm_sms", 0, MAX_COMM_SMS)
     _check_plan(path, where, e, world, m)
     if not isinstance(e.get("overlap", True), bool):
       _fail(path, f"{where}: 'overlap' must be true or false")
@@ -154,6 +187,13 @@ def validate(data, path="<config>") -> dict:
     for field in ("measured_ms", "baseline_ms", "predicted_ms"):  # optional; informative
       _number(path, where, e, field)
     _number(path, where, e, "model_error", signed=True)
+    policy_ms = e.get("cta_policy_ms", {})
+    if not isinstance(policy_ms, dict):
+      _fail(path, f"{where}: 'cta_policy_ms' must be an object {{policy: ms}}")
+    for policy in policy_ms:
+      _number(path, f"{where}: cta_policy_ms", policy_ms, policy)
+    if not isinstance(e.get("source", ""), str):
+      _fail(path, f"{where}: 'source' must be a string, got {e.get('source')!r}")
     key = (gpu, world) + entry_key(e)
     if key in out:
       _fail(path, f"{where}: duplicate entry for {key[2:]}")
@@ -163,9 +203,11 @@ def validate(data, path="<config>") -> dict:
 
 def _read_json(path: Path):
   try:
-    text = path.read_text()
+    text = path.read_text(encoding="utf-8")
   except OSError as err:
     raise ConfigError(f"jax_flashoverlap: cannot read tuned-config file {path}: {err}") from err
+  except UnicodeDecodeError as err:
+    _fail(path, f"not UTF-8 text, so not JSON ({err})")
   try:
     return json.loads(text)
   except json.JSONDecodeError as err:
@@ -182,6 +224,11 @@ def _files() -> list:
   user = user_config_dir()
   if user.is_dir():
     files += sorted(user.glob("*.json"))
+  elif os.environ.get(CONFIG_DIR_ENV):  # set on purpose: a typo must not drop its plans
+    raise ConfigError(f"jax_flashoverlap: environment variable {CONFIG_DIR_ENV}="
+                      f"{os.environ[CONFIG_DIR_ENV]!r} must be a directory of tuned-config "
+                      f"files; {user} " + ("is not a directory" if user.exists()
+                                           else "does not exist"))
   return files
 
 
@@ -202,7 +249,7 @@ def load_all() -> dict:
 def lookup(gpu: str | None, world: int, collective: str, dtype: str, m: int, n: int, k: int,
            split_axis: int | None = None, concat_axis: int | None = None):
   """The tuned entry for this problem, or None (split_axis / concat_axis: all-to-all only)."""
-  if not gpu or os.environ.get(TUNED_ENV, "1").strip() == "0":
+  if not gpu or not _ext.env_switch(TUNED_ENV, True):
     return None
   variant = (split_axis, concat_axis) if collective == "all_to_all" else ()
   return load_all().get((gpu, world, collective, dtype, m, n, k, variant))

@@ -85,6 +85,37 @@ def op_axis_vmap_name(t):
         sds((2, 8, 64)), sds((64, 32)))
 
 
+def _vmap_axis_outside_shard_map(op):
+    """A vmap axis name as axis_name, no shard_map around (JAX gave a bare AssertionError or
+    NameError, deep inside its psum / all_gather)."""
+    w = jnp.ones((16, 32), BF16)
+    body = {"all_reduce": lambda r: fo.matmul_all_reduce(r, w, "i"),
+            "all_gather": lambda r: fo.all_gather_matmul(r, w, "i"),
+            "all_to_all": lambda r: fo.matmul_all_to_all(r, w, "i")}[op]
+    jax.jit(jax.vmap(body, axis_name="i"))(jnp.ones((4, 8, 16), BF16))
+
+
+def op_axis_vmap_outside_shard_map(t):
+    _vmap_axis_outside_shard_map("all_reduce")
+
+
+def op_axis_vmap_outside_shard_map_all_gather(t):
+    _vmap_axis_outside_shard_map("all_gather")
+
+
+def op_axis_vmap_outside_shard_map_all_to_all(t):
+    _vmap_axis_outside_shard_map("all_to_all")
+
+
+def op_axis_vmap_named_like_mesh_axis(t):
+    """Under jax.set_mesh the vmap axis 'tp' has a mesh axis' name, but no shard_map makes it
+    manual: still a vmap axis."""
+    w = jnp.ones((16, 32), BF16)
+    with jax.set_mesh(make_mesh_1d(4)):
+        jax.jit(jax.vmap(lambda r: fo.matmul_reduce_scatter(r, w, "tp"), axis_name="tp"))(
+            jnp.ones((4, 8, 16), BF16))
+
+
 def op_comm_sms_str(t):
     trace_op("all_reduce", sds((8, 64)), sds((64, 32)), comm_sms="8")
 
@@ -94,7 +125,7 @@ def op_comm_sms_bool(t):
 
 
 def op_comm_sms_range(t):
-    trace_op("reduce_scatter", sds((8, 64)), sds((64, 32)), comm_sms=132)
+    trace_op("reduce_scatter", sds((8, 64)), sds((64, 32)), comm_sms=131)
 
 
 def op_x_not_array(t):
@@ -156,6 +187,13 @@ def rp_axis_unknown(t):
     row_parallel(*rp_inputs(make_mesh_1d(4)), axis_name="model")
 
 
+def rp_axis_unknown_under_set_mesh(t):
+    # the mesh is known at trace time: the error comes before XLA partitions anything
+    with jax.set_mesh(make_mesh_1d(4)):
+        jax.jit(lambda a, b: fo.row_parallel_matmul(a, b, axis_name="model")).trace(
+            sds((16, 64)), sds((64, 32)))
+
+
 def rp_k_two_axes(t):
     mesh = make_mesh_2d(2, 4)
     row_parallel(*rp_inputs(mesh, x_spec=P(None, ("dp", "tp")), w_spec=P(("dp", "tp"), None)))
@@ -176,6 +214,20 @@ def rp_mesh_mismatch(t):
     mesh_b = Mesh(np.array(devices[4:8]), ("tp",))
     row_parallel(put(rand((16, 64)), mesh_a, P(None, "tp")),
                  put(rand((64, 32)), mesh_b, P("tp", None)))
+
+
+def rp_vmapped(t):
+    mesh = make_mesh_1d(4)
+    x, w = put(rand((3, 16, 64)), mesh, P(None, None, "tp")), put(rand((64, 32)), mesh,
+                                                                  P("tp", None))
+    jax.jit(jax.vmap(fo.row_parallel_matmul, in_axes=(0, None)))(x, w)
+
+
+def cp_vmapped(t):
+    mesh = make_mesh_1d(4)
+    x, w = put(rand((3, 16, 64)), mesh, P(None, "tp", None)), put(rand((64, 32)), mesh,
+                                                                  P(None, "tp"))
+    jax.jit(jax.vmap(fo.column_parallel_matmul, in_axes=(0, None)))(x, w)
 
 
 def _column_parallel(x, w, **kw):

@@ -15,7 +15,8 @@ def _entry(**kw):
 
 
 def _config(t, body=None, *, raw=None, name="plans.json", **top):
-    """Writes a config file (a dict built from the defaults, or `raw` text) and loads it."""
+    """Writes a config file (a dict built from the defaults, or `raw` text or bytes) and
+    loads it."""
     path = t.tmp_path / name
     if raw is None:
         data = dict(schema=tuning.SCHEMA, gpu=H200, world_size=2, entries=[_entry()])
@@ -23,7 +24,10 @@ def _config(t, body=None, *, raw=None, name="plans.json", **top):
         if body is not None:
             data["entries"] = body
         raw = json.dumps(data)
-    path.write_text(raw)
+    if isinstance(raw, bytes):
+        path.write_bytes(raw)
+    else:
+        path.write_text(raw)
     return tuning.load_file(path)
 
 
@@ -74,6 +78,24 @@ def cfg_measured_ms_not_number(t):
     _config(t, [_entry(measured_ms="fast")])
 
 
+def cfg_unknown_key(t):
+    # the tuner found XLA faster; misspelled, the entry used to overlap anyway
+    _config(t, [_entry(overlapp=False)])
+
+
+def cfg_unknown_key_cta_policy(t):
+    _config(t, [_entry(cta_polcy="zero")])
+
+
+def cfg_measured_ms_huge(t):
+    # valid JSON, but no float: it passed and crashed choose_plan with OverflowError
+    _config(t, [_entry(measured_ms=10 ** 400)])
+
+
+def cfg_not_utf8(t):
+    _config(t, raw=b"\xff\xfe{\x00}\x00")
+
+
 def cfg_missing_file(t):
     tuning.load_file(t.tmp_path / "missing.json")
 
@@ -84,6 +106,29 @@ def cfg_bad_file_at_lowering(t):
     (t.tmp_path / "plans.json").write_text(json.dumps(
         dict(schema=tuning.SCHEMA, gpu=H200, world_size=2, entries=[_entry(comm_sms=500)])))
     plan_lib.choose_plan("all_reduce", 1024, 512, 256, 2, gpu=H200)
+
+
+def _tuned_lookup():
+    tuning._cache.clear()
+    return tuning.lookup(H200, 2, "all_reduce", "bfloat16", 1024, 512, 256)
+
+
+def env_config_dir_missing(t):
+    t.monkeypatch.setenv(tuning.CONFIG_DIR_ENV, str(t.tmp_path / "tunde"))  # a typo
+    _tuned_lookup()
+
+
+def env_config_dir_a_file(t):
+    path = t.tmp_path / "plans.json"
+    path.write_text(json.dumps(dict(schema=tuning.SCHEMA, gpu=H200, world_size=2,
+                                    entries=[_entry()])))
+    t.monkeypatch.setenv(tuning.CONFIG_DIR_ENV, str(path))
+    _tuned_lookup()
+
+
+def env_tuned_typo(t):
+    t.monkeypatch.setenv(tuning.TUNED_ENV, "fasle")
+    _tuned_lookup()
 
 
 def cfg_merge_into_non_json(t):
@@ -104,6 +149,22 @@ def cli_bench_shapes_not_integers(t):
 
 def cli_bench_shapes_zero(t):
     return run_cli("jax_flashoverlap.bench", "gemm", "--shapes", "0x8x8")
+
+
+def bench_cli(*args):
+    """A case: `python -m jax_flashoverlap.bench ARGS` (one CPU device)."""
+    return lambda t: run_cli("jax_flashoverlap.bench", *args)
+
+
+cli_bench_samples_0 = bench_cli("gemm", "--shapes", "64x64x64", "--samples", "0")
+cli_bench_calls_0 = bench_cli("gemm", "--shapes", "64x64x64", "--calls", "0")
+cli_bench_gemm_world_0 = bench_cli("gemm", "--shapes", "64x64x64", "--world", "0")
+cli_bench_gemm_comm_sms_200 = bench_cli("gemm", "--shapes", "64x64x64", "--comm-sms", "200")
+cli_bench_gemm_k_not_multiple_of_8 = bench_cli("gemm", "--shapes", "64x64x60")
+cli_bench_overlap_world_negative = bench_cli("overlap", "--shapes", "64x64x64", "--world", "-1")
+cli_bench_overlap_world_too_large = bench_cli("overlap", "--shapes", "64x64x64", "--world", "2")
+cli_bench_a2a_k_not_multiple_of_8 = bench_cli("a2a", "--shapes", "64x64x60")
+cli_bench_sweep_without_gpu = bench_cli("sweep", "--shapes", "64x64x64")
 
 
 def cli_tune_without_gpu(t):

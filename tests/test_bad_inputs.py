@@ -83,11 +83,28 @@ CASES = [
     pytest.param(op_axis_vmap_name, raises(AXE, "axis_name 'b' is not an axis of the enclosing "
                                            "mesh ('tp',)", "vmap axis names are not supported"),
                  id="op-axis-vmap-name"),
+    pytest.param(op_axis_vmap_outside_shard_map,
+                 raises(AXE, "matmul_all_reduce: axis_name 'i' is not a mesh axis of an enclosing "
+                        "jax.shard_map (no jax.shard_map encloses this call)",
+                        "vmap axis names are not supported"),
+                 id="op-axis-vmap-name-outside-shard-map"),
+    pytest.param(op_axis_vmap_outside_shard_map_all_gather,
+                 raises(AXE, "all_gather_matmul: axis_name 'i' is not a mesh axis",
+                        "vmap axis names are not supported"),
+                 id="op-axis-vmap-name-outside-shard-map-all-gather"),
+    pytest.param(op_axis_vmap_outside_shard_map_all_to_all,
+                 raises(AXE, "matmul_all_to_all: axis_name 'i' is not a mesh axis",
+                        "vmap axis names are not supported"),
+                 id="op-axis-vmap-name-outside-shard-map-all-to-all"),
+    pytest.param(op_axis_vmap_named_like_mesh_axis,
+                 raises(AXE, "matmul_reduce_scatter: axis_name 'tp' is not a mesh axis of an "
+                        "enclosing jax.shard_map", "vmap axis names are not supported"),
+                 id="op-axis-vmap-name-like-a-mesh-axis"),
     pytest.param(op_comm_sms_str, raises(TypeError, "comm_sms must be an int or None", "'8'"),
                  id="op-comm-sms-str"),
     pytest.param(op_comm_sms_bool, raises(TypeError, "comm_sms must be an int or None", "True"),
                  id="op-comm-sms-bool"),
-    pytest.param(op_comm_sms_range, raises(ValueError, "comm_sms must be in [0, 132)", "132"),
+    pytest.param(op_comm_sms_range, raises(ValueError, "comm_sms must be in [0, 130] (the GEMM keeps at least one 2-SM cluster), got 131"),
                  id="op-comm-sms-out-of-range"),
     pytest.param(op_x_not_array, raises(TypeError, "x must be an array", "list"),
                  id="op-x-not-an-array"),
@@ -127,6 +144,9 @@ CASES = [
     pytest.param(rp_axis_unknown, raises(JaxRuntimeError, "ValueError", "axis_name 'model' is "
                                          "not an axis of the mesh ('tp',)"),
                  id="rp-axis-unknown"),
+    pytest.param(rp_axis_unknown_under_set_mesh,
+                 raises(ValueError, "row_parallel_matmul: axis_name 'model' is not an axis of "
+                        "the mesh ('tp',)"), id="rp-axis-unknown-under-set-mesh"),
     pytest.param(rp_k_two_axes, raises(JaxRuntimeError, "K is sharded over several mesh axes "
                                        "('dp', 'tp')", "pass axis_name"),
                  id="rp-k-sharded-over-two-axes"),
@@ -148,6 +168,11 @@ CASES = [
     pytest.param(cp_local_n_not_multiple_of_8, raises(JaxRuntimeError, "must be a multiple of 8",
                                                       "N=5"),
                  id="cp-local-n-not-multiple-of-8"),
+    pytest.param(rp_vmapped, raises(NotImplementedError, "row_parallel_matmul: jax.vmap of the "
+                                    "global view is not supported", "fold the batch into x's "
+                                    "rows"), id="rp-vmapped"),
+    pytest.param(cp_vmapped, raises(NotImplementedError, "column_parallel_matmul: jax.vmap of "
+                                    "the global view is not supported"), id="cp-vmapped"),
     pytest.param(rp_w_sharded_on_other_axis, SAME, id="rp-w-sharded-on-other-axis"),
     # --- "non-contiguous" inputs and donated buffers ---
     pytest.param(noncontig_transposed, SAME, id="noncontiguous-transposed"),
@@ -228,14 +253,36 @@ CASES = [
                                                  "512"),
                  id="config-reduce-scatter-bands-wrong-size"),
     pytest.param(cfg_measured_ms_not_number, raises(CFG, "plans.json", "'measured_ms' must be a "
-                                                    "non-negative number", "'fast'"),
+                                                    "finite non-negative number of "
+                                                    "milliseconds, got 'fast'"),
                  id="config-measured-ms-wrong-type"),
+    pytest.param(cfg_measured_ms_huge, raises(CFG, "plans.json", "entries[0]: 'measured_ms' must "
+                                              "be a finite non-negative number", "(401 "
+                                              "characters)"),
+                 id="config-measured-ms-too-large"),
+    pytest.param(cfg_unknown_key, raises(CFG, "plans.json", "entries[0]: unknown key 'overlapp' "
+                                         "(did you mean 'overlap'?)"),
+                 id="config-entry-unknown-key"),
+    pytest.param(cfg_unknown_key_cta_policy, raises(CFG, "plans.json", "entries[0]: unknown key "
+                                                    "'cta_polcy' (did you mean 'cta_policy'?)"),
+                 id="config-entry-unknown-key-cta-policy"),
+    pytest.param(cfg_not_utf8, raises(CFG, "plans.json", "not UTF-8 text"),
+                 id="config-not-utf8"),
     pytest.param(cfg_missing_file, raises(CFG, "missing.json", "cannot read tuned-config file"),
                  id="config-file-missing"),
     pytest.param(cfg_bad_file_at_lowering, raises(CFG, "plans.json", "comm_sms", "500"),
                  id="config-bad-file-fails-the-plan-choice"),
     pytest.param(cfg_merge_into_non_json, raises(CFG, "plans.json", "not JSON"),
                  id="config-merge-into-non-json"),
+    pytest.param(env_config_dir_missing, raises(CFG, tuning.CONFIG_DIR_ENV, "tunde'",
+                                                "must be a directory", "does not exist"),
+                 id="env-config-dir-missing"),
+    pytest.param(env_config_dir_a_file, raises(CFG, tuning.CONFIG_DIR_ENV, "plans.json",
+                                               "must be a directory", "is not a directory"),
+                 id="env-config-dir-a-file"),
+    pytest.param(env_tuned_typo, raises(ValueError, tuning.TUNED_ENV, "'fasle'",
+                                        "is not an on/off switch"),
+                 id="env-tuned-typo"),
     # --- CLIs (subprocesses, JAX_PLATFORMS=cpu) ---
     pytest.param(cli_bench_shapes_malformed, exits(2, "argument --shapes", "shape must be MxNxK",
                                                    "got '12x34'"),
@@ -244,6 +291,30 @@ CASES = [
                  id="cli-bench-shapes-not-integers"),
     pytest.param(cli_bench_shapes_zero, exits(2, "argument --shapes", "positive", "'0x8x8'"),
                  id="cli-bench-shapes-zero"),
+    pytest.param(cli_bench_samples_0, exits(2, "--samples must be >= 1, got 0"),
+                 id="cli-bench-samples-0"),
+    pytest.param(cli_bench_calls_0, exits(2, "--calls must be >= 1, got 0"),
+                 id="cli-bench-calls-0"),
+    pytest.param(cli_bench_gemm_world_0, exits(2, "--world must be >= 1 (per-GPU K = K / world), "
+                                               "got 0"), id="cli-bench-gemm-world-0"),
+    pytest.param(cli_bench_gemm_comm_sms_200, exits(2, "--comm-sms values must be in [0, 130], "
+                                                    "got 200"),
+                 id="cli-bench-gemm-comm-sms-out-of-range"),
+    pytest.param(cli_bench_gemm_k_not_multiple_of_8, exits(2, "--shapes 64x64x60: K=60 must split "
+                                                           "over --world 2 into a multiple of 8 "
+                                                           "per device"),
+                 id="cli-bench-gemm-k-not-multiple-of-8"),
+    pytest.param(cli_bench_overlap_world_negative, exits(2, "--world must be in [1, 1] (the "
+                                                         "devices here; 0: all), got -1"),
+                 id="cli-bench-world-negative"),
+    pytest.param(cli_bench_overlap_world_too_large, exits(2, "--world must be in [1, 1]",
+                                                          "got 2"),
+                 id="cli-bench-world-more-than-devices"),
+    pytest.param(cli_bench_a2a_k_not_multiple_of_8, exits(2, "all_gather needs K to be a "
+                                                          "multiple of 8, got 60"),
+                 id="cli-bench-a2a-k-not-multiple-of-8"),
+    pytest.param(cli_bench_sweep_without_gpu, exits(2, "sweep: needs GPUs", "'cpu'"),
+                 id="cli-bench-sweep-without-gpu"),
     pytest.param(cli_tune_without_gpu, exits(2, "needs GPUs", "'cpu'"),
                  id="cli-tune-without-gpu"),
     pytest.param(cli_launch_n0, exits(2, "-n must be >= 1"), id="cli-launch-n-0"),
@@ -354,6 +425,50 @@ def test_bad_input(case, expect, monkeypatch, tmp_path):
             assert_close(ours, ref)
             np.testing.assert_array_equal(np.asarray(ours, np.float32),
                                           np.asarray(ref, np.float32))
+
+
+# The rows raised in the custom partitioner, run again under GSPMD
+# (jax_use_shardy_partitioner=False): an exception in its infer_sharding_from_operands callback
+# aborted the process (XLA CHECK-fails, SIGABRT), so each runs in a child process, where an
+# abort fails this test instead of killing pytest.
+GSPMD_ROWS = ("rp-axis-unknown", "rp-k-sharded-over-two-axes", "rp-reduce-scatter-m-not-divisible",
+              "rp-local-k-not-multiple-of-8", "cp-axis-unknown", "cp-n-sharded-over-two-axes",
+              "cp-local-n-not-multiple-of-8")
+
+_GSPMD_SCRIPT = textwrap.dedent('''
+    import json, os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    sys.path.insert(0, {tests!r})
+    import jax
+    jax.config.update("jax_use_shardy_partitioner", False)
+    import _bad_cases_api as cases
+    for name in sys.argv[1:]:
+        try:
+            getattr(cases, name)(None)
+            got = [None, ""]
+        except Exception as err:
+            got = [type(err).__name__, str(err)]
+        print("ROW " + json.dumps([name] + got), flush=True)
+''')
+
+
+def test_partitioner_rows_raise_under_gspmd(tmp_path):
+    from _util import repo_env
+    rows = {p.id: p.values for p in CASES if p.id in GSPMD_ROWS}
+    assert sorted(rows) == sorted(GSPMD_ROWS)
+    script = tmp_path / "gspmd.py"
+    script.write_text(_GSPMD_SCRIPT.format(tests=os.path.dirname(os.path.abspath(__file__))))
+    names = [case.__name__ for case, _ in rows.values()]
+    r = subprocess.run([sys.executable, str(script), *names], cwd=REPO, capture_output=True,
+                       text=True, timeout=300, env=repo_env(JAX_PLATFORMS="cpu", XLA_FLAGS=None))
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, f"exit {r.returncode} (-6: SIGABRT):\n{out[-4000:]}"
+    got = {row[0]: row[1:] for row in
+           (json.loads(line[4:]) for line in r.stdout.splitlines() if line.startswith("ROW "))}
+    for case, expect in rows.values():
+        kind, message = got[case.__name__]
+        assert kind == expect.type.__name__, (case.__name__, kind, message[-2000:])
+        _has_all(message, expect.match, f"{case.__name__}'s {kind} message")
 
 
 def test_table_size():

@@ -49,11 +49,59 @@ def test_gemm_reports_reference_path(tmp_path):
     assert "not the signaling GEMM" in stdout
 
 
-def test_sweep_refuses_variants_without_our_custom_call(tmp_path):
+def test_sweep_refuses_to_run_without_gpus(tmp_path):
+    """sweep times our op under forced plans: off GPU it is XLA's path, so it refuses at once
+    (exit 2, as tune does) instead of compiling and then failing on the first plan."""
     r = _run(tmp_path, "sweep", "--shapes", "64x64x256", "--world", "2", "--comm-sms", "8",
              "--groups", "2", "--collectives", "all_reduce", ok=False)
-    assert r.returncode != 0
-    assert "custom call is not in the compiled program" in r.stderr
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "sweep: needs GPUs (JAX's backend here is 'cpu')" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_capped_collective_takes_a_layout_its_handler_accepts(monkeypatch):
+    """The capped collective alone (FFI flashoverlap_collective) needs M % (groups * world) == 0,
+    even for one group (xla_ffi/ffi/collective.cc); bench used 1 group for any M, so `bench
+    overlap` of an all-reduce with M not divisible by world failed on GPUs. Now: the largest
+    count up to the plan's that splits M, or no such variant (checked here through a CUDA-less
+    lowering, the GPU checks stubbed)."""
+    import itertools
+    import types
+
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    import jax_flashoverlap as fo
+    from jax_flashoverlap import _ext, bench
+    for m, world, groups in itertools.product(range(1, 80), (1, 2, 4), (1, 3, 8)):
+        got = bench.capped_groups(m, world, groups)
+        assert (got is None) == (m % world != 0), (m, world, groups)
+        assert got is None or (1 <= got <= groups and m % (got * world) == 0)
+    assert bench.capped_groups(48, 4, 8) == 6 and bench.capped_groups(63, 2, 4) is None
+    made = []
+    monkeypatch.setattr(fo.comm, "mesh_is_local_gpu", lambda mesh: True)
+    monkeypatch.setattr(_ext, "available_targets", lambda: ("flashoverlap_collective",))
+    monkeypatch.setattr(_ext, "register_targets", lambda: None)
+    monkeypatch.setattr(fo.comm, "ensure_communicators", lambda *a, **k: made.append(k) or 7)
+    args = types.SimpleNamespace(world=2, dtype="bfloat16")
+    plan = types.SimpleNamespace(comm_sms=8, num_groups=5)
+    odd = bench._TpProblem(args, "all_reduce", (47, 64, 64), jax.random.key(0))
+    assert bench.nccl_capped_fn(odd, plan) is None and not made  # no variant, no communicator
+    pb = bench._TpProblem(args, "all_reduce", (48, 64, 64), jax.random.key(0))
+    y = jax.ShapeDtypeStruct((96, 64), jnp.bfloat16,
+                             sharding=NamedSharding(pb.mesh, P("tp", None)))
+    text = bench.nccl_capped_fn(pb, plan).lower(y).as_text()
+    assert "num_groups = 4 : i32" in text and len(made) == 1  # 48 % (5 * 2) != 0; 4 * 2 splits
+
+
+def test_overlap_runs_an_all_reduce_with_m_not_divisible_by_world(tmp_path):
+    """M = 63 on 4 devices: a legal all-reduce. The ppermute ring (row blocks) cannot take it
+    and is left out; every other variant runs (it crashed on the ring's shapes before)."""
+    d, _ = _run(tmp_path, "overlap", "--shapes", "63x64x256", "--world", "4", "--collectives",
+                "all_reduce", "--trace", "0")
+    times = d["rows"][0]["times_ms"]
+    assert "ppermute_ring" not in times and times["two_chunk"] > 0 and times["ours"] > 0
 
 
 def test_overlap_in_two_processes_matches_one(tmp_path):

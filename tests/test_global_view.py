@@ -177,3 +177,37 @@ def test_global_view_grad(fo, reduce, dp, transpose_w, rng):
         assert g.shape == a.shape and g.dtype == a.dtype
         assert_close(g, r)
         assert_rel_fro(g, r32)
+
+
+# Mesh shapes and x layouts away from the documented P(dp, tp). Shardy's rule splits x's rows
+# into the data-parallel factor d and the rest; with rows over tp and tp larger than d (2x4),
+# Shardy splits tp into sub-axes that no PartitionSpec expresses, which crashed inside JAX
+# (custom_partitioner: KeyError) before the partitioner decoded the shardings itself.
+_MESH_SHAPES = [(2, 4), (4, 2), (8, 1), (1, 8)]
+_ROW_X_SPECS = [P("tp", None), P(("tp", "dp"), None), P("dp", "tp"), P("tp", "dp")]
+
+
+@pytest.mark.parametrize("reduce", ["all_reduce", "reduce_scatter"])
+@pytest.mark.parametrize("x_spec", _ROW_X_SPECS, ids=str)
+@pytest.mark.parametrize("shape", _MESH_SHAPES, ids=lambda s: f"dp{s[0]}xtp{s[1]}")
+def test_any_mesh_shape_and_x_layout_gives_xla_values(fo, shape, x_spec, reduce, rng):
+    from _util import make_mesh_2d
+
+    mesh = make_mesh_2d(*shape)
+    x = _put(mesh, rand(rng, (64, 128), jnp.bfloat16), x_spec)
+    w = _put(mesh, rand(rng, (128, 64), jnp.bfloat16, scale=128 ** -0.5), P("tp", None))
+    out = jax.jit(lambda a, b: fo.row_parallel_matmul(a, b, reduce, axis_name="tp"))(x, w)
+    assert out.shape == (64, 64) and out.dtype == jnp.bfloat16
+    check_against_refs(out, _xla(x, w), _np(x, w))
+
+
+@pytest.mark.parametrize("reduce", ["all_reduce", "reduce_scatter"])
+def test_vmap_is_refused_naming_the_function(fo, mesh4, reduce, rng):
+    """custom_partitioning has no batching rule: the error names our function and what to do
+    instead (JAX's own says only 'custom_partitioning')."""
+    x = _put(mesh4, rand(rng, (3, 8, 64), jnp.bfloat16), P(None, None, "tp"))
+    w = _put(mesh4, rand(rng, (64, 32), jnp.bfloat16), P("tp", None))
+    f = jax.vmap(lambda a, b: fo.row_parallel_matmul(a, b, reduce), in_axes=(0, None))
+    with pytest.raises(NotImplementedError, match=r"row_parallel_matmul: jax.vmap of the global "
+                       r"view is not supported .* fold the batch into x's rows"):
+        jax.jit(f)(x, w)

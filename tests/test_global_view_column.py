@@ -127,3 +127,31 @@ def test_bad_shapes_are_caught_at_trace_time(fo):
     with pytest.raises(ValueError, match="x must be 2-D"):
         jax.jit(fo.column_parallel_matmul).trace(sds((2, 8, 32), jnp.bfloat16),
                                                  sds((32, 64), jnp.bfloat16))
+
+
+# Mesh shapes and x layouts away from the documented rows P((dp, tp)): with x's rows over tp
+# and tp larger than the data-parallel factor of Shardy's rule (2x4), Shardy splits tp into
+# sub-axes no PartitionSpec expresses, which crashed inside JAX (custom_partitioner: KeyError).
+@pytest.mark.parametrize("axis_name", [None, "tp"], ids=["infer_axis", "axis_tp"])
+@pytest.mark.parametrize("x_spec", [P("tp", None), P(("tp", "dp"), None), P(("dp", "tp"), None),
+                                    P("dp", None)], ids=str)
+@pytest.mark.parametrize("shape", [(2, 4), (4, 2), (8, 1), (1, 8)],
+                         ids=lambda s: f"dp{s[0]}xtp{s[1]}")
+def test_any_mesh_shape_and_x_layout_gives_xla_values(fo, rng, shape, x_spec, axis_name):
+    mesh = make_mesh_2d(*shape)
+    x = _put(mesh, rand(rng, (64, 128), jnp.bfloat16), x_spec)
+    w = _put(mesh, rand(rng, (128, 64), jnp.bfloat16, scale=128 ** -0.5), P(None, "tp"))
+    y = jax.jit(lambda a, b: fo.column_parallel_matmul(a, b, axis_name))(x, w)
+    assert y.shape == (64, 64) and y.dtype == jnp.bfloat16
+    assert_close(y, jax.jit(_want)(x, w))
+    assert_rel_fro(y, jax.jit(_want)(*upcast(x, w)))
+
+
+def test_vmap_is_refused_naming_the_function(fo, rng):
+    mesh = make_mesh_1d(4)
+    x = _put(mesh, rand(rng, (3, 8, 32), jnp.bfloat16), P(None, "tp", None))
+    w = _put(mesh, rand(rng, (32, 64), jnp.bfloat16), P(None, "tp"))
+    f = jax.vmap(fo.column_parallel_matmul, in_axes=(0, None))
+    with pytest.raises(NotImplementedError, match=r"column_parallel_matmul: jax.vmap of the "
+                       r"global view is not supported"):
+        jax.jit(f)(x, w)

@@ -164,6 +164,70 @@ def test_two_processes_kv_exchange_plan_check_and_values(tmp_path):
     assert "MISMATCH OK" in out and "VALUES OK" in out, out[-6000:]
 
 
+# The fallback decision differs between the processes: process 1 keeps our kernels
+# (JAX_FLASHOVERLAP_FALLBACK=0 there only), process 0 the cost model's choice, XLA's path at
+# these small shapes. Both must raise DistributedMismatchError at once; before, process 0
+# returned XLA's lowering without publishing anything and process 1 waited for its plan.
+FALLBACK_SCRIPT = textwrap.dedent('''
+    import os, sys, time
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    os.environ["JAX_FLASHOVERLAP_KV_TIMEOUT_S"] = "40"
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, PartitionSpec as P
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    import jax_flashoverlap as fo
+    from jax_flashoverlap import distributed
+    distributed.initialize()
+    me = jax.process_index()
+    if me == 1:
+        os.environ["JAX_FLASHOVERLAP_FALLBACK"] = "0"
+    else:
+        os.environ.pop("JAX_FLASHOVERLAP_FALLBACK", None)
+    mesh = Mesh(np.array(jax.devices()), ("tp",))
+    sds = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+    cases = [  # (op, per-device body, in_specs, out_specs, global x, global w)
+        ("all_reduce", lambda a, b: fo.matmul_all_reduce(a, b, "tp"),
+         (P(None, "tp"), P("tp", None)), P(), sds(256, 256), sds(256, 256)),
+        ("reduce_scatter", lambda a, b: fo.matmul_reduce_scatter(a, b, "tp"),
+         (P(None, "tp"), P("tp", None)), P("tp"), sds(256, 256), sds(256, 256)),
+        ("all_to_all", lambda a, b: fo.matmul_all_to_all(a, b, "tp"),
+         (P("tp", None), P()), P("tp", None), sds(256, 64), sds(64, 64)),
+        ("all_gather", lambda a, b: fo.all_gather_matmul(a, b, "tp"),
+         (P("tp", None), P(None, "tp")), P(None, "tp"), sds(256, 64), sds(64, 64)),
+    ]
+    for op, body, in_specs, out_specs, x, w in cases:
+        f = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+        start = time.monotonic()
+        try:
+            text = jax.jit(f).trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
+            print("NO MISMATCH", op, "custom call" if "flashoverlap_" in text else "XLA path",
+                  flush=True)
+            sys.exit(3)
+        except distributed.DistributedMismatchError as err:
+            msg = str(err)
+            assert "differs between processes" in msg, msg
+            assert '"overlap": false' in msg and '"overlap": true' in msg, msg
+            took = time.monotonic() - start
+            assert took < 20, f"{op}: the mismatch took {took:.0f} s (a peer waited)"
+            print(f"MISMATCH OK {op} process {me}", flush=True)
+            # the launcher streams process 0's output only: each process leaves a file too
+            with open(os.path.join(os.path.dirname(__file__), f"p{me}.txt"), "a") as fh:
+                fh.write(f"MISMATCH OK {op} process {me}\\n")
+''')
+
+
+def test_fallback_on_one_process_only_is_a_mismatch_on_both(tmp_path):
+    r = _launch(tmp_path, FALLBACK_SCRIPT, "-n", "2", "--timeout", "200")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-6000:]
+    for me in (0, 1):
+        got = (tmp_path / f"p{me}.txt").read_text()
+        for op in ("all_reduce", "reduce_scatter", "all_to_all", "all_gather"):
+            assert f"MISMATCH OK {op} process {me}" in got, (got, out[-6000:])
+
+
 def test_launcher_stops_the_others_when_one_fails(tmp_path):
     body = textwrap.dedent('''
         import os, sys, time

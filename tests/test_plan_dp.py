@@ -135,3 +135,18 @@ def test_cut_grid_coarsens_past_max_cuts():
   assert P.cut_grid(1000, 256) == [0, 256, 512, 768, 1000]
   grid = P.cut_grid(256 * (P.MAX_CUTS * 3), 256)
   assert len(grid) - 1 <= P.MAX_CUTS and grid[1] % 256 == 0 and grid[1] > 256
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"num_groups": 0}, r"num_groups must be in \[1, 64\], got 0"),   # was one group, silently
+    ({"num_groups": 65}, r"num_groups must be in \[1, 64\], got 65"),
+    ({"comm_sms": 131}, r"comm_sms must be in \[0, 130\], got 131"),
+    ({"comm_sms": -1}, r"comm_sms must be in \[0, 130\], got -1"),
+])
+def test_forced_rejects_out_of_range_numbers(kw, match):
+  with pytest.raises(ValueError, match=match):
+    P.forced(**kw)
+  with pytest.raises(TypeError, match="num_groups must be an int or None, got 2.0"):
+    P.forced(num_groups=2.0)
+  with P.forced(num_groups=64, comm_sms=130):  # the bounds are legal
+    assert P.choose_plan("all_reduce", 8192, 8192, 4096, 2).comm_sms == 130

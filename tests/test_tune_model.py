@@ -133,6 +133,65 @@ def test_forced_explicit_bands():
             P.choose_plan("all_reduce", 8192, 8192, 4096, 2)
 
 
+def _fake_gpu_timings(monkeypatch):
+    """tune_problem on CPU devices: the custom-call check, the capped collective and the timings
+    faked (ours 0.5 ms, XLA 1.0 ms, the collective alone slower with more groups); the tuner's
+    own code is real."""
+    from jax_flashoverlap import bench
+    monkeypatch.setattr(bench, "uses_custom_call", lambda fn, args, target: True)
+    monkeypatch.setattr(bench, "nccl_capped_fn", lambda pb, plan: (lambda y: y))
+
+    def ms(name):
+        if name.startswith("coll_"):
+            return 0.2 + 0.01 * int(name.rsplit("_g", 1)[1])
+        return 1.0 if name.startswith(("xla", "gemm")) else 0.5
+
+    monkeypatch.setattr(bench, "time_variants", lambda variants, **kw: {
+        name: {"median_ms": ms(name), "samples_ms": []} for name in variants})
+
+
+def _tune_args(**kw):
+    import types
+    args = dict(world=2, dtype="bfloat16", comm_sms=[8, 16], wave_align=True, calls=1,
+                samples=1, top=2, max_error=0.02, cta_policies=["default", "efficiency"])
+    args.update(kw)
+    return types.SimpleNamespace(**args)
+
+
+def test_single_cta_policy_is_timed_and_saved(monkeypatch):
+    """`tune --cta-policies zero`: every plan is calibrated and timed under that policy and the
+    entry records it (one policy was ignored: default communicators, no cta_policy saved)."""
+    import jax
+    from jax_flashoverlap import bench
+    _fake_gpu_timings(monkeypatch)
+    policies, real = [], P.forced
+
+    def spy(*a, **kw):
+        policies.append(kw.get("cta_policy"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(P, "forced", spy)
+    args = _tune_args(cta_policies=["zero"])
+    pb = bench._TpProblem(args, "all_reduce", (256, 256, 256), jax.random.key(0))
+    entry, row = tune.tune_problem(pb, args, tune.Progress(2, stream=io.StringIO()))
+    assert policies and set(policies) == {"zero"}
+    assert entry["overlap"] and entry["cta_policy"] == "zero" and row["entry"] is entry
+    assert tuning.validate({"schema": tuning.SCHEMA, "gpu": "NVIDIA H200", "world_size": 2,
+                            "entries": [entry]})
+
+
+def test_tune_problem_refuses_a_shape_it_cannot_calibrate(monkeypatch):
+    """M = 30 on 2 GPUs: only 1 group splits M / world, so no collective curve can be fitted and
+    the search had no candidate (`min() arg is an empty sequence`, after the calibration's GPU
+    time). tune.main refuses such shapes; tune_problem does too, before calibrating."""
+    import types
+    monkeypatch.setattr(tune, "calibrate", lambda *a, **k: pytest.fail("calibrated anyway"))
+    pb = types.SimpleNamespace(collective="all_reduce", m=30, n=256, k=256, world=2)
+    with pytest.raises(ValueError, match=r"needs M divisible by 2 \* world = 4 .*got M=30"):
+        tune.tune_problem(pb, _tune_args(), tune.Progress(2, stream=io.StringIO()))
+    assert tune.calibration_shape_error((32, 256, 256), 2) is None
+
+
 def test_tune_cli_rejects_bad_arguments():
     with pytest.raises(SystemExit):
         tune.main(["--comm-sms", "0"])
@@ -273,6 +332,26 @@ def test_collective_gather_plans(tmp_path, monkeypatch):
     got = plan_a2a.choose_all_gather_plan(rows, n, k, 2, gpu="NVIDIA H200")
     assert (got.gather, got.chunks, got.comm_sms) == ("collective", 1, 2)
 
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(comm_sms=500), r"comm_sms must be in \[0, 130\], got 500"),
+    (dict(comm_sms=-4), r"comm_sms must be in \[0, 130\], got -4"),
+    (dict(chunks=0), r"chunks must be in \[1, 64\], got 0"),
+    (dict(chunks=-2), r"chunks must be in \[1, 64\], got -2"),
+    (dict(num_groups=0), r"num_groups must be in \[1, 64\], got 0"),
+    (dict(num_groups=-1), r"num_groups must be in \[1, 64\], got -1"),
+])
+def test_a2a_forced_rejects_out_of_range_numbers(kw, match):
+    """plan_a2a.forced's numbers reach the custom call as given (its plans have no validate):
+    out of range they were accepted (chunks=0: ZeroDivisionError at the plan choice)."""
+    assert P.MAX_COMM_SMS == 130
+    with pytest.raises(ValueError, match=match):
+        plan_a2a.forced(**kw)
+    with pytest.raises(TypeError, match="comm_sms must be an int or None, got '8'"):
+        plan_a2a.forced(comm_sms="8")
+    with plan_a2a.forced(comm_sms=P.MAX_COMM_SMS, chunks=1, num_groups=1):  # the bounds: legal
+        assert plan_a2a.choose_all_gather_plan(4096, 8192, 4096, 2).comm_sms == P.MAX_COMM_SMS
 
 def test_fit_op_runs_recovers_slowdown_and_group_overhead():
     m, n, k = 8192, 8192, 4096

@@ -116,6 +116,12 @@ BAD = {
     "rs_rows_not_divisible": [_entry(collective="reduce_scatter", m=1023, band_rows=[0, 511])],
     "duplicate": [_entry(), _entry()],
     "overlap_not_bool": [_entry(overlap="yes")],
+    "overlap_misspelled": [_entry(overlapp=False)],
+    "cta_policy_misspelled": [_entry(cta_polcy="zero")],
+    "measured_ms_overflows_a_float": [_entry(measured_ms=10 ** 400)],
+    "baseline_ms_infinite": [_entry(baseline_ms=float("inf"))],
+    "cta_policy_ms_negative": [_entry(cta_policy_ms={"default": 1.0, "zero": -1.0})],
+    "not_utf8": b"\xff\xfe{\x00}\x00",
 }
 
 
@@ -123,12 +129,53 @@ BAD = {
 def test_bad_config_file_is_an_error_naming_the_file(user_dir, case):
     path = user_dir / f"{case}.json"
     body = BAD[case]
-    if isinstance(body, str):
+    if isinstance(body, bytes):
+        path.write_bytes(body)
+    elif isinstance(body, str):
         path.write_text(body)
     else:
         _write(path, body)
     with pytest.raises(tuning.ConfigError, match=case):
         tuning.lookup(H200, 2, "all_reduce", "bfloat16", 1024, 512, 256)
+
+
+def test_every_key_the_tuner_writes_is_allowed():
+    """Unknown entry keys are errors (typos): the allow-list must hold every key tune.py and
+    tune_a2a.py write, or their own entries would be refused."""
+    from jax_flashoverlap import plan_a2a, tune_a2a
+    from jax_flashoverlap.tune_model import Candidate
+    ours = tune.entry_for("all_reduce", "bfloat16", 8192, 8192, 4096, 2,
+                          Candidate(16, (0, 4096, 8192), 1e-3, "dp"), 1.05, 1.2)
+    ours.update(cta_policy="zero", cta_policy_ms={"default": 1.1, "zero": 1.05})  # tune_problem
+    xla = tune.entry_for("reduce_scatter", "bfloat16", 8192, 8192, 4096, 2, None, 0.0, 1.2)
+    gather = tune_a2a.entry_for("all_gather", "bfloat16", 4096, 4096, 8192, 2,
+                                plan_a2a.choose_all_gather_plan(4096, 4096, 8192, 2), 1.0, 1.2)
+    a2a = tune_a2a.entry_for("all_to_all", "bfloat16", 4096, 8192, 4096, 2,
+                             plan_a2a.choose_a2a_plan(4096, 8192, 4096, 2, 0, 0), 1.0, 1.2)
+    entries = [ours, xla, gather, a2a]
+    assert set().union(*entries) == tuning.ENTRY_KEYS
+    assert len(tuning.validate({"schema": tuning.SCHEMA, "gpu": H200, "world_size": 2,
+                                "entries": entries})) == 4
+
+
+def test_tuned_switch_and_config_dir_env(tmp_path, monkeypatch):
+    """JAX_FLASHOVERLAP_TUNED is an on/off switch like the others (before, only "0" turned tuned
+    entries off: "false" kept them), and JAX_FLASHOVERLAP_CONFIG_DIR expands "~" (a quoted
+    "~/tuned" read nothing)."""
+    home = tmp_path / "home"
+    (home / "tuned").mkdir(parents=True)
+    _write(home / "tuned" / "mine.json", [_entry(band_rows=[0, 256, 1024], comm_sms=12)])
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv(tuning.CONFIG_DIR_ENV, "~/tuned")
+    assert tuning.user_config_dir() == home / "tuned"
+    lookup = lambda: tuning.lookup(H200, 2, "all_reduce", "bfloat16", 1024, 512, 256)  # noqa: E731
+    assert lookup()["comm_sms"] == 12
+    for off in ("0", "false", "off", "no", " No "):
+        monkeypatch.setenv(tuning.TUNED_ENV, off)
+        assert lookup() is None, off
+    for on in ("1", "true", "on", ""):
+        monkeypatch.setenv(tuning.TUNED_ENV, on)
+        assert lookup()["comm_sms"] == 12, on
 
 
 def test_write_entries_merges_and_checks_gpu(user_dir):
@@ -150,6 +197,51 @@ def test_tune_cli_refuses_without_gpu():
     r = subprocess.run([sys.executable, "-m", "jax_flashoverlap.tune", "--shapes", "256x256x256"],
                        capture_output=True, text=True, timeout=240, cwd=repo, env=env)
     assert r.returncode == 2 and "needs GPUs" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--world", "-1"], "--world must be in [1, 8] (the devices here; 0: all), got -1"),
+    (["--world", "9"], "--world must be in [1, 8] (the devices here; 0: all), got 9"),
+    (["--world", "3", "--shapes", "64x64x64"], "--shapes 64x64x64: K=64 must split over "
+                                               "--world 3 into a multiple of 8 per device"),
+    (["--world", "2", "--shapes", "64x60x64"], "--shapes 64x60x64: N=60 must be a multiple of 8"),
+    (["--world", "2", "--shapes", "30x256x256"], "--shapes 30x256x256: tuning a GEMM + "
+                                                 "collective needs M divisible by 2 * world = 4"),
+    (["--calls", "0"], "--calls must be >= 1, got 0"),
+    (["--samples", "0"], "--samples must be >= 1, got 0"),
+])
+def test_tune_cli_checks_world_and_shapes_before_any_gpu_time(argv, message, monkeypatch,
+                                                              capsys):
+    """--world sliced the device list unchecked (-1: all but the last device, 9 of 8: all 8),
+    --world 3 with K=64 crashed in JAX (IndivisibleError), M=30 on 2 GPUs crashed after the
+    calibration (no collective curve): now parser errors (exit 2), before any device work. The
+    8 CPU devices pass for GPUs here (the check after the GPU one is what is tested)."""
+    import jax
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(tune, "tune_problem", lambda *a: pytest.fail("tuned a bad problem"))
+    shapes = [] if "--shapes" in argv else ["--shapes", "512x512x512"]
+    with pytest.raises(SystemExit) as info:
+        tune.main(["--collectives", "all_reduce", *shapes, *argv])
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_tune_cli_makes_a_missing_config_dir(tmp_path, monkeypatch):
+    """A $JAX_FLASHOVERLAP_CONFIG_DIR that does not exist is an error at lookup: the tuner, which
+    writes there, makes it first (its own lookups would fail otherwise)."""
+    import jax
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setenv(tuning.CONFIG_DIR_ENV, str(tmp_path / "new" / "configs"))
+
+    def stop(pb, args, progress):
+        assert (tmp_path / "new" / "configs").is_dir() and tuning.lookup(
+            H200, 2, "all_reduce", "bfloat16", 1024, 512, 256) is None
+        raise SystemExit(0)
+
+    monkeypatch.setattr(tune, "tune_problem", stop)
+    with pytest.raises(SystemExit) as info:
+        tune.main(["--collectives", "all_reduce", "--shapes", "512x512x512", "--world", "2"])
+    assert info.value.code == 0
 
 
 @pytest.mark.parametrize("m, n", [(4096, 8192), (8192, 8192), (16384, 8192), (8192, 28672),

@@ -69,3 +69,57 @@ def test_vmap_mesh_of_2(fo, name, rng):
     want = _run(ref, mesh, (0, None), (xs, ws, os_), x, w)
     want32 = _run(ref, mesh, (0, None), (xs, ws, os_), *upcast(x, w))
     check_against_refs(got, want, want32)
+
+
+def _a2a_ag_fns(fo):
+    return {
+        "all_to_all": (lambda x, w: fo.matmul_all_to_all(x, w, "tp"),
+                       lambda x, w: jax.lax.all_to_all(x @ w, "tp", 0, 0, tiled=True)),
+        "all_gather": (lambda x, w: fo.all_gather_matmul(x, w, "tp"),
+                       lambda x, w: jax.lax.all_gather(x, "tp", axis=0, tiled=True) @ w),
+    }
+
+
+@pytest.mark.parametrize("batched", ["x", "w", "both"])
+@pytest.mark.parametrize("name", ["all_reduce", "reduce_scatter", "matmul", "all_to_all",
+                                  "all_gather"])
+def test_vmap_over_an_empty_batch(fo, mesh4, name, batched, rng):
+    """A batch of size 0 gives the empty result XLA's composition gives (it divided by the
+    batch size before)."""
+    if name in ("all_to_all", "all_gather"):
+        op, ref = _a2a_ag_fns(fo)[name]
+        x = rand(rng, (B, 8 * 4, 24), jnp.bfloat16)
+        xs, os_ = P(None, "tp", None), P(None, "tp", None)
+        w_shape, ws = (24, 16), P()
+    else:
+        x, w, xs, ws, os_ = _case(name, 4, rng, jnp.bfloat16, w_batched=False)
+        w_shape = w.shape
+        op, ref = op_fn(fo, name)
+    x = x[:0] if batched in ("x", "both") else x[0]
+    w = jnp.zeros(((0,) if batched in ("w", "both") else ()) + w_shape, jnp.bfloat16)
+    if batched == "x":
+        in_axes = (0, None)
+    else:
+        in_axes = (None, 0) if batched == "w" else (0, 0)
+        ws = P(None, *ws) if len(ws) else P()
+        if batched == "w":
+            xs = P(*xs[1:])
+    got = _run(op, mesh4, in_axes, (xs, ws, os_), x, w)
+    want = _run(ref, mesh4, in_axes, (xs, ws, os_), x, w)
+    assert got.shape == want.shape and got.dtype == want.dtype and got.size == 0, (got.shape,
+                                                                                   want.shape)
+
+
+@pytest.mark.parametrize("name", ["all_reduce", "reduce_scatter", "all_to_all", "all_gather"])
+def test_pmap_axis_names_are_mesh_axes(fo, name, rng):
+    """A pmap axis is a manual mesh axis (unlike a vmap one): the ops take it."""
+    n = 4
+    x = rand(rng, (n, 16, 32), jnp.bfloat16)
+    w = rand(rng, (n, 32, 16), jnp.bfloat16)
+    fns = dict(_a2a_ag_fns(fo), **{k: op_fn(fo, k) for k in ("all_reduce", "reduce_scatter")})
+    ours, ref = fns[name]
+    devices = jax.devices("cpu")[:n]
+    got = jax.pmap(ours, axis_name="tp", devices=devices)(x, w)
+    want = jax.pmap(ref, axis_name="tp", devices=devices)(x, w)
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(f32(got), f32(want))
