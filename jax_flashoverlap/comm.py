@@ -10,6 +10,7 @@ one without talking to the others.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import hashlib
 import itertools
@@ -162,7 +163,8 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
     if ext.has_communicators(cid):
       if spans_processes:  # growing the window and connecting peers are collective too
         distributed.barrier(f"ensure/{cid}/{next(_ensure_counter)}")
-      ext.ensure_workspace(cid, int(workspace_bytes))
+      with _workspace_hint(workspace_bytes):
+        ext.ensure_workspace(cid, int(workspace_bytes))
       if peer_to_peer:
         ext.connect_peers(cid)
       return cid
@@ -184,14 +186,35 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
         unique_id = bytes.fromhex(distributed.share(
             f"uid/{cid}/{index}", owner=group[0].process_index == me,
             make=lambda: ext.nccl_unique_id().hex()))
-      ext.create_communicators(cid, unique_id, len(group), local, int(comm_sms),
-                               int(workspace_bytes), watchdog, peer_to_peer=peer_to_peer,
-                               cta_policy=cta_policy_code(cta_policy))
+      with _workspace_hint(workspace_bytes):
+        ext.create_communicators(cid, unique_id, len(group), local, int(comm_sms),
+                                 int(workspace_bytes), watchdog, peer_to_peer=peer_to_peer,
+                                 cta_policy=cta_policy_code(cta_policy))
     if spans_processes:
       distributed.barrier(f"init/{cid}")
     if peer_to_peer:
       ext.connect_peers(cid)
   return cid
+
+
+_ALLOCATORS = ("ncclMemAlloc", "cudaMalloc")  # how the workspace is allocated (communicator.cc)
+
+
+@contextlib.contextmanager
+def _workspace_hint(workspace_bytes):
+  """A failed workspace allocation (the extension's RuntimeError names the allocator) gets
+  what to do added: the buffer lives outside XLA's memory pool, which by default takes 75%
+  of the GPU when the process starts, so a large one finds too little left."""
+  try:
+    yield
+  except RuntimeError as err:
+    if not any(name in str(err) for name in _ALLOCATORS):
+      raise
+    raise RuntimeError(
+        f"{err}\njax_flashoverlap: the communication workspace ({int(workspace_bytes) / 2**20:.0f} "
+        "MiB per GPU) is allocated outside XLA's memory pool and did not fit: leave it room "
+        "(XLA_PYTHON_CLIENT_MEM_FRACTION below its 0.75 default, or "
+        "XLA_PYTHON_CLIENT_PREALLOCATE=false), or use a smaller M x N per call") from err
 
 
 def peer_handshake_bytes(world: int) -> int:

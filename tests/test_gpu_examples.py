@@ -25,7 +25,9 @@ ONE_DEVICE = "(one device: nothing to communicate)"
 
 
 def run_example(name, fallback: str | None, *args):
-    env = repo_env(JAX_FLASHOVERLAP_FALLBACK=fallback)
+    # The pytest process may already hold 75% of the GPU (XLA's pool, from earlier tests):
+    # the child's own pool would then leave no room for the communication workspace.
+    env = repo_env(JAX_FLASHOVERLAP_FALLBACK=fallback, XLA_PYTHON_CLIENT_PREALLOCATE="false")
     script = os.path.join(REPO, "examples", name)
     proc = subprocess.run([sys.executable, script, "--iters", "3", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=240)
