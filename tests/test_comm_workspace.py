@@ -29,7 +29,7 @@ class _FailingExtension:
 
 
 # What the GPU machine printed when a child process found the GPU taken by its parent's
-# XLA pool (benchmarks/results/logs/review_h200x1_cb43e13/).
+# XLA pool (benchmarks/results/logs/review_h200x1_68f28fb/call1_cb43e13/).
 NCCL_OOM = ("NCCL error in ncclMemAlloc(&c->workspace, bytes): unhandled cuda error (run with "
             "NCCL_DEBUG=INFO for details)")
 
