@@ -88,43 +88,42 @@ def _hashable(axis_name):
 
 
 def _params(**params):
-  """Static keyword arguments as a hashable tuple (a nondiff argument of the custom_vjp)."""
+  """Static keyword arguments as a hashable tuple (a nondiff argument of the custom_jvp)."""
   return tuple(sorted(params.items()))
 
 
-# --- differentiation: custom_vjp whose backward is the reference's own VJP ---------------
+# --- differentiation: custom_jvp whose tangent is the reference's own ---------------------
 
 
-def _with_reference_vjp(prim, reference):
-  """prim.bind(x, w, **ref, **knobs) whose gradient is that of reference(x, w, **ref): `ref`
+def _with_reference_jvp(prim, reference):
+  """prim.bind(x, w, **ref, **knobs) whose derivative is that of reference(x, w, **ref): `ref`
   are the reference's own parameters (axis_name, transpose_w, ...), `knobs` the tuning ones
-  it does not take (comm_sms)."""
-  @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+  it does not take (comm_sms). A custom_jvp, so forward mode (jvp, jacfwd, linearize,
+  Hessian-vector products) works too; reverse mode transposes the reference's linear
+  tangent, which is its own VJP: e.g. the transposed psum moves no data, the transpose of an
+  all-to-all is the inverse all-to-all, that of the all-gather a reduce-scatter of dx."""
+  @functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
   def call(x, w, ref, knobs):
     out = prim.bind(x, w, **dict(ref), **dict(knobs))
     return tuple(out) if prim.multiple_results else out  # the reference's own structure
 
-  def fwd(x, w, ref, knobs):
-    return call(x, w, ref, knobs), (x, w)
+  def jvp(ref, knobs, primals, tangents):
+    # The reference's primal is computed too and dropped (dead code under jit).
+    _, tangent = jax.jvp(functools.partial(reference, **dict(ref)), primals, tangents)
+    return call(*primals, ref, knobs), tangent
 
-  def bwd(ref, knobs, res, ct):
-    # e.g. the transposed psum moves no data; the transpose of an all-to-all is the inverse
-    # all-to-all; that of the all-gather a reduce-scatter of dx (dw is local).
-    _, vjp = jax.vjp(functools.partial(reference, **dict(ref)), *res)
-    return vjp(ct)
-
-  call.defvjp(fwd, bwd)
+  call.defjvp(jvp)
   return call
 
 
-_gemm = _with_reference_vjp(prims.gemm_p, prims.reference_gemm)
-_gemm_all_reduce = _with_reference_vjp(prims.gemm_all_reduce_p,
+_gemm = _with_reference_jvp(prims.gemm_p, prims.reference_gemm)
+_gemm_all_reduce = _with_reference_jvp(prims.gemm_all_reduce_p,
                                        prims.reference_gemm_all_reduce)
-_gemm_reduce_scatter = _with_reference_vjp(prims.gemm_reduce_scatter_p,
+_gemm_reduce_scatter = _with_reference_jvp(prims.gemm_reduce_scatter_p,
                                            prims.reference_gemm_reduce_scatter)
-_gemm_all_to_all = _with_reference_vjp(prims_a2a.gemm_all_to_all_p,
+_gemm_all_to_all = _with_reference_jvp(prims_a2a.gemm_all_to_all_p,
                                        prims_a2a.reference_gemm_all_to_all)
-_all_gather_gemm = _with_reference_vjp(prims_a2a.all_gather_gemm_p,
+_all_gather_gemm = _with_reference_jvp(prims_a2a.all_gather_gemm_p,
                                        prims_a2a.reference_all_gather_gemm)
 
 

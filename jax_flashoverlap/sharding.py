@@ -37,7 +37,7 @@ def row_parallel_matmul(x, w, reduce: str = "all_reduce", axis_name=None, *,
   transpose_w = _validation.check_transpose_w(op, transpose_w)
   _validation.check_operands(op, x, w, x_rank="2", transpose_w=transpose_w)
   check_global_axis_name(op, axis_name)
-  return refuse_vmap(op, _row_parallel_vjp, x, w, reduce, axis_name, transpose_w)
+  return refuse_vmap(op, _row_parallel_ad, x, w, reduce, axis_name, transpose_w)
 
 
 def check_global_axis_name(op, axis_name):
@@ -67,22 +67,21 @@ def refuse_vmap(op, call, *args):
 
 def with_dot_gradient(fn, num_static):
   """fn(x, w, *static) (a custom_partitioning function; transpose_w its last static
-  argument) with the gradient of x @ w: custom_partitioning has no autodiff rule, and the
-  collective only decides the output's sharding, so the backward is left to XLA's own
-  sharded dots."""
-  @functools.partial(jax.custom_vjp, nondiff_argnums=tuple(range(2, 2 + num_static)))
+  argument) with the derivative of x @ w: custom_partitioning has no autodiff rule, and the
+  collective only decides the output's sharding, so the tangent (and, transposed, the
+  backward) is XLA's own sharded dots. A custom_jvp: forward mode works too."""
+  @functools.partial(jax.custom_jvp, nondiff_argnums=tuple(range(2, 2 + num_static)))
   def call(x, w, *static):
     return fn(x, w, *static)
 
-  def fwd(x, w, *static):
-    return fn(x, w, *static), (x, w)
+  def jvp(*args):
+    *static, primals, tangents = args
+    out = call(*primals, *static)
+    _, tangent = jax.jvp(functools.partial(prims.dot, transpose_w=static[-1]), primals,
+                         tangents)
+    return out, tangent.astype(out.dtype)
 
-  def bwd(*args):
-    *static, (x, w), ct = args
-    _, vjp = jax.vjp(functools.partial(prims.dot, transpose_w=static[-1]), x, w)
-    return vjp(ct.astype(x.dtype))
-
-  call.defvjp(fwd, bwd)
+  call.defjvp(jvp)
   return call
 
 
@@ -274,4 +273,4 @@ def _sdy_rule(reduce, axis_name, transpose_w, mesh, value_types, result_types):
 
 
 define_partition(_row_parallel, _partition, _infer, _sdy_rule)
-_row_parallel_vjp = with_dot_gradient(_row_parallel, 3)
+_row_parallel_ad = with_dot_gradient(_row_parallel, 3)

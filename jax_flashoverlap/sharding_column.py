@@ -38,7 +38,7 @@ def column_parallel_matmul(x, w, axis_name=None, *, transpose_w: bool = False):
   transpose_w = _validation.check_transpose_w(_OP, transpose_w)
   _validation.check_operands(_OP, x, w, x_rank="2", transpose_w=transpose_w)
   check_global_axis_name(_OP, axis_name)
-  return refuse_vmap(_OP, _column_parallel_vjp, x, w, axis_name, transpose_w)
+  return refuse_vmap(_OP, _column_parallel_ad, x, w, axis_name, transpose_w)
 
 
 def _layout(mesh, x, w, axis_name, transpose_w):
@@ -113,4 +113,4 @@ def _sdy_rule(axis_name, transpose_w, mesh, value_types, result_types):
 
 define_partition(_column_parallel, _partition, _infer, _sdy_rule)
 # The gradient is that of x @ w, XLA's sharded dots (as row_parallel_matmul's).
-_column_parallel_vjp = with_dot_gradient(_column_parallel, 2)
+_column_parallel_ad = with_dot_gradient(_column_parallel, 2)

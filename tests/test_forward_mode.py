@@ -1,0 +1,98 @@
+"""Forward-mode differentiation (jax.jvp, jax.linearize, Hessian-vector products) through every
+op equals that of XLA's own composition. The ops were custom_vjp functions, and JAX refuses
+forward mode on those ("can't apply forward-mode autodiff (jvp) to a custom_vjp function");
+psum(x @ w) supports it, so the ops must too. Reverse mode is tests/test_grads.py."""
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from _util import assert_close, make_mesh_1d, make_mesh_2d, rand, shard_map
+
+N = 4
+
+
+def _ops():
+  import jax_flashoverlap as fo
+  return {  # name -> (ours, XLA's, x shape, w shape, in specs, out spec)
+      "all_reduce": (lambda x, w: fo.matmul_all_reduce(x, w, "tp"),
+                     lambda x, w: lax.psum(x @ w, "tp"),
+                     (6, 16 * N), (16 * N, 24), (P(None, "tp"), P("tp", None)), P()),
+      "reduce_scatter": (lambda x, w: fo.matmul_reduce_scatter(x, w, "tp"),
+                         lambda x, w: lax.psum_scatter(x @ w, "tp", tiled=True),
+                         (2 * N, 16 * N), (16 * N, 32), (P(None, "tp"), P("tp", None)),
+                         P("tp", None)),
+      "matmul": (lambda x, w: fo.matmul(x, w), lambda x, w: x @ w,
+                 (5 * N, 24), (24, 16), (P("tp", None), P()), P("tp", None)),
+      "all_to_all": (lambda x, w: fo.matmul_all_to_all(x, w, "tp"),
+                     lambda x, w: lax.all_to_all(x @ w, "tp", 0, 0, tiled=True),
+                     (4 * N, 16), (16, 24), (P("tp", None), P()), P("tp", None)),
+      "all_gather": (lambda x, w: fo.all_gather_matmul(x, w, "tp"),
+                     lambda x, w: lax.all_gather(x, "tp", axis=0, tiled=True) @ w,
+                     (3 * N, 16), (16, 8 * N), (P("tp", None), P(None, "tp")), P(None, "tp")),
+  }
+
+
+def _inputs(seed, x_shape, w_shape, dtype=jnp.bfloat16):
+  rng = np.random.default_rng(seed)
+  return (rand(rng, x_shape, dtype), rand(rng, w_shape, dtype), rand(rng, x_shape, dtype),
+          rand(rng, w_shape, dtype))
+
+
+@pytest.mark.parametrize("name", ["all_reduce", "reduce_scatter", "matmul", "all_to_all",
+                                  "all_gather"])
+def test_jvp_and_linearize_equal_xla(name):
+  ours, xla, x_shape, w_shape, ins, out = _ops()[name]
+  mesh = make_mesh_1d(N)
+  f, g = (shard_map(body, mesh, ins, out) for body in (ours, xla))
+  x, w, dx, dw = _inputs(1, x_shape, w_shape)
+  y, t = jax.jit(lambda *a: jax.jvp(f, a[:2], a[2:]))(x, w, dx, dw)
+  y_ref, t_ref = jax.jit(lambda *a: jax.jvp(g, a[:2], a[2:]))(x, w, dx, dw)
+  assert_close(y, y_ref)
+  assert_close(t, t_ref)
+  y_lin, f_lin = jax.linearize(f, x, w)
+  assert_close(y_lin, y_ref)
+  assert_close(f_lin(dx, dw), t_ref)
+
+
+@pytest.mark.parametrize("name", ["all_reduce", "reduce_scatter", "all_gather"])
+def test_hessian_vector_product_equals_xla(name):
+  """jvp of grad (forward over reverse) of a loss that is not linear in the op's output."""
+  ours, xla, x_shape, w_shape, ins, out = _ops()[name]
+  mesh = make_mesh_1d(N)
+  x, w, dx, dw = _inputs(2, x_shape, w_shape, jnp.float16)
+
+  def hvp(body):
+    f = shard_map(body, mesh, ins, out)
+    loss = lambda x, w: jnp.sum(jnp.tanh(f(x, w).astype(jnp.float32)))  # noqa: E731
+    return jax.jit(lambda *a: jax.jvp(jax.grad(loss, argnums=(0, 1)), a[:2], a[2:])[1])(
+        x, w, dx, dw)
+
+  for got, want in zip(hvp(ours), hvp(xla)):
+    assert_close(got, want)
+
+
+@pytest.mark.parametrize("reduce", ["all_reduce", "reduce_scatter"])
+def test_jvp_of_the_global_views(reduce):
+  import jax_flashoverlap as fo
+  mesh = make_mesh_2d(2, 4)
+  x, w, dx, dw = _inputs(3, (16, 64), (64, 32))
+  put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
+  x, dx = put(x, P("dp", "tp")), put(dx, P("dp", "tp"))
+  w, dw = put(w, P("tp", None)), put(dw, P("tp", None))
+  row = lambda x, w: fo.row_parallel_matmul(x, w, reduce)  # noqa: E731
+  y, t = jax.jit(lambda *a: jax.jvp(row, a[:2], a[2:]))(x, w, dx, dw)
+  y_ref, t_ref = jax.jit(lambda *a: jax.jvp(jnp.matmul, a[:2], a[2:]))(x, w, dx, dw)
+  assert_close(y, y_ref)
+  assert_close(t, t_ref)
+  xs = put(np.asarray(x), P(("dp", "tp"), None))
+  dxs = put(np.asarray(dx), P(("dp", "tp"), None))
+  wc, dwc = put(np.asarray(w), P(None, "tp")), put(np.asarray(dw), P(None, "tp"))
+  col = lambda x, w: fo.column_parallel_matmul(x, w)  # noqa: E731
+  y, t = jax.jit(lambda *a: jax.jvp(col, a[:2], a[2:]))(xs, wc, dxs, dwc)
+  y_ref, t_ref = jax.jit(lambda *a: jax.jvp(jnp.matmul, a[:2], a[2:]))(xs, wc, dxs, dwc)
+  assert_close(y, y_ref)
+  assert_close(t, t_ref)
