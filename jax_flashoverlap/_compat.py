@@ -105,15 +105,26 @@ def apply_primitive(prim, *args, **params):
   return dispatch.apply_primitive(prim, *args, **params)
 
 
+def _abstract_mesh():
+  """The current abstract mesh, or None when none is set (or this JAX has none)."""
+  get = getattr(jax.sharding, "get_abstract_mesh", None)
+  mesh = get() if get is not None else None
+  return None if mesh is None or getattr(mesh, "empty", False) else mesh
+
+
 def mesh_axis_names():
   """Axis names of the current abstract mesh, or None when no mesh is set (then unknown)."""
-  get = getattr(jax.sharding, "get_abstract_mesh", None)
-  if get is None:  # pragma: no cover
+  mesh = _abstract_mesh()
+  return None if mesh is None else tuple(mesh.axis_names)
+
+
+def manual_axis_names():
+  """Mesh axes the enclosing shard_map (or pmap) made manual: () outside one; None when this
+  JAX does not say."""
+  if getattr(jax.sharding, "get_abstract_mesh", None) is None:  # pragma: no cover
     return None
-  mesh = get()
-  if mesh is None or getattr(mesh, "empty", False):
-    return None
-  return tuple(mesh.axis_names)
+  mesh = _abstract_mesh()
+  return () if mesh is None else getattr(mesh, "manual_axes", None)
 
 
 # vmap's marker for an unbatched operand (moved out of jax.interpreters.batching in 0.10).

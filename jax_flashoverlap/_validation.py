@@ -7,7 +7,6 @@ import contextlib
 import functools
 import threading
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -113,10 +112,7 @@ def _manual_axes():
   """Mesh axes made manual by the enclosing shard_map (or pmap, or a global view's
   partitioner), () outside one; None when this JAX does not say (then only boundness is
   checked)."""
-  get = getattr(jax.sharding, "get_abstract_mesh", None)
-  mesh = get() if get is not None else None
-  manual = () if mesh is None or getattr(mesh, "empty", False) else getattr(
-      mesh, "manual_axes", None)
+  manual = _compat.manual_axis_names()
   if manual is None:
     return None
   return tuple(manual) + getattr(_partitioner, "axes", ())

@@ -267,7 +267,8 @@ def nccl_capped_fn(pb, plan):
   import jax_flashoverlap as fo
   from jax_flashoverlap import _ext
   target = "flashoverlap_collective"
-  if capped_groups(pb.m, pb.world, plan.num_groups) is None:
+  groups = capped_groups(pb.m, pb.world, plan.num_groups)
+  if groups is None:  # decided before any communicator is made
     return None
   if not fo.comm.mesh_is_local_gpu(pb.mesh) or target not in _ext.available_targets():
     return None
@@ -277,9 +278,6 @@ def nccl_capped_fn(pb, plan):
   cid = fo.comm.ensure_communicators(pb.mesh, "tp", comm_sms=plan.comm_sms,
                                      workspace_bytes=m * n * pb.dtype.itemsize,
                                      cta_policy=getattr(plan, "cta_policy", "default"))
-  groups = capped_groups(m, world, plan.num_groups)
-  if groups is None:
-    return None
   out_rows = m // world if rs else m
 
   def body(y):

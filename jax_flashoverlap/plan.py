@@ -396,8 +396,12 @@ def cuts_by_count(rows: int, step: int, gemm_end, comm_time, max_groups: int) ->
   has written rows [0, r) of every block; comm_time(r0, r1): one group's communication. Each
   group starts when both its rows and the previous group are done. Vectorized (numpy): G
   passes over the cuts x cuts table of group times."""
+  return _by_count(*_group_tables(rows, step, gemm_end, comm_time), max_groups)
+
+
+def _by_count(cuts, ready, comm, max_groups: int) -> dict:
+  """cuts_by_count on _group_tables' tables."""
   import numpy as np
-  cuts, ready, comm = _group_tables(rows, step, gemm_end, comm_time)
   size = len(cuts)
   best = np.full(size, np.inf)  # minimal end of a plan whose last group ends at cuts[j]
   best[0] = 0.0
@@ -438,7 +442,7 @@ def best_cuts(rows: int, step: int, gemm_end, comm_time) -> tuple:
         best[j], prev[j], count[j] = t, i, count[i] + 1
   if count[-1] <= MAX_GROUPS:
     return _bands(cuts, prev, len(cuts) - 1)
-  plans = cuts_by_count(rows, step, gemm_end, comm_time, MAX_GROUPS)
+  plans = _by_count(cuts, ready, comm, MAX_GROUPS)
   end = min(e for e, _ in plans.values())
   return next(bands for _, (e, bands) in sorted(plans.items()) if e <= end + 1e-12)
 

@@ -46,6 +46,13 @@ size_t RoundWorkspace(size_t bytes) {
   return (bytes + kStep - 1) / kStep * kStep;
 }
 
+// The workspace's buffer goes back the way it was allocated (AllocateAndRegister).
+Status FreeWorkspaceBuffer(Communicator& c) {
+  FO_RETURN_IF_CUDA(cudaSetDevice(c.device));
+  if (c.peer_to_peer) return CudaStatus(cudaFree(c.workspace), "cudaFree");
+  return NcclStatus(ncclMemFree(c.workspace), "ncclMemFree");
+}
+
 Status ReleaseWorkspaces(const std::vector<Communicator*>& comms) {
   for (Communicator* c : comms) {
     FO_RETURN_IF_CUDA(cudaSetDevice(c->device));
@@ -68,14 +75,7 @@ Status ReleaseWorkspaces(const std::vector<Communicator*>& comms) {
   FO_RETURN_IF_NCCL(ncclGroupEnd());
   for (Communicator* c : comms) {
     c->window = nullptr;
-    if (c->workspace != nullptr) {
-      FO_RETURN_IF_CUDA(cudaSetDevice(c->device));
-      if (c->peer_to_peer) {
-        FO_RETURN_IF_CUDA(cudaFree(c->workspace));
-      } else {
-        FO_RETURN_IF_NCCL(ncclMemFree(c->workspace));
-      }
-    }
+    if (c->workspace != nullptr) FO_RETURN_IF_NOT_OK(FreeWorkspaceBuffer(*c));
     c->workspace = nullptr;
     c->workspace_bytes = 0;
   }
@@ -117,13 +117,7 @@ Status AllocateAndRegister(const std::vector<Communicator*>& comms, size_t bytes
 // registration group that failed part-way) is left to it: deregistering is collective.
 Status DropWorkspaces(const std::vector<Communicator*>& comms, Status failure) {
   for (Communicator* c : comms) {
-    if (c->workspace != nullptr && c->window == nullptr && cudaSetDevice(c->device) == cudaSuccess) {
-      if (c->peer_to_peer) {
-        cudaFree(c->workspace);
-      } else {
-        ncclMemFree(c->workspace);
-      }
-    }
+    if (c->workspace != nullptr && c->window == nullptr) FreeWorkspaceBuffer(*c);
     c->workspace = nullptr;
     c->window = nullptr;
     c->workspace_bytes = 0;
