@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.gpu, requires_gpu]
 def _our_kernels_at_every_shape(monkeypatch):
     """These tests check our kernels: keep them even where the cost model would hand a small
     shape to XLA's own dot + collective."""
-    monkeypatch.setenv("JAX_FLASHOVERLAP_FALLBACK", "0")
+    U.use_our_kernels(monkeypatch)  # fallback off, JAX_FLASHOVERLAP_FORCE_REFERENCE unset
 
 TOL, BF16 = U.TOL, U.BF16
 _normal, _rel_fro, _dot32, _assert_custom_call = U.normal, U.rel_fro, U.dot32, U.assert_custom_call
@@ -105,7 +105,9 @@ def test_matmul_either_epilogue_vs_xla(monkeypatch, epilogue):
     monkeypatch.setenv("FLASHOVERLAP_GEMM_EPILOGUE", epilogue)  # read at every launch
     kx, kw = jax.random.split(jax.random.PRNGKey(7))
     x, w = _normal(kx, (3000, 2048)), _normal(kw, (2048, 1536), 2048 ** -0.5)
-    y = jax.jit(fo.matmul)(x, w)
+    ours = jax.jit(fo.matmul)
+    _assert_custom_call(ours, (x, w), "flashoverlap_gemm")  # else XLA's dot passes for either
+    y = ours(x, w)
     assert bool(jnp.all(jnp.isfinite(y)))
     assert _rel_fro(y, jax.jit(_dot32)(x, w)) < TOL
 
@@ -121,7 +123,9 @@ def test_matmul_pingpong_vs_xla(monkeypatch, M, N, K, force_wide):
         monkeypatch.setenv("FLASHOVERLAP_GEMM_TILE", "256")
     kx, kw = jax.random.split(jax.random.PRNGKey(M + N + K))
     x, w = _normal(kx, (M, K)), _normal(kw, (K, N), K ** -0.5)
-    y = jax.jit(fo.matmul)(x, w)
+    ours = jax.jit(fo.matmul)
+    _assert_custom_call(ours, (x, w), "flashoverlap_gemm")  # else XLA's dot passes for either
+    y = ours(x, w)
     assert bool(jnp.all(jnp.isfinite(y)))
     assert _rel_fro(y, jax.jit(_dot32)(x, w)) < TOL
 

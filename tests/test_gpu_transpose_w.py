@@ -104,7 +104,10 @@ def test_all_reduce_reduce_scatter_every_gpu(kind, M, N, K):
 
 
 def test_grads_of_the_column_backward_form():
-    """grad of sum(matmul_all_reduce(x, w [N, K], transpose_w=True) * ct) vs float32's."""
+    """grad of sum(matmul_all_reduce(x, w [N, K], transpose_w=True) * ct) vs float32's, with
+    the forward value returned too: the all-reduce's backward is local dots only, so a plain
+    jax.grad program has no custom call at all (XLA drops the unused forward) and would pass
+    on XLA's path; with the value kept, the program runs our call and its output is checked."""
     import jax_flashoverlap as fo
     mesh, ins, out, op, ref32 = _ar_rs(fo, "all_reduce")
     M, N, K = 1024, 2048, 1024
@@ -113,9 +116,17 @@ def test_grads_of_the_column_backward_form():
 
     def grad_fn(f):
         g = shard_map(f, mesh, ins, out)
-        return jax.jit(jax.grad(lambda a, b: jnp.sum(g(a, b).astype(jnp.float32) * ct), (0, 1)))
 
-    for g, r in zip(grad_fn(op)(x, w), grad_fn(ref32)(x, w)):
+        def loss(a, b):
+            y = g(a, b)
+            return jnp.sum(y.astype(jnp.float32) * ct), y
+        return jax.jit(jax.grad(loss, (0, 1), has_aux=True))
+
+    ours = grad_fn(op)
+    U.assert_custom_call(ours, (x, w), "flashoverlap_gemm_all_reduce")
+    (gs, y), (gs_ref, y_ref) = ours(x, w), grad_fn(ref32)(x, w)
+    assert bool(jnp.all(jnp.isfinite(y))) and U.rel_fro(y, y_ref) < U.TOL
+    for g, r in zip(gs, gs_ref):
         assert g.shape == r.shape
         assert U.rel_fro(g, r) < U.TOL
 
