@@ -1,6 +1,7 @@
 """jax.vmap of each op over a leading batch axis, inside shard_map (check_vma=True).
 
-Two batching modes: x batched and w unbatched (in_axes=(0, None)), and both batched (in_axes=(0, 0)).
+Three batching modes: x batched and w unbatched (in_axes=(0, None)), w batched and x unbatched
+(in_axes=(None, 0): the rule folds w [B, K, N] into [K, B*N]), and both batched (in_axes=(0, 0)).
 The reference is jax.vmap of the reference composition (JAX batches psum / psum_scatter itself).
 """
 import numpy as np
@@ -16,8 +17,9 @@ from _util import (DTYPES, DTYPE_IDS, check_against_refs, f32, make_mesh_1d, op_
 B = 3
 
 
-def _case(name, n, rng, dt, w_batched):
-    """Batched global inputs and specs. Per device: x [B, M, K_local] (or [B, M_local, K])."""
+def _case(name, n, rng, dt, w_batched, x_batched=True):
+    """Batched global inputs and specs. Per device: x [B, M, K_local] (or [B, M_local, K]);
+    x_batched=False: x without its batch axis."""
     if name == "all_reduce":
         x = rand(rng, (B, 5, 16 * n), dt)
         xs, os_ = P(None, None, "tp"), P()
@@ -35,6 +37,8 @@ def _case(name, n, rng, dt, w_batched):
         ws = P(None, *ws) if len(ws) else P()
     else:
         w = rand(rng, w_shape, dt)
+    if not x_batched:
+        x, xs = x[0], P(*xs[1:])  # the output keeps its batch axis (from w): os_ unchanged
     return x, w, xs, ws, os_
 
 
@@ -43,17 +47,19 @@ def _run(body, mesh, in_axes, specs, x, w):
     return jax.jit(shard_map(jax.vmap(body, in_axes=in_axes), mesh, (xs, ws), os_))(x, w)
 
 
-@pytest.mark.parametrize("w_batched", [False, True], ids=["w_unbatched", "w_batched"])
+@pytest.mark.parametrize("x_batched,w_batched", [(True, False), (False, True), (True, True)],
+                         ids=["w_unbatched", "x_unbatched", "w_batched"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("name", ["all_reduce", "reduce_scatter", "matmul"])
-def test_vmap(fo, mesh4, name, dtype, w_batched, rng):
-    x, w, xs, ws, os_ = _case(name, 4, rng, dtype, w_batched)
-    in_axes = (0, 0 if w_batched else None)
+def test_vmap(fo, mesh4, name, dtype, x_batched, w_batched, rng):
+    x, w, xs, ws, os_ = _case(name, 4, rng, dtype, w_batched, x_batched)
+    in_axes = (0 if x_batched else None, 0 if w_batched else None)
     op, ref = op_fn(fo, name)
     got = _run(op, mesh4, in_axes, (xs, ws, os_), x, w)
     want = _run(ref, mesh4, in_axes, (xs, ws, os_), x, w)
     want32 = _run(ref, mesh4, in_axes, (xs, ws, os_), *upcast(x, w))
     check_against_refs(got, want, want32)
+    assert got.shape[0] == B
     # global math, per batch element
     glob = np.matmul(f32(x), f32(w))
     assert got.shape == glob.shape
