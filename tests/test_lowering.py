@@ -303,3 +303,35 @@ def test_cuda_lowering_cta_policy_selects_its_own_communicators(fo, no_fallback)
             call = "\n".join(_custom_call_lines(_cuda_text(f, args), PRIMITIVE_NAMES["all_reduce"]))
         ids[policy] = re.search(r"comm_id\s*=\s*([^,}\s]+)", call).group(1)
     assert ids["default"] != ids["efficiency"], ids
+
+
+@pytest.mark.parametrize("name", ["all_reduce", "reduce_scatter"])
+def test_cuda_lowering_fallback_and_its_overrides(fo, monkeypatch, name):
+    """A small shape (the cost model predicts no gain): with default settings the CUDA lowering
+    is XLA's own dot + collective; JAX_FLASHOVERLAP_FALLBACK=0 or an explicit comm_sms keeps
+    our kernels (primitives.keep_reference). Unchecked before: making an explicit comm_sms
+    fall back too passed every CPU test."""
+    from jax_flashoverlap import plan as plan_lib
+
+    monkeypatch.delenv("JAX_FLASHOVERLAP_FORCE_REFERENCE", raising=False)
+    monkeypatch.delenv(FALLBACK_ENV, raising=False)
+    size = dict(M=64, K_local=64, N=64)
+    assert not plan_lib.choose_plan(name, 64, 64, 64, 2, 2).overlap  # the premise: no gain
+    target = PRIMITIVE_NAMES[name]
+    mesh = make_mesh_1d(2)
+
+    def calls(comm_sms=None):
+        f, args = _program(fo, name, mesh, size=size)
+        if comm_sms is not None:
+            op = fo.matmul_all_reduce if name == "all_reduce" else fo.matmul_reduce_scatter
+            out = P() if name == "all_reduce" else P("tp", None)
+            f = shard_map(lambda a, b: op(a, b, "tp", comm_sms=comm_sms), mesh,
+                          (P(None, "tp"), P("tp", None)), out)
+        text = _cuda_text(f, args)
+        return text, _custom_call_lines(text, target)
+
+    text, found = calls()
+    assert not found and "dot_general" in text, text  # the fallback: XLA's composition
+    assert len(calls(comm_sms=8)[1]) == 1             # an explicit comm_sms: ours
+    monkeypatch.setenv(FALLBACK_ENV, "0")
+    assert len(calls()[1]) == 1                       # the fallback switched off: ours
