@@ -15,7 +15,8 @@ Sizes are always GLOBAL (the unsharded layer's `in_features` / `out_features`, l
   (or `matmul_reduce_scatter`); the column layer takes x [..., in] and a kernel shard
   [in, out/n] and is XLA's `x @ kernel`; its backward's all-reduce of dx (x replicated over
   the axis) is `matmul_all_reduce`, so it overlaps too. Params made there (linen `init`, or an NNX
-  layer constructed there) get the local shapes; params made outside carry the global shapes
+  layer constructed there) get the local shapes: this device's shard of the params the same
+  key gives outside shard_map; params made outside carry the global shapes
   and their partition specs, so pass them in with `in_specs=nnx.get_partition_spec(state)`
   (NNX) or `nn.get_partition_spec(variables)` (linen).
 * Anywhere else, e.g. plain `jax.jit` with NamedSharding inputs (global view): arrays are
@@ -172,6 +173,22 @@ def _resolve_logical(layer: str, row: bool, kernel_axes, axis_name, rules=()):
     raise ValueError(f"{layer}: axis_name={axis_name!r} disagrees with kernel_axes "
                      f"{tuple(kernel_axes)!r}, which the rules map to {mesh_axis!r}")
   return mesh_axis
+
+
+def _init_local(cfg: _Config, init, dim: int | None):
+  """init(key, shape, dtype), and in the per-device view (inside shard_map over the axis) this
+  device's block along `dim` (the sharded dim; None: a replicated param) of init(key, global
+  shape): the shard of the layer made outside shard_map with the same key. Initialising the
+  local shape instead would give every device the same block and take the fan-in of the
+  local shape. The global array exists only transiently, at initialisation."""
+  def init_fn(key, shape, dtype):
+    n = cfg.local_view()
+    if not n or dim is None:
+      return init(key, shape, dtype)
+    size = shape[dim]
+    full = init(key, tuple(s * n if d == dim else s for d, s in enumerate(shape)), dtype)
+    return lax.dynamic_slice_in_dim(full, lax.axis_index(cfg.axis_name) * size, size, dim)
+  return init_fn
 
 
 def _logical_specs(row: bool, kernel_axes):
@@ -337,6 +354,8 @@ class _NNXParallel(nnx.Module):
       kspec, bspec = _logical_specs(self._row, kernel_axes)
       meta.update(eager_sharding=False,
                   **({"sharding_rules": tuple(sharding_rules)} if sharding_rules else {}))
+    kernel_init = _init_local(self.cfg, kernel_init, 0 if self._row else 1)
+    bias_init = _init_local(self.cfg, bias_init, None if self._row else 0)
     self.kernel = nnx.Param(kernel_init(rngs.params(), kshape, param_dtype),
                             out_sharding=kspec, **meta)
     self.bias = (nnx.Param(bias_init(rngs.params(), bshape, param_dtype), out_sharding=bspec,
@@ -414,9 +433,11 @@ class _LinenParallel(nn.Module):
     if self.kernel_axes is not None:  # boxes with the logical names, resolved by the rules
       kspec, bspec = _logical_specs(self._row, self.kernel_axes)
       partition = nn.with_logical_partitioning
-    kernel = self.param("kernel", partition(self.kernel_init, kspec), kshape,
+    kernel_init = _init_local(cfg, self.kernel_init, 0 if self._row else 1)
+    bias_init = _init_local(cfg, self.bias_init, None if self._row else 0)
+    kernel = self.param("kernel", partition(kernel_init, kspec), kshape,
                         self.param_dtype, unbox=False)
-    bias = (self.param("bias", partition(self.bias_init, bspec), bshape,
+    bias = (self.param("bias", partition(bias_init, bspec), bshape,
                        self.param_dtype, unbox=False) if self.use_bias else None)
     return _forward(cfg, x, _unbox(cfg, kernel), _unbox(cfg, bias), in_features)
 
