@@ -119,7 +119,7 @@ class _Config:
     if not jnp.issubdtype(jnp.dtype(self.param_dtype), jnp.floating):
       raise TypeError(f"{self.layer}: param_dtype must be a floating dtype, "
                       f"got {self.param_dtype!r}")
-    n = _mesh_axis_size(self.axis_name)
+    n = _mesh_axis_size(self.axis_name, mesh)
     if n is not None:
       self.split(self.in_features if self.row else self.out_features, n)
 
@@ -196,8 +196,10 @@ def _logical_specs(row: bool, kernel_axes):
   return tuple(kernel_axes), (() if row else (kernel_axes[1],))
 
 
-def _mesh_axis_size(axis_name) -> int | None:
-  mesh = jax.sharding.get_abstract_mesh()
+def _mesh_axis_size(axis_name, mesh=None) -> int | None:
+  """Size of the mesh axis in `mesh` (e.g. an NNX layer's mesh=), else in the mesh in
+  context; None when unknown."""
+  mesh = mesh if mesh is not None else jax.sharding.get_abstract_mesh()
   if mesh is None or getattr(mesh, "empty", True) or axis_name not in mesh.axis_names:
     return None
   return int(mesh.shape[axis_name])

@@ -360,6 +360,11 @@ def nnx_out_features_not_divisible(t):
         fl.ColumnParallelLinear(32, 18, rngs=nnx.Rngs(0))
 
 
+def nnx_mesh_arg_not_divisible(t):
+    nnx, fl = _nnx()
+    fl.RowParallelLinear(34, 16, mesh=make_mesh_1d(4), rngs=nnx.Rngs(0))  # mesh=, no set_mesh
+
+
 def nnx_features_not_positive(t):
     nnx, fl = _nnx()
     fl.ColumnParallelLinear(0, 16, rngs=nnx.Rngs(0))

@@ -192,6 +192,10 @@ CASES = [
                                                         "out_features=18 is not divisible by the "
                                                         "size 4"),
                  id="nnx-out-features-not-divisible"),
+    pytest.param(nnx_mesh_arg_not_divisible, raises(ValueError, "RowParallelLinear: "
+                                                    "in_features=34 is not divisible by the "
+                                                    "size 4 of mesh axis 'tp'"),
+                 id="nnx-mesh-arg-not-divisible"),
     pytest.param(nnx_features_not_positive, raises(ValueError, "in_features must be a positive "
                                                    "int, got 0"),
                  id="nnx-features-not-positive"),

@@ -53,3 +53,13 @@ def test_linen_init_inside_shard_map_is_the_shard_of_the_global_init(cls):
   inside = jax.jit(shard_map(lambda x: layer.init(jax.random.key(0), x), mesh, x_spec, specs))(x)
   for a, b in zip(jax.tree.leaves(nn.unbox(inside)), jax.tree.leaves(nn.unbox(outside))):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("cls,features,dim", [(RowParallelLinear, (34, 16), "in_features=34"),
+                                              (ColumnParallelLinear, (32, 18),
+                                               "out_features=18")])
+def test_mesh_argument_is_checked_like_set_mesh(cls, features, dim):
+  """mesh= (no jax.set_mesh): the same divisibility error as under jax.set_mesh, not JAX's
+  IndivisibleError from the eager sharding."""
+  with pytest.raises(ValueError, match=f"{dim} is not divisible by the size 4 of mesh axis"):
+    cls(*features, mesh=make_mesh_1d(4), rngs=nnx.Rngs(0))
