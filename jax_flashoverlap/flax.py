@@ -36,7 +36,8 @@ Params may be float32 (`param_dtype`); they are cast to `dtype` for the op, whic
 bfloat16 or float16 (the only dtypes the jax_flashoverlap ops support).
 
 Logical axis names: `kernel_axes=("embed", "mlp")` (names of the kernel's (in, out) dims)
-instead of `axis_name`. The params are annotated with those names, and the mesh axis the op
+instead of `axis_name`. The params are annotated with those names (and, when a mesh is known
+at construction, sharded by the mesh axes they map to), and the mesh axis the op
 reduces over is what flax's logical axis rules (`flax.linen.logical_axis_rules(...)` around
 construction / apply, or the NNX layer's `sharding_rules=`) map the sharded dim to: the input
 dim for row layers, the output dim for column layers. The other dim must map to None.
@@ -51,6 +52,7 @@ import typing as tp
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.sharding import PartitionSpec as P
 
 import flax.linen as nn
 from flax import nnx
@@ -352,16 +354,19 @@ class _NNXParallel(nnx.Module):
     eager = self.cfg.local_view() is None and (mesh is not None or
                                                _mesh_axis_size(axis_name) is not None)
     meta = dict(eager_sharding=eager, **({"mesh": mesh} if mesh is not None else {}))
+    kernel = _init_local(self.cfg, kernel_init, 0 if self._row else 1)(
+        rngs.params(), kshape, param_dtype)
+    bias = (_init_local(self.cfg, bias_init, None if self._row else 0)(
+        rngs.params(), bshape, param_dtype) if use_bias else None)
     if kernel_axes is not None:  # annotated with the logical names (+ the layer's own rules)
+      if eager:  # sharded by the mesh axes the names resolved to (as axis_name would be)
+        kernel, bias = (None if v is None else _flax_spmd.shard_value(v, P(*spec), None, mesh)
+                        for v, spec in ((kernel, kspec), (bias, bspec)))
       kspec, bspec = _logical_specs(self._row, kernel_axes)
       meta.update(eager_sharding=False,
                   **({"sharding_rules": tuple(sharding_rules)} if sharding_rules else {}))
-    kernel_init = _init_local(self.cfg, kernel_init, 0 if self._row else 1)
-    bias_init = _init_local(self.cfg, bias_init, None if self._row else 0)
-    self.kernel = nnx.Param(kernel_init(rngs.params(), kshape, param_dtype),
-                            out_sharding=kspec, **meta)
-    self.bias = (nnx.Param(bias_init(rngs.params(), bshape, param_dtype), out_sharding=bspec,
-                           **meta) if use_bias else None)
+    self.kernel = nnx.Param(kernel, out_sharding=kspec, **meta)
+    self.bias = nnx.Param(bias, out_sharding=bspec, **meta) if use_bias else None
 
   def __call__(self, x):
     return _forward(self.cfg, x, self.kernel[...],

@@ -63,3 +63,23 @@ def test_mesh_argument_is_checked_like_set_mesh(cls, features, dim):
   IndivisibleError from the eager sharding."""
   with pytest.raises(ValueError, match=f"{dim} is not divisible by the size 4 of mesh axis"):
     cls(*features, mesh=make_mesh_1d(4), rngs=nnx.Rngs(0))
+
+
+def test_kernel_axes_params_are_sharded_at_construction():
+  """Under jax.set_mesh, logical names shard the params at construction as axis_name does (and
+  as nnx.Linear with nnx.with_partitioning does), keeping the logical annotations."""
+  mesh = make_mesh_1d(4)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(RULES):
+    row = RowParallelLinear(64, 32, kernel_axes=("mlp", "embed"), rngs=nnx.Rngs(0))
+  with jax.set_mesh(mesh):
+    col = ColumnParallelLinear(32, 64, kernel_axes=("embed", "mlp"), sharding_rules=RULES,
+                               rngs=nnx.Rngs(0))
+  col_mesh = ColumnParallelLinear(32, 64, kernel_axes=("embed", "mlp"), sharding_rules=RULES,
+                                  mesh=mesh, rngs=nnx.Rngs(0))
+  assert row.kernel[...].sharding.spec == P("tp", None)
+  assert row.kernel.get_metadata()["out_sharding"] == ("mlp", "embed")
+  for layer in (col, col_mesh):
+    assert layer.kernel[...].sharding.spec == P(None, "tp")
+    assert layer.bias[...].sharding.spec == P("tp")
+  explicit = RowParallelLinear(64, 32, rngs=nnx.Rngs(0))
+  np.testing.assert_array_equal(np.asarray(row.kernel[...]), np.asarray(explicit.kernel[...]))
