@@ -33,7 +33,10 @@ are sharded eagerly when a mesh is known at construction (`mesh=` or `jax.set_me
 annotated. Linen params are `nn.with_partitioning` boxes with the same specs.
 
 Params may be float32 (`param_dtype`); they are cast to `dtype` for the op, which must be
-bfloat16 or float16 (the only dtypes the jax_flashoverlap ops support).
+bfloat16 or float16 (the only dtypes the jax_flashoverlap ops support). The sizes an op gets
+(row layers; column layers with sequence_parallel or overlap_backward) must be multiples of 8
+per device, checked at construction when the mesh is known, else at the call; a plain column
+layer (XLA's dot) takes any size.
 
 Logical axis names: `kernel_axes=("embed", "mlp")` (names of the kernel's (in, out) dims)
 instead of `axis_name`. The params are annotated with those names (and, when a mesh is known
@@ -58,7 +61,7 @@ import flax.linen as nn
 from flax import nnx
 from flax.core import spmd as _flax_spmd
 
-from jax_flashoverlap import _compat, ops, sharding, sharding_column
+from jax_flashoverlap import _compat, _validation, ops, sharding, sharding_column
 
 __all__ = ["RowParallelLinear", "ColumnParallelLinear", "RowParallelDense",
            "ColumnParallelDense", "REDUCTIONS"]
@@ -124,6 +127,33 @@ class _Config:
     n = _mesh_axis_size(self.axis_name, mesh)
     if n is not None:
       self.split(self.in_features if self.row else self.out_features, n)
+    self.check_aligned(self.in_features, n)
+
+  def check_aligned(self, in_features, n):
+    """The sizes a jax_flashoverlap op of this layer gets (K and N of the GEMM: the dims as
+    stored, per device) must be multiples of 8; named here as the layer's own arguments.
+    A plain column layer runs no op (XLA's dot) and takes any size. n: the axis size, or None
+    when not known yet (then only the unsplit dim and the necessary in_features % 8)."""
+    if not (self.row or self.sequence_parallel or self.overlap_backward):
+      return
+    align = _validation.ALIGN
+    split, other = ((("in_features", in_features), (self.out_name, self.out_features))
+                    if self.row else
+                    ((self.out_name, self.out_features), ("in_features", in_features)))
+    why = (f"the jax_flashoverlap ops need multiples of {align} (16-byte rows); a plain "
+           "column layer takes any size")
+    for (name, size), per_device in ((other, False), (split, True)):
+      if size is None:
+        continue
+      if per_device and n is not None and size % n == 0 and (size // n) % align:
+        raise ValueError(f"{self.layer}: {name}={size} split over mesh axis "
+                         f"{self.axis_name!r} (size {n}) is {size // n} per device; {why}")
+      if size % align:
+        raise ValueError(f"{self.layer}: {name}={size} must be a multiple of {align}; {why}")
+
+  @property
+  def out_name(self) -> str:
+    return "out_features" if self.in_features is not None else "features"  # NNX / linen
 
   def split(self, size, n) -> int:
     """size / n, with an error naming the layer's dim when it does not divide."""
@@ -215,6 +245,7 @@ def _forward(cfg: _Config, x, kernel, bias, in_features: int):
           "shards: pass the params with their partition specs" if n else
           "outside shard_map x and the params are global arrays")
   expect = tuple(cfg.shapes(in_features)[0])
+  cfg.check_aligned(in_features, n or _mesh_axis_size(cfg.axis_name))
   if x.ndim < 1 or x.shape[-1] != expect[0] or tuple(kernel.shape) != expect:
     raise ValueError(f"{cfg.layer}: x {tuple(x.shape)} and kernel {tuple(kernel.shape)} do not "
                      f"match: expected x [..., {expect[0]}] and kernel {expect}; {view}")

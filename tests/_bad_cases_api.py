@@ -365,6 +365,19 @@ def nnx_mesh_arg_not_divisible(t):
     fl.RowParallelLinear(34, 16, mesh=make_mesh_1d(4), rngs=nnx.Rngs(0))  # mesh=, no set_mesh
 
 
+def nnx_out_features_not_aligned(t):
+    nnx, fl = _nnx()
+    fl.RowParallelLinear(32, 20, rngs=nnx.Rngs(0))  # N of the op: a multiple of 8
+
+
+def nnx_local_in_features_not_aligned(t):
+    nnx, fl = _nnx()
+    gdef, state = nnx.split(fl.RowParallelLinear(80, 32, rngs=nnx.Rngs(0)))  # no mesh yet
+    f = shard_map(lambda s, x: nnx.merge(gdef, s)(x), make_mesh_1d(4),
+                  (nnx.get_partition_spec(state), P(None, "tp")), P())
+    jax.eval_shape(f, state, sds((8, 80)))  # 20 input features per device
+
+
 def nnx_features_not_positive(t):
     nnx, fl = _nnx()
     fl.ColumnParallelLinear(0, 16, rngs=nnx.Rngs(0))

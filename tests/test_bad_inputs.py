@@ -196,6 +196,13 @@ CASES = [
                                                     "in_features=34 is not divisible by the "
                                                     "size 4 of mesh axis 'tp'"),
                  id="nnx-mesh-arg-not-divisible"),
+    pytest.param(nnx_out_features_not_aligned, raises(ValueError, "RowParallelLinear: "
+                                                      "out_features=20 must be a multiple of 8"),
+                 id="nnx-out-features-not-multiple-of-8"),
+    pytest.param(nnx_local_in_features_not_aligned, raises(ValueError, "RowParallelLinear: "
+                                                           "in_features=80 split over mesh axis "
+                                                           "'tp' (size 4) is 20 per device"),
+                 id="nnx-local-in-features-not-multiple-of-8"),
     pytest.param(nnx_features_not_positive, raises(ValueError, "in_features must be a positive "
                                                    "int, got 0"),
                  id="nnx-features-not-positive"),

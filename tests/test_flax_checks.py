@@ -83,3 +83,38 @@ def test_kernel_axes_params_are_sharded_at_construction():
     assert layer.bias[...].sharding.spec == P("tp")
   explicit = RowParallelLinear(64, 32, rngs=nnx.Rngs(0))
   np.testing.assert_array_equal(np.asarray(row.kernel[...]), np.asarray(explicit.kernel[...]))
+
+
+def _call_in_shard_map(layer):
+  gdef, state = nnx.split(layer)
+  f = shard_map(lambda s, x: nnx.merge(gdef, s)(x), make_mesh_1d(4),
+                (nnx.get_partition_spec(state), P(None, "tp")), P())
+  return jax.eval_shape(f, state, jax.ShapeDtypeStruct((8, layer.cfg.in_features), BF16))
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: RowParallelLinear(64, 20, rngs=nnx.Rngs(0)),
+     "RowParallelLinear: out_features=20 must be a multiple of 8"),
+    (lambda: RowParallelLinear(80, 32, mesh=make_mesh_1d(4), rngs=nnx.Rngs(0)),
+     r"RowParallelLinear: in_features=80 split over mesh axis 'tp' \(size 4\) is 20 per device"),
+    (lambda: ColumnParallelLinear(36, 32, sequence_parallel=True, rngs=nnx.Rngs(0)),
+     "ColumnParallelLinear: in_features=36 must be a multiple of 8"),
+    (lambda: ColumnParallelLinear(32, 80, overlap_backward=True, mesh=make_mesh_1d(4),
+                                  rngs=nnx.Rngs(0)),
+     r"out_features=80 split over mesh axis 'tp' \(size 4\) is 20 per device"),
+    (lambda: RowParallelDense(20).init(jax.random.key(0), jnp.ones((4, 32), BF16)),
+     "RowParallelDense: features=20 must be a multiple of 8"),
+    (lambda: _call_in_shard_map(RowParallelLinear(80, 32, rngs=nnx.Rngs(0))),  # no mesh yet
+     r"RowParallelLinear: in_features=80 split over mesh axis 'tp' \(size 4\) is 20 per device"),
+])
+def test_sizes_the_ops_cannot_take_are_named_at_construction(make, match):
+  with pytest.raises(ValueError, match=match):
+    make()
+
+
+def test_column_layer_without_an_op_takes_any_size(rng):
+  """No jax_flashoverlap op in a plain column layer: odd sizes work as in nnx.Linear."""
+  layer = ColumnParallelLinear(37, 21, rngs=nnx.Rngs(0))
+  x = jnp.asarray(rng.standard_normal((3, 37)), BF16)
+  ref = x @ layer.kernel[...].astype(BF16) + layer.bias[...].astype(BF16)
+  np.testing.assert_array_equal(np.asarray(layer(x), np.float32), np.asarray(ref, np.float32))
