@@ -50,10 +50,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 import typing as tp
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
@@ -90,6 +92,14 @@ class _Config:
   # all-gather through all_gather_matmul (which returns the gathered dy for dw)
   sequence_parallel: bool = False  # column layer: x sharded on its first dim, all_gather_matmul
 
+  def __post_init__(self):
+    # Sizes as Python ints (numpy integers too, as nnx.Linear / nn.Dense take them); anything
+    # else is left for check() to report.
+    for name in ("in_features", "out_features"):
+      value = getattr(self, name)
+      if not isinstance(value, (bool, np.bool_)) and hasattr(value, "__index__"):
+        object.__setattr__(self, name, operator.index(value))
+
   def check(self, mesh=None):
     """Construction-time checks (the mesh ones when a mesh is known)."""
     if not isinstance(self.axis_name, str):
@@ -109,7 +119,7 @@ class _Config:
                        f"mesh {names}")
     if self.row and self.reduce not in REDUCTIONS:
       raise ValueError(f"{self.layer}: reduce must be one of {REDUCTIONS}, got {self.reduce!r}")
-    for name, value in (("in_features", self.in_features), ("out_features", self.out_features)):
+    for name, value in (("in_features", self.in_features), (self.out_name, self.out_features)):
       if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                 or value <= 0):
         raise ValueError(f"{self.layer}: {name} must be a positive int, got {value!r}")
@@ -157,7 +167,7 @@ class _Config:
 
   def split(self, size, n) -> int:
     """size / n, with an error naming the layer's dim when it does not divide."""
-    dim = "in_features" if self.row else "out_features"
+    dim = "in_features" if self.row else self.out_name
     if size is not None and size % n:
       raise ValueError(f"{self.layer}: {dim}={size} is not divisible by the size {n} of mesh "
                        f"axis {self.axis_name!r}")

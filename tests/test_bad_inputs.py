@@ -224,7 +224,7 @@ CASES = [
     pytest.param(linen_bad_reduce, raises(ValueError, "RowParallelDense: reduce must be one of",
                                           "'bogus'"), id="linen-bad-reduce"),
     pytest.param(linen_features_not_divisible, raises(ValueError, "ColumnParallelDense: "
-                                                      "out_features=18 is not divisible by the "
+                                                      "features=18 is not divisible by the "
                                                       "size 4"),
                  id="linen-features-not-divisible"),
     pytest.param(linen_in_features_not_divisible, raises(ValueError, "RowParallelDense",

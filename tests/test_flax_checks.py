@@ -118,3 +118,21 @@ def test_column_layer_without_an_op_takes_any_size(rng):
   x = jnp.asarray(rng.standard_normal((3, 37)), BF16)
   ref = x @ layer.kernel[...].astype(BF16) + layer.bias[...].astype(BF16)
   np.testing.assert_array_equal(np.asarray(layer(x), np.float32), np.asarray(ref, np.float32))
+
+
+def test_numpy_integer_sizes():
+  layer = RowParallelLinear(np.int64(64), np.int32(32), rngs=nnx.Rngs(0))
+  assert layer.kernel.shape == (64, 32) and type(layer.cfg.in_features) is int
+  with pytest.raises(ValueError, match="in_features must be a positive int, got True"):
+    RowParallelLinear(True, 32, rngs=nnx.Rngs(0))
+
+
+def test_linen_errors_name_features():
+  x = jnp.ones((4, 32), BF16)
+  with pytest.raises(ValueError, match="ColumnParallelDense: features must be a positive int"):
+    ColumnParallelDense(0).init(jax.random.key(0), x)
+  with jax.set_mesh(make_mesh_1d(4)):
+    with pytest.raises(ValueError, match="ColumnParallelDense: features=18 is not divisible"):
+      ColumnParallelDense(18).init(jax.random.key(0), x)
+  variables = RowParallelDense(np.int64(16)).init(jax.random.key(0), x)
+  assert nn.unbox(variables)["params"]["kernel"].shape == (32, 16)
