@@ -58,8 +58,18 @@ def main():
   args = ap.parse_args()
 
   devices = jax.devices()
+  if not 0 <= args.dp <= len(devices):
+    ap.error(f"--dp must be between 0 (default) and the {len(devices)} devices, got {args.dp}")
   dp = args.dp or (2 if len(devices) >= 4 and len(devices) % 2 == 0 else 1)
   tp = len(devices) // dp
+  rows = args.m // dp if args.reduce == "all_reduce" else args.m // (dp * tp)
+  if min(args.m, args.d, args.f) < 1 or args.iters < 0:
+    ap.error("--m, --d and --f must be at least 1 and --iters at least 0")
+  if args.m % (dp if args.reduce == "all_reduce" else dp * tp) or args.d % 8 or \
+      args.f % tp or (args.f // tp) % 8 or rows < 1:
+    ap.error(f"need m divisible by dp (reduce_scatter: by dp * tp), d a multiple of 8 and f "
+             f"split over tp a multiple of 8 (m={args.m}, d={args.d}, f={args.f}, dp={dp}, "
+             f"tp={tp})")
   mesh = Mesh(np.array(devices[:dp * tp]).reshape(dp, tp), ("dp", "tp"))
   print(f"backend={jax.default_backend()} mesh dp={dp} x tp={tp}  M={args.m} D={args.d} "
         f"F={args.f} reduce={args.reduce} dtype=bfloat16")

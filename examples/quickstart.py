@@ -46,6 +46,11 @@ def main():
   devices = jax.devices()
   mesh = Mesh(np.array(devices), ("tp",))
   n_dev = len(devices)
+  if min(args.m, args.n, args.k, args.iters) < 1:
+    parser.error("--m, --n, --k and --iters must be at least 1")
+  if args.n % 8 or args.k % n_dev or (args.k // n_dev) % 8:
+    parser.error(f"--n must be a multiple of 8 and --k split over the {n_dev} devices a "
+                 f"multiple of 8 per device (n={args.n}, k={args.k})")
   print(f"backend={jax.default_backend()} devices={n_dev}")
 
   kx, kw = jax.random.split(jax.random.key(int(time.time())))

@@ -195,12 +195,19 @@ def main():
                   "times (ours vs XLA dot + psum at this model's shapes) to this file")
   args = ap.parse_args()
 
+  if not 0 <= args.tp <= len(jax.devices()):
+    ap.error(f"--tp must be between 0 (all devices) and the {len(jax.devices())} devices, "
+             f"got {args.tp}")
+  if min(args.steps, args.batch, args.seq, args.dim, args.heads, args.ffn, args.layers) < 1:
+    ap.error("--steps, --batch, --seq, --dim, --heads, --ffn and --layers must be at least 1")
   devices = jax.devices()[:args.tp or None]
   tp = len(devices)
   mesh = Mesh(np.array(devices), (AXIS,))
-  if args.heads % tp or args.dim % args.heads or (args.dim // tp) % 8 or (args.ffn // tp) % 8:
-    raise SystemExit(f"need heads % tp == 0, dim % heads == 0 and dim/tp, ffn/tp multiples of "
-                     f"8 (tp={tp}, dim={args.dim}, heads={args.heads}, ffn={args.ffn})")
+  if args.heads % tp or args.dim % args.heads or (args.dim // args.heads) % 2 or \
+      args.ffn % tp or (args.dim // tp) % 8 or (args.ffn // tp) % 8:
+    raise SystemExit(f"need heads % tp == 0, dim % heads == 0, an even head dim (rope) and "
+                     f"dim/tp, ffn/tp whole multiples of 8 (tp={tp}, dim={args.dim}, "
+                     f"heads={args.heads}, ffn={args.ffn})")
   if args.sequence_parallel and args.seq % tp:
     raise SystemExit(f"--sequence-parallel needs seq % tp == 0 (seq={args.seq}, tp={tp})")
   print(f"backend={jax.default_backend()} tp={tp} layers={args.layers} batch={args.batch} "

@@ -188,3 +188,29 @@ def test_global_view_jit(reduce, spec):
   psum = "psum" if reduce == "all_reduce" else "psum_scatter"
   assert f"path: XLA's dot + {psum}: no GPU" in out, out
   assert out.rstrip().endswith("OK")
+
+
+@pytest.mark.parametrize("name,args,code,message", [
+    ("tp_transformer_block.py", ("--tp", "16"), 2,
+     "--tp must be between 0 (all devices) and the 8"),
+    ("tp_transformer_block.py", ("--steps", "0"), 2, "--steps, --batch, --seq"),
+    ("tp_transformer_block.py", ("--ffn", "132"), 1, "ffn/tp whole multiples of 8"),
+    ("tp_transformer_block.py", ("--tp", "2", "--dim", "48", "--heads", "16"), 1,
+     "an even head dim"),
+    ("global_view_jit.py", ("--dp", "16"), 2, "--dp must be between 0 (default) and the 8"),
+    ("quickstart.py", ("--k", "100"), 2, "--k split over the 8 devices a multiple of 8"),
+])
+def test_examples_reject_bad_arguments(name, args, code, message):
+  """A bad argument is a clear message and a failing exit before anything runs, not a silent
+  smaller run (--tp 16 on 8 devices ran tp=8), a vacuous 'OK' (--steps 0) or a traceback."""
+  pytest.importorskip("flax")
+  env = repo_env()
+  flags = env.get("XLA_FLAGS", "")
+  if "xla_force_host_platform_device_count" not in flags:
+    env["XLA_FLAGS"] = (flags + " --xla_force_host_platform_device_count=8").strip()
+  env.setdefault("JAX_PLATFORMS", "cpu")
+  proc = subprocess.run([sys.executable, str(ROOT / "examples" / name), *args], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+  assert message in proc.stdout + proc.stderr, proc.stderr
+  assert "Traceback" not in proc.stderr and "OK" not in proc.stdout
