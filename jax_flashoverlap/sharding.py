@@ -265,11 +265,17 @@ def _sdy_rule(reduce, axis_name, transpose_w, mesh, value_types, result_types):
   m, k = _compat.ir_shape(value_types[0])
   if t == 1 or k % t or m % (d * t):
     return simple
+  # One row per device (m == d * t): no m3 factor, Shardy refuses a size-1 factor in a
+  # compound dim ("dim mapping can't have a factor of size 1").
+  m3 = m // (d * t)
+  rows, sizes = (" m3", {"m3": m3}) if m3 > 1 else ("", {})
   if d == 1:
-    return (f"m (t kk) , {w_factors('(t kk)')} -> (t m3) n",
-            {"t": t, "kk": k // t, "m3": m // t})
-  return (f"(d m2) (t kk), {w_factors('(t kk)')} -> (d t m3) n",
-          {"d": d, "t": t, "m2": m // d, "kk": k // t, "m3": m // (d * t)})
+    if not rows:  # out rows: t alone, a whole dim (its size is not given)
+      return (f"m (t kk) , {w_factors('(t kk)')} -> t n", {"kk": k // t})
+    return (f"m (t kk) , {w_factors('(t kk)')} -> (t{rows}) n",
+            {"t": t, "kk": k // t, **sizes})
+  return (f"(d m2) (t kk), {w_factors('(t kk)')} -> (d t{rows}) n",
+          {"d": d, "t": t, "m2": m // d, "kk": k // t, **sizes})
 
 
 define_partition(_row_parallel, _partition, _infer, _sdy_rule)

@@ -211,3 +211,19 @@ def test_vmap_is_refused_naming_the_function(fo, mesh4, reduce, rng):
     with pytest.raises(NotImplementedError, match=r"row_parallel_matmul: jax.vmap of the global "
                        r"view is not supported .* fold the batch into x's rows"):
         jax.jit(f)(x, w)
+
+
+@pytest.mark.parametrize("dp", [False, True], ids=["tp", "dp_tp"])
+def test_reduce_scatter_one_row_per_device(fo, dp, rng):
+    """M == dp * tp (one output row per device): the Shardy rule has no size-1 rows factor
+    (Shardy refused it: 'dim mapping can't have a factor of size 1', an MLIR verifier error
+    that RowParallelLinear(reduce='reduce_scatter') under jit hit at M == tp)."""
+    from _util import make_mesh_2d
+
+    mesh = make_mesh_2d(2, 4) if dp else make_mesh_1d(4)
+    M = 8 if dp else 4
+    x = _put(mesh, rand(rng, (M, 64), jnp.bfloat16), P("dp", "tp") if dp else P(None, "tp"))
+    w = _put(mesh, rand(rng, (64, 32), jnp.bfloat16, scale=64 ** -0.5), P("tp", None))
+    out = _run(fo, x, w, "reduce_scatter", "tp")
+    check_against_refs(out, _xla(x, w), _np(x, w))
+    _check_out_sharding(out, "reduce_scatter", dp=dp)
