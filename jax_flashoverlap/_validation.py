@@ -129,10 +129,13 @@ def check_axis_name(op: str, axis_name) -> int:
   bound = _compat.bound_axis_names()
   mesh_axes = _compat.mesh_axis_names()
   manual = _manual_axes()
-  for a in axes:
+  for i, a in enumerate(axes):
     if not isinstance(a, str):
       raise TypeError(f"{op}: axis_name must be a mesh axis name (str) or a tuple of them, "
                       f"got {axis_name!r}")
+    if a in axes[:i]:  # JAX: "repeated axis in `source` argument", at lowering
+      raise AxisNameError(f"{op}: axis_name {axis_name!r} names axis {a!r} more than once; "
+                          "each mesh axis may appear once")
     if a not in bound:
       where = (f"the bound axes are {tuple(bound)}" if bound
                else "no axis is bound here: call it inside jax.shard_map")

@@ -75,6 +75,18 @@ def op_axis_empty(t):
     trace_op("reduce_scatter", sds((8, 64)), sds((64, 32)), axis=())
 
 
+def op_axis_repeated(t):
+    """An axis named twice (JAX said only "repeated axis in `source` argument")."""
+    trace_op("all_reduce", sds((8, 64)), sds((64, 32)), axis=("tp", "tp"))
+
+
+def op_axis_repeated_all_to_all(t):
+    mesh = make_mesh_2d(2, 4)
+    body = lambda a, b: fo.matmul_all_to_all(a, b, ("dp", "tp", "dp"))  # noqa: E731
+    jax.make_jaxpr(shard_map(body, mesh, (P(("dp", "tp")), P()), P(("dp", "tp"))))(
+        sds((64, 16)), sds((16, 32)))
+
+
 def op_axis_vmap_name(t):
     mesh = make_mesh_1d(4)
 

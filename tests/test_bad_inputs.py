@@ -80,6 +80,11 @@ CASES = [
                                          "('tp', 3)"), id="op-axis-not-str"),
     pytest.param(op_axis_empty, raises(AXE, "axis_name must name at least one mesh axis", "()"),
                  id="op-axis-empty"),
+    pytest.param(op_axis_repeated, raises(AXE, "matmul_all_reduce: axis_name ('tp', 'tp') names "
+                                          "axis 'tp' more than once"), id="op-axis-repeated"),
+    pytest.param(op_axis_repeated_all_to_all, raises(AXE, "matmul_all_to_all: axis_name ('dp', "
+                                                     "'tp', 'dp') names axis 'dp' more than "
+                                                     "once"), id="op-axis-repeated-all-to-all"),
     pytest.param(op_axis_vmap_name, raises(AXE, "axis_name 'b' is not an axis of the enclosing "
                                            "mesh ('tp',)", "vmap axis names are not supported"),
                  id="op-axis-vmap-name"),
