@@ -155,3 +155,27 @@ def test_vmap_is_refused_naming_the_function(fo, rng):
     with pytest.raises(NotImplementedError, match=r"column_parallel_matmul: jax.vmap of the "
                        r"global view is not supported"):
         jax.jit(f)(x, w)
+
+
+# Shardy's rule takes every mesh axis but the gather axis as data parallel (x rows P((dp, tp))):
+# with x's rows over tp only, or a mesh axis that does not shard them (pp), the output came
+# back replicated or with N whole, after more all-gathers (README). A constraint on the output
+# gives the documented layout with one all-gather.
+@pytest.mark.parametrize("shape,names,x_spec,out_spec", [
+    ((2, 4), ("dp", "tp"), P("tp", None), P(None, "tp")),
+    ((4, 2), ("dp", "tp"), P("tp", None), P(None, "tp")),
+    ((2, 2, 2), ("dp", "tp", "pp"), P(("dp", "tp"), None), P("dp", "tp")),
+], ids=["dp2xtp4-rows-tp", "dp4xtp2-rows-tp", "dp-tp-pp-rows-dp-tp"])
+def test_output_constraint_gives_the_layout_with_one_gather(fo, rng, shape, names, x_spec,
+                                                            out_spec):
+    from jax.sharding import Mesh
+    mesh = Mesh(np.array(jax.devices("cpu")[:8]).reshape(shape), names)
+    x = _put(mesh, rand(rng, (64, 64), jnp.bfloat16), x_spec)
+    w = _put(mesh, rand(rng, (64, 32), jnp.bfloat16, scale=64 ** -0.5), P(None, "tp"))
+    out = NamedSharding(mesh, out_spec)
+    f = jax.jit(lambda a, b: jax.lax.with_sharding_constraint(
+        fo.column_parallel_matmul(a, b, "tp"), out))
+    y = f(x, w)
+    assert y.sharding.spec == out_spec, y.sharding.spec
+    assert _collectives(f, x, w) == ["all-gather"]
+    assert_close(y, jax.jit(_want)(x, w))
