@@ -370,10 +370,11 @@ def bench_overlap(args) -> dict:
     timing = time_variants(variants, calls=args.calls, samples=args.samples)
     t = {v: r["median_ms"] / (bench_variants.CHAIN if v.endswith("_chain") else 1)
          for v, r in timing.items()}
+    windowed = None
     if "xla_windowed" in args.variants and jax.process_count() == 1:
-      windowed = bench_variants.xla_windowed(pb, args.calls, args.samples)
-      if windowed is not None:
-        t["xla_windowed"] = windowed
+      windowed = bench_variants.add_windowed(
+          t, bench_variants.xla_windowed(pb, args.calls, args.samples),
+          f"{collective} {m}x{n}x{k}")
     ideal = max(t["xla_dot"], t["xla_collective"])
     speedup = t["xla_dot_collective"] / t["ours"]
     denom = t["xla_dot_collective"] - ideal
@@ -386,7 +387,7 @@ def bench_overlap(args) -> dict:
                         if v not in ("xla_dot", "xla_collective", "nccl_capped_alone")
                         and not v.endswith("_chain")},
            "chain_speedup": (t["xla_chain"] / t["ours_chain"]) if "ours_chain" in t else None,
-           "uses_custom_call": custom_call,
+           "uses_custom_call": custom_call, "xla_windowed": windowed,
            "plan": {"band_rows": list(plan.band_rows), "comm_sms": plan.comm_sms,
                     "overlap": plan.overlap, "predicted_ms": plan.predicted_s * 1e3,
                     "predicted_baseline_ms": plan.baseline_s * 1e3}}

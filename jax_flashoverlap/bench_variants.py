@@ -8,7 +8,10 @@ overlap` next to ours:
                  products, each step's send overlapping the next step's GEMM; all-gather after it
                  for the all-reduce
   xla_windowed   XLA's own windowed-einsum passes on the global-view program, in a subprocess
-                 (XLA reads its flags at start); GPU only
+                 (XLA reads its flags at start); GPU only. Reported as a variant only where
+                 XLA built a windowed loop (collective-permutes in the compiled program): it
+                 windows all-gather and reduce-scatter einsums, never an all-reduce, and a
+                 flag it accepts can still change nothing
   ours_model     our op with the cost model's plan even where a tuned config exists
   xla_chain,     XLA's dot + collective and ours as a chain of CHAIN dependent calls in one
   ours_chain     program (each call's x waits for one element of the previous output), timed
@@ -115,12 +118,15 @@ def model_plans_only():
 
 
 def xla_windowed(pb, calls: int, samples: int):
-  """Median ms of the global-view program under XLA's windowed-einsum flags, or None off GPU."""
+  """xla_windowed_for's result for this problem, or None off GPU."""
   return xla_windowed_for(pb.collective, pb.m, pb.n, pb.k, pb.world, pb.dtype, calls, samples)
 
 
 def xla_windowed_for(collective, m, n, k, world, dtype, calls: int, samples: int):
-  """The same for a collective ("all_reduce", "reduce_scatter", "all_gather") and global shape."""
+  """{"median_ms", "windowed_loop"} of the global-view program for a collective ("all_reduce",
+  "reduce_scatter", "all_gather") and global shape under XLA's windowed-einsum flags, or None
+  off GPU (or when the subprocess failed: printed). windowed_loop False: XLA compiled it
+  without a windowed loop, the flags changed nothing."""
   import jax
   if jax.default_backend() != "gpu":
     return None
@@ -132,7 +138,29 @@ def xla_windowed_for(collective, m, n, k, world, dtype, calls: int, samples: int
   if proc.returncode != 0:
     print(f"xla_windowed failed: {proc.stderr[-2000:]}", flush=True)
     return None
-  return json.loads(proc.stdout.strip().splitlines()[-1])["median_ms"]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def add_windowed(times: dict, windowed, what: str):
+  """times["xla_windowed"] = its median where XLA built a windowed loop; else a printed
+  notice and no variant (the time would be the plain global-view program's under that name).
+  Returns what the row records (None: not run)."""
+  if windowed is None:
+    return None
+  if windowed["windowed_loop"]:
+    times["xla_windowed"] = windowed["median_ms"]
+  else:
+    print(f"xla_windowed {what}: XLA built no windowed-einsum loop under {WINDOWED_FLAGS} "
+          f"(no collective-permute in the compiled program): the flags changed nothing, so it "
+          f"is not reported as a variant ({windowed['median_ms']:.3f} ms)", flush=True)
+  return windowed
+
+
+def has_windowed_loop(hlo_text: str) -> bool:
+  """Whether a compiled program holds XLA's windowed einsum: its loops pass blocks with
+  collective-permutes (the plain programs have none) in computations named
+  windowed_dot_general_body_*."""
+  return "collective-permute" in hlo_text or "windowed_dot_general" in hlo_text
 
 
 def _windowed_main(collective, m, n, k, world, dtype, calls, samples) -> None:
@@ -152,8 +180,9 @@ def _windowed_main(collective, m, n, k, world, dtype, calls, samples) -> None:
   w = jax.device_put(w, NamedSharding(mesh, P(None, "tp") if gather else P("tp", None)))
   out = {"reduce_scatter": P("tp", None), "all_gather": P(None, "tp")}.get(collective, P())
   fn = jax.jit(jnp.matmul, out_shardings=NamedSharding(mesh, out))
+  loop = has_windowed_loop(fn.lower(x, w).compile().as_text())
   timing = bench.time_variants({"xla_windowed": (fn, (x, w))}, calls=calls, samples=samples)
-  print(json.dumps({"median_ms": timing["xla_windowed"]["median_ms"]}))
+  print(json.dumps({"median_ms": timing["xla_windowed"]["median_ms"], "windowed_loop": loop}))
 
 
 def plot(result: dict, path: str):

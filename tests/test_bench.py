@@ -169,7 +169,32 @@ def test_windowed_subprocess_program_runs(collective):
                         "64", "64", "128", "4", "bfloat16", "1", "2"], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert json.loads(r.stdout.strip().splitlines()[-1])["median_ms"] > 0
+    line = json.loads(r.stdout.strip().splitlines()[-1])
+    assert line["median_ms"] > 0
+    assert line["windowed_loop"] is False  # CPU never builds XLA's windowed loops
+
+
+def test_xla_windowed_is_not_reported_where_xla_built_no_windowed_loop(tmp_path, monkeypatch,
+                                                                        capsys):
+    """XLA windows all-gather and reduce-scatter einsums, never an all-reduce, and a flag it
+    accepts can still change nothing: the subprocess's time was reported as 'xla_windowed'
+    whatever XLA compiled. Now the subprocess says whether the compiled program holds a
+    windowed loop, and without one the bench says so and leaves the variant out. Here on CPU
+    (which never windows) with the GPU-only check stubbed, so the whole path runs."""
+    import jax
+    from jax_flashoverlap import bench
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")  # the subprocess too
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    out = tmp_path / "w.json"
+    assert bench.main(["overlap", "--shapes", "64x64x256", "--world", "4", "--variants",
+                       "xla_windowed", "--trace", "0", "--samples", "2", "--calls", "1",
+                       "--out", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    for row in json.loads(out.read_text())["rows"]:
+        assert "xla_windowed" not in row["times_ms"] and "xla_windowed" not in row["speedups"]
+        assert row["xla_windowed"]["windowed_loop"] is False
+        assert row["xla_windowed"]["median_ms"] > 0
+    assert stdout.count("XLA built no windowed-einsum loop") == 2, stdout
 
 
 @pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter"])
