@@ -514,9 +514,8 @@ def main(argv=None) -> int:
     else:
       p.add_argument("--world", type=int, default=0, help="GPUs in the mesh (0: all)")
       if name == "overlap":
-        p.add_argument("--variants", nargs="*",
-                       default=["two_chunk", "ppermute_ring", "xla_windowed", "ours_model",
-                                "chain"],
+        p.add_argument("--variants", nargs="*", choices=bench_variants.VARIANTS,
+                       default=list(bench_variants.VARIANTS),
                        help="comparison programs (jax_flashoverlap.bench_variants)")
         p.add_argument("--plot", help="write a PNG of the speedups here (needs matplotlib)")
         p.add_argument("--trace", type=int, default=5,

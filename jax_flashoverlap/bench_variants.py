@@ -32,6 +32,8 @@ import subprocess
 import sys
 
 CHAIN = 8  # dependent calls per chained program
+# `bench overlap --variants` names (chain: xla_chain and ours_chain).
+VARIANTS = ("two_chunk", "ppermute_ring", "xla_windowed", "ours_model", "chain")
 
 WINDOWED_FLAGS = ("--xla_gpu_threshold_for_windowed_einsum_mib=0 "
                   "--xla_gpu_multi_streamed_windowed_einsum=true")

@@ -165,6 +165,8 @@ cli_bench_overlap_world_negative = bench_cli("overlap", "--shapes", "64x64x64", 
 cli_bench_overlap_world_too_large = bench_cli("overlap", "--shapes", "64x64x64", "--world", "2")
 cli_bench_a2a_k_not_multiple_of_8 = bench_cli("a2a", "--shapes", "64x64x60")
 cli_bench_sweep_without_gpu = bench_cli("sweep", "--shapes", "64x64x64")
+cli_bench_overlap_unknown_variant = bench_cli("overlap", "--shapes", "64x64x64", "--variants",
+                                              "two-chunk")
 
 
 def cli_tune_without_gpu(t):
