@@ -10,7 +10,9 @@ result is checked against XLA's before it is timed.
            transpose of w, i.e. what `matmul(x, w.T)` costs, and the [K, N] kernel on a
            weight stored [K, N])
   overlap  matmul_all_reduce / matmul_reduce_scatter vs XLA's dot, collective, dot+collective
-           on a 1-D mesh over all GPUs; speedup and overlap efficiency
+           on a 1-D mesh over all GPUs; speedup and overlap efficiency E = (baseline - ours)
+           / (baseline - max(dot, collective)), undefined (null in the JSON) where the
+           baseline is no slower than max(dot, collective)
   sweep    our op under forced plans (comm_sms x groups)
   a2a      matmul_all_to_all / all_gather_matmul vs XLA's composition (jax_flashoverlap.bench_a2a)
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import subprocess
 import sys
@@ -560,8 +563,22 @@ def main(argv=None) -> int:
   if args.out:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
-      json.dump(result, f, indent=1, default=str)
+      json.dump(json_safe(result), f, indent=1, default=str, allow_nan=False)
   return 0
+
+
+def json_safe(value):
+  """value with every NaN / infinity as None (JSON null): json.dump wrote them as bare NaN,
+  which is not JSON (JSON.parse, jq and strict parsers refuse the file). Such a value means
+  "undefined", e.g. overlap_efficiency when XLA's dot + collective is no slower than
+  max(dot, collective)."""
+  if isinstance(value, float):
+    return value if math.isfinite(value) else None
+  if isinstance(value, dict):
+    return {k: json_safe(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [json_safe(v) for v in value]
+  return value
 
 
 if __name__ == "__main__":

@@ -214,3 +214,22 @@ def test_two_chunk_keeps_one_collective_per_chunk(collective):
     op = {"all_reduce": "all-reduce", "reduce_scatter": "reduce-scatter"}[collective]
     assert len(re.findall(rf" {op}(?:-start)?\(", text)) == 2, text
     assert bench.relative_error(fn(*pb.args), pb.reference_f32()) < 1e-2
+
+
+def test_json_is_strict_json_when_the_efficiency_is_undefined(tmp_path, monkeypatch):
+    """E = (baseline - ours) / (baseline - max(dot, collective)) is undefined (NaN) when XLA's
+    dot + collective is no slower than the slower of the two alone: json.dump wrote a bare NaN,
+    which JSON parsers other than Python's refuse. Now null. Timings stubbed to hit the case."""
+    from jax_flashoverlap import bench
+    fixed = {"xla_dot": 1.0, "xla_collective": 1.0, "xla_dot_collective": 1.0, "ours": 0.9}
+    monkeypatch.setattr(bench, "time_variants", lambda variants, **kw: {
+        v: {"median_ms": fixed.get(v, 1.0), "samples_ms": []} for v in variants})
+    out = tmp_path / "e.json"
+    assert bench.main(["overlap", "--shapes", "64x64x256", "--world", "4", "--collectives",
+                       "all_reduce", "--variants", "--trace", "0", "--out", str(out)]) == 0
+
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+    row = json.loads(out.read_text(), parse_constant=refuse)["rows"][0]
+    assert row["overlap_efficiency"] is None
+    assert row["speedup"] == pytest.approx(1 / 0.9)
