@@ -249,6 +249,17 @@ class _TpProblem:
     return (self.x, self.w)
 
 
+def lowered_plan(pb):
+  """The plan pb's op lowers with (the arguments of primitives.py's CUDA lowering): a forced
+  plan, else a tuned config entry for the mesh's GPU (not for an all-reduce in place on XLA's
+  output), else the cost model."""
+  from jax_flashoverlap import _ext, comm, plan as plan_lib
+  in_place = pb.collective == "all_reduce" and _ext.all_reduce_in_place()
+  return plan_lib.choose_plan(pb.collective, pb.m, pb.n, pb.k // pb.world, pb.world,
+                              pb.dtype.itemsize, gpu=comm.mesh_gpu_name(pb.mesh),
+                              dtype=pb.dtype.name, in_place=in_place)
+
+
 def _problems(args):
   """A _TpProblem with fresh random inputs for each (collective, shape) of the arguments."""
   import jax
@@ -357,9 +368,7 @@ def bench_overlap(args) -> dict:
     err = relative_error(ours_fn(*pb.args), baseline(*pb.args))
     err32 = relative_error(ours_fn(*pb.args), pb.reference_f32())
     custom_call = uses_custom_call(ours_fn, pb.args, pb.target)
-    # The plan the op lowers with: a tuned config entry for this GPU, else the cost model.
-    plan = fo.plan.choose_plan(collective, m, n, k // world, world, pb.dtype.itemsize,
-                               gpu=fo.comm.mesh_gpu_name(pb.mesh), dtype=pb.dtype.name)
+    plan = lowered_plan(pb)
     variants = {"xla_dot": (dot_only, pb.args), "xla_collective": (coll_only, (y,)),
                 "xla_dot_collective": (baseline, pb.args), "ours": (ours_fn, pb.args)}
     capped = nccl_capped_fn(pb, plan)

@@ -233,3 +233,33 @@ def test_json_is_strict_json_when_the_efficiency_is_undefined(tmp_path, monkeypa
     row = json.loads(out.read_text(), parse_constant=refuse)["rows"][0]
     assert row["overlap_efficiency"] is None
     assert row["speedup"] == pytest.approx(1 / 0.9)
+
+
+def test_reported_plan_is_the_one_the_op_lowers_with(monkeypatch):
+    """bench overlap's row "plan" and benchmarks/trace_op.py's plan line (and the comm_sms of
+    its GEMM-alone timing) name the plan the op lowers with. trace_op.py asked the planner
+    without the GPU's name, so at its default shape (8192^3, tuned for 2 H200s) it reported the
+    cost model's 8 SMs / 9 groups while the op ran the tuned 16 SMs / 6 groups; neither passed
+    the all-reduce's in-place switch, which turns tuned entries off. The GPU name is stubbed
+    here; the shipped config has the entry."""
+    import types
+
+    import jax.numpy as jnp
+
+    import jax_flashoverlap as fo
+    from jax_flashoverlap import _ext, bench, tuning
+    monkeypatch.setattr(fo.comm, "mesh_gpu_name", lambda mesh: "NVIDIA H200")
+    for collective in ("all_reduce", "reduce_scatter"):
+        pb = types.SimpleNamespace(collective=collective, m=8192, n=8192, k=8192, world=2,
+                                   dtype=jnp.dtype(jnp.bfloat16), mesh=None)
+        entry = tuning.lookup("NVIDIA H200", 2, collective, "bfloat16", 8192, 8192, 4096)
+        assert entry is not None, "the shipped H200 x2 config has this shape"
+        plan = bench.lowered_plan(pb)
+        assert (list(plan.band_rows), plan.comm_sms) == (entry["band_rows"], entry["comm_sms"])
+    monkeypatch.setenv(_ext.ALL_REDUCE_BUFFER_ENV, "output")
+    in_place = bench.lowered_plan(types.SimpleNamespace(
+        collective="all_reduce", m=8192, n=8192, k=8192, world=2,
+        dtype=jnp.dtype(jnp.bfloat16), mesh=None))
+    assert in_place == fo.plan.choose_plan("all_reduce", 8192, 8192, 4096, 2, 2, in_place=True)
+    trace_op = open(os.path.join(REPO, "benchmarks", "trace_op.py")).read()
+    assert "bench.lowered_plan(pb)" in trace_op and "choose_plan" not in trace_op
