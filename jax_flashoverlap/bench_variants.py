@@ -206,7 +206,9 @@ def plot(result: dict, path: str):
   fig, ax = plt.subplots(figsize=(max(8, len(rows) * 1.6), 4.5))
   width = 0.8 / max(1, len(variants))
   for i, v in enumerate(variants):
-    ys = [r["times_ms"][base(v)] / r["times_ms"][v] if v in r["times_ms"] else 0 for r in rows]
+    # Not run at that shape: no bar (NaN), not a bar of height 0 that reads as "0x".
+    ys = [r["times_ms"][base(v)] / r["times_ms"][v] if v in r["times_ms"] else float("nan")
+          for r in rows]
     ax.bar([j + i * width for j in range(len(rows))], ys, width, label=v)
   ax.axhline(1.0, color="black", linewidth=0.8)
   ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], labels, rotation=30,
