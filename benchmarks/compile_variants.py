@@ -1,0 +1,150 @@
+"""What XLA compiles for the bench's baselines across 2 ranks, without 2 GPUs.
+
+Two processes share one GPU (jax.distributed, each with the same local device): XLA compiles
+each rank's program as on 2 GPUs, and nothing is run that needs NCCL (only the inputs'
+generation, which has no collective). For each collective it prints, in the compiled entry
+computation's schedule order, the dots and the collectives' start / done, for:
+
+  baseline         XLA's dot + collective
+  two_chunk        bench_variants.two_chunk (chunk 2's collective depends on chunk 1's result)
+  two_chunk_plain  the two halves with independent collectives (the bench before 2a7defe)
+  global_view      jit(x @ w) on the global-view shardings (the xla_windowed variant's program;
+                   run with --windowed to add XLA's windowed-einsum flags), and whether XLA
+                   built a windowed loop (bench_variants.has_windowed_loop)
+
+  python benchmarks/compile_variants.py [--windowed] [--m 8192 --n 8192 --k 8192] [--json F]
+Needs no GPU on CPU either (2 CPU processes): then the programs are XLA:CPU's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+
+_OPCODE = re.compile(r"\s([a-z][a-z0-9_\-]*)\(")
+_TARGET = re.compile(r'custom_call_target="([^"]+)"')
+_COLLECTIVE = ("all-reduce", "reduce-scatter", "all-gather", "collective-permute")
+_GEMM = ("gemm", "dot", "matmul", "cublas")
+
+
+def schedule(hlo: str) -> list:
+  """The entry computation's GEMMs and collectives as "opcode:name" in schedule order (XLA
+  prints a scheduled module in order): dots, cuBLAS custom calls, fusions named after a GEMM,
+  collectives and their async start / done (a fusion counts as a GEMM when its name or its
+  op_name metadata says dot_general)."""
+  lines, inside = [], False
+  for line in hlo.splitlines():
+    if line.startswith("ENTRY"):
+      inside = True
+      continue
+    if inside and line.startswith("}"):
+      break
+    if not inside or " = " not in line:
+      continue
+    lhs, rhs = line.split(" = ", 1)
+    name = lhs.replace("ROOT", "").strip().lstrip("%")
+    found = _OPCODE.search(" " + rhs)
+    if found is None:
+      continue
+    op = found.group(1)
+    if op == "custom-call":
+      target = _TARGET.search(rhs)
+      op = target.group(1) if target else op
+    collective = any(c in op for c in _COLLECTIVE) or (
+        op in ("async-start", "async-done") and any(c in name for c in _COLLECTIVE))
+    gemm = op == "dot" or any(g in op.lower() for g in _GEMM) or (
+        op == "fusion" and (any(g in name for g in _GEMM) or "/dot_general" in rhs))
+    if collective or gemm:
+      lines.append(f"{op}:{name}")
+  return lines
+
+
+def _programs(collective: str, m: int, n: int, k: int):
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+  from jax_flashoverlap import bench, bench_variants
+
+  class Args:
+    world, dtype = 2, "bfloat16"
+  pb = bench._TpProblem(Args, collective, (m, n, k), jax.random.key(0))
+
+  def plain_halves():
+    if collective == "all_reduce":
+      return pb.smap(lambda x, w: jnp.concatenate(
+          [pb.coll(x[: x.shape[0] // 2] @ w), pb.coll(x[x.shape[0] // 2:] @ w)], axis=0))
+    return pb.smap(lambda x, w: jnp.concatenate(
+        [pb.coll(x @ w[:, : w.shape[1] // 2]), pb.coll(x @ w[:, w.shape[1] // 2:])], axis=1))
+
+  mesh = Mesh(np.array(jax.devices()[:2]), ("tp",))
+  out = P("tp", None) if collective == "reduce_scatter" else P()
+  global_view = jax.jit(jnp.matmul, out_shardings=NamedSharding(mesh, out))
+  return pb.args, {"baseline": pb.baseline(), "two_chunk": bench_variants.two_chunk(pb),
+                   "two_chunk_plain": plain_halves(), "global_view": global_view}
+
+
+def child(rank: int, port: int, args) -> None:
+  import jax
+  jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=rank,
+                             local_device_ids=[0] if args.gpu else None)
+  from jax_flashoverlap import bench_variants
+  result = {"backend": jax.default_backend(), "windowed_flags": args.windowed, "programs": {}}
+  for collective in ("all_reduce", "reduce_scatter"):
+    inputs, programs = _programs(collective, args.m, args.n, args.k)
+    for name, fn in programs.items():
+      hlo = fn.lower(*inputs).compile().as_text()
+      result["programs"][f"{collective}/{name}"] = {
+          "schedule": schedule(hlo), "windowed_loop": bench_variants.has_windowed_loop(hlo)}
+  if rank == 0:
+    text = json.dumps(result, indent=1)
+    if args.json:
+      with open(args.json, "w") as f:
+        f.write(text + "\n")
+    for key, value in result["programs"].items():
+      print(f"{key} (windowed loop: {value['windowed_loop']}):\n  " + " ".join(value["schedule"]))
+  jax.distributed.shutdown()
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--m", type=int, default=8192)
+  parser.add_argument("--n", type=int, default=8192)
+  parser.add_argument("--k", type=int, default=8192)
+  parser.add_argument("--windowed", action="store_true", help="add XLA's windowed-einsum flags")
+  parser.add_argument("--json")
+  parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
+  parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  args.gpu = shutil.which("nvidia-smi") is not None and subprocess.run(
+      ["nvidia-smi", "-L"], capture_output=True).returncode == 0
+  if args.rank is not None:
+    child(args.rank, args.port, args)
+    return
+  env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+  if args.gpu:
+    env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+  else:
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  if args.windowed:
+    from jax_flashoverlap.bench_variants import WINDOWED_FLAGS
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + WINDOWED_FLAGS).strip()
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  argv = [a for a in sys.argv[1:]]
+  procs = [subprocess.Popen([sys.executable, __file__, *argv, "--rank", str(r), "--port",
+                             str(port)], env=env) for r in range(2)]
+  codes = [p.wait(timeout=600) for p in procs]
+  sys.exit(max(codes))
+
+
+if __name__ == "__main__":
+  main()
