@@ -43,8 +43,10 @@ def two_chunk(pb):
   """GEMM halves, each reduced on its own (rows for all-reduce, columns for reduce-scatter,
   so each rank still gets its contiguous rows). Chunk 2's product takes a dependence on
   chunk 1's reduced result (0 * one element, added in place) before its own collective:
-  without it XLA's collective combiner merged the two independent collectives into one after
-  both GEMMs, leaving nothing to overlap (an optimization barrier did not stop it). Chunk 2's
+  without it XLA:CPU's collective combiner merged the two independent collectives into one
+  after both GEMMs, leaving nothing to overlap (an optimization barrier did not stop it);
+  XLA:GPU kept them apart (benchmarks/compile_variants.py), and with the dependence both
+  compile to GEMM 1, collective 1 started, GEMM 2, collective 1 done, collective 2. Chunk 2's
   GEMM itself needs nothing of chunk 1's collective, so it can run during it."""
   import jax.numpy as jnp
 
