@@ -105,6 +105,7 @@ def bench_a2a(args) -> dict:
       err = bench.relative_error(ours(x, w), base(x, w))
       err32 = bench.relative_error(ours(x, w), f32(x, w))
       custom_call = bench.uses_custom_call(ours, (x, w), TARGETS[op])
+      bad = bench.failed_values({"ours": err32}, f"{op} {m}x{n}x{k}")  # timed, flagged
       timing = bench.time_variants(
           {"xla_dot": (dot, (x_dot, w)), "xla_collective": (coll_only, (coll_in,)),
            "xla_composition": (base, (x, w)), "ours": (ours, (x, w))},
@@ -123,6 +124,7 @@ def bench_a2a(args) -> dict:
              "overlap_efficiency": ((t["xla_composition"] - t["ours"]) / denom if denom > 0
                                     else float("nan")),
              "rel_error": err, "rel_error_vs_f32": err32, "uses_custom_call": custom_call,
+             "failed_value_check": bad,
              "xla_windowed": windowed}
       if "xla_windowed" in t:
         row["windowed_speedup"] = t["xla_composition"] / t["xla_windowed"]

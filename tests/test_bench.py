@@ -287,3 +287,46 @@ def test_plot_draws_no_bar_for_a_variant_not_run_at_a_shape(tmp_path, monkeypatc
     assert bench_variants.plot({"rows": rows}, str(tmp_path / "p.png")) == str(tmp_path / "p.png")
     assert heights["ours"] == [1.25, 1.25]
     assert math.isnan(heights["ppermute_ring"][0]) and heights["ppermute_ring"][1] == 0.8
+
+
+def test_a_wrong_variant_is_not_timed_and_the_run_exits_1(tmp_path, monkeypatch, capsys):
+    """Every variant's values are checked before timing (the docstring said so, but errors were
+    only recorded: a wrong program was timed and ranked). A comparison variant off by more than
+    VALUE_TOLERANCE is now printed, recorded, left untimed, and the run exits 1."""
+    from jax_flashoverlap import bench, bench_variants
+    real = bench_variants.two_chunk
+    monkeypatch.setattr(bench_variants, "two_chunk",
+                        lambda pb: (lambda f: (lambda x, w: f(x, w) * 2))(real(pb)))
+    out = tmp_path / "v.json"
+    assert bench.main(["overlap", "--shapes", "64x64x256", "--world", "4", "--collectives",
+                       "all_reduce", "--variants", "two_chunk", "--trace", "0", "--samples",
+                       "2", "--calls", "1", "--out", str(out)]) == 1
+    row = json.loads(out.read_text())["rows"][0]
+    assert set(row["failed_value_check"]) == {"two_chunk"}
+    assert row["failed_value_check"]["two_chunk"] > 0.5
+    assert "two_chunk" not in row["times_ms"] and "two_chunk" not in row["speedups"]
+    assert row["times_ms"]["ours"] > 0  # the rest still timed
+    assert "VALUE CHECK FAILED: all_reduce 64x64x256 two_chunk" in capsys.readouterr().out
+
+
+def test_wrong_values_of_ours_are_flagged_and_the_run_exits_1(tmp_path, monkeypatch, capsys):
+    """Our op's result off by more than VALUE_TOLERANCE: still timed (the row shows what ran),
+    flagged in the row and the output, and the run exits 1, so no script takes its speedup."""
+    import jax_flashoverlap as fo
+    from jax_flashoverlap import bench
+    real = fo.matmul_reduce_scatter
+    monkeypatch.setattr(fo, "matmul_reduce_scatter", lambda x, w, axis: -real(x, w, axis))
+    out = tmp_path / "o.json"
+    assert bench.main(["overlap", "--shapes", "64x64x256", "--world", "4", "--collectives",
+                       "reduce_scatter", "--variants", "--trace", "0", "--samples", "2",
+                       "--calls", "1", "--out", str(out)]) == 1
+    row = json.loads(out.read_text())["rows"][0]
+    assert set(row["failed_value_check"]) == {"ours"} and row["times_ms"]["ours"] > 0
+    assert "VALUE CHECK FAILED: reduce_scatter 64x64x256 ours" in capsys.readouterr().out
+
+
+def test_right_values_pass_the_check(tmp_path):
+    """The check's tolerance passes every variant's bf16 rounding (a check that failed right
+    results would make every run exit 1)."""
+    d, _ = _run(tmp_path, "overlap", "--shapes", "128x64x512", "--world", "4", "--trace", "0")
+    assert all(row["failed_value_check"] == {} for row in d["rows"])
