@@ -4,7 +4,9 @@ Starts N copies of the script with a coordinator on 127.0.0.1 (a free port), eac
 process id through JAX_FLASHOVERLAP_{COORDINATOR,NUM_PROCESSES,PROCESS_ID} (the script calls
 `jax_flashoverlap.distributed.initialize()`). Streams process 0's output; keeps the others' in
 log files, printed if they fail. When any process fails or the timeout passes, the rest are
-killed and the launcher exits non-zero (the failing code, or 124 on timeout).
+killed and the launcher exits non-zero (the failing code, 128 + N for a process killed by
+signal N, or 124 on timeout). SIGTERM, SIGHUP or SIGINT sent to the launcher stops them too
+(exit status 128 + the signal's number).
 With --gpus-per-process K, process i sees GPUs [i*K, (i+1)*K) through CUDA_VISIBLE_DEVICES.
 """
 
@@ -12,10 +14,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from jax_flashoverlap import distributed
@@ -50,34 +54,75 @@ def _kill(procs) -> None:
       p.kill()
 
 
+class _Stopped(Exception):
+  """The launcher got a termination signal: its processes must be stopped too."""
+
+  def __init__(self, signum: int):
+    super().__init__(signum)
+    self.signum = signum
+
+
+def _raise_stopped(signum, frame):
+  raise _Stopped(signum)
+
+
+def _exit_status(code: int) -> tuple[int, str]:
+  """(launcher exit status, why) of a child's return code (negative: killed by a signal)."""
+  if code >= 0:
+    return code, f"exited with {code}"
+  try:
+    name = signal.Signals(-code).name
+  except ValueError:
+    name = f"signal {-code}"
+  return 128 - code, f"was killed by {name}"
+
+
 def launch(n: int, command: list, timeout: float, gpus_per_process: int = 0) -> int:
   coordinator = f"127.0.0.1:{free_port()}"
   logdir = tempfile.mkdtemp(prefix="jax_flashoverlap_launch_")
   procs, logs = [], []
-  for i in range(n):
-    log = None if i == 0 else open(os.path.join(logdir, f"process{i}.log"), "w")
-    logs.append(log)
-    procs.append(subprocess.Popen(command, env=_env(i, n, coordinator, gpus_per_process),
-                                  stdout=log, stderr=subprocess.STDOUT if log else None))
-  deadline = time.monotonic() + timeout
+  # SIGTERM / SIGHUP (a scheduler, `timeout`, a closed terminal) and SIGINT sent to the
+  # launcher alone stop the processes too, instead of leaving them running without it.
+  previous = {}
+  if threading.current_thread() is threading.main_thread():  # where Python runs handlers
+    previous = {s: signal.signal(s, _raise_stopped)
+                for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
   code = 0
   try:
+    for i in range(n):
+      log = None if i == 0 else open(os.path.join(logdir, f"process{i}.log"), "w")
+      logs.append(log)
+      procs.append(subprocess.Popen(command, env=_env(i, n, coordinator, gpus_per_process),
+                                    stdout=log, stderr=subprocess.STDOUT if log else None))
+    deadline = time.monotonic() + timeout
     while True:
       codes = [p.poll() for p in procs]
       failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
       if failed:
-        i, code = failed[0]
-        print(f"[launch] process {i} exited with {code}; stopping the others", flush=True)
+        i, child_code = failed[0]
+        code, why = _exit_status(child_code)
+        print(f"[launch] process {i} {why}; stopping the others", flush=True)
         break
       if all(c == 0 for c in codes):
         break
       if time.monotonic() > deadline:
-        print(f"[launch] timeout after {timeout:.0f} s; stopping all processes", flush=True)
+        running = [i for i, c in enumerate(codes) if c is None]
+        print(f"[launch] timeout after {timeout:g} s (process{'es' if len(running) > 1 else ''} "
+              f"{', '.join(map(str, running))} still running); stopping all processes",
+              flush=True)
         code = 124
         break
       time.sleep(0.2)
+  except _Stopped as stop:
+    code = 128 + stop.signum
+    print(f"[launch] got {signal.Signals(stop.signum).name}; stopping all processes",
+          flush=True)
   finally:
+    for s in previous:  # a second signal while stopping: the children are being killed
+      signal.signal(s, signal.SIG_IGN)
     _kill(procs)
+    for s, handler in previous.items():
+      signal.signal(s, handler)
     for i, log in enumerate(logs):
       if log is None:
         continue

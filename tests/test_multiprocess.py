@@ -244,4 +244,67 @@ def test_launcher_timeout(tmp_path):
     r = _launch(tmp_path, "import time\ntime.sleep(120)\n", "-n", "2", "--timeout", "2",
                 timeout=60)
     assert r.returncode == 124, r.stdout + r.stderr
-    assert "timeout" in r.stdout
+    assert "timeout" in r.stdout and "processes 0, 1 still running" in r.stdout, r.stdout
+
+
+def _alive(pid):
+  try:
+    with open(f"/proc/{pid}/stat") as f:  # a zombie (state Z) is gone for this purpose
+      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+  except FileNotFoundError:
+    return False
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP", "SIGINT"])
+def test_launcher_signal_stops_its_processes(tmp_path, signame):
+  # A scheduler's SIGTERM (or a closed terminal's SIGHUP, a SIGINT to the launcher alone)
+  # must not leave the processes running without their launcher.
+  import signal
+  import time
+  script = tmp_path / "script.py"
+  script.write_text(textwrap.dedent(f'''
+      import os, time
+      with open(os.path.join({str(tmp_path)!r}, "pid" + os.environ["JAX_FLASHOVERLAP_PROCESS_ID"]),
+                "w") as f:
+          f.write(str(os.getpid()))
+      time.sleep(120)
+  '''))
+  p = subprocess.Popen([sys.executable, "-m", "jax_flashoverlap.launch", "-n", "2", "--timeout",
+                        "100", str(script)], cwd=REPO, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+  pid_files = [tmp_path / "pid0", tmp_path / "pid1"]
+  pids = []
+  try:
+    deadline = time.monotonic() + 60
+    while not all(f.exists() and f.read_text() for f in pid_files):
+      assert time.monotonic() < deadline and p.poll() is None, p.communicate()[0]
+      time.sleep(0.1)
+    pids = [int(f.read_text()) for f in pid_files]
+    p.send_signal(getattr(signal, signame))
+    code = p.wait(timeout=30)
+    time.sleep(0.5)
+    left = [pid for pid in pids if _alive(pid)]
+    for pid in left:  # before reading: they hold the output pipe open
+      os.kill(pid, signal.SIGKILL)
+    out = p.stdout.read()
+    assert not left, (f"processes {left} still running after the launcher's {signame}", out)
+    assert code == 128 + getattr(signal, signame), (code, out)
+    assert f"got {signame}" in out, out
+  finally:
+    for pid in pids:
+      if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+    if p.poll() is None:
+      p.kill()
+
+
+def test_launcher_names_a_process_killed_by_a_signal(tmp_path):
+  body = textwrap.dedent('''
+      import os, signal, time
+      if os.environ["JAX_FLASHOVERLAP_PROCESS_ID"] == "1":
+          os.kill(os.getpid(), signal.SIGSEGV)
+      time.sleep(120)
+  ''')
+  r = _launch(tmp_path, body, "-n", "2", "--timeout", "100", timeout=60)
+  assert r.returncode == 128 + 11, r.stdout + r.stderr
+  assert "process 1 was killed by SIGSEGV" in r.stdout, r.stdout
