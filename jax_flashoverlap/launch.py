@@ -7,7 +7,9 @@ log files, printed if they fail. When any process fails or the timeout passes, t
 killed and the launcher exits non-zero (the failing code, 128 + N for a process killed by
 signal N, or 124 on timeout). SIGTERM, SIGHUP or SIGINT sent to the launcher stops them too
 (exit status 128 + the signal's number).
-With --gpus-per-process K, process i sees GPUs [i*K, (i+1)*K) through CUDA_VISIBLE_DEVICES.
+With --gpus-per-process K, process i sees GPUs [i*K, (i+1)*K) through CUDA_VISIBLE_DEVICES
+(of the launcher's own CUDA_VISIBLE_DEVICES when it is set: entries i*K .. (i+1)*K-1 of it);
+more GPUs than there are is refused.
 """
 
 from __future__ import annotations
@@ -31,14 +33,35 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def _env(i: int, n: int, coordinator: str, gpus_per_process: int) -> dict:
+def visible_gpus() -> tuple[list | None, str]:
+  """(the GPUs the processes may be given, where that list comes from): the entries of
+  CUDA_VISIBLE_DEVICES when it is set (indices or UUIDs), else 0..count-1 from `nvidia-smi -L`;
+  None when the count cannot be known (no nvidia-smi; MIG instances, which it lists apart)."""
+  raw = os.environ.get("CUDA_VISIBLE_DEVICES")
+  if raw is not None:
+    return [g.strip() for g in raw.split(",") if g.strip()], f"CUDA_VISIBLE_DEVICES={raw!r}"
+  try:
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
+                         timeout=30).stdout
+  except (OSError, subprocess.SubprocessError):
+    return None, ""
+  lines = out.splitlines()
+  if "MIG" in out or not lines:
+    return None, ""
+  gpus = [line for line in lines if line.startswith("GPU ")]
+  return [str(g) for g in range(len(gpus))], f"nvidia-smi -L ({len(gpus)} GPUs)"
+
+
+def _env(i: int, n: int, coordinator: str, gpus_per_process: int, gpus=None) -> dict:
   env = dict(os.environ)
   env.update({distributed.COORDINATOR_ENV: coordinator, distributed.NUM_PROCESSES_ENV: str(n),
               distributed.PROCESS_ID_ENV: str(i), "PYTHONUNBUFFERED": "1"})
   env.setdefault("NCCL_NVLS_ENABLE", "0")
   if gpus_per_process:
+    if gpus is None:  # count unknown: ordinals
+      gpus = [str(g) for g in range(n * gpus_per_process)]
     env["CUDA_VISIBLE_DEVICES"] = ",".join(
-        str(g) for g in range(i * gpus_per_process, (i + 1) * gpus_per_process))
+        gpus[i * gpus_per_process:(i + 1) * gpus_per_process])
   return env
 
 
@@ -77,7 +100,8 @@ def _exit_status(code: int) -> tuple[int, str]:
   return 128 - code, f"was killed by {name}"
 
 
-def launch(n: int, command: list, timeout: float, gpus_per_process: int = 0) -> int:
+def launch(n: int, command: list, timeout: float, gpus_per_process: int = 0,
+           gpus: list | None = None) -> int:
   coordinator = f"127.0.0.1:{free_port()}"
   logdir = tempfile.mkdtemp(prefix="jax_flashoverlap_launch_")
   procs, logs = [], []
@@ -92,7 +116,7 @@ def launch(n: int, command: list, timeout: float, gpus_per_process: int = 0) -> 
     for i in range(n):
       log = None if i == 0 else open(os.path.join(logdir, f"process{i}.log"), "w")
       logs.append(log)
-      procs.append(subprocess.Popen(command, env=_env(i, n, coordinator, gpus_per_process),
+      procs.append(subprocess.Popen(command, env=_env(i, n, coordinator, gpus_per_process, gpus),
                                     stdout=log, stderr=subprocess.STDOUT if log else None))
     deadline = time.monotonic() + timeout
     while True:
@@ -167,8 +191,15 @@ def main(argv=None) -> int:
     parser.error(f"--gpus-per-process must be >= 0, got {args.gpus_per_process}")
   if not command or command == ["-m"]:
     parser.error("missing the program: a script path or -m module")
+  gpus = None
+  if args.gpus_per_process:
+    gpus, source = visible_gpus()
+    need = args.num_processes * args.gpus_per_process
+    if gpus is not None and need > len(gpus):
+      parser.error(f"-n {args.num_processes} x --gpus-per-process {args.gpus_per_process} "
+                   f"needs {need} GPUs, but {source} gives {len(gpus)}")
   return launch(args.num_processes, [sys.executable, *command], args.timeout,
-                args.gpus_per_process)
+                args.gpus_per_process, gpus)
 
 
 if __name__ == "__main__":

@@ -308,3 +308,28 @@ def test_launcher_names_a_process_killed_by_a_signal(tmp_path):
   r = _launch(tmp_path, body, "-n", "2", "--timeout", "100", timeout=60)
   assert r.returncode == 128 + 11, r.stdout + r.stderr
   assert "process 1 was killed by SIGSEGV" in r.stdout, r.stdout
+
+
+def test_launcher_gpus_come_from_its_own_cuda_visible_devices(tmp_path):
+  # Started with CUDA_VISIBLE_DEVICES=4,5,6,7 (the GPUs this job was given), the processes
+  # must get 4,5 and 6,7, not GPUs 0-3 (another job's); more than listed is refused.
+  script = tmp_path / "script.py"
+  script.write_text(textwrap.dedent(f'''
+      import os
+      with open(os.path.join({str(tmp_path)!r}, "gpus" + os.environ["JAX_FLASHOVERLAP_PROCESS_ID"]),
+                "w") as f:
+          f.write(os.environ["CUDA_VISIBLE_DEVICES"])
+  '''))
+  run = lambda visible, *args: subprocess.run(
+      [sys.executable, "-m", "jax_flashoverlap.launch", *args, str(script)], cwd=REPO,
+      env=dict(os.environ, CUDA_VISIBLE_DEVICES=visible), capture_output=True, text=True,
+      timeout=60)
+  r = run("4,5,6,7", "-n", "2", "--gpus-per-process", "2")
+  assert r.returncode == 0, r.stdout + r.stderr
+  assert [(tmp_path / f"gpus{i}").read_text() for i in (0, 1)] == ["4,5", "6,7"]
+  r = run("GPU-a,GPU-b", "-n", "2", "--gpus-per-process", "1")
+  assert r.returncode == 0, r.stdout + r.stderr
+  assert [(tmp_path / f"gpus{i}").read_text() for i in (0, 1)] == ["GPU-a", "GPU-b"]
+  r = run("4,5,6", "-n", "2", "--gpus-per-process", "2")
+  assert r.returncode == 2, r.stdout + r.stderr
+  assert "needs 4 GPUs, but CUDA_VISIBLE_DEVICES='4,5,6' gives 3" in r.stderr, r.stderr
