@@ -10,10 +10,10 @@ one without talking to the others.
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import os
 import hashlib
-import itertools
 import sys
 import threading
 
@@ -75,7 +75,11 @@ def axis_groups(mesh, axis_name) -> list:
 
 _lock = threading.Lock()
 _atexit_registered = False
-_ensure_counter = itertools.count()  # barrier names: every process lowers in the same order
+# Barrier and key names of a comm_id: its processes lower in the same order, so the n-th
+# growth of a comm_id and its n-th creation (again after destroy_communicators) have the same
+# number on each; a key is never written twice (the KV store refuses it) nor read stale.
+_ensure_counts = collections.Counter()
+_creations = collections.Counter()
 
 
 def mesh_is_local_gpu(mesh) -> bool:
@@ -157,23 +161,28 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
   if peer_to_peer:  # the peer connection's handshake (ConnectPeers) uses the workspace too
     workspace_bytes = max(int(workspace_bytes), peer_handshake_bytes(len(groups[0])))
   spans_processes = any(len({d.process_index for d in g}) > 1 for g in groups)
+  # The processes lowering this program: the mesh's (a pipeline stage's mesh may hold a few).
+  processes = sorted({d.process_index for g in groups for d in g})
   if spans_processes:
     from jax_flashoverlap import distributed
   with _lock:
     if ext.has_communicators(cid):
       if spans_processes:  # growing the window and connecting peers are collective too
-        distributed.barrier(f"ensure/{cid}/{next(_ensure_counter)}")
+        _ensure_counts[cid] += 1
+        distributed.barrier(f"ensure/{cid}/{_ensure_counts[cid]}", processes)
       with _workspace_hint(workspace_bytes):
         ext.ensure_workspace(cid, int(workspace_bytes))
       if peer_to_peer:
         ext.connect_peers(cid)
       return cid
     me = jax.process_index()
+    _creations[cid] += 1
+    generation = _creations[cid]
     _register_atexit()  # before creating: a failed workspace keeps the communicators
     if spans_processes:
       # Every process must reach NCCL's init (which blocks until all ranks join): one that
       # never comes is a timeout error here (JAX_FLASHOVERLAP_KV_TIMEOUT_S), not a hang.
-      distributed.barrier(f"preinit/{cid}")
+      distributed.barrier(f"preinit/{cid}/{generation}", processes)
     # Groups in one fixed order on every process: NCCL init blocks until a group's ranks join.
     for index, group in enumerate(groups):
       local = [(rank, int(d.local_hardware_id)) for rank, d in enumerate(group)
@@ -184,14 +193,14 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
         unique_id = ext.nccl_unique_id()
       else:  # rank 0's process makes the id; it reaches the others through JAX's KV store
         unique_id = bytes.fromhex(distributed.share(
-            f"uid/{cid}/{index}", owner=group[0].process_index == me,
+            f"uid/{cid}/{generation}/{index}", owner=group[0].process_index == me,
             make=lambda: ext.nccl_unique_id().hex()))
       with _workspace_hint(workspace_bytes):
         ext.create_communicators(cid, unique_id, len(group), local, int(comm_sms),
                                  int(workspace_bytes), watchdog, peer_to_peer=peer_to_peer,
                                  cta_policy=cta_policy_code(cta_policy))
     if spans_processes:
-      distributed.barrier(f"init/{cid}")
+      distributed.barrier(f"init/{cid}/{generation}", processes)
     if peer_to_peer:
       ext.connect_peers(cid)
   return cid

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -23,7 +24,7 @@ PROCESS_ID_ENV = "JAX_FLASHOVERLAP_PROCESS_ID"
 TIMEOUT_ENV = "JAX_FLASHOVERLAP_KV_TIMEOUT_S"
 _PREFIX = "jax_flashoverlap"
 
-_check_counter = itertools.count()
+_check_counters = {}  # the set of processes checking (its scope key) -> their n-th check
 _lock = threading.Lock()
 
 
@@ -105,31 +106,49 @@ def share(key: str, owner: bool, make) -> str:
     raise _waited("the shared value", full, err) from err
 
 
-def barrier(name: str) -> None:
+def _participants(processes) -> list:
+  """The processes taking part, sorted: `processes`, or every process when None."""
+  import jax
+  if processes is None:
+    return list(range(jax.process_count()))
+  return sorted({int(p) for p in processes})
+
+
+def barrier(name: str, processes=None) -> None:
+  """Waits for `processes` (every process when None: a mesh's processes when only they
+  lower its program, e.g. one pipeline stage's) at the barrier `name`."""
   client, key = _client(), f"{_PREFIX}/barrier/{name}"
+  kwargs = {} if processes is None else {"process_ids": _participants(processes)}
   try:
-    client.wait_at_barrier(key, timeout_ms())
+    client.wait_at_barrier(key, timeout_ms(), **kwargs)
   except Exception as err:
     raise _waited("every process at the barrier", key, err) from err
 
 
-def check_identical(what: str, value) -> None:
-  """Every process publishes `value` (JSON-able) and checks all processes hold the same one.
+def check_identical(what: str, value, processes=None) -> None:
+  """Every process of `processes` (all when None) publishes `value` (JSON-able) and checks
+  they all hold the same one; nothing to check in a process outside them, or alone.
 
   Processes must call it in the same order (they do: they lower the same program); the n-th
-  call of each process is compared with the n-th call of the others. Raises
-  DistributedMismatchError on every process if any differs.
+  call of each process for a set of processes is compared with the n-th call of the others
+  for that set, so a program of one process's devices only, or of another set's, does not
+  shift the count. Raises DistributedMismatchError on every process if any differs.
   """
   import jax
   client = _client()
-  with _lock:
-    seq = next(_check_counter)
-  mine = json.dumps(value, sort_keys=True, default=str)
   me = jax.process_index()
-  client.key_value_set(f"{_PREFIX}/check/{seq}/{me}", mine)
+  procs = _participants(processes)
+  if me not in procs or len(procs) < 2:
+    return
+  scope = "all" if procs == list(range(jax.process_count())) else hashlib.blake2b(
+      repr(procs).encode(), digest_size=8).hexdigest()
+  with _lock:
+    seq = next(_check_counters.setdefault(scope, itertools.count()))
+  mine = json.dumps(value, sort_keys=True, default=str)
+  client.key_value_set(f"{_PREFIX}/check/{scope}/{seq}/{me}", mine)
   differing = {}
-  for p in range(jax.process_count()):
-    key = f"{_PREFIX}/check/{seq}/{p}"
+  for p in procs:
+    key = f"{_PREFIX}/check/{scope}/{seq}/{p}"
     try:
       other = mine if p == me else client.blocking_key_value_get(key, timeout_ms())
     except Exception as err:  # a process that never gets here: an error, not a hang

@@ -158,9 +158,12 @@ def publish_decision(name, ctx, decision) -> None:
   if jax.process_count() > 1:
     from jax_flashoverlap import distributed
     x_aval, w_aval = ctx.avals_in
+    # Among the processes of the mesh's devices, which lower this program: none to compare
+    # with for one process's own devices; without devices (abstract mesh), every process.
+    devices = _compat.mesh_devices(_compat.lowering_mesh(ctx))
     distributed.check_identical(
         f"the group plan of {name} for x {tuple(x_aval.shape)} w {tuple(w_aval.shape)}",
-        decision)
+        decision, None if devices is None else {d.process_index for d in devices.flat})
 
 
 def prepare_communicators(name, mesh, axis_name, plan_fields, comm_sms, workspace_bytes,

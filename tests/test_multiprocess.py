@@ -333,3 +333,108 @@ def test_launcher_gpus_come_from_its_own_cuda_visible_devices(tmp_path):
   r = run("4,5,6", "-n", "2", "--gpus-per-process", "2")
   assert r.returncode == 2, r.stdout + r.stderr
   assert "needs 4 GPUs, but CUDA_VISIBLE_DEVICES='4,5,6' gives 3" in r.stderr, r.stderr
+
+
+# The extension's communicator API, recording instead of calling NCCL (CPU), for the scripts
+# below; `me` is the process index.
+RECORDER = '''
+class Recorder:
+    def __init__(self):
+        self.made, self.n = {}, 0
+    def has_communicators(self, cid):
+        return any(c[0] == cid for c in self.made)
+    def nccl_unique_id(self):
+        self.n += 1
+        return bytes([me, self.n]) * 64
+    def create_communicators(self, cid, uid, world, local, *args, **kwargs):
+        self.made[(cid, tuple(local))] = uid.hex()
+    def connect_peers(self, cid):
+        pass
+    def ensure_workspace(self, cid, nbytes):
+        pass
+    def destroy_communicators(self, cid):
+        self.made = {k: v for k, v in self.made.items() if cid and k[0] != cid}
+'''
+
+PRELUDE = '''
+import os, sys, time
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+os.environ["JAX_FLASHOVERLAP_KV_TIMEOUT_S"] = "20"
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+import jax_flashoverlap as fo
+from jax_flashoverlap import _ext, comm, distributed
+distributed.initialize()
+me = jax.process_index()
+'''
+
+
+# 3 processes x 2 devices. A program on one process's own devices (process 0 alone) has no
+# one to compare its plan with; a pipeline stage's mesh on processes 0 and 1 checks and sets
+# up communicators among them, while process 2 runs a stage of its own. Before, process 0's
+# local program waited for the others' n-th check (then compared it with their unrelated
+# program: a false DistributedMismatchError), and the stage's communicator setup waited at a
+# barrier for process 2 until the timeout.
+SCOPE_SCRIPT = PRELUDE + RECORDER + textwrap.dedent('''
+    big = (jax.ShapeDtypeStruct((4096, 9216), jnp.bfloat16),  # K: a multiple of 2, 4 and 6
+           jax.ShapeDtypeStruct((9216, 8192), jnp.bfloat16))
+    def cuda_text(mesh):
+        f = jax.shard_map(lambda a, b: fo.matmul_all_reduce(a, b, "tp"), mesh=mesh,
+                          in_specs=(P(None, "tp"), P("tp", None)), out_specs=P())
+        return jax.jit(f).trace(*big).lower(lowering_platforms=("cuda",)).as_text()
+    devs = jax.devices()
+    start = time.monotonic()
+    if me == 0:
+        cuda_text(Mesh(np.array(jax.local_devices()), ("tp",)))
+    if me in (0, 1):
+        stage = Mesh(np.array(devs[:4]).reshape(2, 2), ("dp", "tp"))
+        cuda_text(Mesh(np.array(devs[:4]), ("tp",)))
+        _ext.ext = rec = Recorder()
+        for _ in range(2):  # made, then found (and its workspace grown) among the stage
+            comm.ensure_communicators(stage, "dp", workspace_bytes=1 << 20, comm_sms=16)
+    else:
+        cuda_text(Mesh(np.array(devs[4:]), ("tp",)))
+    assert time.monotonic() - start < 15, "waited for a process outside the mesh"
+    cuda_text(Mesh(np.array(devs), ("tp",)))  # every process: checked among all, in step
+    print(f"SCOPE OK {me}", flush=True)
+    with open(os.path.join(os.path.dirname(__file__), f"p{me}.txt"), "w") as fh:
+        fh.write("SCOPE OK")
+''')
+
+
+def test_checks_and_barriers_are_among_the_mesh_processes_only(tmp_path):
+  r = _launch(tmp_path, SCOPE_SCRIPT, "-n", "3", "--timeout", "150", timeout=200)
+  out = r.stdout + r.stderr
+  assert r.returncode == 0, out[-6000:]
+  for me in (0, 1, 2):
+    assert (tmp_path / f"p{me}.txt").exists(), (me, out[-6000:])
+
+
+# Communicators destroyed (destroy_communicators) and made again by a later lowering: the
+# second creation must publish and read a new NCCL id. Before, the key of the first one was
+# reused: the owner's write was refused (ALREADY_EXISTS), and a reader could take the old id.
+RECREATE_SCRIPT = PRELUDE + RECORDER + textwrap.dedent('''
+    _ext.ext = rec = Recorder()
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("dp", "tp"))
+    ids = []
+    for round in range(2):
+        comm.ensure_communicators(mesh, "dp", workspace_bytes=1 << 20, comm_sms=16)
+        ids.append(sorted(rec.made.values()))
+        comm.destroy_communicators()
+        assert not rec.made
+        if me == 1:
+            time.sleep(1)  # process 0 creates first: process 1 must not read the old id
+    assert ids[0] != ids[1] and all(bytes.fromhex(v)[0] == 0 for r in ids for v in r), ids
+    distributed.check_identical("the ids", ids)
+    print("RECREATE OK", flush=True)
+''')
+
+
+def test_communicators_made_again_after_destroy_get_a_new_id(tmp_path):
+  r = _launch(tmp_path, RECREATE_SCRIPT, "-n", "2", "--timeout", "150", timeout=200)
+  out = r.stdout + r.stderr
+  assert r.returncode == 0, out[-6000:]
+  assert "RECREATE OK" in out, out[-6000:]
