@@ -33,6 +33,22 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+def reserve_port() -> socket.socket:
+  """A socket bound (not listening) to a free port of 127.0.0.1, held while the launch runs:
+  a free port let go at once could be handed to another launch started meanwhile, before
+  process 0's coordinator binds it, and gRPC binds with SO_REUSEPORT, so both coordinators
+  would take it and one job's processes join the other's (which aborts). Held with
+  SO_REUSEPORT too, it leaves the coordinator free to bind it."""
+  s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+  try:
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    s.bind(("127.0.0.1", 0))
+  except BaseException:
+    s.close()
+    raise
+  return s
+
+
 def visible_gpus() -> tuple[list | None, str]:
   """(the GPUs the processes may be given, where that list comes from): the entries of
   CUDA_VISIBLE_DEVICES when it is set (indices or UUIDs), else 0..count-1 from `nvidia-smi -L`;
@@ -102,7 +118,8 @@ def _exit_status(code: int) -> tuple[int, str]:
 
 def launch(n: int, command: list, timeout: float, gpus_per_process: int = 0,
            gpus: list | None = None) -> int:
-  coordinator = f"127.0.0.1:{free_port()}"
+  reservation = reserve_port()
+  coordinator = f"127.0.0.1:{reservation.getsockname()[1]}"
   logdir = tempfile.mkdtemp(prefix="jax_flashoverlap_launch_")
   procs, logs = [], []
   # SIGTERM / SIGHUP (a scheduler, `timeout`, a closed terminal) and SIGINT sent to the
@@ -145,6 +162,7 @@ def launch(n: int, command: list, timeout: float, gpus_per_process: int = 0,
     for s in previous:  # a second signal while stopping: the children are being killed
       signal.signal(s, signal.SIG_IGN)
     _kill(procs)
+    reservation.close()
     for s, handler in previous.items():
       signal.signal(s, handler)
     for i, log in enumerate(logs):

@@ -438,3 +438,37 @@ def test_communicators_made_again_after_destroy_get_a_new_id(tmp_path):
   out = r.stdout + r.stderr
   assert r.returncode == 0, out[-6000:]
   assert "RECREATE OK" in out, out[-6000:]
+
+
+# The coordinator's port stays reserved from the launcher's choice until process 0's
+# coordinator has it: another launch started meanwhile cannot be given it. Before, the port
+# was let go at once; gRPC binds with SO_REUSEPORT, so a second launch's coordinator took it
+# too, its process 1 joined the first job's coordinator and that job aborted (SIGABRT).
+PORT_SCRIPT = textwrap.dedent('''
+    import os, socket
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+    host, port = os.environ["JAX_FLASHOVERLAP_COORDINATOR"].rsplit(":", 1)
+    if os.environ["JAX_FLASHOVERLAP_PROCESS_ID"] == "1":  # before process 0's coordinator
+        s = socket.socket()
+        try:
+            s.bind((host, int(port)))
+            print("PORT WAS FREE", flush=True)
+            raise SystemExit(4)
+        except OSError:
+            pass
+        finally:
+            s.close()
+    import jax
+    from jax_flashoverlap import distributed
+    distributed.initialize()
+    me = jax.process_index()
+    v = distributed.share("test/port", owner=me == 0, make=lambda: "from 0")
+    assert v == "from 0", v
+    print("PORT OK", flush=True)
+''')
+
+
+def test_launcher_keeps_the_coordinator_port_reserved(tmp_path):
+  r = _launch(tmp_path, PORT_SCRIPT, "-n", "2", "--timeout", "100", timeout=150)
+  out = r.stdout + r.stderr
+  assert r.returncode == 0 and "PORT OK" in out, out[-6000:]
