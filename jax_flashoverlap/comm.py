@@ -194,7 +194,7 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
       else:  # rank 0's process makes the id; it reaches the others through JAX's KV store
         unique_id = bytes.fromhex(distributed.share(
             f"uid/{cid}/{generation}/{index}", owner=group[0].process_index == me,
-            make=lambda: ext.nccl_unique_id().hex()))
+            make=lambda: ext.nccl_unique_id().hex(), owner_process=group[0].process_index))
       with _workspace_hint(workspace_bytes):
         ext.create_communicators(cid, unique_id, len(group), local, int(comm_sms),
                                  int(workspace_bytes), watchdog, peer_to_peer=peer_to_peer,

@@ -56,9 +56,10 @@ def _env_int(name: str) -> int | None:
                      "integer (it is set by python -m jax_flashoverlap.launch)") from None
 
 
-def _waited(what: str, key: str, err: Exception) -> TimeoutError:
+def _waited(what: str, key: str, err: Exception, source: str = "another process"
+            ) -> TimeoutError:
   return TimeoutError(f"jax_flashoverlap: waited {timeout_ms() / 1000:g} s for {what} "
-                      f"({key!r}) from another process ({type(err).__name__}: {err}); is every "
+                      f"({key!r}) from {source} ({type(err).__name__}: {err}); is every "
                       f"process running the same program? ({TIMEOUT_ENV} sets the wait)")
 
 
@@ -92,8 +93,9 @@ def _client():
   return client
 
 
-def share(key: str, owner: bool, make) -> str:
-  """The owner computes `make()` (a str) and publishes it under `key`; others wait for it."""
+def share(key: str, owner: bool, make, owner_process: int | None = None) -> str:
+  """The owner computes `make()` (a str) and publishes it under `key`; others wait for it
+  (a timeout names `owner_process`, the owner's process index, when given)."""
   client = _client()
   full = f"{_PREFIX}/{key}"
   if owner:
@@ -103,7 +105,8 @@ def share(key: str, owner: bool, make) -> str:
   try:
     return client.blocking_key_value_get(full, timeout_ms())
   except Exception as err:  # the runtime raises its own error types; name what we waited for
-    raise _waited("the shared value", full, err) from err
+    source = "another process" if owner_process is None else f"process {owner_process}"
+    raise _waited("the shared value", full, err, source) from err
 
 
 def _participants(processes) -> list:

@@ -355,6 +355,10 @@ CASES = [
                                                  "of the group plan",
                                                  distributed.TIMEOUT_ENV),
                  id="dist-peer-never-arrives"),
+    pytest.param(dist_shared_value_never_arrives,
+                 raises(TimeoutError, "waited 2 s for the shared value "
+                        "('jax_flashoverlap/uid/7/1/0') from process 1", distributed.TIMEOUT_ENV),
+                 id="dist-shared-value-never-arrives"),
     pytest.param(dist_bad_timeout_env, raises(ValueError, distributed.TIMEOUT_ENV,
                                               "'five minutes'", "positive number of seconds"),
                  id="dist-bad-kv-timeout-env"),
