@@ -3,7 +3,8 @@
 #   bash scripts/gpu_session.sh [STEP ...]   steps: build info tests gpu_tests gpu_k gpu_files mesh_tests gemm_bench
 #     tune overlap_bench overlap_all sweep procs stress flax_example sanitize_overlap harness
 #     sanitize_harness gemm_epilogue transpose_w quickstart
-#     global_view diagnose a2a_tests a2a_bench readme_tests cuda_tests pack (last: one archive of $OUT)
+#     global_view diagnose a2a_tests a2a_bench readme_tests cuda_tests launch_smoke bench_smoke
+#     pack (last: one archive of $OUT)
 #     (default: build info tests)
 # Carry: .whl (nvidia-cutlass wheel; the machine has no index) and build/obj (object cache).
 set -uo pipefail
@@ -108,6 +109,15 @@ for step in "${steps[@]}"; do
         run_step "tw_$tool" "${NK[@]}" "$SAN" --tool "$tool" --error-exitcode 3 .build/gemm_test sanitize
       done ;;
     quickstart) run_step quickstart python3 examples/quickstart.py ;;
+    launch_smoke)  # the launcher on this machine's GPUs: one process per GPU runs; one more is refused
+      ngpu=$(nvidia-smi -L | grep -c '^GPU')
+      run_step launch_all python3 -m jax_flashoverlap.launch -n "$ngpu" --gpus-per-process 1 --timeout 300 examples/quickstart.py
+      run_step launch_too_many python3 -m jax_flashoverlap.launch -n $((ngpu + 1)) --gpus-per-process 1 --timeout 60 examples/quickstart.py
+      run_step jax_on_hidden_gpu env CUDA_VISIBLE_DEVICES="$ngpu" python3 -c "import jax; print(jax.default_backend(), jax.devices())" ;;
+    bench_smoke)  # every bench subcommand end to end at a small shape (value checks included)
+      run_step bench_gemm_smoke python3 -m jax_flashoverlap.bench gemm --shapes 4096x4096x4096 --world 1 --comm-sms 0 8 --samples 5 --calls 3 --out "$OUT/bench_gemm_smoke.json"
+      run_step bench_overlap_smoke python3 -m jax_flashoverlap.bench overlap --shapes 4096x4096x4096 --samples 5 --calls 3 --trace 2 --out "$OUT/bench_overlap_smoke.json"
+      run_step bench_a2a_smoke python3 -m jax_flashoverlap.bench a2a --shapes 4096x4096x4096 --samples 5 --calls 3 --out "$OUT/bench_a2a_smoke.json" ;;
     global_view) run_step global_view python3 examples/global_view_jit.py ;;
     a2a_tests)  # #9 ops (matmul_all_to_all, all_gather_matmul) on GPUs
       run_step a2a_tests env JAX_FLASHOVERLAP_FALLBACK=0 python3 -m pytest -q -x -s -ra tests/test_gpu_a2a.py ;;
