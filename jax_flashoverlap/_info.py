@@ -13,6 +13,8 @@ OP_TARGETS = {
     "matmul": "flashoverlap_gemm",
     "matmul_all_reduce": "flashoverlap_gemm_all_reduce",
     "matmul_reduce_scatter": "flashoverlap_gemm_reduce_scatter",
+    "matmul_all_to_all": "flashoverlap_gemm_all_to_all",
+    "all_gather_matmul": "flashoverlap_all_gather_gemm",
 }
 
 

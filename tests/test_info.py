@@ -83,6 +83,18 @@ def test_info_explains_cuda_path(fo):
         assert use and not any(use), f"CUDA path reported in use on CPU: {d}"
 
 
+def test_info_reports_the_path_of_every_public_op(fo):
+    """README: info() says "which path each op takes and why": all five per-device ops, each
+    with its FFI target among the extension's (matmul_all_to_all and all_gather_matmul were
+    left out)."""
+    paths = fo.info()["paths"]
+    ops = {"matmul", "matmul_all_reduce", "matmul_reduce_scatter", "matmul_all_to_all",
+           "all_gather_matmul"}
+    assert set(paths) == ops, sorted(paths)
+    for op in ops:
+        assert isinstance(paths[op]["cuda_custom_call"], bool) and paths[op]["why"].strip()
+
+
 def test_info_module_cli():
     r = subprocess.run([sys.executable, "-m", "jax_flashoverlap.info"], cwd=REPO, env=_env(),
                        capture_output=True, text=True, timeout=240)
