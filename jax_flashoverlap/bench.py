@@ -1,4 +1,4 @@
-"""Benchmarks: `python -m jax_flashoverlap.bench gemm|overlap [options]`.
+"""Benchmarks: `python -m jax_flashoverlap.bench gemm|overlap|sweep|a2a [options]`.
 
 Every variant is timed the same way, interleaved, in one process: a sample is the mean of
 `--calls` back-to-back calls (dispatch amortized), the figure is the median of `--samples`
