@@ -241,7 +241,8 @@ SPLIT_PARTIAL_BYTES = 66 * 2 * 128 * 256 * 4
 GEMM_QUEUE_BYTES = _QUEUE_PARTIALS_OFFSET + SPLIT_PARTIAL_BYTES
 
 
-def op_memory(op: str, x_shape, w_shape, dtype, world: int) -> dict:
+def op_memory(op: str, x_shape, w_shape, dtype, world: int, *, transpose_w: bool = False,
+              concat_axis: int = 0) -> dict:
   """Device memory an overlapped call needs beyond its inputs and output, per GPU.
 
   `workspace_bytes`: the communicator's workspace the call uses (shared by every call and op
@@ -250,20 +251,24 @@ def op_memory(op: str, x_shape, w_shape, dtype, world: int) -> dict:
   point-to-point ops (all-to-all, all-gather) another, each with its own workspace.
   `counter_bytes`: the group counters; `queue_bytes`: the GEMM's tile queue (per
   communicator, like the counters; a fixed ~16.6 MiB, nearly all of it the split tail's
-  partial tiles, docs/signaling_gemm.md). x_shape / w_shape are per device. The all-reduce
-  lowered with JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER=output (read here as at lowering) needs no
-  workspace: only the counters.
+  partial tiles, docs/signaling_gemm.md). x_shape / w_shape are per device; `transpose_w`:
+  w is [N, K], as the ops' keyword; `concat_axis` (matmul_all_to_all): 1 receives into a
+  staging half, twice the workspace (the handler's check, xla_ffi/ffi/gemm_all_to_all.cc). The
+  all-reduce lowered with JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER=output (read here as at lowering)
+  needs no workspace: only the counters.
   """
   import numpy as np
 
   from jax_flashoverlap import _ext
   itemsize = np.dtype(dtype).itemsize
   m, k = int(np.prod(x_shape[:-1])), int(x_shape[-1])
-  n = int(w_shape[-1])
+  n = int(w_shape[0] if transpose_w else w_shape[-1])
+  if concat_axis not in (0, 1):
+    raise ValueError(f"concat_axis must be 0 or 1, got {concat_axis!r}")
   workspace = {
       "matmul_all_reduce": 0 if _ext.all_reduce_in_place() else m * n,  # reduced, copied out
       "matmul_reduce_scatter": m * n,       # the full local product in the group layout
-      "matmul_all_to_all": m * n,           # concat_axis=1 needs twice this (staging half)
+      "matmul_all_to_all": m * n * (2 if concat_axis == 1 else 1),  # + staging half (concat 1)
       "all_gather_matmul": world * m * k,   # the gathered x
   }
   if op not in workspace:

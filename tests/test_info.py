@@ -221,6 +221,26 @@ def test_op_memory_reports_workspace_and_counters(monkeypatch):
   assert isinstance(comm.list_communicators(), list)
 
 
+def test_op_memory_transpose_w_and_concat_axis():
+  """op_memory mirrors the handlers' workspace checks: an [N, K] weight (transpose_w) makes an
+  M x N product, not M x K, and matmul_all_to_all with concat_axis=1 stages what it receives in
+  a second half (gemm_all_to_all.cc: 2 x M x N elements). Before, both were under-reported
+  (the transposed reduce-scatter by N/K, the concat-1 all-to-all by half)."""
+  from jax_flashoverlap import comm
+  import jax.numpy as jnp
+  m, k, n = 4096, 1024, 8192
+  rs = comm.op_memory("matmul_reduce_scatter", (m, k), (n, k), jnp.bfloat16, 2, transpose_w=True)
+  assert rs["workspace_bytes"] == m * n * 2
+  a2a = comm.op_memory("matmul_all_to_all", (m, k), (k, n), jnp.bfloat16, 2, concat_axis=1)
+  assert a2a["workspace_bytes"] == 2 * m * n * 2
+  a2a = comm.op_memory("matmul_all_to_all", (m, k), (n, k), jnp.bfloat16, 2, transpose_w=True)
+  assert a2a["workspace_bytes"] == m * n * 2
+  ag = comm.op_memory("all_gather_matmul", (m, k), (n, k), jnp.bfloat16, 2, transpose_w=True)
+  assert ag["workspace_bytes"] == 2 * m * k * 2  # the gathered x: K either way
+  with pytest.raises(ValueError, match="concat_axis must be 0 or 1"):
+    comm.op_memory("matmul_all_to_all", (m, k), (k, n), jnp.bfloat16, 2, concat_axis=2)
+
+
 def test_queue_bytes_match_the_kernel_header():
   """comm.GEMM_QUEUE_BYTES mirrors kGemmQueueBytes (xla_ffi/kernels/signaling_gemm.h)."""
   import pathlib
