@@ -22,9 +22,6 @@ import argparse
 import json
 import os
 import re
-import shutil
-import socket
-import subprocess
 import sys
 
 _OPCODE = re.compile(r"\s([a-z][a-z0-9_\-]*)\(")
@@ -91,11 +88,12 @@ def _programs(collective: str, m: int, n: int, k: int):
                    "two_chunk_plain": plain_halves(), "global_view": global_view}
 
 
-def child(rank: int, port: int, args) -> None:
+def child(args) -> None:
+  """One of the two processes (started by jax_flashoverlap.launch)."""
   import jax
-  jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=rank,
-                             local_device_ids=[0] if args.gpu else None)
-  from jax_flashoverlap import bench_variants
+
+  from jax_flashoverlap import bench_variants, distributed
+  distributed.initialize()  # from the launcher's environment
   result = {"backend": jax.default_backend(), "windowed_flags": args.windowed, "programs": {}}
   for collective in ("all_reduce", "reduce_scatter"):
     inputs, programs = _programs(collective, args.m, args.n, args.k)
@@ -103,7 +101,7 @@ def child(rank: int, port: int, args) -> None:
       hlo = fn.lower(*inputs).compile().as_text()
       result["programs"][f"{collective}/{name}"] = {
           "schedule": schedule(hlo), "windowed_loop": bench_variants.has_windowed_loop(hlo)}
-  if rank == 0:
+  if jax.process_index() == 0:
     text = json.dumps(result, indent=1)
     if args.json:
       with open(args.json, "w") as f:
@@ -113,38 +111,29 @@ def child(rank: int, port: int, args) -> None:
   jax.distributed.shutdown()
 
 
-def main() -> None:
+def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--m", type=int, default=8192)
   parser.add_argument("--n", type=int, default=8192)
   parser.add_argument("--k", type=int, default=8192)
   parser.add_argument("--windowed", action="store_true", help="add XLA's windowed-einsum flags")
   parser.add_argument("--json")
-  parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
-  parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
   args = parser.parse_args()
-  args.gpu = shutil.which("nvidia-smi") is not None and subprocess.run(
-      ["nvidia-smi", "-L"], capture_output=True).returncode == 0
-  if args.rank is not None:
-    child(args.rank, args.port, args)
-    return
-  env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
-  if args.gpu:
-    env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
-  else:
-    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  from jax_flashoverlap import bench_variants, distributed, launch
+  if os.environ.get(distributed.PROCESS_ID_ENV) is not None:
+    child(args)
+    return 0
+  gpus, _ = launch.visible_gpus()
+  os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # two processes on one GPU
+  if not gpus:
+    os.environ.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
   if args.windowed:
-    from jax_flashoverlap.bench_variants import WINDOWED_FLAGS
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + WINDOWED_FLAGS).strip()
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-  argv = [a for a in sys.argv[1:]]
-  procs = [subprocess.Popen([sys.executable, __file__, *argv, "--rank", str(r), "--port",
-                             str(port)], env=env) for r in range(2)]
-  codes = [p.wait(timeout=600) for p in procs]
-  sys.exit(max(codes))
+    flags = os.environ.get("XLA_FLAGS", "") + " " + bench_variants.WINDOWED_FLAGS
+    os.environ["XLA_FLAGS"] = flags.strip()
+  # Both processes on the first GPU (one each), or on the CPU.
+  return launch.launch(2, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]], 600,
+                       gpus_per_process=1 if gpus else 0, gpus=[gpus[0]] * 2 if gpus else None)
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -193,8 +193,8 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
         unique_id = ext.nccl_unique_id()
       else:  # rank 0's process makes the id; it reaches the others through JAX's KV store
         unique_id = bytes.fromhex(distributed.share(
-            f"uid/{cid}/{generation}/{index}", owner=group[0].process_index == me,
-            make=lambda: ext.nccl_unique_id().hex(), owner_process=group[0].process_index))
+            f"uid/{cid}/{generation}/{index}", owner_process=group[0].process_index,
+            make=lambda: ext.nccl_unique_id().hex()))
       with _workspace_hint(workspace_bytes):
         ext.create_communicators(cid, unique_id, len(group), local, int(comm_sms),
                                  int(workspace_bytes), watchdog, peer_to_peer=peer_to_peer,

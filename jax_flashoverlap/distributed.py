@@ -93,20 +93,20 @@ def _client():
   return client
 
 
-def share(key: str, owner: bool, make, owner_process: int | None = None) -> str:
-  """The owner computes `make()` (a str) and publishes it under `key`; others wait for it
-  (a timeout names `owner_process`, the owner's process index, when given)."""
+def share(key: str, owner_process: int, make) -> str:
+  """Process `owner_process` computes `make()` (a str) and publishes it under `key`; the
+  others wait for it (a timeout names the owner)."""
+  import jax
   client = _client()
   full = f"{_PREFIX}/{key}"
-  if owner:
+  if owner_process == jax.process_index():
     value = make()
     client.key_value_set(full, value)
     return value
   try:
     return client.blocking_key_value_get(full, timeout_ms())
   except Exception as err:  # the runtime raises its own error types; name what we waited for
-    source = "another process" if owner_process is None else f"process {owner_process}"
-    raise _waited("the shared value", full, err, source) from err
+    raise _waited("the shared value", full, err, f"process {owner_process}") from err
 
 
 def _participants(processes) -> list:

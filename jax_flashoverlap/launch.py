@@ -27,12 +27,6 @@ import time
 from jax_flashoverlap import distributed
 
 
-def free_port() -> int:
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 def reserve_port() -> socket.socket:
   """A socket bound (not listening) to a free port of 127.0.0.1, held while the launch runs:
   a free port let go at once could be handed to another launch started meanwhile, before

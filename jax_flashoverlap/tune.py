@@ -314,7 +314,7 @@ def main(argv=None) -> int:
                       help="candidate plans timed per problem (at least one per comm_sms)")
   parser.add_argument("--calls", type=int, default=10)
   parser.add_argument("--samples", type=int, default=10)
-  parser.add_argument("--max-error", type=float, default=2e-2,
+  parser.add_argument("--max-error", type=float, default=bench.VALUE_TOLERANCE,
                       help="largest relative error vs float32 accepted from a candidate")
   parser.add_argument("--out", help="config file to merge into (default: the user config "
                                     "dir, <gpu>_x<world>.json)")

@@ -284,7 +284,7 @@ def dist_shared_value_never_arrives(t):
     # a group's NCCL id, made by the process of its rank 0 (process 1 here), never comes
     _fake_two_processes(t)
     t.monkeypatch.setenv(distributed.TIMEOUT_ENV, "2")
-    distributed.share("uid/7/1/0", owner=False, make=lambda: "", owner_process=1)
+    distributed.share("uid/7/1/0", owner_process=1, make=lambda: "")
 
 
 def dist_bad_timeout_env(t):

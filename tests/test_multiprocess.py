@@ -29,7 +29,7 @@ SCRIPT = textwrap.dedent('''
 
     # NCCL ids travel like this: the owner makes the value, the others wait for it.
     made = []
-    v = distributed.share("test/uid", owner=me == 0, make=lambda: made.append(1) or "id-%d" % me)
+    v = distributed.share("test/uid", owner_process=0, make=lambda: made.append(1) or "id-%d" % me)
     assert v == "id-0" and len(made) == (1 if me == 0 else 0), (v, made)
 
     mesh = Mesh(np.array(jax.devices()), ("tp",))
@@ -462,7 +462,7 @@ PORT_SCRIPT = textwrap.dedent('''
     from jax_flashoverlap import distributed
     distributed.initialize()
     me = jax.process_index()
-    v = distributed.share("test/port", owner=me == 0, make=lambda: "from 0")
+    v = distributed.share("test/port", owner_process=0, make=lambda: "from 0")
     assert v == "from 0", v
     print("PORT OK", flush=True)
 ''')
