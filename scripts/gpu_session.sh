@@ -66,6 +66,8 @@ for step in "${steps[@]}"; do
       run_step harness bash tests/cuda/run_overlap_harness.sh none "$OUT/harness" --calls 3
       run_step harness_odd bash tests/cuda/run_overlap_harness.sh none "$OUT/harness_odd" --m 320 --n 272 --k 200 --ops ar,ar_out,rs,a2a,a2a11,ag,ag_ce,ag_g,ag_ce_g
       run_step harness_spin env JAX_FLASHOVERLAP_WAIT=spin bash tests/cuda/run_overlap_harness.sh none "$OUT/harness_spin"
+      # workspaces grown from a second thread while the calls run (quiesce.h)
+      run_step harness_grow bash tests/cuda/run_overlap_harness.sh none "$OUT/harness_grow" --calls 8 --grow 12
       for kind in nccl cuda; do  # an injected failure per call: named, and the next call right
         run_step "harness_inject_$kind" bash tests/cuda/run_overlap_harness.sh none "$OUT/harness_inject_$kind" --inject "$kind" --ops ar,ar_out,rs,a2a,a2a11,ag,ag_ce,ag_g,ag_ce_g
       done ;;

@@ -6,7 +6,7 @@
 //   overlap_harness --rank R --world N --id-file PATH [--device D]
 //                   [--ops ar,ar_out,rs,a2a,a2a11,ag,ag_ce,ag_g,ag_ce_g]
 //                   [--calls C] [--m M --n N --k K] [--comm-sms S] [--inject nccl|cuda]
-//                   [--trace 1]
+//                   [--trace 1] [--grow G]
 //
 // Start one process per rank (tests/cuda/run_overlap_harness.sh does). Rank 0 writes the
 // NCCL unique id to PATH; the others wait for it (at most 300 s). Every call gets fresh
@@ -18,6 +18,12 @@
 // an injected failure (fault_injection.h) that must fail naming the op, leaving the next fine.
 // --trace 1: tracing on (xla_ffi/comm/trace.h); after each op, one record per successful call
 // (none for the all-gather, which is not traced), its times in stream order.
+// --grow G: meanwhile a second thread grows the workspaces G times, 8 MiB more each time
+// (EnsureWorkspace waits until no call is in flight and holds calls off: quiesce.h); every
+// call's values are still checked, and the workspaces must have grown. Registered windows
+// grow collectively (every rank at the same point between calls: JAX's lowering barrier
+// gives that, this thread would not), so with several ranks only the point-to-point
+// communicator (plain cudaMalloc buffers) grows.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -28,8 +34,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <atomic>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "tests/cuda/overlap_harness_data.h"
@@ -44,7 +52,7 @@ namespace fo = flashoverlap;
 namespace {
 
 struct Options {
-  int rank = -1, world = 0, device = -1, calls = 2, comm_sms = 16;
+  int rank = -1, world = 0, device = -1, calls = 2, comm_sms = 16, grow = 0;
   bool trace = false;
   int64_t m = 512, n = 512, k = 512;
   std::string id_file, ops = "ar,ar_out,rs,a2a,ag,ag_ce,ag_g,ag_ce_g", inject;  // inject: "", "nccl" or "cuda"
@@ -77,6 +85,7 @@ Options Parse(int argc, char** argv) {
     else if (key == "--ops") o.ops = value;
     else if (key == "--inject") o.inject = value;
     else if (key == "--trace") o.trace = value == "1";
+    else if (key == "--grow") o.grow = std::stoi(value);
     else Fail("unknown option " + key);
   }
   if (!o.inject.empty() && o.inject != "nccl" && o.inject != "cuda") Fail("--inject: nccl or cuda");
@@ -152,6 +161,10 @@ struct DeviceBuffers {
   void* gathered = nullptr;  // [M, K]: the all-gathers' second result (ag_g, ag_ce_g)
 };
 
+// The workspace is NaN before every call: a GEMM tile that read rows before they arrived, or
+// a call that used a buffer a growth swapped away, shows in the values.
+constexpr bool kPoisonWorkspace = true;
+
 bool IsAllGather(const std::string& op) { return op.rfind("ag", 0) == 0; }
 
 // One overlapped call of `op` on this rank's buffers.
@@ -161,34 +174,37 @@ fo::Status CallOp(const std::string& op, const Options& o, fo::Communicator& col
   const int64_t world = o.world;
   if (op == "ar" || op == "rs" || op == "ar_out") {
     const bool rs = op == "rs";
-    // ar_out: in place on the output (JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER=output).
-    void* gemm_out = op == "ar_out" ? d.out : coll.workspace;
+    // ar_out: in place on the output (JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER=output); null: the
+    // communicator's workspace.
+    void* gemm_out = op == "ar_out" ? d.out : nullptr;
     auto gemm = Gemm(o, d.x, d.w, gemm_out, coll.counters, rs ? o.world : 1,
                      Bands(rs ? o.m / world : o.m, 3));
     return fo::RunGemmCollective(
         coll, stream, rs ? fo::CollectiveKind::kReduceScatter : fo::CollectiveKind::kAllReduce,
-        gemm, d.out, rs ? "harness_reduce_scatter" : "harness_all_reduce");
+        gemm, d.out, kPoisonWorkspace, rs ? "harness_reduce_scatter" : "harness_all_reduce");
   }
   if (op == "a2a" || op == "a2a11") {
     const int split = op == "a2a" ? 0 : 1;
     fo::AllToAllShape shape{o.m, o.n, world, split == 0 ? o.m / world : o.m,
                             split == 0 ? o.n : o.n / world, split, split};
-    auto gemm = Gemm(o, d.x, d.w, p2p.workspace, p2p.counters, split == 0 ? o.world : 1,
+    auto gemm = Gemm(o, d.x, d.w, nullptr, p2p.counters, split == 0 ? o.world : 1,
                      Bands(shape.rows, 3));
     gemm.out_col_block = split == 1 ? static_cast<int>(shape.cols) : 0;
-    return fo::RunGemmAllToAll(p2p, stream, shape, gemm, d.out, "harness_all_to_all");
+    return fo::RunGemmAllToAll(p2p, stream, shape, gemm, d.out, kPoisonWorkspace,
+                               "harness_all_to_all");
   }
   // ag_ce: one ncclAllGather over the window of a CTA-policy-ZERO communicator. _g: the
   // gathered rows returned too (peer-to-peer: received straight into them).
   if (op == "ag" || op == "ag_g") {
     auto gemm = Gemm(o, nullptr, d.w, nullptr, nullptr, 1, {0, 1});
     return fo::RunAllGatherGemm(p2p, stream, d.x, o.m / world, /*chunks=*/2, gemm, d.out,
-                                op == "ag_g" ? d.gathered : nullptr, "harness_all_gather");
+                                op == "ag_g" ? d.gathered : nullptr, kPoisonWorkspace,
+                                "harness_all_gather");
   }
   if (op == "ag_ce" || op == "ag_ce_g") {
     auto gemm = Gemm(o, nullptr, d.w, nullptr, nullptr, 1, {0, 1});
     return fo::RunAllGatherGemm(zero, stream, d.x, o.m / world, /*chunks=*/1, gemm, d.out,
-                                op == "ag_ce_g" ? d.gathered : nullptr,
+                                op == "ag_ce_g" ? d.gathered : nullptr, kPoisonWorkspace,
                                 "harness_all_gather_collective");
   }
   Fail("unknown op " + op + " (ar, ar_out, rs, a2a, a2a11, ag, ag_ce, ag_g, ag_ce_g)");
@@ -287,6 +303,57 @@ int64_t RunOp(const std::string& op, const Options& o, fo::Communicator& coll,
   return bad + (o.trace ? CheckTrace(op, o) : 0);
 }
 
+// --grow: grows the workspaces of `comm_ids` o.grow times from a second thread while the
+// ops run, 8 MiB more each time, 20 ms apart.
+class Grower {
+ public:
+  Grower(const Options& o, std::vector<int64_t> comm_ids, size_t base_bytes)
+      : o_(o), comm_ids_(std::move(comm_ids)), base_(base_bytes) {
+    if (o.grow > 0) thread_ = std::thread([this] { Run(); });
+  }
+  // Joins the thread; returns 1 if a growth failed or a workspace did not grow, else 0.
+  int64_t Finish() {
+    if (!thread_.joinable()) return 0;
+    const int while_running = done_.load();  // the ops have all run by now
+    thread_.join();
+    const size_t want = Target(o_.grow);
+    bool grew = status_.ok();
+    for (const fo::CommunicatorSummary& c : fo::ListCommunicators()) {
+      const bool ours = std::find(comm_ids_.begin(), comm_ids_.end(), c.comm_id) != comm_ids_.end();
+      if (ours && c.workspace_bytes < want) grew = false;
+    }
+    const std::string failure = status_.ok() ? "" : ": " + status_.message;
+    std::printf("rank %d grow: %d of %d growths of %zu communicator(s) to %zu bytes, %d of them "
+                "while the ops ran%s  %s\n",
+                o_.rank, done_.load(), o_.grow, comm_ids_.size(), want, while_running,
+                failure.c_str(), grew ? "OK" : "FAIL");
+    return grew ? 0 : 1;
+  }
+
+ private:
+  size_t Target(int step) const { return base_ + static_cast<size_t>(step) * (size_t{8} << 20); }
+  void Run() {
+    for (int step = 1; step <= o_.grow; ++step) {
+      for (int64_t id : comm_ids_) {
+        fo::Status s = fo::EnsureWorkspace(id, Target(step));
+        if (!s.ok()) {
+          status_ = s;
+          return;
+        }
+      }
+      ++done_;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
+  const Options& o_;
+  const std::vector<int64_t> comm_ids_;
+  const size_t base_;
+  std::thread thread_;
+  fo::Status status_;
+  std::atomic<int> done_{0};
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -318,10 +385,14 @@ int main(int argc, char** argv) {
   CheckCuda(cudaMalloc(&d.out, o.world * o.m * o.n * 2), "malloc out");
   CheckCuda(cudaMalloc(&d.gathered, o.m * o.k * 2), "malloc gathered");
   int64_t bad = 0;
+  const std::vector<int64_t> growing = o.world == 1 ? std::vector<int64_t>{1, 2, 3}
+                                                    : std::vector<int64_t>{2};
+  Grower grower(o, growing, bytes);
   std::string ops = o.ops + ",";
   for (size_t at = 0, next; (next = ops.find(',', at)) != std::string::npos; at = next + 1) {
     if (next > at) bad += RunOp(ops.substr(at, next - at), o, *coll, *p2p, *zero, stream, d);
   }
+  bad += grower.Finish();
   CheckCuda(cudaFree(d.x), "free");
   CheckCuda(cudaFree(d.w), "free");
   CheckCuda(cudaFree(d.out), "free");

@@ -101,17 +101,20 @@ Status CopyLocalBlock(cudaStream_t stream, char* block, const void* x, size_t by
 
 Status RunAllGatherGemm(Communicator& comm, cudaStream_t stream, const void* x, int64_t rows,
                         int chunks, SignalingGemmArgs gemm, void* out, void* gathered_out,
-                        const char* op) {
+                        bool poison_workspace, const char* op) {
   std::lock_guard<std::mutex> lock(comm.call_mutex);
   FO_RETURN_IF_NOT_OK(CheckNotAborted(comm, op));
   const int n = comm.world_size, rank = comm.rank;
   const int64_t k = gemm.k;
-  const int32_t value = NextFlagValue();
   const size_t block_bytes = static_cast<size_t>(rows * k) * 2;
   const bool collective = !comm.peer_to_peer;
   // Peer-to-peer with a gathered output: the rows land there and the GEMM reads them there.
-  char* gathered = static_cast<char*>(collective || gathered_out == nullptr ? comm.workspace
-                                                                            : gathered_out);
+  const bool in_workspace = collective || gathered_out == nullptr;
+  char* workspace = nullptr;
+  FO_RETURN_IF_NOT_OK(UseWorkspace(comm, stream, in_workspace ? n * block_bytes : 0,
+                                   poison_workspace, op, &workspace));
+  char* gathered = in_workspace ? workspace : static_cast<char*>(gathered_out);
+  const int32_t value = NextFlagValue();
   if (collective && chunks != 1) {
     return Status::Error(std::string(op) + ": chunks must be 1 with a collective (all-gather) "
                          "communicator, got " + std::to_string(chunks));

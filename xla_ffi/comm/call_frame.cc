@@ -16,6 +16,27 @@ Status StartCall(Communicator& comm, cudaStream_t stream, int counters, bool cop
   return WatchStart(comm);  // the watchdog times the call from here on the GPU
 }
 
+Status UseWorkspace(const Communicator& comm, cudaStream_t stream, size_t bytes, bool poison,
+                    const char* op, char** workspace) {
+  *workspace = static_cast<char*>(comm.workspace);
+  if (comm.workspace_bytes < bytes && !comm.workspace_error.empty()) {
+    return Status::Error(std::string(op) + ": no communication workspace on device " +
+                         std::to_string(comm.device) + ": allocating it when the op was lowered "
+                         "failed (" + comm.workspace_error + "); free device memory "
+                         "(XLA_PYTHON_CLIENT_MEM_FRACTION) and lower again");
+  }
+  if (comm.workspace_bytes < bytes) {
+    return Status::Error(std::string(op) + ": communication workspace has " +
+                         std::to_string(comm.workspace_bytes) + " bytes, needs " +
+                         std::to_string(bytes) + " (jax_flashoverlap.comm.ensure_communicators "
+                         "sizes it at lowering)");
+  }
+  if (poison && comm.workspace != nullptr && comm.workspace_bytes > 0) {
+    FO_RETURN_IF_CUDA(cudaMemsetAsync(comm.workspace, 0xFF, comm.workspace_bytes, stream));
+  }
+  return Status::Ok();
+}
+
 Status LaunchGemm(Communicator& comm, SignalingGemmArgs args, cudaStream_t stream) {
   args.queue = comm.gemm_queue;  // ordered on `stream`, like the counters: one call at a time
   cudaError_t launched = LaunchSignalingGemm(args, stream);
@@ -33,6 +54,7 @@ Status JoinBack(Communicator& comm, cudaStream_t stream, bool copies) {
     FO_RETURN_IF_CUDA(cudaEventRecord(comm.copies_done, comm.copy_stream));
     FO_RETURN_IF_CUDA(cudaStreamWaitEvent(stream, comm.copies_done, 0));
   }
+  FO_RETURN_IF_CUDA(cudaEventRecord(comm.call_done, stream));
   return Status::Ok();
 }
 

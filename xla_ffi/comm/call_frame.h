@@ -22,12 +22,20 @@ inline ncclDataType_t NcclType(GemmDType dtype) {
 // (and the copy stream when `copies`) after everything queued on `stream` so far.
 Status StartCall(Communicator& comm, cudaStream_t stream, int counters, bool copies);
 
+// The communicator's workspace for this call, under comm.call_mutex (EnsureWorkspace swaps it
+// only under that mutex): an error naming `op` unless it holds `bytes` (0: any, even none);
+// with `poison`, filled with NaN bytes on `stream` first (poison.h's test switch), so a GEMM
+// tile that read rows before they arrived shows.
+Status UseWorkspace(const Communicator& comm, cudaStream_t stream, size_t bytes, bool poison,
+                    const char* op, char** workspace);
+
 // LaunchSignalingGemm with the communicator's tile queue, and its reason on failure.
 Status LaunchGemm(Communicator& comm, SignalingGemmArgs args, cudaStream_t stream);
 
 // Watches the call (watchdog on, `status` ok), then makes `stream` wait for our comm stream
 // (and the copy stream when `copies`) whatever `status` says, so the compute stream never
 // runs ahead of queued work and the next call never overwrites a span still in flight.
+// Then records comm.call_done on `stream` (quiesce.h).
 // Returns `status` (or the first failure of this step), prefixed with `op`. Every Run* sequence
 // ends here, whatever failed (a failed StartCall too: joining is harmless then).
 Status FinishCall(Communicator& comm, cudaStream_t stream, bool copies, Status status,

@@ -5,6 +5,7 @@
 #include <memory>
 #include <utility>
 
+#include "xla_ffi/comm/quiesce.h"
 #include "xla_ffi/comm/watchdog.h"
 
 namespace flashoverlap {
@@ -12,7 +13,16 @@ namespace {
 
 using Key = std::pair<int64_t, int>;
 
+// Guards the map only, briefly: a handler's FindCommunicator never waits behind NCCL's init,
+// a window registration or a workspace growth waiting for calls to drain.
 std::mutex& RegistryMutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+// Serializes what creates, grows, connects, lists or destroys communicators (the only
+// writers of the map and of the workspaces): the members a holder sees stay as they are.
+std::mutex& AdminMutex() {
   static std::mutex mu;
   return mu;
 }
@@ -33,6 +43,7 @@ class DeviceScope {
 };
 
 std::vector<Communicator*> LocalMembers(int64_t comm_id) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
   std::vector<Communicator*> out;
   for (auto& [key, comm] : Registry()) {
     if (comm_id == 0 || key.first == comm_id) out.push_back(comm.get());
@@ -112,7 +123,7 @@ Status AllocateAndRegister(const std::vector<Communicator*>& comms, size_t bytes
 
 // Leaves every member without a workspace after a failure, recording why: a member left with
 // one would enqueue NCCL calls that a member without one never joins (a hang); this way every
-// local handler refuses alike (CheckWorkspace names the error) and the next lowering tries
+// local handler refuses alike (UseWorkspace names the error) and the next lowering tries
 // again. Buffers with no window are freed (best effort); one NCCL may have registered (a
 // registration group that failed part-way) is left to it: deregistering is collective.
 Status DropWorkspaces(const std::vector<Communicator*>& comms, Status failure) {
@@ -141,6 +152,7 @@ Status CreateStreamAndEvents(Communicator& c) {
   FO_RETURN_IF_CUDA(cudaStreamCreateWithPriority(&c.stream, cudaStreamNonBlocking, greatest));
   FO_RETURN_IF_CUDA(cudaEventCreateWithFlags(&c.gemm_started, cudaEventDisableTiming));
   FO_RETURN_IF_CUDA(cudaEventCreateWithFlags(&c.comm_done, cudaEventDisableTiming));
+  FO_RETURN_IF_CUDA(cudaEventCreateWithFlags(&c.call_done, cudaEventDisableTiming));
   FO_RETURN_IF_CUDA(cudaStreamCreateWithPriority(&c.copy_stream, cudaStreamNonBlocking, greatest));
   FO_RETURN_IF_CUDA(cudaEventCreateWithFlags(&c.copies_done, cudaEventDisableTiming));
   for (cudaEvent_t& e : c.group_reduced) {
@@ -165,7 +177,7 @@ Status ReleaseOne(Communicator& c, bool abort) {
     if (*s) keep(CudaStatus(cudaStreamDestroy(*s), "cudaStreamDestroy"));
     *s = nullptr;
   }
-  for (cudaEvent_t* e : {&c.gemm_started, &c.comm_done, &c.copies_done}) {
+  for (cudaEvent_t* e : {&c.gemm_started, &c.comm_done, &c.call_done, &c.copies_done}) {
     if (*e) keep(CudaStatus(cudaEventDestroy(*e), "cudaEventDestroy"));
     *e = nullptr;
   }
@@ -202,7 +214,7 @@ Status CreateCommunicators(int64_t comm_id, const ncclUniqueId& id, int world_si
                            const std::vector<LocalRank>& local, int comm_sms,
                            size_t workspace_bytes, double watchdog_seconds,
                            bool peer_to_peer, int cta_policy) {
-  std::lock_guard<std::mutex> lock(RegistryMutex());
+  std::lock_guard<std::mutex> admin(AdminMutex());
   if (comm_id == 0) return Status::Error("comm_id must be non-zero");
   if (cta_policy < 0 || cta_policy > 2) {
     return Status::Error("cta_policy must be 0 (default), 1 (efficiency) or 2 (zero), got " +
@@ -215,7 +227,7 @@ Status CreateCommunicators(int64_t comm_id, const ncclUniqueId& id, int world_si
       return Status::Error("rank " + std::to_string(lr.rank) + " outside [0, " +
                            std::to_string(world_size) + ")");
     }
-    if (Registry().count({comm_id, lr.device})) {
+    if (FindCommunicator(comm_id, lr.device) != nullptr) {
       return Status::Error("a communicator for comm_id " + std::to_string(comm_id) +
                            " on device " + std::to_string(lr.device) + " already exists");
     }
@@ -271,6 +283,7 @@ Status CreateCommunicators(int64_t comm_id, const ncclUniqueId& id, int world_si
   // A failed workspace keeps the communicators (valid, without a workspace: their handlers
   // refuse, naming the error), so the next lowering only retries the workspace.
   if (workspace_bytes > 0) status = AllocateWorkspaces(members, RoundWorkspace(workspace_bytes));
+  std::lock_guard<std::mutex> lock(RegistryMutex());
   for (auto& c : made) {
     int device = c->device;
     Registry()[{comm_id, device}] = std::move(c);
@@ -279,12 +292,20 @@ Status CreateCommunicators(int64_t comm_id, const ncclUniqueId& id, int world_si
 }
 
 Status EnsureWorkspace(int64_t comm_id, size_t bytes) {
-  std::lock_guard<std::mutex> lock(RegistryMutex());
+  std::lock_guard<std::mutex> admin(AdminMutex());
   std::vector<Communicator*> comms = LocalMembers(comm_id);
   if (comms.empty()) return Status::Error("no communicator with comm_id " + std::to_string(comm_id));
   bool enough = std::all_of(comms.begin(), comms.end(),
                             [&](Communicator* c) { return c->workspace_bytes >= bytes; });
   if (enough) return Status::Ok();
+  // No call in flight and none starting until the new buffers are in place (quiesce.h); the
+  // device synchronization in ReleaseWorkspaces then waits only for work that can finish.
+  CallLocks calls;
+  Status quiet = QuiesceMembers(comms, kGrowWaitSeconds, &calls);
+  if (!quiet.ok()) {
+    return Status::Error("growing the workspace of comm_id " + std::to_string(comm_id) + ": " +
+                         quiet.message);
+  }
   DeviceScope restore_device;
   Status released = ReleaseWorkspaces(comms);
   if (!released.ok()) return DropWorkspaces(comms, released);
@@ -292,7 +313,7 @@ Status EnsureWorkspace(int64_t comm_id, size_t bytes) {
 }
 
 Status ConnectPeers(int64_t comm_id) {
-  std::lock_guard<std::mutex> lock(RegistryMutex());
+  std::lock_guard<std::mutex> admin(AdminMutex());
   std::vector<Communicator*> comms = LocalMembers(comm_id);
   if (comms.empty()) return Status::Error("no communicator with comm_id " + std::to_string(comm_id));
   if (std::all_of(comms.begin(), comms.end(), [](Communicator* c) { return c->p2p_connected; })) {
@@ -338,13 +359,10 @@ Communicator* FindCommunicator(int64_t comm_id, int device) {
   return it == Registry().end() ? nullptr : it->second.get();
 }
 
-bool HasCommunicators(int64_t comm_id) {
-  std::lock_guard<std::mutex> lock(RegistryMutex());
-  return !LocalMembers(comm_id).empty();
-}
+bool HasCommunicators(int64_t comm_id) { return !LocalMembers(comm_id).empty(); }
 
 Status DestroyCommunicators(int64_t comm_id) {
-  std::lock_guard<std::mutex> lock(RegistryMutex());
+  std::lock_guard<std::mutex> admin(AdminMutex());
   std::vector<Communicator*> comms = LocalMembers(comm_id);
   if (comms.empty()) return Status::Ok();
   DeviceScope restore_device;
@@ -354,6 +372,7 @@ Status DestroyCommunicators(int64_t comm_id) {
     Status s = ReleaseOne(*c, /*abort=*/false);
     if (first_error.ok() && !s.ok()) first_error = s;
   }
+  std::lock_guard<std::mutex> lock(RegistryMutex());
   for (auto it = Registry().begin(); it != Registry().end();) {
     it = (comm_id == 0 || it->first.first == comm_id) ? Registry().erase(it) : std::next(it);
   }
@@ -361,6 +380,7 @@ Status DestroyCommunicators(int64_t comm_id) {
 }
 
 std::vector<CommunicatorSummary> ListCommunicators() {
+  std::lock_guard<std::mutex> admin(AdminMutex());
   std::lock_guard<std::mutex> lock(RegistryMutex());
   std::vector<CommunicatorSummary> out;
   for (auto& [key, c] : Registry()) {

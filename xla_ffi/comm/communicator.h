@@ -40,12 +40,17 @@ struct Communicator {
   cudaEvent_t copies_done = nullptr;           // copy stream -> compute stream
   cudaEvent_t gemm_started = nullptr;   // compute stream -> comm stream
   cudaEvent_t comm_done = nullptr;      // comm stream -> compute stream
+  // On the compute stream after the last call joined back (FinishCall): once complete, no
+  // call of this communicator uses its workspace (quiesce.h).
+  cudaEvent_t call_done = nullptr;
   int32_t* counters = nullptr;          // kMaxGroups group counters (device memory)
   void* gemm_queue = nullptr;           // the signaling GEMM's tile queue (kGemmQueueBytes)
   // Collectives: ncclMemAlloc'd and registered as a symmetric window (NCCL runs beside the
   // GEMM on few SMs). Point-to-point (peer_to_peer): plain cudaMalloc, never registered:
   // NCCL 2.28's ncclSend out of a registered window hung on 2 x H200 (it ran with
   // NCCL_LOCAL_REGISTER=0; benchmarks/results/logs/a2a_register_hang_055d72c/).
+  // Read by a call only under call_mutex (UseWorkspace), swapped by EnsureWorkspace only under
+  // every member's call_mutex with no call in flight (quiesce.h).
   void* workspace = nullptr;
   bool peer_to_peer = false;
   size_t workspace_bytes = 0;
@@ -84,6 +89,10 @@ Status CreateCommunicators(int64_t comm_id, const ncclUniqueId& id, int world_si
 // (collective over the group: call it for all local devices of a group at once). All or
 // nothing: after a failure no local member has a workspace (each records the error), so
 // their handlers all refuse instead of some enqueueing NCCL calls the others never join.
+// Safe while other threads run calls on these communicators: it first waits, for at most
+// kGrowWaitSeconds, until none of their calls is in flight and holds them off (quiesce.h);
+// calls enqueued before use the old buffers, calls after the new ones.
+constexpr double kGrowWaitSeconds = 600;
 Status EnsureWorkspace(int64_t comm_id, size_t bytes);
 
 // Sets up NCCL's point-to-point connections of every local communicator of comm_id to all

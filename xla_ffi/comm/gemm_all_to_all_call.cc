@@ -97,9 +97,16 @@ Status EnqueueGroup(Communicator& comm, const AllToAllShape& s, const SignalingG
 }  // namespace
 
 Status RunGemmAllToAll(Communicator& comm, cudaStream_t stream, const AllToAllShape& shape,
-                       const SignalingGemmArgs& gemm, void* result, const char* op) {
+                       SignalingGemmArgs gemm, void* result, bool poison_workspace,
+                       const char* op) {
   std::lock_guard<std::mutex> lock(comm.call_mutex);
   FO_RETURN_IF_NOT_OK(CheckNotAborted(comm, op));
+  // The GEMM's output, then (concat 1) the staging half.
+  const size_t y_bytes = static_cast<size_t>(shape.m) * shape.n * 2;
+  char* workspace = nullptr;
+  FO_RETURN_IF_NOT_OK(UseWorkspace(comm, stream, y_bytes * (shape.concat == 1 ? 2 : 1),
+                                   poison_workspace, op, &workspace));
+  gemm.out = workspace;
   const int groups = gemm.layout.num_groups;
   CallTrace trace;
   Status status = StartCall(comm, stream, groups, /*copies=*/true);
@@ -110,7 +117,7 @@ Status RunGemmAllToAll(Communicator& comm, cudaStream_t stream, const AllToAllSh
 
   char* send = static_cast<char*>(gemm.out);
   char* out = static_cast<char*>(result);
-  char* recv = shape.concat == 0 ? out : send + static_cast<size_t>(shape.m) * shape.n * 2;
+  char* recv = shape.concat == 0 ? out : send + y_bytes;
   const ncclDataType_t dtype = NcclType(gemm.dtype);
   for (int g = 0; g < groups && status.ok(); ++g) {
     status = EnqueueGroup(comm, shape, gemm, g, send, recv, out, dtype, trace);

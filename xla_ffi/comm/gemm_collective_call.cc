@@ -54,15 +54,22 @@ GroupLayout EqualBands(int groups, int64_t rows) {
 }  // namespace
 
 Status RunGemmCollective(Communicator& comm, cudaStream_t stream, CollectiveKind kind,
-                         const SignalingGemmArgs& gemm, void* result, const char* op) {
+                         SignalingGemmArgs gemm, void* result, bool poison_workspace,
+                         const char* op) {
   std::lock_guard<std::mutex> lock(comm.call_mutex);
   FO_RETURN_IF_NOT_OK(CheckNotAborted(comm, op));
-  // The GEMM writes `result` itself: an all-reduce in place on XLA's output (no workspace,
-  // no copies). A reduce-scatter's result is smaller than the GEMM's output: never in place.
-  const bool in_place = gemm.out == result;
-  if (in_place && kind != CollectiveKind::kAllReduce) {
+  // gemm.out == result: the GEMM writes `result` itself, an all-reduce in place on XLA's
+  // output (no workspace, no copies). A reduce-scatter's result is smaller than the GEMM's
+  // output: never in place.
+  const bool in_place = gemm.out != nullptr;
+  if (in_place && (gemm.out != result || kind != CollectiveKind::kAllReduce)) {
     return Status::Error(std::string(op) + ": only an all-reduce can run in place on its output");
   }
+  char* workspace = nullptr;
+  FO_RETURN_IF_NOT_OK(UseWorkspace(comm, stream,
+                                   in_place ? 0 : static_cast<size_t>(gemm.m) * gemm.n * 2,
+                                   poison_workspace, op, &workspace));
+  if (!in_place) gemm.out = workspace;
   const bool copies = kind == CollectiveKind::kAllReduce && !in_place;
   const int groups = gemm.layout.num_groups;
   CallTrace trace;
@@ -74,7 +81,7 @@ Status RunGemmCollective(Communicator& comm, cudaStream_t stream, CollectiveKind
 
   const int64_t blocks = gemm.layout.num_blocks;
   const size_t row_bytes = static_cast<size_t>(gemm.n) * 2;
-  char* workspace = static_cast<char*>(gemm.out);
+  char* gemm_out = static_cast<char*>(gemm.out);
   char* out = static_cast<char*>(result);
   for (int g = 0; g < groups && status.ok(); ++g) {
     const int64_t b0 = gemm.layout.band_rows[g];
@@ -84,7 +91,7 @@ Status RunGemmCollective(Communicator& comm, cudaStream_t stream, CollectiveKind
                             comm.abort_flag);
     if (status.ok()) status = trace.Ready(g);
     if (status.ok()) {
-      status = EnqueueGroupCollective(comm, kind, workspace + blocks * b0 * row_bytes,
+      status = EnqueueGroupCollective(comm, kind, gemm_out + blocks * b0 * row_bytes,
                                       out + b0 * row_bytes, band * gemm.n, gemm.dtype, g, trace);
     }
   }
@@ -99,7 +106,9 @@ Status RunCollectiveOnly(Communicator& comm, cudaStream_t stream, CollectiveKind
   std::lock_guard<std::mutex> lock(comm.call_mutex);
   FO_RETURN_IF_NOT_OK(CheckNotAborted(comm, op));
   const bool copies = kind == CollectiveKind::kAllReduce;
-  char* workspace = static_cast<char*>(comm.workspace);
+  char* workspace = nullptr;
+  FO_RETURN_IF_NOT_OK(UseWorkspace(comm, stream, static_cast<size_t>(m) * n * 2,
+                                   /*poison=*/false, op, &workspace));
   char* out = static_cast<char*>(result);
   const int64_t group_elems = m / groups * n;
   const int64_t out_elems = kind == CollectiveKind::kReduceScatter ? group_elems / comm.world_size

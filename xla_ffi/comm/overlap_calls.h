@@ -3,11 +3,11 @@
 // without JAX (so compute-sanitizer can watch one overlapped call whole).
 //
 // Contract of every Run* function: `comm` is this device's communicator, `stream` the
-// compute stream the call is ordered on (XLA's), the shapes were validated by the caller
-// (the communicator's workspace holds what the op needs). Each one takes the communicator's
-// call mutex, fails at once if the watchdog aborted it, enqueues the whole call (nothing
-// waits on the host), and joins our streams back to `stream` even after an error. A failed
-// Status names `op`.
+// compute stream the call is ordered on (XLA's), the shapes were validated by the caller.
+// Each one takes the communicator's call mutex, fails at once if the watchdog aborted it,
+// takes the workspace under that mutex (UseWorkspace: checked to hold what the op needs, NaN
+// first with poison_workspace), enqueues the whole call (nothing waits on the host), and
+// joins our streams back to `stream` even after an error. A failed Status names `op`.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,12 +22,14 @@ namespace flashoverlap {
 
 enum class CollectiveKind { kAllReduce, kReduceScatter };
 
-// GEMM + all-reduce / reduce-scatter (gemm_collective_call.cc). `gemm` writes into
-// comm.workspace in the group layout (num_blocks = world size for a reduce-scatter) and
-// signals comm.counters; `result` is [M, N] (all-reduce) or [M / world, N] (reduce-scatter).
-// An all-reduce whose gemm.out is `result` runs in place there (no workspace, no copies).
+// GEMM + all-reduce / reduce-scatter (gemm_collective_call.cc). With gemm.out null, `gemm`
+// writes into comm.workspace in the group layout (num_blocks = world size for a
+// reduce-scatter) and signals comm.counters; `result` is [M, N] (all-reduce) or
+// [M / world, N] (reduce-scatter). An all-reduce whose gemm.out is `result` runs in place
+// there (no workspace, no copies).
 Status RunGemmCollective(Communicator& comm, cudaStream_t stream, CollectiveKind kind,
-                         const SignalingGemmArgs& gemm, void* result, const char* op);
+                         SignalingGemmArgs gemm, void* result, bool poison_workspace,
+                         const char* op);
 
 // y = x @ w cut into world blocks of rows x cols (split 0: row blocks, split 1: column
 // blocks), exchanged so block s of the result comes from rank s (concat 0: stacked rows,
@@ -38,11 +40,12 @@ struct AllToAllShape {
   int64_t rows, cols;  // one block of y and of the result
   int split, concat;
 };
-// GEMM + all-to-all (gemm_all_to_all_call.cc). `gemm` writes into comm.workspace (split 0:
-// reduce-scatter group layout; split 1: column-blocked) and signals comm.counters; a concat-1
-// result is staged in the workspace's second half.
+// GEMM + all-to-all (gemm_all_to_all_call.cc). `gemm` writes into comm.workspace (its out is
+// set here; split 0: reduce-scatter group layout; split 1: column-blocked) and signals
+// comm.counters; a concat-1 result is staged in the workspace's second half.
 Status RunGemmAllToAll(Communicator& comm, cudaStream_t stream, const AllToAllShape& shape,
-                       const SignalingGemmArgs& gemm, void* result, const char* op);
+                       SignalingGemmArgs gemm, void* result, bool poison_workspace,
+                       const char* op);
 
 // All-gather + GEMM (all_gather_gemm_call.cc): out[world * rows, N] = all_gather(x) @ w,
 // x [rows, K] local, gathered into comm.workspace in `chunks` flagged chunks per rank
@@ -54,7 +57,7 @@ Status RunGemmAllToAll(Communicator& comm, cudaStream_t stream, const AllToAllSh
 // mode copied there from the window on the comm stream.
 Status RunAllGatherGemm(Communicator& comm, cudaStream_t stream, const void* x, int64_t rows,
                         int chunks, SignalingGemmArgs gemm, void* out, void* gathered_out,
-                        const char* op);
+                        bool poison_workspace, const char* op);
 
 // The communication half of RunGemmCollective alone (no GEMM: the workspace's contents are
 // reduced as they are), in `groups` equal groups: for timing the capped NCCL calls.

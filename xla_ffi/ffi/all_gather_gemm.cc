@@ -52,10 +52,8 @@ ffi::Error ValidateAg(const Communicator* comm, ffi::AnyBuffer x, ffi::AnyBuffer
                      gd[0] == world_size * r && gd[1] == k,
                  kOp << ": the gathered result must be [" << world_size * r << ", " << k
                      << "] of x's dtype");
-    // Peer-to-peer: the rows are gathered straight into it; the workspace is not used.
-    if (comm->peer_to_peer) return ffi::Error::Success();
   }
-  return CheckWorkspace(kOp, *comm, static_cast<size_t>(world_size) * r * k * 2);
+  return ffi::Error::Success();  // the workspace: checked by the call, under its lock
 }
 
 ffi::Error AllGatherGemmImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
@@ -67,13 +65,13 @@ ffi::Error AllGatherGemmImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer
   const ffi::AnyBuffer* gathered_buffer = gathered.has_value() ? &**gathered : nullptr;
   FO_RETURN_IF_ERROR(ValidateAg(comm, x, w, *out, gathered_buffer, world_size, comm_sms, chunks,
                                 comm_id, device, transpose_w));
-  FO_RETURN_IF_ERROR(PoisonCall(kOp, poison_outputs, stream, *comm, {&*out, gathered_buffer}));
+  FO_RETURN_IF_ERROR(PoisonResults(kOp, poison_outputs, stream, {&*out, gathered_buffer}));
   // x, m, out, layout and flags are the sequence's own (the gathered workspace).
   SignalingGemmArgs gemm = GemmArgs(nullptr, 0, w, transpose_w, nullptr, nullptr, comm_sms);
   return ToFfiError(RunAllGatherGemm(*comm, stream, x.untyped_data(), x.dimensions()[0], chunks,
                                      gemm, out->untyped_data(),
                                      gathered_buffer ? gathered_buffer->untyped_data() : nullptr,
-                                     kOp));
+                                     /*poison_workspace=*/poison_outputs == 1, kOp));
 }
 
 // The optional result follows the attributes in the binding (results and attributes are

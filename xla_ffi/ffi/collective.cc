@@ -30,7 +30,6 @@ ffi::Error CollectiveImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer y,
   auto yd = y.dimensions();
   FO_CHECK_ARG(yd.size() == 2, op << ": y must be 2-D");
   const int64_t m = yd[0], n = yd[1];
-  FO_RETURN_IF_ERROR(CheckWorkspace(op, *comm, static_cast<size_t>(m) * n * 2));
   FO_CHECK_ARG(num_groups >= 1 && m % (int64_t(num_groups) * world_size) == 0,
                op << ": M=" << m << " must split into " << num_groups << " x " << world_size);
   FO_CHECK_ARG(num_groups <= kMaxGroups, op << ": at most " << kMaxGroups << " groups");

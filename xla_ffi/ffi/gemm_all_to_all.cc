@@ -65,8 +65,6 @@ ffi::Error ValidateA2a(const Communicator* comm, ffi::AnyBuffer x, ffi::AnyBuffe
   for (int64_t g = 0; g < groups; ++g) {
     FO_CHECK_ARG(band_rows[g] < band_rows[g + 1], kOp << ": plan band_rows must increase");
   }
-  FO_RETURN_IF_ERROR(
-      CheckWorkspace(kOp, *comm, static_cast<size_t>(m) * n * 2 * (concat == 1 ? 2 : 1)));
   *shape = {m, n, world, rows, cols, split, concat};
   return ffi::Error::Success();
 }
@@ -80,15 +78,17 @@ ffi::Error GemmAllToAllImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
   AllToAllShape s;
   FO_RETURN_IF_ERROR(ValidateA2a(comm, x, w, *out, world_size, split_axis, concat_axis,
                                  band_rows, comm_id, device, transpose_w, &s));
-  FO_RETURN_IF_ERROR(PoisonCall(kOp, poison_outputs, stream, *comm, {&*out}));
+  FO_RETURN_IF_ERROR(PoisonResults(kOp, poison_outputs, stream, {&*out}));
   const int groups = static_cast<int>(band_rows.size()) - 1;
+  // out: the workspace, taken by the call under its lock.
   SignalingGemmArgs gemm =
-      GemmArgs(x.untyped_data(), s.m, w, transpose_w, comm->workspace, comm->counters, comm_sms);
+      GemmArgs(x.untyped_data(), s.m, w, transpose_w, nullptr, comm->counters, comm_sms);
   gemm.layout.num_blocks = s.split == 0 ? static_cast<int>(s.world) : 1;
   gemm.layout.num_groups = groups;
   for (int g = 0; g <= groups; ++g) gemm.layout.band_rows[g] = band_rows[g];
   gemm.out_col_block = s.split == 1 ? static_cast<int>(s.cols) : 0;
-  return ToFfiError(RunGemmAllToAll(*comm, stream, s, gemm, out->untyped_data(), kOp));
+  return ToFfiError(RunGemmAllToAll(*comm, stream, s, gemm, out->untyped_data(),
+                                    /*poison_workspace=*/poison_outputs == 1, kOp));
 }
 
 auto BindGemmAllToAll() {

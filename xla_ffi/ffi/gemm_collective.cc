@@ -32,7 +32,7 @@ const char* OpName(Collective kind) {
 ffi::Error Validate(Collective kind, const Communicator* comm, ffi::AnyBuffer x, ffi::AnyBuffer w,
                     const ffi::AnyBuffer& out, int32_t world_size,
                     ffi::Span<const int32_t> band_rows, int64_t comm_id, int device,
-                    bool in_place, int32_t transpose_w) {
+                    int32_t transpose_w) {
   const char* op = OpName(kind);
   FO_RETURN_IF_ERROR(CheckCommunicator(op, comm, world_size, comm_id, device));
   FO_RETURN_IF_ERROR(CheckGemmOperands(op, x, w, out, transpose_w));
@@ -51,12 +51,11 @@ ffi::Error Validate(Collective kind, const Communicator* comm, ffi::AnyBuffer x,
   for (int64_t g = 0; g < groups; ++g) {
     FO_CHECK_ARG(band_rows[g] < band_rows[g + 1], op << ": plan band_rows must increase");
   }
-  if (in_place) return ffi::Error::Success();  // XLA's output is the GEMM's and NCCL's buffer
-  return CheckWorkspace(op, *comm, static_cast<size_t>(m) * n * 2);
+  return ffi::Error::Success();  // the workspace: checked by the call, under its lock
 }
 
 // in_place (all-reduce only): the GEMM writes XLA's output and NCCL reduces it there; else
-// the GEMM writes the communicator's registered workspace.
+// (gemm.out null) the GEMM writes the communicator's registered workspace.
 ffi::Error GemmCollective(Collective kind, cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                           ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out, int64_t comm_id,
                           int32_t world_size, int32_t comm_sms, int32_t transpose_w,
@@ -64,17 +63,17 @@ ffi::Error GemmCollective(Collective kind, cudaStream_t stream, int32_t device, 
                           bool in_place) {
   Communicator* comm = FindCommunicator(comm_id, device);
   FO_RETURN_IF_ERROR(Validate(kind, comm, x, w, *out, world_size, band_rows, comm_id, device,
-                              in_place, transpose_w));
-  FO_RETURN_IF_ERROR(PoisonCall(OpName(kind), poison_outputs, stream, *comm, {&*out}));
+                              transpose_w));
+  FO_RETURN_IF_ERROR(PoisonResults(OpName(kind), poison_outputs, stream, {&*out}));
   const int groups = static_cast<int>(band_rows.size()) - 1;
-  SignalingGemmArgs gemm = GemmArgs(x.untyped_data(), x.dimensions()[0], w, transpose_w,
-                                    in_place ? out->untyped_data() : comm->workspace,
-                                    comm->counters, comm_sms);
+  SignalingGemmArgs gemm =
+      GemmArgs(x.untyped_data(), x.dimensions()[0], w, transpose_w,
+               in_place ? out->untyped_data() : nullptr, comm->counters, comm_sms);
   gemm.layout.num_blocks = kind == Collective::kReduceScatter ? world_size : 1;
   gemm.layout.num_groups = groups;
   for (int g = 0; g <= groups; ++g) gemm.layout.band_rows[g] = band_rows[g];
   return ToFfiError(RunGemmCollective(*comm, stream, kind, gemm, out->untyped_data(),
-                                      OpName(kind)));
+                                      /*poison_workspace=*/poison_outputs == 1, OpName(kind)));
 }
 
 ffi::Error GemmAllReduceImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,

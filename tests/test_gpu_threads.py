@@ -1,0 +1,116 @@
+"""Lowering on one thread while another runs programs on the same mesh (GPU machine): lowering
+a larger shape grows the communicators' workspaces, which swaps their buffers. Each call
+takes its workspace under its communicator's call mutex and the growth waits until no call
+is in flight and holds calls off meanwhile (xla_ffi/comm/quiesce.h), so every call of the
+running thread must still give the right values, nothing may hang, and the workspace must
+end up grown. Before that, a handler read the workspace before taking the mutex: a growth
+between the read and the enqueue left the GEMM writing a freed buffer.
+
+In a child process (a failure there could leave the GPU context broken). The mesh is every
+GPU of the machine: on one GPU 1-rank communicators (the same handlers, NCCL without peer
+traffic); on several, single-process collectives whose per-device handlers run on XLA's
+threads, where a growth may come between device 0's handler and device 1's."""
+import ast
+import subprocess
+import sys
+
+import pytest
+
+from _util import REPO, repo_env
+import _gpu_util as U
+
+pytestmark = U.MARKS
+
+_SCRIPT = r'''
+import threading, time
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import jax_flashoverlap as fo
+
+mesh = Mesh(np.array(jax.devices()), ("tp",))
+n_dev = len(jax.devices())
+K, N, M0, STEP_ROWS, GROWTHS = 1024 * n_dev, 4096, 2048, 1024, 12  # 8 MiB more per growth
+ins = (P(None, "tp"), P("tp", None))
+ops = {
+    "all_reduce": (fo.matmul_all_reduce, P(), lambda y: y),
+    "reduce_scatter": (fo.matmul_reduce_scatter, P("tp", None), lambda y: y),
+}
+def program(op):
+    fn, out_spec, _ = ops[op]
+    return jax.jit(jax.shard_map(lambda x, w: fn(x, w, "tp"), mesh=mesh, in_specs=ins,
+                                 out_specs=out_spec))
+
+@jax.jit
+def rel_err(y, x, w):  # global view: x @ w in float32 is what both ops compute (RS: tiled rows)
+    ref = jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32))
+    y = y.astype(jnp.float32)
+    return jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref)
+
+make = jax.jit(lambda key: (jax.random.normal(key, (M0, K), jnp.bfloat16),
+                            (jax.random.normal(jax.random.fold_in(key, 1), (K, N), jnp.float32)
+                             / np.sqrt(K)).astype(jnp.bfloat16)),
+               out_shardings=(NamedSharding(mesh, ins[0]), NamedSharding(mesh, ins[1])))
+running = {op: program(op) for op in ops}
+x, w = make(jax.random.key(0))
+for f in running.values():
+    f(x, w).block_until_ready()  # communicators made, programs compiled
+before = max(c["workspace_bytes"] for c in fo.comm.list_communicators())
+
+grow_window, grow_error = [None, None], []
+def grow():  # lowers (and compiles) ever larger all-reduces: each grows the workspaces
+    grow_window[0] = time.perf_counter()
+    try:
+        for step in range(1, GROWTHS + 1):
+            m = M0 + step * STEP_ROWS
+            shapes = (jax.ShapeDtypeStruct((m, K), jnp.bfloat16, sharding=NamedSharding(mesh, ins[0])),
+                      jax.ShapeDtypeStruct((K, N), jnp.bfloat16, sharding=NamedSharding(mesh, ins[1])))
+            program("all_reduce").lower(*shapes).compile()
+    except Exception as e:  # noqa: BLE001
+        grow_error.append(repr(e)[:500])
+    grow_window[1] = time.perf_counter()
+
+errors, dispatched = [], []
+grower = threading.Thread(target=grow)
+t_start = time.perf_counter()
+grower.start()
+i = 0
+while grower.is_alive() or i < 200:
+    op = "all_reduce" if i % 2 == 0 else "reduce_scatter"
+    xi, wi = make(jax.random.key(i + 1))  # fresh inputs every call
+    dispatched.append(time.perf_counter())
+    errors.append(rel_err(running[op](xi, wi), xi, wi))
+    if i % 16 == 15:
+        errors[-1].block_until_ready()  # keep the queue short: calls and growths interleave
+    i += 1
+    if time.perf_counter() - t_start > 240:
+        break
+grower.join(timeout=60)
+errs = np.array([float(e) for e in errors])
+during = sum(grow_window[0] <= t <= grow_window[1] for t in dispatched)
+after = max(c["workspace_bytes"] for c in fo.comm.list_communicators())
+print("RESULT", dict(calls=len(errs), during=during, max_err=float(np.nanmax(errs)),
+                     nan=int(np.isnan(errs).sum()), bad=int((~(errs < 1e-2)).sum()),
+                     grow_error=grow_error, grower_alive=grower.is_alive(),
+                     before=int(before), after=int(after),
+                     want=int((M0 + GROWTHS * STEP_ROWS) * N * 2)))
+'''
+
+
+def test_lowering_on_another_thread_grows_the_workspace_while_calls_run(tmp_path):
+    script = tmp_path / "threads.py"
+    script.write_text(_SCRIPT)
+    r = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True,
+                       env=repo_env(XLA_PYTHON_CLIENT_PREALLOCATE="false",
+                                    JAX_FLASHOVERLAP_FALLBACK="0",
+                                    JAX_FLASHOVERLAP_POISON_OUTPUTS="1"),
+                       timeout=420)
+    out = r.stdout + r.stderr
+    print(out[-4000:])
+    assert r.returncode == 0, out[-6000:]
+    lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+    assert lines, out[-6000:]
+    res = ast.literal_eval(lines[-1][len("RESULT "):])
+    assert res["grow_error"] == [] and not res["grower_alive"], res
+    assert res["before"] < res["want"] <= res["after"], res  # the growths really happened
+    assert res["during"] >= 20, res  # and calls were dispatched while they did
+    assert res["nan"] == 0 and res["bad"] == 0 and res["max_err"] < U.TOL, res

@@ -1,0 +1,32 @@
+// Waiting until no call of a group's local communicators is in flight, and holding them so:
+// what growing their workspaces needs (EnsureWorkspace), with programs possibly running on
+// other threads.
+//
+// A call reads its communicator's workspace under comm.call_mutex (UseWorkspace), and records
+// comm.call_done on the compute stream once everything it enqueued has joined back
+// (FinishCall). So with every member's call mutex held and every call_done complete, no call
+// uses a workspace and none can start: the buffers may be swapped.
+//
+// Never holds one member's mutex while blocking on another's, and never holds them while
+// waiting long: a call in flight on one device may wait for its peer's call on another device
+// (a collective), whose handler needs that peer's mutex to enqueue it. Holding, then letting go
+// for a moment when a member stays busy, lets such a peer come.
+#pragma once
+
+#include <mutex>
+#include <vector>
+
+#include "xla_ffi/comm/communicator.h"
+#include "xla_ffi/comm/status.h"
+
+namespace flashoverlap {
+
+using CallLocks = std::vector<std::unique_lock<std::mutex>>;
+
+// Returns with every member of `comms` locked (in *locks) and idle, or an error, holding
+// nothing, when a member was aborted by the watchdog, a CUDA query failed, or the members were
+// not idle at once within `timeout_seconds`.
+Status QuiesceMembers(const std::vector<Communicator*>& comms, double timeout_seconds,
+                      CallLocks* locks);
+
+}  // namespace flashoverlap
