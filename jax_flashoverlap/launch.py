@@ -6,7 +6,9 @@ process id through JAX_FLASHOVERLAP_{COORDINATOR,NUM_PROCESSES,PROCESS_ID} (the 
 log files, printed if they fail. When any process fails or the timeout passes, the rest are
 killed and the launcher exits non-zero (the failing code, 128 + N for a process killed by
 signal N, or 124 on timeout). SIGTERM, SIGHUP or SIGINT sent to the launcher stops them too
-(exit status 128 + the signal's number).
+(exit status 128 + the signal's number). Each process runs in a process group of its own:
+stopping it stops what it started too (a data loader, a shell pipeline). The other processes'
+logs are removed after a successful launch and kept (their folder printed) otherwise.
 With --gpus-per-process K, process i sees GPUs [i*K, (i+1)*K) through CUDA_VISIBLE_DEVICES
 (of the launcher's own CUDA_VISIBLE_DEVICES when it is set: entries i*K .. (i+1)*K-1 of it);
 more GPUs than there are is refused.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -75,16 +78,35 @@ def _env(i: int, n: int, coordinator: str, gpus_per_process: int, gpus=None) -> 
   return env
 
 
-def _kill(procs) -> None:
+def _signal_group(p, signum) -> None:
+  """Sends `signum` to p's process group (p leads it: start_new_session), so what p started
+  gets it too, even after p itself has exited."""
+  try:
+    os.killpg(p.pid, signum)
+  except (ProcessLookupError, PermissionError):
+    pass
+
+
+def _kill(procs, groups: bool) -> None:
+  """Stops the processes still running (SIGTERM, then SIGKILL after 10 s); with `groups`,
+  everything in their process groups as well (the launch failed or was stopped)."""
   for p in procs:
-    if p.poll() is None:
-      p.terminate()
+    if p.poll() is None or groups:
+      _signal_group(p, signal.SIGTERM)
   deadline = time.monotonic() + 10
   for p in procs:
     try:
       p.wait(timeout=max(0.1, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-      p.kill()
+      pass
+  for p in procs:
+    if p.poll() is None or groups:
+      _signal_group(p, signal.SIGKILL)  # also a group member that ignored SIGTERM
+    try:
+      p.wait(timeout=10)
+    except subprocess.TimeoutExpired:  # stuck in the kernel (a GPU driver teardown): leave it
+      print(f"[launch] process {procs.index(p)} (pid {p.pid}) did not exit after SIGKILL",
+            flush=True)
 
 
 class _Stopped(Exception):
@@ -128,7 +150,8 @@ def launch(n: int, command: list, timeout: float, gpus_per_process: int = 0,
       log = None if i == 0 else open(os.path.join(logdir, f"process{i}.log"), "w")
       logs.append(log)
       procs.append(subprocess.Popen(command, env=_env(i, n, coordinator, gpus_per_process, gpus),
-                                    stdout=log, stderr=subprocess.STDOUT if log else None))
+                                    stdout=log, stderr=subprocess.STDOUT if log else None,
+                                    start_new_session=True))
     deadline = time.monotonic() + timeout
     while True:
       codes = [p.poll() for p in procs]
@@ -155,7 +178,7 @@ def launch(n: int, command: list, timeout: float, gpus_per_process: int = 0,
   finally:
     for s in previous:  # a second signal while stopping: the children are being killed
       signal.signal(s, signal.SIG_IGN)
-    _kill(procs)
+    _kill(procs, groups=code != 0)
     reservation.close()
     for s, handler in previous.items():
       signal.signal(s, handler)
@@ -167,6 +190,10 @@ def launch(n: int, command: list, timeout: float, gpus_per_process: int = 0,
         with open(log.name) as f:
           tail = f.read()[-4000:]
         print(f"[launch] ---- process {i} output (last 4000 chars) ----\n{tail}", flush=True)
+    if code != 0 and len(logs) > 1:
+      print(f"[launch] logs: {logdir}", flush=True)
+    else:
+      shutil.rmtree(logdir, ignore_errors=True)
   return code
 
 

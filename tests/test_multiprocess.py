@@ -298,6 +298,54 @@ def test_launcher_signal_stops_its_processes(tmp_path, signame):
       p.kill()
 
 
+@pytest.mark.parametrize("how", ["failure", "timeout"])
+def test_launcher_stops_what_its_processes_started(tmp_path, how):
+  # A process's own children (a data loader, a shell pipeline) are stopped with it: before,
+  # only the direct children got the signal and their children ran on without a launcher.
+  import signal
+  import time
+  body = textwrap.dedent(f'''
+      import os, subprocess, sys, time
+      me = os.environ["JAX_FLASHOVERLAP_PROCESS_ID"]
+      child = subprocess.Popen(["sleep", "120"], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+      with open(os.path.join({str(tmp_path)!r}, "grandchild" + me), "w") as f:
+          f.write(str(child.pid))
+      if me == "1" and {how!r} == "failure":
+          time.sleep(2)
+          sys.exit(7)
+      time.sleep(120)
+  ''')
+  r = _launch(tmp_path, body, "-n", "2", "--timeout", "100" if how == "failure" else "6",
+              timeout=90)
+  pids = [int((tmp_path / f"grandchild{i}").read_text()) for i in range(2)]
+  time.sleep(0.5)
+  left = [pid for pid in pids if _alive(pid)]
+  for pid in left:
+    os.kill(pid, signal.SIGKILL)
+  assert r.returncode == (7 if how == "failure" else 124), r.stdout + r.stderr
+  assert not left, f"the processes' children {left} outlived the launcher"
+
+
+def test_launcher_removes_its_log_folder_after_success_only(tmp_path):
+  ok = _launch(tmp_path, "print('fine')\n", "-n", "2", "--timeout", "60", timeout=90)
+  assert ok.returncode == 0 and "[launch] logs:" not in ok.stdout, ok.stdout
+  body = textwrap.dedent('''
+      import os, sys
+      print("process", os.environ["JAX_FLASHOVERLAP_PROCESS_ID"], "output")
+      sys.exit(3 if os.environ["JAX_FLASHOVERLAP_PROCESS_ID"] == "1" else 0)
+  ''')
+  bad = _launch(tmp_path, body, "-n", "2", "--timeout", "60", timeout=90)
+  assert bad.returncode == 3, bad.stdout
+  kept = [line.split("[launch] logs: ", 1)[1].strip() for line in bad.stdout.splitlines()
+          if line.startswith("[launch] logs: ")]
+  assert kept and os.path.isfile(os.path.join(kept[0], "process1.log")), bad.stdout
+  with open(os.path.join(kept[0], "process1.log")) as f:
+    assert "process 1 output" in f.read()
+  import shutil
+  shutil.rmtree(kept[0])
+
+
 def test_launcher_names_a_process_killed_by_a_signal(tmp_path):
   body = textwrap.dedent('''
       import os, signal, time
