@@ -33,6 +33,7 @@ import json
 import math
 import os
 import subprocess
+import statistics
 import sys
 import time
 
@@ -95,11 +96,9 @@ def time_variants(variants: dict, *, calls: int, samples: int, warmup: int = 3) 
         out = fn(*args)
       out.block_until_ready()
       times[name].append((time.perf_counter() - start) / calls * 1e3)
-  result = {}
-  for name, ts in times.items():
-    ordered = sorted(ts)
-    result[name] = {"median_ms": ordered[len(ordered) // 2], "samples_ms": ts}
-  return result
+  # The median proper (mean of the two middle samples for an even count).
+  return {name: {"median_ms": statistics.median(ts), "samples_ms": ts}
+          for name, ts in times.items()}
 
 
 def uses_custom_call(fn, args, target: str) -> bool:

@@ -330,3 +330,30 @@ def test_right_values_pass_the_check(tmp_path):
     results would make every run exit 1)."""
     d, _ = _run(tmp_path, "overlap", "--shapes", "128x64x512", "--world", "4", "--trace", "0")
     assert all(row["failed_value_check"] == {} for row in d["rows"])
+
+
+def test_time_variants_reports_the_median_of_an_even_number_of_samples(monkeypatch):
+    """Four samples of 1, 4, 2 and 8 ms: the median is 3 ms (the two middle ones' mean), not
+    the upper middle sample (4 ms) the bench reported before."""
+    from jax_flashoverlap import bench
+
+    class Done:
+        def block_until_ready(self):
+            return self
+
+    durations = iter([1e-3, 4e-3, 2e-3, 8e-3])
+    clock = [0.0]
+    starts = []
+
+    def perf_counter():  # each sample: one read at its start, one at its end
+        if len(starts) % 2 == 0:
+            starts.append(clock[0])
+        else:
+            clock[0] += next(durations)
+            starts.append(clock[0])
+        return clock[0]
+
+    monkeypatch.setattr(bench.time, "perf_counter", perf_counter)
+    got = bench.time_variants({"only": (lambda: Done(), ())}, calls=1, samples=4, warmup=0)
+    assert got["only"]["samples_ms"] == pytest.approx([1.0, 4.0, 2.0, 8.0])
+    assert got["only"]["median_ms"] == pytest.approx(3.0)
