@@ -24,7 +24,10 @@ Sizes are always GLOBAL (the unsharded layer's `in_features` / `out_features`, l
   that XLA partitions with no communication (the signaling GEMM only pays off next to a
   collective, and an FFI call cannot be partitioned by XLA), or, with sequence_parallel=True,
   `column_parallel_matmul`: x's first dim sharded over the axis (what a row layer with
-  reduce="reduce_scatter" returns) is gathered inside the op, overlapped with the GEMM.
+  reduce="reduce_scatter" returns) is gathered inside the op, overlapped with the GEMM. x is
+  flattened to rows for it: on a (dp, tp) mesh give x [B, S, in] as P(dp, tp, None) (one
+  all-gather); rows that flatten tp-major ([S, B, in] as P(tp, dp, None)) or over tp only
+  come back replicated after more all-gathers (README; values right).
 
 Sharding annotations: NNX params are `nnx.Param(..., out_sharding=spec)` (what
 `nnx.with_partitioning` makes): kernel (axis_name, None) for row, (None, axis_name) for
