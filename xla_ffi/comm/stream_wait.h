@@ -26,4 +26,9 @@ Status EnqueueWaitGeq(cudaStream_t stream, const int32_t* counter, int32_t value
 cudaError_t LaunchSpinWaitGeq(cudaStream_t stream, const int32_t* counter, int32_t value,
                               const volatile int* abort_flag);
 
+// Loads the spin kernel on the current device now (cudaFuncGetAttributes) instead of at its
+// first launch: under CUDA's lazy loading that load waits for the kernels running then, the
+// call's own GEMM, so the first call's waits began only after it (communicator.cc).
+cudaError_t LoadSpinWaitKernel();
+
 }  // namespace flashoverlap

@@ -33,4 +33,9 @@ cudaError_t LaunchSpinWaitGeq(cudaStream_t stream, const int32_t* counter, int32
   return cudaLaunchKernel(SpinWaitGeqKernel, dim3(1), dim3(1), args, 0, stream);
 }
 
+cudaError_t LoadSpinWaitKernel() {
+  cudaFuncAttributes attributes;
+  return cudaFuncGetAttributes(&attributes, SpinWaitGeqKernel);
+}
+
 }  // namespace flashoverlap

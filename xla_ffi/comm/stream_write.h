@@ -20,4 +20,7 @@ Status EnqueueWriteFlag(cudaStream_t stream, int32_t* flag, int32_t value);
 // The fallback kernel's launcher (stream_write_kernel.cu).
 cudaError_t LaunchWriteFlagKernel(cudaStream_t stream, int32_t* flag, int32_t value);
 
+// Loads the kernel on the current device now (as LoadSpinWaitKernel, stream_wait.h).
+cudaError_t LoadWriteFlagKernel();
+
 }  // namespace flashoverlap

@@ -22,4 +22,9 @@ cudaError_t LaunchWriteFlagKernel(cudaStream_t stream, int32_t* flag, int32_t va
   return cudaLaunchKernel(WriteFlagKernel, dim3(1), dim3(1), args, 0, stream);
 }
 
+cudaError_t LoadWriteFlagKernel() {
+  cudaFuncAttributes attributes;
+  return cudaFuncGetAttributes(&attributes, WriteFlagKernel);
+}
+
 }  // namespace flashoverlap

@@ -54,5 +54,7 @@ void WatchAbandon(Communicator& comm);
 
 // Device side (watchdog_kernel.cu): traps when *abort_flag != 0.
 cudaError_t LaunchAbortCheck(cudaStream_t stream, const volatile int* abort_flag);
+// Loads it on the current device now (as LoadSpinWaitKernel, stream_wait.h).
+cudaError_t LoadAbortCheckKernel();
 
 }  // namespace flashoverlap

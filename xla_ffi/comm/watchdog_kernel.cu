@@ -19,4 +19,9 @@ cudaError_t LaunchAbortCheck(cudaStream_t stream, const volatile int* abort_flag
   return cudaLaunchKernel(AbortCheckKernel, dim3(1), dim3(1), args, 0, stream);
 }
 
+cudaError_t LoadAbortCheckKernel() {
+  cudaFuncAttributes attributes;
+  return cudaFuncGetAttributes(&attributes, AbortCheckKernel);
+}
+
 }  // namespace flashoverlap
