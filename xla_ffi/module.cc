@@ -126,8 +126,15 @@ void DestroyCommunicators(int64_t comm_id) {
 }
 
 py::list ListCommunicators() {
+  std::vector<flashoverlap::CommunicatorSummary> summaries;
+  {
+    // Waits while communicators are made or a workspace grows (up to kGrowWaitSeconds): other
+    // Python threads must go on meanwhile.
+    py::gil_scoped_release release;
+    summaries = flashoverlap::ListCommunicators();
+  }
   py::list out;
-  for (const auto& c : flashoverlap::ListCommunicators()) {
+  for (const auto& c : summaries) {
     py::dict d;
     d["comm_id"] = c.comm_id;
     d["device"] = c.device;

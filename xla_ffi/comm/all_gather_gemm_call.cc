@@ -108,6 +108,10 @@ Status RunAllGatherGemm(Communicator& comm, cudaStream_t stream, const void* x, 
   const int64_t k = gemm.k;
   const size_t block_bytes = static_cast<size_t>(rows * k) * 2;
   const bool collective = !comm.peer_to_peer;
+  if (collective && chunks != 1) {
+    return Status::Error(std::string(op) + ": chunks must be 1 with a collective (all-gather) "
+                         "communicator, got " + std::to_string(chunks));
+  }
   // Peer-to-peer with a gathered output: the rows land there and the GEMM reads them there.
   const bool in_workspace = collective || gathered_out == nullptr;
   char* workspace = nullptr;
@@ -115,10 +119,6 @@ Status RunAllGatherGemm(Communicator& comm, cudaStream_t stream, const void* x, 
                                    poison_workspace, op, &workspace));
   char* gathered = in_workspace ? workspace : static_cast<char*>(gathered_out);
   const int32_t value = NextFlagValue();
-  if (collective && chunks != 1) {
-    return Status::Error(std::string(op) + ": chunks must be 1 with a collective (all-gather) "
-                         "communicator, got " + std::to_string(chunks));
-  }
 
   // Collective mode: x's block is in the window before C (ordered after S by StartCall)
   // gathers it.

@@ -307,6 +307,16 @@ Status EnsureWorkspace(int64_t comm_id, size_t bytes) {
   bool enough = std::all_of(comms.begin(), comms.end(),
                             [&](Communicator* c) { return c->workspace_bytes >= bytes; });
   if (enough) return Status::Ok();
+  // The watchdog's abort waits for the members' mutexes while this holds them (watchdog.cc).
+  struct Growing {
+    const std::vector<Communicator*>& comms;
+    explicit Growing(const std::vector<Communicator*>& c) : comms(c) {
+      for (Communicator* m : comms) m->growing = true;
+    }
+    ~Growing() {
+      for (Communicator* m : comms) m->growing = false;
+    }
+  } growing(comms);
   // No call in flight and none starting until the new buffers are in place (quiesce.h); the
   // device synchronization in ReleaseWorkspaces then waits only for work that can finish.
   CallLocks calls;

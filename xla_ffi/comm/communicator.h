@@ -50,7 +50,8 @@ struct Communicator {
   // NCCL 2.28's ncclSend out of a registered window hung on 2 x H200 (it ran with
   // NCCL_LOCAL_REGISTER=0; benchmarks/results/logs/a2a_register_hang_055d72c/).
   // Read by a call only under call_mutex (UseWorkspace), swapped by EnsureWorkspace only under
-  // every member's call_mutex with no call in flight (quiesce.h).
+  // every member's call_mutex with no call in flight (quiesce.h); freed by
+  // DestroyCommunicators, which must not run while calls may (exit, or the user's call).
   void* workspace = nullptr;
   bool peer_to_peer = false;
   size_t workspace_bytes = 0;
@@ -63,6 +64,9 @@ struct Communicator {
   volatile int* abort_flag = nullptr;   // host-mapped; set by the watchdog, read by kernels
   cudaEvent_t watch_started = nullptr;  // the current call's start (WatchStart .. WatchCall)
   std::atomic<bool> aborted{false};     // ncclCommAbort'ed: `comm` is gone
+  // EnsureWorkspace holds call_mutex to swap the workspace (window registration included):
+  // the watchdog's abort waits for it instead of going ahead after its usual second.
+  std::atomic<bool> growing{false};
   bool p2p_connected = false;           // ConnectPeers done
 };
 

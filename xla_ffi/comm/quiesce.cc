@@ -34,15 +34,17 @@ CallLocks LockAll(const std::vector<Communicator*>& comms) {
 }
 
 // Whether every member's last call has finished on the GPU (its call_done is complete).
-Status AllIdle(const std::vector<Communicator*>& comms, bool* idle) {
+Status AllIdle(const std::vector<Communicator*>& comms, bool* idle, int* busy_device) {
   *idle = true;
   for (Communicator* c : comms) {
-    if (c->aborted.load()) {
+    // The flag: the watchdog is aborting it (Abort sets it first, then waits for the mutex).
+    if (c->aborted.load() || (c->abort_flag != nullptr && *c->abort_flag != 0)) {
       return Status::Error("a communicator of this group was aborted by the watchdog; "
                            "restart the process");
     }
     cudaError_t err = cudaEventQuery(c->call_done);
     if (err == cudaErrorNotReady) {
+      if (*idle) *busy_device = c->device;
       *idle = false;
     } else if (err != cudaSuccess) {
       return CudaStatus(err, "cudaEventQuery (call_done)");
@@ -63,12 +65,13 @@ Status QuiesceMembers(const std::vector<Communicator*>& comms, double timeout_se
   // How long to hold the mutexes waiting for calls to drain before letting peers in: short
   // first (a peer's handler may be waiting for them), longer while calls keep coming.
   auto hold = std::chrono::milliseconds(1);
+  int busy_device = -1;
   for (;;) {
     *locks = LockAll(comms);
     const auto until = std::min(Clock::now() + hold, deadline);
     for (;;) {
       bool idle = false;
-      Status status = AllIdle(comms, &idle);
+      Status status = AllIdle(comms, &idle, &busy_device);
       if (!status.ok()) {
         locks->clear();
         return status;
@@ -80,9 +83,9 @@ Status QuiesceMembers(const std::vector<Communicator*>& comms, double timeout_se
     locks->clear();
     if (Clock::now() >= deadline) {
       return Status::Error("calls on these communicators were still running after " +
-                           std::to_string(static_cast<int>(timeout_seconds)) +
-                           " s (another thread running programs on this mesh without pause, or "
-                           "a call whose peer never came)");
+                           std::to_string(static_cast<int>(timeout_seconds)) + " s (last seen busy: device " +
+                           std::to_string(busy_device) + "; another thread running programs "
+                           "on this mesh without pause, or a call whose peer never came)");
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
     hold = std::min(hold * 2, std::chrono::milliseconds(1000));

@@ -7,10 +7,13 @@
 // (FinishCall). So with every member's call mutex held and every call_done complete, no call
 // uses a workspace and none can start: the buffers may be swapped.
 //
-// Never holds one member's mutex while blocking on another's, and never holds them while
-// waiting long: a call in flight on one device may wait for its peer's call on another device
-// (a collective), whose handler needs that peer's mutex to enqueue it. Holding, then letting go
-// for a moment when a member stays busy, lets such a peer come.
+// Never holds one member's mutex while blocking on another's, and lets go of them all when a
+// member stays busy (after 1 ms, then longer each round, at most 1 s): a call in flight on one
+// device may wait for its peer's call on another device (a collective), whose handler needs
+// that peer's mutex to enqueue it. Letting go for a moment lets such a peer come. Within one
+// process the members then switch at the same call (a collective in flight keeps them all
+// busy); across processes nothing here agrees on a point (README: lower on the thread that
+// runs).
 #pragma once
 
 #include <mutex>
@@ -24,8 +27,8 @@ namespace flashoverlap {
 using CallLocks = std::vector<std::unique_lock<std::mutex>>;
 
 // Returns with every member of `comms` locked (in *locks) and idle, or an error, holding
-// nothing, when a member was aborted by the watchdog, a CUDA query failed, or the members were
-// not idle at once within `timeout_seconds`.
+// nothing, when a member was (or is being) aborted by the watchdog, a CUDA query failed, or
+// the members were not idle at once within `timeout_seconds` (checked between rounds).
 Status QuiesceMembers(const std::vector<Communicator*>& comms, double timeout_seconds,
                       CallLocks* locks);
 

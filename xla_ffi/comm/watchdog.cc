@@ -182,9 +182,11 @@ class Watchdog {
   static void Abort(Communicator& comm) {
     *comm.abort_flag = 1;
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    // Not while a handler is enqueueing on this communicator (it returns quickly).
+    // Not while a handler is enqueueing on this communicator (it returns quickly), nor while a
+    // workspace growth holds it (it may be registering a window on this comm): a growth sees
+    // the flag set above and gives up while it still waits for calls (quiesce.cc).
     std::unique_lock<std::mutex> lock(comm.call_mutex, std::defer_lock);
-    for (int i = 0; i < 50 && !lock.try_lock(); ++i) {
+    for (int i = 0; (i < 50 || comm.growing.load()) && !lock.try_lock(); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     if (comm.aborted.exchange(true)) return;
