@@ -89,6 +89,7 @@ Options Parse(int argc, char** argv) {
     else Fail("unknown option " + key);
   }
   if (!o.inject.empty() && o.inject != "nccl" && o.inject != "cuda") Fail("--inject: nccl or cuda");
+  if (o.grow < 0) Fail("--grow: a count >= 0");
   if (o.world < 1 || o.rank < 0 || o.rank >= o.world || o.id_file.empty()) {
     Fail("need --rank R --world N (0 <= R < N) and --id-file PATH");
   }
