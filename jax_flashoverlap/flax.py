@@ -24,10 +24,10 @@ Sizes are always GLOBAL (the unsharded layer's `in_features` / `out_features`, l
   that XLA partitions with no communication (the signaling GEMM only pays off next to a
   collective, and an FFI call cannot be partitioned by XLA), or, with sequence_parallel=True,
   `column_parallel_matmul`: x's first dim sharded over the axis (what a row layer with
-  reduce="reduce_scatter" returns) is gathered inside the op, overlapped with the GEMM. x is
-  flattened to rows for it: on a (dp, tp) mesh give x [B, S, in] as P(dp, tp, None) (one
-  all-gather); rows that flatten tp-major ([S, B, in] as P(tp, dp, None)) or over tp only
-  come back replicated after more all-gathers (README; values right).
+  reduce="reduce_scatter" returns) is gathered inside the op, overlapped with the GEMM, and
+  x's other leading dims keep their sharding: on a (dp, tp) mesh give x [S, B, in] as
+  P(tp, dp, None) (output P(None, dp, tp)), or [B, S, in] as P(dp, tp, None) with
+  sequence_dim=1 (output P(dp, None, tp), each device's output block moved after the GEMM).
 
 Sharding annotations: NNX params are `nnx.Param(..., out_sharding=spec)` (what
 `nnx.with_partitioning` makes): kernel (axis_name, None) for row, (None, axis_name) for
@@ -94,6 +94,7 @@ class _Config:
   # (matmul_reduce_scatter), kernel read in place; row layer with reduce_scatter: dy's
   # all-gather through all_gather_matmul (which returns the gathered dy for dw)
   sequence_parallel: bool = False  # column layer: x sharded on its first dim, all_gather_matmul
+  sequence_dim: int = 0  # with sequence_parallel: the leading dim of x that is the sequence
 
   def __post_init__(self):
     # Sizes as Python ints (numpy integers too, as nnx.Linear / nn.Dense take them); anything
@@ -114,6 +115,18 @@ class _Config:
     if self.row and self.sequence_parallel:
       raise ValueError(f"{self.layer}: sequence_parallel is for column layers; a row layer "
                        "returns sequence-sharded rows with reduce='reduce_scatter'")
+    if isinstance(self.sequence_dim, (bool, np.bool_)) or \
+        not isinstance(self.sequence_dim, (int, np.integer)) or self.sequence_dim < 0:
+      raise TypeError(f"{self.layer}: sequence_dim must be a non-negative int (a leading dim "
+                      f"of x), got {self.sequence_dim!r}")
+    if self.sequence_dim and not self.sequence_parallel:
+      raise ValueError(f"{self.layer}: sequence_dim={self.sequence_dim} needs "
+                       "sequence_parallel=True (it names the dim that is gathered)")
+    if self.sequence_dim and self.overlap_backward:
+      raise ValueError(f"{self.layer}: overlap_backward=True needs sequence_dim=0 (its "
+                       "backward's reduce-scatter scatters x's first dim); give x as "
+                       f"[S, B, ...] or drop overlap_backward, got sequence_dim="
+                       f"{self.sequence_dim}")
     mesh = mesh if mesh is not None else jax.sharding.get_abstract_mesh()
     names = () if mesh is None or getattr(mesh, "empty", False) else tuple(mesh.axis_names)
     if names and self.axis_name not in names and \
@@ -312,9 +325,10 @@ def _column(cfg: _Config, x, w):
   if cfg.sequence_parallel and cfg.local_view():  # x: this device's rows of the sequence
     if cfg.overlap_backward:
       return _sequence_parallel_matmul(x, w, axis)
-    return ops.all_gather_matmul(x, w, axis)
-  if cfg.sequence_parallel:  # global view: x's first dim sharded over the axis, or not
-    return _on_rows(sharding_column.column_parallel_matmul, x, w, _jit_axis(cfg))
+    return ops.all_gather_matmul(x, w, axis, sequence_dim=cfg.sequence_dim)
+  if cfg.sequence_parallel:  # global view: x's sequence dim sharded over the axis, or not
+    return sharding_column.column_parallel_matmul(x, w, _jit_axis(cfg),
+                                                  sequence_dim=cfg.sequence_dim)
   if cfg.overlap_backward and axis in _compat.varying_axes(w) and \
       axis not in _compat.varying_axes(x):
     return _column_matmul(x, w, axis)
@@ -386,12 +400,12 @@ class _NNXParallel(nnx.Module):
                reduce: str = "all_reduce", use_bias: bool = True, dtype=jnp.bfloat16,
                param_dtype=jnp.float32, kernel_init=_default_kernel_init,
                bias_init=_default_bias_init, mesh=None, overlap_backward: bool = False,
-               sequence_parallel: bool = False, kernel_axes=None, sharding_rules=(),
-               rngs: nnx.Rngs):
+               sequence_parallel: bool = False, sequence_dim: int = 0, kernel_axes=None,
+               sharding_rules=(), rngs: nnx.Rngs):
     layer = type(self).__name__
     axis_name = _resolve_logical(layer, self._row, kernel_axes, axis_name, sharding_rules)
     self.cfg = _Config(layer, self._row, in_features, out_features, axis_name, reduce, dtype,
-                       param_dtype, overlap_backward, sequence_parallel)
+                       param_dtype, overlap_backward, sequence_parallel, sequence_dim)
     self.cfg.check(mesh)
     kshape, bshape, kspec, bspec = self.cfg.shapes(in_features)
     # Sharded now when a mesh is known (and the params are global); else only annotated.
@@ -446,8 +460,12 @@ class ColumnParallelLinear(_NNXParallel):
   overlap_backward=True its backward's dx (a reduce-scatter of dy @ kernel.T) is
   `matmul_reduce_scatter(..., transpose_w=True)`, overlapped too. Under plain jit (global
   view) it is `column_parallel_matmul` on x [..., in] whose first dim is sharded over the axis
-  (the output's first dim is whole, its last sharded); the backward is XLA's. `reduce` is not
-  used."""
+  (the output's first dim is whole, its last sharded; other leading dims keep their
+  data-parallel sharding: [S, B, in] as P(tp, dp, None) gives P(None, dp, tp)); the backward
+  is XLA's. `sequence_dim=1` (with sequence_parallel) gathers x's second dim instead, for x
+  [B, S, in] as P(dp, tp, None), in both views: the output's blocks are then moved into place
+  after the GEMM (a copy, unless B is 1 per device), and overlap_backward is refused. `reduce`
+  is not used."""
   _row = False
 
 
@@ -464,6 +482,7 @@ class _LinenParallel(nn.Module):
   bias_init: tp.Callable = _default_bias_init
   overlap_backward: bool = False  # see ColumnParallelLinear / RowParallelLinear
   sequence_parallel: bool = False  # column layer only: see ColumnParallelLinear
+  sequence_dim: int = 0  # column layer with sequence_parallel: see ColumnParallelLinear
   kernel_axes: tp.Any = None  # logical names of the kernel's (in, out) dims
   _row: tp.ClassVar[bool] = True
 
@@ -472,7 +491,8 @@ class _LinenParallel(nn.Module):
     layer = type(self).__name__
     axis_name = _resolve_logical(layer, self._row, self.kernel_axes, self.axis_name)
     cfg = _Config(layer, self._row, None, self.features, axis_name, self.reduce, self.dtype,
-                  self.param_dtype, self.overlap_backward, self.sequence_parallel)
+                  self.param_dtype, self.overlap_backward, self.sequence_parallel,
+                  self.sequence_dim)
     cfg.check()
     k = jnp.shape(x)[-1]  # the view's input size: local inside shard_map for the row layer
     in_features = k * (cfg.local_view() or 1) if self._row else k

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jax_flashoverlap import _validation, primitives as prims, primitives_a2a as prims_a2a
@@ -180,13 +181,17 @@ def matmul_all_to_all(x, w, axis_name, *, split_axis: int = 0, concat_axis: int 
 
 
 def all_gather_matmul(x, w, axis_name, *, comm_sms: int | None = None,
-                      transpose_w: bool = False, return_gathered: bool = False):
-  """all_gather(x, axis_name, axis=0, tiled=True) @ w, overlapped (sequence-parallel
-  column-parallel layer): the GEMM starts on the local rows at once and takes each other
-  rank's rows as they arrive.
+                      transpose_w: bool = False, return_gathered: bool = False,
+                      sequence_dim: int = 0):
+  """all_gather(x, axis_name, axis=sequence_dim, tiled=True) @ w, overlapped
+  (sequence-parallel column-parallel layer): the GEMM starts on the local rows at once and
+  takes each other rank's rows as they arrive.
 
-  x: [M_local, K] (or [B, ..., K]: gathered along the first dim), w: [K, N] ([N, K] with
-  `transpose_w=True`: the product is then all_gather(x) @ w.T); returns [n*M_local, N].
+  x: [M_local, K] (or [S_local, ..., K]: gathered along the first dim), w: [K, N] ([N, K]
+  with `transpose_w=True`: the product is then all_gather(x) @ w.T); returns [n*M_local, N].
+  `sequence_dim`: another leading dim of x to gather, e.g. 1 for x [B, S_local, K]: the ranks'
+  blocks are gathered whole (along the first dim) and the output's blocks moved into place
+  after the GEMM, a copy of the output unless the dims before sequence_dim are 1 locally.
   `comm_sms` (>= 1; default: the plan's) SMs are left to NCCL, which must run while the
   GEMM waits for its rows.
   `return_gathered=True` returns `(out, gathered)`, gathered = all_gather(x) [n*M_local, ...,
@@ -203,12 +208,23 @@ def all_gather_matmul(x, w, axis_name, *, comm_sms: int | None = None,
   if comm_sms is not None and int(comm_sms) < 1:
     raise ValueError(f"{op}: comm_sms must be >= 1 (NCCL needs SMs while the GEMM waits for "
                      f"the gathered rows), got {comm_sms}")
+  sequence_dim = _validation.check_sequence_dim(op, sequence_dim, len(x.shape))
   lead = x.shape[:-1]
   outs = _all_gather_gemm(x.reshape(-1, k), w,
                           _params(axis_name=_hashable(axis_name), transpose_w=transpose_w,
                                   return_gathered=return_gathered),
                           _params(comm_sms=comm_sms))
-  out = outs[0].reshape(world * lead[0], *lead[1:], n)
+  out = _gathered_blocks_to_dim(outs[0], world, lead, sequence_dim)
   if return_gathered:
-    return out, outs[1].reshape(world * lead[0], *lead[1:], k)
+    return out, _gathered_blocks_to_dim(outs[1], world, lead, sequence_dim)
   return out
+
+
+def _gathered_blocks_to_dim(rows, world, lead, dim):
+  """rows [world * prod(lead), C]: the ranks' blocks x_r [*lead, C] one after the other, as
+  [*lead with lead[dim] * world, C], i.e. concatenated along `dim` (a reshape for dim 0 or
+  when the dims before it are 1; a transpose pass otherwise)."""
+  blocks = rows.reshape(world, *lead, rows.shape[-1])
+  if dim:
+    blocks = jnp.moveaxis(blocks, 0, dim)
+  return blocks.reshape(*lead[:dim], world * lead[dim], *lead[dim + 1:], rows.shape[-1])

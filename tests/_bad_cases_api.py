@@ -256,6 +256,14 @@ def cp_n_two_axes(t):
     _column_parallel(*rp_inputs(mesh, x_spec=P("tp", None), w_spec=P(None, ("dp", "tp"))))
 
 
+def cp_sequence_dim_not_leading(t):
+    # x [S, B, K]: leading dims 0 and 1; 2 is K
+    mesh = make_mesh_1d(4)
+    _column_parallel(*rp_inputs(mesh, x_shape=(16, 2, 64), w_shape=(64, 32),
+                                x_spec=P("tp", None, None), w_spec=P(None, "tp")),
+                     sequence_dim=2)
+
+
 def cp_local_n_not_multiple_of_8(t):
     # global N = 40 is a multiple of 8, but each of the 8 shards holds N = 5
     _column_parallel(*rp_inputs(make_mesh_1d(8), x_shape=(16, 64), w_shape=(64, 40),
@@ -358,6 +366,12 @@ def _linen():
 def nnx_bad_reduce(t):
     nnx, fl = _nnx()
     fl.RowParallelLinear(32, 16, reduce="all_gather", rngs=nnx.Rngs(0))
+
+
+def nnx_sequence_dim_with_overlap_backward(t):
+    nnx, fl = _nnx()
+    fl.ColumnParallelLinear(32, 64, sequence_parallel=True, sequence_dim=1,
+                            overlap_backward=True, rngs=nnx.Rngs(0))
 
 
 def nnx_in_features_not_divisible(t):

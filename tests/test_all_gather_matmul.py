@@ -57,6 +57,41 @@ def test_leading_dims(fo, rng):
     assert_close(got, jax.jit(shard_map(ref, mesh, *specs))(x, w))
 
 
+@pytest.mark.parametrize("transpose_w", [False, True], ids=["w_kn", "w_nk"])
+@pytest.mark.parametrize("shape,spec,dim", [
+    ((3, 4 * 5, 16), P(None, "tp", None), 1),            # [B, S, K]: S gathered
+    ((3, 4 * 5, 16), P(None, "tp", None), -1),
+    ((2, 3, 4 * 2, 16), P(None, None, "tp", None), 2),
+    ((4 * 2, 3, 16), P("tp", None, None), 0),            # the default, stated
+], ids=["dim1", "dim-1", "dim2_of_4d", "dim0"])
+def test_sequence_dim(fo, rng, shape, spec, dim, transpose_w):
+    """sequence_dim=d: lax.all_gather(x, axis=d, tiled=True) @ w, and the gathered x too."""
+    mesh = make_mesh_1d(4)
+    x = rand(rng, shape, jnp.bfloat16)
+    w = rand(rng, (32, 16) if transpose_w else (16, 32), jnp.bfloat16, scale=0.25)
+    d = dim % (len(shape) - 1)
+    out_spec = P(*(None,) * (len(shape) - 1), "tp")  # the sequence whole, N over tp
+    # each device's gathered x (all of it) stacked along the sequence dim
+    gathered_spec = P(*(None,) * d, "tp")
+    specs = (spec, P("tp", None) if transpose_w else P(None, "tp")), (out_spec, gathered_spec)
+
+    def ours(a, b):
+        return fo.all_gather_matmul(a, b, "tp", sequence_dim=dim, transpose_w=transpose_w,
+                                    return_gathered=True)
+
+    def ref(a, b):
+        g = lax.all_gather(a, "tp", axis=d, tiled=True)
+        return (g @ b.T if transpose_w else g @ b), g
+
+    got, gathered = jax.jit(shard_map(ours, mesh, *specs))(x, w)
+    want, want_gathered = jax.jit(shard_map(ref, mesh, *specs))(x, w)
+    assert got.shape == (*shape[:-1], 32)
+    assert_close(got, want)
+    stacked = np.concatenate([np.asarray(x, np.float32)] * 4, axis=d)
+    np.testing.assert_array_equal(np.asarray(gathered, np.float32), stacked)
+    np.testing.assert_array_equal(np.asarray(want_gathered, np.float32), stacked)
+
+
 def test_2d_mesh_over_tp(fo, rng):
     mesh = make_mesh_2d(2, 4)
     x = rand(rng, (2 * 4 * 5, 32), jnp.bfloat16)
@@ -209,6 +244,8 @@ def _trace(fo, x_shape, w_shape, dtype=jnp.bfloat16, axis="tp", **kw):
     (dict(comm_sms="8"), TypeError, "comm_sms"),
     (dict(dtype=jnp.float32), TypeError, "dtype"),
     (dict(axis="sp"), NameError, "'sp'"),
+    (dict(sequence_dim=1), ValueError, r"sequence_dim=1 is not a leading dim of x \(2-D"),
+    (dict(sequence_dim=False), TypeError, "sequence_dim must be an int"),
 ])
 def test_bad_arguments(fo, kw, exc, match):
     with pytest.raises(exc, match=match):

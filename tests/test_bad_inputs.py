@@ -170,6 +170,9 @@ CASES = [
     pytest.param(cp_n_two_axes, raises(JaxRuntimeError, "N is sharded over several mesh axes "
                                        "('dp', 'tp')", "pass axis_name"),
                  id="cp-n-sharded-over-two-axes"),
+    pytest.param(cp_sequence_dim_not_leading, raises(ValueError, "column_parallel_matmul: "
+                                                     "sequence_dim=2 is not a leading dim of x "
+                                                     "(3-D"), id="cp-sequence-dim-not-leading"),
     pytest.param(cp_local_n_not_multiple_of_8, raises(JaxRuntimeError, "must be a multiple of 8",
                                                       "N=5"),
                  id="cp-local-n-not-multiple-of-8"),
@@ -189,6 +192,9 @@ CASES = [
     # --- Flax layers ---
     pytest.param(nnx_bad_reduce, raises(ValueError, "RowParallelLinear: reduce must be one of",
                                         "'all_gather'"), id="nnx-bad-reduce"),
+    pytest.param(nnx_sequence_dim_with_overlap_backward,
+                 raises(ValueError, "ColumnParallelLinear: overlap_backward=True needs "
+                        "sequence_dim=0"), id="nnx-sequence-dim-with-overlap-backward"),
     pytest.param(nnx_in_features_not_divisible, raises(ValueError, "RowParallelLinear: "
                                                        "in_features=34 is not divisible by the "
                                                        "size 4 of mesh axis 'tp'"),

@@ -230,47 +230,87 @@ def test_sequence_parallel_column_global_view(linen, rng):
     np.testing.assert_allclose(f32(got), f32(want), rtol=2e-2, atol=2e-2)
 
 
-_TP_MAJOR = pytest.mark.xfail(strict=True, reason=(
-    "known limit (README): rows that flatten tp-major, or over tp only, on a (dp, tp) mesh are "
-    "not the (dp, tp) rows the op's sharding rule expects: values right, output replicated"))
-_DP_TP_LAYOUTS = [((4, 16, 32), P("dp", "tp", None)),   # [B, S, in]: B over dp, S over tp
-                  ((16, 4, 32), P("tp", "dp", None)),   # [S, B, in]
-                  ((16, 4, 32), P("tp", None, None))]   # not over dp at all
-_DP_TP_IDS = ["B-dp_S-tp", "S-tp_B-dp", "S-tp-only"]
+# On a (dp, tp) mesh x keeps its leading dims (no flattening to rows): the sequence dim over
+# tp is gathered inside the op, B keeps its dp sharding. Before, x was flattened to rows, and
+# [B, S] as P(dp, tp) (B over 2 devices in blocks of 2) is not P((dp, tp)) rows: XLA gathered
+# x itself and the op was a local dot; [S, B] as P(tp, dp) came back replicated.
+_DP_TP_LAYOUTS = [((16, 4, 32), P("tp", "dp", None), 0, P(None, "dp", "tp")),  # [S, B, in]
+                  ((16, 4, 32), P("tp", None, None), 0, P(None, None, "tp")),  # S over tp only
+                  ((4, 16, 32), P("dp", "tp", None), 1, P("dp", None, "tp"))]  # [B, S, in]
+_DP_TP_IDS = ["S-tp_B-dp", "S-tp-only", "B-dp_S-tp_dim1"]
 
 
-def _sequence_parallel_on_dp_tp(rng, x_shape, x_spec):
-  """(y, x @ kernel, all-gathers in the compiled program) of the column layer with
-  sequence_parallel=True under plain jit on a (dp, tp) mesh."""
+def _sequence_parallel_on_dp_tp(rng, x_shape, x_spec, sequence_dim, monkeypatch):
+  """(y, x @ kernel, all-gathers in the compiled program, the sequence_dim of each
+  all_gather_matmul the partitioner lowered) of the column layer with sequence_parallel=True
+  under plain jit on a (dp, tp) mesh."""
+  from jax_flashoverlap import ops
+  lowered, real = [], ops.all_gather_matmul
+  monkeypatch.setattr(ops, "all_gather_matmul",
+                      lambda *a, **k: lowered.append(k.get("sequence_dim", 0)) or real(*a, **k))
   mesh = make_mesh_2d(2, 4)
   x = jax.device_put(rand(rng, x_shape, BF16), NamedSharding(mesh, x_spec))
   with jax.set_mesh(mesh):
     model = ColumnParallelLinear(32, 64, axis_name="tp", sequence_parallel=True, use_bias=False,
-                                 rngs=nnx.Rngs(0))
+                                 sequence_dim=sequence_dim, rngs=nnx.Rngs(0))
     gdef, params = nnx.split(model)
     f = jax.jit(lambda st, x: nnx.merge(gdef, st)(x))
     y = f(params, x)
     hlo = f.lower(params, x).compile().as_text()
   gathers = len(re.findall(r"= \S+ all-gather\(", hlo)) + len(re.findall(r"all-gather-start\(", hlo))
-  return y, x @ params["kernel"][...].astype(BF16), gathers
+  return y, x @ params["kernel"][...].astype(BF16), gathers, lowered
 
 
-@pytest.mark.parametrize("x_shape,x_spec", _DP_TP_LAYOUTS, ids=_DP_TP_IDS)
-def test_sequence_parallel_column_global_view_values_on_a_dp_tp_mesh(rng, x_shape, x_spec):
-  y, want, _ = _sequence_parallel_on_dp_tp(rng, x_shape, x_spec)
+@pytest.mark.parametrize("x_shape,x_spec,sequence_dim,out_spec", _DP_TP_LAYOUTS, ids=_DP_TP_IDS)
+def test_sequence_parallel_column_global_view_on_a_dp_tp_mesh(rng, monkeypatch, x_shape, x_spec,
+                                                              sequence_dim, out_spec):
+  """One all-gather, the op's own (all_gather_matmul lowered on the sequence dim), the output
+  over dp and tp, values equal x @ kernel."""
+  y, want, gathers, lowered = _sequence_parallel_on_dp_tp(rng, x_shape, x_spec, sequence_dim,
+                                                          monkeypatch)
+  assert lowered == [sequence_dim] and gathers == 1, (lowered, gathers)
+  assert y.sharding.spec == out_spec, y.sharding.spec
   assert_close(y, want)
 
 
-@pytest.mark.parametrize("x_shape,x_spec", [
-    _DP_TP_LAYOUTS[0], *(pytest.param(*c, marks=_TP_MAJOR) for c in _DP_TP_LAYOUTS[1:])],
-    ids=_DP_TP_IDS)
-def test_sequence_parallel_column_global_view_layout_on_a_dp_tp_mesh(rng, x_shape, x_spec):
-  """x [B, S, in] with B over dp and S over tp: one all-gather (inside the op), the output over
-  dp and tp. The other layouts flatten to rows the op's sharding rule does not expect
-  (README): more all-gathers and the output replicated, after XLA's "involuntary full
-  rematerialization" warning (values right: the test above); strict xfails, so a fix shows."""
-  y, _, gathers = _sequence_parallel_on_dp_tp(rng, x_shape, x_spec)
-  assert (gathers, y.sharding.spec) == (1, P("dp", None, "tp")), (gathers, y.sharding.spec)
+def test_sequence_parallel_column_global_view_wrong_sequence_dim_warns(rng, monkeypatch):
+  """[B, S, in] as P(dp, tp, None) with the default sequence_dim=0: XLA gathers x before a
+  local dot (no overlap); a warning names sequence_dim=1; values right."""
+  with pytest.warns(UserWarning, match="pass sequence_dim=1"):
+    y, want, _, lowered = _sequence_parallel_on_dp_tp(rng, (4, 16, 32), P("dp", "tp", None), 0,
+                                                      monkeypatch)
+  assert lowered == []
+  assert_close(y, want)
+
+
+@pytest.mark.parametrize("kwargs,exc,match", [
+    (dict(sequence_dim=1), ValueError, "sequence_dim=1 needs sequence_parallel=True"),
+    (dict(sequence_parallel=True, sequence_dim=-1), TypeError,
+     "sequence_dim must be a non-negative int"),
+    (dict(sequence_parallel=True, sequence_dim=True), TypeError, "sequence_dim must be"),
+    (dict(sequence_parallel=True, sequence_dim=1, overlap_backward=True), ValueError,
+     "overlap_backward=True needs sequence_dim=0"),
+])
+def test_sequence_dim_bad_arguments(kwargs, exc, match):
+  with pytest.raises(exc, match=r"ColumnParallelLinear: " + match):
+    ColumnParallelLinear(32, 64, rngs=nnx.Rngs(0), **kwargs)
+  with pytest.raises(exc, match=r"ColumnParallelDense: " + match):
+    ColumnParallelDense(64, **kwargs).init(jax.random.key(0), jnp.ones((8, 32), BF16))
+
+
+def test_sequence_dim_inside_shard_map(rng):
+  """sequence_dim=1 in the local view: x [B, S/n, in] per device, all_gather along S."""
+  mesh = make_mesh_1d(4)
+  x = rand(rng, (3, 16, 32), BF16)
+  layer = ColumnParallelDense(64, sequence_parallel=True, sequence_dim=1, use_bias=False)
+  variables = layer.init(jax.random.key(0), x)
+  specs = nn.get_partition_spec(variables)
+  params = nn.unbox(variables)
+  f = jax.jit(shard_map(lambda p, x: layer.apply(p, x), mesh,
+                        (specs, P(None, "tp", None)), P(None, None, "tp")))
+  y = f(params, x)
+  assert y.shape == (3, 16, 64)
+  assert_close(y, x @ params["params"]["kernel"].astype(BF16))
 
 
 # ----------------------------------------------------------------------------- linen

@@ -5,6 +5,8 @@ x [M, K] with its rows sharded over tp (and any data-parallel axes), w [K, N] wi
 over tp (w [N, K] sharded on its first dim with transpose_w=True): per device
 all_gather_matmul, the output [M, N] with N over tp and the rows over the other axes. Values
 equal x @ w computed by XLA; the compiled program gathers x once and moves nothing else.
+x [S, B, K] (any rank) keeps its leading dims: the sequence dim (the first, or sequence_dim)
+is gathered, the others keep their data-parallel sharding.
 """
 import re
 
@@ -124,9 +126,23 @@ def test_bad_shapes_are_caught_at_trace_time(fo):
     with pytest.raises(ValueError, match="contracting dims differ"):
         jax.jit(fo.column_parallel_matmul).trace(sds((8, 32), jnp.bfloat16),
                                                  sds((24, 64), jnp.bfloat16))
-    with pytest.raises(ValueError, match="x must be 2-D"):
-        jax.jit(fo.column_parallel_matmul).trace(sds((2, 8, 32), jnp.bfloat16),
+    with pytest.raises(ValueError, match=r"x must have at least 2 dims \[\.\.\., K\]"):
+        jax.jit(fo.column_parallel_matmul).trace(sds((32,), jnp.bfloat16),
                                                  sds((32, 64), jnp.bfloat16))
+
+
+@pytest.mark.parametrize("sequence_dim,exc,match", [
+    (2, ValueError, r"sequence_dim=2 is not a leading dim of x \(3-D: \[\.\.\., K\] has "
+                    r"leading dims 0\.\.1, or -2\.\.-1\)"),
+    (-3, ValueError, "sequence_dim=-3 is not a leading dim of x"),
+    (True, TypeError, "sequence_dim must be an int"),
+    (1.0, TypeError, "sequence_dim must be an int"),
+])
+def test_bad_sequence_dim_is_caught_at_trace_time(fo, sequence_dim, exc, match):
+    sds = jax.ShapeDtypeStruct
+    f = jax.jit(lambda a, b: fo.column_parallel_matmul(a, b, sequence_dim=sequence_dim))
+    with pytest.raises(exc, match=r"column_parallel_matmul: " + match):
+        f.trace(sds((2, 8, 32), jnp.bfloat16), sds((32, 64), jnp.bfloat16))
 
 
 # Mesh shapes and x layouts away from the documented rows P((dp, tp)): with x's rows over tp
@@ -178,4 +194,80 @@ def test_output_constraint_gives_the_layout_with_one_gather(fo, rng, shape, name
     y = f(x, w)
     assert y.sharding.spec == out_spec, y.sharding.spec
     assert _collectives(f, x, w) == ["all-gather"]
+    assert_close(y, jax.jit(_want)(x, w))
+
+
+# x with its leading dims kept (not flattened to rows): the sequence dim (the first, or
+# sequence_dim) over tp is gathered inside the op, the other leading dims keep their
+# data-parallel sharding. Flattened [B, S] over (dp, tp) is not P((dp, tp)) rows once B has
+# more than one row per device: XLA gathered x itself and the op was a local dot.
+_SEQUENCE_LAYOUTS = [
+    # (x shape, x spec, sequence_dim, output spec)
+    ((16, 4, 32), P("tp", "dp", None), 0, P(None, "dp", "tp")),       # [S, B, K] Megatron
+    ((16, 4, 32), P("tp", None, None), 0, P(None, None, "tp")),       # S over tp only
+    ((4, 16, 32), P("dp", "tp", None), 1, P("dp", None, "tp")),       # [B, S, K]
+    ((2, 16, 32), P("dp", "tp", None), -1, P("dp", None, "tp")),      # one row of B each
+    ((8, 16, 32), P(None, "tp", None), 1, P(None, None, "tp")),
+    ((2, 4, 16, 32), P(None, "dp", "tp", None), 2, P(None, "dp", None, "tp")),
+]
+
+
+@pytest.fixture
+def gathered_dims(monkeypatch):
+    """The sequence_dim of each all_gather_matmul the partitioner lowers (the op's own
+    gather, as opposed to XLA gathering x before a local dot)."""
+    from jax_flashoverlap import ops
+    dims, real = [], ops.all_gather_matmul
+
+    def spy(*args, **kwargs):
+        dims.append(kwargs.get("sequence_dim", 0))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ops, "all_gather_matmul", spy)
+    return dims
+
+
+@pytest.mark.parametrize("shape,x_spec,sequence_dim,out_spec", _SEQUENCE_LAYOUTS,
+                         ids=lambda v: str(v).replace(" ", ""))
+def test_leading_dims_keep_their_layout(fo, rng, gathered_dims, shape, x_spec, sequence_dim,
+                                        out_spec):
+    mesh = make_mesh_2d(2, 4)
+    x = _put(mesh, rand(rng, shape, jnp.bfloat16), x_spec)
+    w = _put(mesh, rand(rng, (32, 64), jnp.bfloat16, scale=32 ** -0.5), P(None, "tp"))
+    f = jax.jit(lambda a, b: fo.column_parallel_matmul(a, b, sequence_dim=sequence_dim))
+    y = f(x, w)
+    assert gathered_dims == [sequence_dim % (len(shape) - 1)], gathered_dims
+    assert y.shape == (*shape[:-1], 64) and y.sharding.spec == out_spec, y.sharding.spec
+    assert _collectives(f, x, w) == ["all-gather"]  # the op's own, nothing else moved
+    assert_close(y, jax.jit(_want)(x, w))
+    assert_rel_fro(y, jax.jit(_want)(*upcast(x, w)))
+
+
+def test_leading_dims_grads_equal_those_of_x_at_w(fo, rng):
+    mesh = make_mesh_2d(2, 4)
+    x = _put(mesh, rand(rng, (4, 16, 32), jnp.bfloat16), P("dp", "tp", None))
+    w = _put(mesh, rand(rng, (64, 32), jnp.bfloat16), P("tp", None))
+    ct = jnp.asarray(rng.standard_normal((4, 16, 64)), jnp.float32)
+
+    def grads(f):
+        return jax.jit(jax.grad(lambda a, b: jnp.sum(f(a, b).astype(jnp.float32) * ct),
+                                argnums=(0, 1)))(x, w)
+
+    ours = grads(lambda a, b: fo.column_parallel_matmul(a, b, transpose_w=True,
+                                                        sequence_dim=1))
+    for g, r in zip(ours, grads(lambda a, b: a @ b.T)):
+        assert g.shape == r.shape and g.dtype == r.dtype
+        assert_close(g, r)
+
+
+def test_sequence_dim_not_over_the_axis_warns_and_gives_xla_values(fo, rng, gathered_dims):
+    """[B, S, K] with S over tp but the default sequence_dim 0: XLA gathers x and the op is a
+    local dot; a warning names the sequence_dim that overlaps."""
+    mesh = make_mesh_2d(2, 4)
+    x = _put(mesh, rand(rng, (4, 16, 32), jnp.bfloat16), P("dp", "tp", None))
+    w = _put(mesh, rand(rng, (32, 64), jnp.bfloat16), P(None, "tp"))
+    with pytest.warns(UserWarning, match=r"x \(shape \(4, 16, 32\)\) has dim 1 sharded over "
+                      r"'tp', not its sequence_dim 0: .* pass sequence_dim=1"):
+        y = jax.jit(fo.column_parallel_matmul)(x, w)
+    assert gathered_dims == []
     assert_close(y, jax.jit(_want)(x, w))
