@@ -20,7 +20,8 @@ Sizes are always GLOBAL (the unsharded layer's `in_features` / `out_features`, l
   and their partition specs, so pass them in with `in_specs=nnx.get_partition_spec(state)`
   (NNX) or `nn.get_partition_spec(variables)` (linen).
 * Anywhere else, e.g. plain `jax.jit` with NamedSharding inputs (global view): arrays are
-  global. The row layer calls `row_parallel_matmul`; the column layer is a plain `x @ kernel`
+  global. The row layer calls `row_parallel_matmul` on x as it is (leading dims kept, the
+  reduce-scatter's over the sequence dim); the column layer is a plain `x @ kernel`
   that XLA partitions with no communication (the signaling GEMM only pays off next to a
   collective, and an FFI call cannot be partitioned by XLA), or, with sequence_parallel=True,
   `column_parallel_matmul`: x's first dim sharded over the axis (what a row layer with
@@ -94,7 +95,7 @@ class _Config:
   # (matmul_reduce_scatter), kernel read in place; row layer with reduce_scatter: dy's
   # all-gather through all_gather_matmul (which returns the gathered dy for dw)
   sequence_parallel: bool = False  # column layer: x sharded on its first dim, all_gather_matmul
-  sequence_dim: int = 0  # with sequence_parallel: the leading dim of x that is the sequence
+  sequence_dim: int = 0  # the leading dim of x that is the sequence (gathered / scattered)
 
   def __post_init__(self):
     # Sizes as Python ints (numpy integers too, as nnx.Linear / nn.Dense take them); anything
@@ -119,13 +120,16 @@ class _Config:
         not isinstance(self.sequence_dim, (int, np.integer)) or self.sequence_dim < 0:
       raise TypeError(f"{self.layer}: sequence_dim must be a non-negative int (a leading dim "
                       f"of x), got {self.sequence_dim!r}")
-    if self.sequence_dim and not self.sequence_parallel:
+    if self.sequence_dim and not (self.sequence_parallel or self.reduce == "reduce_scatter"):
       raise ValueError(f"{self.layer}: sequence_dim={self.sequence_dim} needs "
-                       "sequence_parallel=True (it names the dim that is gathered)")
+                       + ("reduce='reduce_scatter' (it names the dim that is scattered)"
+                          if self.row else
+                          "sequence_parallel=True (it names the dim that is gathered)"))
     if self.sequence_dim and self.overlap_backward:
       raise ValueError(f"{self.layer}: overlap_backward=True needs sequence_dim=0 (its "
-                       "backward's reduce-scatter scatters x's first dim); give x as "
-                       f"[S, B, ...] or drop overlap_backward, got sequence_dim="
+                       "backward's " + ("all-gather gathers" if self.row else
+                                        "reduce-scatter scatters") + " the first dim); give "
+                       "x as [S, B, ...] or drop overlap_backward, got sequence_dim="
                        f"{self.sequence_dim}")
     mesh = mesh if mesh is not None else jax.sharding.get_abstract_mesh()
     names = () if mesh is None or getattr(mesh, "empty", False) else tuple(mesh.axis_names)
@@ -284,31 +288,26 @@ def _forward(cfg: _Config, x, kernel, bias, in_features: int):
   return y[0] if squeeze else y
 
 
-def _on_rows(matmul, x, w, *args):
-  """matmul(x2d, w, *args) on x [..., K] flattened to rows, the result reshaped to [..., N]
-  (the global views take 2-D x)."""
-  y = matmul(x.reshape(-1, x.shape[-1]), w, *args)
-  return y.reshape(*x.shape[:-1], w.shape[1])
-
-
 def _row(cfg: _Config, x, w):
   n = cfg.local_view()
   lead, k = x.shape[:-1], x.shape[-1]
+  if not n:  # global view: x as it is, its leading dims' sharding kept
+    return sharding.row_parallel_matmul(x, w, cfg.reduce, _jit_axis(cfg),
+                                        sequence_dim=cfg.sequence_dim)
   if cfg.reduce == "all_reduce":
-    if n:
-      return ops.matmul_all_reduce(x, w, cfg.axis_name)
-    return _on_rows(sharding.row_parallel_matmul, x, w, "all_reduce", _jit_axis(cfg))
-  # reduce_scatter: the first dim of x is scattered over the axis (rank r keeps rows
-  # [r*B/n, (r+1)*B/n)), as psum_scatter(x @ w, axis, scatter_dimension=0, tiled=True).
-  if n and lead[0] % n:
-    raise ValueError(f"{cfg.layer}: reduce='reduce_scatter' needs the first dim of x "
-                     f"(shape {tuple(x.shape)}) to be divisible by the size {n} of axis "
+    return ops.matmul_all_reduce(x, w, cfg.axis_name)
+  # reduce_scatter: the first dim of x (or sequence_dim) is scattered over the axis (rank r
+  # keeps [r*S/n, (r+1)*S/n)), as psum_scatter(x @ w, axis, scatter_dimension=0, tiled=True).
+  dim = cfg.sequence_dim
+  if dim >= len(lead) or lead[dim] % n:
+    which = "the first dim" if dim == 0 else f"dim {dim} (sequence_dim)"
+    raise ValueError(f"{cfg.layer}: reduce='reduce_scatter' needs {which} of x (shape "
+                     f"{tuple(x.shape)}) to be divisible by the size {n} of axis "
                      f"{cfg.axis_name!r}")
-  if n:
-    rs = _row_scatter_matmul if cfg.overlap_backward else ops.matmul_reduce_scatter
-    y = rs(x.reshape(-1, k), w, cfg.axis_name)
+  if cfg.overlap_backward:
+    y = _row_scatter_matmul(x.reshape(-1, k), w, cfg.axis_name)
     return y.reshape(lead[0] // n, *lead[1:], w.shape[1])
-  return _on_rows(sharding.row_parallel_matmul, x, w, "reduce_scatter", _jit_axis(cfg))
+  return ops.matmul_reduce_scatter(x, w, cfg.axis_name, sequence_dim=dim)
 
 
 def _column(cfg: _Config, x, w):
@@ -436,7 +435,9 @@ class RowParallelLinear(_NNXParallel):
   `axis_name`; y = reduce(x @ kernel) + bias, the bias added once after the reduction.
 
   reduce="all_reduce": y [..., out] (`matmul_all_reduce` / `row_parallel_matmul`);
-  "reduce_scatter": the first dim of y is scattered over the axis (per-device [B/n, ..., out]).
+  "reduce_scatter": the first dim of y is scattered over the axis (per-device [S/n, ..., out];
+  `sequence_dim=1`: the second, for x [B, S, ...]). Under plain jit x keeps its leading dims'
+  sharding: [S, B, in] as P(None, dp, tp) gives P(tp, dp, None) (reduce_scatter).
   Inside shard_map x is [..., in_features / n]; see the module docstring for the two views.
   overlap_backward=True with reduce="reduce_scatter" (inside shard_map): the backward's
   dx = all_gather(dy) @ kernel.T is `all_gather_matmul(..., transpose_w=True,

@@ -2,10 +2,12 @@
 
     y = matmul_all_reduce(x, w, "tp")       # == lax.psum(x @ w, "tp")
     y = matmul_reduce_scatter(x, w, "tp")   # == lax.psum_scatter(x @ w, "tp", scatter_dimension=0, tiled=True)
+    y = matmul_reduce_scatter(x, w, "tp", sequence_dim=1)  # x [B, S, K]: scatter_dimension=1
     y = matmul(x, w)                        # == x @ w, through the signaling GEMM on GPU
     y = matmul_all_to_all(x, w, "tp", split_axis=0)  # == lax.all_to_all(x @ w, "tp", 0, 0, tiled=True)
     y = all_gather_matmul(x, w, "tp")       # == lax.all_gather(x, "tp", tiled=True) @ w
     y, xg = all_gather_matmul(x, w, "tp", return_gathered=True)  # also xg == all_gather(x)
+    y = all_gather_matmul(x, w, "tp", sequence_dim=1)  # x [B, S/n, K]: all_gather(axis=1)
 
 Every op takes `transpose_w=True` for a weight stored [N, K] (a PyTorch-style [out, in]
 weight, or a column-parallel kernel in its backward): the product is then x @ w.T, with w read
@@ -65,23 +67,44 @@ def matmul_all_reduce(x, w, axis_name, *, comm_sms: int | None = None,
 
 
 def matmul_reduce_scatter(x, w, axis_name, *, comm_sms: int | None = None,
-                          transpose_w: bool = False):
-  """psum_scatter(x @ w, axis_name, scatter_dimension=0, tiled=True), overlapped.
+                          transpose_w: bool = False, sequence_dim: int = 0):
+  """psum_scatter(x @ w, axis_name, scatter_dimension=sequence_dim, tiled=True), overlapped.
 
-  x: [M, K_local], w: [K_local, N] ([N, K_local] with `transpose_w=True`); M divisible by the
-  axis size n. Rank r gets rows [r*M/n, (r+1)*M/n) of the summed product, contiguous: [M/n, N].
+  x: [M, K_local] (or [S, ..., K_local]: scattered along the first dim), w: [K_local, N]
+  ([N, K_local] with `transpose_w=True`); M divisible by the axis size n. Rank r gets rows
+  [r*M/n, (r+1)*M/n) of the summed product, contiguous: [M/n, N].
+  `sequence_dim`: another leading dim of x to scatter, e.g. 1 for x [B, S, K_local] (rank r
+  gets [B, S/n, N]): x's blocks are moved into rank order before the GEMM, a copy of x unless
+  the dims before sequence_dim are 1.
   """
   op = "jax_flashoverlap.matmul_reduce_scatter"
   transpose_w = _validation.check_transpose_w(op, transpose_w)
-  m, _, _ = _validation.check_operands(op, x, w, x_rank="2", transpose_w=transpose_w)
+  m, k, n = _validation.check_operands(op, x, w, transpose_w=transpose_w)
   world = _validation.check_axis_name(op, axis_name)
   _validation.check_comm_sms(op, comm_sms)
-  if m % world:
-    raise ValueError(f"{op}: M (first dim of x, shape {tuple(x.shape)}) must be divisible by "
-                     f"the size {world} of axis {axis_name!r}, got M={m}")
-  return _gemm_reduce_scatter(x, w,
-                              _params(axis_name=_hashable(axis_name), transpose_w=transpose_w),
-                              _params(comm_sms=comm_sms))
+  dim = _validation.check_sequence_dim(op, sequence_dim, len(x.shape))
+  lead = x.shape[:-1]
+  if lead[dim] % world:
+    what, got = (("M (first dim of x", f"M={lead[0]}") if len(lead) == 1 else
+                 (f"dim {dim} of x (the scattered dim, sequence_dim={sequence_dim}",
+                  f"{lead[dim]}"))
+    raise ValueError(f"{op}: {what}, shape {tuple(x.shape)}) must be divisible by the size "
+                     f"{world} of axis {axis_name!r}, got {got}")
+  out = _gemm_reduce_scatter(_dim_blocks_to_rows(x, world, dim), w,
+                             _params(axis_name=_hashable(axis_name), transpose_w=transpose_w),
+                             _params(comm_sms=comm_sms))
+  return out.reshape(*lead[:dim], lead[dim] // world, *lead[dim + 1:], n)
+
+
+def _dim_blocks_to_rows(x, world, dim):
+  """x [*lead, K] as rows [prod(lead), K] ordered by the rank whose block of `dim` they are
+  in (the reduce-scatter hands rank r the r-th contiguous block of rows): a reshape for dim 0
+  or when the dims before it are 1, a transpose pass otherwise."""
+  lead, k = x.shape[:-1], x.shape[-1]
+  if dim:
+    blocks = x.reshape(*lead[:dim], world, lead[dim] // world, *lead[dim + 1:], k)
+    x = jnp.moveaxis(blocks, dim, 0)
+  return x.reshape(-1, k)
 
 
 def _hashable(axis_name):

@@ -4,9 +4,14 @@
     row_parallel_matmul(x, w, reduce="all_reduce")     -> [M, N] sharded P(dp, None)
     row_parallel_matmul(x, w, reduce="reduce_scatter") -> [M, N] sharded P((dp, tp), None)
     row_parallel_matmul(x, w, transpose_w=True)         w: [N, K] sharded P(None, tp); x @ w.T
+    x: [S, B, K] sharded P(None, dp, tp)  (Megatron's layout; any rank)
+    row_parallel_matmul(x, w, reduce="reduce_scatter") -> [S, B, N] sharded P(tp, dp, None)
 
 The partitioner picks the contracting mesh axis from x's sharding on K (or `axis_name`),
-keeps any mesh axes that shard M (data parallel), and runs the per-device op on each shard.
+keeps the mesh axes that shard x's leading dims (data parallel), and runs the per-device op
+on each shard; the reduce-scatter scatters x's sequence dim (its first, or `sequence_dim`).
+x is not flattened to rows: [B*S] from [B, S] over dp is not rows over dp once B has more than
+one row per device (XLA would reshard it).
 """
 
 from __future__ import annotations
@@ -23,21 +28,23 @@ REDUCTIONS = ("all_reduce", "reduce_scatter")
 
 
 def row_parallel_matmul(x, w, reduce: str = "all_reduce", axis_name=None, *,
-                        transpose_w: bool = False):
-  """x [M, K] @ w [K, N] with K sharded over one mesh axis, reduced by `reduce`.
+                        transpose_w: bool = False, sequence_dim: int = 0):
+  """x [..., K] @ w [K, N] with K sharded over one mesh axis, reduced by `reduce`.
 
   Returns the same values as `x @ w` under XLA's sharding; the output is replicated over the
-  contracting axis ("all_reduce") or has its rows sharded over it ("reduce_scatter").
-  `axis_name`: the contracting mesh axis; by default, the one that shards x's last dim.
-  `transpose_w`: w is [N, K] (K sharded: P(None, tp)) and the product is x @ w.T.
+  contracting axis ("all_reduce") or has x's first leading dim (`sequence_dim`: another one,
+  e.g. 1 for x [B, S, K]) sharded over it too ("reduce_scatter"); x's leading dims keep their
+  other mesh axes. `axis_name`: the contracting mesh axis; by default, the one that shards
+  x's last dim. `transpose_w`: w is [N, K] (K sharded: P(None, tp)) and the product is x @ w.T.
   """
   op = "jax_flashoverlap.row_parallel_matmul"
   if reduce not in REDUCTIONS:
     raise ValueError(f"{op}: reduce must be one of {REDUCTIONS}, got {reduce!r}")
   transpose_w = _validation.check_transpose_w(op, transpose_w)
-  _validation.check_operands(op, x, w, x_rank="2", transpose_w=transpose_w)
+  _validation.check_operands(op, x, w, transpose_w=transpose_w)
+  sequence_dim = _validation.check_sequence_dim(op, sequence_dim, len(x.shape))
   check_global_axis_name(op, axis_name)
-  return refuse_vmap(op, _row_parallel_ad, x, w, reduce, axis_name, transpose_w)
+  return refuse_vmap(op, _row_parallel_ad, x, w, reduce, axis_name, sequence_dim, transpose_w)
 
 
 def check_global_axis_name(op, axis_name):
@@ -148,13 +155,14 @@ def decode_spec(mesh, value) -> tuple:
 
 
 def _layout(mesh, x, w, reduce, axis_name, transpose_w):
-  """Chooses (m_axes, k_axis) from the operands' shardings."""
+  """Chooses (the axes of each leading dim of x besides the contracting one, k_axis) from
+  the operands' shardings."""
   x_spec = decode_spec(mesh, x)
   w_spec = decode_spec(mesh, w)
-  k_axes = _spec_axes(x_spec[1]) or _spec_axes(w_spec[1 if transpose_w else 0])
+  k_axes = _spec_axes(x_spec[-1]) or _spec_axes(w_spec[1 if transpose_w else 0])
   k_axis = pick_axis("jax_flashoverlap.row_parallel_matmul", mesh, axis_name, k_axes, "K")
-  m_axes = tuple(a for a in _spec_axes(x_spec[0]) if a != k_axis)
-  return m_axes, k_axis
+  lead = [tuple(a for a in _spec_axes(e) if a != k_axis) for e in x_spec[:-1]]
+  return lead, k_axis
 
 
 def pick_axis(op, mesh, axis_name, sharded_over, dim):
@@ -171,17 +179,20 @@ def pick_axis(op, mesh, axis_name, sharded_over, dim):
   return sharded_over[0] if sharded_over else None
 
 
-def _out_spec(m_axes, k_axis, reduce):
-  rows = m_axes + ((k_axis,) if reduce == "reduce_scatter" and k_axis else ())
-  return P(rows if rows else None, None)
+def _out_spec(lead, k_axis, reduce, sequence_dim):
+  lead = list(lead)
+  if reduce == "reduce_scatter" and k_axis:
+    lead[sequence_dim] = lead[sequence_dim] + (k_axis,)
+  return P(*map(spec_entry, lead), None)
 
 
-def _m_entry(m_axes):
-  return m_axes if m_axes else None
+def spec_entry(axes):
+  """A PartitionSpec entry for a dim sharded over `axes` (major first)."""
+  return axes[0] if len(axes) == 1 else (axes or None)
 
 
-@functools.partial(_compat.custom_partitioning, static_argnums=(2, 3, 4))
-def _row_parallel(x, w, reduce, axis_name, transpose_w):
+@functools.partial(_compat.custom_partitioning, static_argnums=(2, 3, 4, 5))
+def _row_parallel(x, w, reduce, axis_name, sequence_dim, transpose_w):
   # Unpartitioned semantics (what a 1-device program runs: XLA does not partition it).
   return prims.dot(x, w, transpose_w)
 
@@ -201,26 +212,27 @@ def safe_infer(layout_out):
 
 
 @safe_infer
-def _infer(reduce, axis_name, transpose_w, mesh, arg_shapes, result_shape):
+def _infer(reduce, axis_name, sequence_dim, transpose_w, mesh, arg_shapes, result_shape):
   x, w = arg_shapes
-  m_axes, k_axis = _layout(mesh, x, w, reduce, axis_name, transpose_w)
-  return NamedSharding(mesh, _out_spec(m_axes, k_axis, reduce))
+  lead, k_axis = _layout(mesh, x, w, reduce, axis_name, transpose_w)
+  return NamedSharding(mesh, _out_spec(lead, k_axis, reduce, sequence_dim))
 
 
-def _partition(reduce, axis_name, transpose_w, mesh, arg_shapes, result_shape):
+def _partition(reduce, axis_name, sequence_dim, transpose_w, mesh, arg_shapes, result_shape):
   x, w = arg_shapes
-  m_axes, k_axis = _layout(mesh, x, w, reduce, axis_name, transpose_w)
+  lead, k_axis = _layout(mesh, x, w, reduce, axis_name, transpose_w)
   op = "jax_flashoverlap.row_parallel_matmul"
   if reduce == "reduce_scatter" and k_axis is not None:
-    m_local = x.shape[0]
-    for a in m_axes:
-      m_local //= mesh.shape[a]
-    if m_local % mesh.shape[k_axis]:
-      raise ValueError(f"{op}: reduce_scatter needs the rows of each shard ({m_local}) to be "
-                       f"divisible by the size {mesh.shape[k_axis]} of axis {k_axis!r}")
-  arg_shardings = (NamedSharding(mesh, P(_m_entry(m_axes), k_axis)),
+    local = x.shape[sequence_dim] // int(np.prod([mesh.shape[a] for a in lead[sequence_dim]]))
+    what = "the rows" if len(x.shape) == 2 else f"dim {sequence_dim} (the sequence_dim)"
+    if local % mesh.shape[k_axis]:
+      hint = ("" if len(x.shape) == 2 else
+              "; sequence_dim names the leading dim of x to scatter (e.g. 1 for [B, S, K])")
+      raise ValueError(f"{op}: reduce_scatter needs {what} of each shard ({local}) to be "
+                       f"divisible by the size {mesh.shape[k_axis]} of axis {k_axis!r}{hint}")
+  arg_shardings = (NamedSharding(mesh, P(*map(spec_entry, lead), k_axis)),
                    NamedSharding(mesh, P(None, k_axis) if transpose_w else P(k_axis, None)))
-  out_sharding = NamedSharding(mesh, _out_spec(m_axes, k_axis, reduce))
+  out_sharding = NamedSharding(mesh, _out_spec(lead, k_axis, reduce, sequence_dim))
 
   @_validation.partitioner_lowering(mesh)
   def lower(x, w):
@@ -230,12 +242,13 @@ def _partition(reduce, axis_name, transpose_w, mesh, arg_shapes, result_shape):
       return prims.dot(x, w, transpose_w)
     if reduce == "all_reduce":
       return ops.matmul_all_reduce(x, w, k_axis, transpose_w=transpose_w)
-    return ops.matmul_reduce_scatter(x, w, k_axis, transpose_w=transpose_w)
+    return ops.matmul_reduce_scatter(x, w, k_axis, transpose_w=transpose_w,
+                                     sequence_dim=sequence_dim)
 
   return mesh, lower, out_sharding, arg_shardings
 
 
-def _sdy_rule(reduce, axis_name, transpose_w, mesh, value_types, result_types):
+def _sdy_rule(reduce, axis_name, sequence_dim, transpose_w, mesh, value_types, result_types):
   """Shardy rule, built at lowering time when the mesh is known.
 
   all_reduce: `m k, k n -> m n`, K a reduction factor. reduce_scatter: the contracting axis'
@@ -246,10 +259,17 @@ def _sdy_rule(reduce, axis_name, transpose_w, mesh, value_types, result_types):
 
   so Shardy itself propagates P(dp, tp) inputs to a P((dp, tp), None) output: the layout the
   reduce-scatter produces, with no gather after it. With transpose_w, w's two factors swap.
+  x of rank 3 or more: the leading dims pass through (b0 b1 ...), and for the reduce-scatter
+  the sequence dim is a factor s of x's and the output's is (t s3), t shared with K:
+
+      x: s b1 (t kk),  w: (t kk) n  ->  out: (t s3) b1 n
   """
   def w_factors(k):
     return f"n {k}" if transpose_w else f"{k} n"
 
+  shape = _compat.ir_shape(value_types[0])
+  if len(shape) > 2:
+    return _sdy_rule_leading_dims(reduce, axis_name, sequence_dim, w_factors, mesh, shape)
   simple = (f"m k, {w_factors('k')} -> m n", {"reduction_factors": ("k",)})
   if reduce != "reduce_scatter":
     return simple
@@ -278,5 +298,33 @@ def _sdy_rule(reduce, axis_name, transpose_w, mesh, value_types, result_types):
           {"d": d, "t": t, "m2": m // d, "kk": k // t, **sizes})
 
 
+def _sdy_rule_leading_dims(reduce, axis_name, sequence_dim, w_factors, mesh, shape):
+  """_sdy_rule for x [..., K] of rank 3 or more (see there)."""
+  lead = [f"b{i}" for i in range(len(shape) - 1)]
+  simple = (f"{' '.join(lead)} k, {w_factors('k')} -> {' '.join(lead)} n",
+            {"reduction_factors": ("k",)})
+  names = list(mesh.axis_names)
+  if reduce != "reduce_scatter":
+    return simple
+  if axis_name is None and len(names) == 1:
+    axis_name = names[0]
+  if axis_name not in names:
+    return simple  # contracting axis unknown until partitioning: see README (Shardy note)
+  t = int(mesh.shape[axis_name])
+  k, s = shape[-1], shape[sequence_dim]
+  if t == 1 or k % t or s % t:
+    return simple
+  x_lead, out_lead = list(lead), list(lead)
+  x_lead[sequence_dim] = "s"
+  sizes = {"t": t, "kk": k // t}
+  if s // t > 1:
+    out_lead[sequence_dim] = "(t s3)"
+    sizes["s3"] = s // t
+  else:  # Shardy refuses a size-1 factor in a compound dim
+    out_lead[sequence_dim] = "t"
+    del sizes["t"]
+  return (f"{' '.join(x_lead)} (t kk), {w_factors('(t kk)')} -> {' '.join(out_lead)} n", sizes)
+
+
 define_partition(_row_parallel, _partition, _infer, _sdy_rule)
-_row_parallel_ad = with_dot_gradient(_row_parallel, 3)
+_row_parallel_ad = with_dot_gradient(_row_parallel, 4)

@@ -30,7 +30,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jax_flashoverlap import _compat, _validation, ops, primitives as prims
 from jax_flashoverlap.sharding import (_spec_axes, check_global_axis_name, decode_spec,
                                        define_partition, pick_axis, refuse_vmap, safe_infer,
-                                       with_dot_gradient)
+                                       spec_entry, with_dot_gradient)
 
 _OP = "jax_flashoverlap.column_parallel_matmul"
 
@@ -65,12 +65,8 @@ def _layout(mesh, x, w, axis_name, sequence_dim, transpose_w):
   return lead, axis, axis is not None and axis in _spec_axes(x_spec[sequence_dim])
 
 
-def _entry(axes):
-  return axes[0] if len(axes) == 1 else (axes or None)
-
-
 def _out_sharding(mesh, lead, axis):
-  return NamedSharding(mesh, P(*map(_entry, lead), axis))
+  return NamedSharding(mesh, P(*map(spec_entry, lead), axis))
 
 
 @functools.partial(_compat.custom_partitioning, static_argnums=(2, 3, 4))
@@ -102,7 +98,7 @@ def _partition(axis_name, sequence_dim, transpose_w, mesh, arg_shapes, result_sh
   else:
     _warn_other_dim(mesh, x, axis, sequence_dim)
   w_spec = P(axis, None) if transpose_w else P(None, axis)
-  arg_shardings = (NamedSharding(mesh, P(*map(_entry, x_lead), None)),
+  arg_shardings = (NamedSharding(mesh, P(*map(spec_entry, x_lead), None)),
                    NamedSharding(mesh, w_spec))
 
   @_validation.partitioner_lowering(mesh)

@@ -31,8 +31,13 @@ def op_w_rank3(t):
     trace_op("all_reduce", sds((8, 64)), sds((64, 32, 8)), w_spec=P("tp", None, None))
 
 
-def op_rs_x_rank3(t):
-    trace_op("reduce_scatter", sds((2, 8, 64)), sds((64, 32)), x_spec=P(None, None, "tp"))
+def op_rs_x_rank3_dim_not_divisible(t):
+    # x [B=3, S=8, K] per device: S scattered over 4 devices works, B (the default) does not
+    trace_op("reduce_scatter", sds((3, 8, 64)), sds((64, 32)), x_spec=P(None, None, "tp"))
+
+
+def op_rs_x_rank1(t):
+    trace_op("reduce_scatter", sds((64,)), sds((64, 32)), x_spec=P("tp"))
 
 
 def op_k_mismatch(t):
@@ -186,8 +191,8 @@ def rp_axis_not_str(t):
         sds((16, 64)), sds((64, 32)))
 
 
-def rp_x_rank3(t):
-    jax.jit(fo.row_parallel_matmul).trace(sds((2, 16, 64)), sds((64, 32)))
+def rp_x_rank1(t):
+    jax.jit(fo.row_parallel_matmul).trace(sds((64,)), sds((64, 32)))
 
 
 def rp_transpose_w_not_bool(t):

@@ -54,9 +54,13 @@ CASES = [
                  id="op-x-rank-1"),
     pytest.param(op_w_rank3, raises(ValueError, "w must be a 2-D weight [K, N]", "(16, 32, 8)"),
                  id="op-w-rank-3"),
-    pytest.param(op_rs_x_rank3, raises(ValueError, "matmul_reduce_scatter",
-                                       "x must be 2-D [M, K]", "(2, 8, 16)"),
-                 id="op-reduce-scatter-x-rank-3"),
+    pytest.param(op_rs_x_rank1, raises(ValueError, "matmul_reduce_scatter",
+                                       "x must have at least 2 dims [..., K]", "(16,)"),
+                 id="op-reduce-scatter-x-rank-1"),
+    pytest.param(op_rs_x_rank3_dim_not_divisible,
+                 raises(ValueError, "matmul_reduce_scatter: dim 0 of x (the scattered dim, "
+                        "sequence_dim=0, shape (3, 8, 16)) must be divisible by the size 4 of "
+                        "axis 'tp', got 3"), id="op-reduce-scatter-x-rank-3-dim-not-divisible"),
     pytest.param(op_k_mismatch, raises(ValueError, "contracting dims differ", "x has K=16",
                                        "w has K=24"), id="op-k-mismatch"),
     pytest.param(op_n_not_multiple_of_8, raises(ValueError, "N (last dim of w) must be a multiple "
@@ -140,8 +144,8 @@ CASES = [
                  id="rp-bad-reduce"),
     pytest.param(rp_axis_not_str, raises(TypeError, "axis_name must be a mesh axis name (str) or "
                                          "None", "('tp',)"), id="rp-axis-not-str"),
-    pytest.param(rp_x_rank3, raises(ValueError, "row_parallel_matmul", "x must be 2-D [M, K]"),
-                 id="rp-x-rank-3"),
+    pytest.param(rp_x_rank1, raises(ValueError, "row_parallel_matmul",
+                                    "x must have at least 2 dims [..., K]"), id="rp-x-rank-1"),
     pytest.param(rp_transpose_w_not_bool, raises(TypeError, "row_parallel_matmul: transpose_w "
                                                  "must be a bool", "'yes'"),
                  id="rp-transpose-w-not-bool"),

@@ -285,6 +285,9 @@ def test_sequence_parallel_column_global_view_wrong_sequence_dim_warns(rng, monk
 
 @pytest.mark.parametrize("kwargs,exc,match", [
     (dict(sequence_dim=1), ValueError, "sequence_dim=1 needs sequence_parallel=True"),
+    (dict(sequence_dim=1, row=True), ValueError, "sequence_dim=1 needs reduce='reduce_scatter'"),
+    (dict(sequence_dim=1, row=True, reduce="reduce_scatter", overlap_backward=True), ValueError,
+     "overlap_backward=True needs sequence_dim=0 \\(its backward's all-gather"),
     (dict(sequence_parallel=True, sequence_dim=-1), TypeError,
      "sequence_dim must be a non-negative int"),
     (dict(sequence_parallel=True, sequence_dim=True), TypeError, "sequence_dim must be"),
@@ -292,10 +295,87 @@ def test_sequence_parallel_column_global_view_wrong_sequence_dim_warns(rng, monk
      "overlap_backward=True needs sequence_dim=0"),
 ])
 def test_sequence_dim_bad_arguments(kwargs, exc, match):
-  with pytest.raises(exc, match=r"ColumnParallelLinear: " + match):
-    ColumnParallelLinear(32, 64, rngs=nnx.Rngs(0), **kwargs)
-  with pytest.raises(exc, match=r"ColumnParallelDense: " + match):
-    ColumnParallelDense(64, **kwargs).init(jax.random.key(0), jnp.ones((8, 32), BF16))
+  kind = "Row" if kwargs.pop("row", False) else "Column"
+  linear, dense = ((RowParallelLinear, RowParallelDense) if kind == "Row" else
+                   (ColumnParallelLinear, ColumnParallelDense))
+  with pytest.raises(exc, match=kind + r"ParallelLinear: " + match):
+    linear(32, 64, rngs=nnx.Rngs(0), **kwargs)
+  with pytest.raises(exc, match=kind + r"ParallelDense: " + match):
+    dense(64, **kwargs).init(jax.random.key(0), jnp.ones((8, 32), BF16))
+
+
+_ROW_DP_TP_LAYOUTS = [
+    # (x shape, x spec, reduce, sequence_dim, output spec)
+    ((16, 4, 32), P(None, "dp", "tp"), "all_reduce", 0, P(None, "dp", None)),
+    ((16, 4, 32), P(None, "dp", "tp"), "reduce_scatter", 0, P("tp", "dp", None)),
+    ((4, 16, 32), P("dp", None, "tp"), "reduce_scatter", 1, P("dp", "tp", None)),
+]
+
+
+@pytest.mark.parametrize("x_shape,x_spec,reduce,sequence_dim,out_spec", _ROW_DP_TP_LAYOUTS,
+                         ids=["S-B-dp_all_reduce", "S-B-dp_reduce_scatter", "B-dp-S_dim1"])
+def test_row_global_view_on_a_dp_tp_mesh(rng, x_shape, x_spec, reduce, sequence_dim, out_spec):
+  """The row layer under plain jit keeps x's leading dims: one collective (the op's), B over
+  dp kept, the sequence dim scattered over tp. (Flattened to rows, [S, B] over (None, dp)
+  came back replicated after gathers.)"""
+  mesh = make_mesh_2d(2, 4)
+  x = jax.device_put(rand(rng, x_shape, BF16), NamedSharding(mesh, x_spec))
+  with jax.set_mesh(mesh):
+    model = RowParallelLinear(32, 64, axis_name="tp", reduce=reduce, sequence_dim=sequence_dim,
+                              rngs=nnx.Rngs(0))
+    _nonzero_bias(model)
+    gdef, params = nnx.split(model)
+    f = jax.jit(lambda st, x: nnx.merge(gdef, st)(x))
+    y = f(params, x)
+    hlo = f.lower(params, x).compile().as_text()
+  colls = re.findall(r"= \S+ (all-gather|all-to-all|all-reduce|reduce-scatter)(?:-start)?\(", hlo)
+  assert colls == [reduce.replace("_", "-")], colls
+  got = tuple(y.sharding.spec) + (None,) * (3 - len(y.sharding.spec))
+  assert got == tuple(out_spec), y.sharding.spec
+  assert_close(y, x @ params["kernel"][...].astype(BF16) + params["bias"][...].astype(BF16))
+
+
+@pytest.mark.parametrize("layout", ["S-B", "B-S"])
+def test_sequence_parallel_mlp_global_view_on_a_dp_tp_mesh(rng, layout):
+  """Megatron's sequence-parallel MLP under plain jit: column (all_gather_matmul) -> gelu ->
+  row (matmul_reduce_scatter), x [S, B, d] as P(tp, dp, None) (or [B, S, d] as P(dp, tp, None)
+  with sequence_dim=1): two collectives in the program, the ops' own, and the output back in
+  x's layout; values equal the XLA layers'."""
+  mesh = make_mesh_2d(2, 4)
+  dim = 0 if layout == "S-B" else 1
+  shape, spec = ((16, 4, 32), P("tp", "dp", None)) if dim == 0 else ((4, 16, 32),
+                                                                     P("dp", "tp", None))
+  x = jax.device_put(rand(rng, shape, BF16), NamedSharding(mesh, spec))
+  with jax.set_mesh(mesh):
+    up = ColumnParallelLinear(32, 64, sequence_parallel=True, sequence_dim=dim, rngs=nnx.Rngs(0))
+    down = RowParallelLinear(64, 32, reduce="reduce_scatter", sequence_dim=dim, rngs=nnx.Rngs(1))
+    gu, su = nnx.split(up)
+    gd, sd = nnx.split(down)
+    f = jax.jit(lambda su, sd, x: nnx.merge(gd, sd)(jax.nn.gelu(nnx.merge(gu, su)(x))))
+    y = f(su, sd, x)
+    hlo = f.lower(su, sd, x).compile().as_text()
+  colls = re.findall(r"= \S+ (all-gather|all-to-all|all-reduce|reduce-scatter)(?:-start)?\(", hlo)
+  assert sorted(colls) == ["all-gather", "reduce-scatter"], colls
+  assert tuple(y.sharding.spec) + (None,) * (3 - len(y.sharding.spec)) == tuple(spec), \
+      y.sharding.spec
+  h = jax.nn.gelu(x @ su["kernel"][...].astype(BF16) + su["bias"][...].astype(BF16))
+  assert_close(y, h @ sd["kernel"][...].astype(BF16) + sd["bias"][...].astype(BF16))
+
+
+def test_row_sequence_dim_inside_shard_map(rng):
+  """Row layer, reduce_scatter with sequence_dim=1 in the local view: x [B, S, in/n] per
+  device, psum_scatter along S."""
+  mesh = make_mesh_1d(4)
+  x = rand(rng, (3, 8, 32), BF16)
+  layer = RowParallelDense(64, reduce="reduce_scatter", sequence_dim=1, use_bias=False)
+  variables = layer.init(jax.random.key(0), x)
+  specs = nn.get_partition_spec(variables)
+  params = nn.unbox(variables)
+  f = jax.jit(shard_map(lambda p, x: layer.apply(p, x), mesh,
+                        (specs, P(None, None, "tp")), P(None, "tp", None)))
+  y = f(params, x)
+  assert y.shape == (3, 8, 64)
+  assert_close(y, x @ params["params"]["kernel"].astype(BF16))
 
 
 def test_sequence_dim_inside_shard_map(rng):

@@ -227,3 +227,93 @@ def test_reduce_scatter_one_row_per_device(fo, dp, rng):
     out = _run(fo, x, w, "reduce_scatter", "tp")
     check_against_refs(out, _xla(x, w), _np(x, w))
     _check_out_sharding(out, "reduce_scatter", dp=dp)
+
+
+# x with its leading dims kept (not flattened to rows). Flattening [S, B] with B over dp
+# (more than one row per device) is not rows over dp: before, the all-reduce came back
+# replicated over dp and the reduce-scatter replicated, after gathers around the op.
+_LEADING_DIMS = [
+    # (x shape, x spec, reduce, sequence_dim, output spec)
+    ((16, 4, 64), P(None, "dp", "tp"), "all_reduce", 0, P(None, "dp", None)),
+    ((16, 4, 64), P(None, "dp", "tp"), "reduce_scatter", 0, P("tp", "dp", None)),  # Megatron
+    ((4, 16, 64), P("dp", None, "tp"), "all_reduce", 0, P("dp", None, None)),
+    ((4, 16, 64), P("dp", None, "tp"), "reduce_scatter", 1, P("dp", "tp", None)),  # [B, S]
+    ((4, 16, 64), P("dp", None, "tp"), "reduce_scatter", -1, P("dp", "tp", None)),
+    ((2, 4, 8, 64), P(None, "dp", None, "tp"), "reduce_scatter", 2, P(None, "dp", "tp", None)),
+    ((8, 2, 64), P(None, "dp", "tp"), "reduce_scatter", 0, P("tp", "dp", None)),  # S == 2 * tp
+]
+
+
+@pytest.fixture
+def lowered_ops(monkeypatch):
+    """(op name, sequence_dim) of each per-device op the partitioner lowers."""
+    from jax_flashoverlap import ops
+    seen = []
+    for name in ("matmul_all_reduce", "matmul_reduce_scatter"):
+        def spy(*args, _real=getattr(ops, name), _name=name, **kwargs):
+            seen.append((_name, kwargs.get("sequence_dim", 0)))
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(ops, name, spy)
+    return seen
+
+
+@pytest.mark.parametrize("gspmd", [False, True], ids=["shardy", "gspmd"])
+@pytest.mark.parametrize("shape,x_spec,reduce,sequence_dim,out_spec", _LEADING_DIMS,
+                         ids=lambda v: str(v).replace(" ", ""))
+def test_leading_dims_keep_their_layout(fo, rng, lowered_ops, shape, x_spec, reduce,
+                                        sequence_dim, out_spec, gspmd):
+    from _util import make_mesh_2d
+
+    mesh = make_mesh_2d(2, 4)
+    x = _put(mesh, rand(rng, shape, jnp.bfloat16), x_spec)
+    w = _put(mesh, rand(rng, (64, 32), jnp.bfloat16, scale=64 ** -0.5), P("tp", None))
+    f = jax.jit(lambda a, b: fo.row_parallel_matmul(a, b, reduce, "tp",
+                                                    sequence_dim=sequence_dim))
+    old = _shardy()
+    jax.config.update("jax_use_shardy_partitioner", not gspmd)
+    try:
+        out = f(x, w)
+        hlo = f.lower(x, w).compile().as_text()
+    finally:
+        jax.config.update("jax_use_shardy_partitioner", old)
+    op = "matmul_" + reduce
+    assert lowered_ops == [(op, sequence_dim % (len(shape) - 1) if reduce == "reduce_scatter"
+                            else 0)], lowered_ops
+    got = tuple(out.sharding.spec) + (None,) * (len(shape) - len(out.sharding.spec))
+    assert out.shape == (*shape[:-1], 32) and got == tuple(out_spec), out.sharding.spec
+    assert "all-gather" not in hlo and "all-to-all" not in hlo, "x or the output was moved"
+    check_against_refs(out, _xla(x, w), _np(x, w))
+
+
+def test_leading_dims_grads(fo, rng):
+    from _util import make_mesh_2d
+
+    mesh = make_mesh_2d(2, 4)
+    x = _put(mesh, rand(rng, (4, 16, 64), jnp.bfloat16), P("dp", None, "tp"))
+    w = _put(mesh, rand(rng, (32, 64), jnp.bfloat16), P(None, "tp"))
+    ct = jnp.asarray(rng.standard_normal((4, 16, 32)), jnp.float32)
+
+    def grads(f):
+        return jax.jit(jax.grad(lambda a, b: jnp.sum(f(a, b).astype(jnp.float32) * ct),
+                                argnums=(0, 1)))(x, w)
+
+    ours = grads(lambda a, b: fo.row_parallel_matmul(a, b, "reduce_scatter", "tp",
+                                                     transpose_w=True, sequence_dim=1))
+    for g, r in zip(ours, grads(lambda a, b: a @ b.T)):
+        assert g.shape == r.shape and g.dtype == r.dtype
+        assert_close(g, r)
+
+
+def test_leading_dims_scatter_dim_not_divisible_names_sequence_dim(fo, rng):
+    """[B, S, K] with B = 2 per device: the default sequence_dim 0 cannot be scattered over
+    tp = 4; the error says so and points at sequence_dim."""
+    from _util import make_mesh_2d
+
+    mesh = make_mesh_2d(2, 4)
+    x = _put(mesh, rand(rng, (4, 16, 64), jnp.bfloat16), P("dp", None, "tp"))
+    w = _put(mesh, rand(rng, (64, 32), jnp.bfloat16), P("tp", None))
+    with pytest.raises(jax.errors.JaxRuntimeError,
+                       match=r"reduce_scatter needs dim 0 \(the sequence_dim\) of each shard "
+                             r"\(2\) to be divisible by the size 4 of axis 'tp'; sequence_dim "
+                             r"names the leading dim of x to scatter"):
+        jax.jit(lambda a, b: fo.row_parallel_matmul(a, b, "reduce_scatter", "tp"))(x, w)

@@ -181,3 +181,34 @@ def test_jit_scan_over_layers(fo, mesh4, kind, rng):
     want32 = jax.jit(shard_map(ref, mesh4, in_specs, h_spec))(*upcast(h0, w1, w2))
     assert got.shape == (M, D) and got.dtype == dt
     check_against_refs(got, want, want32)
+
+
+@pytest.mark.parametrize("transpose_w", [False, True], ids=["w_kn", "w_nk"])
+@pytest.mark.parametrize("shape,dim", [((3, None, 64), 1), ((3, None, 64), -1),
+                                       ((2, 3, None, 64), 2), ((None, 3, 64), 0)],
+                         ids=["dim1", "dim-1", "dim2_of_4d", "dim0"])
+def test_reduce_scatter_sequence_dim(fo, tp_mesh, rng, shape, dim, transpose_w):
+    """matmul_reduce_scatter(..., sequence_dim=d) == psum_scatter(x @ w, scatter_dimension=d,
+    tiled=True): x [B, S, K] scatters S; the global product is x @ w."""
+    n = tp_mesh.shape["tp"]
+    d = dim % (len(shape) - 1)
+    shape = tuple(2 * n if size is None else size for size in shape)  # S: 2 rows per rank
+    x = rand(rng, shape, jnp.bfloat16)
+    w = rand(rng, (32, 64) if transpose_w else (64, 32), jnp.bfloat16, scale=0.125)
+    x_spec = P(*(None,) * (len(shape) - 1), "tp")
+    w_spec = P(None, "tp") if transpose_w else P("tp", None)
+    out_spec = P(*(None,) * d, "tp")
+
+    def ours(a, b):
+        return fo.matmul_reduce_scatter(a, b, "tp", sequence_dim=dim, transpose_w=transpose_w)
+
+    def ref(a, b):
+        return lax.psum_scatter(a @ (b.T if transpose_w else b), "tp", scatter_dimension=d,
+                                tiled=True)
+
+    got = jax.jit(shard_map(ours, tp_mesh, (x_spec, w_spec), out_spec))(x, w)
+    want = jax.jit(shard_map(ref, tp_mesh, (x_spec, w_spec), out_spec))(x, w)
+    want32 = jax.jit(shard_map(ref, tp_mesh, (x_spec, w_spec), out_spec))(*upcast(x, w))
+    check_against_refs(got, want, want32)
+    glob = np.matmul(f32(x), f32(w).T if transpose_w else f32(w))
+    assert got.shape == glob.shape and rel_fro(got, glob) < REL_FRO_TOL
