@@ -68,8 +68,9 @@ def refuse_vmap(op, call, *args):
       raise
     raise NotImplementedError(
         f"{op}: jax.vmap of the global view is not supported (JAX's custom_partitioning, "
-        "which it is built on, has no batching rule); fold the batch into x's rows "
-        "(x.reshape(-1, K)) or vmap the per-device op inside jax.shard_map") from err
+        "which it is built on, has no batching rule); keep the batch as a leading dim of x "
+        "(x [batch, ..., K]: the global views take any rank) or vmap the per-device op "
+        "inside jax.shard_map") from err
 
 
 def with_dot_gradient(fn, num_static):

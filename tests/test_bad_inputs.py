@@ -181,8 +181,8 @@ CASES = [
                                                       "N=5"),
                  id="cp-local-n-not-multiple-of-8"),
     pytest.param(rp_vmapped, raises(NotImplementedError, "row_parallel_matmul: jax.vmap of the "
-                                    "global view is not supported", "fold the batch into x's "
-                                    "rows"), id="rp-vmapped"),
+                                    "global view is not supported", "keep the batch as a "
+                                    "leading dim of x"), id="rp-vmapped"),
     pytest.param(cp_vmapped, raises(NotImplementedError, "column_parallel_matmul: jax.vmap of "
                                     "the global view is not supported"), id="cp-vmapped"),
     pytest.param(rp_w_sharded_on_other_axis, SAME, id="rp-w-sharded-on-other-axis"),

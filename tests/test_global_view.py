@@ -209,7 +209,7 @@ def test_vmap_is_refused_naming_the_function(fo, mesh4, reduce, rng):
     w = _put(mesh4, rand(rng, (64, 32), jnp.bfloat16), P("tp", None))
     f = jax.vmap(lambda a, b: fo.row_parallel_matmul(a, b, reduce), in_axes=(0, None))
     with pytest.raises(NotImplementedError, match=r"row_parallel_matmul: jax.vmap of the global "
-                       r"view is not supported .* fold the batch into x's rows"):
+                       r"view is not supported .* keep the batch as a leading dim of x"):
         jax.jit(f)(x, w)
 
 
