@@ -277,8 +277,8 @@ def test_leading_dims_keep_their_layout(fo, rng, lowered_ops, shape, x_spec, red
     finally:
         jax.config.update("jax_use_shardy_partitioner", old)
     op = "matmul_" + reduce
-    assert lowered_ops == [(op, sequence_dim % (len(shape) - 1) if reduce == "reduce_scatter"
-                            else 0)], lowered_ops
+    want = (op, sequence_dim % (len(shape) - 1) if reduce == "reduce_scatter" else 0)
+    assert lowered_ops and set(lowered_ops) == {want}, lowered_ops  # once per compilation
     got = tuple(out.sharding.spec) + (None,) * (len(shape) - len(out.sharding.spec))
     assert out.shape == (*shape[:-1], 32) and got == tuple(out_spec), out.sharding.spec
     assert "all-gather" not in hlo and "all-to-all" not in hlo, "x or the output was moved"

@@ -227,18 +227,28 @@ def gathered_dims(monkeypatch):
     return dims
 
 
+@pytest.mark.parametrize("gspmd", [False, True], ids=["shardy", "gspmd"])
 @pytest.mark.parametrize("shape,x_spec,sequence_dim,out_spec", _SEQUENCE_LAYOUTS,
                          ids=lambda v: str(v).replace(" ", ""))
 def test_leading_dims_keep_their_layout(fo, rng, gathered_dims, shape, x_spec, sequence_dim,
-                                        out_spec):
+                                        out_spec, gspmd):
     mesh = make_mesh_2d(2, 4)
     x = _put(mesh, rand(rng, shape, jnp.bfloat16), x_spec)
     w = _put(mesh, rand(rng, (32, 64), jnp.bfloat16, scale=32 ** -0.5), P(None, "tp"))
     f = jax.jit(lambda a, b: fo.column_parallel_matmul(a, b, sequence_dim=sequence_dim))
-    y = f(x, w)
-    assert gathered_dims == [sequence_dim % (len(shape) - 1)], gathered_dims
-    assert y.shape == (*shape[:-1], 64) and y.sharding.spec == out_spec, y.sharding.spec
-    assert _collectives(f, x, w) == ["all-gather"]  # the op's own, nothing else moved
+    old = bool(getattr(jax.config, "jax_use_shardy_partitioner", False))
+    jax.config.update("jax_use_shardy_partitioner", not gspmd)
+    try:
+        y = f(x, w)
+        colls = _collectives(f, x, w)
+    finally:
+        jax.config.update("jax_use_shardy_partitioner", old)
+    # the op lowered on the sequence dim (once per compilation)
+    assert gathered_dims and set(gathered_dims) == {sequence_dim % (len(shape) - 1)}, \
+        gathered_dims
+    got = tuple(y.sharding.spec) + (None,) * (len(shape) - len(y.sharding.spec))
+    assert y.shape == (*shape[:-1], 64) and got == tuple(out_spec), y.sharding.spec
+    assert colls == ["all-gather"], colls  # the op's own, nothing else moved
     assert_close(y, jax.jit(_want)(x, w))
     assert_rel_fro(y, jax.jit(_want)(*upcast(x, w)))
 
