@@ -125,12 +125,6 @@ class _Config:
                        + ("reduce='reduce_scatter' (it names the dim that is scattered)"
                           if self.row else
                           "sequence_parallel=True (it names the dim that is gathered)"))
-    if self.sequence_dim and self.overlap_backward:
-      raise ValueError(f"{self.layer}: overlap_backward=True needs sequence_dim=0 (its "
-                       "backward's " + ("all-gather gathers" if self.row else
-                                        "reduce-scatter scatters") + " the first dim); give "
-                       "x as [S, B, ...] or drop overlap_backward, got sequence_dim="
-                       f"{self.sequence_dim}")
     mesh = mesh if mesh is not None else jax.sharding.get_abstract_mesh()
     names = () if mesh is None or getattr(mesh, "empty", False) else tuple(mesh.axis_names)
     if names and self.axis_name not in names and \
@@ -290,7 +284,7 @@ def _forward(cfg: _Config, x, kernel, bias, in_features: int):
 
 def _row(cfg: _Config, x, w):
   n = cfg.local_view()
-  lead, k = x.shape[:-1], x.shape[-1]
+  lead = x.shape[:-1]
   if not n:  # global view: x as it is, its leading dims' sharding kept
     return sharding.row_parallel_matmul(x, w, cfg.reduce, _jit_axis(cfg),
                                         sequence_dim=cfg.sequence_dim)
@@ -305,8 +299,7 @@ def _row(cfg: _Config, x, w):
                      f"{tuple(x.shape)}) to be divisible by the size {n} of axis "
                      f"{cfg.axis_name!r}")
   if cfg.overlap_backward:
-    y = _row_scatter_matmul(x.reshape(-1, k), w, cfg.axis_name)
-    return y.reshape(lead[0] // n, *lead[1:], w.shape[1])
+    return _row_scatter_matmul(x, w, cfg.axis_name, dim)
   return ops.matmul_reduce_scatter(x, w, cfg.axis_name, sequence_dim=dim)
 
 
@@ -323,65 +316,74 @@ def _column(cfg: _Config, x, w):
   axis = cfg.axis_name
   if cfg.sequence_parallel and cfg.local_view():  # x: this device's rows of the sequence
     if cfg.overlap_backward:
-      return _sequence_parallel_matmul(x, w, axis)
+      return _sequence_parallel_matmul(x, w, axis, cfg.sequence_dim)
     return ops.all_gather_matmul(x, w, axis, sequence_dim=cfg.sequence_dim)
   if cfg.sequence_parallel:  # global view: x's sequence dim sharded over the axis, or not
     return sharding_column.column_parallel_matmul(x, w, _jit_axis(cfg),
                                                   sequence_dim=cfg.sequence_dim)
   if cfg.overlap_backward and axis in _compat.varying_axes(w) and \
       axis not in _compat.varying_axes(x):
-    return _column_matmul(x, w, axis)
+    return _column_matmul(x, w, axis, 0)
   return jnp.matmul(x, w)
 
 
 def _overlapped_dx(forward, dw_reference, dx_op, gathers_dy=False):
-  """forward(x, w, axis) whose backward computes dx with our op `dx_op(dy, w, axis,
-  transpose_w=True)` (dy @ w.T and its collective, the kernel w [in, out/n] read in place as
-  the [N, K] weight) and dw exactly as XLA's own backward of `dw_reference(x, w, axis)`.
-  gathers_dy: dx_op is all_gather_matmul, whose gathered dy (returned with dx, no second
-  gather) is the cotangent of dw_reference."""
-  @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-  def call(x, w, axis_name):
-    return forward(x, w, axis_name)
+  """forward(x, w, axis, sequence_dim) whose backward computes dx with our op `dx_op(dy, w,
+  axis, sequence_dim)` (dy @ w.T and its collective, the kernel w [in, out/n] read in place
+  as the [N, K] weight) and dw exactly as XLA's own backward of `dw_reference(x, w, axis,
+  sequence_dim)`. gathers_dy: dx_op is all_gather_matmul, whose gathered dy (returned with
+  dx, no second gather) is the cotangent of dw_reference."""
+  @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+  def call(x, w, axis_name, sequence_dim):
+    return forward(x, w, axis_name, sequence_dim)
 
-  def fwd(x, w, axis_name):
-    return forward(x, w, axis_name), (x, w)
+  def fwd(x, w, axis_name, sequence_dim):
+    return forward(x, w, axis_name, sequence_dim), (x, w)
 
-  def bwd(axis_name, res, dy):
+  def bwd(axis_name, sequence_dim, res, dy):
     x, w = res
-    # dy [rows..., out/n] flattened: for the reduce-scatter, rank r's rows of x are the r-th
-    # contiguous block of the gathered rows.
-    dy_rows = dy.reshape(-1, dy.shape[-1])
     if gathers_dy:
-      dx, dy = dx_op(dy_rows, w, axis_name, transpose_w=True, return_gathered=True)
+      dx, dy = dx_op(dy, w, axis_name, sequence_dim, return_gathered=True)
     else:
-      dx = dx_op(dy_rows, w, axis_name, transpose_w=True)
-    _, w_vjp = jax.vjp(lambda w: dw_reference(x, w, axis_name), w)
+      dx = dx_op(dy, w, axis_name, sequence_dim)
+    _, w_vjp = jax.vjp(lambda w: dw_reference(x, w, axis_name, sequence_dim), w)
     (dw,) = w_vjp(dy)
-    return dx.reshape(x.shape).astype(x.dtype), dw
+    return dx.astype(x.dtype), dw
 
   call.defvjp(fwd, bwd)
   return call
 
 
-def _gathered_matmul(x, w, axis_name):
-  return jnp.matmul(lax.all_gather(x, axis_name, axis=0, tiled=True), w)
+def _local_matmul(x, w, axis_name, sequence_dim):
+  return jnp.matmul(x, w)
+
+
+def _gathered_matmul(x, w, axis_name, sequence_dim):
+  return jnp.matmul(lax.all_gather(x, axis_name, axis=sequence_dim, tiled=True), w)
+
+
+def _with_sequence_dim(op, **fixed):
+  """op(a, w, axis, sequence_dim=..., **fixed) as f(a, w, axis, sequence_dim, **more)."""
+  return lambda a, w, axis_name, dim, **more: op(a, w, axis_name, sequence_dim=dim, **fixed,
+                                                 **more)
 
 
 # x replicated, kernel sharded on out: dx = psum(dy @ w.T) is matmul_all_reduce.
-_column_matmul = _overlapped_dx(lambda x, w, _: jnp.matmul(x, w),
-                                lambda x, w, _: jnp.matmul(x, w), ops.matmul_all_reduce)
+_column_matmul = _overlapped_dx(
+    _local_matmul, _local_matmul,
+    lambda dy, w, axis_name, _: ops.matmul_all_reduce(dy, w, axis_name, transpose_w=True))
 # Sequence parallelism: the forward is all_gather_matmul, and its backward's dx =
-# psum_scatter(dy @ w.T) over the sequence rows is matmul_reduce_scatter, overlapped like the
+# psum_scatter(dy @ w.T) over the sequence is matmul_reduce_scatter, overlapped like the
 # forward (Megatron's sequence-parallel layer in both directions); dw = all_gather(x).T @ dy.
-_sequence_parallel_matmul = _overlapped_dx(ops.all_gather_matmul, _gathered_matmul,
-                                           ops.matmul_reduce_scatter)
-# The row layer's reduce-scatter (x [M, in/n] -> [M/n, out]): its backward's dx =
+_sequence_parallel_matmul = _overlapped_dx(
+    _with_sequence_dim(ops.all_gather_matmul), _gathered_matmul,
+    _with_sequence_dim(ops.matmul_reduce_scatter, transpose_w=True))
+# The row layer's reduce-scatter (x [S, ..., in/n] -> [S/n, ..., out]): its backward's dx =
 # all_gather(dy) @ w.T is all_gather_matmul, which also returns all_gather(dy) for
 # dw = x.T @ all_gather(dy), XLA's local dot: dy is gathered once, as in XLA's backward.
-_row_scatter_matmul = _overlapped_dx(ops.matmul_reduce_scatter,
-                                     lambda x, w, _: jnp.matmul(x, w), ops.all_gather_matmul,
-                                     gathers_dy=True)
+_row_scatter_matmul = _overlapped_dx(
+    _with_sequence_dim(ops.matmul_reduce_scatter), _local_matmul,
+    _with_sequence_dim(ops.all_gather_matmul, transpose_w=True), gathers_dy=True)
 
 
 def _jit_axis(cfg: _Config):
@@ -465,8 +467,8 @@ class ColumnParallelLinear(_NNXParallel):
   data-parallel sharding: [S, B, in] as P(tp, dp, None) gives P(None, dp, tp)); the backward
   is XLA's. `sequence_dim=1` (with sequence_parallel) gathers x's second dim instead, for x
   [B, S, in] as P(dp, tp, None), in both views: the output's blocks are then moved into place
-  after the GEMM (a copy, unless B is 1 per device), and overlap_backward is refused. `reduce`
-  is not used."""
+  after the GEMM (a copy, unless B is 1 per device; with overlap_backward the backward's
+  reduce-scatter scatters that dim too). `reduce` is not used."""
   _row = False
 
 

@@ -373,10 +373,9 @@ def nnx_bad_reduce(t):
     fl.RowParallelLinear(32, 16, reduce="all_gather", rngs=nnx.Rngs(0))
 
 
-def nnx_sequence_dim_with_overlap_backward(t):
+def nnx_sequence_dim_without_sequence_parallel(t):
     nnx, fl = _nnx()
-    fl.ColumnParallelLinear(32, 64, sequence_parallel=True, sequence_dim=1,
-                            overlap_backward=True, rngs=nnx.Rngs(0))
+    fl.ColumnParallelLinear(32, 64, sequence_dim=1, rngs=nnx.Rngs(0))
 
 
 def nnx_in_features_not_divisible(t):

@@ -196,9 +196,9 @@ CASES = [
     # --- Flax layers ---
     pytest.param(nnx_bad_reduce, raises(ValueError, "RowParallelLinear: reduce must be one of",
                                         "'all_gather'"), id="nnx-bad-reduce"),
-    pytest.param(nnx_sequence_dim_with_overlap_backward,
-                 raises(ValueError, "ColumnParallelLinear: overlap_backward=True needs "
-                        "sequence_dim=0"), id="nnx-sequence-dim-with-overlap-backward"),
+    pytest.param(nnx_sequence_dim_without_sequence_parallel,
+                 raises(ValueError, "ColumnParallelLinear: sequence_dim=1 needs "
+                        "sequence_parallel=True"), id="nnx-sequence-dim-without-sequence-parallel"),
     pytest.param(nnx_in_features_not_divisible, raises(ValueError, "RowParallelLinear: "
                                                        "in_features=34 is not divisible by the "
                                                        "size 4 of mesh axis 'tp'"),
