@@ -203,7 +203,9 @@ def test_sequence_parallel_mlp_in_scan_both_directions_overlapped():
         f = shard_map(body, mesh, specs, P())
         return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2)))
 
-    ours = make(fo_flax._sequence_parallel_matmul, fo_flax._row_scatter_matmul)
+    # (the last argument: the sequence dim, x's first)
+    ours = make(lambda h, a, ax: fo_flax._sequence_parallel_matmul(h, a, ax, 0),
+                lambda u, b, ax: fo_flax._row_scatter_matmul(u, b, ax, 0))
     ref = make(lambda h, a, ax: U.dot32(lax.all_gather(h, ax, axis=0, tiled=True), a),
                lambda u, b, ax: lax.psum_scatter(U.dot32(u, b), ax, scatter_dimension=0,
                                                  tiled=True))
