@@ -38,7 +38,8 @@ _OP = "jax_flashoverlap.column_parallel_matmul"
 def column_parallel_matmul(x, w, axis_name=None, *, transpose_w: bool = False,
                            sequence_dim: int = 0):
   """x [S, ..., K] @ w [K, N] with N sharded over one mesh axis and x's first dim sharded
-  over it too (sequence parallelism): all_gather(x, axis 0) @ w per device, overlapped.
+  over it too (sequence parallelism): all_gather(x, axis=sequence_dim) @ w per device,
+  overlapped.
 
   Returns the values of `x @ w`, with N sharded over the axis, x's first dim over the other
   mesh axes that shard it and x's other leading dims as they were (data parallel). x [M, K]
