@@ -94,3 +94,37 @@ def test_one_device_mesh_is_xla_dot():
         text = jax.jit(f).lower(x, w).compile().as_text()
         assert "flashoverlap_" not in text, "a custom call over one device"
         assert U.rel_fro(jax.jit(f)(x, w), _product32(x, w, False)) < U.TOL
+
+
+@requires_two
+@pytest.mark.parametrize("sequence_dim", [0, 1], ids=["S-B", "B-S"])
+def test_sequence_parallel_mlp_keeps_leading_dims(sequence_dim):
+    """Megatron's sequence-parallel MLP under jit on x [S, B, D] sharded on S over tp (or
+    [B, S, D] with sequence_dim=1): column_parallel_matmul's all-gather + GEMM and
+    row_parallel_matmul's GEMM + reduce-scatter are our custom calls, x is never flattened
+    to rows, the output comes back in x's layout, and the values equal float32's."""
+    import jax_flashoverlap as fo
+    mesh, n = _mesh(), U.N_GPUS
+    S, B, D, F = 1024 * n, 2, 1024, 2048 * n
+    shape = (S, B, D) if sequence_dim == 0 else (B, S, D)
+    x_spec = P("tp", None, None) if sequence_dim == 0 else P(None, "tp", None)
+    k = jax.random.split(jax.random.PRNGKey(53 + sequence_dim), 3)
+    x = _put(mesh, U.normal(k[0], shape), x_spec)
+    w1 = _put(mesh, U.normal(k[1], (D, F), D ** -0.5), P(None, "tp"))
+    w2 = _put(mesh, U.normal(k[2], (F, D), F ** -0.5), P("tp", None))
+
+    def mlp(x, w1, w2):
+        h = fo.column_parallel_matmul(x, w1, "tp", sequence_dim=sequence_dim)
+        h = jnp.tanh(h.astype(jnp.float32)).astype(U.BF16)
+        return fo.row_parallel_matmul(h, w2, "reduce_scatter", "tp", sequence_dim=sequence_dim)
+
+    f = jax.jit(mlp)
+    U.assert_custom_call(f, (x, w1, w2), "flashoverlap_all_gather_gemm")
+    U.assert_custom_call(f, (x, w1, w2), "flashoverlap_gemm_reduce_scatter")
+    y = f(x, w1, w2)
+    assert y.shape == shape
+    assert y.sharding.is_equivalent_to(NamedSharding(mesh, x_spec), 3), y.sharding
+    assert bool(jnp.all(jnp.isfinite(y)))
+    want = jax.jit(lambda x, w1, w2: U.dot32(jnp.tanh(U.dot32(x, w1)).astype(U.BF16), w2))(
+        x, w1, w2)
+    assert U.rel_fro(y, want) < U.TOL
