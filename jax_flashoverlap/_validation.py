@@ -82,14 +82,18 @@ def check_transpose_w(op: str, transpose_w) -> bool:
   return check_flag(op, "transpose_w", transpose_w, " (True: w is [N, K])")
 
 
-def check_sequence_dim(op: str, sequence_dim, x_ndim: int) -> int:
-  """sequence_dim: which leading dim of x [..., K] is sharded over the axis and gathered;
-  an int in [-(ndim - 1), ndim - 2] (negative counts from K's end, as numpy's, K excluded:
-  -1 is the last leading dim). Returns it non-negative."""
-  if isinstance(sequence_dim, (bool, np.bool_)) or not isinstance(sequence_dim,
-                                                                   (int, np.integer)):
-    raise TypeError(f"{op}: sequence_dim must be an int (a leading dim of x), "
+def check_sequence_dim(op: str, sequence_dim, x_ndim: int | None = None) -> int:
+  """sequence_dim: which leading dim of x [..., K] is sharded over the axis (gathered or
+  scattered); an int in [-(ndim - 1), ndim - 2] (negative counts from K's end, as numpy's, K
+  excluded: -1 is the last leading dim). Returns it non-negative. x_ndim None (x not known
+  yet, e.g. a layer's construction): any non-negative int."""
+  kind = "an int" if x_ndim is not None else "a non-negative int"
+  if isinstance(sequence_dim, (bool, np.bool_)) or \
+      not isinstance(sequence_dim, (int, np.integer)) or (x_ndim is None and sequence_dim < 0):
+    raise TypeError(f"{op}: sequence_dim must be {kind} (a leading dim of x), "
                     f"got {sequence_dim!r}")
+  if x_ndim is None:
+    return int(sequence_dim)
   lead = x_ndim - 1
   if not -lead <= sequence_dim < lead:
     raise ValueError(f"{op}: sequence_dim={sequence_dim} is not a leading dim of x "

@@ -116,10 +116,7 @@ class _Config:
     if self.row and self.sequence_parallel:
       raise ValueError(f"{self.layer}: sequence_parallel is for column layers; a row layer "
                        "returns sequence-sharded rows with reduce='reduce_scatter'")
-    if isinstance(self.sequence_dim, (bool, np.bool_)) or \
-        not isinstance(self.sequence_dim, (int, np.integer)) or self.sequence_dim < 0:
-      raise TypeError(f"{self.layer}: sequence_dim must be a non-negative int (a leading dim "
-                      f"of x), got {self.sequence_dim!r}")
+    _validation.check_sequence_dim(self.layer, self.sequence_dim)
     if self.sequence_dim and not (self.sequence_parallel or self.reduce == "reduce_scatter"):
       raise ValueError(f"{self.layer}: sequence_dim={self.sequence_dim} needs "
                        + ("reduce='reduce_scatter' (it names the dim that is scattered)"
@@ -485,7 +482,7 @@ class _LinenParallel(nn.Module):
   bias_init: tp.Callable = _default_bias_init
   overlap_backward: bool = False  # see ColumnParallelLinear / RowParallelLinear
   sequence_parallel: bool = False  # column layer only: see ColumnParallelLinear
-  sequence_dim: int = 0  # column layer with sequence_parallel: see ColumnParallelLinear
+  sequence_dim: int = 0  # column with sequence_parallel, row with reduce_scatter: see there
   kernel_axes: tp.Any = None  # logical names of the kernel's (in, out) dims
   _row: tp.ClassVar[bool] = True
 

@@ -79,7 +79,7 @@ def matmul_reduce_scatter(x, w, axis_name, *, comm_sms: int | None = None,
   """
   op = "jax_flashoverlap.matmul_reduce_scatter"
   transpose_w = _validation.check_transpose_w(op, transpose_w)
-  m, k, n = _validation.check_operands(op, x, w, transpose_w=transpose_w)
+  _, _, n = _validation.check_operands(op, x, w, transpose_w=transpose_w)
   world = _validation.check_axis_name(op, axis_name)
   _validation.check_comm_sms(op, comm_sms)
   dim = _validation.check_sequence_dim(op, sequence_dim, len(x.shape))

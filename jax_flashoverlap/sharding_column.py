@@ -57,13 +57,15 @@ def column_parallel_matmul(x, w, axis_name=None, *, transpose_w: bool = False,
   return refuse_vmap(_OP, _column_parallel_ad, x, w, axis_name, sequence_dim, transpose_w)
 
 
-def _layout(mesh, x, w, axis_name, sequence_dim, transpose_w):
-  """(the leading dims' spec entries without the gather axis, the gather axis or None,
-  whether x's sequence dim is sharded over it) from the operands' shardings."""
+def _layout(mesh, x, w, axis_name, transpose_w):
+  """(the leading dims' spec entries without the gather axis, the gather axis or None, the
+  leading dims of x sharded over it) from the operands' shardings."""
   x_spec, w_spec = decode_spec(mesh, x), decode_spec(mesh, w)
   axis = pick_axis(_OP, mesh, axis_name, _spec_axes(w_spec[0 if transpose_w else 1]), "N")
   lead = [tuple(a for a in _spec_axes(e) if a != axis) for e in x_spec[:-1]]
-  return lead, axis, axis is not None and axis in _spec_axes(x_spec[sequence_dim])
+  over_axis = [d for d, e in enumerate(x_spec[:-1])
+               if axis is not None and axis in _spec_axes(e)]
+  return lead, axis, over_axis
 
 
 def _out_sharding(mesh, lead, axis):
@@ -78,13 +80,14 @@ def _column_parallel(x, w, axis_name, sequence_dim, transpose_w):
 @safe_infer
 def _infer(axis_name, sequence_dim, transpose_w, mesh, arg_shapes, result_shape):
   x, w = arg_shapes
-  lead, axis, _ = _layout(mesh, x, w, axis_name, sequence_dim, transpose_w)
+  lead, axis, _ = _layout(mesh, x, w, axis_name, transpose_w)
   return _out_sharding(mesh, lead, axis)
 
 
 def _partition(axis_name, sequence_dim, transpose_w, mesh, arg_shapes, result_shape):
   x, w = arg_shapes
-  lead, axis, gathered = _layout(mesh, x, w, axis_name, sequence_dim, transpose_w)
+  lead, axis, over_axis = _layout(mesh, x, w, axis_name, transpose_w)
+  gathered = sequence_dim in over_axis
   x_lead = list(lead)
   if gathered:
     # The gather axis is the sequence dim's minor axis: gathering over it leaves each
@@ -96,8 +99,8 @@ def _partition(axis_name, sequence_dim, transpose_w, mesh, arg_shapes, result_sh
                        f"{x.shape[sequence_dim]}, shape {tuple(x.shape)}) must be divisible "
                        f"by the size {shards} of the mesh axes {x_lead[sequence_dim]} that "
                        "shard it")
-  else:
-    _warn_other_dim(mesh, x, axis, sequence_dim)
+  elif over_axis:
+    _warn_other_dim(x, axis, sequence_dim, over_axis[0])
   w_spec = P(axis, None) if transpose_w else P(None, axis)
   arg_shardings = (NamedSharding(mesh, P(*map(spec_entry, x_lead), None)),
                    NamedSharding(mesh, w_spec))
@@ -114,16 +117,12 @@ def _partition(axis_name, sequence_dim, transpose_w, mesh, arg_shapes, result_sh
   return mesh, lower, _out_sharding(mesh, lead, axis), arg_shardings
 
 
-def _warn_other_dim(mesh, x, axis, sequence_dim):
-  """x's sequence dim is not over the gather axis but another leading dim is: XLA gathers
-  x whole before a local dot, so nothing overlaps; say which sequence_dim would."""
-  spec = decode_spec(mesh, x)
-  other = [d for d, e in enumerate(spec[:-1]) if axis is not None and axis in _spec_axes(e)]
-  if other:
-    warnings.warn(f"{_OP}: x (shape {tuple(x.shape)}) has dim {other[0]} sharded over "
-                  f"{axis!r}, not its sequence_dim {sequence_dim}: XLA gathers x before a "
-                  f"local dot and nothing overlaps; pass sequence_dim={other[0]}",
-                  stacklevel=2)
+def _warn_other_dim(x, axis, sequence_dim, other):
+  """x's sequence dim is not over the gather axis but its dim `other` is: XLA gathers x
+  whole before a local dot, so nothing overlaps; say which sequence_dim would."""
+  warnings.warn(f"{_OP}: x (shape {tuple(x.shape)}) has dim {other} sharded over "
+                f"{axis!r}, not its sequence_dim {sequence_dim}: XLA gathers x before a "
+                f"local dot and nothing overlaps; pass sequence_dim={other}", stacklevel=2)
 
 
 def _sdy_rule(axis_name, sequence_dim, transpose_w, mesh, value_types, result_types):
