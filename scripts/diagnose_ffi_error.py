@@ -17,6 +17,9 @@ Cases (flashoverlap_gemm called through jax.ffi unless said otherwise):
                        call again (the handler finds no communicator)
   gemm_launch_error    fo.matmul (our lowering), FLASHOVERLAP_GEMM_EPILOGUE=snyc set after
                        compiling: the launcher refuses it after work was queued on the stream
+  ar_comm_sms_differs  flashoverlap_gemm_all_reduce through jax.ffi on an existing communicator
+                       with a comm_sms other than its CTA cap
+  collective_bad_flag  flashoverlap_collective through jax.ffi with reduce_scatter = 2
 With LD_PRELOAD=segv_backtrace.so (tests/cuda/segv_backtrace.c) a crashing child's native
 stack is shown too.
 """
@@ -88,6 +91,21 @@ elif case == "gemm_launch_error":
     os.environ["FLASHOVERLAP_GEMM_EPILOGUE"] = "snyc"
     attempt(f, x, w)
     del os.environ["FLASHOVERLAP_GEMM_EPILOGUE"]
+elif case in ("ar_comm_sms_differs", "collective_bad_flag"):
+    attempt(all_reduce(), x, w)  # makes the communicator
+    (c,) = fo.comm.list_communicators()
+    common = dict(comm_id=np.int64(c["comm_id"]), world_size=np.int32(1))
+    out = jax.ShapeDtypeStruct((512, 512), jnp.bfloat16)
+    if case == "ar_comm_sms_differs":
+        f = jax.ffi.ffi_call("flashoverlap_gemm_all_reduce", out)
+        attempt(jax.jit(lambda a, b: f(a, b, comm_sms=np.int32(c["comm_sms"] + 2),
+                                       transpose_w=np.int32(0), poison_outputs=np.int32(0),
+                                       band_rows=np.asarray([0, 512], np.int32),
+                                       in_place=np.int32(0), **common)), x, w)
+    else:
+        f = jax.ffi.ffi_call("flashoverlap_collective", out)
+        attempt(jax.jit(lambda a: f(a, reduce_scatter=np.int32(2), num_groups=np.int32(1),
+                                    **common)), x)
 attempt(gemm(), x, w)  # the process is still usable
 attempt(all_reduce(), x, w)
 print("child done", flush=True)
@@ -103,6 +121,8 @@ EXPECTED = {
     "ar_no_comm_ffi": ["raised"],
     "ar_no_comm_prim": ["finite", "raised"],
     "gemm_launch_error": ["raised"],
+    "ar_comm_sms_differs": ["finite", "raised"],
+    "collective_bad_flag": ["finite", "raised"],
 }
 
 

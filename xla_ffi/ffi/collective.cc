@@ -24,6 +24,8 @@ ffi::Error CollectiveImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer y,
   const char* op = "flashoverlap_collective";
   Communicator* comm = FindCommunicator(comm_id, device);
   FO_RETURN_IF_ERROR(CheckCommunicator(op, comm, world_size, comm_id, device));
+  FO_CHECK_ARG(reduce_scatter == 0 || reduce_scatter == 1,
+               op << ": reduce_scatter must be 0 or 1, got " << reduce_scatter);
   auto dtype = y.element_type();
   FO_CHECK_ARG(dtype == ffi::DataType::BF16 || dtype == ffi::DataType::F16,
                op << ": y must be bfloat16 or float16");

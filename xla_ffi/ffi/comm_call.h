@@ -50,6 +50,15 @@ inline ffi::Error CheckCommunicator(const char* op, const Communicator* comm, in
   return ffi::Error::Success();
 }
 
+// The GEMM leaves free the SMs the communicator's NCCL kernels are capped to (comm_id names
+// both; a hand-built call could still split them).
+inline ffi::Error CheckCommSms(const char* op, const Communicator* comm, int32_t comm_sms) {
+  FO_CHECK_ARG(comm_sms == comm->comm_sms,
+               op << ": comm_sms " << comm_sms << " differs from the communicator's CTA cap "
+                  << comm->comm_sms << " (comm_id " << comm->comm_id << ")");
+  return ffi::Error::Success();
+}
+
 // A failed Status of the framework-free layer (its message names the op) as ffi::Error.
 inline ffi::Error ToFfiError(const Status& status) {
   if (status.ok()) return ffi::Error::Success();

@@ -78,6 +78,7 @@ ffi::Error GemmAllToAllImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
   AllToAllShape s;
   FO_RETURN_IF_ERROR(ValidateA2a(comm, x, w, *out, world_size, split_axis, concat_axis,
                                  band_rows, comm_id, device, transpose_w, &s));
+  FO_RETURN_IF_ERROR(CheckCommSms(kOp, comm, comm_sms));
   FO_RETURN_IF_ERROR(PoisonResults(kOp, poison_outputs, stream, {&*out}));
   const int groups = static_cast<int>(band_rows.size()) - 1;
   // out: the workspace, taken by the call under its lock.

@@ -32,9 +32,10 @@ const char* OpName(Collective kind) {
 ffi::Error Validate(Collective kind, const Communicator* comm, ffi::AnyBuffer x, ffi::AnyBuffer w,
                     const ffi::AnyBuffer& out, int32_t world_size,
                     ffi::Span<const int32_t> band_rows, int64_t comm_id, int device,
-                    int32_t transpose_w) {
+                    int32_t transpose_w, int32_t comm_sms) {
   const char* op = OpName(kind);
   FO_RETURN_IF_ERROR(CheckCommunicator(op, comm, world_size, comm_id, device));
+  FO_RETURN_IF_ERROR(CheckCommSms(op, comm, comm_sms));
   FO_RETURN_IF_ERROR(CheckGemmOperands(op, x, w, out, transpose_w));
   const int64_t m = x.dimensions()[0], n = GemmN(w, transpose_w);
   auto od = out.dimensions();
@@ -63,7 +64,7 @@ ffi::Error GemmCollective(Collective kind, cudaStream_t stream, int32_t device, 
                           bool in_place) {
   Communicator* comm = FindCommunicator(comm_id, device);
   FO_RETURN_IF_ERROR(Validate(kind, comm, x, w, *out, world_size, band_rows, comm_id, device,
-                              transpose_w));
+                              transpose_w, comm_sms));
   FO_RETURN_IF_ERROR(PoisonResults(OpName(kind), poison_outputs, stream, {&*out}));
   const int groups = static_cast<int>(band_rows.size()) - 1;
   SignalingGemmArgs gemm =
