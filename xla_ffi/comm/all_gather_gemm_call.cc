@@ -103,7 +103,7 @@ Status RunAllGatherGemm(Communicator& comm, cudaStream_t stream, const void* x, 
                         int chunks, SignalingGemmArgs gemm, void* out, void* gathered_out,
                         bool poison_workspace, const char* op) {
   std::lock_guard<std::mutex> lock(comm.call_mutex);
-  FO_RETURN_IF_NOT_OK(CheckNotAborted(comm, op));
+  FO_RETURN_IF_NOT_OK(BeginCall(comm, stream, op));
   const int n = comm.world_size, rank = comm.rank;
   const int64_t k = gemm.k;
   const size_t block_bytes = static_cast<size_t>(rows * k) * 2;

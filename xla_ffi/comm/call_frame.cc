@@ -6,6 +6,19 @@
 
 namespace flashoverlap {
 
+Status BeginCall(const Communicator& comm, cudaStream_t stream, const char* op) {
+  if (comm.destroyed.load()) {
+    return Status::Error(std::string(op) + ": the communicator (comm_id " +
+                         std::to_string(comm.comm_id) + ", device " +
+                         std::to_string(comm.device) + ") was destroyed "
+                         "(jax_flashoverlap.comm.destroy_communicators); lower the op again");
+  }
+  FO_RETURN_IF_NOT_OK(CheckNotAborted(comm, op));
+  // On the stream of every call so far, a wait for work already done: nothing to wait for.
+  FO_RETURN_IF_CUDA(cudaStreamWaitEvent(stream, comm.call_done, 0));
+  return Status::Ok();
+}
+
 Status StartCall(Communicator& comm, cudaStream_t stream, int counters, bool copies) {
   if (counters > 0) {
     FO_RETURN_IF_CUDA(cudaMemsetAsync(comm.counters, 0, sizeof(int32_t) * counters, stream));

@@ -18,6 +18,13 @@ inline ncclDataType_t NcclType(GemmDType dtype) {
   return dtype == GemmDType::kBFloat16 ? ncclBfloat16 : ncclFloat16;
 }
 
+// The first step of every call, under comm.call_mutex: refuses a destroyed communicator (a
+// handler that found it just before DestroyCommunicators) or one the watchdog aborted, and
+// orders `stream` after the communicator's previous call (its call_done): the counters, tile
+// queue and workspace are the communicator's, one call at a time, even should two calls come
+// on different streams.
+Status BeginCall(const Communicator& comm, cudaStream_t stream, const char* op);
+
 // Resets the first `counters` counters on `stream` (0: none), then orders our comm stream
 // (and the copy stream when `copies`) after everything queued on `stream` so far.
 Status StartCall(Communicator& comm, cudaStream_t stream, int counters, bool copies);

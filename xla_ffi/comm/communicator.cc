@@ -65,45 +65,105 @@ Status FreeWorkspaceBuffer(Communicator& c) {
   return NcclStatus(ncclMemFree(c.workspace), "ncclMemFree");
 }
 
+bool AnyAborted(const std::vector<Communicator*>& comms) {
+  return std::any_of(comms.begin(), comms.end(), [](Communicator* c) {
+    return c->aborted.load() || (c->abort_flag != nullptr && *c->abort_flag != 0);
+  });
+}
+
+// Deregisters and frees every member's workspace once the devices are idle, going on past a
+// failure (the first is returned): an aborted communicator took its window along, but its
+// buffer is freed all the same; a member whose window could not be deregistered keeps its
+// buffer (NCCL may still map it).
 Status ReleaseWorkspaces(const std::vector<Communicator*>& comms) {
   for (Communicator* c : comms) {
     FO_RETURN_IF_CUDA(cudaSetDevice(c->device));
     FO_RETURN_IF_CUDA(cudaDeviceSynchronize());  // nothing may still use the old buffer
   }
-  if (std::any_of(comms.begin(), comms.end(), [](Communicator* c) { return c->aborted.load(); })) {
-    return Status::Error("a communicator of this group was aborted by the watchdog; "
-                         "restart the process");
+  Status first = Status::Ok();
+  auto keep = [&first](Status s) {
+    if (first.ok() && !s.ok()) first = s;
+  };
+  std::vector<bool> still_registered(comms.size(), false);
+  keep(NcclStatus(ncclGroupStart(), "ncclGroupStart"));
+  for (size_t i = 0; i < comms.size(); ++i) {
+    Communicator* c = comms[i];
+    if (c->window == nullptr || c->comm == nullptr || c->aborted.load()) continue;
+    Status s = NcclStatus(ncclCommWindowDeregister(c->comm, c->window),
+                          "ncclCommWindowDeregister");
+    still_registered[i] = !s.ok();
+    keep(s);
+  }
+  keep(NcclStatus(ncclGroupEnd(), "ncclGroupEnd (ncclCommWindowDeregister)"));
+  for (size_t i = 0; i < comms.size(); ++i) {
+    Communicator* c = comms[i];
+    if (still_registered[i]) continue;
+    c->window = nullptr;
+    if (c->workspace != nullptr) keep(FreeWorkspaceBuffer(*c));
+    c->workspace = nullptr;
+    c->workspace_bytes = 0;
+  }
+  return first;
+}
+
+// Whether every rank of every member's group succeeded (`local_ok` here): one ncclMin of an
+// int over each communicator, its counters (idle: no call runs during creation or a growth)
+// as the scratch. A rank that failed alone would otherwise leave its peers waiting in the
+// collective window registration, holding their call mutexes (or, point-to-point, running
+// calls it never joins): now every rank drops its workspace alike. Across processes this
+// relies on every rank reaching it (each one's EnsureWorkspace follows the same barrier).
+Status AgreeAll(const std::vector<Communicator*>& comms, bool local_ok, bool* all_ok) {
+  for (Communicator* c : comms) {
+    FO_RETURN_IF_CUDA(cudaSetDevice(c->device));
+    // The counters' zeroing at creation ran on the legacy stream, which our non-blocking
+    // stream does not follow.
+    FO_RETURN_IF_CUDA(cudaDeviceSynchronize());
+    FO_RETURN_IF_CUDA(cudaMemsetAsync(c->counters, local_ok ? 1 : 0, sizeof(int32_t), c->stream));
   }
   FO_RETURN_IF_NCCL(ncclGroupStart());
   for (Communicator* c : comms) {
-    if (c->window != nullptr && c->comm != nullptr) {  // an aborted comm took its window along
-      ncclResult_t res = ncclCommWindowDeregister(c->comm, c->window);
-      if (res != ncclSuccess) {
-        ncclGroupEnd();
-        return NcclStatus(res, "ncclCommWindowDeregister");
-      }
+    ncclResult_t res = ncclAllReduce(c->counters, c->counters, 1, ncclInt32, ncclMin, c->comm,
+                                     c->stream);
+    if (res != ncclSuccess) {
+      ncclGroupEnd();
+      return NcclStatus(res, "ncclAllReduce (workspace agreement)");
     }
   }
   FO_RETURN_IF_NCCL(ncclGroupEnd());
+  *all_ok = true;
   for (Communicator* c : comms) {
-    c->window = nullptr;
-    if (c->workspace != nullptr) FO_RETURN_IF_NOT_OK(FreeWorkspaceBuffer(*c));
-    c->workspace = nullptr;
-    c->workspace_bytes = 0;
+    int32_t agreed = 0;
+    FO_RETURN_IF_CUDA(cudaSetDevice(c->device));
+    FO_RETURN_IF_CUDA(cudaMemcpyAsync(&agreed, c->counters, sizeof(int32_t),
+                                      cudaMemcpyDeviceToHost, c->stream));
+    FO_RETURN_IF_CUDA(cudaMemsetAsync(c->counters, 0, sizeof(int32_t), c->stream));
+    FO_RETURN_IF_CUDA(cudaStreamSynchronize(c->stream));
+    if (agreed == 0) *all_ok = false;
   }
   return Status::Ok();
 }
 
 // Collectives: ncclMemAlloc + a symmetric window, for all comms together (registration is
-// collective over each communicator's group). Point-to-point: cudaMalloc (communicator.h).
+// collective over each communicator's group), once every rank has its buffer (AgreeAll).
+// Point-to-point: cudaMalloc (communicator.h).
 Status AllocateAndRegister(const std::vector<Communicator*>& comms, size_t bytes) {
+  Status local = Status::Ok();
   for (Communicator* c : comms) {
-    FO_RETURN_IF_CUDA(cudaSetDevice(c->device));
-    if (c->peer_to_peer) {
-      FO_RETURN_IF_CUDA(cudaMalloc(&c->workspace, bytes));
-    } else {
-      FO_RETURN_IF_NCCL(ncclMemAlloc(&c->workspace, bytes));
+    local = CudaStatus(cudaSetDevice(c->device), "cudaSetDevice");
+    if (local.ok() && c->peer_to_peer) {
+      local = CudaStatus(cudaMalloc(&c->workspace, bytes), "cudaMalloc");
+    } else if (local.ok()) {
+      local = NcclStatus(ncclMemAlloc(&c->workspace, bytes), "ncclMemAlloc");
     }
+    if (!local.ok()) break;
+  }
+  cudaGetLastError();  // a failed allocation is in `local`; the agreement must not see it
+  bool all_ok = false;
+  FO_RETURN_IF_NOT_OK(AgreeAll(comms, local.ok(), &all_ok));
+  if (!local.ok()) return local;
+  if (!all_ok) {
+    return Status::Error("another rank of the group could not allocate its " +
+                         std::to_string(bytes) + "-byte workspace (its own error names why)");
   }
   if (!std::all_of(comms.begin(), comms.end(), [](Communicator* c) { return c->peer_to_peer; })) {
     FO_RETURN_IF_NCCL(ncclGroupStart());
@@ -207,6 +267,28 @@ Status ReleaseOne(Communicator& c, bool abort) {
   return first;
 }
 
+// Marks members held by EnsureWorkspace / DestroyCommunicators while in scope: the watchdog's
+// abort waits for their mutexes instead of going ahead after its usual second (watchdog.cc).
+class AdminHold {
+ public:
+  explicit AdminHold(const std::vector<Communicator*>& comms) : comms_(comms) {
+    for (Communicator* c : comms_) c->admin_holds = true;
+  }
+  ~AdminHold() {
+    for (Communicator* c : comms_) c->admin_holds = false;
+  }
+
+ private:
+  const std::vector<Communicator*>& comms_;
+};
+
+// Destroyed communicators, kept (communicator.h: `destroyed`); small, and made a few times per
+// process at most.
+std::vector<std::unique_ptr<Communicator>>& Graveyard() {
+  static auto* graveyard = new std::vector<std::unique_ptr<Communicator>>();
+  return *graveyard;
+}
+
 // Creation failed after NCCL's init: nothing of `made` stays behind (best effort).
 Status Discard(std::vector<std::unique_ptr<Communicator>>& made, Status failure) {
   for (auto& c : made) {
@@ -307,16 +389,7 @@ Status EnsureWorkspace(int64_t comm_id, size_t bytes) {
   bool enough = std::all_of(comms.begin(), comms.end(),
                             [&](Communicator* c) { return c->workspace_bytes >= bytes; });
   if (enough) return Status::Ok();
-  // The watchdog's abort waits for the members' mutexes while this holds them (watchdog.cc).
-  struct Growing {
-    const std::vector<Communicator*>& comms;
-    explicit Growing(const std::vector<Communicator*>& c) : comms(c) {
-      for (Communicator* m : comms) m->growing = true;
-    }
-    ~Growing() {
-      for (Communicator* m : comms) m->growing = false;
-    }
-  } growing(comms);
+  AdminHold hold(comms);
   // No call in flight and none starting until the new buffers are in place (quiesce.h); the
   // device synchronization in ReleaseWorkspaces then waits only for work that can finish.
   CallLocks calls;
@@ -327,6 +400,10 @@ Status EnsureWorkspace(int64_t comm_id, size_t bytes) {
   }
   DeviceScope restore_device;
   Status released = ReleaseWorkspaces(comms);
+  if (released.ok() && AnyAborted(comms)) {
+    released = Status::Error("a communicator of this group was aborted by the watchdog; "
+                             "restart the process");
+  }
   if (!released.ok()) return DropWorkspaces(comms, released);
   return AllocateWorkspaces(comms, RoundWorkspace(bytes));
 }
@@ -384,16 +461,35 @@ Status DestroyCommunicators(int64_t comm_id) {
   std::lock_guard<std::mutex> admin(AdminMutex());
   std::vector<Communicator*> comms = LocalMembers(comm_id);
   if (comms.empty()) return Status::Ok();
+  AdminHold hold(comms);
+  // No call in flight and none starting while what calls use is freed (quiesce.h). After a
+  // watchdog abort calls may never drain; NCCL's kernels were let go, so the device
+  // synchronization in ReleaseWorkspaces ends: only the mutexes are needed then.
+  CallLocks calls;
+  Status quiet = QuiesceMembers(comms, kDestroyWaitSeconds, &calls);
+  if (!quiet.ok() && !AnyAborted(comms)) {
+    return Status::Error("destroying the communicators of comm_id " + std::to_string(comm_id) +
+                         ": " + quiet.message);
+  }
+  if (!quiet.ok()) calls = LockMembers(comms);
+  {
+    // Out of the registry first (FindCommunicator: none), kept alive in the graveyard.
+    std::lock_guard<std::mutex> lock(RegistryMutex());
+    for (auto it = Registry().begin(); it != Registry().end();) {
+      if (comm_id == 0 || it->first.first == comm_id) {
+        Graveyard().push_back(std::move(it->second));
+        it = Registry().erase(it);
+      } else {
+        it = std::next(it);
+      }
+    }
+  }
+  for (Communicator* c : comms) c->destroyed = true;  // handlers that found one refuse
   DeviceScope restore_device;
-  Status released = ReleaseWorkspaces(comms);
-  Status first_error = released;
+  Status first_error = ReleaseWorkspaces(comms);
   for (Communicator* c : comms) {
     Status s = ReleaseOne(*c, /*abort=*/false);
     if (first_error.ok() && !s.ok()) first_error = s;
-  }
-  std::lock_guard<std::mutex> lock(RegistryMutex());
-  for (auto it = Registry().begin(); it != Registry().end();) {
-    it = (comm_id == 0 || it->first.first == comm_id) ? Registry().erase(it) : std::next(it);
   }
   return first_error;
 }

@@ -51,7 +51,7 @@ struct Communicator {
   // NCCL_LOCAL_REGISTER=0; benchmarks/results/logs/a2a_register_hang_055d72c/).
   // Read by a call only under call_mutex (UseWorkspace), swapped by EnsureWorkspace only under
   // every member's call_mutex with no call in flight (quiesce.h); freed by
-  // DestroyCommunicators, which must not run while calls may (exit, or the user's call).
+  // DestroyCommunicators the same way.
   void* workspace = nullptr;
   bool peer_to_peer = false;
   size_t workspace_bytes = 0;
@@ -64,9 +64,14 @@ struct Communicator {
   volatile int* abort_flag = nullptr;   // host-mapped; set by the watchdog, read by kernels
   cudaEvent_t watch_started = nullptr;  // the current call's start (WatchStart .. WatchCall)
   std::atomic<bool> aborted{false};     // ncclCommAbort'ed: `comm` is gone
-  // EnsureWorkspace holds call_mutex to swap the workspace (window registration included):
-  // the watchdog's abort waits for it instead of going ahead after its usual second.
-  std::atomic<bool> growing{false};
+  // EnsureWorkspace (swapping the workspace, window registration included) or
+  // DestroyCommunicators holds call_mutex: the watchdog's abort waits for it instead of going
+  // ahead after its usual second.
+  std::atomic<bool> admin_holds{false};
+  // DestroyCommunicators released what this communicator owned. The object itself is kept
+  // (never freed): a handler that found it just before may still lock call_mutex, and then
+  // refuses (BeginCall); a watchdog abort that fired just before returns.
+  std::atomic<bool> destroyed{false};
   bool p2p_connected = false;           // ConnectPeers done
 };
 
@@ -111,7 +116,12 @@ Communicator* FindCommunicator(int64_t comm_id, int device);
 
 bool HasCommunicators(int64_t comm_id);
 
-// Destroys every communicator of comm_id (or all when comm_id == 0). Safe to call twice.
+// Destroys every communicator of comm_id (or all when comm_id == 0). Safe to call twice, and
+// while other threads run calls: it first waits (at most kDestroyWaitSeconds) until none of
+// their calls is in flight and holds them off (quiesce.h), as EnsureWorkspace does; calls
+// after it refuse (no communicator). After a watchdog abort it frees what it can. Best
+// effort: goes on past a failure and returns the first.
+constexpr double kDestroyWaitSeconds = 60;
 Status DestroyCommunicators(int64_t comm_id);
 
 struct CommunicatorSummary {

@@ -57,7 +57,7 @@ Status RunGemmCollective(Communicator& comm, cudaStream_t stream, CollectiveKind
                          SignalingGemmArgs gemm, void* result, bool poison_workspace,
                          const char* op) {
   std::lock_guard<std::mutex> lock(comm.call_mutex);
-  FO_RETURN_IF_NOT_OK(CheckNotAborted(comm, op));
+  FO_RETURN_IF_NOT_OK(BeginCall(comm, stream, op));
   // gemm.out == result: the GEMM writes `result` itself, an all-reduce in place on XLA's
   // output (no workspace, no copies). A reduce-scatter's result is smaller than the GEMM's
   // output: never in place.
@@ -104,7 +104,7 @@ Status RunCollectiveOnly(Communicator& comm, cudaStream_t stream, CollectiveKind
                          int64_t m, int64_t n, GemmDType dtype, int groups, void* result,
                          const char* op) {
   std::lock_guard<std::mutex> lock(comm.call_mutex);
-  FO_RETURN_IF_NOT_OK(CheckNotAborted(comm, op));
+  FO_RETURN_IF_NOT_OK(BeginCall(comm, stream, op));
   const bool copies = kind == CollectiveKind::kAllReduce;
   char* workspace = nullptr;
   FO_RETURN_IF_NOT_OK(UseWorkspace(comm, stream, static_cast<size_t>(m) * n * 2,

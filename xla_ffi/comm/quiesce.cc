@@ -10,29 +10,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Locks every member's call mutex: blocks on one while holding none, try-locks the others,
-// and on a miss lets go of all and starts again from the busy one (std::lock's scheme).
-CallLocks LockAll(const std::vector<Communicator*>& comms) {
-  size_t first = 0;
-  for (;;) {
-    CallLocks locks;
-    locks.emplace_back(comms[first]->call_mutex);
-    size_t busy = comms.size();
-    for (size_t i = 0; i < comms.size() && busy == comms.size(); ++i) {
-      if (i == first) continue;
-      std::unique_lock<std::mutex> lock(comms[i]->call_mutex, std::try_to_lock);
-      if (lock.owns_lock()) {
-        locks.push_back(std::move(lock));
-      } else {
-        busy = i;
-      }
-    }
-    if (busy == comms.size()) return locks;
-    first = busy;
-    std::this_thread::yield();
-  }
-}
-
 // Whether every member's last call has finished on the GPU (its call_done is complete).
 Status AllIdle(const std::vector<Communicator*>& comms, bool* idle, int* busy_device) {
   *idle = true;
@@ -55,6 +32,30 @@ Status AllIdle(const std::vector<Communicator*>& comms, bool* idle, int* busy_de
 
 }  // namespace
 
+// Blocks on one member's mutex while holding none, try-locks the others, and on a miss lets go
+// of all and starts again from the busy one (std::lock's scheme).
+CallLocks LockMembers(const std::vector<Communicator*>& comms) {
+  size_t first = 0;
+  for (;;) {
+    CallLocks locks;
+    if (comms.empty()) return locks;
+    locks.emplace_back(comms[first]->call_mutex);
+    size_t busy = comms.size();
+    for (size_t i = 0; i < comms.size() && busy == comms.size(); ++i) {
+      if (i == first) continue;
+      std::unique_lock<std::mutex> lock(comms[i]->call_mutex, std::try_to_lock);
+      if (lock.owns_lock()) {
+        locks.push_back(std::move(lock));
+      } else {
+        busy = i;
+      }
+    }
+    if (busy == comms.size()) return locks;
+    first = busy;
+    std::this_thread::yield();
+  }
+}
+
 Status QuiesceMembers(const std::vector<Communicator*>& comms, double timeout_seconds,
                       CallLocks* locks) {
   locks->clear();
@@ -67,7 +68,7 @@ Status QuiesceMembers(const std::vector<Communicator*>& comms, double timeout_se
   auto hold = std::chrono::milliseconds(1);
   int busy_device = -1;
   for (;;) {
-    *locks = LockAll(comms);
+    *locks = LockMembers(comms);
     const auto until = std::min(Clock::now() + hold, deadline);
     for (;;) {
       bool idle = false;

@@ -1,6 +1,6 @@
 // Waiting until no call of a group's local communicators is in flight, and holding them so:
-// what growing their workspaces needs (EnsureWorkspace), with programs possibly running on
-// other threads.
+// what growing their workspaces (EnsureWorkspace) or destroying them (DestroyCommunicators)
+// needs, with programs possibly running on other threads.
 //
 // A call reads its communicator's workspace under comm.call_mutex (UseWorkspace), and records
 // comm.call_done on the compute stream once everything it enqueued has joined back
@@ -31,5 +31,9 @@ using CallLocks = std::vector<std::unique_lock<std::mutex>>;
 // the members were not idle at once within `timeout_seconds` (checked between rounds).
 Status QuiesceMembers(const std::vector<Communicator*>& comms, double timeout_seconds,
                       CallLocks* locks);
+
+// Every member's call mutex, without waiting for their calls on the GPU (never blocking on one
+// mutex while holding another): after a watchdog abort, when calls may never drain.
+CallLocks LockMembers(const std::vector<Communicator*>& comms);
 
 }  // namespace flashoverlap

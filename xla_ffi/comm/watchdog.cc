@@ -183,13 +183,15 @@ class Watchdog {
     *comm.abort_flag = 1;
     std::atomic_thread_fence(std::memory_order_seq_cst);
     // Not while a handler is enqueueing on this communicator (it returns quickly), nor while a
-    // workspace growth holds it (it may be registering a window on this comm): a growth sees
-    // the flag set above and gives up while it still waits for calls (quiesce.cc).
+    // workspace growth or a destroy holds it (it may be registering a window on this comm, or
+    // releasing it): a growth sees the flag set above and gives up while it still waits for
+    // calls (quiesce.cc); a destroy goes on without waiting for calls, and then nothing is
+    // left to abort.
     std::unique_lock<std::mutex> lock(comm.call_mutex, std::defer_lock);
-    for (int i = 0; (i < 50 || comm.growing.load()) && !lock.try_lock(); ++i) {
+    for (int i = 0; (i < 50 || comm.admin_holds.load()) && !lock.try_lock(); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    if (comm.aborted.exchange(true)) return;
+    if (comm.destroyed.load() || comm.aborted.exchange(true)) return;
     cudaSetDevice(comm.device);
     ncclResult_t res = ncclCommAbort(comm.comm);
     if (res != ncclSuccess) {
@@ -216,13 +218,11 @@ Status InitWatchdog(Communicator& comm) {
   return Status::Ok();
 }
 
+// The abort flag's host page stays: an abort that fired just before (its thread detached)
+// sets the flag before it can see that the communicator was destroyed.
 Status FreeWatchdog(Communicator& comm) {
   Watchdog::Get().Forget(&comm);
   WatchAbandon(comm);
-  if (comm.abort_flag != nullptr) {
-    FO_RETURN_IF_CUDA(cudaFreeHost(const_cast<int*>(comm.abort_flag)));
-    comm.abort_flag = nullptr;
-  }
   return Status::Ok();
 }
 

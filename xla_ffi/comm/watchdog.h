@@ -34,7 +34,7 @@ constexpr double kExitGraceSeconds = 10.0;
 
 // Allocates the abort flag of `comm` when comm.watchdog_seconds > 0 (creation time).
 Status InitWatchdog(Communicator& comm);
-// Frees it (destruction time).
+// Stops watching its calls (destruction time); the flag's page is kept (watchdog.cc).
 Status FreeWatchdog(Communicator& comm);
 
 // At the start of a call: an error if the watchdog has aborted this communicator.
