@@ -223,7 +223,7 @@ def gemm_end_fn(collective: str, m: int, n: int, world: int, comm_sms: int, unit
   kern = kernel_geometry(m, n, comm_sms)
   step = kern.rows_per_unit
   n_tiles = math.ceil(n / kern.block_n)
-  end = gemm_waves(m, n, comm_sms, k)
+  end = gemm_waves(m, n, comm_sms, k, blocks)
   return lambda r: min(math.ceil(blocks * math.ceil(r / step) * n_tiles / kern.grid),
                        end) * unit_time
 
@@ -275,13 +275,21 @@ def split_tail(units: int, clusters: int, k_tiles: int, max_slots: int) -> tuple
   return (c + r, chunks, length)
 
 
-def gemm_waves(m: int, n: int, comm_sms: int, k: int | None = None) -> float:
-  """Waves of the persistent grid over the whole GEMM (the kernel's work units), in unit
-  times. Given the per-device K, the split tail counts: the last two waves take
-  (clusters + R) / clusters unit times instead of 2 (e.g. 8192 x 8192 on 124 SMs: 16.5, not
-  17); k None: whole units (an int)."""
+def gemm_units(m: int, n: int, comm_sms: int, blocks: int = 1) -> int:
+  """Work units the kernel runs (tile_schedule.h CountUnits): each of `blocks` rank blocks
+  (reduce-scatter: the world size) of m / blocks rows is cut into cluster rows on its own, so
+  a block whose rows are not a multiple of the unit rows ends in a partial unit of its own."""
   kern = kernel_geometry(m, n, comm_sms)
-  units = math.ceil(m / kern.rows_per_unit) * math.ceil(n / kern.block_n)
+  return blocks * math.ceil(m // blocks / kern.rows_per_unit) * math.ceil(n / kern.block_n)
+
+
+def gemm_waves(m: int, n: int, comm_sms: int, k: int | None = None, blocks: int = 1) -> float:
+  """Waves of the persistent grid over the whole GEMM (the kernel's work units, gemm_units:
+  `blocks` rank blocks), in unit times. Given the per-device K, the split tail counts: the
+  last two waves take (clusters + R) / clusters unit times instead of 2 (e.g. 8192 x 8192 on
+  124 SMs: 16.5, not 17); k None: whole units (an int)."""
+  kern = kernel_geometry(m, n, comm_sms)
+  units = gemm_units(m, n, comm_sms, blocks)
   whole = math.ceil(units / kern.grid)
   if k is None or not split_tail_enabled():
     return whole
@@ -292,33 +300,34 @@ def gemm_waves(m: int, n: int, comm_sms: int, k: int | None = None) -> float:
   return (units - split) / kern.grid + length / k_tiles
 
 
-def wave_aligned_comm_sms(m: int, n: int, comm_sms: int, limit: int, k: int | None = None) -> int:
+def wave_aligned_comm_sms(m: int, n: int, comm_sms: int, limit: int, k: int | None = None,
+                          blocks: int = 1) -> int:
   """The most SMs, up to `limit`, that can be left to NCCL without costing the GEMM anything
   more than `comm_sms` does: same tile shape, same waves of its persistent grid (gemm_waves;
   with k, the split tail's fractional waves, which rarely stay equal: where the kernel splits
   its tail, SMs are no longer free). Why: a partial last wave of whole units leaves SMs idle,
   which are then free for the collective; e.g. at 4096 x 8192 (512 cluster units) with whole
   units 8 to 18 SMs left all take 9 waves (`bench gemm` on one H200, d3c65a9: 0.864 vs 0.861
-  of XLA at 8 vs 16)."""
-  kern, waves = kernel_geometry(m, n, comm_sms), gemm_waves(m, n, comm_sms, k)
+  of XLA at 8 vs 16). blocks: the rank blocks of the group layout (gemm_units)."""
+  kern, waves = kernel_geometry(m, n, comm_sms), gemm_waves(m, n, comm_sms, k, blocks)
   best = comm_sms
   for c in range(comm_sms + 1, min(limit, NUM_SMS - 2) + 1):
     other = kernel_geometry(m, n, c)
     if (other.block_m, other.block_n, other.cluster_m) != (
-        kern.block_m, kern.block_n, kern.cluster_m) or gemm_waves(m, n, c, k) > waves:
+        kern.block_m, kern.block_n, kern.cluster_m) or gemm_waves(m, n, c, k, blocks) > waves:
       break
     best = c
   return best
 
 
 def raised_comm_sms_candidates(m: int, n: int, candidates, limit: int,
-                               k: int | None = None) -> list:
+                               k: int | None = None, blocks: int = 1) -> list:
   """`candidates` and each raised to its wave boundary (at most `limit`, never below itself):
-  the comm_sms values a cost model compares for a GEMM of m x n (x k: the split tail). Both
-  are kept, since the raised one is not always better (fewer clusters finish the early
-  groups later)."""
+  the comm_sms values a cost model compares for a GEMM of m x n (x k: the split tail; in
+  `blocks` rank blocks). Both are kept, since the raised one is not always better (fewer
+  clusters finish the early groups later)."""
   return sorted({s for c in candidates
-                 for s in (c, wave_aligned_comm_sms(m, n, c, max(c, limit), k))})
+                 for s in (c, wave_aligned_comm_sms(m, n, c, max(c, limit), k, blocks))})
 
 
 def calibrated_ctas(collective: str, profile: MachineProfile) -> int:
@@ -351,7 +360,8 @@ def default_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: 
     candidates = (profile.comm_sms,)
   else:  # raised within the CTA counts the bandwidth table was measured at
     candidates = raised_comm_sms_candidates(m, n, profile.comm_sms_candidates,
-                                            calibrated_ctas(collective, profile), k)
+                                            calibrated_ctas(collective, profile), k,
+                                            world if collective == "reduce_scatter" else 1)
   plans = [_best_bands(collective, m, n, k, world, itemsize, profile, sms) for sms in candidates]
   plan = min(plans, key=lambda p: p.predicted_s)
   plan.validate()

@@ -174,20 +174,23 @@ def a2a_supported(m: int, n: int, world: int, split_axis: int) -> str | None:
   return None
 
 
-def _comm_sms_candidates(m: int, n: int, p: CommProfile, k: int | None = None) -> list:
+def _comm_sms_candidates(m: int, n: int, p: CommProfile, k: int | None = None,
+                         blocks: int = 1) -> list:
   """The profile's comm_sms, else its candidates and each raised to the most SMs that cost the
-  GEMM no extra wave, within the calibrated CTA counts (plan.wave_aligned_comm_sms)."""
+  GEMM no extra wave, within the calibrated CTA counts (plan.wave_aligned_comm_sms; blocks:
+  the group layout's rank blocks, a2a_shape)."""
   if p.comm_sms is not None:
     return [p.comm_sms]
   return plan_lib.raised_comm_sms_candidates(m, n, p.comm_sms_candidates,
-                                             max(c for c, _ in p.p2p_bw), k)
+                                             max(c for c, _ in p.p2p_bw), k, blocks)
 
 
 @plan_lib.cached_per_kernel_switches
 def default_a2a_plan(m, n, k, world, split_axis, concat_axis, itemsize=2,
                      profile: CommProfile = DEFAULT_PROFILE) -> AllToAllPlan:
   plans = [_best_a2a(m, n, k, world, split_axis, concat_axis, itemsize, profile, c)
-           for c in _comm_sms_candidates(m, n, profile, k)]
+           for c in _comm_sms_candidates(m, n, profile, k,
+                                         a2a_shape(m, n, world, split_axis)[0])]
   return min(plans, key=lambda q: q.predicted_s)
 
 

@@ -81,16 +81,18 @@ def entry_for(collective: str, dtype: str, m: int, n: int, k: int, world: int, c
   return entry
 
 
-def problem_comm_sms(m: int, n: int, requested, align: bool = True, k: int | None = None) -> list:
+def problem_comm_sms(m: int, n: int, requested, align: bool = True, k: int | None = None,
+                     blocks: int = 1) -> list:
   """The --comm-sms values tuned for one GEMM of m x n: each raised to the most SMs that cost
-  the GEMM no extra wave of its persistent grid (plan.wave_aligned_comm_sms), staying below
+  the GEMM no extra wave of its persistent grid (plan.wave_aligned_comm_sms; blocks: the op's
+  rank blocks, the world size for reduce-scatter), staying below
   the next requested value (the largest: at most 8 more), so the SMs the last, partial wave
   would leave idle are NCCL's. align=False: as requested."""
   values = sorted(set(requested))
   if not align:
     return values
   limits = [nxt - 1 for nxt in values[1:]] + [values[-1] + 8]
-  return sorted({plan_lib.wave_aligned_comm_sms(m, n, c, limit, k)
+  return sorted({plan_lib.wave_aligned_comm_sms(m, n, c, limit, k, blocks)
                  for c, limit in zip(values, limits)})
 
 
@@ -201,7 +203,8 @@ def tune_problem(pb, args, progress) -> tuple:
   if why:  # main() refuses such shapes; this guards other callers, before any GPU time
     raise ValueError(why)
   progress.show(f"{label}: calibrating")
-  comm_sms = problem_comm_sms(m, n, args.comm_sms, args.wave_align, k_local)
+  comm_sms = problem_comm_sms(m, n, args.comm_sms, args.wave_align, k_local,
+                              world if pb.collective == "reduce_scatter" else 1)
   # One --cta-policies value: every plan is calibrated and timed under it (several: the kept
   # plan is timed under each, below).
   policy = args.cta_policies[0] if len(args.cta_policies) == 1 else None

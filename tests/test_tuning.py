@@ -2,6 +2,7 @@
 the tuner CLI's CPU behaviour."""
 import dataclasses
 import json
+import math
 import pathlib
 import subprocess
 import sys
@@ -266,6 +267,42 @@ def test_wave_aligned_examples():
     assert P.wave_aligned_comm_sms(8192, 8192, 8, 16) == 10
     # 4096 x 8192: 512 units; 9 waves from 8 up to 18 SMs left
     assert P.wave_aligned_comm_sms(4096, 8192, 8, 32) == 18
+
+
+@pytest.mark.parametrize("m, n, k, world", [(9216, 4096, 4096, 8), (15104, 1024, 4096, 2),
+                                             (26112, 8192, 4096, 4), (2816, 8192, 2048, 2)])
+def test_reduce_scatter_model_counts_the_kernels_units(m, n, k, world):
+    """The kernel cuts each rank block's band into cluster rows on its own (tile_schedule.h
+    ClusterRowsInGroup / CountUnits), so with M / world not a multiple of the unit rows every
+    block ends in a partial unit. The model counted ceil(M / unit rows) (9216 x 4096 on 8
+    ranks: 576 units for the kernel's 640) and predicted the GEMM's end too early."""
+    plan = P.default_plan("reduce_scatter", m, n, k, world)
+    kern = P.kernel_geometry(m, n, plan.comm_sms)
+    b = plan.band_rows
+    units = sum(world * math.ceil((b1 - b0) / kern.rows_per_unit) for b0, b1 in zip(b, b[1:]))
+    units *= math.ceil(n / kern.block_n)
+    rows = m // world
+    whole = P.gemm_end_fn("reduce_scatter", m, n, world, plan.comm_sms, 1.0)
+    assert whole(rows) == math.ceil(units / kern.grid)
+    k_tiles = math.ceil(k / P.BLOCK_K)
+    split, _, length = P.split_tail(units, kern.grid, k_tiles, kern.max_split_slots)
+    waves = (units - split) / kern.grid + length / k_tiles if split else math.ceil(units / kern.grid)
+    tail = P.gemm_end_fn("reduce_scatter", m, n, world, plan.comm_sms, 1.0, k)
+    assert tail(rows) == pytest.approx(waves)
+    for c in P.raised_comm_sms_candidates(m, n, (8, 16), 16, k, world):  # no extra wave
+        base = max(s for s in (8, 16) if s <= c)
+        assert P.gemm_waves(m, n, c, k, world) <= P.gemm_waves(m, n, base, k, world)
+
+
+def test_reduce_scatter_fallback_uses_the_kernels_units():
+    # 1408 rows per rank: the undercount predicted 277 us against XLA's 290 (overlap); with
+    # the kernel's units it is 289, not 3% faster: XLA's path.
+    assert not P.default_plan("reduce_scatter", 2816, 8192, 2048, 2).overlap
+    # The all-to-all's blocks (split_axis 0) likewise: 3200 rows per rank take 7 waves from 8
+    # to 12 SMs left (counted over all of M: 6.45 at 8, 6.56 at 9).
+    from jax_flashoverlap import plan_a2a
+    assert plan_a2a._comm_sms_candidates(6400, 4096, plan_a2a.DEFAULT_PROFILE, 4096, 2) == [
+        8, 12, 16]
 
 
 def test_model_considers_the_wave_aligned_comm_sms(monkeypatch):
