@@ -201,6 +201,21 @@ def validate(data, path="<config>") -> dict:
   return out
 
 
+class _DuplicateKey(Exception):
+  pass
+
+
+def _unique_keys(pairs):
+  """json's object_pairs_hook: a key given twice in one object is an error (json keeps the
+  last one silently: '"overlap": false, "overlap": true' would overlap)."""
+  seen = set()
+  for key, _ in pairs:
+    if key in seen:
+      raise _DuplicateKey(key)
+    seen.add(key)
+  return dict(pairs)
+
+
 def _read_json(path: Path):
   try:
     text = path.read_text(encoding="utf-8")
@@ -209,9 +224,12 @@ def _read_json(path: Path):
   except UnicodeDecodeError as err:
     _fail(path, f"not UTF-8 text, so not JSON ({err})")
   try:
-    return json.loads(text)
+    return json.loads(text, object_pairs_hook=_unique_keys)
   except json.JSONDecodeError as err:
     _fail(path, f"not JSON ({err})")
+  except _DuplicateKey as err:
+    _fail(path, f"duplicate key {err.args[0]!r} in a JSON object (one value would silently "
+                "win)")
 
 
 def load_file(path) -> dict:

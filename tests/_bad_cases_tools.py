@@ -96,6 +96,13 @@ def cfg_not_utf8(t):
     _config(t, raw=b"\xff\xfe{\x00}\x00")
 
 
+def cfg_duplicate_key(t):
+    # json.loads keeps the last value: this entry overlapped though the tuner found XLA faster
+    text = json.dumps(dict(schema=tuning.SCHEMA, gpu=H200, world_size=2, entries=[_entry()]))
+    _config(t, raw=text.replace('"comm_sms": 16', '"overlap": false, "comm_sms": 16, '
+                                '"overlap": true'))
+
+
 def cfg_missing_file(t):
     tuning.load_file(t.tmp_path / "missing.json")
 

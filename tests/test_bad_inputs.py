@@ -294,6 +294,8 @@ CASES = [
                  id="config-entry-unknown-key-cta-policy"),
     pytest.param(cfg_not_utf8, raises(CFG, "plans.json", "not UTF-8 text"),
                  id="config-not-utf8"),
+    pytest.param(cfg_duplicate_key, raises(CFG, "plans.json", "duplicate key 'overlap'"),
+                 id="config-duplicate-key"),
     pytest.param(cfg_missing_file, raises(CFG, "missing.json", "cannot read tuned-config file"),
                  id="config-file-missing"),
     pytest.param(cfg_bad_file_at_lowering, raises(CFG, "plans.json", "comm_sms", "500"),
