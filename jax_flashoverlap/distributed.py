@@ -47,7 +47,7 @@ def timeout_ms() -> int:
 
 def _env_int(name: str) -> int | None:
   raw = os.environ.get(name)
-  if raw is None:
+  if raw is None or not raw.strip():
     return None
   try:
     return int(raw.strip())
@@ -67,18 +67,37 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
                process_id: int | None = None, **kwargs) -> None:
   """jax.distributed.initialize, by default from the launcher's environment variables.
 
-  A no-op when JAX's distributed runtime is already up, or when neither arguments nor the
-  launcher's variables say there is more than one process.
+  A no-op when JAX's distributed runtime is already up, when neither arguments nor the
+  launcher's variables are given, or for one process. Some of the three given and not the
+  others, num_processes < 1 or process_id outside [0, num_processes) is a ValueError: a
+  process that ran alone there would wait for peers that never come, or never join them.
   """
   import jax
   if _compat.distributed_client() is not None:
     return
-  coordinator_address = coordinator_address or os.environ.get(COORDINATOR_ENV)
-  if num_processes is None:
-    num_processes = _env_int(NUM_PROCESSES_ENV)
-  if process_id is None:
-    process_id = _env_int(PROCESS_ID_ENV)
-  if coordinator_address is None or not num_processes or num_processes <= 1:
+  values = {  # (argument, variable) -> value; an empty variable counts as unset
+      ("coordinator_address", COORDINATOR_ENV):
+          coordinator_address or os.environ.get(COORDINATOR_ENV, "").strip() or None,
+      ("num_processes", NUM_PROCESSES_ENV):
+          _env_int(NUM_PROCESSES_ENV) if num_processes is None else num_processes,
+      ("process_id", PROCESS_ID_ENV):
+          _env_int(PROCESS_ID_ENV) if process_id is None else process_id}
+  missing = [f"{arg} ({env})" for (arg, env), v in values.items() if v is None]
+  if len(missing) == len(values):
+    return
+  if missing:
+    given = [f"{arg} ({env})" for (arg, env), v in values.items() if v is not None]
+    raise ValueError(f"jax_flashoverlap.distributed.initialize: {', '.join(given)} given but "
+                     f"not {', '.join(missing)}: give all three (python -m "
+                     "jax_flashoverlap.launch sets them) or none (one process)")
+  coordinator_address, num_processes, process_id = values.values()
+  if num_processes < 1:
+    raise ValueError(f"jax_flashoverlap.distributed.initialize: num_processes "
+                     f"({NUM_PROCESSES_ENV}) must be >= 1, got {num_processes}")
+  if not 0 <= process_id < num_processes:
+    raise ValueError(f"jax_flashoverlap.distributed.initialize: process_id ({PROCESS_ID_ENV}) "
+                     f"must be in [0, {num_processes}) (num_processes), got {process_id}")
+  if num_processes == 1:
     return
   jax.distributed.initialize(coordinator_address=coordinator_address,
                              num_processes=num_processes, process_id=process_id, **kwargs)

@@ -306,6 +306,30 @@ def dist_bad_num_processes_env(t):
     distributed.initialize()
 
 
+def _launcher_env(t, **values):
+    """distributed.initialize() with exactly these launcher variables set."""
+    names = dict(coordinator=distributed.COORDINATOR_ENV, num=distributed.NUM_PROCESSES_ENV,
+                 pid=distributed.PROCESS_ID_ENV)
+    for key, name in names.items():
+        if key in values:
+            t.monkeypatch.setenv(name, values[key])
+        else:
+            t.monkeypatch.delenv(name, raising=False)
+    distributed.initialize()
+
+
+def dist_launcher_env_partly_set(t):
+    _launcher_env(t, num="2", pid="1")  # ran alone before, as if one process
+
+
+def dist_num_processes_negative(t):
+    _launcher_env(t, coordinator="127.0.0.1:1", num="-2", pid="0")  # was a silent no-op
+
+
+def dist_process_id_out_of_range(t):
+    _launcher_env(t, coordinator="127.0.0.1:1", num="2", pid="2")
+
+
 def dist_not_initialized(t):
     distributed.check_identical("the group plan", {"comm_sms": 16})
 

@@ -377,6 +377,18 @@ CASES = [
     pytest.param(dist_bad_num_processes_env, raises(ValueError, distributed.NUM_PROCESSES_ENV,
                                                     "'two'", "must be an integer"),
                  id="dist-bad-num-processes-env"),
+    pytest.param(dist_launcher_env_partly_set, raises(ValueError, "num_processes "
+                                                      f"({distributed.NUM_PROCESSES_ENV}), "
+                                                      "process_id", "given but not "
+                                                      "coordinator_address "
+                                                      f"({distributed.COORDINATOR_ENV})"),
+                 id="dist-launcher-env-partly-set"),
+    pytest.param(dist_num_processes_negative, raises(ValueError, distributed.NUM_PROCESSES_ENV,
+                                                     "must be >= 1, got -2"),
+                 id="dist-num-processes-below-1"),
+    pytest.param(dist_process_id_out_of_range, raises(ValueError, distributed.PROCESS_ID_ENV,
+                                                      "must be in [0, 2)", "got 2"),
+                 id="dist-process-id-out-of-range"),
     pytest.param(dist_not_initialized, raises(RuntimeError, "needs JAX's distributed runtime",
                                               "jax.distributed.initialize()"),
                  id="dist-not-initialized"),

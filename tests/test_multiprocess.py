@@ -228,6 +228,21 @@ def test_fallback_on_one_process_only_is_a_mismatch_on_both(tmp_path):
             assert f"MISMATCH OK {op} process {me}" in got, (got, out[-6000:])
 
 
+@pytest.mark.parametrize("env", [{}, {"COORDINATOR": "127.0.0.1:1", "NUM_PROCESSES": "1",
+                                     "PROCESS_ID": "0"}, {"COORDINATOR": "", "NUM_PROCESSES": " "}])
+def test_initialize_is_a_no_op_for_one_process(env, monkeypatch):
+    """No launcher variables (empty ones count as unset), or `launch -n 1`'s: nothing starts
+    (the partly set and out-of-range cases are rows of tests/test_bad_inputs.py)."""
+    from jax_flashoverlap import _compat, distributed
+    for name in ("COORDINATOR", "NUM_PROCESSES", "PROCESS_ID"):
+        monkeypatch.delenv("JAX_FLASHOVERLAP_" + name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv("JAX_FLASHOVERLAP_" + name, value)
+    assert _compat.distributed_client() is None
+    distributed.initialize()
+    assert _compat.distributed_client() is None
+
+
 def test_launcher_stops_the_others_when_one_fails(tmp_path):
     body = textwrap.dedent('''
         import os, sys, time
