@@ -29,6 +29,9 @@ import os
 import threading
 
 MAX_GROUPS = 64  # xla_ffi/kernels/signaling_gemm.h: kMaxGroups
+# M, N and K must stay below this (signaling_gemm.cu LaunchSignalingGemm: 32-bit TMA
+# coordinates and int row arithmetic); larger problems are XLA's (primitives.too_large).
+KERNEL_MAX_DIM = 1 << 30
 NUM_SMS = 132    # H100 / H200 SXM
 # The most SMs a call may leave to NCCL: the GEMM keeps one 2-SM cluster (its 128 x 256
 # tiles run on 2x1 clusters; with fewer than 2 SMs the launcher refuses the call).

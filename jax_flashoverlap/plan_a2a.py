@@ -161,7 +161,7 @@ def _best_a2a(m, n, k, world, split_axis, concat_axis, itemsize, p, comm_sms) ->
                       predicted, baseline)
 
 
-def a2a_supported(m: int, n: int, world: int, split_axis: int) -> str | None:
+def a2a_supported(m: int, n: int, world: int, split_axis: int, k: int = 0) -> str | None:
   """None when our kernels can run this shape, else why not (then XLA's composition runs)."""
   if world < 2:
     return "one rank: nothing to exchange"
@@ -169,8 +169,8 @@ def a2a_supported(m: int, n: int, world: int, split_axis: int) -> str | None:
     return f"M={m} is not divisible by the axis size {world}"
   if split_axis == 1 and n % (8 * world):
     return f"N={n} is not a multiple of 8 * axis size ({8 * world}): column blocks need 16-byte rows"
-  if max(m, n) >= 1 << 30:
-    return "M or N >= 2^30"
+  if max(m, n, k) >= plan_lib.KERNEL_MAX_DIM:
+    return "M, N or K >= 2^30 (the signaling GEMM's limit)"
   return None
 
 
@@ -246,15 +246,16 @@ def default_all_gather_plan(rows, n, k, world, itemsize=2,
   return best
 
 
-def all_gather_supported(rows: int, n: int, world: int, one_rank: bool = False) -> str | None:
+def all_gather_supported(rows: int, n: int, world: int, one_rank: bool = False,
+                         k: int = 0) -> str | None:
   """Why our all-gather + GEMM cannot take this problem, or None. one_rank: a 1-rank
   communicator is acceptable (forced plans: tests run the whole call on one GPU)."""
   if world < 2 and not one_rank:
     return "one rank: nothing to gather"
   if world > MAX_GROUPS:
     return f"more than {MAX_GROUPS} ranks"
-  if world * rows >= 1 << 30 or n >= 1 << 30:
-    return "M or N >= 2^30"
+  if max(world * rows, n, k) >= plan_lib.KERNEL_MAX_DIM:
+    return "M, N or K >= 2^30 (the signaling GEMM's limit)"
   return None
 
 

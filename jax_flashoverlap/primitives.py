@@ -90,8 +90,29 @@ gemm_reduce_scatter_p, _rs_reference_lowering = make_primitive(
 GEMM_SIGNAL_GROUPS = 4
 
 
+def too_large(name, m, n, k, fallback_allowed: bool) -> bool:
+  """True when a dimension reaches the kernel's limit (plan.KERNEL_MAX_DIM; its launcher
+  would refuse the call at run time) and XLA's composition may take the op; a ValueError
+  naming the dimension when it may not (an explicit comm_sms, a forced plan,
+  JAX_FLASHOVERLAP_FALLBACK=0: our kernels were asked for)."""
+  for dim, value, what in (("M", m, "rows of x"), ("N", n, "columns of the output"),
+                           ("K", k, "the per-device contraction")):
+    if value >= plan_lib.KERNEL_MAX_DIM:
+      if fallback_allowed:
+        return True
+      raise ValueError(
+          f"jax_flashoverlap: {name}: {dim}={value} ({what}) must be < 2^30 = "
+          f"{plan_lib.KERNEL_MAX_DIM} for the signaling GEMM (its launcher's limit); with "
+          f"the default settings XLA's composition takes such a shape (here comm_sms, a "
+          f"forced plan or {_ext.FALLBACK_ENV}=0 asked for our kernels)")
+  return False
+
+
 def _gemm_cuda_lowering(ctx, x, w, *, comm_sms, transpose_w):
   use_cuda, _ = _ext.check_cuda_path(gemm_p.name)
+  if use_cuda:
+    (m, k), n = ctx.avals_in[0].shape, ctx.avals_in[1].shape[0 if transpose_w else 1]
+    use_cuda = not too_large(gemm_p.name, m, n, k, _ext.fallback_enabled())
   if not use_cuda:
     return _gemm_reference_lowering(ctx, x, w, transpose_w=transpose_w)
   return _compat.ffi_lowering(gemm_p.name)(
@@ -107,6 +128,10 @@ def _collective_cuda_lowering(prim, reference_lowering, collective):
       return reference_lowering(ctx, x, w, axis_name=axis_name, transpose_w=transpose_w)
     mesh, world, x_aval, w_aval, dtype, (m, n, k) = lowering_problem(ctx, axis_name,
                                                                      transpose_w)
+    if too_large(prim.name, m, n, k, comm_sms is None and not plan_lib.is_forced()
+                 and _ext.fallback_enabled()):
+      publish_decision(prim.name, ctx, {"overlap": False})
+      return reference_lowering(ctx, x, w, axis_name=axis_name, transpose_w=transpose_w)
     in_place = collective == "all_reduce" and _ext.all_reduce_in_place()
     plan = plan_lib.choose_plan(collective, m, n, k, world, dtype.itemsize, comm_sms,
                                 gpu=comm.mesh_gpu_name(mesh), dtype=dtype.name,

@@ -72,7 +72,7 @@ def _a2a_cuda_lowering(ctx, x, w, *, axis_name, split_axis, concat_axis, comm_sm
     publish_decision(prim.name, ctx, {"overlap": False})
     return reference()
   mesh, world, x_aval, w_aval, dtype, (m, n, k) = lowering_problem(ctx, axis_name, transpose_w)
-  if plan_a2a.a2a_supported(m, n, world, split_axis) is not None:
+  if plan_a2a.a2a_supported(m, n, world, split_axis, k) is not None:
     publish_decision(prim.name, ctx, {"overlap": False})
     return reference()
   plan = plan_a2a.choose_a2a_plan(m, n, k, world, split_axis, concat_axis, dtype.itemsize,
@@ -101,7 +101,7 @@ def _ag_cuda_lowering(ctx, x, w, *, axis_name, comm_sms, transpose_w, return_gat
                                                                       transpose_w)
   # One rank has nothing to gather: XLA's composition, unless forced (tests run the whole
   # call, its flags and copies, through a 1-rank communicator).
-  if plan_a2a.all_gather_supported(rows, n, world, one_rank=plan_a2a.is_forced()):
+  if plan_a2a.all_gather_supported(rows, n, world, one_rank=plan_a2a.is_forced(), k=k):
     publish_decision(prim.name, ctx, {"overlap": False})
     return reference()
   plan = plan_a2a.choose_all_gather_plan(rows, n, k, world, dtype.itemsize, comm_sms,

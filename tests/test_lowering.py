@@ -335,3 +335,49 @@ def test_cuda_lowering_fallback_and_its_overrides(fo, monkeypatch, name):
     assert len(calls(comm_sms=8)[1]) == 1             # an explicit comm_sms: ours
     monkeypatch.setenv(FALLBACK_ENV, "0")
     assert len(calls()[1]) == 1                       # the fallback switched off: ours
+
+
+@pytest.mark.parametrize("name, dim", [("all_reduce", "M"), ("reduce_scatter", "M"),
+                                       ("all_reduce", "K"), ("reduce_scatter", "N"),
+                                       ("matmul", "M"), ("matmul", "K")])
+def test_dims_past_the_kernels_limit_take_xlas_path_or_raise(fo, monkeypatch, name, dim):
+    """M, N or K >= 2^30: the kernel launcher refuses the call at run time (and M >= 2^31
+    overflowed the int32 band_rows attribute: OverflowError). With the default settings XLA's
+    composition takes it; with the fallback off (or an explicit comm_sms) a ValueError names
+    the dimension. Abstract shapes: nothing of that size is allocated."""
+    monkeypatch.delenv("JAX_FLASHOVERLAP_FORCE_REFERENCE", raising=False)
+    monkeypatch.delenv(FALLBACK_ENV, raising=False)
+    big = (1 << 31) + 256 if dim == "M" else 1 << 30
+    size = dict(M=big if dim == "M" else 256, K_local=big if dim == "K" else 64,
+                N=big if dim == "N" else 64)
+    mesh = make_mesh_1d(2)
+    text = _cuda_text(*_program(fo, name, mesh, size=size))
+    assert not _custom_call_lines(text, PRIMITIVE_NAMES[name]) and "dot_general" in text
+    monkeypatch.setenv(FALLBACK_ENV, "0")  # a new program each time: lowerings are cached
+    f, args = _program(fo, name, mesh, size=size)
+    with pytest.raises(ValueError, match=rf"{dim}=\d+ \(.*\) must be < 2\^30"):
+        _cuda_text(f, args)
+    if name != "matmul":  # an explicit comm_sms asks for our kernels too
+        monkeypatch.delenv(FALLBACK_ENV)
+        op = fo.matmul_all_reduce if name == "all_reduce" else fo.matmul_reduce_scatter
+        g = shard_map(lambda a, b: op(a, b, "tp", comm_sms=8), mesh,
+                      (P(None, "tp"), P("tp", None)), P() if name == "all_reduce" else P("tp"))
+        with pytest.raises(ValueError, match=f"{dim}=.* must be < 2\\^30"):
+            _cuda_text(g, args)
+
+
+@pytest.mark.parametrize("op", ["all_to_all", "all_gather"])
+def test_all_to_all_and_all_gather_leave_a_huge_k_to_xla(fo, no_fallback, op):
+    """Their shape checks (plan_a2a.a2a_supported / all_gather_supported) covered M and N
+    only: K >= 2^30 emitted a custom call the launcher refuses at run time."""
+    n, k = 2, 1 << 30
+    bf16 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)  # noqa: E731
+    if op == "all_to_all":
+        body, ins, out = lambda x, w: fo.matmul_all_to_all(x, w, "tp"), (P("tp"), P()), P("tp")
+        args, target = (bf16(n * 512, k), bf16(k, 512)), "flashoverlap_gemm_all_to_all"
+    else:
+        body = lambda x, w: fo.all_gather_matmul(x, w, "tp")  # noqa: E731
+        ins, out = (P("tp"), P(None, "tp")), P(None, "tp")
+        args, target = (bf16(n * 512, k), bf16(k, n * 512)), "flashoverlap_all_gather_gemm"
+    text = _cuda_text(shard_map(body, make_mesh_1d(n), ins, out), args)
+    assert not _custom_call_lines(text, target) and "dot_general" in text
