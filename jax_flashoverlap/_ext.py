@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import threading
 import warnings
 
@@ -22,6 +23,9 @@ GEMM_QUEUE_ENV = "FLASHOVERLAP_GEMM_QUEUE"  # likewise
 GEMM_TAIL_ENV = "FLASHOVERLAP_GEMM_TAIL"  # likewise
 GEMM_SCHEDULE_ENV = "FLASHOVERLAP_GEMM_SCHEDULE"  # likewise (and plan.kernel_geometry)
 ALL_REDUCE_BUFFER_ENV = "JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER"  # read at lowering
+# "spin": spin-kernel waits and flag writes (xla_ffi/comm/stream_wait.cc, stream_write.cc
+# compare it to exactly "spin"; anything else silently keeps the stream memory operations).
+WAIT_ENV = "JAX_FLASHOVERLAP_WAIT"
 # "1" (tests): every custom call fills its outputs (and its communicator's workspace) with NaN
 # before it runs, so an element it leaves unwritten shows (read at lowering).
 POISON_OUTPUTS_ENV = "JAX_FLASHOVERLAP_POISON_OUTPUTS"
@@ -106,11 +110,47 @@ def check_gemm_epilogue() -> None:
   GEMM's earlier epilogue), FLASHOVERLAP_GEMM_QUEUE unset, 'dynamic' or 'static',
   FLASHOVERLAP_GEMM_TAIL unset, 'split' or 'whole', and FLASHOVERLAP_GEMM_SCHEDULE unset,
   'cooperative' or 'pingpong', exactly as the launcher reads them;
-  anything else is an error here, at lowering, instead of at the first launch."""
+  anything else is an error here, at lowering, instead of at the first launch. Then the
+  integer variables and JAX_FLASHOVERLAP_WAIT (check_kernel_integers)."""
   for env, allowed, meaning in _GEMM_SWITCHES:
     raw = os.environ.get(env)
     if raw not in (None, "", *allowed):
       raise ValueError(f"jax_flashoverlap: environment variable {env}={raw!r} must be {meaning}")
+  check_kernel_integers()
+
+
+def check_kernel_integers() -> None:
+  """The launcher's integer variables (_GEMM_INTEGERS) hold an accepted integer, and
+  JAX_FLASHOVERLAP_WAIT is unset or 'spin'. The C++ reads the integers with atoi, so a word
+  would silently be 0 ('true' or 'on' turned the serpentine order *off*) and an integer out
+  of range silently another setting: an error here, at lowering."""
+  for env, accepted, meaning in _GEMM_INTEGERS:
+    raw = os.environ.get(env)
+    if raw is None or raw == "":  # EnvInt: unset or empty is the default
+      continue
+    value = int(raw) if re.fullmatch(r"\s*[+-]?\d{1,10}\s*", raw) else None
+    if value not in accepted:
+      raise ValueError(f"jax_flashoverlap: environment variable {env}={raw!r} must be "
+                       f"{meaning} (the kernel reads an integer: a word would count as 0)")
+  raw = os.environ.get(WAIT_ENV)
+  if raw not in (None, "", "spin"):
+    raise ValueError(f"jax_flashoverlap: environment variable {WAIT_ENV}={raw!r} must be "
+                     "'spin' (spin-kernel waits and flag writes) or unset (the default: CUDA "
+                     "stream memory operations)")
+
+
+# signaling_gemm.cu EnvInt (std::atoi): (variable, accepted integers, what they mean).
+_GEMM_INTEGERS = (
+    ("FLASHOVERLAP_GEMM_SERPENTINE", (0, 1),
+     "0 (every panel walks its column tiles left to right) or 1 (the default: serpentine)"),
+    ("FLASHOVERLAP_GEMM_LOG", (0, 1),
+     "0 (the default) or 1 (one line on stderr per launch geometry)"),
+    ("FLASHOVERLAP_GEMM_TILE", (0, 128, 256),
+     "128 or 256 (forces the tile width), or 0 (the default: the launcher chooses)"),
+    # panel < 1 was clamped to 1; beyond a wave's rows a larger panel changes nothing
+    ("FLASHOVERLAP_GEMM_PANEL", range(1, 1025),
+     "an integer in [1, 1024] (cluster rows per L2 panel; the default is 8)"),
+)
 
 
 # The signaling GEMM's switches (xla_ffi/kernels/signaling_gemm.cu reads them on every launch).

@@ -393,6 +393,10 @@ env_gemm_queue_typo = lowering_with_env(_ext.GEMM_QUEUE_ENV, "dynamc")
 env_gemm_tail_typo = lowering_with_env(_ext.GEMM_TAIL_ENV, "spilt")
 env_gemm_schedule_typo = lowering_with_env(_ext.GEMM_SCHEDULE_ENV, "ping-pong")
 env_poison_outputs_typo = lowering_with_env(_ext.POISON_OUTPUTS_ENV, "nan")
+env_gemm_serpentine_word = lowering_with_env("FLASHOVERLAP_GEMM_SERPENTINE", "true")  # atoi: 0
+env_gemm_panel_zero = lowering_with_env("FLASHOVERLAP_GEMM_PANEL", "0")  # was clamped to 1
+env_gemm_tile_other = lowering_with_env("FLASHOVERLAP_GEMM_TILE", "64")  # was ignored
+env_wait_typo = lowering_with_env(_ext.WAIT_ENV, "spinn")  # was the stream-op default
 
 
 # ----------------------------------------------------------------------------- the table

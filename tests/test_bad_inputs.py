@@ -429,6 +429,18 @@ CASES = [
     pytest.param(env_poison_outputs_typo, raises(ValueError, _ext.POISON_OUTPUTS_ENV, "'nan'",
                                                  "is not an on/off switch"),
                  id="env-poison-outputs-typo"),
+    pytest.param(env_gemm_serpentine_word, raises(ValueError, "FLASHOVERLAP_GEMM_SERPENTINE='true'",
+                                                  "must be 0 (", "or 1 (", "reads an integer"),
+                 id="env-gemm-serpentine-word"),
+    pytest.param(env_gemm_panel_zero, raises(ValueError, "FLASHOVERLAP_GEMM_PANEL='0'",
+                                             "must be an integer in [1, 1024]"),
+                 id="env-gemm-panel-zero"),
+    pytest.param(env_gemm_tile_other, raises(ValueError, "FLASHOVERLAP_GEMM_TILE='64'",
+                                             "must be 128 or 256"),
+                 id="env-gemm-tile-other"),
+    pytest.param(env_wait_typo, raises(ValueError, "JAX_FLASHOVERLAP_WAIT='spinn'",
+                                       "must be 'spin'"),
+                 id="env-wait-typo"),
 ]
 
 CUSTOM_CALLS = ("flashoverlap_gemm_all_reduce", "flashoverlap_gemm_reduce_scatter")

@@ -381,3 +381,15 @@ def test_all_to_all_and_all_gather_leave_a_huge_k_to_xla(fo, no_fallback, op):
         args, target = (bf16(n * 512, k), bf16(k, n * 512)), "flashoverlap_all_gather_gemm"
     text = _cuda_text(shard_map(body, make_mesh_1d(n), ins, out), args)
     assert not _custom_call_lines(text, target) and "dot_general" in text
+
+
+@pytest.mark.parametrize("env, value", [
+    ("FLASHOVERLAP_GEMM_SERPENTINE", "0"), ("FLASHOVERLAP_GEMM_SERPENTINE", " 1"),
+    ("FLASHOVERLAP_GEMM_LOG", "1"), ("FLASHOVERLAP_GEMM_TILE", "128"),
+    ("FLASHOVERLAP_GEMM_TILE", "0"), ("FLASHOVERLAP_GEMM_PANEL", "12"),
+    ("FLASHOVERLAP_GEMM_PANEL", ""), ("JAX_FLASHOVERLAP_WAIT", "spin")])
+def test_kernel_integer_variables_accept_their_values(fo, no_fallback, monkeypatch, env, value):
+    """The values the C++ reads as meant (atoi; exactly 'spin') still lower to our custom
+    calls; words and out-of-range integers are bad-input rows (env-gemm-serpentine-word ...)."""
+    monkeypatch.setenv(env, value)
+    assert len(_every_op_lowered_for_cuda(fo)) == 5
