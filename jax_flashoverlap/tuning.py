@@ -250,10 +250,17 @@ def _files() -> list:
   return files
 
 
+def _mtime(path: Path) -> int:
+  try:  # a broken *.json link (or any stat failure) must name the file like a bad one does
+    return path.stat().st_mtime_ns
+  except OSError as err:
+    raise ConfigError(f"jax_flashoverlap: cannot read tuned-config file {path}: {err}") from err
+
+
 def load_all() -> dict:
   """Every entry of every config file (later files win), cached by (path, mtime)."""
   files = _files()
-  stamp = tuple((str(f), f.stat().st_mtime_ns) for f in files)
+  stamp = tuple((str(f), _mtime(f)) for f in files)
   with _lock:
     if _cache.get("stamp") == stamp:
       return _cache["entries"]

@@ -115,6 +115,13 @@ def cfg_bad_file_at_lowering(t):
     plan_lib.choose_plan("all_reduce", 1024, 512, 256, 2, gpu=H200)
 
 
+def cfg_broken_symlink(t):
+    """A dangling *.json link in the user config dir (was a bare FileNotFoundError)."""
+    t.monkeypatch.setenv(tuning.CONFIG_DIR_ENV, str(t.tmp_path))
+    (t.tmp_path / "plans.json").symlink_to(t.tmp_path / "gone.json")
+    _tuned_lookup()
+
+
 def _tuned_lookup():
     tuning._cache.clear()
     return tuning.lookup(H200, 2, "all_reduce", "bfloat16", 1024, 512, 256)
