@@ -247,6 +247,7 @@ def check_cuda_path(target: str, *, gpu_present: bool | None = None,
   global _warned_missing, _warned_unsupported
   check_gemm_epilogue()
   poison_outputs()  # a typo is an error at every lowering, whichever path the plan takes
+  fallback_enabled()  # likewise (else only read where a plan falls back)
   if force_reference():
     return False, f"{FORCE_REFERENCE_ENV} is set: using the reference path (XLA dot + collective)"
   if gpus is None and gpu_present is not False:

@@ -93,15 +93,16 @@ def trace_op(op, x, w, *, n=4, axis="tp", x_spec=P(None, "tp"), w_spec=P("tp", N
     return jax.make_jaxpr(shard_map(body, mesh, (x_spec, w_spec), out))(x, w)
 
 
-def cuda_lowering_text(op="all_reduce"):
-    """StableHLO of a fresh (uncached) shard_map program cross-lowered for CUDA on CPU."""
+def cuda_lowering_text(op="all_reduce", x=(16, 64), w=(64, 32), **kw):
+    """StableHLO of a fresh (uncached) shard_map program cross-lowered for CUDA on CPU (x, w:
+    global shapes; kw: the op's keywords)."""
     mesh = make_mesh_1d(4)
     if op == "all_reduce":
-        body = lambda a, b: fo.matmul_all_reduce(a, b, "tp")  # noqa: E731
+        body = lambda a, b: fo.matmul_all_reduce(a, b, "tp", **kw)  # noqa: E731
     else:
-        body = lambda a, b: fo.matmul_reduce_scatter(a, b, "tp")  # noqa: E731
+        body = lambda a, b: fo.matmul_reduce_scatter(a, b, "tp", **kw)  # noqa: E731
     f = shard_map(body, mesh, (P(None, "tp"), P("tp", None)), P() if op == "all_reduce" else P("tp"))
-    lowered = jax.jit(f).trace(sds((16, 64)), sds((64, 32))).lower(lowering_platforms=("cuda",))
+    lowered = jax.jit(f).trace(sds(x), sds(w)).lower(lowering_platforms=("cuda",))
     return lowered.as_text()
 
 

@@ -385,6 +385,13 @@ def env_fallback_typo(t):
     cuda_lowering_text()  # a small shape: the cost model predicts no gain, the switch decides
 
 
+def env_fallback_typo_overlapped(t):
+    # overlap pays at this shape and comm_sms is given: the switch is never consulted there
+    t.monkeypatch.delenv(_ext.FORCE_REFERENCE_ENV, raising=False)
+    t.monkeypatch.setenv(_ext.FALLBACK_ENV, "of")
+    cuda_lowering_text(x=(8192, 16384), w=(16384, 8192), comm_sms=16)
+
+
 def lowering_with_env(name, value):
     """A case: lower an op for CUDA with environment variable `name` set to `value`."""
     def case(t):

@@ -411,6 +411,9 @@ CASES = [
     pytest.param(env_fallback_typo, raises(ValueError, _ext.FALLBACK_ENV, "'of'",
                                            "is not an on/off switch"),
                  id="env-fallback-typo"),
+    pytest.param(env_fallback_typo_overlapped, raises(ValueError, _ext.FALLBACK_ENV, "'of'",
+                                                      "is not an on/off switch"),
+                 id="env-fallback-typo-overlapped-shape"),
     pytest.param(env_watchdog_bad, raises(ValueError, "JAX_FLASHOVERLAP_WATCHDOG_S must be a "
                                           "number of seconds > 0", "'soon'"),
                  id="env-watchdog-not-a-number"),
