@@ -67,6 +67,7 @@ _warned_unsupported = False
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
+OFF_WORDS = _FALSE  # also what turns JAX_FLASHOVERLAP_WATCHDOG_S off (comm.watchdog_seconds)
 
 
 def env_switch(name: str, default: bool) -> bool:

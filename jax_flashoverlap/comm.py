@@ -103,17 +103,21 @@ WATCHDOG_ENV = "JAX_FLASHOVERLAP_WATCHDOG_S"
 
 def watchdog_seconds() -> float:
   """JAX_FLASHOVERLAP_WATCHDOG_S: seconds after which a hung overlapped call is aborted with
-  an error (xla_ffi/comm/watchdog.h); unset or 0: off. Read when communicators are made."""
+  an error (xla_ffi/comm/watchdog.h); unset, any number equal to 0 ("0.0") or an off word
+  of _ext.env_switch (0 / false / no / off): off. Read when communicators are made."""
+  from jax_flashoverlap import _ext
   raw = os.environ.get(WATCHDOG_ENV, "").strip()
-  if raw in ("", "0", "off"):
+  if raw.lower() in ("",) + _ext.OFF_WORDS:
     return 0.0
   try:
     value = float(raw)
   except ValueError:
     value = float("nan")
+  if value == 0:
+    return 0.0
   if not value > 0 or value == float("inf"):
-    raise ValueError(f"{WATCHDOG_ENV} must be a number of seconds > 0 (or 0 / unset: off), "
-                     f"got {raw!r}")
+    raise ValueError(f"{WATCHDOG_ENV} must be a number of seconds > 0 (or 0 / false / no / "
+                     f"off / unset: off), got {raw!r}")
   return value
 
 

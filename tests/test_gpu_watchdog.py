@@ -123,7 +123,7 @@ def test_watchdog_times_a_call_from_when_the_gpu_reaches_it(tmp_path):
 
 
 @pytest.mark.skipif(ON_GPU, reason="CPU check of the env var (the GPU test above uses it)")
-@pytest.mark.parametrize("value", ["abc", "-1", "inf", "nan"])
+@pytest.mark.parametrize("value", ["abc", "-1", "inf", "nan", "on", "true"])
 def test_watchdog_env_var_is_validated(monkeypatch, value):
     from jax_flashoverlap import comm
     monkeypatch.setenv(comm.WATCHDOG_ENV, value)
@@ -132,7 +132,11 @@ def test_watchdog_env_var_is_validated(monkeypatch, value):
         comm.watchdog_seconds()
 
 
-@pytest.mark.parametrize("value,expected", [("", 0.0), ("0", 0.0), ("2.5", 2.5)])
+@pytest.mark.parametrize("value,expected", [
+    ("", 0.0), ("0", 0.0), ("2.5", 2.5),
+    # env_switch's off words and numbers equal to 0 (were errors, "off" only in lower case)
+    ("off", 0.0), ("OFF", 0.0), ("false", 0.0), ("no", 0.0), ("0.0", 0.0), ("-0", 0.0),
+    (" 0e3 ", 0.0)])
 def test_watchdog_env_var_values(monkeypatch, value, expected):
     from jax_flashoverlap import comm
     monkeypatch.setenv(comm.WATCHDOG_ENV, value)
