@@ -32,6 +32,12 @@ class DistributedMismatchError(RuntimeError):
   """Processes disagree on something that must be identical (e.g. a group plan)."""
 
 
+# The key-value store takes its timeout as an int of milliseconds (int64 in jaxlib 0.10; 2^31
+# - 1 ms, ~24.8 days, fits every width): larger values were a TypeError from the store, which
+# the waits below then reported as a timeout.
+MAX_TIMEOUT_MS = 2**31 - 1
+
+
 def timeout_ms() -> int:
   """How long a key-value get or barrier waits for the other processes ($TIMEOUT_ENV, seconds)."""
   raw = os.environ.get(TIMEOUT_ENV, "").strip() or "300"
@@ -39,9 +45,11 @@ def timeout_ms() -> int:
     seconds = float(raw)
   except ValueError:
     seconds = float("nan")
-  if not seconds > 0 or seconds == float("inf"):
+  if not 0 < seconds <= MAX_TIMEOUT_MS / 1000:
     raise ValueError(f"jax_flashoverlap: environment variable {TIMEOUT_ENV}={raw!r} must be a "
-                     "positive number of seconds (default 300)")
+                     f"positive number of seconds (default 300) of at most "
+                     f"{MAX_TIMEOUT_MS // 1000} (the key-value store's wait is an int of "
+                     "milliseconds)")
   return max(1, int(seconds * 1000))
 
 
@@ -122,8 +130,11 @@ def share(key: str, owner_process: int, make) -> str:
     value = make()
     client.key_value_set(full, value)
     return value
+  wait = timeout_ms()
   try:
-    return client.blocking_key_value_get(full, timeout_ms())
+    return client.blocking_key_value_get(full, wait)
+  except TypeError:  # the store refused its arguments: not a peer that never came
+    raise
   except Exception as err:  # the runtime raises its own error types; name what we waited for
     raise _waited("the shared value", full, err, f"process {owner_process}") from err
 
@@ -141,8 +152,11 @@ def barrier(name: str, processes=None) -> None:
   lower its program, e.g. one pipeline stage's) at the barrier `name`."""
   client, key = _client(), f"{_PREFIX}/barrier/{name}"
   kwargs = {} if processes is None else {"process_ids": _participants(processes)}
+  wait = timeout_ms()
   try:
-    client.wait_at_barrier(key, timeout_ms(), **kwargs)
+    client.wait_at_barrier(key, wait, **kwargs)
+  except TypeError:
+    raise
   except Exception as err:
     raise _waited("every process at the barrier", key, err) from err
 
@@ -169,10 +183,13 @@ def check_identical(what: str, value, processes=None) -> None:
   mine = json.dumps(value, sort_keys=True, default=str)
   client.key_value_set(f"{_PREFIX}/check/{scope}/{seq}/{me}", mine)
   differing = {}
+  wait = timeout_ms()
   for p in procs:
     key = f"{_PREFIX}/check/{scope}/{seq}/{p}"
     try:
-      other = mine if p == me else client.blocking_key_value_get(key, timeout_ms())
+      other = mine if p == me else client.blocking_key_value_get(key, wait)
+    except TypeError:
+      raise
     except Exception as err:  # a process that never gets here: an error, not a hang
       raise _waited(f"process {p}'s value of {what}", key, err) from err
     if other != mine:

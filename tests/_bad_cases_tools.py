@@ -307,6 +307,26 @@ def dist_bad_timeout_env(t):
     distributed.barrier("init/1")
 
 
+def dist_kv_timeout_too_large(t):
+    # 3e9 ms is past the store's int: a TypeError from it, reported as a timeout of 3e6 s
+    _fake_two_processes(t)
+    t.monkeypatch.setenv(distributed.TIMEOUT_ENV, "3000000")
+    distributed.barrier("init/1")
+
+
+class _StoreRefusingArgs(_FakeKV):
+    def blocking_key_value_get(self, key, timeout_ms):
+        raise TypeError("blocking_key_value_get(): incompatible function arguments")
+
+
+def dist_store_type_error(t):
+    """A TypeError of the store (its binding refused the arguments) is raised as it is, not
+    as a wait that timed out."""
+    _fake_two_processes(t)
+    t.monkeypatch.setattr(_compat, "distributed_client", lambda: _StoreRefusingArgs())
+    distributed.share("uid/7/1/0", owner_process=1, make=lambda: "")
+
+
 def dist_bad_num_processes_env(t):
     t.monkeypatch.setenv(distributed.COORDINATOR_ENV, "127.0.0.1:1")
     t.monkeypatch.setenv(distributed.NUM_PROCESSES_ENV, "two")
