@@ -22,6 +22,7 @@ import argparse
 import dataclasses
 import datetime
 import json
+import math
 import re
 import sys
 import time
@@ -329,6 +330,9 @@ def main(argv=None) -> int:
   for name in ("top", "calls", "samples"):
     if getattr(args, name) < 1:
       parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+  if not (math.isfinite(args.max_error) and args.max_error > 0):  # nan disabled the check
+    parser.error(f"--max-error must be a finite number > 0 (the largest relative error vs "
+                 f"float32 accepted), got {args.max_error}")
   import jax
   if jax.default_backend() != "gpu":
     print("jax_flashoverlap.tune: needs GPUs (JAX's backend here is "

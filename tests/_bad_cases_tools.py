@@ -187,6 +187,11 @@ def cli_tune_without_gpu(t):
     return run_cli("jax_flashoverlap.tune", "--shapes", "256x256x256")
 
 
+def cli_tune_max_error(value):
+    # checked before the GPU check (so on CPU too); nan turned the value check off
+    return lambda t: run_cli("jax_flashoverlap.tune", "--max-error", value)
+
+
 def cli_launch_n0(t):
     script = t.tmp_path / "ok.py"
     script.write_text("print('never started')\n")

@@ -352,6 +352,10 @@ CASES = [
                  id="cli-bench-overlap-unknown-variant"),
     pytest.param(cli_tune_without_gpu, exits(2, "needs GPUs", "'cpu'"),
                  id="cli-tune-without-gpu"),
+    pytest.param(cli_tune_max_error("nan"), exits(2, "--max-error must be a finite number > 0",
+                                                  "got nan"), id="cli-tune-max-error-nan"),
+    pytest.param(cli_tune_max_error("-1"), exits(2, "--max-error must be a finite number > 0",
+                                                 "got -1.0"), id="cli-tune-max-error-negative"),
     pytest.param(cli_launch_n0, exits(2, "-n must be >= 1"), id="cli-launch-n-0"),
     pytest.param(cli_launch_negative_timeout, exits(2, "--timeout must be a positive number of "
                                                     "seconds", "-1"),
