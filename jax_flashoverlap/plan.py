@@ -144,15 +144,16 @@ class KernelGeometry:
 # FLASHOVERLAP_GEMM_SCHEDULE (_ext.GEMM_SCHEDULE_ENV; validated at lowering): 'pingpong'
 # replaces the 128x256 tiles by 128x128 ones in the same 2x1 clusters. A ping-pong CTA
 # computes its two warpgroups' tiles in turn, so a unit of 256 x 128 takes half the time
-# of a 256 x 256 one and the wave model below holds with block_n = 128.
+# of a 256 x 256 one and the wave model below holds with block_n = 128. [N, K] weights
+# (transpose_w, taken by whatever depends on the tile width) keep the cooperative tiles.
 _SCHEDULE_ENV = "FLASHOVERLAP_GEMM_SCHEDULE"
 
 
-def kernel_geometry(m: int, n: int, comm_sms: int) -> KernelGeometry:
+def kernel_geometry(m: int, n: int, comm_sms: int, transpose_w: bool = False) -> KernelGeometry:
   usable = NUM_SMS - comm_sms
   wide_tiles = math.ceil(m / 128) * math.ceil(n / 256)
   if wide_tiles >= usable:
-    pingpong = os.environ.get(_SCHEDULE_ENV) == "pingpong"
+    pingpong = os.environ.get(_SCHEDULE_ENV) == "pingpong" and not transpose_w
     return KernelGeometry(128, 128 if pingpong else 256, 2, usable // 2)
   return KernelGeometry(128, 128, 1, usable)
 
@@ -193,16 +194,17 @@ def baseline_time(collective: str, m: int, n: int, k: int, world: int, itemsize:
 
 
 def plan_time(collective: str, m: int, n: int, k: int, world: int, band_rows, comm_sms: int,
-              itemsize: int = 2, profile: MachineProfile = DEFAULT_PROFILE) -> float:
+              itemsize: int = 2, profile: MachineProfile = DEFAULT_PROFILE,
+              transpose_w: bool = False) -> float:
   """Predicted time of a given plan (the same model the search minimizes)."""
   p = profile
-  kern = kernel_geometry(m, n, comm_sms)
+  kern = kernel_geometry(m, n, comm_sms, transpose_w)
   unit_time = 2.0 * kern.block_m * kern.block_n * k / p.sm_flops * p.interference
   tail = 0.0
   if collective == "all_reduce" and not p.all_reduce_in_place:  # the last group's copy
     tail = (band_rows[-1] - band_rows[-2]) * n * itemsize / p.copy_bandwidth
   return pipeline_time(
-      band_rows, gemm_end_fn(collective, m, n, world, comm_sms, unit_time, k),
+      band_rows, gemm_end_fn(collective, m, n, world, comm_sms, unit_time, k, transpose_w),
       lambda r0, r1: _comm_time(collective, _group_bytes(collective, r0, r1, n, world, itemsize),
                                 world, p, comm_sms)) + tail
 
@@ -217,16 +219,16 @@ def pipeline_time(band_rows, gemm_end, comm_time) -> float:
 
 
 def gemm_end_fn(collective: str, m: int, n: int, world: int, comm_sms: int, unit_time: float,
-                k: int | None = None):
+                k: int | None = None, transpose_w: bool = False):
   """r -> when the GEMM has written rows [0, r) of every rank block: whole waves of the
   persistent grid over the work units up to there (the kernel's band order), each unit_time,
   and never later than the whole GEMM's end (gemm_waves: with the split tail the last wave
   ends early; k None: whole units)."""
   blocks = world if collective == "reduce_scatter" else 1
-  kern = kernel_geometry(m, n, comm_sms)
+  kern = kernel_geometry(m, n, comm_sms, transpose_w)
   step = kern.rows_per_unit
   n_tiles = math.ceil(n / kern.block_n)
-  end = gemm_waves(m, n, comm_sms, k, blocks)
+  end = gemm_waves(m, n, comm_sms, k, blocks, transpose_w)
   return lambda r: min(math.ceil(blocks * math.ceil(r / step) * n_tiles / kern.grid),
                        end) * unit_time
 
@@ -278,21 +280,22 @@ def split_tail(units: int, clusters: int, k_tiles: int, max_slots: int) -> tuple
   return (c + r, chunks, length)
 
 
-def gemm_units(m: int, n: int, comm_sms: int, blocks: int = 1) -> int:
+def gemm_units(m: int, n: int, comm_sms: int, blocks: int = 1, transpose_w: bool = False) -> int:
   """Work units the kernel runs (tile_schedule.h CountUnits): each of `blocks` rank blocks
   (reduce-scatter: the world size) of m / blocks rows is cut into cluster rows on its own, so
   a block whose rows are not a multiple of the unit rows ends in a partial unit of its own."""
-  kern = kernel_geometry(m, n, comm_sms)
+  kern = kernel_geometry(m, n, comm_sms, transpose_w)
   return blocks * math.ceil(m // blocks / kern.rows_per_unit) * math.ceil(n / kern.block_n)
 
 
-def gemm_waves(m: int, n: int, comm_sms: int, k: int | None = None, blocks: int = 1) -> float:
+def gemm_waves(m: int, n: int, comm_sms: int, k: int | None = None, blocks: int = 1,
+               transpose_w: bool = False) -> float:
   """Waves of the persistent grid over the whole GEMM (the kernel's work units, gemm_units:
   `blocks` rank blocks), in unit times. Given the per-device K, the split tail counts: the
   last two waves take (clusters + R) / clusters unit times instead of 2 (e.g. 8192 x 8192 on
   124 SMs: 16.5, not 17); k None: whole units (an int)."""
-  kern = kernel_geometry(m, n, comm_sms)
-  units = gemm_units(m, n, comm_sms, blocks)
+  kern = kernel_geometry(m, n, comm_sms, transpose_w)
+  units = gemm_units(m, n, comm_sms, blocks, transpose_w)
   whole = math.ceil(units / kern.grid)
   if k is None or not split_tail_enabled():
     return whole
@@ -304,7 +307,7 @@ def gemm_waves(m: int, n: int, comm_sms: int, k: int | None = None, blocks: int 
 
 
 def wave_aligned_comm_sms(m: int, n: int, comm_sms: int, limit: int, k: int | None = None,
-                          blocks: int = 1) -> int:
+                          blocks: int = 1, transpose_w: bool = False) -> int:
   """The most SMs, up to `limit`, that can be left to NCCL without costing the GEMM anything
   more than `comm_sms` does: same tile shape, same waves of its persistent grid (gemm_waves;
   with k, the split tail's fractional waves, which rarely stay equal: where the kernel splits
@@ -312,25 +315,27 @@ def wave_aligned_comm_sms(m: int, n: int, comm_sms: int, limit: int, k: int | No
   which are then free for the collective; e.g. at 4096 x 8192 (512 cluster units) with whole
   units 8 to 18 SMs left all take 9 waves (`bench gemm` on one H200, d3c65a9: 0.864 vs 0.861
   of XLA at 8 vs 16). blocks: the rank blocks of the group layout (gemm_units)."""
-  kern, waves = kernel_geometry(m, n, comm_sms), gemm_waves(m, n, comm_sms, k, blocks)
+  kern = kernel_geometry(m, n, comm_sms, transpose_w)
+  waves = gemm_waves(m, n, comm_sms, k, blocks, transpose_w)
   best = comm_sms
   for c in range(comm_sms + 1, min(limit, NUM_SMS - 2) + 1):
-    other = kernel_geometry(m, n, c)
-    if (other.block_m, other.block_n, other.cluster_m) != (
-        kern.block_m, kern.block_n, kern.cluster_m) or gemm_waves(m, n, c, k, blocks) > waves:
+    other = kernel_geometry(m, n, c, transpose_w)
+    if (other.block_m, other.block_n, other.cluster_m) != (kern.block_m, kern.block_n,
+        kern.cluster_m) or gemm_waves(m, n, c, k, blocks, transpose_w) > waves:
       break
     best = c
   return best
 
 
-def raised_comm_sms_candidates(m: int, n: int, candidates, limit: int,
-                               k: int | None = None, blocks: int = 1) -> list:
+def raised_comm_sms_candidates(m: int, n: int, candidates, limit: int, k: int | None = None,
+                               blocks: int = 1, transpose_w: bool = False) -> list:
   """`candidates` and each raised to its wave boundary (at most `limit`, never below itself):
   the comm_sms values a cost model compares for a GEMM of m x n (x k: the split tail; in
   `blocks` rank blocks). Both are kept, since the raised one is not always better (fewer
   clusters finish the early groups later)."""
   return sorted({s for c in candidates
-                 for s in (c, wave_aligned_comm_sms(m, n, c, max(c, limit), k, blocks))})
+                 for s in (c, wave_aligned_comm_sms(m, n, c, max(c, limit), k, blocks,
+                                                    transpose_w))})
 
 
 def calibrated_ctas(collective: str, profile: MachineProfile) -> int:
@@ -351,11 +356,13 @@ def cut_step(m: int, n: int, comm_sms: int) -> int:
 
 @cached_per_kernel_switches
 def default_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: int = 2,
-                 profile: MachineProfile = DEFAULT_PROFILE) -> GroupPlan:
+                 profile: MachineProfile = DEFAULT_PROFILE, transpose_w: bool = False
+                 ) -> GroupPlan:
   """The cost model's best plan for this problem (deterministic; identical on every rank).
 
   m is the per-device GEMM's M (all rows of x), k its K (the local shard of the global K).
-  comm_sms is the profile's, or the best of its candidates.
+  comm_sms is the profile's, or the best of its candidates. transpose_w: w is [N, K] (the
+  kernel's tile width then ignores FLASHOVERLAP_GEMM_SCHEDULE; part of the cache key).
   """
   if collective not in ("all_reduce", "reduce_scatter"):
     raise ValueError(f"unknown collective {collective!r}")
@@ -364,8 +371,10 @@ def default_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: 
   else:  # raised within the CTA counts the bandwidth table was measured at
     candidates = raised_comm_sms_candidates(m, n, profile.comm_sms_candidates,
                                             calibrated_ctas(collective, profile), k,
-                                            world if collective == "reduce_scatter" else 1)
-  plans = [_best_bands(collective, m, n, k, world, itemsize, profile, sms) for sms in candidates]
+                                            world if collective == "reduce_scatter" else 1,
+                                            transpose_w)
+  plans = [_best_bands(collective, m, n, k, world, itemsize, profile, sms, transpose_w)
+           for sms in candidates]
   plan = min(plans, key=lambda p: p.predicted_s)
   plan.validate()
   return plan
@@ -460,17 +469,19 @@ def best_cuts(rows: int, step: int, gemm_end, comm_time) -> tuple:
   return next(bands for _, (e, bands) in sorted(plans.items()) if e <= end + 1e-12)
 
 
-def _best_bands(collective, m, n, k, world, itemsize, p, comm_sms) -> GroupPlan:
+def _best_bands(collective, m, n, k, world, itemsize, p, comm_sms, transpose_w) -> GroupPlan:
   """The cost model's best group boundaries for one comm_sms (best_cuts)."""
   blocks = world if collective == "reduce_scatter" else 1
   rows = m // blocks
-  kern = kernel_geometry(m, n, comm_sms)
+  kern = kernel_geometry(m, n, comm_sms, transpose_w)
   unit_time = 2.0 * kern.block_m * kern.block_n * k / p.sm_flops * p.interference
   band_rows = best_cuts(
-      rows, kern.rows_per_unit, gemm_end_fn(collective, m, n, world, comm_sms, unit_time, k),
+      rows, kern.rows_per_unit,
+      gemm_end_fn(collective, m, n, world, comm_sms, unit_time, k, transpose_w),
       lambda r0, r1: _comm_time(collective, _group_bytes(collective, r0, r1, n, world, itemsize),
                                 world, p, comm_sms))
-  predicted = plan_time(collective, m, n, k, world, band_rows, comm_sms, itemsize, p)
+  predicted = plan_time(collective, m, n, k, world, band_rows, comm_sms, itemsize, p,
+                        transpose_w)
   baseline = baseline_time(collective, m, n, k, world, itemsize, p)
   return GroupPlan(collective, rows, band_rows, comm_sms,
                    predicted < baseline * (1.0 - p.min_gain), predicted, baseline)
@@ -532,11 +543,12 @@ def is_forced() -> bool:
 
 def choose_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: int = 2,
                 comm_sms: int | None = None, gpu: str | None = None,
-                dtype: str = "bfloat16", in_place: bool = False) -> GroupPlan:
+                dtype: str = "bfloat16", in_place: bool = False,
+                transpose_w: bool = False) -> GroupPlan:
   """The plan an op lowers with, by priority: an active `forced(...)` override; an explicit
   `comm_sms` (the cost model's best bands for it); a tuned config entry for this GPU, world
   size and shape (jax_flashoverlap.tuning; tuned with the registered workspace, so not for
-  an all-reduce `in_place` on XLA's output); the cost model."""
+  an all-reduce `in_place` on XLA's output); the cost model (transpose_w: w is [N, K])."""
   in_place = bool(in_place) and collective == "all_reduce"
   override = _override.get()
   forced_groups, forced_sms, forced_overlap, forced_bands, forced_policy = (
@@ -559,7 +571,7 @@ def choose_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: i
     profile = dataclasses.replace(profile, comm_sms=int(comm_sms))
   if in_place:
     profile = dataclasses.replace(profile, all_reduce_in_place=True)
-  plan = default_plan(collective, m, n, k, world, itemsize, profile)
+  plan = default_plan(collective, m, n, k, world, itemsize, profile, transpose_w)
   if override is None:
     return plan
   bands = forced_bands
@@ -567,7 +579,7 @@ def choose_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: i
     bands = aligned_even_bands(collective, m, n, world, forced_groups, plan.comm_sms)
   if bands is not None:
     plan = dataclasses.replace(plan, band_rows=bands, predicted_s=plan_time(
-        collective, m, n, k, world, bands, plan.comm_sms, itemsize, profile))
+        collective, m, n, k, world, bands, plan.comm_sms, itemsize, profile, transpose_w))
   plan = dataclasses.replace(plan, overlap=forced_overlap)
   if forced_policy is not None:
     plan = dataclasses.replace(plan, cta_policy=forced_policy)

@@ -92,10 +92,10 @@ class AllGatherPlan:
   gather: str = "p2p"
 
 
-def _kernel(m: int, n: int, comm_sms: int):
+def _kernel(m: int, n: int, comm_sms: int, transpose_w: bool = False):
   """(rows per work unit, block_n, clusters) as signaling_gemm.cu's ChooseTileShape (the
-  collectives' model's mirror of it, plan.kernel_geometry)."""
-  kern = plan_lib.kernel_geometry(m, n, comm_sms)
+  collectives' model's mirror of it, plan.kernel_geometry; transpose_w: w is [N, K])."""
+  kern = plan_lib.kernel_geometry(m, n, comm_sms, transpose_w)
   return kern.rows_per_unit, kern.block_n, kern.grid
 
 
@@ -127,9 +127,9 @@ def a2a_baseline(m, n, k, world, itemsize=2, p: CommProfile = DEFAULT_PROFILE) -
 
 
 def a2a_plan_time(m, n, k, world, split_axis, concat_axis, band_rows, comm_sms, itemsize=2,
-                  p: CommProfile = DEFAULT_PROFILE) -> float:
+                  p: CommProfile = DEFAULT_PROFILE, transpose_w: bool = False) -> float:
   blocks, _, cols = a2a_shape(m, n, world, split_axis)
-  step, block_n, grid = _kernel(m, n, comm_sms)
+  step, block_n, grid = _kernel(m, n, comm_sms, transpose_w)
   unit = _unit_time(k, step, block_n, p)
   n_tiles = math.ceil(n / block_n)
   bw = _busbw(p.p2p_bw, comm_sms)
@@ -145,9 +145,10 @@ def a2a_plan_time(m, n, k, world, split_axis, concat_axis, band_rows, comm_sms, 
   return comm_end
 
 
-def _best_a2a(m, n, k, world, split_axis, concat_axis, itemsize, p, comm_sms) -> AllToAllPlan:
+def _best_a2a(m, n, k, world, split_axis, concat_axis, itemsize, p, comm_sms,
+              transpose_w=False) -> AllToAllPlan:
   blocks, rows, cols = a2a_shape(m, n, world, split_axis)
-  step, block_n, grid = _kernel(m, n, comm_sms)
+  step, block_n, grid = _kernel(m, n, comm_sms, transpose_w)
   unit = _unit_time(k, step, block_n, p)
   n_tiles = math.ceil(n / block_n)
   bw = _busbw(p.p2p_bw, comm_sms)
@@ -155,7 +156,7 @@ def _best_a2a(m, n, k, world, split_axis, concat_axis, itemsize, p, comm_sms) ->
       rows, step, lambda r: math.ceil(blocks * math.ceil(r / step) * n_tiles / grid) * unit,
       lambda r0, r1: p.comm_latency + (world - 1) * (r1 - r0) * cols * itemsize / bw)
   predicted = a2a_plan_time(m, n, k, world, split_axis, concat_axis, band_rows, comm_sms,
-                            itemsize, p)
+                            itemsize, p, transpose_w)
   baseline = a2a_baseline(m, n, k, world, itemsize, p)
   return AllToAllPlan(rows, band_rows, comm_sms, predicted < baseline * (1 - p.min_gain),
                       predicted, baseline)
@@ -175,22 +176,23 @@ def a2a_supported(m: int, n: int, world: int, split_axis: int, k: int = 0) -> st
 
 
 def _comm_sms_candidates(m: int, n: int, p: CommProfile, k: int | None = None,
-                         blocks: int = 1) -> list:
+                         blocks: int = 1, transpose_w: bool = False) -> list:
   """The profile's comm_sms, else its candidates and each raised to the most SMs that cost the
   GEMM no extra wave, within the calibrated CTA counts (plan.wave_aligned_comm_sms; blocks:
   the group layout's rank blocks, a2a_shape)."""
   if p.comm_sms is not None:
     return [p.comm_sms]
   return plan_lib.raised_comm_sms_candidates(m, n, p.comm_sms_candidates,
-                                             max(c for c, _ in p.p2p_bw), k, blocks)
+                                             max(c for c, _ in p.p2p_bw), k, blocks,
+                                             transpose_w)
 
 
 @plan_lib.cached_per_kernel_switches
 def default_a2a_plan(m, n, k, world, split_axis, concat_axis, itemsize=2,
-                     profile: CommProfile = DEFAULT_PROFILE) -> AllToAllPlan:
-  plans = [_best_a2a(m, n, k, world, split_axis, concat_axis, itemsize, profile, c)
+                     profile: CommProfile = DEFAULT_PROFILE, transpose_w=False) -> AllToAllPlan:
+  plans = [_best_a2a(m, n, k, world, split_axis, concat_axis, itemsize, profile, c, transpose_w)
            for c in _comm_sms_candidates(m, n, profile, k,
-                                         a2a_shape(m, n, world, split_axis)[0])]
+                                         a2a_shape(m, n, world, split_axis)[0], transpose_w)]
   return min(plans, key=lambda q: q.predicted_s)
 
 
@@ -207,11 +209,12 @@ def all_gather_baseline(rows, n, k, world, itemsize=2, p: CommProfile = DEFAULT_
 
 
 def all_gather_plan_time(rows, n, k, world, chunks, comm_sms, itemsize=2,
-                         p: CommProfile = DEFAULT_PROFILE, gather: str = "p2p") -> float:
+                         p: CommProfile = DEFAULT_PROFILE, gather: str = "p2p",
+                         transpose_w: bool = False) -> float:
   """Chunks arrive one after another; the GEMM runs chunk by chunk, never before arrival.
   Collective gather: every remote block arrives at once, after one all-gather."""
   f = rows // chunks
-  step, block_n, grid = _kernel(world * rows, n, comm_sms)
+  step, block_n, grid = _kernel(world * rows, n, comm_sms, transpose_w)
   unit = _unit_time(k, step, block_n, p)
   chunk_work = math.ceil(f / step) * math.ceil(n / block_n) * unit / grid
   if gather == "collective":
@@ -228,8 +231,9 @@ def all_gather_plan_time(rows, n, k, world, chunks, comm_sms, itemsize=2,
 
 @plan_lib.cached_per_kernel_switches
 def default_all_gather_plan(rows, n, k, world, itemsize=2,
-                            profile: CommProfile = DEFAULT_PROFILE) -> AllGatherPlan:
-  sms = _comm_sms_candidates(world * rows, n, profile, k)
+                            profile: CommProfile = DEFAULT_PROFILE,
+                            transpose_w=False) -> AllGatherPlan:
+  sms = _comm_sms_candidates(world * rows, n, profile, k, 1, transpose_w)
   baseline = all_gather_baseline(rows, n, k, world, itemsize, profile)
   big_enough = _all_gather_gemm_time(rows, n, k, world, profile) >= profile.min_all_gather_gemm_s
   candidates = [(c, chunks, "p2p") for c in sms for chunks in profile.chunk_candidates
@@ -238,7 +242,8 @@ def default_all_gather_plan(rows, n, k, world, itemsize=2,
     candidates += [(c, 1, "collective") for c in profile.ce_comm_sms]
   best = None
   for c, chunks, gather in candidates:
-    t = all_gather_plan_time(rows, n, k, world, chunks, c, itemsize, profile, gather)
+    t = all_gather_plan_time(rows, n, k, world, chunks, c, itemsize, profile, gather,
+                             transpose_w)
     if best is None or t < best.predicted_s - 1e-12:
       best = AllGatherPlan(chunks, max(1, c),
                            big_enough and t < baseline * (1 - profile.min_gain), t, baseline,
@@ -295,9 +300,10 @@ def _tuned(collective, gpu, world, dtype, m, n, k, **variant):
 
 
 def choose_a2a_plan(m, n, k, world, split_axis, concat_axis, itemsize=2,
-                    comm_sms=None, gpu=None, dtype="bfloat16") -> AllToAllPlan:
+                    comm_sms=None, gpu=None, dtype="bfloat16", transpose_w=False
+                    ) -> AllToAllPlan:
   """By priority: a `forced(...)` override, an explicit comm_sms, a tuned config entry for
-  this GPU, world size and shape, the cost model."""
+  this GPU, world size and shape, the cost model (transpose_w: w is [N, K])."""
   override = _override.get()
   if override is None and comm_sms is None:
     entry = _tuned("all_to_all", gpu, world, dtype, m, n, k, split_axis=split_axis,
@@ -308,7 +314,7 @@ def choose_a2a_plan(m, n, k, world, split_axis, concat_axis, itemsize=2,
                           entry.get("measured_ms", 0.0) / 1e3,
                           entry.get("baseline_ms", 0.0) / 1e3)
   plan = default_a2a_plan(m, n, k, world, split_axis, concat_axis, itemsize,
-                          _profile_for(comm_sms))
+                          _profile_for(comm_sms), transpose_w)
   if override is None:
     return plan
   num_groups, _, overlap, _, _ = override
@@ -316,12 +322,13 @@ def choose_a2a_plan(m, n, k, world, split_axis, concat_axis, itemsize=2,
     step = _kernel(m, n, plan.comm_sms)[0]
     bands = plan_lib.even_bands(plan.rows_per_block, num_groups, step)
     plan = dataclasses.replace(plan, band_rows=bands, predicted_s=a2a_plan_time(
-        m, n, k, world, split_axis, concat_axis, bands, plan.comm_sms, itemsize))
+        m, n, k, world, split_axis, concat_axis, bands, plan.comm_sms, itemsize,
+        transpose_w=transpose_w))
   return dataclasses.replace(plan, overlap=overlap)
 
 
 def choose_all_gather_plan(rows, n, k, world, itemsize=2, comm_sms=None, gpu=None,
-                           dtype="bfloat16") -> AllGatherPlan:
+                           dtype="bfloat16", transpose_w=False) -> AllGatherPlan:
   """By priority: a `forced(...)` override, an explicit comm_sms, a tuned config entry, the
   cost model."""
   override = _override.get()
@@ -331,7 +338,8 @@ def choose_all_gather_plan(rows, n, k, world, itemsize=2, comm_sms=None, gpu=Non
       return AllGatherPlan(entry["chunks"], max(1, entry["comm_sms"]),
                            entry.get("overlap", True), entry.get("measured_ms", 0.0) / 1e3,
                            entry.get("baseline_ms", 0.0) / 1e3, entry.get("gather", "p2p"))
-  plan = default_all_gather_plan(rows, n, k, world, itemsize, _profile_for(comm_sms))
+  plan = default_all_gather_plan(rows, n, k, world, itemsize, _profile_for(comm_sms),
+                                 transpose_w)
   if override is None:
     return plan
   _, _, overlap, chunks, gather = override
@@ -349,5 +357,5 @@ def choose_all_gather_plan(rows, n, k, world, itemsize=2, comm_sms=None, gpu=Non
   plan = dataclasses.replace(plan, chunks=chunks, gather=gather,
                              predicted_s=all_gather_plan_time(
                                  rows, n, k, world, chunks, plan.comm_sms, itemsize,
-                                 gather=gather))
+                                 gather=gather, transpose_w=transpose_w))
   return dataclasses.replace(plan, overlap=overlap)

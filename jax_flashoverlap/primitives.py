@@ -135,7 +135,7 @@ def _collective_cuda_lowering(prim, reference_lowering, collective):
     in_place = collective == "all_reduce" and _ext.all_reduce_in_place()
     plan = plan_lib.choose_plan(collective, m, n, k, world, dtype.itemsize, comm_sms,
                                 gpu=comm.mesh_gpu_name(mesh), dtype=dtype.name,
-                                in_place=in_place)
+                                in_place=in_place, transpose_w=bool(transpose_w))
     comm_id = prepare_communicators(
         prim.name, mesh, axis_name,
         {"band_rows": list(plan.band_rows), "in_place": in_place, "cta_policy": plan.cta_policy},

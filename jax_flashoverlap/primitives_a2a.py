@@ -76,7 +76,8 @@ def _a2a_cuda_lowering(ctx, x, w, *, axis_name, split_axis, concat_axis, comm_sm
     publish_decision(prim.name, ctx, {"overlap": False})
     return reference()
   plan = plan_a2a.choose_a2a_plan(m, n, k, world, split_axis, concat_axis, dtype.itemsize,
-                                  comm_sms, gpu=comm.mesh_gpu_name(mesh), dtype=dtype.name)
+                                  comm_sms, gpu=comm.mesh_gpu_name(mesh), dtype=dtype.name,
+                                  transpose_w=bool(transpose_w))
   workspace = m * n * dtype.itemsize * (2 if concat_axis == 1 else 1)
   comm_id = _prepare_comm(prim, mesh, axis_name,
                           {"band_rows": list(plan.band_rows), "comm_sms": plan.comm_sms},
@@ -105,7 +106,8 @@ def _ag_cuda_lowering(ctx, x, w, *, axis_name, comm_sms, transpose_w, return_gat
     publish_decision(prim.name, ctx, {"overlap": False})
     return reference()
   plan = plan_a2a.choose_all_gather_plan(rows, n, k, world, dtype.itemsize, comm_sms,
-                                         gpu=comm.mesh_gpu_name(mesh), dtype=dtype.name)
+                                         gpu=comm.mesh_gpu_name(mesh), dtype=dtype.name,
+                                         transpose_w=bool(transpose_w))
   # Peer-to-peer with the gathered rows returned: they are received straight into that
   # output, no workspace.
   collective = plan.gather == "collective"

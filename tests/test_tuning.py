@@ -286,7 +286,8 @@ def test_reduce_scatter_model_counts_the_kernels_units(m, n, k, world):
     assert whole(rows) == math.ceil(units / kern.grid)
     k_tiles = math.ceil(k / P.BLOCK_K)
     split, _, length = P.split_tail(units, kern.grid, k_tiles, kern.max_split_slots)
-    waves = (units - split) / kern.grid + length / k_tiles if split else math.ceil(units / kern.grid)
+    waves = ((units - split) / kern.grid + length / k_tiles if split
+             else math.ceil(units / kern.grid))
     tail = P.gemm_end_fn("reduce_scatter", m, n, world, plan.comm_sms, 1.0, k)
     assert tail(rows) == pytest.approx(waves)
     for c in P.raised_comm_sms_candidates(m, n, (8, 16), 16, k, world):  # no extra wave
@@ -358,6 +359,27 @@ def test_pingpong_schedule_geometry(monkeypatch):
     source = (pathlib.Path(__file__).parent.parent / "xla_ffi/kernels/signaling_gemm.cu").read_text()
     assert '"FLASHOVERLAP_GEMM_SCHEDULE", "cooperative", "pingpong"' in source
     assert "wide = GemmTileShape{128, 128, 2}" in source
+
+
+def test_pingpong_schedule_leaves_transpose_w_plans_alone(monkeypatch):
+    """The launcher keeps the cooperative 128x256 tiles for [N, K] weights whatever
+    FLASHOVERLAP_GEMM_SCHEDULE says (ChooseTileShape): the plans of transpose_w ops do not
+    change with it (they did: the model priced 128x128 ping-pong tiles)."""
+    from jax_flashoverlap import plan_a2a as A
+
+    def plans(transpose_w):
+        return (P.choose_plan("all_reduce", 8192, 8192, 4096, 2, transpose_w=transpose_w),
+                P.choose_plan("reduce_scatter", 8192, 8192, 4096, 2, transpose_w=transpose_w),
+                A.choose_a2a_plan(8192, 8192, 4096, 2, 0, 0, transpose_w=transpose_w),
+                A.choose_all_gather_plan(4096, 8192, 8192, 2, transpose_w=transpose_w))
+
+    nk, kn = plans(True), plans(False)
+    monkeypatch.setenv("FLASHOVERLAP_GEMM_SCHEDULE", "pingpong")
+    assert P.kernel_geometry(8192, 8192, 8, transpose_w=True).block_n == 256
+    assert plans(True) == nk
+    assert all(a != b for a, b in zip(plans(False), kn))  # [K, N]: ping-pong tiles
+    source = (pathlib.Path(__file__).parent.parent / "xla_ffi/kernels/signaling_gemm.cu").read_text()
+    assert "pingpong && !args.transpose_w" in source
 
 
 def test_cached_plans_follow_the_kernel_switches(monkeypatch):
