@@ -13,11 +13,15 @@ Optional: cta_policy ("default" | "efficiency" | "zero": the communicator's
 ncclConfig_t.CTAPolicy the plan runs with). Informative: measured_ms / baseline_ms (ours and
 XLA's dot + collective when tuned), predicted_ms and model_error (the tuner's measured cost
 model for the kept plan: predicted / measured - 1), cta_policy_ms (the kept plan's time under
-each policy tried), source (the command that wrote it). Any other key is an error (a typo).
+each policy tried), source (the command that wrote it). Any other key is an error (a typo),
+and so is another collective's (COLLECTIVE_KEYS: band_rows for all but all_gather,
+cta_policy / cta_policy_ms for all_reduce and reduce_scatter, split_axis / concat_axis for
+all_to_all, chunks / gather for all_gather).
 
 m, n, k are the per-device GEMM's (x [m, k], w [k, n]). Files are read from the package's
 `configs/` folder, then from the user's config dir ($JAX_FLASHOVERLAP_CONFIG_DIR, default
-~/.cache/jax_flashoverlap; when set, it must be a directory), whose entries win;
+$XDG_CACHE_HOME/jax_flashoverlap, else ~/.cache/jax_flashoverlap; when set, it must be a
+directory), whose entries win;
 $JAX_FLASHOVERLAP_TUNED=0 (an on/off switch) ignores them all. A file that does not validate
 is an error that names the file and the field: silently ignoring it could give ranks
 different plans.
@@ -40,13 +44,18 @@ TUNED_ENV = "JAX_FLASHOVERLAP_TUNED"  # an off switch (0/false/no/off): the cost
 PACKAGE_DIR = Path(__file__).resolve().parent / "configs"
 _COLLECTIVES = ("all_reduce", "reduce_scatter", "all_to_all", "all_gather")
 _DTYPES = ("bfloat16", "float16")
-# Every key an entry may hold (what tune.py and tune_a2a.py write): an unknown one is a typo
-# whose field would silently keep its default (a misspelled "overlap": false would overlap).
-ENTRY_KEYS = frozenset((
-    "collective", "dtype", "m", "n", "k", "comm_sms", "overlap", "cta_policy",
-    "band_rows", "split_axis", "concat_axis", "chunks", "gather",  # the plan
-    "measured_ms", "baseline_ms", "predicted_ms", "model_error", "cta_policy_ms",  # informative
-    "source"))
+# The keys an entry may hold, by collective (what tune.py and tune_a2a.py write): an unknown one
+# is a typo whose field would silently keep its default (a misspelled "overlap": false would
+# overlap), another collective's a mix-up that would be ignored.
+_COMMON_KEYS = frozenset((
+    "collective", "dtype", "m", "n", "k", "comm_sms", "overlap",
+    "measured_ms", "baseline_ms", "predicted_ms", "model_error", "source"))  # + informative
+_COLLECTIVE_RS_KEYS = _COMMON_KEYS | {"band_rows", "cta_policy", "cta_policy_ms"}
+COLLECTIVE_KEYS = {
+    "all_reduce": _COLLECTIVE_RS_KEYS, "reduce_scatter": _COLLECTIVE_RS_KEYS,
+    "all_to_all": _COMMON_KEYS | {"band_rows", "split_axis", "concat_axis"},
+    "all_gather": _COMMON_KEYS | {"chunks", "gather"}}
+ENTRY_KEYS = frozenset().union(*COLLECTIVE_KEYS.values())
 
 _lock = threading.Lock()
 _cache: dict = {}
@@ -174,6 +183,11 @@ def validate(data, path="<config>") -> dict:
     _check_keys(path, where, e)
     if e.get("collective") not in _COLLECTIVES:
       _fail(path, f"{where}: 'collective' must be one of {_COLLECTIVES}, got {e.get('collective')!r}")
+    allowed = COLLECTIVE_KEYS[e["collective"]]
+    for key in e:
+      if key not in allowed:
+        _fail(path, f"{where}: key {key!r} is not a key of {e['collective']} entries (it is "
+                    f"another collective's); theirs are {', '.join(sorted(allowed))}")
     if e.get("dtype") not in _DTYPES:
       _fail(path, f"{where}: 'dtype' must be one of {_DTYPES}, got {e.get('dtype')!r}")
     m, n, k = (_int(path, where, e, f, 1) for f in ("m", "n", "k"))

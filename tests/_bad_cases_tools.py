@@ -87,6 +87,11 @@ def cfg_unknown_key_cta_policy(t):
     _config(t, [_entry(cta_polcy="zero")])
 
 
+def cfg_other_collectives_key(t):
+    # all-gather keys in an all-reduce entry (was accepted and ignored)
+    _config(t, [_entry(chunks=4, gather="collective")])
+
+
 def cfg_measured_ms_huge(t):
     # valid JSON, but no float: it passed and crashed choose_plan with OverflowError
     _config(t, [_entry(measured_ms=10 ** 400)])

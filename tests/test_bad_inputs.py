@@ -292,6 +292,9 @@ CASES = [
     pytest.param(cfg_unknown_key_cta_policy, raises(CFG, "plans.json", "entries[0]: unknown key "
                                                     "'cta_polcy' (did you mean 'cta_policy'?)"),
                  id="config-entry-unknown-key-cta-policy"),
+    pytest.param(cfg_other_collectives_key, raises(CFG, "plans.json", "entries[0]: key 'chunks' "
+                                                   "is not a key of all_reduce entries"),
+                 id="config-entry-other-collectives-key"),
     pytest.param(cfg_not_utf8, raises(CFG, "plans.json", "not UTF-8 text"),
                  id="config-not-utf8"),
     pytest.param(cfg_duplicate_key, raises(CFG, "plans.json", "duplicate key 'overlap'"),

@@ -155,6 +155,9 @@ def test_every_key_the_tuner_writes_is_allowed():
                              plan_a2a.choose_a2a_plan(4096, 8192, 4096, 2, 0, 0), 1.0, 1.2)
     entries = [ours, xla, gather, a2a]
     assert set().union(*entries) == tuning.ENTRY_KEYS
+    for e in entries:  # and each only its own collective's
+        assert set(e) <= tuning.COLLECTIVE_KEYS[e["collective"]], e
+    assert set(ours) | set(xla) == tuning.COLLECTIVE_KEYS["all_reduce"]
     assert len(tuning.validate({"schema": tuning.SCHEMA, "gpu": H200, "world_size": 2,
                                 "entries": entries})) == 4
 
@@ -177,6 +180,12 @@ def test_tuned_switch_and_config_dir_env(tmp_path, monkeypatch):
     for on in ("1", "true", "on", ""):
         monkeypatch.setenv(tuning.TUNED_ENV, on)
         assert lookup()["comm_sms"] == 12, on
+    # unset, the default honours XDG_CACHE_HOME (README), else ~/.cache
+    monkeypatch.delenv(tuning.CONFIG_DIR_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert tuning.user_config_dir() == tmp_path / "xdg" / "jax_flashoverlap"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert tuning.user_config_dir() == home / ".cache" / "jax_flashoverlap"
 
 
 def test_write_entries_merges_and_checks_gpu(user_dir):
