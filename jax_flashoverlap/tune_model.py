@@ -25,6 +25,7 @@ import itertools
 import math
 
 from jax_flashoverlap import plan as plan_lib
+from jax_flashoverlap import plan_search
 
 EXHAUSTIVE_CUTS = 12   # <= 4096 plans per comm_sms
 MAX_EVEN = 12
@@ -173,9 +174,9 @@ class Candidate:
 
 def best_cuts_by_count(rows: int, step: int, gemm_end, comm_time, max_groups: int) -> dict:
   """{G: band_rows} minimizing the pipeline's end for each group count G <= max_groups
-  (plan.cuts_by_count): with a fixed cost per group, the best plan overall is one of these."""
+  (plan_search.cuts_by_count): with a fixed cost per group, the best plan overall is one of these."""
   return {g: bands for g, (_, bands) in
-          plan_lib.cuts_by_count(rows, step, gemm_end, comm_time, max_groups).items()}
+          plan_search.cuts_by_count(rows, step, gemm_end, comm_time, max_groups).items()}
 
 
 def _compositions(rows: int, step: int):

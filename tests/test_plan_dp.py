@@ -1,4 +1,4 @@
-"""The group plan's dynamic programming (plan.best_cuts, plan.cuts_by_count) against scalar
+"""The group plan's dynamic programming (plan_search.best_cuts, cuts_by_count) against scalar
 reference implementations written here, and the default plan where the 64-group cap binds
 (large M: the search used to drop the extensions past the cap and return far worse plans)."""
 import math
@@ -7,11 +7,12 @@ import random
 import pytest
 
 from jax_flashoverlap import plan as P
+from jax_flashoverlap import plan_search as S
 
 
 def _by_count_reference(rows, step, gemm_end, comm_time, max_groups):
   """Scalar triple loop: {G: earliest end} over the same candidate cuts."""
-  cuts = P.cut_grid(rows, step)
+  cuts = S.cut_grid(rows, step)
   best = {0: {0: 0.0}}
   for g in range(1, max_groups + 1):
     best[g] = {}
@@ -56,7 +57,7 @@ def _random_problem(seed):
 def test_cuts_by_count_is_exact_per_group_count(seed):
   rows, step, gemm_end, comm_time = _random_problem(seed)
   max_groups = 6
-  got = P.cuts_by_count(rows, step, gemm_end, comm_time, max_groups)
+  got = S.cuts_by_count(rows, step, gemm_end, comm_time, max_groups)
   want = _by_count_reference(rows, step, gemm_end, comm_time, max_groups)
   assert sorted(got) == sorted(want)
   for g, (end, bands) in got.items():
@@ -69,8 +70,8 @@ def test_cuts_by_count_is_exact_per_group_count(seed):
 @pytest.mark.parametrize("seed", range(40))
 def test_best_cuts_is_the_earliest_plan_within_the_cap(seed):
   rows, step, gemm_end, comm_time = _random_problem(seed)
-  bands = P.best_cuts(rows, step, gemm_end, comm_time)
-  ends = P.cuts_by_count(rows, step, gemm_end, comm_time, P.MAX_GROUPS)
+  bands = S.best_cuts(rows, step, gemm_end, comm_time)
+  ends = S.cuts_by_count(rows, step, gemm_end, comm_time, P.MAX_GROUPS)
   assert len(bands) - 1 <= P.MAX_GROUPS
   assert P.pipeline_time(bands, gemm_end, comm_time) == pytest.approx(
       min(e for e, _ in ends.values()), rel=1e-12, abs=1e-12)
@@ -83,8 +84,8 @@ def test_best_cuts_where_the_cap_binds():
   step, rows = 256, 256 * 300
   gemm_end = lambda r: float(r)  # noqa: E731
   comm_time = lambda r0, r1: 1e-3 + 0.5 * (r1 - r0)  # noqa: E731
-  bands = P.best_cuts(rows, step, gemm_end, comm_time)
-  best = min(e for e, _ in P.cuts_by_count(rows, step, gemm_end, comm_time, P.MAX_GROUPS).values())
+  bands = S.best_cuts(rows, step, gemm_end, comm_time)
+  best = min(e for e, _ in S.cuts_by_count(rows, step, gemm_end, comm_time, P.MAX_GROUPS).values())
   assert len(bands) - 1 <= P.MAX_GROUPS
   assert P.pipeline_time(bands, gemm_end, comm_time) == pytest.approx(best, rel=1e-12)
   old = _old_capped_search(rows, step, gemm_end, comm_time)
@@ -132,9 +133,9 @@ def test_default_plans_of_the_design_shapes_are_unchanged_by_the_fix():
 
 
 def test_cut_grid_coarsens_past_max_cuts():
-  assert P.cut_grid(1000, 256) == [0, 256, 512, 768, 1000]
-  grid = P.cut_grid(256 * (P.MAX_CUTS * 3), 256)
-  assert len(grid) - 1 <= P.MAX_CUTS and grid[1] % 256 == 0 and grid[1] > 256
+  assert S.cut_grid(1000, 256) == [0, 256, 512, 768, 1000]
+  grid = S.cut_grid(256 * (S.MAX_CUTS * 3), 256)
+  assert len(grid) - 1 <= S.MAX_CUTS and grid[1] % 256 == 0 and grid[1] > 256
 
 
 @pytest.mark.parametrize("kw, match", [
