@@ -95,20 +95,24 @@ print("RESULT", dict(calls=len(errs), during=during, max_err=float(np.nanmax(err
 '''
 
 
-def test_lowering_on_another_thread_grows_the_workspace_while_calls_run(tmp_path):
-    script = tmp_path / "threads.py"
-    script.write_text(_SCRIPT)
-    r = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True,
+def _run_script(path, text, timeout):
+    """Runs `text` as a child process (our kernels, outputs poisoned); its last RESULT line."""
+    path.write_text(text)
+    r = subprocess.run([sys.executable, str(path)], cwd=REPO, capture_output=True, text=True,
                        env=repo_env(XLA_PYTHON_CLIENT_PREALLOCATE="false",
                                     JAX_FLASHOVERLAP_FALLBACK="0",
                                     JAX_FLASHOVERLAP_POISON_OUTPUTS="1"),
-                       timeout=420)
+                       timeout=timeout)
     out = r.stdout + r.stderr
     print(out[-4000:])
     assert r.returncode == 0, out[-6000:]
     lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
     assert lines, out[-6000:]
-    res = ast.literal_eval(lines[-1][len("RESULT "):])
+    return ast.literal_eval(lines[-1][len("RESULT "):])
+
+
+def test_lowering_on_another_thread_grows_the_workspace_while_calls_run(tmp_path):
+    res = _run_script(tmp_path / "threads.py", _SCRIPT, timeout=420)
     assert res["grow_error"] == [] and not res["grower_alive"], res
     assert res["before"] < res["want"] <= res["after"], res  # the growths really happened
     assert res["during"] >= 20, res  # and calls were dispatched while they did
@@ -185,19 +189,7 @@ def test_destroying_communicators_while_another_thread_runs_calls(tmp_path):
     crashes the process or returns wrong values, and a new lowering makes communicators
     again. Before, destroy freed streams, counters and the communicator objects under a
     running handler."""
-    script = tmp_path / "destroy.py"
-    script.write_text(_DESTROY_SCRIPT)
-    r = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True,
-                       env=repo_env(XLA_PYTHON_CLIENT_PREALLOCATE="false",
-                                    JAX_FLASHOVERLAP_FALLBACK="0",
-                                    JAX_FLASHOVERLAP_POISON_OUTPUTS="1"),
-                       timeout=300)
-    out = r.stdout + r.stderr
-    print(out[-4000:])
-    assert r.returncode == 0, out[-6000:]
-    lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
-    assert lines, out[-6000:]
-    res = ast.literal_eval(lines[-1][len("RESULT "):])
+    res = _run_script(tmp_path / "destroy.py", _DESTROY_SCRIPT, timeout=300)
     assert res["left"] == 0 and not res["runner_alive"], res
     assert res["ok_before"] >= 5, res  # calls really ran when destroy came
     assert res["errors"] >= 1 and res["unexpected"] == [], res  # later calls refused cleanly
