@@ -90,12 +90,14 @@ class _Config:
   reduce: str
   dtype: tp.Any
   param_dtype: tp.Any
+  # Reverse mode only when True (custom_vjp: jax.jvp / jacfwd through the layer raise; README)
   overlap_backward: bool = False  # the backward's collective of dx overlapped too: column
   # layer: its all-reduce (sequence parallel: reduce-scatter) through matmul_all_reduce
   # (matmul_reduce_scatter), kernel read in place; row layer with reduce_scatter: dy's
   # all-gather through all_gather_matmul (which returns the gathered dy for dw)
   sequence_parallel: bool = False  # column layer: x sharded on its first dim, all_gather_matmul
   sequence_dim: int = 0  # the leading dim of x that is the sequence (gathered / scattered)
+  mesh_shape: tuple = ()  # ((axis, size), ...) of the mesh given at construction (NNX mesh=)
 
   def __post_init__(self):
     # Sizes as Python ints (numpy integers too, as nnx.Linear / nn.Dense take them); anything
@@ -184,6 +186,11 @@ class _Config:
                        f"axis {self.axis_name!r}")
     return None if size is None else size // n
 
+  def mesh_axis_size(self) -> int | None:
+    """The axis' size in the mesh in context, else in the construction mesh; None if unknown."""
+    size = _mesh_axis_size(self.axis_name)
+    return size if size is not None else dict(self.mesh_shape).get(self.axis_name)
+
   def local_view(self) -> int | None:
     """The axis size when running per-device (inside shard_map over axis_name), else None."""
     if self.axis_name in _compat.bound_axis_names():
@@ -266,7 +273,13 @@ def _forward(cfg: _Config, x, kernel, bias, in_features: int):
           "shards: pass the params with their partition specs" if n else
           "outside shard_map x and the params are global arrays")
   expect = tuple(cfg.shapes(in_features)[0])
-  cfg.check_aligned(in_features, n or _mesh_axis_size(cfg.axis_name))
+  if not n and _compat.manual_axis_names():
+    raise ValueError(
+        f"{cfg.layer}: called inside jax.shard_map manual over "
+        f"{tuple(_compat.manual_axis_names())} but not over its axis {cfg.axis_name!r}: add "
+        f"{cfg.axis_name!r} to the shard_map's axis_names (the layer then works on the local "
+        "shards), or call it outside shard_map (global view under jax.jit)")
+  cfg.check_aligned(in_features, n or cfg.mesh_axis_size())
   if x.ndim < 1 or x.shape[-1] != expect[0] or tuple(kernel.shape) != expect:
     raise ValueError(f"{cfg.layer}: x {tuple(x.shape)} and kernel {tuple(kernel.shape)} do not "
                      f"match: expected x [..., {expect[0]}] and kernel {expect}; {view}")
@@ -289,8 +302,8 @@ def _row(cfg: _Config, x, w):
     return ops.matmul_all_reduce(x, w, cfg.axis_name)
   # reduce_scatter: the first dim of x (or sequence_dim) is scattered over the axis (rank r
   # keeps [r*S/n, (r+1)*S/n)), as psum_scatter(x @ w, axis, scatter_dimension=0, tiled=True).
-  dim = cfg.sequence_dim
-  if dim >= len(lead) or lead[dim] % n:
+  dim = _validation.check_sequence_dim(cfg.layer, cfg.sequence_dim, x.ndim)
+  if lead[dim] % n:
     which = "the first dim" if dim == 0 else f"dim {dim} (sequence_dim)"
     raise ValueError(f"{cfg.layer}: reduce='reduce_scatter' needs {which} of x (shape "
                      f"{tuple(x.shape)}) to be divisible by the size {n} of axis "
@@ -384,9 +397,10 @@ _row_scatter_matmul = _overlapped_dx(
 
 
 def _jit_axis(cfg: _Config):
-  # Name the contracting axis when the mesh is known (Shardy then infers the reduce-scatter
-  # layout on meshes of several axes); else row_parallel_matmul takes it from x's sharding.
-  return cfg.axis_name if _mesh_axis_size(cfg.axis_name) is not None else None
+  # Name the contracting axis when the mesh is known (in context, or the NNX layer's mesh=:
+  # Shardy then infers the reduce-scatter layout on meshes of several axes); else
+  # row_parallel_matmul takes it from x's sharding.
+  return cfg.axis_name if cfg.mesh_axis_size() is not None else None
 
 
 # ----------------------------------------------------------------------------- Flax NNX
@@ -403,7 +417,8 @@ class _NNXParallel(nnx.Module):
     layer = type(self).__name__
     axis_name = _resolve_logical(layer, self._row, kernel_axes, axis_name, sharding_rules)
     self.cfg = _Config(layer, self._row, in_features, out_features, axis_name, reduce, dtype,
-                       param_dtype, overlap_backward, sequence_parallel, sequence_dim)
+                       param_dtype, overlap_backward, sequence_parallel, sequence_dim,
+                       () if mesh is None else tuple(mesh.shape.items()))
     self.cfg.check(mesh)
     kshape, bshape, kspec, bspec = self.cfg.shapes(in_features)
     # Sharded now when a mesh is known (and the params are global); else only annotated.

@@ -43,8 +43,23 @@ def row_parallel_matmul(x, w, reduce: str = "all_reduce", axis_name=None, *,
   transpose_w = _validation.check_transpose_w(op, transpose_w)
   _validation.check_operands(op, x, w, transpose_w=transpose_w)
   sequence_dim = _validation.check_sequence_dim(op, sequence_dim, len(x.shape))
+  check_not_in_shard_map(op, f"matmul_{reduce}")
   check_global_axis_name(op, axis_name)
   return refuse_vmap(op, _row_parallel_ad, x, w, reduce, axis_name, sequence_dim, transpose_w)
+
+
+def check_not_in_shard_map(op, per_device):
+  """The global views are for jax.jit without shard_map. Inside one, XLA never partitions
+  their custom_partitioning: fully manual, each device would run the whole op's dot on its
+  own block (wrong values or shapes, silently); manual over some axes, the partitioner
+  fails inside XLA."""
+  manual = _compat.manual_axis_names()
+  if manual:
+    raise ValueError(
+        f"{op} is the global view for jax.jit without shard_map, but it was called inside "
+        f"jax.shard_map (manual over {tuple(manual)}); there call the per-device op "
+        f"jax_flashoverlap.{per_device}(x_block, w_block, axis_name), with its axis among "
+        "the shard_map's axis_names")
 
 
 def check_global_axis_name(op, axis_name):

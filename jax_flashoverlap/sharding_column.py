@@ -28,9 +28,10 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jax_flashoverlap import _compat, _validation, ops, primitives as prims
-from jax_flashoverlap.sharding import (_spec_axes, check_global_axis_name, decode_spec,
-                                       define_partition, pick_axis, refuse_vmap, safe_infer,
-                                       spec_entry, with_dot_gradient)
+from jax_flashoverlap.sharding import (_spec_axes, check_global_axis_name,
+                                       check_not_in_shard_map, decode_spec, define_partition,
+                                       pick_axis, refuse_vmap, safe_infer, spec_entry,
+                                       with_dot_gradient)
 
 _OP = "jax_flashoverlap.column_parallel_matmul"
 
@@ -53,6 +54,7 @@ def column_parallel_matmul(x, w, axis_name=None, *, transpose_w: bool = False,
   transpose_w = _validation.check_transpose_w(_OP, transpose_w)
   _validation.check_operands(_OP, x, w, transpose_w=transpose_w)
   sequence_dim = _validation.check_sequence_dim(_OP, sequence_dim, len(x.shape))
+  check_not_in_shard_map(_OP, "all_gather_matmul")
   check_global_axis_name(_OP, axis_name)
   return refuse_vmap(_OP, _column_parallel_ad, x, w, axis_name, sequence_dim, transpose_w)
 

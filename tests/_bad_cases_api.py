@@ -247,6 +247,28 @@ def cp_vmapped(t):
     jax.jit(jax.vmap(fo.column_parallel_matmul, in_axes=(0, None)))(x, w)
 
 
+def _in_shard_map(fn, mesh, in_specs, out_specs, **kw):
+    jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, **kw)).trace(
+        sds((16, 64)), sds((64, 32)))
+
+
+def rp_inside_shard_map(t):
+    # fully manual, check_vma off: before, each device silently computed its local dot
+    _in_shard_map(lambda a, b: fo.row_parallel_matmul(a, b, "all_reduce", "tp"),
+                  make_mesh_1d(4), (P(None, "tp"), P("tp", None)), P(), check_vma=False)
+
+
+def cp_inside_shard_map(t):
+    _in_shard_map(lambda a, b: fo.column_parallel_matmul(a, b, "tp"), make_mesh_1d(4),
+                  (P("tp"), P(None, "tp")), P(None, "tp"))
+
+
+def rp_inside_partly_manual_shard_map(t):
+    # manual over dp only (tp left to XLA): before, an AssertionError inside XLA's partitioner
+    _in_shard_map(lambda a, b: fo.row_parallel_matmul(a, b, "all_reduce", "tp"),
+                  make_mesh_2d(2, 4), (P("dp"), P()), P("dp"), axis_names={"dp"})
+
+
 def _column_parallel(x, w, **kw):
     return jax.jit(lambda a, b: fo.column_parallel_matmul(a, b, **kw))(x, w)
 
@@ -376,6 +398,27 @@ def nnx_bad_reduce(t):
 def nnx_sequence_dim_without_sequence_parallel(t):
     nnx, fl = _nnx()
     fl.ColumnParallelLinear(32, 64, sequence_dim=1, rngs=nnx.Rngs(0))
+
+
+def nnx_inside_shard_map_without_its_axis(t):
+    nnx, fl = _nnx()
+    layer = fl.RowParallelLinear(64, 32, rngs=nnx.Rngs(0))
+    g, st = nnx.split(layer)
+    jax.jit(jax.shard_map(lambda s, a: nnx.merge(g, s)(a), mesh=make_mesh_2d(2, 4),
+                          in_specs=(P(), P("dp")), out_specs=P("dp"), axis_names={"dp"})
+            ).trace(st, sds((8, 64)))
+
+
+def nnx_rs_sequence_dim_not_leading(t):
+    # x [8, 64] local [8, 16]: sequence_dim=1 is K, not a leading dim (the message used to say
+    # dim 1 was not divisible by 4)
+    nnx, fl = _nnx()
+    layer = fl.RowParallelLinear(64, 32, reduce="reduce_scatter", sequence_dim=1,
+                                 rngs=nnx.Rngs(0))
+    g, st = nnx.split(layer)
+    jax.jit(jax.shard_map(lambda s, a: nnx.merge(g, s)(a), mesh=make_mesh_1d(4),
+                          in_specs=(nnx.get_partition_spec(st), P(None, "tp")),
+                          out_specs=P())).trace(st, sds((8, 64)))
 
 
 def nnx_in_features_not_divisible(t):

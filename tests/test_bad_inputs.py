@@ -185,6 +185,17 @@ CASES = [
                                     "leading dim of x"), id="rp-vmapped"),
     pytest.param(cp_vmapped, raises(NotImplementedError, "column_parallel_matmul: jax.vmap of "
                                     "the global view is not supported"), id="cp-vmapped"),
+    pytest.param(rp_inside_shard_map, raises(ValueError, "row_parallel_matmul is the global "
+                                             "view for jax.jit without shard_map", "manual over "
+                                             "('tp',)", "jax_flashoverlap.matmul_all_reduce"),
+                 id="rp-inside-shard-map"),
+    pytest.param(cp_inside_shard_map, raises(ValueError, "column_parallel_matmul is the global "
+                                             "view", "jax_flashoverlap.all_gather_matmul"),
+                 id="cp-inside-shard-map"),
+    pytest.param(rp_inside_partly_manual_shard_map,
+                 raises(ValueError, "row_parallel_matmul is the global view", "manual over "
+                        "('dp',)", "with its axis among the shard_map's axis_names"),
+                 id="rp-inside-partly-manual-shard-map"),
     pytest.param(rp_w_sharded_on_other_axis, SAME, id="rp-w-sharded-on-other-axis"),
     # --- "non-contiguous" inputs and donated buffers ---
     pytest.param(noncontig_transposed, SAME, id="noncontiguous-transposed"),
@@ -196,6 +207,13 @@ CASES = [
     # --- Flax layers ---
     pytest.param(nnx_bad_reduce, raises(ValueError, "RowParallelLinear: reduce must be one of",
                                         "'all_gather'"), id="nnx-bad-reduce"),
+    pytest.param(nnx_inside_shard_map_without_its_axis,
+                 raises(ValueError, "RowParallelLinear: called inside jax.shard_map manual over "
+                        "('dp',) but not over its axis 'tp'", "add 'tp' to the shard_map's "
+                        "axis_names"), id="nnx-inside-shard-map-without-its-axis"),
+    pytest.param(nnx_rs_sequence_dim_not_leading,
+                 raises(ValueError, "RowParallelLinear: sequence_dim=1 is not a leading dim of "
+                        "x (2-D"), id="nnx-rs-sequence-dim-not-leading"),
     pytest.param(nnx_sequence_dim_without_sequence_parallel,
                  raises(ValueError, "ColumnParallelLinear: sequence_dim=1 needs "
                         "sequence_parallel=True"), id="nnx-sequence-dim-without-sequence-parallel"),

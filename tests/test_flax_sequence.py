@@ -144,17 +144,23 @@ _ROW_DP_TP_LAYOUTS = [
 ]
 
 
+@pytest.mark.parametrize("mesh_via", ["set_mesh", "mesh_kwarg"])
 @pytest.mark.parametrize("x_shape,x_spec,reduce,sequence_dim,out_spec", _ROW_DP_TP_LAYOUTS,
                          ids=["S-B-dp_all_reduce", "S-B-dp_reduce_scatter", "B-dp-S_dim1"])
-def test_row_global_view_on_a_dp_tp_mesh(rng, x_shape, x_spec, reduce, sequence_dim, out_spec):
+def test_row_global_view_on_a_dp_tp_mesh(rng, x_shape, x_spec, reduce, sequence_dim, out_spec,
+                                         mesh_via):
   """The row layer under plain jit keeps x's leading dims: one collective (the op's), B over
   dp kept, the sequence dim scattered over tp. (Flattened to rows, [S, B] over (None, dp)
-  came back replicated after gathers.)"""
+  came back replicated after gathers.) The mesh given to the NNX layer (mesh=, no
+  jax.set_mesh around the jit) does the same: before, the layer named no axis then, and the
+  reduce-scatter's output came back gathered."""
+  import contextlib
   mesh = make_mesh_2d(2, 4)
   x = jax.device_put(rand(rng, x_shape, BF16), NamedSharding(mesh, x_spec))
-  with jax.set_mesh(mesh):
+  kwargs = dict(mesh=mesh) if mesh_via == "mesh_kwarg" else {}
+  with jax.set_mesh(mesh) if mesh_via == "set_mesh" else contextlib.nullcontext():
     model = RowParallelLinear(32, 64, axis_name="tp", reduce=reduce, sequence_dim=sequence_dim,
-                              rngs=nnx.Rngs(0))
+                              rngs=nnx.Rngs(0), **kwargs)
     _nonzero_bias(model)
     gdef, params = nnx.split(model)
     f = jax.jit(lambda st, x: nnx.merge(gdef, st)(x))
