@@ -279,6 +279,14 @@ def _sdy_rule(reduce, axis_name, sequence_dim, transpose_w, mesh, value_types, r
   the sequence dim is a factor s of x's and the output's is (t s3), t shared with K:
 
       x: s b1 (t kk),  w: (t kk) n  ->  out: (t s3) b1 n
+
+  There the data-parallel axes are taken to shard another leading dim (Megatron's
+  P(None, dp, tp), [B, S, K] as P(dp, None, tp) with sequence_dim=1): the rule sees shapes,
+  not shardings, and the 2-D form `(d s2) b1 (t kk) -> (d t s3) b1 n` would keep the output's
+  S from being sharded over tp whenever d (S's data-parallel share) is not sharded, as in
+  those layouts. With S itself over dp the output loses that share (XLA gathers it after the
+  reduce-scatter); a constraint on the output (P((dp, tp), None, None)) gives one
+  reduce-scatter (README).
   """
   def w_factors(k):
     return f"n {k}" if transpose_w else f"{k} n"

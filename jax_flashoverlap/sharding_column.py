@@ -134,10 +134,17 @@ def _sdy_rule(axis_name, sequence_dim, transpose_w, mesh, value_types, result_ty
 
       x: (d a) k,  w: k n  ->  out: (d b) n      (a, b: the rows of one data-parallel block)
 
+  With one row per data-parallel block (M == d) the rows are the factor d on both sides
+  (Shardy refuses a size-1 factor in a compound dim).
+
   x [S, B, K] (any rank above 2): the sequence dims differ (s, t), the other leading dims
   pass through, so a data-parallel B propagates: `s b1 k, k n -> t b1 n` (`b0 s k, k n ->
-  b0 t n` for sequence_dim=1). (A data-parallel share of S itself is not propagated there;
-  the partitioner still keeps it, XLA resharding after the op.)
+  b0 t n` for sequence_dim=1). A data-parallel share of S itself is not propagated there: the
+  rule sees shapes, not shardings, and `(d a) b1 k -> (d b) b1 n` would break Megatron's
+  P(tp, dp, None) (S over tp alone: Shardy splits tp over d and a into sub-axes, and the
+  output comes back gathered). The partitioner still keeps the share, XLA gathering the
+  output after the op; a constraint on the output (P(dp, None, tp)) gives one all-gather
+  (README).
   """
   w_factors = "n k" if transpose_w else "k n"
   shape = _compat.ir_shape(value_types[0])
@@ -153,6 +160,8 @@ def _sdy_rule(axis_name, sequence_dim, transpose_w, mesh, value_types, result_ty
   d = int(np.prod([mesh.shape[a] for a in names if a != axis_name], dtype=np.int64))
   if axis_name not in names or d == 1 or m % d:
     return (f"a k, {w_factors} -> b n", {})
+  if m == d:
+    return (f"d k, {w_factors} -> d n", {})
   return (f"(d a) k, {w_factors} -> (d b) n", {"d": d, "a": m // d, "b": m // d})
 
 

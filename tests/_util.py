@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -163,6 +164,16 @@ def spec_axes(entry):
 
 def all_spec_axes(spec):
     return tuple(a for e in spec for a in spec_axes(e))
+
+
+_COLLECTIVE = re.compile(r"= \S+ (all-gather|all-to-all|collective-permute|all-reduce|"
+                         r"reduce-scatter)(-start)?\(")
+
+
+def collectives(f, *args):
+    """The collectives of jit-ed f's compiled program for args, in program order."""
+    hlo = f.lower(*args).compile().as_text()
+    return [m.group(1) for line in hlo.splitlines() for m in [_COLLECTIVE.search(line)] if m]
 
 
 # ----------------------------------------------------------------------------- CUDA lowering

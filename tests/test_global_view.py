@@ -317,3 +317,36 @@ def test_leading_dims_scatter_dim_not_divisible_names_sequence_dim(fo, rng):
                              r"\(2\) to be divisible by the size 4 of axis 'tp'; sequence_dim "
                              r"names the leading dim of x to scatter"):
         jax.jit(lambda a, b: fo.row_parallel_matmul(a, b, "reduce_scatter", "tp"))(x, w)
+
+
+# x [S, B, K] with S itself over dp (P(dp, None, tp)) and scattered over tp too. GSPMD infers
+# the output's S over (dp, tp); Shardy's rule sees shapes, not shardings, and takes dp on
+# another leading dim (the layouts above, which a rule keeping S's dp share would break: the
+# output's S could not take tp while that share is unsharded), so there the output loses the
+# share after a gather unless it is constrained (README): then one reduce-scatter.
+@pytest.mark.parametrize("constrain", [False, True], ids=["inferred", "constrained"])
+@pytest.mark.parametrize("gspmd", [False, True], ids=["shardy", "gspmd"])
+@pytest.mark.parametrize("shape", [(16, 4, 64), (8, 4, 64), (16, 1, 64)],
+                         ids=lambda s: "x" + "x".join(map(str, s)))
+def test_sequence_dim_over_dp_and_tp(fo, rng, shape, gspmd, constrain):
+    from _util import collectives, make_mesh_2d
+
+    mesh = make_mesh_2d(2, 4)
+    x = _put(mesh, rand(rng, shape, jnp.bfloat16), P("dp", None, "tp"))
+    w = _put(mesh, rand(rng, (64, 32), jnp.bfloat16, scale=64 ** -0.5), P("tp", None))
+    out_spec = P(("dp", "tp"), None, None)
+    fn = lambda a, b: fo.row_parallel_matmul(a, b, "reduce_scatter", "tp")  # noqa: E731
+    f = jax.jit(fn, out_shardings=NamedSharding(mesh, out_spec)) if constrain else jax.jit(fn)
+    old = _shardy()
+    jax.config.update("jax_use_shardy_partitioner", not gspmd)
+    try:
+        out = f(x, w)
+        colls = collectives(f, x, w)
+    finally:
+        jax.config.update("jax_use_shardy_partitioner", old)
+    assert out.shape == (*shape[:-1], 32)
+    check_against_refs(out, _xla(x, w), _np(x, w))
+    if gspmd or constrain:
+        got = tuple(out.sharding.spec) + (None,) * (3 - len(out.sharding.spec))
+        assert got == tuple(out_spec), out.sharding.spec
+        assert colls == ["reduce-scatter"], colls

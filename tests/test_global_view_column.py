@@ -8,8 +8,6 @@ equal x @ w computed by XLA; the compiled program gathers x once and moves nothi
 x [S, B, K] (any rank) keeps its leading dims: the sequence dim (the first, or sequence_dim)
 is gathered, the others keep their data-parallel sharding.
 """
-import re
-
 import numpy as np
 import pytest
 
@@ -19,18 +17,10 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from _util import (DTYPES, DTYPE_IDS, assert_close, assert_rel_fro, make_mesh_1d,
                    make_mesh_2d, rand, upcast)
-
-_COLLECTIVE = re.compile(r"= \S+ (all-gather|all-to-all|collective-permute|all-reduce|"
-                         r"reduce-scatter)(-start)?\(")
-
+from _util import collectives as _collectives
 
 def _put(mesh, a, spec):
     return jax.device_put(a, NamedSharding(mesh, spec))
-
-
-def _collectives(f, *args):
-    hlo = f.lower(*args).compile().as_text()
-    return [m.group(1) for line in hlo.splitlines() for m in [_COLLECTIVE.search(line)] if m]
 
 
 def _run(fo, x, w, axis_name=None, transpose_w=False):
@@ -280,4 +270,57 @@ def test_sequence_dim_not_over_the_axis_warns_and_gives_xla_values(fo, rng, gath
                       r"'tp', not its sequence_dim 0: .* pass sequence_dim=1"):
         y = jax.jit(fo.column_parallel_matmul)(x, w)
     assert gathered_dims == []
+    assert_close(y, jax.jit(_want)(x, w))
+
+
+# x [S, B, K] with S over (dp, tp): gathered over tp, the output's S keeps dp. GSPMD infers
+# it; Shardy's rule sees shapes, not shardings, and keeps S's dp share only for x [M, K] (for
+# x [S, B, K] it would break Megatron's P(tp, dp, None): Shardy splits tp into sub-axes over
+# the share's factor), so there the output is constrained (README): then one all-gather.
+@pytest.mark.parametrize("constrain", [False, True], ids=["inferred", "constrained"])
+@pytest.mark.parametrize("gspmd", [False, True], ids=["shardy", "gspmd"])
+@pytest.mark.parametrize("shape,sequence_dim,x_spec,out_spec", [
+    ((32, 4, 32), 0, P(("dp", "tp"), None, None), P("dp", None, "tp")),
+    ((4, 32, 32), 1, P(None, ("dp", "tp"), None), P(None, "dp", "tp")),
+], ids=["S-first", "S-second"])
+def test_sequence_dim_over_dp_and_tp(fo, rng, shape, sequence_dim, x_spec, out_spec, gspmd,
+                                     constrain):
+    mesh = make_mesh_2d(2, 4)
+    x = _put(mesh, rand(rng, shape, jnp.bfloat16), x_spec)
+    w = _put(mesh, rand(rng, (32, 64), jnp.bfloat16, scale=32 ** -0.5), P(None, "tp"))
+    fn = lambda a, b: fo.column_parallel_matmul(a, b, "tp", sequence_dim=sequence_dim)  # noqa
+    f = jax.jit(fn, out_shardings=NamedSharding(mesh, out_spec)) if constrain else jax.jit(fn)
+    old = bool(getattr(jax.config, "jax_use_shardy_partitioner", False))
+    jax.config.update("jax_use_shardy_partitioner", not gspmd)
+    try:
+        y = f(x, w)
+        colls = _collectives(f, x, w)
+    finally:
+        jax.config.update("jax_use_shardy_partitioner", old)
+    assert_close(y, jax.jit(_want)(x, w))
+    if gspmd or constrain:
+        got = tuple(y.sharding.spec) + (None,) * (3 - len(y.sharding.spec))
+        assert got == tuple(out_spec), y.sharding.spec
+        assert colls == ["all-gather"], colls
+
+
+@pytest.mark.parametrize("gspmd", [False, True], ids=["shardy", "gspmd"])
+@pytest.mark.parametrize("mesh_shape,x_spec,out_spec,want_colls", [
+    ((2, 4), P("dp", None), P("dp", "tp"), []),                  # a local dot
+    ((4, 2), P("tp", None), P(None, "tp"), ["all-gather"]),
+], ids=["dp2xtp4-rows-dp", "dp4xtp2-rows-tp"])
+def test_one_row_per_data_parallel_block(fo, rng, mesh_shape, x_spec, out_spec, want_colls,
+                                         gspmd):
+    """M == the data-parallel size: Shardy's rule had a size-1 rows factor and the lowering
+    failed ('dim mapping can't have a factor of size 1', an MLIR verifier error)."""
+    mesh = make_mesh_2d(*mesh_shape)
+    x = _put(mesh, rand(rng, (mesh_shape[0], 64), jnp.bfloat16), x_spec)
+    w = _put(mesh, rand(rng, (64, 32), jnp.bfloat16, scale=64 ** -0.5), P(None, "tp"))
+    old = bool(getattr(jax.config, "jax_use_shardy_partitioner", False))
+    jax.config.update("jax_use_shardy_partitioner", not gspmd)
+    try:
+        y, colls = _run(fo, x, w, axis_name="tp")
+    finally:
+        jax.config.update("jax_use_shardy_partitioner", old)
+    assert y.sharding.spec == out_spec and colls == want_colls, (y.sharding.spec, colls)
     assert_close(y, jax.jit(_want)(x, w))
