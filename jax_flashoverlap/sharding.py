@@ -45,7 +45,7 @@ def row_parallel_matmul(x, w, reduce: str = "all_reduce", axis_name=None, *,
   sequence_dim = _validation.check_sequence_dim(op, sequence_dim, len(x.shape))
   check_not_in_shard_map(op, f"matmul_{reduce}")
   check_global_axis_name(op, axis_name)
-  return refuse_vmap(op, _row_parallel_ad, x, w, reduce, axis_name, sequence_dim, transpose_w)
+  return _row_parallel_ad(x, w, reduce, axis_name, sequence_dim, transpose_w)
 
 
 def check_not_in_shard_map(op, per_device):
@@ -72,30 +72,40 @@ def check_global_axis_name(op, axis_name):
     raise ValueError(f"{op}: axis_name {axis_name!r} is not an axis of the mesh {mesh_axes}")
 
 
-def refuse_vmap(op, call, *args):
-  """call(*args), with JAX's error for a vmapped custom_partitioning (it has no batching
-  rule: "Batching rule for 'custom_partitioning' not implemented") turned into one that
-  names the op and what to do instead."""
-  try:
-    return call(*args)
-  except NotImplementedError as err:
-    if "custom_partitioning" not in str(err):
-      raise
-    raise NotImplementedError(
-        f"{op}: jax.vmap of the global view is not supported (JAX's custom_partitioning, "
-        "which it is built on, has no batching rule); keep the batch as a leading dim of x "
-        "(x [batch, ..., K]: the global views take any rank) or vmap the per-device op "
-        "inside jax.shard_map") from err
+def with_dot_gradient(op, fn, num_static):
+  """fn(x, w, *static) (a custom_partitioning function; its static arguments end with
+  sequence_dim, transpose_w) with the derivative of x @ w and a batching rule.
 
-
-def with_dot_gradient(fn, num_static):
-  """fn(x, w, *static) (a custom_partitioning function; transpose_w its last static
-  argument) with the derivative of x @ w: custom_partitioning has no autodiff rule, and the
-  collective only decides the output's sharding, so the tangent (and, transposed, the
-  backward) is XLA's own sharded dots. A custom_jvp: forward mode works too."""
+  custom_partitioning has no autodiff rule, and the collective only decides the output's
+  sharding, so the tangent (and, transposed, the backward) is XLA's own sharded dots: a
+  custom_jvp, so forward mode works too. It has no batching rule either: inside the
+  custom_jvp (so autodiff never meets it) a custom_vmap batches x by calling the global view
+  again on x with the batch as a new leading dim (sequence_dim one further); nested vmaps
+  come back through it. A batched w is refused naming the op."""
   @functools.partial(jax.custom_jvp, nondiff_argnums=tuple(range(2, 2 + num_static)))
   def call(x, w, *static):
-    return fn(x, w, *static)
+    return batchable(static)(x, w)
+
+  @functools.lru_cache(maxsize=None)
+  def batchable(static):
+    @jax.custom_batching.custom_vmap
+    def unbatched(x, w):
+      return fn(x, w, *static)
+
+    @unbatched.def_vmap
+    def rule(axis_size, in_batched, x, w):
+      x_batched, w_batched = in_batched
+      if w_batched:
+        raise NotImplementedError(
+            f"{op}: jax.vmap over w is not supported (the global view takes one weight "
+            "for every x); vmap over x only (in_axes=(0, None)), or keep the batch as a "
+            "leading dim of x")
+      if not x_batched:
+        return call(x, w, *static), False
+      *rest, sequence_dim, transpose_w = static
+      return call(x, w, *rest, sequence_dim + 1, transpose_w), True
+
+    return unbatched
 
   def jvp(*args):
     *static, primals, tangents = args
@@ -351,4 +361,4 @@ def _sdy_rule_leading_dims(reduce, axis_name, sequence_dim, w_factors, mesh, sha
 
 
 define_partition(_row_parallel, _partition, _infer, _sdy_rule)
-_row_parallel_ad = with_dot_gradient(_row_parallel, 4)
+_row_parallel_ad = with_dot_gradient("jax_flashoverlap.row_parallel_matmul", _row_parallel, 4)

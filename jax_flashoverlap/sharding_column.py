@@ -30,7 +30,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jax_flashoverlap import _compat, _validation, ops, primitives as prims
 from jax_flashoverlap.sharding import (_spec_axes, check_global_axis_name,
                                        check_not_in_shard_map, decode_spec, define_partition,
-                                       pick_axis, refuse_vmap, safe_infer, spec_entry,
+                                       pick_axis, safe_infer, spec_entry,
                                        with_dot_gradient)
 
 _OP = "jax_flashoverlap.column_parallel_matmul"
@@ -56,7 +56,7 @@ def column_parallel_matmul(x, w, axis_name=None, *, transpose_w: bool = False,
   sequence_dim = _validation.check_sequence_dim(_OP, sequence_dim, len(x.shape))
   check_not_in_shard_map(_OP, "all_gather_matmul")
   check_global_axis_name(_OP, axis_name)
-  return refuse_vmap(_OP, _column_parallel_ad, x, w, axis_name, sequence_dim, transpose_w)
+  return _column_parallel_ad(x, w, axis_name, sequence_dim, transpose_w)
 
 
 def _layout(mesh, x, w, axis_name, transpose_w):
@@ -167,4 +167,4 @@ def _sdy_rule(axis_name, sequence_dim, transpose_w, mesh, value_types, result_ty
 
 define_partition(_column_parallel, _partition, _infer, _sdy_rule)
 # The gradient is that of x @ w, XLA's sharded dots (as row_parallel_matmul's).
-_column_parallel_ad = with_dot_gradient(_column_parallel, 3)
+_column_parallel_ad = with_dot_gradient(_OP, _column_parallel, 3)

@@ -233,18 +233,18 @@ def rp_mesh_mismatch(t):
                  put(rand((64, 32)), mesh_b, P("tp", None)))
 
 
-def rp_vmapped(t):
+def rp_vmapped_over_w(t):
     mesh = make_mesh_1d(4)
-    x, w = put(rand((3, 16, 64)), mesh, P(None, None, "tp")), put(rand((64, 32)), mesh,
-                                                                  P("tp", None))
-    jax.jit(jax.vmap(fo.row_parallel_matmul, in_axes=(0, None)))(x, w)
+    x, w = put(rand((16, 64)), mesh, P(None, "tp")), put(rand((3, 64, 32)), mesh,
+                                                         P(None, "tp", None))
+    jax.jit(jax.vmap(fo.row_parallel_matmul, in_axes=(None, 0)))(x, w)
 
 
-def cp_vmapped(t):
+def cp_vmapped_over_w(t):
     mesh = make_mesh_1d(4)
-    x, w = put(rand((3, 16, 64)), mesh, P(None, "tp", None)), put(rand((64, 32)), mesh,
-                                                                  P(None, "tp"))
-    jax.jit(jax.vmap(fo.column_parallel_matmul, in_axes=(0, None)))(x, w)
+    x, w = put(rand((3, 16, 64)), mesh, P(None, "tp", None)), put(rand((3, 64, 32)), mesh,
+                                                                  P(None, None, "tp"))
+    jax.jit(jax.vmap(jax.jit(fo.column_parallel_matmul)))(x, w)
 
 
 def _in_shard_map(fn, mesh, in_specs, out_specs, **kw):

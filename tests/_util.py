@@ -176,6 +176,27 @@ def collectives(f, *args):
     return [m.group(1) for line in hlo.splitlines() for m in [_COLLECTIVE.search(line)] if m]
 
 
+VMAPS = ["direct", "of_jit", "of_checkpoint", "nested"]
+
+
+def vmapped(fn, how):
+    """jax.vmap of fn(x, w) over x only: directly, of jax.jit(fn), of jax.checkpoint(fn), or
+    nested (x with two batch dims)."""
+    over_x = lambda f: jax.vmap(f, in_axes=(0, None))  # noqa: E731
+    inner = {"of_jit": jax.jit, "of_checkpoint": jax.checkpoint}.get(how, lambda f: f)(fn)
+    return over_x(over_x(inner)) if how == "nested" else over_x(inner)
+
+
+def with_partitioner(gspmd, fn, *args):
+    """fn(*args) with GSPMD (gspmd=True) or Shardy as the partitioner, the setting restored."""
+    old = bool(getattr(jax.config, "jax_use_shardy_partitioner", False))
+    jax.config.update("jax_use_shardy_partitioner", not gspmd)
+    try:
+        return fn(*args)
+    finally:
+        jax.config.update("jax_use_shardy_partitioner", old)
+
+
 # ----------------------------------------------------------------------------- CUDA lowering
 
 def lower_for_cuda(f, args) -> str:

@@ -180,11 +180,12 @@ CASES = [
     pytest.param(cp_local_n_not_multiple_of_8, raises(JaxRuntimeError, "must be a multiple of 8",
                                                       "N=5"),
                  id="cp-local-n-not-multiple-of-8"),
-    pytest.param(rp_vmapped, raises(NotImplementedError, "row_parallel_matmul: jax.vmap of the "
-                                    "global view is not supported", "keep the batch as a "
-                                    "leading dim of x"), id="rp-vmapped"),
-    pytest.param(cp_vmapped, raises(NotImplementedError, "column_parallel_matmul: jax.vmap of "
-                                    "the global view is not supported"), id="cp-vmapped"),
+    pytest.param(rp_vmapped_over_w, raises(NotImplementedError, "row_parallel_matmul: jax.vmap "
+                                           "over w is not supported", "vmap over x only"),
+                 id="rp-vmapped-over-w"),
+    pytest.param(cp_vmapped_over_w, raises(NotImplementedError, "column_parallel_matmul: "
+                                           "jax.vmap over w is not supported"),
+                 id="cp-vmapped-over-w"),
     pytest.param(rp_inside_shard_map, raises(ValueError, "row_parallel_matmul is the global "
                                              "view for jax.jit without shard_map", "manual over "
                                              "('tp',)", "jax_flashoverlap.matmul_all_reduce"),

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from _util import (DTYPES, DTYPE_IDS, all_spec_axes, assert_close, assert_rel_fro,
+from _util import (DTYPES, DTYPE_IDS, VMAPS, all_spec_axes, assert_close, assert_rel_fro,
                    check_against_refs, f32, make_mesh_1d, rand, spec_axes, upcast)
 
 
@@ -201,15 +201,82 @@ def test_any_mesh_shape_and_x_layout_gives_xla_values(fo, shape, x_spec, reduce,
     check_against_refs(out, _xla(x, w), _np(x, w))
 
 
+# jax.vmap of the global view over x (directly, of jit, of checkpoint, nested): the op again on
+# x with the batch as a new leading dim, its sequence dim one further (a custom_vmap inside
+# the custom_jvp). Before, custom_partitioning had no batching rule: a direct vmap got our
+# NotImplementedError, vmap of jit / checkpoint JAX's own. x as the README's table says:
+# rows P(None, tp) on a 1-D mesh, Megatron's [S, B, K] P(None, dp, tp) on a (dp, tp) mesh.
+_VMAP_LAYOUTS = [
+    # (mesh, x shape without the batch, x spec, output spec per reduce)
+    ((4,), (12, 64), P(None, "tp"), {"all_reduce": P(), "reduce_scatter": P("tp")}),
+    ((2, 4), (16, 4, 64), P(None, "dp", "tp"),
+     {"all_reduce": P(None, "dp"), "reduce_scatter": P("tp", "dp")}),
+]
+
+
+@pytest.mark.parametrize("gspmd", [False, True], ids=["shardy", "gspmd"])
+@pytest.mark.parametrize("how", VMAPS)
 @pytest.mark.parametrize("reduce", ["all_reduce", "reduce_scatter"])
-def test_vmap_is_refused_naming_the_function(fo, mesh4, reduce, rng):
-    """custom_partitioning has no batching rule: the error names our function and what to do
-    instead (JAX's own says only 'custom_partitioning')."""
-    x = _put(mesh4, rand(rng, (3, 8, 64), jnp.bfloat16), P(None, None, "tp"))
-    w = _put(mesh4, rand(rng, (64, 32), jnp.bfloat16), P("tp", None))
-    f = jax.vmap(lambda a, b: fo.row_parallel_matmul(a, b, reduce), in_axes=(0, None))
-    with pytest.raises(NotImplementedError, match=r"row_parallel_matmul: jax.vmap of the global "
-                       r"view is not supported .* keep the batch as a leading dim of x"):
+@pytest.mark.parametrize("mesh_shape,shape,x_spec,out_specs", _VMAP_LAYOUTS,
+                         ids=["rows-tp", "megatron-dp-tp"])
+def test_vmap_over_x(fo, rng, mesh_shape, shape, x_spec, out_specs, reduce, how, gspmd):
+    from _util import collectives, make_mesh_2d, vmapped, with_partitioner
+
+    mesh = make_mesh_1d(*mesh_shape) if len(mesh_shape) == 1 else make_mesh_2d(*mesh_shape)
+    batch = (2, 3) if how == "nested" else (3,)
+    x = _put(mesh, rand(rng, batch + shape, jnp.bfloat16), P(*(None,) * len(batch), *x_spec))
+    w = _put(mesh, rand(rng, (64, 32), jnp.bfloat16, scale=64 ** -0.5), P("tp", None))
+    f = jax.jit(vmapped(lambda a, b: fo.row_parallel_matmul(a, b, reduce, "tp"), how))
+    out, colls = with_partitioner(gspmd, lambda: (f(x, w), collectives(f, x, w)))
+    want = P(*(None,) * len(batch), *out_specs[reduce])
+    ndim = len(batch) + len(shape)
+    assert out.shape == (*batch, *shape[:-1], 32)
+    got = tuple(out.sharding.spec) + (None,) * (ndim - len(out.sharding.spec))
+    assert got == tuple(want) + (None,) * (ndim - len(want)), out.sharding.spec
+    assert colls == [reduce.replace("_", "-")], colls
+    check_against_refs(out, _xla(x, w), _np(x, w))
+
+
+@pytest.mark.parametrize("how", ["direct", "of_checkpoint", "nested"])
+@pytest.mark.parametrize("reduce", ["all_reduce", "reduce_scatter"])
+def test_vmap_over_x_derivatives(fo, mesh4, rng, reduce, how):
+    """grad of a vmapped loss, vmap of grad, jvp and linearize of the vmap: those of x @ w."""
+    from _util import vmapped
+
+    batch = (2, 3) if how == "nested" else (3,)
+    x = _put(mesh4, rand(rng, batch + (8, 64), jnp.bfloat16), P(*(None,) * len(batch), None,
+                                                                "tp"))
+    w = _put(mesh4, rand(rng, (64, 32), jnp.bfloat16, scale=64 ** -0.5), P("tp", None))
+    ct = jnp.asarray(rng.standard_normal(batch + (8, 32)), jnp.float32)
+    ours = lambda a, b: fo.row_parallel_matmul(a, b, reduce)  # noqa: E731
+    ref = lambda a, b: a @ b  # noqa: E731
+
+    def derivatives(mm):
+        vm = vmapped(mm, how)
+        loss = lambda a, b: jnp.sum(vm(a, b).astype(jnp.float32) * ct)  # noqa: E731
+        one = lambda a, b: jnp.sum(jnp.sin(mm(a, b).astype(jnp.float32)))  # noqa: E731
+        _, lin = jax.linearize(vm, x, w)
+        return (jax.jit(jax.grad(loss, argnums=(0, 1)))(x, w),
+                jax.jit(vmapped(jax.grad(one, argnums=(0, 1)), how))(x, w),
+                jax.jit(lambda a, b: jax.jvp(vm, (a, b), (a, b)))(x, w), lin(x, w))
+
+    for g, r in zip(jax.tree.leaves(derivatives(ours)), jax.tree.leaves(derivatives(ref))):
+        assert g.shape == r.shape and g.dtype == r.dtype
+        assert_close(g, r)
+
+
+@pytest.mark.parametrize("how", VMAPS)
+def test_vmap_over_w_is_refused_naming_the_function(fo, mesh4, rng, how):
+    x = _put(mesh4, rand(rng, (8, 64), jnp.bfloat16), P(None, "tp"))
+    w = _put(mesh4, rand(rng, (2, 3, 64, 32), jnp.bfloat16), P(None, None, "tp", None))
+    f = lambda a, b: fo.row_parallel_matmul(a, b, "reduce_scatter")  # noqa: E731
+    f = {"of_jit": jax.jit, "of_checkpoint": jax.checkpoint}.get(how, lambda g: g)(f)
+    f = jax.vmap(jax.vmap(f, in_axes=(None, 0)), in_axes=(None, 0)) if how == "nested" else \
+        jax.vmap(f, in_axes=(None, 0))
+    if how != "nested":
+        w = w[0]
+    with pytest.raises(NotImplementedError, match=r"row_parallel_matmul: jax.vmap over w is not "
+                       r"supported .* vmap over x only \(in_axes=\(0, None\)\)"):
         jax.jit(f)(x, w)
 
 

@@ -17,6 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from _util import (DTYPES, DTYPE_IDS, assert_close, assert_rel_fro, make_mesh_1d,
                    make_mesh_2d, rand, upcast)
+from _util import VMAPS, vmapped, with_partitioner
 from _util import collectives as _collectives
 
 def _put(mesh, a, spec):
@@ -153,14 +154,52 @@ def test_any_mesh_shape_and_x_layout_gives_xla_values(fo, rng, shape, x_spec, ax
     assert_rel_fro(y, jax.jit(_want)(*upcast(x, w)))
 
 
-def test_vmap_is_refused_naming_the_function(fo, rng):
+# jax.vmap of the global view over x (directly, of jit, of checkpoint, nested): the op again on
+# x with the batch as a new leading dim, its sequence dim one further (a custom_vmap inside
+# the custom_jvp). Before, a direct vmap got our NotImplementedError, vmap of jit / checkpoint
+# JAX's own (custom_partitioning has no batching rule). x as the README's table says: rows
+# P(tp) on a 1-D mesh, Megatron's [S, B, K] P(tp, dp, None) on a (dp, tp) mesh.
+@pytest.mark.parametrize("gspmd", [False, True], ids=["shardy", "gspmd"])
+@pytest.mark.parametrize("how", VMAPS)
+@pytest.mark.parametrize("mesh_shape,shape,x_spec,out_spec", [
+    ((4,), (12, 32), P("tp", None), P(None, "tp")),
+    ((2, 4), (16, 4, 32), P("tp", "dp", None), P(None, "dp", "tp")),
+], ids=["rows-tp", "megatron-dp-tp"])
+def test_vmap_over_x(fo, rng, gathered_dims, mesh_shape, shape, x_spec, out_spec, how, gspmd):
+    mesh = make_mesh_1d(*mesh_shape) if len(mesh_shape) == 1 else make_mesh_2d(*mesh_shape)
+    batch = (2, 3) if how == "nested" else (3,)
+    x = _put(mesh, rand(rng, batch + shape, jnp.bfloat16), P(*(None,) * len(batch), *x_spec))
+    w = _put(mesh, rand(rng, (32, 64), jnp.bfloat16, scale=32 ** -0.5), P(None, "tp"))
+    f = jax.jit(vmapped(lambda a, b: fo.column_parallel_matmul(a, b, "tp"), how))
+    y, colls = with_partitioner(gspmd, lambda: (f(x, w), _collectives(f, x, w)))
+    assert set(gathered_dims) == {len(batch)}, gathered_dims  # the op's own gather
+    ndim = len(batch) + len(shape)
+    want = (None,) * len(batch) + tuple(out_spec) + (None,) * (len(shape) - len(out_spec))
+    got = tuple(y.sharding.spec) + (None,) * (ndim - len(y.sharding.spec))
+    assert y.shape == (*batch, *shape[:-1], 64) and got == want, y.sharding.spec
+    assert colls == ["all-gather"], colls
+    assert_close(y, jax.jit(_want)(x, w))
+
+
+@pytest.mark.parametrize("how", ["direct", "of_jit", "nested"])
+def test_vmap_over_x_grads(fo, rng, how):
+    """grad of a vmapped loss and vmap of grad: those of x @ w."""
     mesh = make_mesh_1d(4)
-    x = _put(mesh, rand(rng, (3, 8, 32), jnp.bfloat16), P(None, "tp", None))
-    w = _put(mesh, rand(rng, (32, 64), jnp.bfloat16), P(None, "tp"))
-    f = jax.vmap(fo.column_parallel_matmul, in_axes=(0, None))
-    with pytest.raises(NotImplementedError, match=r"column_parallel_matmul: jax.vmap of the "
-                       r"global view is not supported"):
-        jax.jit(f)(x, w)
+    batch = (2, 3) if how == "nested" else (3,)
+    x = _put(mesh, rand(rng, batch + (8, 32), jnp.bfloat16), P(*(None,) * len(batch), "tp"))
+    w = _put(mesh, rand(rng, (32, 64), jnp.bfloat16, scale=32 ** -0.5), P(None, "tp"))
+    ct = jnp.asarray(rng.standard_normal(batch + (8, 64)), jnp.float32)
+
+    def grads(mm):
+        loss = lambda a, b: jnp.sum(vmapped(mm, how)(a, b).astype(jnp.float32) * ct)  # noqa
+        one = lambda a, b: jnp.sum(jnp.sin(mm(a, b).astype(jnp.float32)))  # noqa: E731
+        return (jax.jit(jax.grad(loss, argnums=(0, 1)))(x, w),
+                jax.jit(vmapped(jax.grad(one, argnums=(0, 1)), how))(x, w))
+
+    for g, r in zip(jax.tree.leaves(grads(fo.column_parallel_matmul)),
+                    jax.tree.leaves(grads(jnp.matmul))):
+        assert g.shape == r.shape and g.dtype == r.dtype
+        assert_close(g, r)
 
 
 # Shardy's rule takes every mesh axis but the gather axis as data parallel (x rows P((dp, tp))):
