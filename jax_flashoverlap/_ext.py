@@ -222,6 +222,19 @@ def local_gpus() -> list:
           for d in devices]
 
 
+def local_gpu_sms() -> int | None:
+  """The fewest SMs of a local GPU (JAX's core_count), or None: no GPU, or not reported. The
+  planner's model is of a 132-SM part (plan.NUM_SMS); primitives.check_sm_count compares."""
+  import jax
+  try:
+    devices = jax.devices("gpu")
+  except RuntimeError:
+    return None
+  counts = [getattr(d, "core_count", None) for d in devices]
+  counts = [int(c) for c in counts if isinstance(c, int) and c > 0]
+  return min(counts) if counts else None
+
+
 def local_gpu_present() -> bool:
   return bool(local_gpus())
 

@@ -15,6 +15,7 @@ primitive lowers to the reference; on CUDA to the FFI target of the same name.
 from __future__ import annotations
 
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -108,6 +109,34 @@ def too_large(name, m, n, k, fallback_allowed: bool) -> bool:
   return False
 
 
+class SMCountWarning(UserWarning):
+  """The local GPU has other than the 132 SMs the group plans are modelled on."""
+
+
+_warned_sm_count = set()
+
+
+def check_sm_count(name, comm_sms, sms=None):
+  """The GEMM leaves comm_sms SMs free and keeps at least one 2-SM cluster: on a GPU with
+  other than the 132 SMs of an H100 / H200 SXM (an H100 PCIe has 114), a comm_sms its
+  launcher would refuse at run time is an error here, naming the GPU's count; and the plans'
+  wave arithmetic (plan.NUM_SMS) is off there: warned once per count (tuning measures the
+  real GPU). `sms`: the local GPUs' fewest (default: _ext.local_gpu_sms(); None: unknown)."""
+  sms = _ext.local_gpu_sms() if sms is None else sms
+  if sms is None or sms == plan_lib.NUM_SMS:
+    return
+  if comm_sms > sms - 2:
+    raise ValueError(f"jax_flashoverlap: {name}: comm_sms={comm_sms} leaves fewer than 2 of "
+                     f"this GPU's {sms} SMs to the GEMM (at most {sms - 2})")
+  if sms not in _warned_sm_count:
+    _warned_sm_count.add(sms)
+    warnings.warn(
+        f"jax_flashoverlap: this GPU has {sms} SMs; the default group plans are modelled on "
+        f"{plan_lib.NUM_SMS} (H100 / H200 SXM), so they may be far from the best here: "
+        "`python -m jax_flashoverlap.tune` measures this GPU's (README, Tuning)",
+        SMCountWarning, stacklevel=2)
+
+
 def _gemm_cuda_lowering(ctx, x, w, *, comm_sms, transpose_w):
   use_cuda, _ = _ext.check_cuda_path(gemm_p.name)
   if use_cuda:
@@ -115,6 +144,7 @@ def _gemm_cuda_lowering(ctx, x, w, *, comm_sms, transpose_w):
     use_cuda = not too_large(gemm_p.name, m, n, k, _ext.fallback_enabled())
   if not use_cuda:
     return _gemm_reference_lowering(ctx, x, w, transpose_w=transpose_w)
+  check_sm_count(gemm_p.name, comm_sms)
   return _compat.ffi_lowering(gemm_p.name)(
       ctx, x, w, comm_sms=np.int32(comm_sms), num_groups=np.int32(GEMM_SIGNAL_GROUPS),
       transpose_w=np.int32(transpose_w), poison_outputs=np.int32(_ext.poison_outputs()))
@@ -202,6 +232,7 @@ def prepare_communicators(name, mesh, axis_name, plan_fields, comm_sms, workspac
                                    overlap=bool(overlap)))
   if not overlap:
     return None
+  check_sm_count(name, comm_sms)  # before communicators are made with that CTA cap
   if comm.mesh_is_local_gpu(mesh):
     comm.ensure_communicators(mesh, axis_name, comm_sms=comm_sms,
                               workspace_bytes=workspace_bytes, peer_to_peer=peer_to_peer,

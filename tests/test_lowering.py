@@ -393,3 +393,35 @@ def test_kernel_integer_variables_accept_their_values(fo, no_fallback, monkeypat
     calls; words and out-of-range integers are bad-input rows (env-gemm-serpentine-word ...)."""
     monkeypatch.setenv(env, value)
     assert len(_every_op_lowered_for_cuda(fo)) == 5
+
+
+@pytest.mark.parametrize("name", ["matmul", "all_reduce"])
+def test_a_gpu_with_other_than_132_sms(fo, no_fallback, monkeypatch, name):
+    """On a GPU of 114 SMs (an H100 PCIe) a comm_sms its launcher would refuse (more than
+    sms - 2) is an error when lowering, naming the GPU's count, not at run time; a valid one
+    lowers, with one warning that the default plans are modelled on 132 SMs. 132 SMs: no
+    warning."""
+    import warnings
+    from jax_flashoverlap import _ext, primitives
+    monkeypatch.setattr(primitives, "_warned_sm_count", set())
+    mesh = make_mesh_1d(2)
+    bf16 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)  # noqa: E731
+    if name == "matmul":
+        program = lambda sms: (lambda x, w: fo.matmul(x, w, comm_sms=sms), (bf16(512, 1024),  # noqa: E731
+                                                                             bf16(1024, 1024)))
+    else:
+        program = lambda sms: (shard_map(  # noqa: E731
+            lambda x, w: fo.matmul_all_reduce(x, w, "tp", comm_sms=sms), mesh,
+            (P(None, "tp"), P("tp", None)), P()), (bf16(512, 2048), bf16(2048, 1024)))
+    monkeypatch.setattr(_ext, "local_gpu_sms", lambda: 114)
+    with pytest.raises(ValueError, match=r"comm_sms=120 leaves fewer than 2 of this GPU's 114 "
+                                         r"SMs to the GEMM \(at most 112\)"):
+        lower_for_cuda(*program(120))
+    with pytest.warns(primitives.SMCountWarning, match="this GPU has 114 SMs; the default "
+                                                      "group plans are modelled on 132"):
+        assert custom_call_lines(lower_for_cuda(*program(16)), "flashoverlap_" + (
+            "gemm" if name == "matmul" else "gemm_all_reduce"))
+    monkeypatch.setattr(_ext, "local_gpu_sms", lambda: 132)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", primitives.SMCountWarning)
+        lower_for_cuda(*program(120))
