@@ -80,19 +80,13 @@ def _run(fo, x, w, reduce, axis_name, transpose_w=False):
 @pytest.mark.parametrize("dp", [False, True], ids=["tp", "dp_tp"])
 def test_global_view_gspmd_infers_reduce_scatter_rows(fo, dp, transpose_w, rng):
     """With GSPMD the partitioner infers the row-sharded output itself (no out_shardings)."""
-    from _util import make_mesh_2d
+    from _util import make_mesh_2d, with_partitioner
 
     mesh = make_mesh_2d(2, 4) if dp else make_mesh_1d(4)
     x, w = _inputs(mesh, rng, jnp.bfloat16, "reduce_scatter", dp=dp, transpose_w=transpose_w)
-    old = _shardy()
-    jax.config.update("jax_use_shardy_partitioner", False)
-    try:
-        f = jax.jit(lambda a, b: fo.row_parallel_matmul(a, b, reduce="reduce_scatter",
-                                                        transpose_w=transpose_w))
-        out = f(x, w)
-        hlo = f.lower(x, w).compile().as_text()
-    finally:
-        jax.config.update("jax_use_shardy_partitioner", old)
+    f = jax.jit(lambda a, b: fo.row_parallel_matmul(a, b, reduce="reduce_scatter",
+                                                    transpose_w=transpose_w))
+    out, hlo = with_partitioner(True, lambda: (f(x, w), f.lower(x, w).compile().as_text()))
     assert "all-gather" not in hlo
     check_against_refs(out, _xla(x, w, transpose_w), _np(x, w, transpose_w))
     _check_out_sharding(out, "reduce_scatter", dp=dp)
@@ -329,20 +323,14 @@ def lowered_ops(monkeypatch):
                          ids=lambda v: str(v).replace(" ", ""))
 def test_leading_dims_keep_their_layout(fo, rng, lowered_ops, shape, x_spec, reduce,
                                         sequence_dim, out_spec, gspmd):
-    from _util import make_mesh_2d
+    from _util import make_mesh_2d, with_partitioner
 
     mesh = make_mesh_2d(2, 4)
     x = _put(mesh, rand(rng, shape, jnp.bfloat16), x_spec)
     w = _put(mesh, rand(rng, (64, 32), jnp.bfloat16, scale=64 ** -0.5), P("tp", None))
     f = jax.jit(lambda a, b: fo.row_parallel_matmul(a, b, reduce, "tp",
                                                     sequence_dim=sequence_dim))
-    old = _shardy()
-    jax.config.update("jax_use_shardy_partitioner", not gspmd)
-    try:
-        out = f(x, w)
-        hlo = f.lower(x, w).compile().as_text()
-    finally:
-        jax.config.update("jax_use_shardy_partitioner", old)
+    out, hlo = with_partitioner(gspmd, lambda: (f(x, w), f.lower(x, w).compile().as_text()))
     op = "matmul_" + reduce
     want = (op, sequence_dim % (len(shape) - 1) if reduce == "reduce_scatter" else 0)
     assert lowered_ops and set(lowered_ops) == {want}, lowered_ops  # once per compilation
@@ -396,7 +384,7 @@ def test_leading_dims_scatter_dim_not_divisible_names_sequence_dim(fo, rng):
 @pytest.mark.parametrize("shape", [(16, 4, 64), (8, 4, 64), (16, 1, 64)],
                          ids=lambda s: "x" + "x".join(map(str, s)))
 def test_sequence_dim_over_dp_and_tp(fo, rng, shape, gspmd, constrain):
-    from _util import collectives, make_mesh_2d
+    from _util import collectives, make_mesh_2d, with_partitioner
 
     mesh = make_mesh_2d(2, 4)
     x = _put(mesh, rand(rng, shape, jnp.bfloat16), P("dp", None, "tp"))
@@ -404,13 +392,7 @@ def test_sequence_dim_over_dp_and_tp(fo, rng, shape, gspmd, constrain):
     out_spec = P(("dp", "tp"), None, None)
     fn = lambda a, b: fo.row_parallel_matmul(a, b, "reduce_scatter", "tp")  # noqa: E731
     f = jax.jit(fn, out_shardings=NamedSharding(mesh, out_spec)) if constrain else jax.jit(fn)
-    old = _shardy()
-    jax.config.update("jax_use_shardy_partitioner", not gspmd)
-    try:
-        out = f(x, w)
-        colls = collectives(f, x, w)
-    finally:
-        jax.config.update("jax_use_shardy_partitioner", old)
+    out, colls = with_partitioner(gspmd, lambda: (f(x, w), collectives(f, x, w)))
     assert out.shape == (*shape[:-1], 32)
     check_against_refs(out, _xla(x, w), _np(x, w))
     if gspmd or constrain:

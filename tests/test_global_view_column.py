@@ -265,13 +265,7 @@ def test_leading_dims_keep_their_layout(fo, rng, gathered_dims, shape, x_spec, s
     x = _put(mesh, rand(rng, shape, jnp.bfloat16), x_spec)
     w = _put(mesh, rand(rng, (32, 64), jnp.bfloat16, scale=32 ** -0.5), P(None, "tp"))
     f = jax.jit(lambda a, b: fo.column_parallel_matmul(a, b, sequence_dim=sequence_dim))
-    old = bool(getattr(jax.config, "jax_use_shardy_partitioner", False))
-    jax.config.update("jax_use_shardy_partitioner", not gspmd)
-    try:
-        y = f(x, w)
-        colls = _collectives(f, x, w)
-    finally:
-        jax.config.update("jax_use_shardy_partitioner", old)
+    y, colls = with_partitioner(gspmd, lambda: (f(x, w), _collectives(f, x, w)))
     # the op lowered on the sequence dim (once per compilation)
     assert gathered_dims and set(gathered_dims) == {sequence_dim % (len(shape) - 1)}, \
         gathered_dims
@@ -329,13 +323,7 @@ def test_sequence_dim_over_dp_and_tp(fo, rng, shape, sequence_dim, x_spec, out_s
     w = _put(mesh, rand(rng, (32, 64), jnp.bfloat16, scale=32 ** -0.5), P(None, "tp"))
     fn = lambda a, b: fo.column_parallel_matmul(a, b, "tp", sequence_dim=sequence_dim)  # noqa
     f = jax.jit(fn, out_shardings=NamedSharding(mesh, out_spec)) if constrain else jax.jit(fn)
-    old = bool(getattr(jax.config, "jax_use_shardy_partitioner", False))
-    jax.config.update("jax_use_shardy_partitioner", not gspmd)
-    try:
-        y = f(x, w)
-        colls = _collectives(f, x, w)
-    finally:
-        jax.config.update("jax_use_shardy_partitioner", old)
+    y, colls = with_partitioner(gspmd, lambda: (f(x, w), _collectives(f, x, w)))
     assert_close(y, jax.jit(_want)(x, w))
     if gspmd or constrain:
         got = tuple(y.sharding.spec) + (None,) * (3 - len(y.sharding.spec))
