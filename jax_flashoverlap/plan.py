@@ -219,13 +219,19 @@ def pipeline_time(band_rows, gemm_end, comm_time) -> float:
   return comm_end
 
 
+def rank_blocks(collective: str, world: int) -> int:
+  """The rank blocks of the GEMM's output rows (signaling_gemm.h GroupLayout::num_blocks):
+  the world size for reduce-scatter (rank r's rows are block r), else 1."""
+  return world if collective == "reduce_scatter" else 1
+
+
 def gemm_end_fn(collective: str, m: int, n: int, world: int, comm_sms: int, unit_time: float,
                 k: int | None = None, transpose_w: bool = False):
   """r -> when the GEMM has written rows [0, r) of every rank block: whole waves of the
   persistent grid over the work units up to there (the kernel's band order), each unit_time,
   and never later than the whole GEMM's end (gemm_waves: with the split tail the last wave
   ends early; k None: whole units)."""
-  blocks = world if collective == "reduce_scatter" else 1
+  blocks = rank_blocks(collective, world)
   kern = kernel_geometry(m, n, comm_sms, transpose_w)
   step = kern.rows_per_unit
   n_tiles = math.ceil(n / kern.block_n)
@@ -235,7 +241,7 @@ def gemm_end_fn(collective: str, m: int, n: int, world: int, comm_sms: int, unit
 
 
 def _group_bytes(collective: str, r0: int, r1: int, n: int, world: int, itemsize: int) -> int:
-  blocks = world if collective == "reduce_scatter" else 1
+  blocks = rank_blocks(collective, world)
   return blocks * (r1 - r0) * n * itemsize
 
 
@@ -372,7 +378,7 @@ def default_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: 
   else:  # raised within the CTA counts the bandwidth table was measured at
     candidates = raised_comm_sms_candidates(m, n, profile.comm_sms_candidates,
                                             calibrated_ctas(collective, profile), k,
-                                            world if collective == "reduce_scatter" else 1,
+                                            rank_blocks(collective, world),
                                             transpose_w)
   plans = [_best_bands(collective, m, n, k, world, itemsize, profile, sms, transpose_w)
            for sms in candidates]
@@ -383,7 +389,7 @@ def default_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: 
 
 def _best_bands(collective, m, n, k, world, itemsize, p, comm_sms, transpose_w) -> GroupPlan:
   """The cost model's best group boundaries for one comm_sms (best_cuts)."""
-  blocks = world if collective == "reduce_scatter" else 1
+  blocks = rank_blocks(collective, world)
   rows = m // blocks
   kern = kernel_geometry(m, n, comm_sms, transpose_w)
   unit_time = 2.0 * kern.block_m * kern.block_n * k / p.sm_flops * p.interference
@@ -469,7 +475,7 @@ def choose_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: i
     from jax_flashoverlap import tuning
     entry = tuning.lookup(gpu, world, collective, dtype, m, n, k)
     if entry is not None:
-      blocks = world if collective == "reduce_scatter" else 1
+      blocks = rank_blocks(collective, world)
       plan = GroupPlan(collective, m // blocks, tuple(entry["band_rows"]), entry["comm_sms"],
                        entry.get("overlap", True),
                        entry.get("measured_ms", 0.0) / 1e3, entry.get("baseline_ms", 0.0) / 1e3,
@@ -502,7 +508,7 @@ def choose_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: i
 def aligned_even_bands(collective: str, m: int, n: int, world: int, num_groups: int,
                        comm_sms: int) -> tuple:
   """`num_groups` even bands of one rank block, on the kernel's cluster-row boundaries."""
-  blocks = world if collective == "reduce_scatter" else 1
+  blocks = rank_blocks(collective, world)
   return even_bands(m // blocks, num_groups, kernel_geometry(m, n, comm_sms).rows_per_unit)
 
 

@@ -73,7 +73,7 @@ def entry_for(collective: str, dtype: str, m: int, n: int, k: int, world: int, c
   entry = {"collective": collective, "dtype": dtype, "m": m, "n": n, "k": k,
            "baseline_ms": baseline_ms, "source": "python -m jax_flashoverlap.tune"}
   if chosen is None:  # a valid plan for the record: one group
-    rows = m // (world if collective == "reduce_scatter" else 1)
+    rows = m // plan_lib.rank_blocks(collective, world)
     entry.update(comm_sms=0, band_rows=[0, rows], overlap=False, measured_ms=baseline_ms)
     return entry
   entry.update(comm_sms=chosen.comm_sms, band_rows=list(chosen.band_rows), overlap=True,
@@ -205,7 +205,7 @@ def tune_problem(pb, args, progress) -> tuple:
     raise ValueError(why)
   progress.show(f"{label}: calibrating")
   comm_sms = problem_comm_sms(m, n, args.comm_sms, args.wave_align, k_local,
-                              world if pb.collective == "reduce_scatter" else 1)
+                              plan_lib.rank_blocks(pb.collective, world))
   # One --cta-policies value: every plan is calibrated and timed under it (several: the kept
   # plan is timed under each, below).
   policy = args.cta_policies[0] if len(args.cta_policies) == 1 else None

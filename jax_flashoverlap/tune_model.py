@@ -105,7 +105,7 @@ def predict(collective: str, m: int, n: int, world: int, band_rows, comm_sms: in
   """Predicted seconds of our op with this plan, from the measurements."""
   unit = cal.wave_s[comm_sms] * cal.slowdown(comm_sms)
   curve = cal.comm[comm_sms]
-  blocks = world if collective == "reduce_scatter" else 1
+  blocks = plan_lib.rank_blocks(collective, world)
   t = plan_lib.pipeline_time(
       band_rows, plan_lib.gemm_end_fn(collective, m, n, world, comm_sms, unit, cal.k),
       lambda r0, r1: curve.time(blocks * (r1 - r0) * n * itemsize))
@@ -190,7 +190,7 @@ def candidates(collective: str, m: int, n: int, world: int, cal: Calibration,
                itemsize: int = 2) -> list:
   """Every candidate plan for the calibrated comm_sms values, best predicted first (one per
   distinct (comm_sms, band_rows))."""
-  blocks = world if collective == "reduce_scatter" else 1
+  blocks = plan_lib.rank_blocks(collective, world)
   rows = m // blocks
   found = {}
 

@@ -135,10 +135,10 @@ def _check_bands(path, where, e, rows):
 
 def _check_plan(path, where, e, world, m):
   """The collective's own plan fields: band_rows over the right rows, or chunks."""
-  from jax_flashoverlap.plan import MAX_GROUPS
+  from jax_flashoverlap.plan import MAX_GROUPS, rank_blocks
   collective = e["collective"]
   if collective in ("all_reduce", "reduce_scatter"):
-    blocks = world if collective == "reduce_scatter" else 1
+    blocks = rank_blocks(collective, world)
     if m % blocks:
       _fail(path, f"{where}: m={m} is not divisible by world_size {world}")
     _check_bands(path, where, e, m // blocks)
