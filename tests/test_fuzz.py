@@ -1,0 +1,121 @@
+"""benchmarks/fuzz.py (the randomized kernel check) on CPU: its block check catches what a
+whole-output error misses, its cases obey the ops' constraints, and a run over every op on
+8 simulated devices passes the reference path and fails a wrong op."""
+import dataclasses
+import importlib.util
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def fuzz():
+  spec = importlib.util.spec_from_file_location("fuzz", ROOT / "benchmarks" / "fuzz.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_one_wrong_block_fails_though_the_whole_output_is_within_tolerance(fuzz):
+  ref = jax.random.normal(jax.random.key(0), (2048, 2048), jnp.float32)
+  out = ref.astype(jnp.bfloat16).astype(jnp.float32)
+  out = out.at[640:768, 1152:1280].multiply(0.9)  # one tile 10% off
+  whole = float(jnp.linalg.norm(out - ref) / jnp.linalg.norm(ref))
+  assert whole < fuzz.TOL  # what a whole-output check would have passed
+  worst, bad, nonfinite = (float(v) for v in fuzz.block_errors(out, ref))
+  assert bad == 1 and nonfinite == 0 and worst == pytest.approx(0.1, rel=0.05)
+  good = fuzz.block_errors(ref.astype(jnp.bfloat16), ref)
+  assert int(good[1]) == 0 and float(good[0]) < 5e-3  # bf16 rounding alone passes
+
+
+def test_non_finite_values_and_partial_edge_blocks_count(fuzz):
+  ref = jax.random.normal(jax.random.key(1), (300, 200), jnp.float32)  # partial edge blocks
+  out = ref.at[299, 199].set(jnp.nan)
+  worst, bad, nonfinite = (float(v) for v in fuzz.block_errors(out, ref))
+  assert nonfinite == 1 and bad == 0  # the NaN is counted, not folded into the error
+  out = ref.at[299, 199].add(100.0)  # the last (partial) block is checked too
+  assert int(fuzz.block_errors(out, ref)[1]) == 1
+
+
+@pytest.mark.parametrize("world", [1, 2, 8])
+def test_cases_obey_the_ops_constraints(fuzz, world):
+  rng = np.random.default_rng(world)
+  seen_bands = 0
+  for i in range(300):
+    op = fuzz.OPS[i % len(fuzz.OPS)]
+    c = fuzz.sample_case(rng, op, world)
+    assert c.m >= 1 and c.n % fuzz.ALIGN == 0 and c.k % fuzz.ALIGN == 0 and c.n and c.k
+    assert c.m * c.n * c.k <= fuzz.MAX_FLOPS and c.m * c.n <= fuzz.MAX_OUTPUT
+    if op == "reduce_scatter":
+      assert c.m % world == 0
+    if op == "all_to_all":
+      assert (c.m % world == 0) if c.split_axis == 0 else (c.n % (world * fuzz.ALIGN) == 0)
+    if op == "all_gather":
+      assert c.gather in ("p2p", "collective")
+      assert c.chunks is None or (c.m % c.chunks == 0 and world * c.chunks <= 64)
+    if op in ("all_to_all", "all_gather"):
+      assert c.comm_sms is None or c.comm_sms >= 1
+    if c.bands is not None:
+      seen_bands += 1
+      rows = c.m // (world if op == "reduce_scatter" else 1)
+      b = c.bands
+      assert b[0] == 0 and b[-1] == rows and all(y > x for x, y in zip(b, b[1:]))
+      assert len(b) - 1 <= 64
+  assert seen_bands > 10
+  again = fuzz.sample_case(np.random.default_rng(5), "all_reduce", world)
+  assert again == fuzz.sample_case(np.random.default_rng(5), "all_reduce", world)
+
+
+def test_switch_settings_are_accepted_values(fuzz):
+  from jax_flashoverlap import _ext
+  sets = fuzz.sample_switches(np.random.default_rng(0), 30)
+  assert sets[0] == {} and len(sets) == 30
+  accepted = {env: allowed for env, allowed, _ in _ext._GEMM_SWITCHES}
+  accepted.update({env: tuple(str(v) for v in vals) for env, vals, _ in _ext._GEMM_INTEGERS})
+  for s in sets[1:]:
+    assert set(s) == set(fuzz.SWITCHES)
+    for env, value in s.items():
+      assert value in accepted[env], (env, value)
+
+
+def _mesh():
+  return Mesh(np.array(jax.devices()), ("tp",))
+
+
+def test_a_cpu_run_over_every_op_passes(fuzz):
+  report = fuzz.fuzz(_mesh(), cases=10, seed=11, large=48, max_flops=1 << 16,
+                     log=lambda s: None)
+  assert report["total_failed"] == 0, report["failures"]
+  assert all(s["cases"] == 2 and s["calls"] == 4 for s in report["ops"].values())
+
+
+def test_a_wrong_op_fails(fuzz, monkeypatch):
+  # every value right but one row: the run must say so, naming the case
+  real = fuzz.fo.matmul_all_reduce
+  monkeypatch.setattr(fuzz.fo, "matmul_all_reduce",
+                      lambda x, w, axis, **kw: real(x, w, axis, **kw).at[0].multiply(2.0))
+  report = fuzz.fuzz(_mesh(), cases=4, seed=3, ops=("all_reduce",), large=48,
+                     max_flops=1 << 16, log=lambda s: None)
+  assert report["total_failed"] == 4
+  failure = report["failures"][0]
+  assert failure["case"]["op"] == "all_reduce" and failure["calls"][0]["bad_blocks"] >= 1
+
+
+def test_a_launch_error_is_a_failure_not_a_crash(fuzz, monkeypatch):
+  def broken(x, w, **kw):
+    return jax.pure_callback(_raise, jax.ShapeDtypeStruct((x.shape[0], w.shape[-1]), x.dtype))
+
+  def _raise():
+    raise RuntimeError("launch failed")
+
+  monkeypatch.setattr(fuzz.fo, "matmul", broken)
+  case = dataclasses.replace(fuzz.sample_case(np.random.default_rng(0), "matmul", 1),
+                             m=8, n=8, k=8, transpose_w=False)
+  result = fuzz.run_case(case, _mesh(), jax.random.key(0), [{}])
+  assert result["calls"] == 1 and "launch failed" in result["failures"][0]["error"]
