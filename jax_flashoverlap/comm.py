@@ -292,7 +292,13 @@ def list_communicators() -> list:
 
 
 def destroy_communicators() -> None:
-  """Destroys every communicator of this process (also done at exit)."""
+  """Destroys every communicator of this process (also done at exit).
+
+  Safe while other threads run calls: it waits (at most 60 s, kDestroyWaitSeconds) until none
+  is in flight and holds new ones off, then frees what calls use; calls still running then
+  are a RuntimeError naming the comm_id, nothing freed (after a watchdog abort it frees what
+  it can). Later calls of an already compiled program are refused; a new lowering makes the
+  communicators again (docs/errors.md, "Hang protection")."""
   from jax_flashoverlap import _ext
   if _ext.ext is not None:
     _ext.ext.destroy_communicators(0)

@@ -13,8 +13,9 @@ Sizes are always GLOBAL (the unsharded layer's `in_features` / `out_features`, l
 * Inside `jax.shard_map` over `axis_name` (per-device view): arrays are the local shards. The
   row layer takes x [..., in/n] and a kernel shard [in/n, out] and calls `matmul_all_reduce`
   (or `matmul_reduce_scatter`); the column layer takes x [..., in] and a kernel shard
-  [in, out/n] and is XLA's `x @ kernel`; its backward's all-reduce of dx (x replicated over
-  the axis) is `matmul_all_reduce`, so it overlaps too. Params made there (linen `init`, or an NNX
+  [in, out/n] and is XLA's `x @ kernel`; with overlap_backward=True (off by default) its
+  backward's all-reduce of dx (x replicated over the axis, check_vma=True) is
+  `matmul_all_reduce`, so it overlaps too. Params made there (linen `init`, or an NNX
   layer constructed there) get the local shapes: this device's shard of the params the same
   key gives outside shard_map; params made outside carry the global shapes
   and their partition specs, so pass them in with `in_specs=nnx.get_partition_spec(state)`

@@ -3,7 +3,8 @@
 Starts N copies of the script with a coordinator on 127.0.0.1 (a free port), each told its
 process id through JAX_FLASHOVERLAP_{COORDINATOR,NUM_PROCESSES,PROCESS_ID} (the script calls
 `jax_flashoverlap.distributed.initialize()`). Streams process 0's output; keeps the others' in
-log files, printed if they fail. When any process fails or the timeout passes, the rest are
+log files, printed (their last 4000 characters) when the launch fails: any process failing,
+the timeout, or a signal. When any process fails or the timeout passes, the rest are
 killed and the launcher exits non-zero (the failing code, 128 + N for a process killed by
 signal N, or 124 on timeout). SIGTERM, SIGHUP or SIGINT sent to the launcher stops them too
 (exit status 128 + the signal's number). Each process runs in a process group of its own:

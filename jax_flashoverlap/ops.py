@@ -217,10 +217,11 @@ def all_gather_matmul(x, w, axis_name, *, comm_sms: int | None = None,
   after the GEMM, a copy of the output unless the dims before sequence_dim are 1 locally.
   `comm_sms` (>= 1; default: the plan's) SMs are left to NCCL, which must run while the
   GEMM waits for its rows.
-  `return_gathered=True` returns `(out, gathered)`, gathered = all_gather(x) [n*M_local, ...,
-  K], the rows the GEMM read, for a caller that needs them too (the backward of a
-  sequence-parallel row layer: dx = all_gather(dy) @ w.T and dw = x.T @ all_gather(dy)); on
-  GPUs the rows are received straight into that output, no second gather and no copy.
+  `return_gathered=True` returns `(out, gathered)`, gathered = all_gather(x, axis=sequence_dim)
+  ([n*M_local, ..., K] for sequence_dim=0), the rows the GEMM read, for a caller that needs
+  them too (the backward of a sequence-parallel row layer: dx = all_gather(dy) @ w.T and
+  dw = x.T @ all_gather(dy)); on GPUs the rows are received straight into that output, no
+  second gather and no copy.
   """
   op = "jax_flashoverlap.all_gather_matmul"
   transpose_w = _validation.check_transpose_w(op, transpose_w)

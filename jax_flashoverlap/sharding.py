@@ -35,7 +35,11 @@ def row_parallel_matmul(x, w, reduce: str = "all_reduce", axis_name=None, *,
   contracting axis ("all_reduce") or has x's first leading dim (`sequence_dim`: another one,
   e.g. 1 for x [B, S, K]) sharded over it too ("reduce_scatter"); x's leading dims keep their
   other mesh axes. `axis_name`: the contracting mesh axis; by default, the one that shards
-  x's last dim. `transpose_w`: w is [N, K] (K sharded: P(None, tp)) and the product is x @ w.T.
+  x's last dim. Name it for the reduce-scatter on a mesh of several axes: Shardy's rule
+  knows the contracting axis only then, and without it (or jit's out_shardings) the output
+  comes back gathered over that axis after the reduce-scatter (values right; GSPMD infers
+  the layout either way; README). `transpose_w`: w is [N, K] (K sharded: P(None, tp)) and the
+  product is x @ w.T.
   """
   op = "jax_flashoverlap.row_parallel_matmul"
   if reduce not in REDUCTIONS:

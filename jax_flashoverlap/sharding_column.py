@@ -45,7 +45,10 @@ def column_parallel_matmul(x, w, axis_name=None, *, transpose_w: bool = False,
   Returns the values of `x @ w`, with N sharded over the axis, x's first dim over the other
   mesh axes that shard it and x's other leading dims as they were (data parallel). x [M, K]
   is rows; [S, B, K] with P(tp, dp, None) is the layout to give for a (dp, tp) mesh.
-  `axis_name`: the mesh axis; by default the one that shards w's N. `transpose_w`: w is
+  `axis_name`: the mesh axis; by default the one that shards w's N. Name it for x [M, K] on
+  a mesh of several axes: without it Shardy's rule does not know which share of x's rows is
+  gathered and the output's rows come back replicated over the other axes, after another
+  all-gather (values right; README). `transpose_w`: w is
   [N, K] (N sharded: P(tp, None)) and the product is x @ w.T. `sequence_dim`: the leading
   dim of x sharded over the axis, when not the first: 1 for x [B, S, K] as P(dp, tp, None)
   (the output then moved into place after the GEMM, a copy of each device's output unless
