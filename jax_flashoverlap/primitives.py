@@ -133,7 +133,8 @@ def check_sm_count(name, comm_sms, sms=None):
     warnings.warn(
         f"jax_flashoverlap: this GPU has {sms} SMs; the default group plans are modelled on "
         f"{plan_lib.NUM_SMS} (H100 / H200 SXM), so they may be far from the best here: "
-        "`python -m jax_flashoverlap.tune` measures this GPU's (README, Tuning)",
+        "`python -m jax_flashoverlap.tune` measures this GPU's and writes a tuned config "
+        "(README, \"Group plans\")",
         SMCountWarning, stacklevel=2)
 
 
