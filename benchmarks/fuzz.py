@@ -2,7 +2,7 @@
 switches, every output compared with float32 block by block.
 
     python benchmarks/fuzz.py [--cases 120] [--seed S] [--ops matmul all_reduce ...]
-                              [--switches-per-case 2] [--out r.json]
+                              [--switches-per-case 2] [--seconds S] [--out r.json]
 
 The fixed-shape tests and `stress.py` check a few shapes with the default kernel; this draws
 what they do not: M, N, K anywhere in their range (1-row problems, partial tiles in every
@@ -185,7 +185,8 @@ def _dot32(x, w, transpose_w):
 
 
 def programs(case: Case, mesh):
-  """(ours, float32 reference, input maker): jitted programs over `mesh` for `case`."""
+  """(ours, problem maker: key -> (x, w, float32 reference)): jitted programs over `mesh`
+  for `case`."""
   world, t = mesh.size, case.transpose_w
   kw = dict(comm_sms=case.comm_sms, transpose_w=t)
   w_k = P(None, AXIS) if t else P(AXIS, None)  # w sharded on its K dim
@@ -225,16 +226,15 @@ def programs(case: Case, mesh):
     in_shardings = tuple(NamedSharding(mesh, s) for s in specs)
   dtype = jnp.dtype(case.dtype)
   w_shape = (n_global, k_global) if t else (k_global, n_global)
+  ref = shard(ref)
 
-  @jax.jit
-  def make_inputs(key):
+  def make_problem(key):  # inputs and their float32 reference: one program, one compile
     x = jax.random.normal(jax.random.fold_in(key, 0), (rows_global, k_global), jnp.float32)
     w = jax.random.normal(jax.random.fold_in(key, 1), w_shape, jnp.float32) / np.sqrt(k_global)
-    return x.astype(dtype), w.astype(dtype)
+    x, w = x.astype(dtype), w.astype(dtype)
+    return x, w, ref(x, w)
 
-  if specs is not None:
-    make_inputs = jax.jit(make_inputs, out_shardings=in_shardings)
-  return shard(ours), shard(ref), make_inputs
+  return shard(ours), jax.jit(make_problem, out_shardings=(*in_shardings, None))
 
 
 @jax.jit
@@ -256,17 +256,15 @@ def block_errors(out, ref):
 def run_case(case: Case, mesh, key, switch_sets) -> dict:
   """Compiles `case` under its forced plan, runs it once per switch setting on fresh inputs,
   checks each output. Returns {calls, failures: [...], custom_call}."""
-  ours, ref, make_inputs = programs(case, mesh)
-  x, w = make_inputs(key)
+  ours, make_problem = programs(case, mesh)
+  x, w, want = make_problem(key)
   with _forced(case):
     compiled = ours.lower(x, w).compile()  # the plan is chosen here, at lowering
   custom_call = TARGETS[case.op] in compiled.as_text()
-  want = ref(x, w)
   result = {"calls": 0, "failures": [], "custom_call": custom_call}
   for i, switches in enumerate(switch_sets):
     if i:  # fresh inputs per call: a stale tile from the previous call must not pass
-      x, w = make_inputs(jax.random.fold_in(key, i))
-      want = ref(x, w)
+      x, w, want = make_problem(jax.random.fold_in(key, i))
     saved = {env: os.environ.get(env) for env in switches}
     os.environ.update(switches)
     try:
@@ -290,8 +288,9 @@ def run_case(case: Case, mesh, key, switch_sets) -> dict:
 
 
 def fuzz(mesh, cases: int, seed: int, ops=OPS, switches_per_case: int = 2, log=print,
-         large: int = 12288, max_flops: int = MAX_FLOPS) -> dict:
-  """Runs `cases` random cases spread over `ops`; the report of main()."""
+         large: int = 12288, max_flops: int = MAX_FLOPS, seconds: float | None = None) -> dict:
+  """Runs `cases` random cases spread over `ops` (none started after `seconds`); the report
+  of main()."""
   world = mesh.size
   ops = [op for op in ops if world > 1 or op not in ("all_to_all", "all_gather")]
   rng = np.random.default_rng(seed)
@@ -300,6 +299,9 @@ def fuzz(mesh, cases: int, seed: int, ops=OPS, switches_per_case: int = 2, log=p
                                                   for op in ops}, "failures": []}
   t0 = time.perf_counter()
   for i in range(cases):
+    if i and seconds is not None and time.perf_counter() - t0 > seconds:  # one case at least
+      log(f"stopping after {i} cases: --seconds {seconds:g} passed")
+      break
     op = ops[i % len(ops)]
     case = sample_case(rng, op, world, large, max_flops)
     switch_sets = sample_switches(rng, switches_per_case)
@@ -321,6 +323,11 @@ def fuzz(mesh, cases: int, seed: int, ops=OPS, switches_per_case: int = 2, log=p
 
 
 def main():
+  # Before JAX starts its backend: the float32 references are XLA dots, and autotuning them
+  # (ours are not autotuned) was a large part of each case's compile.
+  if "xla_gpu_autotune_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               " --xla_gpu_autotune_level=0").strip()
   gpu = jax.default_backend() == "gpu"
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--cases", type=int, default=120)
@@ -333,6 +340,8 @@ def main():
                   help="largest M, N, K drawn (per device)")
   ap.add_argument("--max-flops", type=int, default=MAX_FLOPS if gpu else 1 << 20,
                   help="largest per-device M * N * K drawn")
+  ap.add_argument("--seconds", type=float,
+                  help="start no case after this many seconds (the report covers those run)")
   ap.add_argument("--out", help="write the report as JSON here")
   args = ap.parse_args()
   for env, value in RUN_ENV.items():
@@ -342,7 +351,8 @@ def main():
   mesh = Mesh(np.array(jax.devices()), (AXIS,))
   print(f"backend={jax.default_backend()} devices={mesh.size} seed={args.seed}", flush=True)
   report = fuzz(mesh, args.cases, args.seed, args.ops, args.switches_per_case,
-                log=lambda s: print(s, flush=True), large=args.large, max_flops=args.max_flops)
+                log=lambda s: print(s, flush=True), large=args.large, max_flops=args.max_flops,
+                seconds=args.seconds)
   report.update(args=vars(args), backend=jax.default_backend(),
                 devices=[d.device_kind for d in mesh.devices.flat],
                 git_commit=os.environ.get("JAX_FLASHOVERLAP_GIT_COMMIT", "unknown"))

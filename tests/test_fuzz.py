@@ -119,3 +119,13 @@ def test_a_launch_error_is_a_failure_not_a_crash(fuzz, monkeypatch):
                              m=8, n=8, k=8, transpose_w=False)
   result = fuzz.run_case(case, _mesh(), jax.random.key(0), [{}])
   assert result["calls"] == 1 and "launch failed" in result["failures"][0]["error"]
+
+
+def test_the_script_writes_its_report_and_stops_at_its_time_limit(tmp_path):
+  from test_examples import run_example
+  report = tmp_path / "fuzz.json"
+  out = run_example("fuzz.py", "--cases", "200", "--seconds", "0", "--seed", "1",
+                    "--out", str(report), folder="benchmarks")
+  data = __import__("json").loads(report.read_text())
+  assert "stopping after 1 cases" in out and data["total_failed"] == 0
+  assert sum(s["cases"] for s in data["ops"].values()) == 1 and data["seed"] == 1
