@@ -199,6 +199,32 @@ def test_write_entries_merges_and_checks_gpu(user_dir):
         tuning.write_entries(path, "NVIDIA H100", 2, [_entry()])
 
 
+_MERGE_SCRIPT = """
+import sys
+from jax_flashoverlap import tuning
+path, first = sys.argv[1], int(sys.argv[2])
+for i in range(30):
+    tuning.write_entries(path, "NVIDIA H200", 2, [dict(
+        collective="all_reduce", dtype="bfloat16", m=1024, n=8 * (first + i), k=256,
+        comm_sms=16, band_rows=[0, 512, 1024])])
+"""
+
+
+def test_write_entries_from_several_processes_at_once(tmp_path):
+    """Two tuner runs on one machine (GPUs 0-1 and 2-3) merge into the same <gpu>_x2.json: with
+    one shared temporary file name and no lock, writers failed (FileNotFoundError: the .tmp
+    renamed away by the other), entries were lost (52 of 160 kept) and a reader could see a
+    half-written file. Now every entry is kept and nothing but the file and its lock is left."""
+    repo = tuning.PACKAGE_DIR.parent.parent
+    path = tmp_path / "nvidia_h200_x2.json"
+    procs = [subprocess.Popen([sys.executable, "-c", _MERGE_SCRIPT, str(path), str(1 + 1000 * j)],
+                              cwd=repo, stderr=subprocess.PIPE, text=True) for j in range(4)]
+    errs = [p.communicate(timeout=240)[1] for p in procs]
+    assert all(p.returncode == 0 for p in procs), errs
+    assert len(tuning.load_file(path)) == 4 * 30
+    assert sorted(f.name for f in tmp_path.iterdir()) == [path.name, path.name + ".lock"]
+
+
 def test_tune_cli_refuses_without_gpu():
     import os
 
