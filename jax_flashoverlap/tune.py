@@ -23,6 +23,8 @@ import dataclasses
 import datetime
 import json
 import math
+import os
+import pathlib
 import re
 import sys
 import time
@@ -290,6 +292,21 @@ def tune_problem(pb, args, progress) -> tuple:
   return entry, row
 
 
+def check_output_paths(parser, out, report, gpu: str, world: int, what: str = "--out") -> None:
+  """The config to merge into and the --report file can be written, checked before any GPU
+  time: an --out of another GPU or world size, not JSON or a directory, or a --report in a
+  missing folder used to fail only after every problem was tuned, losing the results."""
+  try:
+    pathlib.Path(out).parent.mkdir(parents=True, exist_ok=True)  # as write_entries does
+    tuning.merge_base(out, gpu, world)
+  except (OSError, tuning.ConfigError) as err:
+    parser.error(f"{what}: {err}")
+  for name, path in ((what, pathlib.Path(out)), ("--report", report and pathlib.Path(report))):
+    if path and (path.is_dir() or not os.access(path.parent, os.W_OK)):
+      parser.error(f"{name} {path}: cannot write there (" + (
+          "a directory" if path.is_dir() else f"{path.parent} is not a writable directory") + ")")
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m jax_flashoverlap.tune",
                                    description=__doc__.splitlines()[0])
@@ -355,6 +372,10 @@ def main(argv=None) -> int:
     except OSError as err:
       parser.error(f"cannot make the config dir {tuning.user_config_dir()} "
                    f"(${tuning.CONFIG_DIR_ENV}): {err}")
+  slug = re.sub(r"[^a-z0-9]+", "_", gpu.lower()).strip("_")
+  out = args.out or tuning.user_config_dir() / f"{slug}_x{args.world}.json"
+  check_output_paths(parser, out, args.report, gpu, args.world,
+                     "--out" if args.out else "the config file")
   problems = list(bench._problems(args))
   if args.ops and args.world < 2:
     parser.error(f"--ops needs a mesh of >= 2 GPUs (over one device the all-to-all / "
@@ -386,8 +407,6 @@ def main(argv=None) -> int:
       entry, row = tune_a2a.tune_op(op, shape, mesh, args, progress, sub)
       entries.append(entry)
       rows.append(row)
-  slug = re.sub(r"[^a-z0-9]+", "_", gpu.lower()).strip("_")
-  out = args.out or tuning.user_config_dir() / f"{slug}_x{args.world}.json"
   path = tuning.write_entries(out, gpu, args.world, entries)
   errors = [abs(e["model_error"]) for e in entries if "model_error" in e]
   print(f"wrote {len(entries)} tuned plans to {path}"

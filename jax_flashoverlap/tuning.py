@@ -294,6 +294,20 @@ def lookup(gpu: str | None, world: int, collective: str, dtype: str, m: int, n: 
   return load_all().get((gpu, world, collective, dtype, m, n, k, variant))
 
 
+def merge_base(path, gpu: str, world: int) -> dict:
+  """The config that write_entries merges into: the file at `path` (valid, of this GPU and
+  world size) or a new, empty one; else a ConfigError (the tuner asks before any GPU time)."""
+  path = Path(path)
+  if not path.exists():
+    return {"schema": SCHEMA, "gpu": gpu, "world_size": world, "entries": []}
+  old = _read_json(path)
+  validate(old, path)
+  if old["gpu"] != gpu or old["world_size"] != world:
+    raise ConfigError(f"jax_flashoverlap: {path} holds plans for {old['gpu']} x "
+                      f"{old['world_size']}, not {gpu} x {world}")
+  return old
+
+
 def write_entries(path, gpu: str, world: int, entries: list) -> Path:
   """Merges `entries` into the config file at `path` (validated before it is written).
 
@@ -307,14 +321,7 @@ def write_entries(path, gpu: str, world: int, entries: list) -> Path:
   path.parent.mkdir(parents=True, exist_ok=True)
   with open(path.with_name(path.name + ".lock"), "a") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
-    data = {"schema": SCHEMA, "gpu": gpu, "world_size": world, "entries": []}
-    if path.exists():
-      old = _read_json(path)
-      validate(old, path)
-      if old["gpu"] != gpu or old["world_size"] != world:
-        raise ConfigError(f"jax_flashoverlap: {path} holds plans for {old['gpu']} x "
-                          f"{old['world_size']}, not {gpu} x {world}")
-      data = old
+    data = merge_base(path, gpu, world)
     keyed = {entry_key(e): e for e in data["entries"]}
     for e in entries:
       keyed[entry_key(e)] = e

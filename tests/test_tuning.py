@@ -262,6 +262,42 @@ def test_tune_cli_checks_world_and_shapes_before_any_gpu_time(argv, message, mon
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("case, message", [
+    ("other-world", "--out: jax_flashoverlap: {d}/x4.json holds plans for cpu x 4, not cpu x 2"),
+    ("not-json", "--out: jax_flashoverlap: invalid tuned-config file {d}/junk.json: not JSON"),
+    ("a-directory", "--out: jax_flashoverlap: cannot read tuned-config file {d}/configs"),
+    ("default-file-broken", "the config file: jax_flashoverlap: invalid tuned-config file "
+                            "{d}/configs/cpu_x2.json: not JSON"),
+    ("report-in-missing-folder", "--report {d}/no/r.json: cannot write there ({d}/no is not a "
+                                 "writable directory)"),
+])
+def test_tune_cli_checks_its_output_paths_before_any_gpu_time(case, message, tmp_path,
+                                                              monkeypatch, capsys):
+    """The config to merge into and the report were first touched after every problem was
+    tuned: an --out of another world size, not JSON or a directory, a broken default file or
+    a --report in a missing folder then raised (ConfigError, FileNotFoundError) and the hours
+    of results were lost. Now parser errors (exit 2) before any problem is tuned."""
+    import jax
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(tune, "tune_problem", lambda *a: pytest.fail("tuned before the check"))
+    monkeypatch.setenv(tuning.CONFIG_DIR_ENV, str(tmp_path / "configs"))
+    (tmp_path / "configs").mkdir()
+    _write(tmp_path / "x4.json", [], gpu="cpu", world_size=4)
+    (tmp_path / "junk.json").write_text("{")
+    if case == "default-file-broken":  # <gpu>_x<world>.json in the config dir (CPU: 'cpu')
+        (tmp_path / "configs" / "cpu_x2.json").write_text("{")
+    out = {"other-world": ["--out", str(tmp_path / "x4.json")],
+           "not-json": ["--out", str(tmp_path / "junk.json")],
+           "a-directory": ["--out", str(tmp_path / "configs")],
+           "default-file-broken": [],
+           "report-in-missing-folder": ["--report", str(tmp_path / "no" / "r.json")]}[case]
+    with pytest.raises(SystemExit) as info:
+        tune.main(["--collectives", "all_reduce", "--shapes", "512x512x512", "--world", "2",
+                   *out])
+    assert info.value.code == 2
+    assert message.format(d=tmp_path) in capsys.readouterr().err
+
+
 def test_tune_cli_makes_a_missing_config_dir(tmp_path, monkeypatch):
     """A $JAX_FLASHOVERLAP_CONFIG_DIR that does not exist is an error at lookup: the tuner, which
     writes there, makes it first (its own lookups would fail otherwise)."""
