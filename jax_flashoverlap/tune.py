@@ -109,6 +109,18 @@ def calibration_shape_error(shape, world: int) -> str | None:
           f"rank block), got M={shape[0]}")
 
 
+def check_values(label: str, errors: dict, max_error: float) -> None:
+  """Refuses to save plans when a timed program's result is off float32 by more than
+  max_error, NaN included (an unwritten, NaN-poisoned tile: `nan > max_error` is False, so
+  such a plan used to pass and could be saved)."""
+  bad = {name: e for name, e in errors.items() if not e <= max_error}
+  if bad:
+    name, worst = next(iter(bad.items()))
+    raise RuntimeError(f"{label}: {name}'s result is off float32 by {worst:.2e} (> "
+                       f"{max_error}; {len(bad)} of {len(errors)} plans); not saving plans "
+                       "from a broken build")
+
+
 def _name(index: int, c) -> str:
   return f"plan{index}_sms{c.comm_sms}_g{c.num_groups}_{c.how}"
 
@@ -245,10 +257,7 @@ def tune_problem(pb, args, progress) -> tuple:
   picked = [dataclasses.replace(c, predicted_s=tune_model.predict(
       pb.collective, m, n, world, c.band_rows, c.comm_sms, refit, pb.dtype.itemsize))
       for c in picked]
-  worst = max(errors.values()) if errors else 0.0
-  if worst > args.max_error:
-    raise RuntimeError(f"{label}: a candidate plan's result is off float32 by {worst:.2e} "
-                       f"(> {args.max_error}); not saving plans from a broken build")
+  check_values(label, errors, args.max_error)
   measured = {c: t[name] for name, c in zip(names, picked)}
   best = min(picked, key=measured.get)
   if measured[best] >= t["xla_dot_collective"]:

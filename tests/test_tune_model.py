@@ -192,6 +192,35 @@ def test_tune_problem_refuses_a_shape_it_cannot_calibrate(monkeypatch):
     assert tune.calibration_shape_error((32, 256, 256), 2) is None
 
 
+@pytest.mark.parametrize("op", ["all_reduce", "all_to_all", "all_gather"])
+def test_a_nan_result_fails_the_tuners_value_check(op, monkeypatch):
+    """One timed plan's result NaN (an unwritten tile, NaN-poisoned): `max(errors) > max_error`
+    let it through (nan compares False either way), and a plan from a broken build was saved.
+    Now every plan is checked with `not error <= max_error`, in tune and tune_a2a."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+    from jax_flashoverlap import bench
+    _fake_gpu_timings(monkeypatch)
+    seen = []
+
+    def error(out, ref):  # the second plan's result is NaN, the others are right
+        seen.append(None)
+        return math.nan if len(seen) == 2 else 1e-3
+
+    monkeypatch.setattr(bench, "relative_error", error)
+    args = _tune_args(cta_policies=["default"], top=3)
+    with pytest.raises(RuntimeError, match=r"off float32 by nan .*not saving plans"):
+        if op == "all_reduce":
+            pb = bench._TpProblem(args, op, (256, 256, 256), jax.random.key(0))
+            tune.tune_problem(pb, args, tune.Progress(2, stream=io.StringIO()))
+        else:
+            mesh = Mesh(np.array(jax.devices()[:2]), ("tp",))
+            tune_a2a.tune_op(op, (256, 256, 256), mesh, args,
+                             tune.Progress(1, stream=io.StringIO()), jax.random.key(0))
+    assert len(seen) >= 2
+
+
 def test_tune_cli_rejects_bad_arguments():
     with pytest.raises(SystemExit):
         tune.main(["--comm-sms", "0"])
