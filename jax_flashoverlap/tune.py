@@ -196,17 +196,19 @@ def fit_op(pb, cal, op_runs, times_ms):
   return dataclasses.replace(cal, interference=slowdown, group_overhead_s=overhead)
 
 
-def time_cta_policies(pb, cand, args) -> dict:
-  """{policy: ms} of one plan with its communicator under each of --cta-policies (each a
-  communicator of its own), interleaved."""
-  variants = {}
+def time_cta_policies(pb, cand, args, baseline) -> tuple:
+  """({policy: ms}, XLA's ms) of one plan with its communicator under each of --cta-policies
+  (each a communicator of its own) and of XLA's dot + collective (`baseline`), interleaved:
+  times of one round, compared with each other only (clocks drift between rounds)."""
+  variants = {"xla_dot_collective": (baseline, pb.args)}
   for policy in args.cta_policies:
     fn = pb.smap(pb.ours)
     with plan_lib.forced(band_rows=cand.band_rows, comm_sms=cand.comm_sms, cta_policy=policy):
       fn(*pb.args).block_until_ready()  # compiles (and makes the communicator) here
     variants[policy] = (fn, pb.args)
-  return {v: r["median_ms"] for v, r in
-          bench.time_variants(variants, calls=args.calls, samples=args.samples).items()}
+  t = {v: r["median_ms"] for v, r in
+       bench.time_variants(variants, calls=args.calls, samples=args.samples).items()}
+  return {p: t[p] for p in args.cta_policies}, t["xla_dot_collective"]
 
 
 def tune_problem(pb, args, progress) -> tuple:
@@ -264,16 +266,19 @@ def tune_problem(pb, args, progress) -> tuple:
     best = None
   entry = entry_for(pb.collective, pb.dtype.name, m, n, k_local, world, best,
                     measured.get(best, 0.0), t["xla_dot_collective"])
-  policy_ms = {}
+  policy_ms, xla_ms = {}, t["xla_dot_collective"]
   if best is not None and policy is not None:
     entry["cta_policy"] = policy
   if best is not None and len(args.cta_policies) > 1:
     progress.show(f"{label}: CTA policies {args.cta_policies}")
-    policy_ms = time_cta_policies(pb, best, args)
+    policy_ms, xla_ms = time_cta_policies(pb, best, args, baseline)
     chosen = min(policy_ms, key=policy_ms.get)
+    if policy_ms[chosen] >= xla_ms:  # XLA's path won this round: the entry must not overlap
+      best = None
     entry = entry_for(pb.collective, pb.dtype.name, m, n, k_local, world, best,
-                      policy_ms[chosen], t["xla_dot_collective"])
-    entry.update(cta_policy=chosen, cta_policy_ms=policy_ms)
+                      policy_ms[chosen], xla_ms)
+    if best is not None:
+      entry.update(cta_policy=chosen, cta_policy_ms=policy_ms)
   with bench.bench_variants.model_plans_only():  # the model's plan, not a shipped config's
     default = plan_lib.choose_plan(pb.collective, m, n, k_local, world, pb.dtype.itemsize)
   row = {"collective": pb.collective, "m": pb.m, "n": pb.n, "k": pb.k, "world": world,
@@ -286,6 +291,7 @@ def tune_problem(pb, args, progress) -> tuple:
                     "measured_ms": t[name], "rel_error_vs_f32": errors[name]}
                    for name, c in zip(names, picked)],
          "times_ms": t, "entry": entry, "cta_policy_ms": policy_ms,
+         "cta_policy_round_xla_ms": xla_ms if policy_ms else None,
          # the kept plan is one the model was fitted to: its model error is in-sample
          "kept_is_calibration_plan": best is not None and any(
              tuple(best.band_rows) == plan_lib.aligned_even_bands(
@@ -297,7 +303,8 @@ def tune_problem(pb, args, progress) -> tuple:
             f"{t['cost_model_default']:.3f} ms, tuned "
             + (f"{entry['measured_ms']:.3f} ms ({best.num_groups} groups, comm_sms "
                f"{best.comm_sms}, {best.how}; predicted {entry['predicted_ms']:.3f} ms, error "
-               f"{entry['model_error']:+.1%})" if best else "XLA's path (no plan was faster)"))
+               f"{entry['model_error']:+.1%})" if best else "XLA's path (no plan was faster)")
+            + (f"; CTA policies {policy_ms} ms vs xla {xla_ms:.3f} ms" if policy_ms else ""))
   return entry, row
 
 

@@ -180,6 +180,37 @@ def test_single_cta_policy_is_timed_and_saved(monkeypatch):
                             "entries": [entry]})
 
 
+@pytest.mark.parametrize("policy_ms, overlap", [((1.05, 1.02), False), ((0.90, 0.95), True)])
+def test_cta_policy_round_is_compared_with_xla_in_that_round(policy_ms, overlap, monkeypatch):
+    """--cta-policies default efficiency (the default): the kept plan is timed again under each
+    policy in a round of its own, where clocks differ. Its time there was saved with
+    overlap=true even when slower than XLA (measured_ms 1.02 > baseline_ms 1.0). XLA's path is
+    now timed in that round too, and wins the entry when it is faster there."""
+    import jax
+    from jax_flashoverlap import bench
+    _fake_gpu_timings(monkeypatch)
+    rounds = []
+
+    def timed(variants, **kw):
+        rounds.append(set(variants))
+        ms = {"default": policy_ms[0], "efficiency": policy_ms[1]}
+        return {name: {"median_ms": ms.get(name, 1.0 if name.startswith(("xla", "gemm"))
+                                           else 0.97), "samples_ms": []} for name in variants}
+
+    monkeypatch.setattr(bench, "time_variants", timed)
+    args = _tune_args()
+    pb = bench._TpProblem(args, "all_reduce", (256, 256, 256), jax.random.key(0))
+    entry, row = tune.tune_problem(pb, args, tune.Progress(2, stream=io.StringIO()))
+    assert rounds[-1] == {"default", "efficiency", "xla_dot_collective"}
+    assert entry["overlap"] is overlap and entry["baseline_ms"] == 1.0
+    if overlap:
+        assert entry["cta_policy"] == "default" and entry["measured_ms"] == 0.90
+    else:
+        assert "cta_policy" not in entry and entry["measured_ms"] == 1.0
+    assert tuning.validate({"schema": tuning.SCHEMA, "gpu": "NVIDIA H200", "world_size": 2,
+                            "entries": [entry]})
+
+
 def test_tune_problem_refuses_a_shape_it_cannot_calibrate(monkeypatch):
     """M = 30 on 2 GPUs: only 1 group splits M / world, so no collective curve can be fitted and
     the search had no candidate (`min() arg is an empty sequence`, after the calibration's GPU
