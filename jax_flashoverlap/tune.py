@@ -402,6 +402,9 @@ def main(argv=None) -> int:
       bench_a2a.check_shape(op, m, n, args.world, k)
     except ValueError as err:
       parser.error(str(err).replace("bench a2a", "tune"))
+    why = tune_a2a.unsupported(op, m, n, k, args.world)
+    if why:
+      parser.error(why)
   if not problems and not op_problems:
     parser.error("nothing to tune: give --collectives and/or --ops")
   print(f"tuning {len(problems) + len(op_problems)} problems on {args.world} x {gpu}: "

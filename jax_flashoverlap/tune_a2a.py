@@ -36,6 +36,19 @@ def local_problem(op: str, m: int, n: int, k: int, world: int) -> tuple:
   return m // world, n, k
 
 
+def unsupported(op: str, m: int, n: int, k: int, world: int) -> str | None:
+  """Why our kernels cannot take this op and global shape (every plan would lower to XLA's
+  composition: the tuner stopped at 'our custom call is not in the compiled program'), else
+  None. E.g. the Ulysses all-to-all's column blocks need N divisible by 8 * world."""
+  rows, n_local, k_local = local_problem(op, m, n, k, world)
+  if op == "all_gather":
+    why = plan_a2a.all_gather_supported(rows, n_local, world, k=k_local)
+  else:
+    why = plan_a2a.a2a_supported(rows, n_local, world, 1 if op == "all_to_all_ulysses" else 0,
+                                 k_local)
+  return None if why is None else f"--shapes {m}x{n}x{k}: {op} on {world} devices: {why}"
+
+
 def grid(op: str, comm_sms_list, rows: int, world: int) -> list:
   plans = []
   for sms in comm_sms_list:

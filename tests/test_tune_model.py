@@ -307,6 +307,33 @@ def test_a2a_entries_validate_and_are_looked_up(op, tmp_path, monkeypatch):
             .comm_sms == 8)
 
 
+@pytest.mark.parametrize("shape, tuned", [("64x24x64", False), ("64x32x64", True)])
+def test_tune_cli_refuses_an_op_shape_the_kernels_cannot_take(shape, tuned, tmp_path,
+                                                             monkeypatch, capsys):
+    """--ops all_to_all_ulysses with N=24 on 2 GPUs passed the shape checks (N a multiple of 8
+    and of the world size), but the column blocks need N divisible by 8 * world: every plan
+    lowered to XLA's composition and the run stopped in tune_op after compiling them ('our
+    custom call is not in the compiled program'), losing the problems before it. Now a parser
+    error (exit 2) before any GPU time; N=32 is tuned."""
+    import jax
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setenv(tuning.CONFIG_DIR_ENV, str(tmp_path))
+
+    def reached(*a):
+        raise SystemExit(0)
+
+    monkeypatch.setattr(tune_a2a, "tune_op", reached)
+    with pytest.raises(SystemExit) as info:
+        tune.main(["--collectives", "--ops", "all_to_all_ulysses", "--shapes", shape,
+                   "--world", "2"])
+    assert info.value.code == (0 if tuned else 2)
+    if not tuned:
+        assert ("--shapes 64x24x64: all_to_all_ulysses on 2 devices: N=24 is not a multiple of "
+                "8 * axis size (16)") in capsys.readouterr().err
+    for op in ("all_to_all", "all_to_all_ulysses", "all_gather"):  # the design shapes: fine
+        assert tune_a2a.unsupported(op, 8192, 8192, 8192, 2) is None
+
+
 BAD_A2A = {
     "a2a_no_split_axis": dict(collective="all_to_all", m=4096, n=512, k=64, comm_sms=8,
                               concat_axis=0, band_rows=[0, 2048]),
