@@ -46,6 +46,7 @@ class Progress:
     self.stream = stream or sys.stderr
     self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
     self.start = time.monotonic()
+    self.what = ""
 
   def line(self, what: str) -> str:
     filled = self.width * self.done // self.total
@@ -54,6 +55,7 @@ class Progress:
     return f"[{bar}] {self.done}/{self.total} {elapsed:5.0f}s {what}"
 
   def show(self, what: str) -> None:
+    self.what = what
     text = self.line(what)
     if self.tty:
       self.stream.write("\r\033[K" + text)
@@ -66,6 +68,16 @@ class Progress:
     self.show(what)
     if self.tty and self.done == self.total:
       self.stream.write("\n")
+
+  def say(self, text: str) -> None:
+    """A result line (bench.say): on a terminal it replaces the bar's line and the bar is drawn
+    again below it (printed after the bar, it was glued to the bar's text)."""
+    if self.tty:
+      self.stream.write("\r\033[K")
+      self.stream.flush()
+    bench.say(text)
+    if self.tty and self.done < self.total:
+      self.show(self.what)
 
 
 def entry_for(collective: str, dtype: str, m: int, n: int, k: int, world: int, chosen,
@@ -254,7 +266,6 @@ def tune_problem(pb, args, progress) -> tuple:
     variants["calibration_" + name] = (fn, pb.args)
   t = {v: r["median_ms"] for v, r in
        bench.time_variants(variants, calls=args.calls, samples=args.samples).items()}
-  progress.step(f"{label}: timed")
   refit = fit_op(pb, cal, op_runs, {name: t["calibration_" + name] for name in op_runs})
   picked = [dataclasses.replace(c, predicted_s=tune_model.predict(
       pb.collective, m, n, world, c.band_rows, c.comm_sms, refit, pb.dtype.itemsize))
@@ -279,6 +290,7 @@ def tune_problem(pb, args, progress) -> tuple:
                       policy_ms[chosen], xla_ms)
     if best is not None:
       entry.update(cta_policy=chosen, cta_policy_ms=policy_ms)
+  progress.step(f"{label}: timed")  # after the CTA-policy round: the bar ended before it
   with bench.bench_variants.model_plans_only():  # the model's plan, not a shipped config's
     default = plan_lib.choose_plan(pb.collective, m, n, k_local, world, pb.dtype.itemsize)
   row = {"collective": pb.collective, "m": pb.m, "n": pb.n, "k": pb.k, "world": world,
@@ -299,12 +311,12 @@ def tune_problem(pb, args, progress) -> tuple:
              for g in CALIBRATION_PLAN_GROUPS),
          "cost_model_default": {"band_rows": list(default.band_rows),
                                 "comm_sms": default.comm_sms, "overlap": default.overlap}}
-  bench.say(f"{label}: xla {t['xla_dot_collective']:.3f} ms, cost-model default "
-            f"{t['cost_model_default']:.3f} ms, tuned "
-            + (f"{entry['measured_ms']:.3f} ms ({best.num_groups} groups, comm_sms "
-               f"{best.comm_sms}, {best.how}; predicted {entry['predicted_ms']:.3f} ms, error "
-               f"{entry['model_error']:+.1%})" if best else "XLA's path (no plan was faster)")
-            + (f"; CTA policies {policy_ms} ms vs xla {xla_ms:.3f} ms" if policy_ms else ""))
+  progress.say(f"{label}: xla {t['xla_dot_collective']:.3f} ms, cost-model default "
+               f"{t['cost_model_default']:.3f} ms, tuned "
+               + (f"{entry['measured_ms']:.3f} ms ({best.num_groups} groups, comm_sms "
+                  f"{best.comm_sms}, {best.how}; predicted {entry['predicted_ms']:.3f} ms, error "
+                  f"{entry['model_error']:+.1%})" if best else "XLA's path (no plan was faster)")
+               + (f"; CTA policies {policy_ms} ms vs xla {xla_ms:.3f} ms" if policy_ms else ""))
   return entry, row
 
 

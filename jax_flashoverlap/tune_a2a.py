@@ -149,8 +149,8 @@ def tune_op(op: str, shape, mesh, args, progress, key) -> tuple:
   row = {"op": op, "m": m, "n": n, "k": k, "world": world, "times_ms": t,
          "rel_error_vs_f32": errors, "entry": entry,
          "predicted_ms": {name: p.predicted_s * 1e3 for name, p in chosen.items()}}
-  bench.say(f"{label}: xla {t['xla_composition']:.3f} ms, default {t['default']:.3f} ms, "
-            + (f"tuned {t[best.name]:.3f} ms ({best.name}; predicted "
-               f"{entry['predicted_ms']:.3f} ms, error {entry['model_error']:+.1%})" if won
-               else "tuned: XLA's composition (no plan was faster)"))
+  progress.say(f"{label}: xla {t['xla_composition']:.3f} ms, default {t['default']:.3f} ms, "
+               + (f"tuned {t[best.name]:.3f} ms ({best.name}; predicted "
+                  f"{entry['predicted_ms']:.3f} ms, error {entry['model_error']:+.1%})" if won
+                  else "tuned: XLA's composition (no plan was faster)"))
   return entry, row

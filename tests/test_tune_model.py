@@ -119,6 +119,35 @@ def test_progress_lines_on_a_log():
     assert lines[1].startswith("[##......] 1/4") and lines[2].startswith("[####....] 2/4")
 
 
+def test_progress_on_a_terminal_keeps_result_lines_apart_and_counts_the_cta_round(monkeypatch):
+    """On a terminal the bar has no newline: a problem's result line (stdout) was glued to the
+    bar's text, and the bar read 2/2 while the CTA-policy round still ran. Now a result line
+    replaces the bar's line, and a problem's second step comes after its CTA round."""
+    import contextlib
+    import jax
+    from jax_flashoverlap import bench
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    _fake_gpu_timings(monkeypatch)
+    term, args = Terminal(), _tune_args()
+    bar = tune.Progress(2, stream=term)
+    real_show, shown = bar.show, []
+    monkeypatch.setattr(bar, "show", lambda what: (shown.append((bar.done, what)),
+                                                   real_show(what)))
+    pb = bench._TpProblem(args, "all_reduce", (256, 256, 256), jax.random.key(0))
+    with contextlib.redirect_stdout(term):
+        tune.tune_problem(pb, args, bar)
+    assert [d for d, what in shown if "CTA policies" in what] == [1]
+    screen = [line.rsplit("\r", 1)[-1] for line in term.getvalue().replace("\033[K", "")
+              .split("\n")]
+    results = [line for line in screen if "xla 1.000 ms" in line]
+    assert len(results) == 1 and results[0].startswith("all_reduce 256x256x256: xla"), screen
+    assert screen[-3].startswith("[####") and screen[-3].endswith("timed"), screen
+
+
 def test_forced_explicit_bands():
     bands = (0, 512, 2048, 8192)
     with P.forced(band_rows=bands, comm_sms=12):
