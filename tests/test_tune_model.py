@@ -480,6 +480,9 @@ def test_fit_op_runs_recovers_slowdown_and_group_overhead():
     slowdown, overhead = TM.fit_op_runs("all_reduce", m, n, 2, 16, runs, cal)
     assert slowdown == pytest.approx(1.17, rel=1e-6)
     assert overhead == pytest.approx(9e-6, rel=1e-4)
+    # the runs in either order (the most groups first gave (0.8, 1.97e-05): the clamp)
+    assert TM.fit_op_runs("all_reduce", m, n, 2, 16, runs[::-1], cal) == pytest.approx(
+        (slowdown, overhead), rel=1e-9)
     fitted = dataclasses.replace(cal, interference={16: slowdown}, group_overhead_s={16: overhead})
     other = P.aligned_even_bands("all_reduce", m, n, 2, 7, 16)  # a plan not fitted to
     assert TM.predict("all_reduce", m, n, 2, other, 16, fitted) == pytest.approx(
