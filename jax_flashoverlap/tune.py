@@ -23,6 +23,8 @@ import dataclasses
 import datetime
 import json
 import math
+import os
+import pathlib
 import re
 import sys
 import time
@@ -44,6 +46,7 @@ class Progress:
     self.stream = stream or sys.stderr
     self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
     self.start = time.monotonic()
+    self.what = ""
 
   def line(self, what: str) -> str:
     filled = self.width * self.done // self.total
@@ -52,6 +55,7 @@ class Progress:
     return f"[{bar}] {self.done}/{self.total} {elapsed:5.0f}s {what}"
 
   def show(self, what: str) -> None:
+    self.what = what
     text = self.line(what)
     if self.tty:
       self.stream.write("\r\033[K" + text)
@@ -64,6 +68,16 @@ class Progress:
     self.show(what)
     if self.tty and self.done == self.total:
       self.stream.write("\n")
+
+  def say(self, text: str) -> None:
+    """A result line (bench.say): on a terminal it replaces the bar's line and the bar is drawn
+    again below it (printed after the bar, it was glued to the bar's text)."""
+    if self.tty:
+      self.stream.write("\r\033[K")
+      self.stream.flush()
+    bench.say(text)
+    if self.tty and self.done < self.total:
+      self.show(self.what)
 
 
 def entry_for(collective: str, dtype: str, m: int, n: int, k: int, world: int, chosen,
@@ -105,6 +119,18 @@ def calibration_shape_error(shape, world: int) -> str | None:
   return (f"--shapes {'x'.join(map(str, shape))}: tuning a GEMM + collective needs M divisible "
           f"by 2 * world = {2 * world} (the collective's calibration runs 1 and 2 groups per "
           f"rank block), got M={shape[0]}")
+
+
+def check_values(label: str, errors: dict, max_error: float) -> None:
+  """Refuses to save plans when a timed program's result is off float32 by more than
+  max_error, NaN included (an unwritten, NaN-poisoned tile: `nan > max_error` is False, so
+  such a plan used to pass and could be saved)."""
+  bad = {name: e for name, e in errors.items() if not e <= max_error}
+  if bad:
+    name, worst = next(iter(bad.items()))
+    raise RuntimeError(f"{label}: {name}'s result is off float32 by {worst:.2e} (> "
+                       f"{max_error}; {len(bad)} of {len(errors)} plans); not saving plans "
+                       "from a broken build")
 
 
 def _name(index: int, c) -> str:
@@ -182,17 +208,19 @@ def fit_op(pb, cal, op_runs, times_ms):
   return dataclasses.replace(cal, interference=slowdown, group_overhead_s=overhead)
 
 
-def time_cta_policies(pb, cand, args) -> dict:
-  """{policy: ms} of one plan with its communicator under each of --cta-policies (each a
-  communicator of its own), interleaved."""
-  variants = {}
+def time_cta_policies(pb, cand, args, baseline) -> tuple:
+  """({policy: ms}, XLA's ms) of one plan with its communicator under each of --cta-policies
+  (each a communicator of its own) and of XLA's dot + collective (`baseline`), interleaved:
+  times of one round, compared with each other only (clocks drift between rounds)."""
+  variants = {"xla_dot_collective": (baseline, pb.args)}
   for policy in args.cta_policies:
     fn = pb.smap(pb.ours)
     with plan_lib.forced(band_rows=cand.band_rows, comm_sms=cand.comm_sms, cta_policy=policy):
       fn(*pb.args).block_until_ready()  # compiles (and makes the communicator) here
     variants[policy] = (fn, pb.args)
-  return {v: r["median_ms"] for v, r in
-          bench.time_variants(variants, calls=args.calls, samples=args.samples).items()}
+  t = {v: r["median_ms"] for v, r in
+       bench.time_variants(variants, calls=args.calls, samples=args.samples).items()}
+  return {p: t[p] for p in args.cta_policies}, t["xla_dot_collective"]
 
 
 def tune_problem(pb, args, progress) -> tuple:
@@ -238,31 +266,31 @@ def tune_problem(pb, args, progress) -> tuple:
     variants["calibration_" + name] = (fn, pb.args)
   t = {v: r["median_ms"] for v, r in
        bench.time_variants(variants, calls=args.calls, samples=args.samples).items()}
-  progress.step(f"{label}: timed")
   refit = fit_op(pb, cal, op_runs, {name: t["calibration_" + name] for name in op_runs})
   picked = [dataclasses.replace(c, predicted_s=tune_model.predict(
       pb.collective, m, n, world, c.band_rows, c.comm_sms, refit, pb.dtype.itemsize))
       for c in picked]
-  worst = max(errors.values()) if errors else 0.0
-  if worst > args.max_error:
-    raise RuntimeError(f"{label}: a candidate plan's result is off float32 by {worst:.2e} "
-                       f"(> {args.max_error}); not saving plans from a broken build")
+  check_values(label, errors, args.max_error)
   measured = {c: t[name] for name, c in zip(names, picked)}
   best = min(picked, key=measured.get)
   if measured[best] >= t["xla_dot_collective"]:
     best = None
   entry = entry_for(pb.collective, pb.dtype.name, m, n, k_local, world, best,
                     measured.get(best, 0.0), t["xla_dot_collective"])
-  policy_ms = {}
+  policy_ms, xla_ms = {}, t["xla_dot_collective"]
   if best is not None and policy is not None:
     entry["cta_policy"] = policy
   if best is not None and len(args.cta_policies) > 1:
     progress.show(f"{label}: CTA policies {args.cta_policies}")
-    policy_ms = time_cta_policies(pb, best, args)
+    policy_ms, xla_ms = time_cta_policies(pb, best, args, baseline)
     chosen = min(policy_ms, key=policy_ms.get)
+    if policy_ms[chosen] >= xla_ms:  # XLA's path won this round: the entry must not overlap
+      best = None
     entry = entry_for(pb.collective, pb.dtype.name, m, n, k_local, world, best,
-                      policy_ms[chosen], t["xla_dot_collective"])
-    entry.update(cta_policy=chosen, cta_policy_ms=policy_ms)
+                      policy_ms[chosen], xla_ms)
+    if best is not None:
+      entry.update(cta_policy=chosen, cta_policy_ms=policy_ms)
+  progress.step(f"{label}: timed")  # after the CTA-policy round: the bar ended before it
   with bench.bench_variants.model_plans_only():  # the model's plan, not a shipped config's
     default = plan_lib.choose_plan(pb.collective, m, n, k_local, world, pb.dtype.itemsize)
   row = {"collective": pb.collective, "m": pb.m, "n": pb.n, "k": pb.k, "world": world,
@@ -275,6 +303,7 @@ def tune_problem(pb, args, progress) -> tuple:
                     "measured_ms": t[name], "rel_error_vs_f32": errors[name]}
                    for name, c in zip(names, picked)],
          "times_ms": t, "entry": entry, "cta_policy_ms": policy_ms,
+         "cta_policy_round_xla_ms": xla_ms if policy_ms else None,
          # the kept plan is one the model was fitted to: its model error is in-sample
          "kept_is_calibration_plan": best is not None and any(
              tuple(best.band_rows) == plan_lib.aligned_even_bands(
@@ -282,12 +311,28 @@ def tune_problem(pb, args, progress) -> tuple:
              for g in CALIBRATION_PLAN_GROUPS),
          "cost_model_default": {"band_rows": list(default.band_rows),
                                 "comm_sms": default.comm_sms, "overlap": default.overlap}}
-  bench.say(f"{label}: xla {t['xla_dot_collective']:.3f} ms, cost-model default "
-            f"{t['cost_model_default']:.3f} ms, tuned "
-            + (f"{entry['measured_ms']:.3f} ms ({best.num_groups} groups, comm_sms "
-               f"{best.comm_sms}, {best.how}; predicted {entry['predicted_ms']:.3f} ms, error "
-               f"{entry['model_error']:+.1%})" if best else "XLA's path (no plan was faster)"))
+  progress.say(f"{label}: xla {t['xla_dot_collective']:.3f} ms, cost-model default "
+               f"{t['cost_model_default']:.3f} ms, tuned "
+               + (f"{entry['measured_ms']:.3f} ms ({best.num_groups} groups, comm_sms "
+                  f"{best.comm_sms}, {best.how}; predicted {entry['predicted_ms']:.3f} ms, error "
+                  f"{entry['model_error']:+.1%})" if best else "XLA's path (no plan was faster)")
+               + (f"; CTA policies {policy_ms} ms vs xla {xla_ms:.3f} ms" if policy_ms else ""))
   return entry, row
+
+
+def check_output_paths(parser, out, report, gpu: str, world: int, what: str = "--out") -> None:
+  """The config to merge into and the --report file can be written, checked before any GPU
+  time: an --out of another GPU or world size, not JSON or a directory, or a --report in a
+  missing folder used to fail only after every problem was tuned, losing the results."""
+  try:
+    pathlib.Path(out).parent.mkdir(parents=True, exist_ok=True)  # as write_entries does
+    tuning.merge_base(out, gpu, world)
+  except (OSError, tuning.ConfigError) as err:
+    parser.error(f"{what}: {err}")
+  for name, path in ((what, pathlib.Path(out)), ("--report", report and pathlib.Path(report))):
+    if path and (path.is_dir() or not os.access(path.parent, os.W_OK)):
+      parser.error(f"{name} {path}: cannot write there (" + (
+          "a directory" if path.is_dir() else f"{path.parent} is not a writable directory") + ")")
 
 
 def main(argv=None) -> int:
@@ -355,6 +400,10 @@ def main(argv=None) -> int:
     except OSError as err:
       parser.error(f"cannot make the config dir {tuning.user_config_dir()} "
                    f"(${tuning.CONFIG_DIR_ENV}): {err}")
+  slug = re.sub(r"[^a-z0-9]+", "_", gpu.lower()).strip("_")
+  out = args.out or tuning.user_config_dir() / f"{slug}_x{args.world}.json"
+  check_output_paths(parser, out, args.report, gpu, args.world,
+                     "--out" if args.out else "the config file")
   problems = list(bench._problems(args))
   if args.ops and args.world < 2:
     parser.error(f"--ops needs a mesh of >= 2 GPUs (over one device the all-to-all / "
@@ -365,6 +414,9 @@ def main(argv=None) -> int:
       bench_a2a.check_shape(op, m, n, args.world, k)
     except ValueError as err:
       parser.error(str(err).replace("bench a2a", "tune"))
+    why = tune_a2a.unsupported(op, m, n, k, args.world)
+    if why:
+      parser.error(why)
   if not problems and not op_problems:
     parser.error("nothing to tune: give --collectives and/or --ops")
   print(f"tuning {len(problems) + len(op_problems)} problems on {args.world} x {gpu}: "
@@ -386,8 +438,6 @@ def main(argv=None) -> int:
       entry, row = tune_a2a.tune_op(op, shape, mesh, args, progress, sub)
       entries.append(entry)
       rows.append(row)
-  slug = re.sub(r"[^a-z0-9]+", "_", gpu.lower()).strip("_")
-  out = args.out or tuning.user_config_dir() / f"{slug}_x{args.world}.json"
   path = tuning.write_entries(out, gpu, args.world, entries)
   errors = [abs(e["model_error"]) for e in entries if "model_error" in e]
   print(f"wrote {len(entries)} tuned plans to {path}"

@@ -141,7 +141,9 @@ def fit_op_runs(collective: str, m: int, n: int, world: int, comm_sms: int, runs
       lo, hi = (mid, hi) if f(mid) < 0 else (lo, mid)
     return 0.5 * (lo + hi)
 
-  runs = [(tuple(b), float(t)) for b, t in runs]
+  # fewest groups first: the bisection's function rises with the factor only in that order
+  # (the most groups first, it fell: the slowdown went to its clamp, the rest to the overhead)
+  runs = sorted(((tuple(b), float(t)) for b, t in runs), key=lambda r: len(r[0]))
   (b1, t1) = runs[0]
   g1 = len(b1) - 1
   if len(runs) >= 2 and len(runs[1][0]) - 1 != g1:

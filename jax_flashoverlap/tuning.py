@@ -294,24 +294,47 @@ def lookup(gpu: str | None, world: int, collective: str, dtype: str, m: int, n: 
   return load_all().get((gpu, world, collective, dtype, m, n, k, variant))
 
 
-def write_entries(path, gpu: str, world: int, entries: list) -> Path:
-  """Merges `entries` into the config file at `path` (validated before it is written)."""
+def merge_base(path, gpu: str, world: int) -> dict:
+  """The config that write_entries merges into: the file at `path` (valid, of this GPU and
+  world size) or a new, empty one; else a ConfigError (the tuner asks before any GPU time)."""
   path = Path(path)
-  data = {"schema": SCHEMA, "gpu": gpu, "world_size": world, "entries": []}
-  if path.exists():
-    old = _read_json(path)
-    validate(old, path)
-    if old["gpu"] != gpu or old["world_size"] != world:
-      raise ConfigError(f"jax_flashoverlap: {path} holds plans for {old['gpu']} x "
-                        f"{old['world_size']}, not {gpu} x {world}")
-    data = old
-  keyed = {entry_key(e): e for e in data["entries"]}
-  for e in entries:
-    keyed[entry_key(e)] = e
-  data["entries"] = list(keyed.values())
-  validate(data, path)
+  if not path.exists():
+    return {"schema": SCHEMA, "gpu": gpu, "world_size": world, "entries": []}
+  old = _read_json(path)
+  validate(old, path)
+  if old["gpu"] != gpu or old["world_size"] != world:
+    raise ConfigError(f"jax_flashoverlap: {path} holds plans for {old['gpu']} x "
+                      f"{old['world_size']}, not {gpu} x {world}")
+  return old
+
+
+def write_entries(path, gpu: str, world: int, entries: list) -> Path:
+  """Merges `entries` into the config file at `path` (validated before it is written).
+
+  Two tuner runs may merge into one file at once (e.g. on GPUs 0-1 and 2-3 of a machine, both
+  <gpu>_x2.json): the read-merge-write holds an exclusive lock on <path>.lock, and the text
+  goes to <path>.<pid>.tmp (not *.json: never loaded), synced, then renamed over `path`. One
+  shared temporary name lost entries, failed a writer (its file renamed away) and could put
+  a half-written file in place."""
+  import fcntl
+  path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_suffix(".json.tmp")
-  tmp.write_text(json.dumps(data, indent=1) + "\n")
-  tmp.replace(path)
+  with open(path.with_name(path.name + ".lock"), "a") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+    data = merge_base(path, gpu, world)
+    keyed = {entry_key(e): e for e in data["entries"]}
+    for e in entries:
+      keyed[entry_key(e)] = e
+    data["entries"] = list(keyed.values())
+    validate(data, path)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+      with open(tmp, "w", encoding="utf-8") as f:
+        f.write(json.dumps(data, indent=1) + "\n")
+        f.flush()
+        os.fsync(f.fileno())  # a crash after the rename must not leave an empty file
+      os.replace(tmp, path)
+    except BaseException:
+      tmp.unlink(missing_ok=True)
+      raise
   return path

@@ -119,6 +119,35 @@ def test_progress_lines_on_a_log():
     assert lines[1].startswith("[##......] 1/4") and lines[2].startswith("[####....] 2/4")
 
 
+def test_progress_on_a_terminal_keeps_result_lines_apart_and_counts_the_cta_round(monkeypatch):
+    """On a terminal the bar has no newline: a problem's result line (stdout) was glued to the
+    bar's text, and the bar read 2/2 while the CTA-policy round still ran. Now a result line
+    replaces the bar's line, and a problem's second step comes after its CTA round."""
+    import contextlib
+    import jax
+    from jax_flashoverlap import bench
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    _fake_gpu_timings(monkeypatch)
+    term, args = Terminal(), _tune_args()
+    bar = tune.Progress(2, stream=term)
+    real_show, shown = bar.show, []
+    monkeypatch.setattr(bar, "show", lambda what: (shown.append((bar.done, what)),
+                                                   real_show(what)))
+    pb = bench._TpProblem(args, "all_reduce", (256, 256, 256), jax.random.key(0))
+    with contextlib.redirect_stdout(term):
+        tune.tune_problem(pb, args, bar)
+    assert [d for d, what in shown if "CTA policies" in what] == [1]
+    screen = [line.rsplit("\r", 1)[-1] for line in term.getvalue().replace("\033[K", "")
+              .split("\n")]
+    results = [line for line in screen if "xla 1.000 ms" in line]
+    assert len(results) == 1 and results[0].startswith("all_reduce 256x256x256: xla"), screen
+    assert screen[-3].startswith("[####") and screen[-3].endswith("timed"), screen
+
+
 def test_forced_explicit_bands():
     bands = (0, 512, 2048, 8192)
     with P.forced(band_rows=bands, comm_sms=12):
@@ -180,6 +209,37 @@ def test_single_cta_policy_is_timed_and_saved(monkeypatch):
                             "entries": [entry]})
 
 
+@pytest.mark.parametrize("policy_ms, overlap", [((1.05, 1.02), False), ((0.90, 0.95), True)])
+def test_cta_policy_round_is_compared_with_xla_in_that_round(policy_ms, overlap, monkeypatch):
+    """--cta-policies default efficiency (the default): the kept plan is timed again under each
+    policy in a round of its own, where clocks differ. Its time there was saved with
+    overlap=true even when slower than XLA (measured_ms 1.02 > baseline_ms 1.0). XLA's path is
+    now timed in that round too, and wins the entry when it is faster there."""
+    import jax
+    from jax_flashoverlap import bench
+    _fake_gpu_timings(monkeypatch)
+    rounds = []
+
+    def timed(variants, **kw):
+        rounds.append(set(variants))
+        ms = {"default": policy_ms[0], "efficiency": policy_ms[1]}
+        return {name: {"median_ms": ms.get(name, 1.0 if name.startswith(("xla", "gemm"))
+                                           else 0.97), "samples_ms": []} for name in variants}
+
+    monkeypatch.setattr(bench, "time_variants", timed)
+    args = _tune_args()
+    pb = bench._TpProblem(args, "all_reduce", (256, 256, 256), jax.random.key(0))
+    entry, row = tune.tune_problem(pb, args, tune.Progress(2, stream=io.StringIO()))
+    assert rounds[-1] == {"default", "efficiency", "xla_dot_collective"}
+    assert entry["overlap"] is overlap and entry["baseline_ms"] == 1.0
+    if overlap:
+        assert entry["cta_policy"] == "default" and entry["measured_ms"] == 0.90
+    else:
+        assert "cta_policy" not in entry and entry["measured_ms"] == 1.0
+    assert tuning.validate({"schema": tuning.SCHEMA, "gpu": "NVIDIA H200", "world_size": 2,
+                            "entries": [entry]})
+
+
 def test_tune_problem_refuses_a_shape_it_cannot_calibrate(monkeypatch):
     """M = 30 on 2 GPUs: only 1 group splits M / world, so no collective curve can be fitted and
     the search had no candidate (`min() arg is an empty sequence`, after the calibration's GPU
@@ -190,6 +250,35 @@ def test_tune_problem_refuses_a_shape_it_cannot_calibrate(monkeypatch):
     with pytest.raises(ValueError, match=r"needs M divisible by 2 \* world = 4 .*got M=30"):
         tune.tune_problem(pb, _tune_args(), tune.Progress(2, stream=io.StringIO()))
     assert tune.calibration_shape_error((32, 256, 256), 2) is None
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "all_to_all", "all_gather"])
+def test_a_nan_result_fails_the_tuners_value_check(op, monkeypatch):
+    """One timed plan's result NaN (an unwritten tile, NaN-poisoned): `max(errors) > max_error`
+    let it through (nan compares False either way), and a plan from a broken build was saved.
+    Now every plan is checked with `not error <= max_error`, in tune and tune_a2a."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+    from jax_flashoverlap import bench
+    _fake_gpu_timings(monkeypatch)
+    seen = []
+
+    def error(out, ref):  # the second plan's result is NaN, the others are right
+        seen.append(None)
+        return math.nan if len(seen) == 2 else 1e-3
+
+    monkeypatch.setattr(bench, "relative_error", error)
+    args = _tune_args(cta_policies=["default"], top=3)
+    with pytest.raises(RuntimeError, match=r"off float32 by nan .*not saving plans"):
+        if op == "all_reduce":
+            pb = bench._TpProblem(args, op, (256, 256, 256), jax.random.key(0))
+            tune.tune_problem(pb, args, tune.Progress(2, stream=io.StringIO()))
+        else:
+            mesh = Mesh(np.array(jax.devices()[:2]), ("tp",))
+            tune_a2a.tune_op(op, (256, 256, 256), mesh, args,
+                             tune.Progress(1, stream=io.StringIO()), jax.random.key(0))
+    assert len(seen) >= 2
 
 
 def test_tune_cli_rejects_bad_arguments():
@@ -245,6 +334,33 @@ def test_a2a_entries_validate_and_are_looked_up(op, tmp_path, monkeypatch):
     # an explicit comm_sms or another GPU: the cost model
     assert (plan_a2a.choose_all_gather_plan(rows, n, k, 2, comm_sms=8, gpu="NVIDIA H200")
             .comm_sms == 8)
+
+
+@pytest.mark.parametrize("shape, tuned", [("64x24x64", False), ("64x32x64", True)])
+def test_tune_cli_refuses_an_op_shape_the_kernels_cannot_take(shape, tuned, tmp_path,
+                                                             monkeypatch, capsys):
+    """--ops all_to_all_ulysses with N=24 on 2 GPUs passed the shape checks (N a multiple of 8
+    and of the world size), but the column blocks need N divisible by 8 * world: every plan
+    lowered to XLA's composition and the run stopped in tune_op after compiling them ('our
+    custom call is not in the compiled program'), losing the problems before it. Now a parser
+    error (exit 2) before any GPU time; N=32 is tuned."""
+    import jax
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setenv(tuning.CONFIG_DIR_ENV, str(tmp_path))
+
+    def reached(*a):
+        raise SystemExit(0)
+
+    monkeypatch.setattr(tune_a2a, "tune_op", reached)
+    with pytest.raises(SystemExit) as info:
+        tune.main(["--collectives", "--ops", "all_to_all_ulysses", "--shapes", shape,
+                   "--world", "2"])
+    assert info.value.code == (0 if tuned else 2)
+    if not tuned:
+        assert ("--shapes 64x24x64: all_to_all_ulysses on 2 devices: N=24 is not a multiple of "
+                "8 * axis size (16)") in capsys.readouterr().err
+    for op in ("all_to_all", "all_to_all_ulysses", "all_gather"):  # the design shapes: fine
+        assert tune_a2a.unsupported(op, 8192, 8192, 8192, 2) is None
 
 
 BAD_A2A = {
@@ -364,6 +480,9 @@ def test_fit_op_runs_recovers_slowdown_and_group_overhead():
     slowdown, overhead = TM.fit_op_runs("all_reduce", m, n, 2, 16, runs, cal)
     assert slowdown == pytest.approx(1.17, rel=1e-6)
     assert overhead == pytest.approx(9e-6, rel=1e-4)
+    # the runs in either order (the most groups first gave (0.8, 1.97e-05): the clamp)
+    assert TM.fit_op_runs("all_reduce", m, n, 2, 16, runs[::-1], cal) == pytest.approx(
+        (slowdown, overhead), rel=1e-9)
     fitted = dataclasses.replace(cal, interference={16: slowdown}, group_overhead_s={16: overhead})
     other = P.aligned_even_bands("all_reduce", m, n, 2, 7, 16)  # a plan not fitted to
     assert TM.predict("all_reduce", m, n, 2, other, 16, fitted) == pytest.approx(

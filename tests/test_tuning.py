@@ -199,6 +199,32 @@ def test_write_entries_merges_and_checks_gpu(user_dir):
         tuning.write_entries(path, "NVIDIA H100", 2, [_entry()])
 
 
+_MERGE_SCRIPT = """
+import sys
+from jax_flashoverlap import tuning
+path, first = sys.argv[1], int(sys.argv[2])
+for i in range(30):
+    tuning.write_entries(path, "NVIDIA H200", 2, [dict(
+        collective="all_reduce", dtype="bfloat16", m=1024, n=8 * (first + i), k=256,
+        comm_sms=16, band_rows=[0, 512, 1024])])
+"""
+
+
+def test_write_entries_from_several_processes_at_once(tmp_path):
+    """Two tuner runs on one machine (GPUs 0-1 and 2-3) merge into the same <gpu>_x2.json: with
+    one shared temporary file name and no lock, writers failed (FileNotFoundError: the .tmp
+    renamed away by the other), entries were lost (52 of 160 kept) and a reader could see a
+    half-written file. Now every entry is kept and nothing but the file and its lock is left."""
+    repo = tuning.PACKAGE_DIR.parent.parent
+    path = tmp_path / "nvidia_h200_x2.json"
+    procs = [subprocess.Popen([sys.executable, "-c", _MERGE_SCRIPT, str(path), str(1 + 1000 * j)],
+                              cwd=repo, stderr=subprocess.PIPE, text=True) for j in range(4)]
+    errs = [p.communicate(timeout=240)[1] for p in procs]
+    assert all(p.returncode == 0 for p in procs), errs
+    assert len(tuning.load_file(path)) == 4 * 30
+    assert sorted(f.name for f in tmp_path.iterdir()) == [path.name, path.name + ".lock"]
+
+
 def test_tune_cli_refuses_without_gpu():
     import os
 
@@ -234,6 +260,42 @@ def test_tune_cli_checks_world_and_shapes_before_any_gpu_time(argv, message, mon
         tune.main(["--collectives", "all_reduce", *shapes, *argv])
     assert info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case, message", [
+    ("other-world", "--out: jax_flashoverlap: {d}/x4.json holds plans for cpu x 4, not cpu x 2"),
+    ("not-json", "--out: jax_flashoverlap: invalid tuned-config file {d}/junk.json: not JSON"),
+    ("a-directory", "--out: jax_flashoverlap: cannot read tuned-config file {d}/configs"),
+    ("default-file-broken", "the config file: jax_flashoverlap: invalid tuned-config file "
+                            "{d}/configs/cpu_x2.json: not JSON"),
+    ("report-in-missing-folder", "--report {d}/no/r.json: cannot write there ({d}/no is not a "
+                                 "writable directory)"),
+])
+def test_tune_cli_checks_its_output_paths_before_any_gpu_time(case, message, tmp_path,
+                                                              monkeypatch, capsys):
+    """The config to merge into and the report were first touched after every problem was
+    tuned: an --out of another world size, not JSON or a directory, a broken default file or
+    a --report in a missing folder then raised (ConfigError, FileNotFoundError) and the hours
+    of results were lost. Now parser errors (exit 2) before any problem is tuned."""
+    import jax
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(tune, "tune_problem", lambda *a: pytest.fail("tuned before the check"))
+    monkeypatch.setenv(tuning.CONFIG_DIR_ENV, str(tmp_path / "configs"))
+    (tmp_path / "configs").mkdir()
+    _write(tmp_path / "x4.json", [], gpu="cpu", world_size=4)
+    (tmp_path / "junk.json").write_text("{")
+    if case == "default-file-broken":  # <gpu>_x<world>.json in the config dir (CPU: 'cpu')
+        (tmp_path / "configs" / "cpu_x2.json").write_text("{")
+    out = {"other-world": ["--out", str(tmp_path / "x4.json")],
+           "not-json": ["--out", str(tmp_path / "junk.json")],
+           "a-directory": ["--out", str(tmp_path / "configs")],
+           "default-file-broken": [],
+           "report-in-missing-folder": ["--report", str(tmp_path / "no" / "r.json")]}[case]
+    with pytest.raises(SystemExit) as info:
+        tune.main(["--collectives", "all_reduce", "--shapes", "512x512x512", "--world", "2",
+                   *out])
+    assert info.value.code == 2
+    assert message.format(d=tmp_path) in capsys.readouterr().err
 
 
 def test_tune_cli_makes_a_missing_config_dir(tmp_path, monkeypatch):
