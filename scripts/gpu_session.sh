@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (device tool): set up, build, test, benchmark; logs to $OUT.
 #   bash scripts/gpu_session.sh [STEP ...]   steps: build info tests gpu_tests gpu_k gpu_files mesh_tests gemm_bench
-#     tune overlap_bench overlap_all sweep procs stress flax_example sanitize_overlap harness
+#     tune overlap_bench overlap_all sweep procs stress fuzz flax_example sanitize_overlap harness
 #     sanitize_harness gemm_epilogue transpose_w quickstart
 #     global_view diagnose a2a_tests a2a_bench readme_tests cuda_tests launch_smoke bench_smoke
 #     pack (last: one archive of $OUT)
@@ -55,6 +55,8 @@ for step in "${steps[@]}"; do
       run_step tune python3 -m jax_flashoverlap.tune ${TUNE_ARGS:-} --out "jax_flashoverlap/configs/${TAG/h200x/h200_x}.json" --report "$OUT/tune_$TAG.json"
       cp jax_flashoverlap/configs/*.json "$OUT/" ;;
     stress) run_step stress python3 benchmarks/stress.py --out "$OUT/stress_$TAG.json" ;;
+    fuzz)  # random shapes / plans / kernel switches for FUZZ_SECONDS (benchmarks/fuzz.py)
+      run_step fuzz python3 benchmarks/fuzz.py --cases 5000 --seconds "${FUZZ_SECONDS:-240}" --out "$OUT/fuzz_$TAG.json" ;;
     flax_example) run_step "flax_example${FLAX_SUFFIX:-}" python3 examples/tp_transformer_block.py --steps 20 ${FLAX_ARGS:-} --json "$OUT/tp_block_$TAG${FLAX_SUFFIX:-}.json" ;;
     sanitize_overlap)  # one overlapped call of each op under compute-sanitizer, 2 processes
       for tool in memcheck racecheck synccheck; do
