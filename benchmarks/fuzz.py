@@ -44,6 +44,7 @@ from jax import lax  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import jax_flashoverlap as fo  # noqa: E402
+from jax_flashoverlap import bench  # noqa: E402
 from jax_flashoverlap import plan as plan_lib, plan_a2a  # noqa: E402
 
 AXIS = "tp"
@@ -358,7 +359,7 @@ def main():
                 seconds=args.seconds)
   report.update(args=vars(args), backend=jax.default_backend(),
                 devices=[d.device_kind for d in mesh.devices.flat],
-                git_commit=os.environ.get("JAX_FLASHOVERLAP_GIT_COMMIT", "unknown"))
+                git_commit=bench.git_commit())
   if args.out:
     with open(args.out, "w") as f:
       json.dump(report, f, indent=1)

@@ -124,7 +124,7 @@ def main() -> None:
   if args.out:
     with open(args.out, "w") as f:
       json.dump({"kind": "gemm_in_jax", "device": jax.devices()[0].device_kind,
-                 "git_commit": bench._git_commit(), "rows": rows}, f, indent=1)
+                 "git_commit": bench.git_commit(), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

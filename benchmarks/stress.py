@@ -44,6 +44,7 @@ from jax import lax  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import jax_flashoverlap as fo  # noqa: E402
+from jax_flashoverlap import bench  # noqa: E402
 
 AXIS = "tp"
 DTYPE = jnp.bfloat16
@@ -257,7 +258,7 @@ def main():
                                      args.scan_steps, args.seed),
             "args": vars(args), "backend": jax.default_backend(),
             "devices": [d.device_kind for d in mesh.devices.flat],
-            "git_commit": os.environ.get("JAX_FLASHOVERLAP_GIT_COMMIT", "unknown"),
+            "git_commit": bench.git_commit(),
             "env": {k: v for k, v in os.environ.items() if k.startswith(("JAX_FLASHOVERLAP",
                                                                          "NCCL_"))}}
   bad = (sum(s["mismatches"] for s in report["ops"].values())

@@ -65,7 +65,7 @@ def main(argv=None) -> int:
                      "predicted_ms": plan.predicted_s * 1e3},
             "times_ms": t, "devices": medians,
             "command": "python benchmarks/trace_op.py " + " ".join(argv or sys.argv[1:]),
-            "git_commit": bench._git_commit()}
+            "git_commit": bench.git_commit()}
   print(f"{args.collective} {'x'.join(map(str, args.shape))} on {pb.world} GPUs, comm_sms "
         f"{plan.comm_sms}, {plan.num_groups} groups (predicted {plan.predicted_s * 1e3:.3f} ms)")
   print(f"back to back: our GEMM alone {t['gemm_alone']:.3f} ms, ours {t['ours']:.3f} ms, "

@@ -382,16 +382,24 @@ def bench_overlap(args) -> dict:
   return {"kind": "overlap", "rows": rows}
 
 
-def _git_commit() -> str:
-  # The GPU machine gets a copy of the tree without git history: the caller passes the hash.
+def git_commit(root=None) -> str:
+  """The commit results are recorded against: $JAX_FLASHOVERLAP_GIT_COMMIT when set (the GPU
+  machine gets the working tree beside a git directory that may be older, or none: the
+  caller passes the hash), else git's HEAD of `root` (this checkout), with "+dirty" when the
+  tree differs from it (changed or untracked files: the results are not HEAD's), else
+  "unknown"."""
   if os.environ.get("JAX_FLASHOVERLAP_GIT_COMMIT"):
     return os.environ["JAX_FLASHOVERLAP_GIT_COMMIT"]
+  root = root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   try:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True,
-                         text=True, timeout=10)
+    git = lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True,
+                                    text=True, timeout=10)
+    out = git("rev-parse", "HEAD")
     commit = out.stdout.strip()
-    return commit if out.returncode == 0 and len(commit) == 40 else "unknown"
+    if out.returncode != 0 or len(commit) != 40:
+      return "unknown"
+    status = git("status", "--porcelain")
+    return commit + ("+dirty" if status.returncode != 0 or status.stdout.strip() else "")
   except (OSError, subprocess.SubprocessError):
     return "unknown"
 
@@ -486,7 +494,7 @@ def main(argv=None) -> int:
   result.update({
       "command": "python -m jax_flashoverlap.bench " + " ".join(argv or sys.argv[1:]),
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-      "git_commit": _git_commit(),
+      "git_commit": git_commit(),
       "env": {k: v for k, v in os.environ.items() if k.startswith(("JAX_FLASHOVERLAP", "FLASHOVERLAP_", "NCCL_"))},
       "info": fo.info(),
       "method": f"median of {args.samples} samples, each the mean of {args.calls} "

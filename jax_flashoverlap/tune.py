@@ -446,7 +446,7 @@ def main(argv=None) -> int:
   if args.report:
     report = {"kind": "tune", "rows": rows, "config": str(path), "gpu": gpu,
               "world": args.world, "command": "python -m jax_flashoverlap.tune "
-              + " ".join(argv or sys.argv[1:]), "git_commit": bench._git_commit(),
+              + " ".join(argv or sys.argv[1:]), "git_commit": bench.git_commit(),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     with open(args.report, "w") as f:
       json.dump(report, f, indent=1, default=str)

@@ -357,3 +357,30 @@ def test_time_variants_reports_the_median_of_an_even_number_of_samples(monkeypat
     got = bench.time_variants({"only": (lambda: Done(), ())}, calls=1, samples=4, warmup=0)
     assert got["only"]["samples_ms"] == pytest.approx([1.0, 4.0, 2.0, 8.0])
     assert got["only"]["median_ms"] == pytest.approx(3.0)
+
+
+def test_git_commit_says_dirty_when_the_tree_is_not_heads(tmp_path, monkeypatch):
+    """Results run from a changed tree (or, on the GPU machine, a tree beside an older git
+    directory) must not be recorded as HEAD's."""
+    import subprocess
+    from jax_flashoverlap import bench
+    monkeypatch.delenv("JAX_FLASHOVERLAP_GIT_COMMIT", raising=False)
+    git = lambda *a: subprocess.run(["git", "-C", str(tmp_path), *a], check=True,
+                                    capture_output=True)
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    git("add", "a.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    assert bench.git_commit(tmp_path) == head
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert bench.git_commit(tmp_path) == head + "+dirty"
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "new.py").write_text("y = 1\n")  # an untracked file ran too
+    assert bench.git_commit(tmp_path) == head + "+dirty"
+    monkeypatch.setenv("JAX_FLASHOVERLAP_GIT_COMMIT", "abc123")
+    assert bench.git_commit(tmp_path) == "abc123"
+    assert bench.git_commit(tmp_path / "nowhere") == "abc123"
+    monkeypatch.delenv("JAX_FLASHOVERLAP_GIT_COMMIT")
+    assert bench.git_commit(tmp_path / "nowhere") == "unknown"
