@@ -264,17 +264,20 @@ def _files() -> list:
   return files
 
 
-def _mtime(path: Path) -> int:
+def _stamp(path: Path) -> tuple:
+  """What says a file changed: its mtime, size and inode (write_entries renames a new file in
+  place, so a rewrite within one tick of a coarse clock still shows)."""
   try:  # a broken *.json link (or any stat failure) must name the file like a bad one does
-    return path.stat().st_mtime_ns
+    st = path.stat()
+    return st.st_mtime_ns, st.st_size, st.st_ino
   except OSError as err:
     raise ConfigError(f"jax_flashoverlap: cannot read tuned-config file {path}: {err}") from err
 
 
 def load_all() -> dict:
-  """Every entry of every config file (later files win), cached by (path, mtime)."""
+  """Every entry of every config file (later files win), cached by (path, _stamp)."""
   files = _files()
-  stamp = tuple((str(f), _mtime(f)) for f in files)
+  stamp = tuple((str(f), _stamp(f)) for f in files)
   with _lock:
     if _cache.get("stamp") == stamp:
       return _cache["entries"]

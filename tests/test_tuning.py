@@ -2,6 +2,7 @@
 the tuner CLI's CPU behaviour."""
 import dataclasses
 import json
+import os
 import math
 import pathlib
 import subprocess
@@ -490,3 +491,15 @@ def test_tuner_raises_each_comm_sms_to_its_wave_aligned_value():
         assert len(got) == len(set(got)) and got == sorted(got)
         assert all(P.gemm_waves(m, n, s) == P.gemm_waves(m, n, c)
                    for s, c in zip(got, [8, 12, 16]))
+
+
+def test_a_rewrite_within_one_clock_tick_is_seen(user_dir):
+    """load_all's cache: a config rewritten (as write_entries does, a new file renamed in
+    place) with the same mtime, as on a filesystem with a coarse clock, is read again."""
+    path = user_dir / "t.json"
+    tuning.write_entries(path, H200, 2, [_entry(comm_sms=16)])
+    before = path.stat().st_mtime_ns
+    assert tuning.lookup(H200, 2, "all_reduce", "bfloat16", 1024, 512, 256)["comm_sms"] == 16
+    tuning.write_entries(path, H200, 2, [_entry(comm_sms=8)])
+    os.utime(path, ns=(before, before))  # the same tick as the first write
+    assert tuning.lookup(H200, 2, "all_reduce", "bfloat16", 1024, 512, 256)["comm_sms"] == 8
