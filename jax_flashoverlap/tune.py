@@ -12,8 +12,9 @@ Per problem (collective, global shape) on a 1-D mesh over --world GPUs:
   4. keep the fastest: a config entry (jax_flashoverlap.tuning) with its measured and
      predicted time, or overlap=false where XLA's serial path was fastest.
 
-The config goes to the user config dir (<gpu>_x<world>.json) or --out; --report writes every
-measurement and candidate as JSON. Needs GPUs.
+The config goes to the user config dir (<gpu>_x<world>.json) or --out, each problem's entry as
+soon as it is tuned (a later failure keeps it); --report writes every measurement and
+candidate as JSON, rewritten after each problem ("complete": true once all are). Needs GPUs.
 """
 
 from __future__ import annotations
@@ -424,10 +425,27 @@ def main(argv=None) -> int:
         flush=True)
   progress = Progress(2 * len(problems) + len(op_problems))
   entries, rows = [], []
-  for pb in problems:
-    entry, row = tune_problem(pb, args, progress)
+  command = "python -m jax_flashoverlap.tune " + " ".join(argv or sys.argv[1:])
+
+  def save(entry, row):
+    """Each problem's plan (and the report so far) is written as soon as it is tuned: a
+    failure in a later problem, or a stopped run, keeps what was measured before it."""
     entries.append(entry)
     rows.append(row)
+    path = tuning.write_entries(out, gpu, args.world, [entry])
+    if args.report:
+      report = {"kind": "tune", "rows": rows, "config": str(path), "gpu": gpu,
+                "world": args.world, "command": command, "git_commit": bench.git_commit(),
+                "complete": len(rows) == len(problems) + len(op_problems),
+                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                    timespec="seconds")}
+      with open(args.report, "w") as f:
+        json.dump(report, f, indent=1, default=str)
+    return path
+
+  path = out
+  for pb in problems:
+    path = save(*tune_problem(pb, args, progress))
   if op_problems:
     import numpy as np
     from jax.sharding import Mesh
@@ -435,21 +453,11 @@ def main(argv=None) -> int:
     key = jax.random.key(int(time.time()))
     for op, shape in op_problems:
       key, sub = jax.random.split(key)
-      entry, row = tune_a2a.tune_op(op, shape, mesh, args, progress, sub)
-      entries.append(entry)
-      rows.append(row)
-  path = tuning.write_entries(out, gpu, args.world, entries)
+      path = save(*tune_a2a.tune_op(op, shape, mesh, args, progress, sub))
   errors = [abs(e["model_error"]) for e in entries if "model_error" in e]
   print(f"wrote {len(entries)} tuned plans to {path}"
         + (f"; model error of the kept plans: max {max(errors):.1%}, mean "
            f"{sum(errors) / len(errors):.1%}" if errors else ""))
-  if args.report:
-    report = {"kind": "tune", "rows": rows, "config": str(path), "gpu": gpu,
-              "world": args.world, "command": "python -m jax_flashoverlap.tune "
-              + " ".join(argv or sys.argv[1:]), "git_commit": bench.git_commit(),
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    with open(args.report, "w") as f:
-      json.dump(report, f, indent=1, default=str)
   return 0
 
 

@@ -503,3 +503,29 @@ def test_a_rewrite_within_one_clock_tick_is_seen(user_dir):
     tuning.write_entries(path, H200, 2, [_entry(comm_sms=8)])
     os.utime(path, ns=(before, before))  # the same tick as the first write
     assert tuning.lookup(H200, 2, "all_reduce", "bfloat16", 1024, 512, 256)["comm_sms"] == 8
+
+
+def test_tune_cli_keeps_the_problems_tuned_before_a_failure(tmp_path, monkeypatch):
+    """Each problem's entry is saved when it is tuned: the config was written only at the end,
+    so a failure in the last problem lost every earlier result (hours on a real machine)."""
+    import jax
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setenv(tuning.CONFIG_DIR_ENV, str(tmp_path / "configs"))
+    tuned = []
+
+    def fake(pb, args, progress):
+        if len(tuned) == 1:
+            raise RuntimeError("the GPU fell over")
+        tuned.append(pb)
+        entry = _entry(m=pb.m, n=pb.n, k=pb.k // 2, band_rows=[0, pb.m // 2, pb.m])
+        return entry, {"collective": pb.collective, "m": pb.m}
+
+    monkeypatch.setattr(tune, "tune_problem", fake)
+    out, report = tmp_path / "c.json", tmp_path / "r.json"
+    with pytest.raises(RuntimeError, match="fell over"):
+        tune.main(["--collectives", "all_reduce", "--shapes", "512x512x512", "1024x512x512",
+                   "--world", "2", "--out", str(out), "--report", str(report)])
+    data = json.loads(out.read_text())
+    assert [(e["m"], e["n"]) for e in data["entries"]] == [(512, 512)]
+    rep = json.loads(report.read_text())
+    assert rep["complete"] is False and len(rep["rows"]) == 1
