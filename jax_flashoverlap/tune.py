@@ -384,6 +384,12 @@ def main(argv=None) -> int:
     print("jax_flashoverlap.tune: needs GPUs (JAX's backend here is "
           f"{jax.default_backend()!r}); nothing to tune on the reference path", file=sys.stderr)
     return 2
+  if jax.process_count() > 1:  # calibration runs on one process's devices; every process
+    # would write the config: refused rather than half-working
+    parser.error(f"the tuner runs in one process over this machine's GPUs (this is process "
+                 f"{jax.process_index()} of {jax.process_count()}): run it without "
+                 "jax_flashoverlap.launch / jax.distributed; its config serves any process "
+                 "count with the same GPU and world size")
   args.world = bench.resolve_world(parser, args.world)
   devices = jax.devices()[: args.world]
   gpu = devices[0].device_kind

@@ -529,3 +529,16 @@ def test_tune_cli_keeps_the_problems_tuned_before_a_failure(tmp_path, monkeypatc
     assert [(e["m"], e["n"]) for e in data["entries"]] == [(512, 512)]
     rep = json.loads(report.read_text())
     assert rep["complete"] is False and len(rep["rows"]) == 1
+
+
+def test_tune_cli_refuses_several_processes(monkeypatch, capsys):
+    """Under the launcher each process would calibrate on devices it may not own and write the
+    config: a parser error naming how to run it instead."""
+    import jax
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(tune, "tune_problem", lambda *a: pytest.fail("tuned"))
+    with pytest.raises(SystemExit) as info:
+        tune.main(["--collectives", "all_reduce", "--shapes", "512x512x512", "--world", "2"])
+    assert info.value.code == 2
+    assert "runs in one process" in capsys.readouterr().err
