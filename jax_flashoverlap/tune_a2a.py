@@ -134,7 +134,8 @@ def tune_op(op: str, shape, mesh, args, progress, key) -> tuple:
     chosen[p.name] = _chosen_plan(op, p, rows, n_local, k_local, world, dtype.itemsize)
     variants[p.name] = (fn, (x, w))
   default_fn = smap(bench_a2a.ours_fn(op), ins, out)
-  default_fn(x, w)  # compiles with the cost model's (or a tuned) plan
+  with bench.bench_variants.model_plans_only():  # as tune.py: the model's, not a config's
+    default_fn(x, w)  # compiles here (a re-tune would otherwise time its earlier entry)
   variants["default"] = (default_fn, (x, w))
   t = {v: r["median_ms"] for v, r in
        bench.time_variants(variants, calls=args.calls, samples=args.samples).items()}
