@@ -8,7 +8,8 @@ The fixed-shape tests and `stress.py` check a few shapes with the default kernel
 what they do not: M, N, K anywhere in their range (1-row problems, partial tiles in every
 dimension, K below one k-tile and long enough for the split tail), bfloat16 and float16,
 `transpose_w`, any `comm_sms`, forced group plans (even bands, and band boundaries anywhere,
-not on tile rows, so tiles straddle groups), the all-to-all's four layouts and the
+not on tile rows, so tiles straddle groups; the in-place all-reduce; CTA-policy
+communicators), the all-to-all's four layouts and the
 all-gather's chunkings, and per call the signaling GEMM's launch-time switches
 (`FLASHOVERLAP_GEMM_TILE / _SCHEDULE / _EPILOGUE / _QUEUE / _TAIL / _SERPENTINE / _PANEL`,
 read at every launch, so one compiled program runs under several).
@@ -91,6 +92,8 @@ class Case:
   concat_axis: int = 0
   chunks: int | None = None
   gather: str | None = None
+  in_place: bool = False          # all-reduce: JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER=output
+  cta_policy: str | None = None   # all-reduce / reduce-scatter: the communicator's policy
 
 
 def _dim(rng, small, tile, large, multiple=1):
@@ -135,6 +138,8 @@ def sample_case(rng, op: str, world: int, large: int = 12288,
       case["num_groups"] = int(rng.integers(1, plan_lib.MAX_GROUPS + 1))
     elif pick == 2 and rows > 1:
       case["bands"] = _bands(rng, rows)
+    case["cta_policy"] = None if rng.random() < 0.6 else str(rng.choice(["efficiency", "zero"]))
+    case["in_place"] = op == "all_reduce" and bool(rng.random() < 0.3)
   if op == "all_to_all":
     case["split_axis"], case["concat_axis"] = (int(a) for a in rng.integers(2, size=2))
     if case["split_axis"] == 0:
@@ -173,12 +178,29 @@ def sample_switches(rng, count: int) -> list:
 def _forced(case: Case):
   """The case's forced plan; none forced: the plan the op chooses itself (cost model or a
   tuned config), as a user gets it."""
-  if case.op in ("all_reduce", "reduce_scatter") and (case.bands or case.num_groups):
-    return plan_lib.forced(num_groups=case.num_groups, band_rows=case.bands)
+  if case.op in ("all_reduce", "reduce_scatter") and (case.bands or case.num_groups
+                                                      or case.cta_policy):
+    return plan_lib.forced(num_groups=case.num_groups, band_rows=case.bands,
+                           cta_policy=case.cta_policy)
   if case.op in ("all_to_all", "all_gather") and (case.num_groups or case.chunks
                                                   or case.gather):
     return plan_a2a.forced(num_groups=case.num_groups, chunks=case.chunks, gather=case.gather)
   return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _lowering_env(case: Case):
+  """The variables read at lowering that the case sets (the in-place all-reduce)."""
+  env, old = "JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER", os.environ.get(
+      "JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER")
+  os.environ[env] = "output" if case.in_place else "workspace"
+  try:
+    yield
+  finally:
+    if old is None:
+      os.environ.pop(env, None)
+    else:
+      os.environ[env] = old
 
 
 def _dot32(x, w, transpose_w):
@@ -267,7 +289,7 @@ def run_case(case: Case, mesh, key, switch_sets) -> dict:
   checks each output. Returns {calls, failures: [...], custom_call}."""
   ours, make_problem = programs(case, mesh)
   x, w, want = make_problem(key)
-  with _forced(case):
+  with _forced(case), _lowering_env(case):
     compiled = ours.lower(x, w).compile()  # the plan is chosen here, at lowering
   custom_call = TARGETS[case.op] in compiled.as_text()
   result = {"calls": 0, "failures": [], "custom_call": custom_call}

@@ -46,7 +46,7 @@ def test_non_finite_values_and_partial_edge_blocks_count(fuzz):
 @pytest.mark.parametrize("world", [1, 2, 8])
 def test_cases_obey_the_ops_constraints(fuzz, world):
   rng = np.random.default_rng(world)
-  seen_bands = 0
+  seen_bands = seen_in_place = 0
   for i in range(300):
     op = fuzz.OPS[i % len(fuzz.OPS)]
     c = fuzz.sample_case(rng, op, world)
@@ -61,13 +61,17 @@ def test_cases_obey_the_ops_constraints(fuzz, world):
       assert c.chunks is None or (c.m % c.chunks == 0 and world * c.chunks <= 64)
     if op in ("all_to_all", "all_gather"):
       assert c.comm_sms is None or c.comm_sms >= 1
+    assert not c.in_place or op == "all_reduce"
+    assert c.cta_policy in (None, "efficiency", "zero")
+    assert c.cta_policy is None or op in ("all_reduce", "reduce_scatter")
+    seen_in_place += c.in_place
     if c.bands is not None:
       seen_bands += 1
       rows = c.m // (world if op == "reduce_scatter" else 1)
       b = c.bands
       assert b[0] == 0 and b[-1] == rows and all(y > x for x, y in zip(b, b[1:]))
       assert len(b) - 1 <= 64
-  assert seen_bands > 10
+  assert seen_bands > 10 and seen_in_place > 5
   again = fuzz.sample_case(np.random.default_rng(5), "all_reduce", world)
   assert again == fuzz.sample_case(np.random.default_rng(5), "all_reduce", world)
 
@@ -129,3 +133,15 @@ def test_the_script_writes_its_report_and_stops_at_its_time_limit(tmp_path):
   data = __import__("json").loads(report.read_text())
   assert "stopping after 1 cases" in out and data["total_failed"] == 0
   assert sum(s["cases"] for s in data["ops"].values()) == 1 and data["seed"] == 1
+
+
+def test_the_in_place_case_lowers_with_the_output_buffer_and_restores_it(fuzz, monkeypatch):
+  from jax_flashoverlap import _ext
+  monkeypatch.setenv(_ext.ALL_REDUCE_BUFFER_ENV, "workspace")
+  case = dataclasses.replace(fuzz.sample_case(np.random.default_rng(0), "all_reduce", 1),
+                             in_place=True)
+  with fuzz._lowering_env(case):
+    assert _ext.all_reduce_in_place()
+  assert not _ext.all_reduce_in_place()
+  with fuzz._lowering_env(dataclasses.replace(case, in_place=False)):
+    assert not _ext.all_reduce_in_place()
