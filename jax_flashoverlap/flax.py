@@ -252,6 +252,33 @@ def _init_local(cfg: _Config, init, dim: int | None):
   return init_fn
 
 
+def _plain_init(layer: str, name: str, init, spec):
+  """init with the sharding box that nnx.with_partitioning / nn.with_partitioning (the
+  nnx.Linear / nn.Dense idiom) wrap around its value taken off: the layer annotates its params
+  itself, and the box would replace the NNX spec (its mesh=None too) or nest inside linen's.
+  A box naming the layer's own spec (trailing Nones aside) is accepted; another is an error."""
+  def trimmed(names):
+    names = tuple(names)
+    while names and names[-1] is None:
+      names = names[:-1]
+    return names
+
+  def init_fn(key, shape, dtype):
+    value = init(key, shape, dtype)
+    if isinstance(value, nnx.VariableMetadata):
+      got, value = value.metadata.get("out_sharding"), value.raw_value
+    elif isinstance(value, nn.meta.AxisMetadata):
+      got, value = getattr(value, "names", None), nn.meta.unbox(value)
+    else:
+      return value
+    if got is not None and trimmed(got) != trimmed(spec):
+      raise ValueError(f"{layer}: {name} is wrapped with the sharding {tuple(got)!r}, but the "
+                       f"layer shards its {name.split('_')[0]} as {tuple(spec)!r}; pass the plain "
+                       "initializer (the layer annotates its params itself)")
+    return value
+  return init_fn
+
+
 def _logical_specs(row: bool, kernel_axes):
   """(kernel, bias) annotations in logical names: the bias follows the output dim."""
   return tuple(kernel_axes), (() if row else (kernel_axes[1],))
@@ -426,9 +453,13 @@ class _NNXParallel(nnx.Module):
     eager = self.cfg.local_view() is None and (mesh is not None or
                                                _mesh_axis_size(axis_name) is not None)
     meta = dict(eager_sharding=eager, **({"mesh": mesh} if mesh is not None else {}))
-    kernel = _init_local(self.cfg, kernel_init, 0 if self._row else 1)(
+    kinit, binit = (_plain_init(layer, name, init, spec) for name, init, spec in (
+        ("kernel_init", kernel_init, kspec if kernel_axes is None else tuple(kernel_axes)),
+        ("bias_init", bias_init,
+         bspec if kernel_axes is None else _logical_specs(self._row, kernel_axes)[1])))
+    kernel = _init_local(self.cfg, kinit, 0 if self._row else 1)(
         rngs.params(), kshape, param_dtype)
-    bias = (_init_local(self.cfg, bias_init, None if self._row else 0)(
+    bias = (_init_local(self.cfg, binit, None if self._row else 0)(
         rngs.params(), bshape, param_dtype) if use_bias else None)
     if kernel_axes is not None:  # annotated with the logical names (+ the layer's own rules)
       if eager:  # sharded by the mesh axes the names resolved to (as axis_name would be)
@@ -520,8 +551,10 @@ class _LinenParallel(nn.Module):
     if self.kernel_axes is not None:  # boxes with the logical names, resolved by the rules
       kspec, bspec = _logical_specs(self._row, self.kernel_axes)
       partition = nn.with_logical_partitioning
-    kernel_init = _init_local(cfg, self.kernel_init, 0 if self._row else 1)
-    bias_init = _init_local(cfg, self.bias_init, None if self._row else 0)
+    kernel_init = _init_local(cfg, _plain_init(layer, "kernel_init", self.kernel_init, kspec),
+                              0 if self._row else 1)
+    bias_init = _init_local(cfg, _plain_init(layer, "bias_init", self.bias_init, bspec),
+                            None if self._row else 0)
     kernel = self.param("kernel", partition(kernel_init, kspec), kshape,
                         self.param_dtype, unbox=False)
     bias = (self.param("bias", partition(bias_init, bspec), bshape,

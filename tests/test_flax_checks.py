@@ -136,3 +136,45 @@ def test_linen_errors_name_features():
       ColumnParallelDense(18).init(jax.random.key(0), x)
   variables = RowParallelDense(np.int64(16)).init(jax.random.key(0), x)
   assert nn.unbox(variables)["params"]["kernel"].shape == (32, 16)
+
+
+def test_inits_wrapped_with_partitioning_are_unwrapped():
+  """kernel_init=nnx.with_partitioning(init, spec) / nn.with_partitioning, the nnx.Linear /
+  nn.Dense idiom: the layer's own spec is kept (before: NNX took the box's spec and mesh=None,
+  failing with mesh=, inside shard_map, with kernel_axes; linen nested the boxes and apply
+  crashed in the partitioner); a box naming another spec is an error, not silently used."""
+  mesh = make_mesh_1d(4)
+  init = nn.initializers.lecun_normal()
+  plain = ColumnParallelLinear(32, 64, mesh=mesh, rngs=nnx.Rngs(0))
+  boxed = ColumnParallelLinear(32, 64, mesh=mesh, rngs=nnx.Rngs(0),
+                               kernel_init=nnx.with_partitioning(init, (None, "tp")))
+  assert boxed.kernel[...].sharding.spec == P(None, "tp")
+  np.testing.assert_array_equal(np.asarray(boxed.kernel[...]), np.asarray(plain.kernel[...]))
+  logical = RowParallelLinear(64, 32, kernel_axes=("mlp", "embed"), sharding_rules=RULES,
+                              kernel_init=nnx.with_partitioning(init, ("mlp", "embed")),
+                              rngs=nnx.Rngs(0))
+  assert logical.kernel.get_metadata()["out_sharding"] == ("mlp", "embed")
+  outside = RowParallelLinear(64, 32, rngs=nnx.Rngs(0))
+  inside = jax.jit(shard_map(lambda: nnx.state(RowParallelLinear(
+      64, 32, kernel_init=nnx.with_partitioning(init, ("tp", None)), rngs=nnx.Rngs(0))),
+      mesh, (), nnx.get_partition_spec(nnx.state(outside))))()
+  for layer in (inside, logical):
+    np.testing.assert_array_equal(np.asarray(layer["kernel"][...] if layer is inside else
+                                             layer.kernel[...]), np.asarray(outside.kernel[...]))
+  with pytest.raises(ValueError, match=r"RowParallelLinear: bias_init is wrapped with the "
+                                       r"sharding \('tp',\), but the layer shards its bias as"):
+    RowParallelLinear(64, 32, rngs=nnx.Rngs(0),
+                      bias_init=nnx.with_partitioning(nn.initializers.zeros_init(), ("tp",)))
+
+  x = jnp.ones((8, 64), BF16)
+  dense = RowParallelDense(32, kernel_init=nn.with_partitioning(init, ("tp", None)))
+  variables = dense.init(jax.random.key(0), x)
+  assert isinstance(variables["params"]["kernel"].value, jax.Array)
+  y = jax.jit(dense.apply)(variables, x)
+  ref = RowParallelDense(32).init(jax.random.key(0), x)
+  np.testing.assert_array_equal(np.asarray(nn.unbox(variables)["params"]["kernel"]),
+                                np.asarray(nn.unbox(ref)["params"]["kernel"]))
+  assert y.shape == (8, 32)
+  with pytest.raises(ValueError, match="ColumnParallelDense: kernel_init is wrapped with"):
+    ColumnParallelDense(32, kernel_init=nn.with_partitioning(init, ("tp", None))).init(
+        jax.random.key(0), x)
