@@ -20,7 +20,7 @@ import functools
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from jax_flashoverlap import _compat, _validation, ops, primitives as prims
 
@@ -49,7 +49,12 @@ def row_parallel_matmul(x, w, reduce: str = "all_reduce", axis_name=None, *,
   sequence_dim = _validation.check_sequence_dim(op, sequence_dim, len(x.shape))
   check_not_in_shard_map(op, f"matmul_{reduce}")
   check_global_axis_name(op, axis_name)
-  return _row_parallel_ad(x, w, reduce, axis_name, sequence_dim, transpose_w)
+  call = lambda x, w: _row_parallel_ad(x, w, reduce, axis_name, sequence_dim, transpose_w)
+  mesh = explicit_mesh(x, w)
+  if mesh is None:
+    return call(x, w)
+  lead, k_axis = layout_from_specs(mesh, typed_spec(x), typed_spec(w), axis_name, transpose_w)
+  return run_with_auto_axes(call, mesh, _out_spec(lead, k_axis, reduce, sequence_dim), x, w)
 
 
 def check_not_in_shard_map(op, per_device):
@@ -187,8 +192,13 @@ def decode_spec(mesh, value) -> tuple:
 def _layout(mesh, x, w, reduce, axis_name, transpose_w):
   """Chooses (the axes of each leading dim of x besides the contracting one, k_axis) from
   the operands' shardings."""
-  x_spec = decode_spec(mesh, x)
-  w_spec = decode_spec(mesh, w)
+  return layout_from_specs(mesh, decode_spec(mesh, x), decode_spec(mesh, w), axis_name,
+                           transpose_w)
+
+
+def layout_from_specs(mesh, x_spec, w_spec, axis_name, transpose_w):
+  """_layout from the operands' spec entries (XLA's shardings, or the types' with Explicit
+  axes)."""
   k_axes = _spec_axes(x_spec[-1]) or _spec_axes(w_spec[1 if transpose_w else 0])
   k_axis = pick_axis("jax_flashoverlap.row_parallel_matmul", mesh, axis_name, k_axes, "K")
   lead = [tuple(a for a in _spec_axes(e) if a != k_axis) for e in x_spec[:-1]]
@@ -366,3 +376,34 @@ def _sdy_rule_leading_dims(reduce, axis_name, sequence_dim, w_factors, mesh, sha
 
 define_partition(_row_parallel, _partition, _infer, _sdy_rule)
 _row_parallel_ad = with_dot_gradient("jax_flashoverlap.row_parallel_matmul", _row_parallel, 4)
+
+
+# --- meshes with Explicit axes (jax.make_mesh's default) ------------------------------------
+
+
+def explicit_mesh(x, w):
+  """The abstract mesh when x or w is typed as sharded over a mesh with Explicit axes
+  (jax.make_mesh's default), else None."""
+  for v in (x, w):
+    mesh = getattr(getattr(jax.typeof(v), "sharding", None), "mesh", None)
+    if any(t == AxisType.Explicit for t in getattr(mesh, "axis_types", ())):
+      return mesh
+  return None
+
+
+def typed_spec(v) -> tuple:
+  """The spec entries of v's type (Explicit axes only), one per dim."""
+  return _spec(jax.typeof(v).sharding, len(v.shape))
+
+
+def run_with_auto_axes(call, mesh, out_spec, x, w):
+  """call(x, w) with the mesh's axes Auto inside (jax.sharding.auto_axes) and its result typed
+  `out_spec` (its Explicit axes). With Explicit axes JAX types every result's sharding, and a
+  custom_partitioning op has no typing rule: traced as is, its reference dot of K-sharded
+  operands raised ShardingTypeError ('Contracting dimensions are sharded')."""
+  explicit = {a for a, t in zip(mesh.axis_names, mesh.axis_types) if t == AxisType.Explicit}
+  spec = P(*(spec_entry(tuple(a for a in _spec_axes(e) if a in explicit)) for e in out_spec))
+  if jax.sharding.get_abstract_mesh().empty:  # auto_axes needs the mesh in context: the
+    with jax.sharding.use_abstract_mesh(mesh):  # types' (no jax.set_mesh around the call)
+      return jax.sharding.auto_axes(call, out_sharding=spec)(x, w)
+  return jax.sharding.auto_axes(call, out_sharding=spec)(x, w)

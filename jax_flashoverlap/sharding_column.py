@@ -30,8 +30,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jax_flashoverlap import _compat, _validation, ops, primitives as prims
 from jax_flashoverlap.sharding import (_spec_axes, check_global_axis_name,
                                        check_not_in_shard_map, decode_spec, define_partition,
-                                       pick_axis, safe_infer, spec_entry,
-                                       with_dot_gradient)
+                                       explicit_mesh, pick_axis, run_with_auto_axes,
+                                       safe_infer, spec_entry, typed_spec, with_dot_gradient)
 
 _OP = "jax_flashoverlap.column_parallel_matmul"
 
@@ -59,13 +59,25 @@ def column_parallel_matmul(x, w, axis_name=None, *, transpose_w: bool = False,
   sequence_dim = _validation.check_sequence_dim(_OP, sequence_dim, len(x.shape))
   check_not_in_shard_map(_OP, "all_gather_matmul")
   check_global_axis_name(_OP, axis_name)
-  return _column_parallel_ad(x, w, axis_name, sequence_dim, transpose_w)
+  call = lambda x, w: _column_parallel_ad(x, w, axis_name, sequence_dim, transpose_w)
+  mesh = explicit_mesh(x, w)
+  if mesh is None:
+    return call(x, w)
+  lead, axis, _ = _layout_from_specs(mesh, typed_spec(x), typed_spec(w), axis_name,
+                                     transpose_w)
+  return run_with_auto_axes(call, mesh, P(*map(spec_entry, lead), axis), x, w)
 
 
 def _layout(mesh, x, w, axis_name, transpose_w):
   """(the leading dims' spec entries without the gather axis, the gather axis or None, the
   leading dims of x sharded over it) from the operands' shardings."""
-  x_spec, w_spec = decode_spec(mesh, x), decode_spec(mesh, w)
+  return _layout_from_specs(mesh, decode_spec(mesh, x), decode_spec(mesh, w), axis_name,
+                            transpose_w)
+
+
+def _layout_from_specs(mesh, x_spec, w_spec, axis_name, transpose_w):
+  """_layout from the operands' spec entries (XLA's shardings, or the types' with Explicit
+  axes)."""
   axis = pick_axis(_OP, mesh, axis_name, _spec_axes(w_spec[0 if transpose_w else 1]), "N")
   lead = [tuple(a for a in _spec_axes(e) if a != axis) for e in x_spec[:-1]]
   over_axis = [d for d, e in enumerate(x_spec[:-1])
