@@ -209,6 +209,13 @@ def pick_axis(op, mesh, axis_name, sharded_over, dim):
   """The op's mesh axis: `axis_name` (checked against the mesh), else the one axis that shards
   `dim` (`sharded_over`; None when nothing does)."""
   if axis_name is not None:
+    if not mesh.axis_names:
+      # JAX gives the partitioner no mesh when the program's inputs are on none (arrays
+      # fresh from init), even under jax.set_mesh with the values constrained onto one
+      raise ValueError(f"{op}: axis_name {axis_name!r}, but the partitioner got no mesh: "
+                       "the jitted program's inputs are on none (e.g. arrays fresh from "
+                       "init; jax.set_mesh alone does not place them); put them on the mesh "
+                       "(jax.device_put with a NamedSharding, or jit's in_shardings)")
     if axis_name not in mesh.axis_names:
       raise ValueError(f"{op}: axis_name {axis_name!r} is not an axis of the mesh "
                        f"{tuple(mesh.axis_names)}")

@@ -101,3 +101,20 @@ def test_the_flax_layers_on_an_explicit_mesh(mesh):
   h = _f32(x) @ _f32(col.kernel[...]) + _f32(col.bias[...])
   ref = _f32(np.asarray(h, np.float32).astype(jnp.bfloat16)) @ _f32(row.kernel[...])
   assert _rel(y, ref + _f32(row.bias[...])) < 2e-2
+
+
+def test_inputs_on_no_mesh_with_axis_name_get_an_error_saying_so():
+  """Uncommitted inputs (arrays fresh from init) under jax.set_mesh: JAX hands the
+  partitioner an empty mesh, so a named axis names nothing. The error said "axis_name 'tp' is
+  not an axis of the mesh ()" under a set mesh that has it; now what to do."""
+  mesh = jax.make_mesh((2, 4), ("dp", "tp"), axis_types=(AxisType.Auto,) * 2)
+  x = jax.random.normal(jax.random.key(0), (8, 64), jnp.float32).astype(jnp.bfloat16)
+  w = jax.random.normal(jax.random.key(1), (64, 32), jnp.float32).astype(jnp.bfloat16)
+  with jax.sharding.set_mesh(mesh):
+    with pytest.raises(Exception, match="the partitioner got no mesh: the jitted program's "
+                       "inputs are on none"):
+      jax.jit(lambda x, w: fo.row_parallel_matmul(x, w, axis_name="tp"))(x, w)
+    put = lambda v, spec: jax.device_put(v, NamedSharding(mesh, spec))  # the advice works
+    y = jax.jit(lambda x, w: fo.row_parallel_matmul(x, w, axis_name="tp"))(
+        put(x, P(None, "tp")), put(w, P("tp", None)))
+  assert _rel(y, _f32(x) @ _f32(w)) < 1e-2
