@@ -372,3 +372,19 @@ def test_global_view_fuzz(fo, c):
     if c.colls is not None:
         assert colls == c.colls, f"collectives {colls}, documented {c.colls}"
 
+
+@pytest.mark.parametrize("shape", [(16, 8), (8, 2, 8)], ids=["rows", "S-B"])
+def test_reduce_scatter_one_k_per_device_gives_the_ops_error_under_shardy(fo, shape):
+    """K == tp (1 per device, refused: docs/errors.md rp-local-k-not-multiple-of-8): Shardy's
+    reduce-scatter rule had a size-1 factor kk in x's K (t kk) and lowering failed on an MLIR
+    verifier error ("dim mapping can't have a factor of size 1") instead of the op's own."""
+    mesh = _mesh((8,), ("tp",))
+    rng = np.random.default_rng(0)
+    x = jax.device_put(rand(rng, shape, jnp.bfloat16),
+                       NamedSharding(mesh, P(*(None,) * (len(shape) - 1), "tp")))
+    w = jax.device_put(rand(rng, (8, 16), jnp.bfloat16), NamedSharding(mesh, P("tp", None)))
+    f = jax.jit(lambda a, b: fo.row_parallel_matmul(a, b, "reduce_scatter"))
+    with pytest.raises(jax.errors.JaxRuntimeError,
+                       match=r"K \(last dim of x, first dim of w\) must be a multiple of 8, "
+                             r"got K=1"):
+        with_partitioner(False, f, x, w)
