@@ -29,7 +29,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from _util import cpu_devices, f32, rand, rel_fro, with_partitioner
 
 SEED = int(os.environ.get("FUZZ_GLOBAL_VIEW_SEED", "20261203"))
-N_CASES = int(os.environ.get("FUZZ_GLOBAL_VIEW_CASES", "72"))
+N_CASES = int(os.environ.get("FUZZ_GLOBAL_VIEW_CASES", "120"))
 
 MESHES = [  # (shape, axis names); the contracting / gather axis is always "tp"
     ((8,), ("tp",)), ((4,), ("tp",)), ((2,), ("tp",)),
@@ -70,6 +70,15 @@ def _sizes(mesh_shape, names):
     return dict(zip(names, mesh_shape))
 
 
+_STRATIFIED = 28  # the first cases take each op's 7 families in turn (twice), then drawn
+
+
+def _family(r, i, families, weights):
+    if i < _STRATIFIED:
+        return families[(i // 2) % len(families)]
+    return r.choices(families, weights)[0]
+
+
 def _draw(r: random.Random, i: int) -> Case:
     shape, names = MESHES[r.randrange(len(MESHES))]
     size = _sizes(shape, names)
@@ -88,7 +97,7 @@ def _draw(r: random.Random, i: int) -> Case:
              gspmd=r.random() < 0.5, transpose_w=r.random() < 0.5,
              axis_name=r.choice([None, "tp"]), sequence_dim=0, want=None, colls=None,
              error=None, seed=r.randrange(2**31), set_mesh=r.random() < 0.25)
-    op = c["op"] = r.choice(["row", "column"])
+    op = c["op"] = r.choice(["row", "column"]) if i >= _STRATIFIED else ["row", "column"][i % 2]
     K = 8 * t * r.randint(1, 3)
     full = d == prod(others)  # D covers every other axis: what the 2-D Shardy rules take
     known = one_d or c.axis_name is not None  # the Shardy rule knows the contracting axis
@@ -96,8 +105,8 @@ def _draw(r: random.Random, i: int) -> Case:
         N = 8 * r.randint(1, 4)
         reduce = c["reduce"] = r.choice(["all_reduce", "reduce_scatter"])
         rs = reduce == "reduce_scatter"
-        fam = r.choices(["rows", "lead", "s_over_dp", "k_unsharded", "w_only",
-                         "other_axis", "refuse"], [4, 4, 1, 1, 1, 1, 2])[0]
+        fam = _family(r, i, ["rows", "lead", "s_over_dp", "k_unsharded", "w_only",
+                             "other_axis", "refuse"], [4, 4, 1, 1, 1, 1, 2])
         if fam in ("s_over_dp", "other_axis") and not [a for a in D if size[a] > 1]:
             fam = "lead"
         w_spec = ((None, "tp") if c.transpose_w else ("tp", None))
@@ -150,8 +159,8 @@ def _draw(r: random.Random, i: int) -> Case:
         w_shape = (N, xs[-1]) if c.transpose_w else (xs[-1], N)
     else:
         N = 8 * t * r.randint(1, 3)
-        fam = r.choices(["rows", "lead", "s_over_dp", "rows_not_over_tp", "rows_tp_major",
-                         "other_dim", "refuse"], [4, 4, 1, 1, 1, 1, 2])[0]
+        fam = _family(r, i, ["rows", "lead", "s_over_dp", "rows_not_over_tp", "rows_tp_major",
+                             "other_dim", "refuse"], [4, 4, 1, 1, 1, 1, 2])
         if fam in ("s_over_dp", "rows_tp_major") and not [a for a in D if size[a] > 1]:
             fam = "lead"
         w_spec = ("tp", None) if c.transpose_w else (None, "tp")
@@ -200,6 +209,13 @@ def _draw(r: random.Random, i: int) -> Case:
         w_shape = (N, xs[-1]) if c.transpose_w else (xs[-1], N)
     if c.get("local_n"):
         w_shape = (c.local_n, xs[-1]) if c.transpose_w else (xs[-1], c.local_n)
+    if c.error is None and r.random() < 0.15:  # w as README does not give it: resharded
+        w_spec = r.choice([(None, None), w_spec[::-1]])
+        c["family"] = fam = fam + "-w" + ("repl" if w_spec == (None, None) else "swap")
+        # GSPMD: the axis from x's K (row) or axis_name (column) still gives the layout
+        keep = c.gspmd and w_spec == (None, None) and (c.op == "row" or c.axis_name)
+        c["want"] = c["want"] if keep else None
+        c["colls"] = None
     c.update(family=fam, x_shape=xs, x_spec=x_spec, w_shape=w_shape, w_spec=w_spec)
     if c.error is not None:
         c["want"] = c["colls"] = None
@@ -212,7 +228,7 @@ def _refusal(r, c, size, D, K, N, rs):
     t = size["tp"]
     names = list(size)
     big = [a for a in names if a != "tp" and size[a] > 1]
-    kinds = ["dtype", "axis_name", "k_align"]
+    kinds = ["dtype", "dtype_mix", "axis_name", "k_align"]
     if big and t > 1:
         kinds.append("two_axes")
     if t > 1:
@@ -227,6 +243,9 @@ def _refusal(r, c, size, D, K, N, rs):
         x_spec = ("tp", None)
     if kind == "dtype":
         c["dtype"], c["error"] = "f32", r"has dtype float32; expected one of"
+    elif kind == "dtype_mix":
+        c["dtype"], c["w_dtype"] = "bf16", "f16"
+        c["error"] = r"x and w must have the same dtype, got x bfloat16"
     elif kind == "axis_name":
         c["axis_name"], c["error"] = "sp", r"axis_name 'sp' is not an axis of the mesh"
     elif kind == "k_align":
@@ -301,7 +320,7 @@ def _inputs(c, mesh):
     rng = np.random.default_rng(c.seed)
     dt = _DTYPES[c.dtype]
     x = rand(rng, c.x_shape, dt)
-    w = rand(rng, c.w_shape, dt, scale=c.x_shape[-1] ** -0.5)
+    w = rand(rng, c.w_shape, _DTYPES[c.get("w_dtype", c.dtype)], scale=c.x_shape[-1] ** -0.5)
     w_spec = c.w_spec
     if c.get("refusal") == "two_axes":
         w_spec = (c.two_axes, None) if c.op == "row" else (None, c.two_axes)
