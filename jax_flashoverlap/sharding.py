@@ -338,7 +338,9 @@ def _sdy_rule(reduce, axis_name, sequence_dim, transpose_w, mesh, value_types, r
   t = int(mesh.shape[axis_name])
   d = int(np.prod([mesh.shape[a] for a in names if a != axis_name], dtype=np.int64))
   m, k = _compat.ir_shape(value_types[0])
-  if t == 1 or k % t or m % (d * t):
+  # K == t: kk would be a size-1 factor, refused by Shardy (an MLIR verifier error); the
+  # simple rule lets the per-device op's own error (K of 1 per device) reach the user.
+  if t == 1 or k % t or k == t or m % (d * t):
     return simple
   # One row per device (m == d * t): no m3 factor, Shardy refuses a size-1 factor in a
   # compound dim ("dim mapping can't have a factor of size 1").
@@ -367,7 +369,7 @@ def _sdy_rule_leading_dims(reduce, axis_name, sequence_dim, w_factors, mesh, sha
     return simple  # contracting axis unknown until partitioning: see README (Shardy note)
   t = int(mesh.shape[axis_name])
   k, s = shape[-1], shape[sequence_dim]
-  if t == 1 or k % t or s % t:
+  if t == 1 or k % t or k == t or s % t:  # k == t: a size-1 kk, see _sdy_rule
     return simple
   x_lead, out_lead = list(lead), list(lead)
   x_lead[sequence_dim] = "s"
