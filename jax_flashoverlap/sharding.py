@@ -54,6 +54,7 @@ def row_parallel_matmul(x, w, reduce: str = "all_reduce", axis_name=None, *,
   if mesh is None:
     return call(x, w)
   lead, k_axis = layout_from_specs(mesh, typed_spec(x), typed_spec(w), axis_name, transpose_w)
+  check_scatter(mesh, x.shape, lead, k_axis, reduce, sequence_dim)  # before JAX's typing
   return run_with_auto_axes(call, mesh, _out_spec(lead, k_axis, reduce, sequence_dim), x, w)
 
 
@@ -244,6 +245,20 @@ def _row_parallel(x, w, reduce, axis_name, sequence_dim, transpose_w):
   return prims.dot(x, w, transpose_w)
 
 
+def check_scatter(mesh, x_shape, lead, k_axis, reduce, sequence_dim):
+  """The reduce-scatter's dim of each shard divides over the contracting axis."""
+  if reduce != "reduce_scatter" or k_axis is None:
+    return
+  local = x_shape[sequence_dim] // int(np.prod([mesh.shape[a] for a in lead[sequence_dim]]))
+  what = "the rows" if len(x_shape) == 2 else f"dim {sequence_dim} (the sequence_dim)"
+  if local % mesh.shape[k_axis]:
+    hint = ("" if len(x_shape) == 2 else
+            "; sequence_dim names the leading dim of x to scatter (e.g. 1 for [B, S, K])")
+    raise ValueError(f"jax_flashoverlap.row_parallel_matmul: reduce_scatter needs {what} of "
+                     f"each shard ({local}) to be divisible by the size "
+                     f"{mesh.shape[k_axis]} of axis {k_axis!r}{hint}")
+
+
 def safe_infer(layout_out):
   """An infer_sharding_from_operands callback that never raises: under GSPMD an exception
   there aborts the process (XLA CHECK-fails on it), while the same exception raised by the
@@ -268,15 +283,7 @@ def _infer(reduce, axis_name, sequence_dim, transpose_w, mesh, arg_shapes, resul
 def _partition(reduce, axis_name, sequence_dim, transpose_w, mesh, arg_shapes, result_shape):
   x, w = arg_shapes
   lead, k_axis = _layout(mesh, x, w, reduce, axis_name, transpose_w)
-  op = "jax_flashoverlap.row_parallel_matmul"
-  if reduce == "reduce_scatter" and k_axis is not None:
-    local = x.shape[sequence_dim] // int(np.prod([mesh.shape[a] for a in lead[sequence_dim]]))
-    what = "the rows" if len(x.shape) == 2 else f"dim {sequence_dim} (the sequence_dim)"
-    if local % mesh.shape[k_axis]:
-      hint = ("" if len(x.shape) == 2 else
-              "; sequence_dim names the leading dim of x to scatter (e.g. 1 for [B, S, K])")
-      raise ValueError(f"{op}: reduce_scatter needs {what} of each shard ({local}) to be "
-                       f"divisible by the size {mesh.shape[k_axis]} of axis {k_axis!r}{hint}")
+  check_scatter(mesh, x.shape, lead, k_axis, reduce, sequence_dim)
   arg_shardings = (NamedSharding(mesh, P(*map(spec_entry, lead), k_axis)),
                    NamedSharding(mesh, P(None, k_axis) if transpose_w else P(k_axis, None)))
   out_sharding = NamedSharding(mesh, _out_spec(lead, k_axis, reduce, sequence_dim))
