@@ -188,19 +188,10 @@ def _forced(case: Case):
   return contextlib.nullcontext()
 
 
-@contextlib.contextmanager
 def _lowering_env(case: Case):
   """The variables read at lowering that the case sets (the in-place all-reduce)."""
-  env, old = "JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER", os.environ.get(
-      "JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER")
-  os.environ[env] = "output" if case.in_place else "workspace"
-  try:
-    yield
-  finally:
-    if old is None:
-      os.environ.pop(env, None)
-    else:
-      os.environ[env] = old
+  return bench.bench_variants.overridden_env(
+      {"JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER": "output" if case.in_place else "workspace"})
 
 
 def _dot32(x, w, transpose_w):
@@ -296,20 +287,13 @@ def run_case(case: Case, mesh, key, switch_sets) -> dict:
   for i, switches in enumerate(switch_sets):
     if i:  # fresh inputs per call: a stale tile from the previous call must not pass
       x, w, want = make_problem(jax.random.fold_in(key, i))
-    saved = {env: os.environ.get(env) for env in switches}
-    os.environ.update(switches)
     try:
-      out = compiled(x, w)
+      with bench.bench_variants.overridden_env(switches):  # read at every launch
+        out = compiled(x, w)
       worst, bad_blocks, nonfinite = (float(v) for v in block_errors(out, want))
       error = None
     except Exception as err:  # noqa: BLE001  (a launch that fails is a finding, reported)
       worst, bad_blocks, nonfinite, error = float("nan"), -1, -1, f"{type(err).__name__}: {err}"
-    finally:
-      for env, value in saved.items():
-        if value is None:
-          os.environ.pop(env, None)
-        else:
-          os.environ[env] = value
     result["calls"] += 1
     if error or not (worst < TOL) or nonfinite:
       result["failures"].append({"call": i, "switches": switches, "max_block_error": worst,

@@ -107,18 +107,24 @@ def ppermute_ring(pb):
 
 
 @contextlib.contextmanager
-def model_plans_only():
-  """Lowerings inside ignore tuned configs (jax_flashoverlap.tuning): the cost model decides."""
-  from jax_flashoverlap import tuning
-  old = os.environ.get(tuning.TUNED_ENV)
-  os.environ[tuning.TUNED_ENV] = "0"
+def overridden_env(values: dict):
+  """os.environ with `values` set inside, restored after (unset ones unset again)."""
+  old = {name: os.environ.get(name) for name in values}
+  os.environ.update(values)
   try:
     yield
   finally:
-    if old is None:
-      os.environ.pop(tuning.TUNED_ENV, None)
-    else:
-      os.environ[tuning.TUNED_ENV] = old
+    for name, value in old.items():
+      if value is None:
+        os.environ.pop(name, None)
+      else:
+        os.environ[name] = value
+
+
+def model_plans_only():
+  """Lowerings inside ignore tuned configs (jax_flashoverlap.tuning): the cost model decides."""
+  from jax_flashoverlap import tuning
+  return overridden_env({tuning.TUNED_ENV: "0"})
 
 
 def xla_windowed(pb, calls: int, samples: int):

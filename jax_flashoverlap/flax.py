@@ -453,10 +453,11 @@ class _NNXParallel(nnx.Module):
     eager = self.cfg.local_view() is None and (mesh is not None or
                                                _mesh_axis_size(axis_name) is not None)
     meta = dict(eager_sharding=eager, **({"mesh": mesh} if mesh is not None else {}))
-    kinit, binit = (_plain_init(layer, name, init, spec) for name, init, spec in (
-        ("kernel_init", kernel_init, kspec if kernel_axes is None else tuple(kernel_axes)),
-        ("bias_init", bias_init,
-         bspec if kernel_axes is None else _logical_specs(self._row, kernel_axes)[1])))
+    # what a with_partitioning box around an initializer may name: the layer's annotations
+    kbox, bbox = ((kspec, bspec) if kernel_axes is None
+                  else _logical_specs(self._row, kernel_axes))
+    kinit = _plain_init(layer, "kernel_init", kernel_init, kbox)
+    binit = _plain_init(layer, "bias_init", bias_init, bbox)
     kernel = _init_local(self.cfg, kinit, 0 if self._row else 1)(
         rngs.params(), kshape, param_dtype)
     bias = (_init_local(self.cfg, binit, None if self._row else 0)(

@@ -16,6 +16,7 @@ one row per device (XLA would reshard it).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
@@ -419,7 +420,8 @@ def run_with_auto_axes(call, mesh, out_spec, x, w):
   operands raised ShardingTypeError ('Contracting dimensions are sharded')."""
   explicit = {a for a, t in zip(mesh.axis_names, mesh.axis_types) if t == AxisType.Explicit}
   spec = P(*(spec_entry(tuple(a for a in _spec_axes(e) if a in explicit)) for e in out_spec))
-  if jax.sharding.get_abstract_mesh().empty:  # auto_axes needs the mesh in context: the
-    with jax.sharding.use_abstract_mesh(mesh):  # types' (no jax.set_mesh around the call)
-      return jax.sharding.auto_axes(call, out_sharding=spec)(x, w)
-  return jax.sharding.auto_axes(call, out_sharding=spec)(x, w)
+  # auto_axes needs the mesh in context: the types' when no jax.set_mesh is around the call
+  context = (jax.sharding.use_abstract_mesh(mesh) if jax.sharding.get_abstract_mesh().empty
+             else contextlib.nullcontext())
+  with context:
+    return jax.sharding.auto_axes(call, out_sharding=spec)(x, w)

@@ -65,7 +65,7 @@ def column_parallel_matmul(x, w, axis_name=None, *, transpose_w: bool = False,
     return call(x, w)
   lead, axis, _ = _layout_from_specs(mesh, typed_spec(x), typed_spec(w), axis_name,
                                      transpose_w)
-  return run_with_auto_axes(call, mesh, P(*map(spec_entry, lead), axis), x, w)
+  return run_with_auto_axes(call, mesh, _out_spec(lead, axis), x, w)
 
 
 def _layout(mesh, x, w, axis_name, transpose_w):
@@ -85,8 +85,12 @@ def _layout_from_specs(mesh, x_spec, w_spec, axis_name, transpose_w):
   return lead, axis, over_axis
 
 
+def _out_spec(lead, axis):
+  return P(*map(spec_entry, lead), axis)
+
+
 def _out_sharding(mesh, lead, axis):
-  return NamedSharding(mesh, P(*map(spec_entry, lead), axis))
+  return NamedSharding(mesh, _out_spec(lead, axis))
 
 
 @functools.partial(_compat.custom_partitioning, static_argnums=(2, 3, 4))
