@@ -358,6 +358,9 @@ def main():
     os.environ.setdefault(env, value)
   if args.cases < 1 or args.switches_per_case < 1:
     ap.error("--cases and --switches-per-case must be >= 1")
+  if args.large < 64 or args.max_flops < 64 ** 3:  # room for a problem of each op
+    ap.error(f"--large must be >= 64 and --max-flops >= {64 ** 3}, got {args.large} and "
+             f"{args.max_flops}")
   mesh = Mesh(np.array(jax.devices()), (AXIS,))
   print(f"backend={jax.default_backend()} devices={mesh.size} seed={args.seed}", flush=True)
   report = fuzz(mesh, args.cases, args.seed, args.ops, args.switches_per_case,

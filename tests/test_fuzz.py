@@ -145,3 +145,11 @@ def test_the_in_place_case_lowers_with_the_output_buffer_and_restores_it(fuzz, m
   assert not _ext.all_reduce_in_place()
   with fuzz._lowering_env(dataclasses.replace(case, in_place=False)):
     assert not _ext.all_reduce_in_place()
+
+
+def test_the_script_refuses_sizes_that_leave_no_problem_to_draw():
+  import subprocess
+  import sys
+  proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fuzz.py"), "--large", "0"],
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2 and "--large must be >= 64" in proc.stderr
