@@ -11,8 +11,8 @@ dimension, K below one k-tile and long enough for the split tail), bfloat16 and 
 not on tile rows, so tiles straddle groups; the in-place all-reduce; CTA-policy
 communicators), the all-to-all's four layouts and the
 all-gather's chunkings, and per call the signaling GEMM's launch-time switches
-(`FLASHOVERLAP_GEMM_TILE / _SCHEDULE / _EPILOGUE / _QUEUE / _TAIL / _SERPENTINE / _PANEL`,
-read at every launch, so one compiled program runs under several).
+(`FLASHOVERLAP_GEMM_TILE / _SCHEDULE / _EPILOGUE / _QUEUE / _TAIL / _SERPENTINE / _PANEL /
+_HELPERS`, read at every launch or call, so one compiled program runs under several).
 
 Every output is poisoned first (JAX_FLASHOVERLAP_POISON_OUTPUTS=1: an unwritten tile is NaN),
 our kernels are forced (JAX_FLASHOVERLAP_FALLBACK=0) and each compiled program must contain
@@ -71,6 +71,7 @@ SWITCHES = {
     "FLASHOVERLAP_GEMM_TAIL": ("split", "split", "whole"),
     "FLASHOVERLAP_GEMM_SERPENTINE": ("1", "1", "0"),
     "FLASHOVERLAP_GEMM_PANEL": ("8", "8", "1", "3", "64"),
+    "FLASHOVERLAP_GEMM_HELPERS": ("off", "on"),  # read by the all-reduce / reduce-scatter calls
 }
 
 
@@ -288,8 +289,10 @@ def run_case(case: Case, mesh, key, switch_sets) -> dict:
     if i:  # fresh inputs per call: a stale tile from the previous call must not pass
       x, w, want = make_problem(jax.random.fold_in(key, i))
     try:
-      with bench.bench_variants.overridden_env(switches):  # read at every launch
-        out = compiled(x, w)
+      # Read at every launch / call: wait for the call inside, should XLA run the handler
+      # off this thread.
+      with bench.bench_variants.overridden_env(switches):
+        out = jax.block_until_ready(compiled(x, w))
       worst, bad_blocks, nonfinite = (float(v) for v in block_errors(out, want))
       error = None
     except Exception as err:  # noqa: BLE001  (a launch that fails is a finding, reported)

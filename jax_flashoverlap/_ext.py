@@ -22,6 +22,8 @@ GEMM_EPILOGUE_ENV = "FLASHOVERLAP_GEMM_EPILOGUE"  # read by the kernel launcher 
 GEMM_QUEUE_ENV = "FLASHOVERLAP_GEMM_QUEUE"  # likewise
 GEMM_TAIL_ENV = "FLASHOVERLAP_GEMM_TAIL"  # likewise
 GEMM_SCHEDULE_ENV = "FLASHOVERLAP_GEMM_SCHEDULE"  # likewise (and plan.kernel_geometry)
+# Read by the all-reduce / reduce-scatter calls at every call (xla_ffi/comm/call_frame.cc).
+GEMM_HELPERS_ENV = "FLASHOVERLAP_GEMM_HELPERS"
 ALL_REDUCE_BUFFER_ENV = "JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER"  # read at lowering
 # "spin": spin-kernel waits and flag writes (xla_ffi/comm/stream_wait.cc, stream_write.cc
 # compare it to exactly "spin"; anything else silently keeps the stream memory operations).
@@ -109,8 +111,9 @@ def poison_outputs() -> bool:
 def check_gemm_epilogue() -> None:
   """FLASHOVERLAP_GEMM_EPILOGUE is unset, 'overlap' (the default) or 'sync' (the signaling
   GEMM's earlier epilogue), FLASHOVERLAP_GEMM_QUEUE unset, 'dynamic' or 'static',
-  FLASHOVERLAP_GEMM_TAIL unset, 'split' or 'whole', and FLASHOVERLAP_GEMM_SCHEDULE unset,
-  'cooperative' or 'pingpong', exactly as the launcher reads them;
+  FLASHOVERLAP_GEMM_TAIL unset, 'split' or 'whole', FLASHOVERLAP_GEMM_SCHEDULE unset,
+  'cooperative' or 'pingpong', and FLASHOVERLAP_GEMM_HELPERS unset, 'off' or 'on', exactly as
+  the launcher and the calls read them;
   anything else is an error here, at lowering, instead of at the first launch. Then the
   integer variables and JAX_FLASHOVERLAP_WAIT (check_kernel_integers)."""
   for env, allowed, meaning in _GEMM_SWITCHES:
@@ -168,6 +171,9 @@ _GEMM_SWITCHES = (
      "'cooperative' (the default: both consumer warpgroups of the signaling GEMM compute "
      "each 128x256 tile together) or 'pingpong' (each computes 128x128 tiles of its own, in "
      "turn)"),
+    (GEMM_HELPERS_ENV, ("off", "on"),
+     "'off' (the default) or 'on' (the overlapped all-reduce / reduce-scatter lend the SMs "
+     "left to NCCL to the signaling GEMM between their collectives: helper launches)"),
 )
 
 

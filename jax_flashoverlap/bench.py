@@ -287,7 +287,25 @@ def _other_variants(pb, args) -> dict:
     with bench_variants.model_plans_only():
       fn(*pb.args)  # compiles (lowers) with the cost model's plan
     out["ours_model"] = fn
+  if "helpers" in args.variants:
+    out["ours_helpers"] = bench_variants.EnvPinned(pb.smap(pb.ours),
+                                                   {bench_variants.HELPERS_ENV: "on"})
   return out
+
+
+def _time_pinned(variants: dict, args) -> dict:
+  """time_variants, with every variant but a pinned one (ours_helpers) run under the
+  environment's own FLASHOVERLAP_GEMM_HELPERS (restored after)."""
+  name = bench_variants.HELPERS_ENV
+  if not any(isinstance(fn, bench_variants.EnvPinned) for fn, _ in variants.values()):
+    return time_variants(variants, calls=args.calls, samples=args.samples)
+  own = {name: os.environ.get(name)}
+  pinned = {v: (fn if isinstance(fn, bench_variants.EnvPinned)
+                else bench_variants.EnvPinned(fn, own), a) for v, (fn, a) in variants.items()}
+  try:
+    return time_variants(pinned, calls=args.calls, samples=args.samples)
+  finally:
+    bench_variants.pin_env(own)
 
 
 def traced_calls(fn, args, calls: int) -> dict:
@@ -333,13 +351,15 @@ def bench_overlap(args) -> dict:
     if capped is not None:
       variants["nccl_capped_alone"] = (capped, (y,))
     errors = {"ours": err32}
+    own_env = {bench_variants.HELPERS_ENV: os.environ.get(bench_variants.HELPERS_ENV)}
     for name, fn in _other_variants(pb, args).items():
       if not name.endswith("_chain"):  # a chain returns x, not the product
         errors[name] = relative_error(fn(*pb.args), pb.reference_f32())
       variants[name] = (fn, pb.args)
+    bench_variants.pin_env(own_env)  # an EnvPinned variant's check left its own values
     bad = failed_values(errors, f"{collective} {m}x{n}x{k}")
     _drop_failed(variants, bad)
-    timing = time_variants(variants, calls=args.calls, samples=args.samples)
+    timing = _time_pinned(variants, args)
     t = {v: r["median_ms"] / (bench_variants.CHAIN if v.endswith("_chain") else 1)
          for v, r in timing.items()}
     windowed = None

@@ -13,6 +13,9 @@ overlap` next to ours:
                  windows all-gather and reduce-scatter einsums, never an all-reduce, and a
                  flag it accepts can still change nothing
   ours_model     our op with the cost model's plan even where a tuned config exists
+  ours_helpers   our op (the same program as ours) with FLASHOVERLAP_GEMM_HELPERS=on: between
+                 its collectives the GEMM borrows the SMs left to NCCL (helper launches,
+                 xla_ffi/kernels/signaling_gemm.h); an experiment, off by default
   xla_chain,     XLA's dot + collective and ours as a chain of CHAIN dependent calls in one
   ours_chain     program (each call's x waits for one element of the previous output), timed
                  per call: a layer chain, where nothing overlaps across calls. Back-to-back
@@ -33,7 +36,8 @@ import sys
 
 CHAIN = 8  # dependent calls per chained program
 # `bench overlap --variants` names (chain: xla_chain and ours_chain).
-VARIANTS = ("two_chunk", "ppermute_ring", "xla_windowed", "ours_model", "chain")
+VARIANTS = ("two_chunk", "ppermute_ring", "xla_windowed", "ours_model", "chain", "helpers")
+HELPERS_ENV = "FLASHOVERLAP_GEMM_HELPERS"  # _ext.GEMM_HELPERS_ENV (read by the calls)
 
 WINDOWED_FLAGS = ("--xla_gpu_threshold_for_windowed_einsum_mib=0 "
                   "--xla_gpu_multi_streamed_windowed_einsum=true")
@@ -119,6 +123,32 @@ def overridden_env(values: dict):
         os.environ.pop(name, None)
       else:
         os.environ[name] = value
+
+
+def pin_env(values: dict) -> None:
+  """Sets os.environ to `values` (None: unset), no restore (EnvPinned)."""
+  for name, value in values.items():
+    if value is None:
+      os.environ.pop(name, None)
+    else:
+      os.environ[name] = value
+
+
+class EnvPinned:
+  """`fn` called with the environment `values` set (None: unset) and left so: for variables
+  our calls read when they run (FLASHOVERLAP_GEMM_HELPERS), not at lowering. time_variants
+  waits for each variant's calls before the next one's start, so when every variant pins its
+  own values, each runs under them, even should XLA run the handlers off the calling thread."""
+
+  def __init__(self, fn, values: dict):
+    self.fn, self.values = fn, dict(values)
+
+  def __call__(self, *args):
+    pin_env(self.values)
+    return self.fn(*args)
+
+  def lower(self, *args):
+    return self.fn.lower(*args)
 
 
 def model_plans_only():

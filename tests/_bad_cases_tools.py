@@ -436,6 +436,7 @@ env_gemm_epilogue_typo = lowering_with_env(_ext.GEMM_EPILOGUE_ENV, "snyc")
 env_gemm_queue_typo = lowering_with_env(_ext.GEMM_QUEUE_ENV, "dynamc")
 env_gemm_tail_typo = lowering_with_env(_ext.GEMM_TAIL_ENV, "spilt")
 env_gemm_schedule_typo = lowering_with_env(_ext.GEMM_SCHEDULE_ENV, "ping-pong")
+env_gemm_helpers_word = lowering_with_env(_ext.GEMM_HELPERS_ENV, "1")  # the calls read 'on' only
 env_poison_outputs_typo = lowering_with_env(_ext.POISON_OUTPUTS_ENV, "nan")
 env_gemm_serpentine_word = lowering_with_env("FLASHOVERLAP_GEMM_SERPENTINE", "true")  # atoi: 0
 env_gemm_panel_zero = lowering_with_env("FLASHOVERLAP_GEMM_PANEL", "0")  # was clamped to 1

@@ -32,7 +32,7 @@ def test_overlap_all_variants(tmp_path):
     assert {r["collective"] for r in d["rows"]} == {"all_reduce", "reduce_scatter"}
     for r in d["rows"]:
         for v in ("xla_dot", "xla_collective", "xla_dot_collective", "ours", "two_chunk",
-                  "ppermute_ring", "ours_model", "xla_chain", "ours_chain"):
+                  "ppermute_ring", "ours_model", "xla_chain", "ours_chain", "ours_helpers"):
             assert r["times_ms"][v] > 0, v
         assert r["chain_speedup"] == r["times_ms"]["xla_chain"] / r["times_ms"]["ours_chain"]
         assert all(e < 1e-2 for e in r["variant_rel_error_vs_f32"].values()), r
@@ -357,6 +357,40 @@ def test_time_variants_reports_the_median_of_an_even_number_of_samples(monkeypat
     got = bench.time_variants({"only": (lambda: Done(), ())}, calls=1, samples=4, warmup=0)
     assert got["only"]["samples_ms"] == pytest.approx([1.0, 4.0, 2.0, 8.0])
     assert got["only"]["median_ms"] == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("own", [None, "off"])
+def test_the_helpers_variant_runs_under_its_switch_and_every_other_under_the_users(monkeypatch,
+                                                                                   own):
+    """FLASHOVERLAP_GEMM_HELPERS is read by our calls when they run, so the bench pins it per
+    variant: ours_helpers's calls see 'on', every other variant's (ours, ours_model, ...) the
+    value the user started with, and that value is back after timing."""
+    import types
+    from jax_flashoverlap import bench, bench_variants
+
+    name = bench_variants.HELPERS_ENV
+    if own is None:
+        monkeypatch.delenv(name, raising=False)
+    else:
+        monkeypatch.setenv(name, own)
+    seen = {}
+
+    class Done:
+        def block_until_ready(self):
+            return self
+
+    def recorder(variant):
+        def fn():
+            seen.setdefault(variant, set()).add(os.environ.get(name))
+            return Done()
+        return fn
+
+    variants = {"ours": (recorder("ours"), ()), "ours_model": (recorder("ours_model"), ()),
+                "ours_helpers": (bench_variants.EnvPinned(recorder("ours_helpers"), {name: "on"}),
+                                 ())}
+    bench._time_pinned(variants, types.SimpleNamespace(calls=3, samples=4))
+    assert seen == {"ours": {own}, "ours_model": {own}, "ours_helpers": {"on"}}
+    assert os.environ.get(name) == own
 
 
 def test_git_commit_says_dirty_when_the_tree_is_not_heads(tmp_path, monkeypatch):

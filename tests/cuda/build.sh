@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds tests/cuda/gemm_test (standalone test + benchmark of the signaling GEMM), gemm_ext_test
-# (its issue-#9 extensions), sm_share_probe (the GEMM on fewer SMs, vs cuBLAS) and schedule_test (host-only) with nvcc / g++.
+# (its issue-#9 extensions), gemm_helpers_test (its helper launches), sm_share_probe (the GEMM on fewer SMs, vs cuBLAS) and schedule_test (host-only) with nvcc / g++.
 #   tests/cuda/build.sh [BUILD_DIR]      (default: .build at the repository root)
 # CUTLASS headers: $CUTLASS_DIR (the folder holding include/ and tools/util/include), else
 # the nvidia-cutlass wheel's copy found through python's cutlass_library, else .cutlass/.
@@ -21,7 +21,7 @@ FLAGS=(-std=c++17 -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a --expt-rela
        -I"$CUTLASS_DIR/include" -I"$CUTLASS_DIR/tools/util/include")
 SRCS=(xla_ffi/kernels/signaling_gemm_*_*.cu  # every instantiation (signaling_gemm_<dtype>_<tile>*.cu)
       xla_ffi/kernels/signaling_gemm.cu tests/cuda/gemm_test.cu tests/cuda/gemm_ext_test.cu
-      tests/cuda/sm_share_probe.cu)
+      tests/cuda/gemm_helpers_test.cu tests/cuda/sm_share_probe.cu)
 export NVCC BUILD ROOT KERNEL_OBJ_DIR
 export FLAGS_STR="${FLAGS[*]}"
 compile() {
@@ -49,6 +49,8 @@ $NVCC -o "$BUILD/gemm_test" "$BUILD"/signaling_gemm_*.o "$BUILD/signaling_gemm.o
 echo "built $BUILD/gemm_test"
 $NVCC -o "$BUILD/gemm_ext_test" "$BUILD"/signaling_gemm_*.o "$BUILD/signaling_gemm.o" "$BUILD/gemm_ext_test.o" -ldl
 echo "built $BUILD/gemm_ext_test"
+$NVCC -o "$BUILD/gemm_helpers_test" "$BUILD"/signaling_gemm_*.o "$BUILD/signaling_gemm.o" "$BUILD/gemm_helpers_test.o" -ldl
+echo "built $BUILD/gemm_helpers_test"
 $NVCC -o "$BUILD/sm_share_probe" "$BUILD"/signaling_gemm_*.o "$BUILD/signaling_gemm.o" "$BUILD/sm_share_probe.o" -ldl
 echo "built $BUILD/sm_share_probe"
 # Host-only schedule check (no GPU needed).

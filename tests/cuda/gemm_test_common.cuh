@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -296,15 +297,17 @@ struct RunResult {
   GemmLaunchInfo info;
 };
 
-// Poison, zero counters, launch, compare with the fp32 reference and check counters.
-RunResult RunAndCheck(SignalingGemmArgs a, const float* ref, int* counters, cudaStream_t s) {
+// Poison, zero counters, launch (LaunchSignalingGemm, or `launch` when given: e.g. with
+// helper launches), compare with the fp32 reference and check counters.
+RunResult RunAndCheck(SignalingGemmArgs a, const float* ref, int* counters, cudaStream_t s,
+                      const std::function<cudaError_t(const SignalingGemmArgs&)>& launch = {}) {
   RunResult r{};
   const GroupLayout& L = a.layout;
   CK(cudaMemsetAsync(a.out, 0xFF, size_t(a.m) * a.n * 2, s));
   CK(cudaMemsetAsync(counters, 0, sizeof(int) * kMaxGroups, s));
   a.counters = counters;
   if (a.queue == nullptr) a.queue = GemmQueue();
-  r.launch = LaunchSignalingGemm(a, s);
+  r.launch = launch ? launch(a) : LaunchSignalingGemm(a, s);
   if (r.launch != cudaSuccess) { fprintf(stderr, "launch: %s\n", LastSignalingGemmError()); return r; }
   r.info = LastSignalingGemmLaunch();
   CK(cudaGetLastError());

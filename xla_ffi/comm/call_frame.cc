@@ -1,5 +1,7 @@
 #include "xla_ffi/comm/call_frame.h"
 
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "xla_ffi/comm/watchdog.h"
@@ -55,6 +57,29 @@ Status LaunchGemm(Communicator& comm, SignalingGemmArgs args, cudaStream_t strea
   cudaError_t launched = LaunchSignalingGemm(args, stream);
   if (launched == cudaSuccess) return Status::Ok();
   return Status::Error(std::string("signaling GEMM launch failed: ") +
+                       cudaGetErrorString(launched) + " (" + LastSignalingGemmError() + ")");
+}
+
+Status PrepareGemmHelpers(Communicator& comm, SignalingGemmArgs& args) {
+  const char* v = std::getenv("FLASHOVERLAP_GEMM_HELPERS");
+  args.helpers = v != nullptr && std::strcmp(v, "on") == 0;
+  args.queue_reset = args.helpers ? comm.queue_reset : nullptr;
+  if (v == nullptr || *v == '\0' || args.helpers || std::strcmp(v, "off") == 0) return Status::Ok();
+  return Status::Error(std::string("FLASHOVERLAP_GEMM_HELPERS must be 'off' or 'on', got '") + v + "'");
+}
+
+int HelperClusters() { return LastSignalingGemmLaunch().helper_clusters; }
+
+Status WaitForQueueReset(Communicator& comm) {
+  FO_RETURN_IF_CUDA(cudaStreamWaitEvent(comm.stream, comm.queue_reset, 0));
+  return Status::Ok();
+}
+
+Status LaunchGemmHelpers(Communicator& comm, SignalingGemmArgs args, int until_group) {
+  args.queue = comm.gemm_queue;  // as LaunchGemm: the same plan, the same queue
+  cudaError_t launched = LaunchSignalingGemmHelpers(args, until_group, comm.stream);
+  if (launched == cudaSuccess) return Status::Ok();
+  return Status::Error(std::string("signaling GEMM helper launch failed: ") +
                        cudaGetErrorString(launched) + " (" + LastSignalingGemmError() + ")");
 }
 

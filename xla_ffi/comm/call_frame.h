@@ -39,6 +39,17 @@ Status UseWorkspace(const Communicator& comm, cudaStream_t stream, size_t bytes,
 // LaunchSignalingGemm with the communicator's tile queue, and its reason on failure.
 Status LaunchGemm(Communicator& comm, SignalingGemmArgs args, cudaStream_t stream);
 
+// Helper launches (signaling_gemm.h): FLASHOVERLAP_GEMM_HELPERS=on asks for them (read at
+// every call, like the launcher's switches; unset, empty or `off`: none; any other value is
+// an error here, and at lowering in Python). PrepareGemmHelpers sets `args` up for them when
+// asked; after LaunchGemm, HelperClusters() says whether the launcher planned any (0: none).
+Status PrepareGemmHelpers(Communicator& comm, SignalingGemmArgs& args);
+int HelperClusters();
+// Orders the comm stream after the GEMM's queue reset (before the first helper launch).
+Status WaitForQueueReset(Communicator& comm);
+// One helper launch on the comm stream: units of groups <= until_group (LaunchGemm's args).
+Status LaunchGemmHelpers(Communicator& comm, SignalingGemmArgs args, int until_group);
+
 // Watches the call (watchdog on, `status` ok), then makes `stream` wait for our comm stream
 // (and the copy stream when `copies`) whatever `status` says, so the compute stream never
 // runs ahead of queued work and the next call never overwrites a span still in flight.

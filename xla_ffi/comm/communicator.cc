@@ -212,6 +212,7 @@ Status CreateStreamAndEvents(Communicator& c) {
   FO_RETURN_IF_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   FO_RETURN_IF_CUDA(cudaStreamCreateWithPriority(&c.stream, cudaStreamNonBlocking, greatest));
   FO_RETURN_IF_CUDA(cudaEventCreateWithFlags(&c.gemm_started, cudaEventDisableTiming));
+  FO_RETURN_IF_CUDA(cudaEventCreateWithFlags(&c.queue_reset, cudaEventDisableTiming));
   FO_RETURN_IF_CUDA(cudaEventCreateWithFlags(&c.comm_done, cudaEventDisableTiming));
   FO_RETURN_IF_CUDA(cudaEventCreateWithFlags(&c.call_done, cudaEventDisableTiming));
   FO_RETURN_IF_CUDA(cudaStreamCreateWithPriority(&c.copy_stream, cudaStreamNonBlocking, greatest));
@@ -246,7 +247,8 @@ Status ReleaseOne(Communicator& c, bool abort) {
     if (*s) keep(CudaStatus(cudaStreamDestroy(*s), "cudaStreamDestroy"));
     *s = nullptr;
   }
-  for (cudaEvent_t* e : {&c.gemm_started, &c.comm_done, &c.call_done, &c.copies_done}) {
+  for (cudaEvent_t* e : {&c.gemm_started, &c.queue_reset, &c.comm_done, &c.call_done,
+                         &c.copies_done}) {
     if (*e) keep(CudaStatus(cudaEventDestroy(*e), "cudaEventDestroy"));
     *e = nullptr;
   }

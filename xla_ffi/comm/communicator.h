@@ -39,6 +39,7 @@ struct Communicator {
   cudaEvent_t group_reduced[kMaxGroups] = {};  // comm stream -> copy stream, per group
   cudaEvent_t copies_done = nullptr;           // copy stream -> compute stream
   cudaEvent_t gemm_started = nullptr;   // compute stream -> comm stream
+  cudaEvent_t queue_reset = nullptr;    // the GEMM's queue reset -> its helper launches
   cudaEvent_t comm_done = nullptr;      // comm stream -> compute stream
   // On the compute stream after the last call joined back (FinishCall): once complete, no
   // call of this communicator uses its workspace (quiesce.h).

@@ -73,11 +73,17 @@ Status RunGemmCollective(Communicator& comm, cudaStream_t stream, CollectiveKind
   const bool copies = kind == CollectiveKind::kAllReduce && !in_place;
   const int groups = gemm.layout.num_groups;
   CallTrace trace;
-  Status status = StartCall(comm, stream, groups, copies);
+  Status status = PrepareGemmHelpers(comm, gemm);
+  if (status.ok()) status = StartCall(comm, stream, groups, copies);
   if (status.ok()) status = trace.Begin(comm, stream, op, gemm.layout, /*gemm=*/true, copies);
   if (status.ok()) status = LaunchGemm(comm, gemm, stream);
+  // Helpers (signaling_gemm.h): before each group's wait, a small grid on the SMs the
+  // collectives leave idle takes units up to that group's end, then frees them for its NCCL
+  // call (stream order).
+  const bool helpers = status.ok() && gemm.helpers && HelperClusters() > 0;
   if (status.ok()) status = trace.GemmDone(stream);
   if (status.ok()) status = TakeInjectedFault(comm.device);
+  if (status.ok() && helpers) status = WaitForQueueReset(comm);
 
   const int64_t blocks = gemm.layout.num_blocks;
   const size_t row_bytes = static_cast<size_t>(gemm.n) * 2;
@@ -86,7 +92,8 @@ Status RunGemmCollective(Communicator& comm, cudaStream_t stream, CollectiveKind
   for (int g = 0; g < groups && status.ok(); ++g) {
     const int64_t b0 = gemm.layout.band_rows[g];
     const int64_t band = gemm.layout.band_rows[g + 1] - b0;
-    status = EnqueueWaitGeq(comm.stream, comm.counters + g,
+    if (helpers) status = LaunchGemmHelpers(comm, gemm, g);
+    if (status.ok()) status = EnqueueWaitGeq(comm.stream, comm.counters + g,
                             static_cast<int32_t>(TilesInGroup(gemm, g)), comm.wait_method,
                             comm.abort_flag);
     if (status.ok()) status = trace.Ready(g);

@@ -230,7 +230,23 @@ int64_t TilesInGroup(const SignalingGemmArgs& args, int group) {
   return int64_t(L.num_blocks) * CeilDiv64(h, ts.block_m) * CeilDiv64(args.n, ts.block_n);
 }
 
-cudaError_t LaunchSignalingGemm(const SignalingGemmArgs& args, cudaStream_t stream) {
+namespace {
+
+// Everything a launch of these args decides before it launches: the instance, the schedule
+// (with the split tail), the main grid and the helpers' grid. Deterministic in the args and
+// the environment, so a helper launch plans exactly as its main launch did.
+struct LaunchPlan {
+  const InstanceOps* ops = nullptr;
+  GemmTileShape tile;
+  TileSchedule schedule;
+  SignalingGemmArgs args;  // queue null where the round robin is used
+  int device = 0, max_clusters = 0, clusters = 0, helper_clusters = 0;
+};
+
+// Helper launches' rings carry sequence numbers in 25 bits (work_units.cuh, Tag).
+constexpr int kHelperMaxUnits = 1 << 25;
+
+cudaError_t PlanLaunch(const SignalingGemmArgs& args, LaunchPlan* plan) {
   // --- arguments ---
   if (args.dtype != GemmDType::kBFloat16 && args.dtype != GemmDType::kFloat16)
     return Fail(cudaErrorInvalidValue, "dtype must be bf16 or f16");
@@ -280,7 +296,8 @@ cudaError_t LaunchSignalingGemm(const SignalingGemmArgs& args, cudaStream_t stre
   if (e != cudaSuccess) return Fail(e, std::string("kernel setup failed: ") + cudaGetErrorString(e));
 
   // --- schedule ---
-  TileSchedule s;
+  TileSchedule& s = plan->schedule;
+  s = TileSchedule{};
   s.m = int(args.m);
   s.n = int(args.n);
   s.num_blocks = args.layout.num_blocks;
@@ -306,18 +323,71 @@ cudaError_t LaunchSignalingGemm(const SignalingGemmArgs& args, cudaStream_t stre
   int clusters = allowed < max_clusters ? allowed : max_clusters;
   if (clusters > s.num_units) clusters = s.num_units;
 
-  SignalingGemmArgs launch_args = args;
-  if (static_queue || clusters > kQueueMaxClusters) launch_args.queue = nullptr;
-  if (launch_args.queue != nullptr && !whole_tail) PlanSplitTail(s, clusters, ops.max_split_slots);
-  if (launch_args.queue != nullptr) {  // the claim counter, the split flags, the used rings
-    e = cudaMemsetAsync(launch_args.queue, 0, kQueueRingOffset + size_t(clusters) * kQueueRingSlots * 8, stream);
+  plan->args = args;
+  if (static_queue || clusters > kQueueMaxClusters) plan->args.queue = nullptr;
+  if (plan->args.queue != nullptr && !whole_tail) PlanSplitTail(s, clusters, ops.max_split_slots);
+  // Helpers: the clusters comm_sms leaves room for, only with the queue (they claim from it).
+  int helpers = 0;
+  if (args.helpers && plan->args.queue != nullptr && s.num_units < kHelperMaxUnits) {
+    helpers = MinInt(args.comm_sms / ts.cluster_m, max_clusters - clusters);
+    helpers = MinInt(helpers, kQueueMaxClusters - clusters);
+    if (helpers < 0) helpers = 0;
+  }
+  plan->ops = &ops;
+  plan->tile = ts;
+  plan->device = device;
+  plan->max_clusters = max_clusters;
+  plan->clusters = clusters;
+  plan->helper_clusters = helpers;
+  return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t LaunchSignalingGemm(const SignalingGemmArgs& args, cudaStream_t stream) {
+  LaunchPlan plan;
+  cudaError_t e = PlanLaunch(args, &plan);
+  if (e != cudaSuccess) return e;
+  const TileSchedule& s = plan.schedule;
+  if (plan.args.queue != nullptr) {  // the claim counter, the split flags, the used rings
+    const size_t rings = size_t(plan.clusters + plan.helper_clusters) * kQueueRingSlots * 8;
+    e = cudaMemsetAsync(plan.args.queue, 0, kQueueRingOffset + rings, stream);
     if (e != cudaSuccess) return Fail(e, std::string("tile queue reset failed: ") + cudaGetErrorString(e));
   }
+  if (args.queue_reset != nullptr) {
+    e = cudaEventRecord(args.queue_reset, stream);
+    if (e != cudaSuccess) return Fail(e, std::string("queue_reset event record failed: ") + cudaGetErrorString(e));
+  }
   if (EnvInt("FLASHOVERLAP_GEMM_LOG", 0) != 0)
-    LogGeometry(launch_args, ts, s, device, max_clusters, clusters);
-  e = ops.launch(launch_args, s, clusters, stream);
+    LogGeometry(plan.args, plan.tile, s, plan.device, plan.max_clusters, plan.clusters);
+  e = plan.ops->launch(plan.args, s, plan.clusters, QueueRole{}, stream);
   if (e != cudaSuccess) return Fail(e, std::string("kernel launch failed: ") + cudaGetErrorString(e));
-  g_last_launch = GemmLaunchInfo{clusters, s.num_units, s.split_units, s.split_chunks};
+  g_last_launch = GemmLaunchInfo{plan.clusters, s.num_units, s.split_units, s.split_chunks,
+                                 plan.helper_clusters};
+  return cudaSuccess;
+}
+
+cudaError_t LaunchSignalingGemmHelpers(const SignalingGemmArgs& args, int until_group,
+                                       cudaStream_t stream) {
+  if (!args.helpers) return Fail(cudaErrorInvalidValue, "a helper launch needs args.helpers");
+  if (until_group < 0 || until_group >= args.layout.num_groups)
+    return Fail(cudaErrorInvalidValue, "until_group must be in [0, num_groups), got " +
+                                           std::to_string(until_group));
+  LaunchPlan plan;
+  cudaError_t e = PlanLaunch(args, &plan);
+  if (e != cudaSuccess) return e;
+  if (plan.helper_clusters == 0) return cudaSuccess;
+  const TileSchedule& s = plan.schedule;
+  // Whole units of groups <= until_group; the split tail's chunks are the main grid's (its
+  // plan counts on each of its clusters taking one).
+  const int limit = MinInt(s.unit_start[until_group + 1], s.num_units - s.split_units);
+  if (limit <= 0) return cudaSuccess;
+  QueueRole role;
+  role.claim_limit = unsigned(limit);
+  role.ring_base = plan.clusters;
+  role.ring_epoch = until_group + 1;  // <= kMaxGroups < 2^7 (work_units.cuh, Tag)
+  e = plan.ops->launch(plan.args, s, plan.helper_clusters, role, stream);
+  if (e != cudaSuccess) return Fail(e, std::string("helper kernel launch failed: ") + cudaGetErrorString(e));
   return cudaSuccess;
 }
 

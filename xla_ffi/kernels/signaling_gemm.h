@@ -33,10 +33,12 @@ enum class GemmDType : int { kBFloat16 = 0, kFloat16 = 1 };
 constexpr int kMaxGroups = 64;
 
 // The dynamic tile queue's workspace (SignalingGemmArgs::queue), in this order:
-//  - a claim counter (16 bytes);
+//  - a claim counter (uint32), the units helper launches took (uint32, statistics), 8 bytes
+//    unused (16 bytes);
 //  - the split tail's ready flags (int32, one per partial tile, see below);
 //  - per cluster a ring of kQueueRingSlots claimed ids (64-bit, tagged with their sequence
-//    number) through which a cluster's leader CTA hands its claims to its partner;
+//    number) through which a cluster's leader CTA hands its claims to its partner (the main
+//    launch's clusters first, then the helper launches' clusters);
 //  - the split tail's partial tiles (fp32 accumulators, kSplitPartialBytes).
 // The launcher zeroes everything but the partials before each launch (one memset).
 constexpr int kQueueRingSlots = 16;
@@ -107,6 +109,18 @@ struct SignalingGemmArgs {
   const int32_t* in_flags = nullptr;
   int in_flag_rows = 0;
   int32_t in_flag_value = 0;
+
+  // ---- Helper launches (LaunchSignalingGemmHelpers); needs the queue. ----
+  // The SMs left to communication (comm_sms) sit idle between two collectives. With helpers,
+  // the caller launches small grids on those SMs, on its communication stream between its
+  // collectives, that take units from this launch's queue until a group's last unit is
+  // claimed and then exit, so the next collective finds its SMs free (stream order). This
+  // flag makes the main launch plan for them (reset their rings with the queue); the
+  // helpers' grid is what comm_sms leaves (GemmLaunchInfo::helper_clusters, 0: none).
+  bool helpers = false;
+  // Recorded on `stream` right after the queue reset, before the kernel (null: none): a
+  // helper launched on another stream must wait for it.
+  cudaEvent_t queue_reset = nullptr;
 #ifdef FO_TIMELINE
   // Test builds only (tests/cuda/build_timeline.sh, every object compiled with FO_TIMELINE):
   // clock64() stamps of the first kTimelineCtas CTAs' warps, laid out
@@ -139,6 +153,16 @@ int64_t TilesInGroup(const SignalingGemmArgs& args, int group);
 // cudaErrorNotSupported below sm_90, or the launch error.
 cudaError_t LaunchSignalingGemm(const SignalingGemmArgs& args, cudaStream_t stream);
 
+// A helper launch for the main launch made with the same args (args.helpers set): on `stream`
+// (ordered after args.queue_reset of that launch, and after the collectives whose SMs it
+// borrows), GemmLaunchInfo::helper_clusters clusters that take whole units from the main
+// launch's queue while the claim counter is below the end of group `until_group` (never the
+// split tail's chunks), then exit. Launches nothing (cudaSuccess) where the main launch has
+// no helpers (no room, no queue, FLASHOVERLAP_GEMM_QUEUE=static, 2^25 units or more) or no unit
+// is left below that end. Same errors as LaunchSignalingGemm.
+cudaError_t LaunchSignalingGemmHelpers(const SignalingGemmArgs& args, int until_group,
+                                       cudaStream_t stream);
+
 // Human-readable reason for the last cudaErrorInvalidValue / NotSupported returned by
 // LaunchSignalingGemm on this host thread.
 const char* LastSignalingGemmError();
@@ -149,6 +173,7 @@ struct GemmLaunchInfo {
   int units = 0;         // work units (cluster tiles)
   int split_units = 0;   // units in the split tail (0: whole units only)
   int split_chunks = 0;  // chunks they were cut into
+  int helper_clusters = 0;  // each helper launch's grid (args.helpers), 0: none
 };
 GemmLaunchInfo LastSignalingGemmLaunch();
 

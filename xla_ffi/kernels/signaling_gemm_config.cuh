@@ -134,8 +134,15 @@ struct Config {
     int in_flag_rows;
     int32_t in_flag_value;
     // Dynamic tile queue (signaling_gemm.h), zeroed before the launch; null: round robin.
-    uint32_t* queue_next;               // units claimed so far
-    unsigned long long* queue_ring;     // [clusters][kQueueRingSlots]: (seq + 1) << 32 | item
+    uint32_t* queue_next;               // units claimed so far; [1]: units helpers took
+    unsigned long long* queue_ring;     // [clusters][kQueueRingSlots]: tag << 32 | item
+    // A helper launch (LaunchSignalingGemmHelpers) claims while the counter is below
+    // claim_limit and uses rings ring_base + its cluster ids, tagged with ring_epoch (so an
+    // earlier helper launch's entries in those rings never match). The main launch:
+    // claim_limit kNoClaimLimit, ring_base 0, ring_epoch 0.
+    unsigned claim_limit;
+    int ring_base;
+    int ring_epoch;
     // Split tail (sched.split_units > 0): partial tiles [slot][rank_m] and their ready flags.
     float* partials;
     int32_t* split_flags;

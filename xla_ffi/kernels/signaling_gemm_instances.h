@@ -11,6 +11,15 @@ namespace flashoverlap {
 
 constexpr int kMaxDevices = 64;
 
+// Which share of a queue a launch takes (signaling_gemm.h, helper launches): the main launch
+// claims every unit (claim_limit kNoClaimLimit = ~0u), a helper launch those below claim_limit,
+// with the rings from ring_base on, tagged with ring_epoch.
+struct QueueRole {
+  unsigned claim_limit = ~0u;
+  int ring_base = 0;
+  int ring_epoch = 0;
+};
+
 struct InstanceOps {
   int block_m, block_n, cluster_m, stages, smem_bytes;
   int max_split_slots;  // partial tiles (per cluster) the queue workspace holds for this tile
@@ -18,7 +27,7 @@ struct InstanceOps {
   cudaError_t (*prepare)(int device, int* max_clusters);
   // Builds TMA descriptors and launches num_clusters clusters on `stream`.
   cudaError_t (*launch)(const SignalingGemmArgs& args, const TileSchedule& sched,
-                        int num_clusters, cudaStream_t stream);
+                        int num_clusters, const QueueRole& role, cudaStream_t stream);
 };
 
 // One per instantiation file. Default: the overlapped epilogue (the producer warpgroup's

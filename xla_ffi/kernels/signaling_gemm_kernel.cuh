@@ -169,6 +169,9 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
 
 // ---- host side -----------------------------------------------------------------------
 
+static_assert(QueueRole{}.claim_limit == kNoClaimLimit, "the main launch claims without a limit");
+static_assert(kMaxGroups < 128, "helper ring epochs (group + 1) take 7 bits (work_units.cuh, Tag)");
+
 template <class Cfg>
 struct Instance {
   static constexpr int kSmemBytes = int(sizeof(typename Cfg::SharedStorage));
@@ -224,7 +227,7 @@ struct Instance {
   }
 
   static cudaError_t Launch(const SignalingGemmArgs& args, const TileSchedule& sched,
-                            int num_clusters, cudaStream_t stream) {
+                            int num_clusters, const QueueRole& role, cudaStream_t stream) {
     // The launcher plans the split tail (sched.split_*) within our slot capacity, and only
     // with a queue (the partials live in its workspace).
     if (sched.k_tiles != (int(args.k) + Cfg::BK - 1) / Cfg::BK ||
@@ -254,6 +257,9 @@ struct Instance {
     params.timeline = args.timeline;
 #endif
     params.queue_next = static_cast<uint32_t*>(args.queue);
+    params.claim_limit = role.claim_limit;
+    params.ring_base = role.ring_base;
+    params.ring_epoch = role.ring_epoch;
     char* queue = static_cast<char*>(args.queue);
     params.queue_ring = queue == nullptr ? nullptr
         : reinterpret_cast<unsigned long long*>(queue + kQueueRingOffset);

@@ -17,6 +17,7 @@ namespace sg {
 // ---- work units: which one a CTA takes next ------------------------------------------------
 
 constexpr unsigned kNoUnit = 0xFFFFFFFFu;
+constexpr unsigned kNoClaimLimit = 0xFFFFFFFFu;  // Params::claim_limit of the main launch
 
 // Which units a CTA works on, decided by lane 0 of its producer warp: round robin without a
 // queue; with it, the cluster's leader CTA claims units from the counter and publishes them in
@@ -43,19 +44,40 @@ struct UnitClaims {
   // atomic add (and an inc with a constant all-ones bound) into a warp-aggregated sequence
   // whose shuffle of the result made every claim wait ~700 cycles for the atomic.
   __device__ unsigned Claim() {
+    if (p.claim_limit != kNoClaimLimit) return ClaimBelow(p.claim_limit);
     unsigned u;
     const unsigned bound = (1u << 30) + unsigned(p.sched.num_items);
     asm volatile("atom.relaxed.gpu.global.inc.u32 %0, [%1], %2;" : "=r"(u) : "l"(p.queue_next), "r"(bound) : "memory");
     return u;
   }
+  // A helper's claim: the counter's next value if it is below `limit` (compare-and-swap, so
+  // a helper never takes a unit past its group: the collective after it waits for the helper
+  // to exit), else kNoUnit. Each claim is counted in queue_next[1] (statistics).
+  __device__ unsigned ClaimBelow(unsigned limit) {
+    unsigned cur;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(cur) : "l"(p.queue_next) : "memory");
+    while (cur < limit) {
+      const unsigned prev = atomicCAS(p.queue_next, cur, cur + 1);
+      if (prev == cur) {
+        atomicAdd(p.queue_next + 1, 1u);
+        return cur;
+      }
+      cur = prev;
+    }
+    return kNoUnit;
+  }
   __device__ unsigned Checked(unsigned u) const {
     return u < unsigned(p.sched.num_items) ? u : kNoUnit;
   }
   __device__ unsigned long long* Slot(int seq) const {
-    return p.queue_ring + size_t(cluster_id) * kQueueRingSlots + seq % kQueueRingSlots;
+    return p.queue_ring + size_t(p.ring_base + cluster_id) * kQueueRingSlots + seq % kQueueRingSlots;
   }
-  static __device__ unsigned long long Tag(int seq) {
-    return static_cast<unsigned long long>(seq + 1) << 32;
+  // seq + 1 in the tag's low 25 bits and the launch's epoch (< 2^7) above them (a helper
+  // launch has fewer than 2^25 units, the launcher checks; the main launch's epoch is 0 and
+  // its rings its own, so its seq may use all 32 bits).
+  __device__ unsigned long long Tag(int seq) const {
+    return (static_cast<unsigned long long>(p.ring_epoch) << 57) +
+           (static_cast<unsigned long long>(seq + 1) << 32);
   }
   // The slot's previous entry (seq - kQueueRingSlots) was read long ago: the multicast
   // pipeline keeps the two CTAs within kStages units of each other (static_assert in Config).
