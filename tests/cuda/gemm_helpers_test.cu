@@ -7,15 +7,17 @@
 //                             fp32 reference, counters, each case 3 times back to back (stale
 //                             ring entries of an earlier call must never match), and where
 //                             the helpers have room, the units they took (must be > 0).
-//   gemm_helpers_test bench : what the helpers give back when a collective of the group's
-//                             share of `--comm-fraction` x the GEMM's time holds comm_sms SMs
-//                             after each group (emulated: comm_sms CTAs that sleep, one per
-//                             SM; no NCCL, no memory traffic): GEMM time with comm_sms 0, with
-//                             comm_sms alone, with the emulated collectives, with them and
-//                             helpers (CUDA events, median of --iters).
+//   gemm_helpers_test bench : what the helpers give back when after each group a collective
+//                             holds comm_sms SMs for its rows' share of the time NCCL took
+//                             capped at comm_sms on 2 x H200 (x --comm-scale), emulated:
+//                             comm_sms CTAs that sleep, one per SM; no NCCL, no memory
+//                             traffic. GEMM time with comm_sms 0, with comm_sms alone, with the
+//                             emulated collectives, with them and helpers (CUDA events,
+//                             interleaved, median of --iters).
+//   gemm_helpers_test timeline : two cases' per-group times with and without helpers
 //   gemm_helpers_test sanitize : two small check cases, once each (for compute-sanitizer)
 //   gemm_helpers_test all   : check + bench
-// Options: --json PATH, --iters N (bench, default 20), --comm-fraction F (default 0.3).
+// Options: --json PATH, --iters N (bench, default 20), --comm-scale F (default 1).
 // Exit code 1 if any check failed.
 #include <algorithm>
 
@@ -127,7 +129,7 @@ void Check(cudaStream_t s, int* counters, bool sanitize) {
       {4096, 8192, 4096, B, 1, 5, 8, nullptr, false},    // split tail at comm 8
       {5000, 7168, 1000, H, 4, 3, 16, nullptr, false},   // partial tiles, idle cluster partners
       {8192, 8192, 1536, B, 1, 8, 32, "128", true},      // 128x128 tiles, no cluster
-      {2048, 2048, 2048, B, 1, 64, 16, nullptr, false},  // 64 groups (ring epochs up to 64)
+      {8192, 1024, 1024, B, 1, 64, 16, nullptr, false},  // 64 bands of 128 rows: ring epochs up to 64
       {1000, 512, 512, H, 1, 2, 8, nullptr, false},      // fewer units than clusters
   };
   uint64_t seed = 9000;
@@ -185,81 +187,152 @@ void Check(cudaStream_t s, int* counters, bool sanitize) {
   CK(cudaStreamSynchronize(s));
 }
 
-float TimeMs(const std::function<void()>& run, cudaStream_t s, int iters) {
+// Median times (ms) of several launch sequences on `s`, interleaved (one of each per round,
+// so the power cap's clock drift reaches them alike), after two warm-up rounds.
+std::vector<float> TimeInterleaved(const std::vector<std::function<void()>>& runs, cudaStream_t s, int iters) {
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
-  std::vector<float> ms;
+  std::vector<std::vector<float>> ms(runs.size());
   for (int i = 0; i < iters + 2; ++i) {
-    CK(cudaEventRecord(a, s));
-    run();
-    CK(cudaEventRecord(b, s));
-    CK(cudaEventSynchronize(b));
-    float t = 0;
-    CK(cudaEventElapsedTime(&t, a, b));
-    if (i >= 2) ms.push_back(t);  // warm-up
+    for (size_t r = 0; r < runs.size(); ++r) {
+      CK(cudaEventRecord(a, s));
+      runs[r]();
+      CK(cudaEventRecord(b, s));
+      CK(cudaEventSynchronize(b));
+      float t = 0;
+      CK(cudaEventElapsedTime(&t, a, b));
+      if (i >= 2) ms[r].push_back(t);
+    }
   }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  std::vector<float> med;
+  for (auto& v : ms) {
+    std::sort(v.begin(), v.end());
+    med.push_back(v[v.size() / 2]);
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  return med;
 }
 
-void Bench(cudaStream_t s, int* counters, int iters, double fraction) {
+// A benchmark case: per-GPU GEMM, rank blocks (2: a reduce-scatter's layout), groups,
+// comm_sms, and the collective's total time at that comm_sms (ms; NCCL capped alone on
+// 2 x H200, benchmarks/results/h200x2.json), emulated per group by its rows' share.
+struct BenchCase { const char* op; int64_t m, n, k; int nb, groups, comm; double coll_ms; };
+
+std::vector<int64_t> CommNs(const BenchCase& c, const GroupLayout& L, double scale) {
+  std::vector<int64_t> ns(L.num_groups);
+  const double rows = double(c.m / c.nb);
+  for (int g = 0; g < L.num_groups; ++g)
+    ns[g] = int64_t(scale * c.coll_ms * 1e6 * (L.band_rows[g + 1] - L.band_rows[g]) / rows);
+  return ns;
+}
+
+void Bench(cudaStream_t s, int* counters, int iters, double scale) {
   HelperStreams hs;
   CK(cudaFuncSetAttribute(EmulatedCollective, cudaFuncAttributeMaxDynamicSharedMemorySize, kCommSmemBytes));
-  struct C { int64_t m, n, k; int nb, groups, comm; };
-  const std::vector<C> cases = {{4096, 8192, 4096, 1, 6, 16}, {8192, 8192, 4096, 1, 6, 16},
-                                {8192, 8192, 4096, 2, 6, 16}, {8192, 8192, 14336, 1, 17, 8},
-                                {8192, 8192, 14336, 2, 16, 8}, {8192, 28672, 4096, 1, 6, 16}};
-  printf("%-22s %3s %6s %5s | %9s %9s %11s %13s %6s\n", "M x N x K", "nb", "groups", "comm", "comm 0", "comm c",
-         "c + coll.", "c+coll.+help", "gain");
+  const std::vector<BenchCase> cases = {
+      {"AR", 4096, 8192, 4096, 1, 6, 16, 0.274},   {"AR", 8192, 8192, 4096, 1, 6, 16, 0.523},
+      {"AR", 8192, 28672, 4096, 1, 6, 16, 1.686},  {"AR", 8192, 8192, 14336, 1, 17, 8, 0.761},
+      {"AR", 16384, 8192, 8192, 1, 34, 8, 1.450},  {"RS", 8192, 8192, 4096, 2, 6, 16, 0.390},
+      {"RS", 8192, 8192, 14336, 2, 16, 8, 0.926},  {"RS", 8192, 8192, 14336, 2, 6, 16, 0.390},
+      {"RS", 8192, 28672, 4096, 2, 16, 8, 2.399},  {"RS", 16384, 8192, 8192, 2, 32, 8, 1.927},
+  };
+  printf("%-3s %-18s %2s %6s %4s %7s | %8s %8s %9s %9s %7s\n", "op", "M x N x K", "nb", "groups", "comm", "coll", "comm 0",
+         "comm c", "c + coll", "+ helpers", "gain");
   uint64_t seed = 12000;
-  for (const C& c : cases) {
+  for (const BenchCase& c : cases) {
     Problem p(c.m, c.n, c.k, GemmDType::kBFloat16, seed += 10, s);
     SignalingGemmArgs a = p.base;
     a.layout = EvenLayout(c.m, c.nb, c.groups, 256);
     a.counters = counters;
+    const std::vector<int64_t> comm_ns = CommNs(c, a.layout, scale);
     auto gemm = [&](int comm) {
       SignalingGemmArgs b = a;
       b.comm_sms = comm;
-      return [b, s, counters]() {
+      return std::function<void()>([b, s, counters]() {
         CK(cudaMemsetAsync(counters, 0, sizeof(int) * kMaxGroups, s));
         if (LaunchSignalingGemm(b, s) != cudaSuccess) { fprintf(stderr, "%s\n", LastSignalingGemmError()); exit(2); }
-      };
+      });
     };
-    const float t0 = TimeMs(gemm(0), s, iters);
-    const float tc = TimeMs(gemm(c.comm), s, iters);
-    // Each group's emulated collective: its rows' share of fraction x the GEMM at comm c.
-    std::vector<int64_t> comm_ns(a.layout.num_groups);
-    const int64_t rows = c.m / c.nb;
-    for (int g = 0; g < a.layout.num_groups; ++g)
-      comm_ns[g] = int64_t(fraction * tc * 1e6 * (a.layout.band_rows[g + 1] - a.layout.band_rows[g]) / rows);
     auto overlapped = [&](bool helpers) {
       SignalingGemmArgs b = a;
       b.comm_sms = c.comm;
-      return [b, helpers, &comm_ns, s, &hs, counters]() {
+      return std::function<void()>([b, helpers, &comm_ns, s, &hs, counters]() {
         CK(cudaMemsetAsync(counters, 0, sizeof(int) * kMaxGroups, s));
         if (LaunchOverlapped(b, helpers, comm_ns, s, hs) != cudaSuccess) {
           fprintf(stderr, "%s\n", LastSignalingGemmError());
           exit(2);
         }
-      };
+      });
     };
-    const float plain = TimeMs(overlapped(false), s, iters);
-    const float helped = TimeMs(overlapped(true), s, iters);
+    const std::vector<float> t = TimeInterleaved({gemm(0), gemm(c.comm), overlapped(false), overlapped(true)}, s, iters);
+    overlapped(true)();
     const unsigned units = HelperUnits(s);
     char shape[32];
     snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)c.m, (long long)c.n, (long long)c.k);
-    printf("%-22s %3d %6d %5d | %9.3f %9.3f %11.3f %13.3f %5.1f%%  (helpers took %u units)\n", shape, c.nb,
-           a.layout.num_groups, c.comm, t0, tc, plain, helped, 100.0 * (plain - helped) / plain, units);
-    char buf[512];
+    printf("%-3s %-18s %2d %6d %4d %7.3f | %8.3f %8.3f %9.3f %9.3f %6.1f%%  (helpers took %u units)\n", c.op, shape,
+           c.nb, a.layout.num_groups, c.comm, scale * c.coll_ms, t[0], t[1], t[2], t[3], 100.0 * (t[2] - t[3]) / t[2],
+           units);
+    char buf[640];
     snprintf(buf, sizeof buf,
-             "{\"tag\":\"bench\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"num_blocks\":%d,\"groups\":%d,\"comm_sms\":%d,"
-             "\"comm_fraction\":%.3f,\"gemm_comm0_ms\":%.4f,\"gemm_comm_ms\":%.4f,\"with_collectives_ms\":%.4f,"
-             "\"with_collectives_and_helpers_ms\":%.4f,\"helper_units_last_call\":%u}",
-             (long long)c.m, (long long)c.n, (long long)c.k, c.nb, a.layout.num_groups, c.comm, fraction, t0, tc,
-             plain, helped, units);
+             "{\"tag\":\"bench\",\"op\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"num_blocks\":%d,\"groups\":%d,"
+             "\"comm_sms\":%d,\"emulated_collective_ms\":%.4f,\"gemm_comm0_ms\":%.4f,\"gemm_comm_ms\":%.4f,"
+             "\"with_collectives_ms\":%.4f,\"with_collectives_and_helpers_ms\":%.4f,\"helper_units_one_call\":%u}",
+             c.op, (long long)c.m, (long long)c.n, (long long)c.k, c.nb, a.layout.num_groups, c.comm,
+             scale * c.coll_ms, t[0], t[1], t[2], t[3], units);
     AddJson(buf);
     fflush(stdout);
+  }
+}
+
+// One case's per-group timeline (CUDA events on the side stream, ms after the call's start):
+// each helper launch's end, each group's counter complete, each emulated collective's end.
+void Timeline(cudaStream_t s, int* counters, double scale) {
+  HelperStreams hs;
+  CK(cudaFuncSetAttribute(EmulatedCollective, cudaFuncAttributeMaxDynamicSharedMemorySize, kCommSmemBytes));
+  for (const BenchCase& c : {BenchCase{"AR", 8192, 8192, 4096, 1, 6, 16, 0.523},
+                             BenchCase{"RS", 8192, 8192, 14336, 2, 16, 8, 0.926}}) {
+    Problem p(c.m, c.n, c.k, GemmDType::kBFloat16, 31, s);
+    SignalingGemmArgs a = p.base;
+    a.layout = EvenLayout(c.m, c.nb, c.groups, 256);
+    a.counters = counters;
+    a.comm_sms = c.comm;
+    const std::vector<int64_t> comm_ns = CommNs(c, a.layout, scale);
+    const int G = a.layout.num_groups;
+    std::vector<cudaEvent_t> ev(3 * G + 2);
+    for (auto& e : ev) CK(cudaEventCreate(&e));
+    for (int run = 0; run < 4; ++run) {  // plain, plain, helpers, helpers: the second of each printed
+      const bool helpers = run >= 2;
+      CK(cudaMemsetAsync(counters, 0, sizeof(int) * kMaxGroups, s));
+      CK(cudaEventRecord(ev[0], s));
+      SignalingGemmArgs b = a;
+      b.helpers = helpers;
+      b.queue_reset = hs.queue_reset;
+      if (LaunchSignalingGemm(b, s) != cudaSuccess) { fprintf(stderr, "%s\n", LastSignalingGemmError()); exit(2); }
+      CK(cudaEventRecord(ev[1], s));  // GEMM done
+      const bool launch_helpers = helpers && LastSignalingGemmLaunch().helper_clusters > 0;
+      CK(cudaStreamWaitEvent(hs.side, hs.queue_reset, 0));
+      for (int g = 0; g < G; ++g) {
+        if (launch_helpers && LaunchSignalingGemmHelpers(b, g, hs.side) != cudaSuccess) exit(2);
+        CK(cudaEventRecord(ev[2 + 3 * g], hs.side));
+        WaitCounterGeq<<<1, 32, 0, hs.side>>>(counters + g, int(TilesInGroup(b, g)));
+        CK(cudaEventRecord(ev[3 + 3 * g], hs.side));
+        EmulatedCollective<<<c.comm, 128, kCommSmemBytes, hs.side>>>(comm_ns[g]);
+        CK(cudaEventRecord(ev[4 + 3 * g], hs.side));
+      }
+      CK(cudaDeviceSynchronize());
+      if (run % 2 == 0) continue;  // warm-up
+      auto elapsed = [&](int i) { float t = 0; CK(cudaEventElapsedTime(&t, ev[0], ev[i])); return t; };
+      printf("timeline %s %lldx%lldx%lld nb=%d groups=%d comm=%d coll %.3f ms, helpers %s: GEMM done %.3f, "
+             "helpers took %u units; per group: helpers' end / counter complete / collective's end\n",
+             c.op, (long long)c.m, (long long)c.n, (long long)c.k, c.nb, G, c.comm, scale * c.coll_ms,
+             helpers ? "on" : "off", elapsed(1), helpers ? HelperUnits(s) : 0u);
+      for (int g = 0; g < G; ++g)
+        printf("    %2d: %.3f / %.3f / %.3f\n", g, elapsed(2 + 3 * g), elapsed(3 + 3 * g), elapsed(4 + 3 * g));
+      fflush(stdout);
+    }
+    for (auto& e : ev) CK(cudaEventDestroy(e));
   }
 }
 
@@ -269,14 +342,14 @@ int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "all";
   std::string json_path;
   int iters = 20;
-  double fraction = 0.3;
+  double scale = 1.0;
   for (int i = 2; i < argc; ++i) {
     if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
     else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--comm-fraction") && i + 1 < argc) fraction = atof(argv[++i]);
+    else if (!strcmp(argv[i], "--comm-scale") && i + 1 < argc) scale = atof(argv[++i]);
     else { fprintf(stderr, "unknown option %s\n", argv[i]); return 2; }
   }
-  if (iters < 1 || !(fraction >= 0 && fraction < 10)) { fprintf(stderr, "bad --iters / --comm-fraction\n"); return 2; }
+  if (iters < 1 || !(scale >= 0 && scale < 10)) { fprintf(stderr, "bad --iters / --comm-scale\n"); return 2; }
   CK(cudaSetDevice(0));
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
@@ -289,12 +362,13 @@ int main(int argc, char** argv) {
   WaitCounterGeq<<<1, 32, 0, s>>>(counters, 0);
   CK(cudaStreamSynchronize(s));
   if (mode == "check" || mode == "all" || mode == "sanitize") Check(s, counters, mode == "sanitize");
-  if (mode == "bench" || mode == "all") Bench(s, counters, iters, fraction);
+  if (mode == "bench" || mode == "all") Bench(s, counters, iters, scale);
+  if (mode == "timeline") Timeline(s, counters, scale);
   CK(cudaDeviceSynchronize());
   if (!json_path.empty()) {
     if (FILE* f = fopen(json_path.c_str(), "w")) {
-      fprintf(f, "{\"mode\":\"%s\",\"iters\":%d,\"comm_fraction\":%.3f,\"failures\":%d,\"results\":[\n%s\n]}\n",
-              mode.c_str(), iters, fraction, g_failures, g_json_cases.c_str());
+      fprintf(f, "{\"mode\":\"%s\",\"iters\":%d,\"comm_scale\":%.3f,\"failures\":%d,\"results\":[\n%s\n]}\n",
+              mode.c_str(), iters, scale, g_failures, g_json_cases.c_str());
       fclose(f);
     }
   }
