@@ -15,6 +15,7 @@
 //                             emulated collectives, with them and helpers (CUDA events,
 //                             interleaved, median of --iters).
 //   gemm_helpers_test timeline : two cases' per-group times with and without helpers
+//   gemm_helpers_test solo  : one group, no collective: one helper launch beside the whole GEMM
 //   gemm_helpers_test sanitize : two small check cases, once each (for compute-sanitizer)
 //   gemm_helpers_test all   : check + bench
 // Options: --json PATH, --iters N (bench, default 20), --comm-scale F (default 1).
@@ -286,6 +287,60 @@ void Bench(cudaStream_t s, int* counters, int iters, double scale) {
   }
 }
 
+__global__ void SleepNs(int64_t ns) {
+  const uint64_t t0 = GlobalTimer();
+  while (int64_t(GlobalTimer() - t0) < ns) __nanosleep(500);
+}
+
+// Helpers with no collective at all: one group, so one helper launch runs beside the whole
+// GEMM (as at world size 1). Against comm_sms 0 and comm_sms alone: what the helpers' SMs add,
+// and (helper launch 20 us late) whether starting together with the main grid costs it.
+void Solo(cudaStream_t s, int* counters, int iters) {
+  HelperStreams hs;
+  struct C { int64_t m, n, k; int comm; };
+  const std::vector<C> cases = {{8192, 8192, 4096, 8},  {8192, 8192, 8192, 8},  {4096, 8192, 8192, 8},
+                                {8192, 28672, 8192, 8}, {16384, 8192, 16384, 8}, {8192, 8192, 8192, 16}};
+  printf("%-20s %4s | %8s %8s %9s %9s\n", "M x N x K", "comm", "comm 0", "comm c", "+helpers", "+late");
+  uint64_t seed = 15000;
+  for (const C& c : cases) {
+    Problem p(c.m, c.n, c.k, GemmDType::kBFloat16, seed += 10, s);
+    SignalingGemmArgs a = p.base;
+    a.layout = EvenLayout(c.m, 1, 1, 256);
+    a.counters = counters;
+    auto run = [&](int comm, bool helpers, int64_t delay_ns) {
+      SignalingGemmArgs b = a;
+      b.comm_sms = comm;
+      b.helpers = helpers;
+      b.queue_reset = hs.queue_reset;
+      return std::function<void()>([b, helpers, delay_ns, s, &hs, counters]() {
+        CK(cudaMemsetAsync(counters, 0, sizeof(int) * kMaxGroups, s));
+        if (LaunchSignalingGemm(b, s) != cudaSuccess) { fprintf(stderr, "%s\n", LastSignalingGemmError()); exit(2); }
+        if (!helpers) return;
+        CK(cudaStreamWaitEvent(hs.side, hs.queue_reset, 0));
+        if (delay_ns > 0) SleepNs<<<1, 32, 0, hs.side>>>(delay_ns);
+        if (LaunchSignalingGemmHelpers(b, 0, hs.side) != cudaSuccess) exit(2);
+        CK(cudaEventRecord(hs.side_done, hs.side));
+        CK(cudaStreamWaitEvent(s, hs.side_done, 0));
+      });
+    };
+    const std::vector<float> t = TimeInterleaved(
+        {run(0, false, 0), run(c.comm, false, 0), run(c.comm, true, 0), run(c.comm, true, 20000)}, s, iters);
+    run(c.comm, true, 0)();
+    const unsigned units = HelperUnits(s);
+    char shape[32];
+    snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)c.m, (long long)c.n, (long long)c.k);
+    printf("%-20s %4d | %8.3f %8.3f %9.3f %9.3f  (helpers took %u units, %d clusters + %d)\n", shape, c.comm, t[0],
+           t[1], t[2], t[3], units, LastSignalingGemmLaunch().clusters, LastSignalingGemmLaunch().helper_clusters);
+    char buf[512];
+    snprintf(buf, sizeof buf,
+             "{\"tag\":\"solo\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"comm_sms\":%d,\"comm0_ms\":%.4f,"
+             "\"comm_ms\":%.4f,\"helpers_ms\":%.4f,\"helpers_late_ms\":%.4f,\"helper_units_one_call\":%u}",
+             (long long)c.m, (long long)c.n, (long long)c.k, c.comm, t[0], t[1], t[2], t[3], units);
+    AddJson(buf);
+    fflush(stdout);
+  }
+}
+
 // One case's per-group timeline (CUDA events on the side stream, ms after the call's start):
 // each helper launch's end, each group's counter complete, each emulated collective's end.
 void Timeline(cudaStream_t s, int* counters, double scale) {
@@ -364,6 +419,7 @@ int main(int argc, char** argv) {
   if (mode == "check" || mode == "all" || mode == "sanitize") Check(s, counters, mode == "sanitize");
   if (mode == "bench" || mode == "all") Bench(s, counters, iters, scale);
   if (mode == "timeline") Timeline(s, counters, scale);
+  if (mode == "solo") Solo(s, counters, iters);
   CK(cudaDeviceSynchronize());
   if (!json_path.empty()) {
     if (FILE* f = fopen(json_path.c_str(), "w")) {
