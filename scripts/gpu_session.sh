@@ -2,7 +2,7 @@
 # One call on the GPU machine (device tool): set up, build, test, benchmark; logs to $OUT.
 #   bash scripts/gpu_session.sh [STEP ...]   steps: build info tests gpu_tests gpu_k gpu_files mesh_tests gemm_bench
 #     tune overlap_bench overlap_all sweep procs stress fuzz flax_example sanitize_overlap harness
-#     sanitize_harness gemm_epilogue transpose_w quickstart
+#     sanitize_harness gemm_epilogue transpose_w helpers quickstart
 #     global_view diagnose a2a_tests a2a_bench readme_tests cuda_tests launch_smoke bench_smoke
 #     pack (last: one archive of $OUT)
 #     (default: build info tests)
@@ -112,6 +112,17 @@ for step in "${steps[@]}"; do
       for tool in memcheck racecheck synccheck; do
         run_step "tw_$tool" "${NK[@]}" "$SAN" --tool "$tool" --error-exitcode 3 .build/gemm_test sanitize
       done ;;
+    helpers)  # the helper launches (FLASHOVERLAP_GEMM_HELPERS): standalone checks, sanitizers,
+      # bench beside emulated collectives, per-group timeline (.build/, as in gemm_epilogue),
+      # then the harness's overlapped calls with helpers (needs the harness step's build)
+      SAN="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)"
+      run_step helpers_check .build/gemm_helpers_test check --json "$OUT/helpers_check.json"
+      for tool in memcheck racecheck synccheck; do
+        run_step "helpers_$tool" "$SAN" --tool "$tool" --error-exitcode 3 .build/gemm_helpers_test sanitize
+      done
+      run_step helpers_bench .build/gemm_helpers_test bench --json "$OUT/helpers_bench.json"
+      run_step helpers_timeline .build/gemm_helpers_test timeline
+      run_step harness_helpers env FLASHOVERLAP_GEMM_HELPERS=on bash tests/cuda/run_overlap_harness.sh none "$OUT/harness_helpers" --calls 3 --m 2048 --n 1024 --k 512 --comm-sms 96 --ops ar,ar_out,rs ;;
     quickstart) run_step quickstart python3 examples/quickstart.py ;;
     launch_smoke)  # the launcher on this machine's GPUs: one process per GPU runs; one more is refused
       ngpu=$(nvidia-smi -L | grep -c '^GPU')
