@@ -93,9 +93,11 @@ Status RunGemmCollective(Communicator& comm, cudaStream_t stream, CollectiveKind
     const int64_t b0 = gemm.layout.band_rows[g];
     const int64_t band = gemm.layout.band_rows[g + 1] - b0;
     if (helpers) status = LaunchGemmHelpers(comm, gemm, g);
-    if (status.ok()) status = EnqueueWaitGeq(comm.stream, comm.counters + g,
-                            static_cast<int32_t>(TilesInGroup(gemm, g)), comm.wait_method,
-                            comm.abort_flag);
+    if (status.ok()) {
+      status = EnqueueWaitGeq(comm.stream, comm.counters + g,
+                              static_cast<int32_t>(TilesInGroup(gemm, g)), comm.wait_method,
+                              comm.abort_flag);
+    }
     if (status.ok()) status = trace.Ready(g);
     if (status.ok()) {
       status = EnqueueGroupCollective(comm, kind, gemm_out + blocks * b0 * row_bytes,
