@@ -293,13 +293,16 @@ def _other_variants(pb, args) -> dict:
   return out
 
 
-def _time_pinned(variants: dict, args) -> dict:
-  """time_variants, with every variant but a pinned one (ours_helpers) run under the
+def _own_helpers_env() -> dict:
+  """The user's FLASHOVERLAP_GEMM_HELPERS, to pin on every variant but ours_helpers."""
+  return {bench_variants.HELPERS_ENV: os.environ.get(bench_variants.HELPERS_ENV)}
+
+
+def _time_pinned(variants: dict, args, own: dict) -> dict:
+  """time_variants, with every variant but a pinned one (ours_helpers) run under `own`, the
   environment's own FLASHOVERLAP_GEMM_HELPERS (restored after)."""
-  name = bench_variants.HELPERS_ENV
   if not any(isinstance(fn, bench_variants.EnvPinned) for fn, _ in variants.values()):
     return time_variants(variants, calls=args.calls, samples=args.samples)
-  own = {name: os.environ.get(name)}
   pinned = {v: (fn if isinstance(fn, bench_variants.EnvPinned)
                 else bench_variants.EnvPinned(fn, own), a) for v, (fn, a) in variants.items()}
   try:
@@ -351,7 +354,7 @@ def bench_overlap(args) -> dict:
     if capped is not None:
       variants["nccl_capped_alone"] = (capped, (y,))
     errors = {"ours": err32}
-    own_env = {bench_variants.HELPERS_ENV: os.environ.get(bench_variants.HELPERS_ENV)}
+    own_env = _own_helpers_env()
     for name, fn in _other_variants(pb, args).items():
       if not name.endswith("_chain"):  # a chain returns x, not the product
         errors[name] = relative_error(fn(*pb.args), pb.reference_f32())
@@ -359,7 +362,7 @@ def bench_overlap(args) -> dict:
     bench_variants.pin_env(own_env)  # an EnvPinned variant's check left its own values
     bad = failed_values(errors, f"{collective} {m}x{n}x{k}")
     _drop_failed(variants, bad)
-    timing = _time_pinned(variants, args)
+    timing = _time_pinned(variants, args, own_env)
     t = {v: r["median_ms"] / (bench_variants.CHAIN if v.endswith("_chain") else 1)
          for v, r in timing.items()}
     windowed = None

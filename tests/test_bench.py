@@ -388,7 +388,7 @@ def test_the_helpers_variant_runs_under_its_switch_and_every_other_under_the_use
     variants = {"ours": (recorder("ours"), ()), "ours_model": (recorder("ours_model"), ()),
                 "ours_helpers": (bench_variants.EnvPinned(recorder("ours_helpers"), {name: "on"}),
                                  ())}
-    bench._time_pinned(variants, types.SimpleNamespace(calls=3, samples=4))
+    bench._time_pinned(variants, types.SimpleNamespace(calls=3, samples=4), bench._own_helpers_env())
     assert seen == {"ours": {own}, "ours_model": {own}, "ours_helpers": {"on"}}
     assert os.environ.get(name) == own
 

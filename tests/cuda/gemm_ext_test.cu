@@ -260,26 +260,12 @@ int main(int argc, char** argv) {
   std::string json_path;
   for (int i = 2; i < argc; ++i)
     if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
-  CK(cudaSetDevice(0));
-  cudaDeviceProp prop;
-  CK(cudaGetDeviceProperties(&prop, 0));
-  printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  int* counters;
-  CK(cudaMalloc(&counters, sizeof(int) * kMaxGroups));
+  TestDevice d = StartTestDevice();
+  cudaStream_t s = d.stream;
+  int* counters = d.counters;
   if (mode == "api" || mode == "all") Api(s);
   if (mode == "rotation" || mode == "all") Rotation(counters, s);
   if (mode == "colblock" || mode == "all") ColBlocked(counters, s);
   if (mode == "flags" || mode == "all") Flags(s);
-  CK(cudaDeviceSynchronize());
-  if (!json_path.empty()) {
-    if (FILE* f = fopen(json_path.c_str(), "w")) {
-      fprintf(f, "{\"mode\":\"%s\",\"failures\":%d,\"results\":[\n%s\n]}\n", mode.c_str(), g_failures, g_json_cases.c_str());
-      fclose(f);
-    }
-  }
-  printf("%s: %d failure(s)\n", mode.c_str(), g_failures);
-  CK(cudaFree(counters));
-  return g_failures ? 1 : 0;
+  return FinishTest(d, mode, json_path);
 }

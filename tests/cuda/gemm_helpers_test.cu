@@ -90,28 +90,6 @@ cudaError_t LaunchOverlapped(SignalingGemmArgs a, bool helpers, const std::vecto
   return cudaSuccess;
 }
 
-struct Problem {
-  int64_t m, n, k;
-  GemmDType dt;
-  Buf x, w, out, ref;
-  SignalingGemmArgs base;
-  TransposedW wt;
-  Problem(int64_t m_, int64_t n_, int64_t k_, GemmDType dt_, uint64_t seed, cudaStream_t s)
-      : m(m_), n(n_), k(k_), dt(dt_), x(m_ * k_ * 2), w(k_ * n_ * 2), out(m_ * n_ * 2), ref(m_ * n_ * 4),
-        base(Filled(seed, s)), wt(base, s) {}
-  SignalingGemmArgs Filled(uint64_t seed, cudaStream_t s) {
-    Fill(x.p, m * k, dt, seed, s);
-    Fill(w.p, k * n, dt, seed + 1, s);
-    Reference(x.p, w.p, (float*)ref.p, int(m), int(n), int(k), dt, s);
-    SignalingGemmArgs a;
-    a.x = x.p; a.w = w.p; a.out = out.p;
-    a.m = m; a.n = n; a.k = k;
-    a.dtype = dt;
-    a.queue = GemmQueue();
-    return a;
-  }
-};
-
 struct CheckCase { int64_t m, n, k; GemmDType dt; int nb, groups, comm; const char* tile; bool must_help; };
 
 void Check(cudaStream_t s, int* counters, bool sanitize) {
@@ -136,10 +114,8 @@ void Check(cudaStream_t s, int* counters, bool sanitize) {
   uint64_t seed = 9000;
   for (const C& c : cases) {
     if (c.tile) setenv("FLASHOVERLAP_GEMM_TILE", c.tile, 1); else unsetenv("FLASHOVERLAP_GEMM_TILE");
-    Problem p(c.m, c.n, c.k, c.dt, seed += 10, s);
-    SignalingGemmArgs a = p.base;
-    a.comm_sms = c.comm;
-    a.layout = EvenLayout(c.m, c.nb, c.groups, 128);
+    Problem p({c.m, c.n, c.k}, c.dt, seed += 10, s);
+    SignalingGemmArgs a = p.Args(EvenLayout(c.m, c.nb, c.groups, 128), c.comm);
     a.helpers = true;
     for (int rep = 0; rep < (sanitize ? 1 : 3); ++rep) {
       RunResult r = RunAndCheck(a, (const float*)p.ref.p, counters, s, [&](const SignalingGemmArgs& args) {
@@ -169,10 +145,8 @@ void Check(cudaStream_t s, int* counters, bool sanitize) {
     unsetenv("FLASHOVERLAP_GEMM_TILE");
   }
   // Bad helper arguments are refused with a message.
-  Problem p(512, 512, 512, B, 77, s);
-  SignalingGemmArgs a = p.base;
-  a.layout = EvenLayout(512, 1, 2, 128);
-  a.comm_sms = 8;
+  Problem p({512, 512, 512}, B, 77, s, /*with_ref=*/false);
+  SignalingGemmArgs a = p.Args(EvenLayout(512, 1, 2, 128), 8);
   struct Bad { const char* what; SignalingGemmArgs args; int group; };
   SignalingGemmArgs no_flag = a;
   SignalingGemmArgs with = a;
@@ -243,9 +217,8 @@ void Bench(cudaStream_t s, int* counters, int iters, double scale) {
          "comm 0", "comm c", "c + coll", "+ helpers", "gain", "+ whole", "gain");
   uint64_t seed = 12000;
   for (const BenchCase& c : cases) {
-    Problem p(c.m, c.n, c.k, GemmDType::kBFloat16, seed += 10, s);
-    SignalingGemmArgs a = p.base;
-    a.layout = EvenLayout(c.m, c.nb, c.groups, 256);
+    Problem p({c.m, c.n, c.k}, GemmDType::kBFloat16, seed += 10, s, /*with_ref=*/false);
+    SignalingGemmArgs a = p.Args(EvenLayout(c.m, c.nb, c.groups, 256), 0);
     a.counters = counters;
     const std::vector<int64_t> comm_ns = CommNs(c, a.layout, scale);
     auto gemm = [&](int comm) {
@@ -313,9 +286,8 @@ void Solo(cudaStream_t s, int* counters, int iters) {
   printf("%-20s %4s | %8s %8s %9s %9s\n", "M x N x K", "comm", "comm 0", "comm c", "+helpers", "+late");
   uint64_t seed = 15000;
   for (const C& c : cases) {
-    Problem p(c.m, c.n, c.k, GemmDType::kBFloat16, seed += 10, s);
-    SignalingGemmArgs a = p.base;
-    a.layout = EvenLayout(c.m, 1, 1, 256);
+    Problem p({c.m, c.n, c.k}, GemmDType::kBFloat16, seed += 10, s, /*with_ref=*/false);
+    SignalingGemmArgs a = p.Args(EvenLayout(c.m, 1, 1, 256), 0);
     a.counters = counters;
     auto run = [&](int comm, bool helpers, int64_t delay_ns) {
       SignalingGemmArgs b = a;
@@ -358,11 +330,9 @@ void Timeline(cudaStream_t s, int* counters, double scale) {
   CK(cudaFuncSetAttribute(EmulatedCollective, cudaFuncAttributeMaxDynamicSharedMemorySize, kCommSmemBytes));
   for (const BenchCase& c : {BenchCase{"AR", 8192, 8192, 4096, 1, 6, 16, 0.523},
                              BenchCase{"RS", 8192, 8192, 14336, 2, 16, 8, 0.926}}) {
-    Problem p(c.m, c.n, c.k, GemmDType::kBFloat16, 31, s);
-    SignalingGemmArgs a = p.base;
-    a.layout = EvenLayout(c.m, c.nb, c.groups, 256);
+    Problem p({c.m, c.n, c.k}, GemmDType::kBFloat16, 31, s, /*with_ref=*/false);
+    SignalingGemmArgs a = p.Args(EvenLayout(c.m, c.nb, c.groups, 256), c.comm);
     a.counters = counters;
-    a.comm_sms = c.comm;
     const std::vector<int64_t> comm_ns = CommNs(c, a.layout, scale);
     const int G = a.layout.num_groups;
     std::vector<cudaEvent_t> ev(3 * G + 2);
@@ -415,14 +385,9 @@ int main(int argc, char** argv) {
     else { fprintf(stderr, "unknown option %s\n", argv[i]); return 2; }
   }
   if (iters < 1 || !(scale >= 0 && scale < 10)) { fprintf(stderr, "bad --iters / --comm-scale\n"); return 2; }
-  CK(cudaSetDevice(0));
-  cudaDeviceProp prop;
-  CK(cudaGetDeviceProperties(&prop, 0));
-  printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  int* counters;
-  CK(cudaMalloc(&counters, sizeof(int) * kMaxGroups));
+  TestDevice d = StartTestDevice();
+  cudaStream_t s = d.stream;
+  int* counters = d.counters;
   // Load the wait kernel now: under lazy loading its first launch would wait for the GEMM.
   WaitCounterGeq<<<1, 32, 0, s>>>(counters, 0);
   CK(cudaStreamSynchronize(s));
@@ -430,15 +395,7 @@ int main(int argc, char** argv) {
   if (mode == "bench" || mode == "all") Bench(s, counters, iters, scale);
   if (mode == "timeline") Timeline(s, counters, scale);
   if (mode == "solo") Solo(s, counters, iters);
-  CK(cudaDeviceSynchronize());
-  if (!json_path.empty()) {
-    if (FILE* f = fopen(json_path.c_str(), "w")) {
-      fprintf(f, "{\"mode\":\"%s\",\"iters\":%d,\"comm_scale\":%.3f,\"failures\":%d,\"results\":[\n%s\n]}\n",
-              mode.c_str(), iters, scale, g_failures, g_json_cases.c_str());
-      fclose(f);
-    }
-  }
-  printf("%s: %d failure(s)\n", mode.c_str(), g_failures);
-  CK(cudaFree(counters));
-  return g_failures ? 1 : 0;
+  char fields[96];
+  snprintf(fields, sizeof fields, ",\"iters\":%d,\"comm_scale\":%.3f", iters, scale);
+  return FinishTest(d, mode, json_path, fields);
 }

@@ -12,38 +12,9 @@
 // Exit code 1 if any check failed.
 #include "gemm_test_common.cuh"
 
-struct Shape3 { int64_t m, n, k; };
 // DESIGN.md per-GPU shapes (global K split over 2 GPUs).
 const Shape3 kDesignShapes[] = {{4096, 8192, 4096}, {8192, 8192, 4096}, {16384, 8192, 8192},
                                 {8192, 28672, 4096}, {8192, 8192, 14336}};
-
-struct Problem {
-  Shape3 s;
-  GemmDType dt;
-  Buf x, w, out;
-  Buf ref;  // fp32 [M,N]
-  SignalingGemmArgs base;  // x, w, out, shape; w as [N, K] under GEMM_TEST_TRANSPOSE_W
-  TransposedW wt;
-  Problem(Shape3 s_, GemmDType dt_, uint64_t seed, cudaStream_t st, bool with_ref = true)
-      : s(s_), dt(dt_), x(s_.m * s_.k * 2), w(s_.k * s_.n * 2), out(s_.m * s_.n * 2),
-        ref(with_ref ? s_.m * s_.n * 4 : 16), base(Filled(st, seed, with_ref)), wt(base, st) {}
-  SignalingGemmArgs Filled(cudaStream_t st, uint64_t seed, bool with_ref) {
-    Fill(x.p, s.m * s.k, dt, seed, st);
-    Fill(w.p, s.k * s.n, dt, seed + 1, st);
-    if (with_ref) Reference(x.p, w.p, (float*)ref.p, int(s.m), int(s.n), int(s.k), dt, st);
-    SignalingGemmArgs a;
-    a.x = x.p; a.w = w.p; a.out = out.p;
-    a.m = s.m; a.n = s.n; a.k = s.k;
-    a.dtype = dt;
-    return a;
-  }
-  SignalingGemmArgs Args(const GroupLayout& L, int comm_sms) const {
-    SignalingGemmArgs a = base;
-    a.comm_sms = comm_sms; a.layout = L;
-    a.queue = GemmQueue();
-    return a;
-  }
-};
 
 std::string LayoutStr(const GroupLayout& L) {
   std::string b = "[";

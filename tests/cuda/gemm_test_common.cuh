@@ -286,6 +286,38 @@ std::vector<int> DstRows(int64_t M, const GroupLayout& L) {
 std::string g_json_cases;  // comma-separated JSON objects
 int g_failures = 0;
 void AddJson(const std::string& obj) { g_json_cases += (g_json_cases.empty() ? "" : ",\n") + obj; }
+
+// What a test program's main() starts with: device 0 (printed), a stream, kMaxGroups counters.
+struct TestDevice {
+  cudaStream_t stream;
+  int* counters;
+};
+TestDevice StartTestDevice() {
+  CK(cudaSetDevice(0));
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  TestDevice d;
+  CK(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking));
+  CK(cudaMalloc(&d.counters, sizeof(int) * kMaxGroups));
+  return d;
+}
+// ... and ends with: the JSON report ({"mode", `fields` (",\"key\":value..." or ""), "failures",
+// "results"}) when a path was given, the failure count; returns the exit code (1: a check failed).
+int FinishTest(TestDevice& d, const std::string& mode, const std::string& json_path,
+               const std::string& fields = "") {
+  CK(cudaDeviceSynchronize());
+  if (!json_path.empty()) {
+    if (FILE* f = fopen(json_path.c_str(), "w")) {
+      fprintf(f, "{\"mode\":\"%s\"%s,\"failures\":%d,\"results\":[\n%s\n]}\n", mode.c_str(), fields.c_str(),
+              g_failures, g_json_cases.c_str());
+      fclose(f);
+    }
+  }
+  printf("%s: %d failure(s)\n", mode.c_str(), g_failures);
+  CK(cudaFree(d.counters));
+  return g_failures ? 1 : 0;
+}
 const char* DtName(GemmDType d) { return d == GemmDType::kBFloat16 ? "bf16" : "f16"; }
 
 struct RunResult {
@@ -345,3 +377,34 @@ RunResult RunAndCheck(SignalingGemmArgs a, const float* ref, int* counters, cuda
   return r;
 }
 
+// ---------------------------------------------------------------- a problem
+struct Shape3 { int64_t m, n, k; };
+
+// Fresh random x and w, their fp32 reference, and the launch args of one GEMM.
+struct Problem {
+  Shape3 s;
+  GemmDType dt;
+  Buf x, w, out;
+  Buf ref;  // fp32 [M,N]
+  SignalingGemmArgs base;  // x, w, out, shape; w as [N, K] under GEMM_TEST_TRANSPOSE_W
+  TransposedW wt;
+  Problem(Shape3 s_, GemmDType dt_, uint64_t seed, cudaStream_t st, bool with_ref = true)
+      : s(s_), dt(dt_), x(s_.m * s_.k * 2), w(s_.k * s_.n * 2), out(s_.m * s_.n * 2),
+        ref(with_ref ? s_.m * s_.n * 4 : 16), base(Filled(st, seed, with_ref)), wt(base, st) {}
+  SignalingGemmArgs Filled(cudaStream_t st, uint64_t seed, bool with_ref) {
+    Fill(x.p, s.m * s.k, dt, seed, st);
+    Fill(w.p, s.k * s.n, dt, seed + 1, st);
+    if (with_ref) Reference(x.p, w.p, (float*)ref.p, int(s.m), int(s.n), int(s.k), dt, st);
+    SignalingGemmArgs a;
+    a.x = x.p; a.w = w.p; a.out = out.p;
+    a.m = s.m; a.n = s.n; a.k = s.k;
+    a.dtype = dt;
+    return a;
+  }
+  SignalingGemmArgs Args(const GroupLayout& L, int comm_sms) const {
+    SignalingGemmArgs a = base;
+    a.comm_sms = comm_sms; a.layout = L;
+    a.queue = GemmQueue();
+    return a;
+  }
+};

@@ -52,12 +52,20 @@ Status UseWorkspace(const Communicator& comm, cudaStream_t stream, size_t bytes,
   return Status::Ok();
 }
 
+namespace {
+
+// A launcher's result as a Status, with its reason (LastSignalingGemmError).
+Status LaunchStatus(cudaError_t launched, const char* what) {
+  if (launched == cudaSuccess) return Status::Ok();
+  return Status::Error(std::string(what) + " failed: " + cudaGetErrorString(launched) + " (" +
+                       LastSignalingGemmError() + ")");
+}
+
+}  // namespace
+
 Status LaunchGemm(Communicator& comm, SignalingGemmArgs args, cudaStream_t stream) {
   args.queue = comm.gemm_queue;  // ordered on `stream`, like the counters: one call at a time
-  cudaError_t launched = LaunchSignalingGemm(args, stream);
-  if (launched == cudaSuccess) return Status::Ok();
-  return Status::Error(std::string("signaling GEMM launch failed: ") +
-                       cudaGetErrorString(launched) + " (" + LastSignalingGemmError() + ")");
+  return LaunchStatus(LaunchSignalingGemm(args, stream), "signaling GEMM launch");
 }
 
 Status PrepareGemmHelpers(Communicator& comm, SignalingGemmArgs& args) {
@@ -77,10 +85,8 @@ Status WaitForQueueReset(Communicator& comm) {
 
 Status LaunchGemmHelpers(Communicator& comm, SignalingGemmArgs args, int until_group) {
   args.queue = comm.gemm_queue;  // as LaunchGemm: the same plan, the same queue
-  cudaError_t launched = LaunchSignalingGemmHelpers(args, until_group, comm.stream);
-  if (launched == cudaSuccess) return Status::Ok();
-  return Status::Error(std::string("signaling GEMM helper launch failed: ") +
-                       cudaGetErrorString(launched) + " (" + LastSignalingGemmError() + ")");
+  return LaunchStatus(LaunchSignalingGemmHelpers(args, until_group, comm.stream),
+                      "signaling GEMM helper launch");
 }
 
 namespace {
