@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds tests/cuda/overlap_harness (the overlapped ops without JAX, for compute-sanitizer)
-# from the objects `setup.py build_ext` left in build/obj (xla_ffi/comm and xla_ffi/kernels
-# only: the harness links no XLA and no Python) plus the harness itself.
+# Builds the comm layer's JAX-free test programs from the objects `setup.py build_ext` left in
+# build/obj (xla_ffi/comm and xla_ffi/kernels only: they link no XLA and no Python):
+# tests/cuda/overlap_harness (the overlapped ops without JAX, for compute-sanitizer) and
+# tests/cuda/peer_reduce_test (the copy-engine reduction: xla_ffi/comm/peer_reduce.h).
 #   tests/cuda/build_overlap_harness.sh [BUILD_DIR]     (default: .build)
 # Needs python with the nvidia-nccl wheel (headers, libnccl.so.2) and nvcc's CUDA next to it.
 set -euo pipefail
@@ -27,3 +28,14 @@ g++ -o "$BUILD/overlap_harness" "$BUILD/overlap_harness.o" "${objs[@]}" \
   -L"$CUDA/lib64" -lcudart_static -ldl -lrt -lpthread \
   -L"$NCCL/lib" -l:libnccl.so.2 -Wl,-rpath,"$NCCL/lib"
 echo "built $BUILD/overlap_harness"
+# The copy-engine reduction needs the kernels and the stream waits / writes only (no NCCL).
+pr_objs=()
+for obj in "${objs[@]}"; do
+  case "$(basename "$obj")" in
+    signaling_gemm*|peer_reduce.*|stream_wait*|stream_write*) pr_objs+=("$obj") ;;
+  esac
+done
+"$NVCC" -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -I"$ROOT" -I"$NCCL/include" \
+  -c tests/cuda/peer_reduce_test.cu -o "$BUILD/peer_reduce_test.o"
+"$NVCC" -o "$BUILD/peer_reduce_test" "$BUILD/peer_reduce_test.o" "${pr_objs[@]}" -ldl
+echo "built $BUILD/peer_reduce_test"

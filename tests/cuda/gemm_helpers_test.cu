@@ -162,34 +162,6 @@ void Check(cudaStream_t s, int* counters, bool sanitize) {
   CK(cudaStreamSynchronize(s));
 }
 
-// Median times (ms) of several launch sequences on `s`, interleaved (one of each per round,
-// so the power cap's clock drift reaches them alike), after two warm-up rounds.
-std::vector<float> TimeInterleaved(const std::vector<std::function<void()>>& runs, cudaStream_t s, int iters) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  std::vector<std::vector<float>> ms(runs.size());
-  for (int i = 0; i < iters + 2; ++i) {
-    for (size_t r = 0; r < runs.size(); ++r) {
-      CK(cudaEventRecord(a, s));
-      runs[r]();
-      CK(cudaEventRecord(b, s));
-      CK(cudaEventSynchronize(b));
-      float t = 0;
-      CK(cudaEventElapsedTime(&t, a, b));
-      if (i >= 2) ms[r].push_back(t);
-    }
-  }
-  std::vector<float> med;
-  for (auto& v : ms) {
-    std::sort(v.begin(), v.end());
-    med.push_back(v[v.size() / 2]);
-  }
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  return med;
-}
-
 // A benchmark case: per-GPU GEMM, rank blocks (2: a reduce-scatter's layout), groups,
 // comm_sms, and the collective's total time at that comm_sms (ms; NCCL capped alone on
 // 2 x H200, benchmarks/results/h200x2.json), emulated per group by its rows' share.
@@ -268,11 +240,6 @@ void Bench(cudaStream_t s, int* counters, int iters, double scale) {
     AddJson(buf);
     fflush(stdout);
   }
-}
-
-__global__ void SleepNs(int64_t ns) {
-  const uint64_t t0 = GlobalTimer();
-  while (int64_t(GlobalTimer() - t0) < ns) __nanosleep(500);
 }
 
 // Helpers with no collective at all: one group, so one helper launch runs beside the whole

@@ -199,6 +199,12 @@ __global__ void Watcher(const int* counters, const int* expected, int num_groups
   if (wrong) atomicAdd(&res->wrong, wrong);
 }
 
+// Holds one SM for `ns` (a late peer, a delayed writer).
+__global__ void SleepNs(int64_t ns) {
+  const uint64_t t0 = GlobalTimer();
+  while (int64_t(GlobalTimer() - t0) < ns) __nanosleep(500);
+}
+
 // ---------------------------------------------------------------- host helpers
 struct Buf {
   void* p = nullptr;
@@ -408,3 +414,32 @@ struct Problem {
     return a;
   }
 };
+
+// ---------------------------------------------------------------- timing
+// Median times (ms) of several launch sequences on `s`, interleaved (one of each per round,
+// so the power cap's clock drift reaches them alike), after two warm-up rounds.
+std::vector<float> TimeInterleaved(const std::vector<std::function<void()>>& runs, cudaStream_t s, int iters) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  std::vector<std::vector<float>> ms(runs.size());
+  for (int i = 0; i < iters + 2; ++i) {
+    for (size_t r = 0; r < runs.size(); ++r) {
+      CK(cudaEventRecord(a, s));
+      runs[r]();
+      CK(cudaEventRecord(b, s));
+      CK(cudaEventSynchronize(b));
+      float t = 0;
+      CK(cudaEventElapsedTime(&t, a, b));
+      if (i >= 2) ms[r].push_back(t);
+    }
+  }
+  std::vector<float> med;
+  for (auto& v : ms) {
+    std::sort(v.begin(), v.end());
+    med.push_back(v[v.size() / 2]);
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  return med;
+}

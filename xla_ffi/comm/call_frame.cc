@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "xla_ffi/comm/gemm_status.h"
 #include "xla_ffi/comm/watchdog.h"
 
 namespace flashoverlap {
@@ -52,20 +53,9 @@ Status UseWorkspace(const Communicator& comm, cudaStream_t stream, size_t bytes,
   return Status::Ok();
 }
 
-namespace {
-
-// A launcher's result as a Status, with its reason (LastSignalingGemmError).
-Status LaunchStatus(cudaError_t launched, const char* what) {
-  if (launched == cudaSuccess) return Status::Ok();
-  return Status::Error(std::string(what) + " failed: " + cudaGetErrorString(launched) + " (" +
-                       LastSignalingGemmError() + ")");
-}
-
-}  // namespace
-
 Status LaunchGemm(Communicator& comm, SignalingGemmArgs args, cudaStream_t stream) {
   args.queue = comm.gemm_queue;  // ordered on `stream`, like the counters: one call at a time
-  return LaunchStatus(LaunchSignalingGemm(args, stream), "signaling GEMM launch");
+  return GemmLaunchStatus(LaunchSignalingGemm(args, stream), "signaling GEMM launch");
 }
 
 Status PrepareGemmHelpers(Communicator& comm, SignalingGemmArgs& args) {
@@ -85,7 +75,7 @@ Status WaitForQueueReset(Communicator& comm) {
 
 Status LaunchGemmHelpers(Communicator& comm, SignalingGemmArgs args, int until_group) {
   args.queue = comm.gemm_queue;  // as LaunchGemm: the same plan, the same queue
-  return LaunchStatus(LaunchSignalingGemmHelpers(args, until_group, comm.stream),
+  return GemmLaunchStatus(LaunchSignalingGemmHelpers(args, until_group, comm.stream),
                       "signaling GEMM helper launch");
 }
 

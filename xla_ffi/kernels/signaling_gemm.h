@@ -31,6 +31,9 @@ namespace flashoverlap {
 enum class GemmDType : int { kBFloat16 = 0, kFloat16 = 1 };
 
 constexpr int kMaxGroups = 64;
+// Partial-sum sources of the reduction in the epilogue (SignalingGemmArgs::add_from): the
+// peers of one rank on an 8-GPU node.
+constexpr int kMaxAddSources = 7;
 
 // The dynamic tile queue's workspace (SignalingGemmArgs::queue), in this order:
 //  - a claim counter (uint32), the units helper launches took (uint32, statistics), 8 bytes
@@ -109,6 +112,25 @@ struct SignalingGemmArgs {
   const int32_t* in_flags = nullptr;
   int in_flag_rows = 0;
   int32_t in_flag_value = 0;
+
+  // ---- Reduction in the epilogue (docs/DESIGN.md, "Copy-engine reduce-scatter") ----
+  // Partial sums that other ranks computed for the same output rows, added as each tile is
+  // stored: when add_from is non-null, every stored element is
+  //   round(float(round(acc)) + sum over s < add_sources of float(add_from_s[e]))
+  // where add_from_s = add_from + s * add_stride bytes, each laid out like `out` (the element
+  // at the same offset as its destination). For one source this is, bit for bit, what NCCL's
+  // sum of the two rounded partials gives. Before reading a tile's partials the storing
+  // threads wait until add_flags[s * num_groups + group] - add_flag_value >= 0 (signed 32-bit
+  // difference, so the values may be call sequence numbers that wrap; acquire at system scope:
+  // a peer GPU's copy engine may have written flag and data) for every source s. Null
+  // add_flags: the partials are ready before the launch. The flags are made ready by other
+  // streams while the kernel runs: a copy engine, or leave comm_sms >= 1 for kernels.
+  // Overlapped-epilogue instances only (FLASHOVERLAP_GEMM_EPILOGUE=sync is refused).
+  const void* add_from = nullptr;
+  int64_t add_stride = 0;  // bytes, a multiple of 16
+  int add_sources = 0;     // 1 .. kMaxAddSources
+  const int32_t* add_flags = nullptr;
+  int32_t add_flag_value = 0;
 
   // ---- Helper launches (LaunchSignalingGemmHelpers); needs the queue. ----
   // The SMs left to communication (comm_sms) sit idle between two collectives. With helpers,

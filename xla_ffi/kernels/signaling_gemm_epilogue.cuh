@@ -73,9 +73,62 @@ __device__ __forceinline__ void StageWarpRows(uint32_t* rows, const Accum& accum
   }
 }
 
+// Reduction in the epilogue (signaling_gemm.h, add_from): waits until every source's flag
+// of `group` has reached the call's value. Each storing thread acquires the flags itself
+// (system scope: a peer GPU's copy engine may have written them after the data), so its
+// own later loads of the partials see what the flag's writer released; no barrier needed.
+template <class Params>
+__device__ __forceinline__ void WaitAddFlags(const Params& params, int group) {
+  if (params.add_flags == nullptr) return;
+  for (int s = 0; s < params.add_sources; ++s) {
+    const int32_t* flag = params.add_flags + s * params.sched.num_groups + group;
+    while (true) {
+      int32_t seen;
+      asm volatile("ld.acquire.sys.global.b32 %0, [%1];" : "=r"(seen) : "l"(flag) : "memory");
+      if (int32_t(uint32_t(seen) - uint32_t(params.add_flag_value)) >= 0) break;
+      __nanosleep(256);
+    }
+  }
+}
+
+// Eight staged (already rounded) values plus the same eight elements of every source, summed
+// in fp32 and rounded once: for one source exactly NCCL's sum of two rounded partials. The
+// partials are read through L2 (ld.global.cg): another engine wrote them during the launch.
+template <class Cfg>
+__device__ __forceinline__ uint4 AddPartialSums(const typename Cfg::Params& params, uint4 v,
+                                                int64_t offset) {
+  using E = typename Cfg::Element;
+  using E2 = std::conditional_t<std::is_same_v<E, cutlass::bfloat16_t>, __nv_bfloat162, __half2>;
+  auto to_float2 = [](uint32_t word) {
+    E2 pair = *reinterpret_cast<E2*>(&word);
+    if constexpr (std::is_same_v<E2, __nv_bfloat162>) return __bfloat1622float2(pair);
+    else return __half22float2(pair);
+  };
+  float2 sum[4];
+  const uint32_t* vw = reinterpret_cast<const uint32_t*>(&v);
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < 4; ++i) sum[i] = to_float2(vw[i]);
+  for (int s = 0; s < params.add_sources; ++s) {
+    const uint4 p = __ldcg(reinterpret_cast<const uint4*>(params.add_from + s * params.add_stride + offset));
+    const uint32_t* pw = reinterpret_cast<const uint32_t*>(&p);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = to_float2(pw[i]);
+      sum[i].x += f.x;
+      sum[i].y += f.y;
+    }
+  }
+  uint4 r;
+  uint32_t* rw = reinterpret_cast<uint32_t*>(&r);
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < 4; ++i) rw[i] = PackPair<E>(sum[i].x, sum[i].y);
+  return r;
+}
+
 // Staged rows [0, rows) (tile rows first_row + i) to `out`, 16 bytes per thread and step, a
 // warp covering contiguous row spans; `thread` of `threads` copying threads. Rows past the
-// tile's valid rows and columns past N are not stored.
+// tile's valid rows and columns past N are not stored. With add_from, the other ranks'
+// partial sums of those elements are added on the way (after their flags are ready).
 template <class Cfg>
 __device__ __forceinline__ void CopyStagedRows(const typename Cfg::Params& params,
                                                const uint32_t* staged, const TileWork& w,
@@ -84,12 +137,16 @@ __device__ __forceinline__ void CopyStagedRows(const typename Cfg::Params& param
   const TileSchedule& sched = params.sched;
   char* out = static_cast<char*>(params.out);
   const int n0 = w.n_tile * Cfg::BN;
+  const bool add = params.add_from != nullptr;
+  if (add) WaitAddFlags(params, w.group);
   for (int id = thread; id < rows * kChunksPerRow; id += threads) {
     const int row = id / kChunksPerRow, ch = id % kChunksPerRow, col = n0 + 8 * ch;
     if (first_row + row < w.rows && col < sched.n) {
-      const uint4 v = *reinterpret_cast<const uint4*>(staged + row * Cfg::kEpiPitchWords + 4 * ch);
-      *reinterpret_cast<uint4*>(out + OutOffset(w.dst_row, first_row + row, col, sched.m, sched.n,
-                                                params.out_col_block)) = v;
+      uint4 v = *reinterpret_cast<const uint4*>(staged + row * Cfg::kEpiPitchWords + 4 * ch);
+      const int64_t offset = OutOffset(w.dst_row, first_row + row, col, sched.m, sched.n,
+                                       params.out_col_block);
+      if (add) v = AddPartialSums<Cfg>(params, v, offset);
+      *reinterpret_cast<uint4*>(out + offset) = v;
     }
   }
 }

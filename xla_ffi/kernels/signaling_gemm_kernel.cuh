@@ -253,6 +253,11 @@ struct Instance {
     params.in_flags = args.in_flags;
     params.in_flag_rows = args.in_flag_rows;
     params.in_flag_value = args.in_flag_value;
+    params.add_from = static_cast<const char*>(args.add_from);
+    params.add_stride = args.add_stride;
+    params.add_sources = args.add_sources;
+    params.add_flags = args.add_flags;
+    params.add_flag_value = args.add_flag_value;
 #ifdef FO_TIMELINE
     params.timeline = args.timeline;
 #endif
@@ -286,6 +291,7 @@ struct Instance {
     static const InstanceOps ops = {BM, BN, CM, NAME##Cfg::kStages,                          \
                                     ::flashoverlap::sg::Instance<NAME##Cfg>::kSmemBytes,   \
                                     NAME##Cfg::kMaxSplitSlots,                               \
+                                    NAME##Cfg::kOverlapEpilogue || NAME##Cfg::kPingPong,     \
                                     &::flashoverlap::sg::Instance<NAME##Cfg>::Prepare,      \
                                     &::flashoverlap::sg::Instance<NAME##Cfg>::Launch};      \
     return ops;                                                                             \

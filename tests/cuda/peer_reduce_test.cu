@@ -1,0 +1,420 @@
+// Standalone test + benchmark of the copy-engine reduction: the signaling GEMM's reduction
+// in the epilogue (SignalingGemmArgs::add_from) and the two-rank sequence that uses it
+// (xla_ffi/comm/peer_reduce.h). One GPU:
+//   peer_reduce_test flags    : one GEMM whose partials arrive late (another stream sleeps,
+//                               then copies them and raises the flags): the output must be
+//                               right; and the control without flags, which must read the
+//                               poisoned partials (shows the check can fail)
+//   peer_reduce_test check    : two ranks emulated on one GPU (each rank's GEMMs on half of
+//                               the SMs, comm_sms = SMs / 2; both ranks' buffers on the same
+//                               device), reduce-scatter and all-reduce, 4 calls back to back
+//                               per case with fresh inputs each, results poisoned first:
+//                               against the fp32 reference of x0 @ w0 + x1 @ w1, and bit for bit
+//                               against round(round(P0) + round(P1)) from two plain GEMMs of the
+//                               same geometry (what NCCL's sum of the rounded partials gives)
+//   peer_reduce_test bench    : one rank on the whole GPU with itself as its peer (its copies
+//                               land in its own buffers: the copy engines' and memory's load
+//                               of a real pair, not NVLink's latency): plain GEMM, cuBLAS, the
+//                               two half GEMMs, reduce-scatter and all-reduce sequences (CUDA
+//                               events, interleaved, median of --iters samples of 5 calls)
+//   peer_reduce_test sanitize : flags + one small check case (for compute-sanitizer)
+// Options: --json PATH, --iters N (bench, default 15). Exit code 1 if a check failed.
+#include <algorithm>
+#include <memory>
+
+#include "gemm_test_common.cuh"
+#include "../../xla_ffi/comm/peer_reduce.h"
+#include "../../xla_ffi/comm/stream_write.h"
+
+namespace {
+
+void Must(const Status& s, const char* what) {
+  if (!s.ok()) { fprintf(stderr, "%s: %s\n", what, s.message.c_str()); exit(2); }
+}
+void MustLaunch(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) { fprintf(stderr, "%s: %s (%s)\n", what, cudaGetErrorString(e), LastSignalingGemmError()); exit(2); }
+}
+
+// a + b elementwise in fp32, rounded once (NCCL's sum of two rounded partials).
+template <class T>
+__global__ void AddRounded(const T* a, const T* b, T* out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = FromF<T>(ToF(a[i]) + ToF(b[i]));
+}
+// ref += a (fp32 references of sums: the partial added to x @ w, or a second rank's product).
+__global__ void AddF32(const float* a, float* ref, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    ref[i] += a[i];
+}
+template <class T>
+__global__ void AddToRef(const T* a, float* ref, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    ref[i] += ToF(a[i]);
+}
+__global__ void CountDifferent(const uint16_t* a, const uint16_t* b, int64_t n, unsigned long long* diff) {
+  unsigned long long d = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    d += a[i] != b[i];
+  for (int off = 16; off > 0; off /= 2) d += __shfl_down_sync(0xffffffffu, d, off);
+  if (threadIdx.x % 32 == 0 && d) atomicAdd(diff, d);
+}
+
+unsigned long long Different(const void* a, const void* b, int64_t n, cudaStream_t s) {
+  Buf d(8);
+  CK(cudaMemsetAsync(d.p, 0, 8, s));
+  CountDifferent<<<1024, 256, 0, s>>>((const uint16_t*)a, (const uint16_t*)b, n, (unsigned long long*)d.p);
+  CK(cudaGetLastError());
+  unsigned long long h = 0;
+  CK(cudaMemcpyAsync(&h, d.p, 8, cudaMemcpyDeviceToHost, s));
+  CK(cudaStreamSynchronize(s));
+  return h;
+}
+
+// Error of `out` [rows, N] against the fp32 reference rows [rows, N] (identity layout).
+struct Verdict { double rel_err; unsigned long long bad, wrong; };
+Verdict Compare(const void* out, const float* ref, int64_t rows, int64_t n, GemmDType dt, cudaStream_t s) {
+  std::vector<int> ident(rows);
+  for (int64_t r = 0; r < rows; ++r) ident[r] = int(r);
+  Buf d_dst(rows * 4), acc(16), bad(8), wrong(8);
+  CK(cudaMemcpyAsync(d_dst.p, ident.data(), rows * 4, cudaMemcpyHostToDevice, s));
+  CK(cudaMemsetAsync(acc.p, 0, 16, s));
+  CK(cudaMemsetAsync(bad.p, 0, 8, s));
+  CK(cudaMemsetAsync(wrong.p, 0, 8, s));
+  if (dt == GemmDType::kBFloat16)
+    ErrorStats<<<1024, 256, 0, s>>>((const __nv_bfloat16*)out, ref, (int*)d_dst.p, rows, n, (double*)acc.p, (unsigned long long*)bad.p);
+  else
+    ErrorStats<<<1024, 256, 0, s>>>((const __half*)out, ref, (int*)d_dst.p, rows, n, (double*)acc.p, (unsigned long long*)bad.p);
+  double h[2];
+  CK(cudaMemcpyAsync(h, acc.p, 16, cudaMemcpyDeviceToHost, s));
+  CK(cudaStreamSynchronize(s));
+  const float rms = float(std::sqrt(h[1] / double(rows * n)));
+  if (dt == GemmDType::kBFloat16)
+    CountWrong<<<1024, 256, 0, s>>>((const __nv_bfloat16*)out, ref, (int*)d_dst.p, rows, n, 0.02f, 0.02f * rms, (unsigned long long*)wrong.p);
+  else
+    CountWrong<<<1024, 256, 0, s>>>((const __half*)out, ref, (int*)d_dst.p, rows, n, 0.02f, 0.02f * rms, (unsigned long long*)wrong.p);
+  CK(cudaGetLastError());
+  Verdict v{std::sqrt(h[0] / std::max(h[1], 1e-30)), 0, 0};
+  CK(cudaMemcpyAsync(&v.bad, bad.p, 8, cudaMemcpyDeviceToHost, s));
+  CK(cudaMemcpyAsync(&v.wrong, wrong.p, 8, cudaMemcpyDeviceToHost, s));
+  CK(cudaStreamSynchronize(s));
+  return v;
+}
+
+void AddRoundedOn(const void* a, const void* b, void* out, int64_t n, GemmDType dt, cudaStream_t s) {
+  if (dt == GemmDType::kBFloat16) AddRounded<<<1024, 256, 0, s>>>((const __nv_bfloat16*)a, (const __nv_bfloat16*)b, (__nv_bfloat16*)out, n);
+  else AddRounded<<<1024, 256, 0, s>>>((const __half*)a, (const __half*)b, (__half*)out, n);
+  CK(cudaGetLastError());
+}
+
+// ------------------------------------------------------------------ flags (one GEMM)
+
+// out = x @ w + a partial that arrives on another stream after `delay_ns` (poisoned until
+// then), announced per group by a flag. with_flags false: the control, which does not wait
+// and must read poison.
+Verdict LatePartials(bool with_flags, int64_t delay_ns, int* counters, cudaStream_t s, cudaStream_t side) {
+  const Shape3 sh{1024, 768, 512};
+  const GemmDType dt = GemmDType::kBFloat16;
+  Problem p(sh, dt, with_flags ? 4242 : 4343, s);
+  const int64_t elems = sh.m * sh.n;
+  Buf partial(elems * 2), landing(elems * 2), flags(4 * kMaxGroups);
+  Fill(partial.p, elems, dt, with_flags ? 777 : 778, s);
+  AddToRef<<<1024, 256, 0, s>>>((const __nv_bfloat16*)partial.p, (float*)p.ref.p, elems);
+  CK(cudaGetLastError());
+  CK(cudaMemsetAsync(landing.p, 0xFF, elems * 2, s));  // NaN until the copy lands
+  CK(cudaMemsetAsync(flags.p, 0, 4 * kMaxGroups, s));
+  SignalingGemmArgs a = p.Args(EvenLayout(sh.m, 1, 4, 256), 2);  // SMs left for the sleeper
+  a.counters = counters;
+  a.add_from = landing.p;
+  a.add_sources = 1;
+  a.add_flags = with_flags ? (const int32_t*)flags.p : nullptr;
+  a.add_flag_value = 1;
+  CK(cudaMemsetAsync(a.out, 0xFF, elems * 2, s));
+  CK(cudaMemsetAsync(counters, 0, sizeof(int) * kMaxGroups, s));
+  CK(cudaStreamSynchronize(s));
+  SleepNs<<<1, 32, 0, side>>>(delay_ns);
+  CK(cudaGetLastError());
+  CK(cudaMemcpyAsync(landing.p, partial.p, elems * 2, cudaMemcpyDeviceToDevice, side));
+  for (int g = 0; g < a.layout.num_groups; ++g) Must(EnqueueWriteFlag(side, (int32_t*)flags.p + g, 1), "flag write");
+  MustLaunch(LaunchSignalingGemm(a, s), "GEMM with late partials");
+  CK(cudaStreamSynchronize(side));
+  CK(cudaStreamSynchronize(s));
+  return Compare(a.out, (const float*)p.ref.p, sh.m, sh.n, dt, s);
+}
+
+void Flags(int* counters, cudaStream_t s) {
+  cudaStream_t side;
+  CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  const Verdict ok = LatePartials(true, 2000000, counters, s, side);
+  const Verdict control = LatePartials(false, 2000000, counters, s, side);
+  const bool pass_ok = ok.bad == 0 && ok.wrong == 0 && ok.rel_err < 1e-2;
+  const bool pass_control = control.bad > 0;  // the GEMM ran ahead of the late partials
+  printf("flags: partials 2 ms late, with flags: rel %.2e, unwritten/NaN %llu, off %llu  %s\n", ok.rel_err, ok.bad,
+         ok.wrong, pass_ok ? "PASS" : "FAIL");
+  printf("flags: control without flags: NaN %llu (must be > 0: the check sees a GEMM that did not wait)  %s\n",
+         control.bad, pass_control ? "PASS" : "FAIL");
+  g_failures += !pass_ok + !pass_control;
+  char buf[320];
+  snprintf(buf, sizeof buf,
+           "{\"tag\":\"flags\",\"rel_err\":%.3e,\"bad\":%llu,\"wrong\":%llu,\"control_bad\":%llu,\"control_wrong\":%llu,"
+           "\"pass\":%s}",
+           ok.rel_err, ok.bad, ok.wrong, control.bad, control.wrong, pass_ok && pass_control ? "true" : "false");
+  AddJson(buf);
+  CK(cudaStreamDestroy(side));
+}
+
+// ------------------------------------------------------------------ two ranks, one GPU
+
+struct Case {
+  int64_t m, n, k;  // per rank: x [M, K], w [K, N]
+  std::vector<int> bands;
+  GemmDType dt;
+};
+
+// One emulated rank: its streams, buffers and the sequence's state.
+struct EmulatedRank {
+  PeerReduceRank r;
+  cudaStream_t compute;
+  std::unique_ptr<Buf> send, recv, gather, counters, flags, queue;
+  EmulatedRank(int rank, int64_t rows, int64_t n) {
+    r.rank = rank;
+    CK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+    CK(cudaStreamCreateWithFlags(&r.comm_stream, cudaStreamNonBlocking));
+    CK(cudaStreamCreateWithFlags(&r.copy_stream, cudaStreamNonBlocking));
+    CK(cudaEventCreateWithFlags(&r.call_start, cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&r.comm_done, cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&r.copy_done, cudaEventDisableTiming));
+    r.wait_method = ChosenWaitMethod(0);
+    const size_t bytes = size_t(rows) * n * 2;
+    send = std::make_unique<Buf>(bytes);
+    recv = std::make_unique<Buf>(bytes);
+    gather = std::make_unique<Buf>(bytes);
+    counters = std::make_unique<Buf>(sizeof(int32_t) * 2 * kMaxGroups);
+    flags = std::make_unique<Buf>(sizeof(int32_t) * kPeerFlagCount);
+    queue = std::make_unique<Buf>(kGemmQueueBytes);
+    CK(cudaMemset(recv->p, 0xFF, bytes));  // NaN: a partial read before it arrived shows
+    CK(cudaMemset(gather->p, 0xFF, bytes));
+    CK(cudaMemset(flags->p, 0, sizeof(int32_t) * kPeerFlagCount));
+    r.send = send->p;
+    r.recv = recv->p;
+    r.gather = gather->p;
+    r.counters = (int32_t*)counters->p;
+    r.flags = (int32_t*)flags->p;
+  }
+  void PeerWith(EmulatedRank& peer) {
+    r.peer_recv = peer.r.recv;
+    r.peer_gather = peer.r.gather;
+    r.peer_flags = peer.r.flags;
+  }
+  ~EmulatedRank() {
+    cudaStreamDestroy(compute);
+    cudaStreamDestroy(r.comm_stream);
+    cudaStreamDestroy(r.copy_stream);
+    cudaEventDestroy(r.call_start);
+    cudaEventDestroy(r.comm_done);
+    cudaEventDestroy(r.copy_done);
+  }
+};
+
+GroupLayout BandLayout(const std::vector<int>& bands) { return MakeLayout(0, 1, bands); }
+
+// Calls of both ranks back to back (rank 0's call c, rank 1's call c, ...), fresh inputs per
+// call, then every call's result checked.
+void CheckCase(const Case& c, PeerReduceKind kind, int calls, int comm_sms, cudaStream_t s) {
+  const bool ar = kind == PeerReduceKind::kAllReduce;
+  const int64_t rows = c.m / 2, out_rows = ar ? c.m : rows;
+  const int64_t x_elems = c.m * c.k, w_elems = c.k * c.n, out_elems = out_rows * c.n;
+  EmulatedRank ranks[2] = {EmulatedRank(0, rows, c.n), EmulatedRank(1, rows, c.n)};
+  ranks[0].PeerWith(ranks[1]);
+  ranks[1].PeerWith(ranks[0]);
+  std::vector<std::unique_ptr<Buf>> x[2], result[2];
+  Buf w0(w_elems * 2), w1(w_elems * 2);
+  const void* w[2] = {w0.p, w1.p};
+  static uint64_t seed = 30000;
+  Fill(w0.p, w_elems, c.dt, seed += 7, s);
+  Fill(w1.p, w_elems, c.dt, seed += 7, s);
+  for (int r = 0; r < 2; ++r) {
+    for (int i = 0; i < calls; ++i) {
+      x[r].push_back(std::make_unique<Buf>(x_elems * 2));
+      result[r].push_back(std::make_unique<Buf>(out_elems * 2));
+      Fill(x[r][i]->p, x_elems, c.dt, seed += 7, s);
+      CK(cudaMemsetAsync(result[r][i]->p, 0xFF, out_elems * 2, s));
+    }
+  }
+  CK(cudaStreamSynchronize(s));
+  SignalingGemmArgs base;
+  base.n = c.n;
+  base.k = c.k;
+  base.m = c.m;
+  base.dtype = c.dt;
+  base.comm_sms = comm_sms;
+  base.layout = BandLayout(c.bands);
+  for (int i = 0; i < calls; ++i) {
+    for (int r = 0; r < 2; ++r) {
+      SignalingGemmArgs g = base;
+      g.x = x[r][i]->p;
+      g.w = w[r];
+      g.queue = ranks[r].queue->p;
+      Must(EnqueuePeerReduce(ranks[r].r, ranks[r].compute, kind, g, result[r][i]->p), "EnqueuePeerReduce");
+    }
+  }
+  CK(cudaStreamSynchronize(ranks[0].compute));
+  CK(cudaStreamSynchronize(ranks[1].compute));
+
+  // References per call: fp32 x0 @ w0 + x1 @ w1, and the rounded sum of the two ranks'
+  // rounded products from plain GEMMs of the phases' geometry (per block, same bands).
+  Buf ref(c.m * c.n * 4), ref1(c.m * c.n * 4), p0(c.m * c.n * 2), p1(c.m * c.n * 2), exact(c.m * c.n * 2);
+  for (int i = 0; i < calls; ++i) {
+    Reference(x[0][i]->p, w0.p, (float*)ref.p, int(c.m), int(c.n), int(c.k), c.dt, s);
+    Reference(x[1][i]->p, w1.p, (float*)ref1.p, int(c.m), int(c.n), int(c.k), c.dt, s);
+    AddF32<<<1024, 256, 0, s>>>((const float*)ref1.p, (float*)ref.p, c.m * c.n);
+    CK(cudaGetLastError());
+    void* prod[2] = {p0.p, p1.p};
+    for (int r = 0; r < 2; ++r) {
+      for (int b = 0; b < 2; ++b) {
+        SignalingGemmArgs g = base;
+        g.x = static_cast<const char*>(x[r][i]->p) + b * rows * c.k * 2;
+        g.w = w[r];
+        g.m = rows;
+        g.out = static_cast<char*>(prod[r]) + b * rows * c.n * 2;
+        g.queue = ranks[0].queue->p;
+        MustLaunch(LaunchSignalingGemm(g, s), "plain GEMM");
+      }
+    }
+    AddRoundedOn(p0.p, p1.p, exact.p, c.m * c.n, c.dt, s);
+    for (int r = 0; r < 2; ++r) {
+      const int64_t first = ar ? 0 : r * rows;
+      const Verdict v = Compare(result[r][i]->p, (const float*)ref.p + first * c.n, out_rows, c.n, c.dt, s);
+      const unsigned long long diff =
+          Different(result[r][i]->p, static_cast<const char*>(exact.p) + first * c.n * 2, out_elems, s);
+      const bool pass = v.bad == 0 && v.wrong == 0 && v.rel_err < 1e-2 && diff == 0;
+      g_failures += !pass;
+      printf("%s %5lldx%5lldx%5lld %s bands %2zu call %d rank %d: rel %.2e, NaN %llu, off %llu, "
+             "bits != NCCL-style sum %llu  %s\n",
+             ar ? "AR" : "RS", (long long)c.m, (long long)c.n, (long long)c.k, DtName(c.dt), c.bands.size() - 1, i, r,
+             v.rel_err, v.bad, v.wrong, diff, pass ? "PASS" : "FAIL");
+      char buf[400];
+      snprintf(buf, sizeof buf,
+               "{\"tag\":\"check\",\"op\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"dtype\":\"%s\",\"groups\":%zu,"
+               "\"call\":%d,\"rank\":%d,\"rel_err\":%.3e,\"bad\":%llu,\"wrong\":%llu,\"bits_different\":%llu,"
+               "\"pass\":%s}",
+               ar ? "AR" : "RS", (long long)c.m, (long long)c.n, (long long)c.k, DtName(c.dt), c.bands.size() - 1, i,
+               r, v.rel_err, v.bad, v.wrong, diff, pass ? "true" : "false");
+      AddJson(buf);
+    }
+  }
+  fflush(stdout);
+}
+
+std::vector<int> EvenBands(int64_t rows, int groups, int align) {
+  const GroupLayout L = EvenLayout(rows, 1, groups, align);
+  return std::vector<int>(L.band_rows, L.band_rows + L.num_groups + 1);
+}
+
+void Check(bool small, cudaStream_t s) {
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int comm_sms = sms / 2;  // each emulated rank's GEMMs on half of the GPU
+  std::vector<Case> cases = {{600, 272, 200, {0, 100, 300}, GemmDType::kFloat16}};
+  if (!small) {
+    cases.push_back({2048, 1024, 512, EvenBands(1024, 4, 256), GemmDType::kBFloat16});
+    cases.push_back({4096, 4096, 2048, EvenBands(2048, 6, 256), GemmDType::kBFloat16});
+    cases.push_back({8192, 8192, 4096, EvenBands(4096, 8, 256), GemmDType::kBFloat16});
+  }
+  for (const Case& c : cases) {
+    CheckCase(c, PeerReduceKind::kReduceScatter, small ? 2 : 4, comm_sms, s);
+    CheckCase(c, PeerReduceKind::kAllReduce, small ? 2 : 4, comm_sms, s);
+  }
+}
+
+// ------------------------------------------------------------------ bench (self as peer)
+
+void Bench(cudaStream_t s, int* counters, int iters) {
+  Cublas cublas;
+  cublas.Load();
+  struct B { int64_t m, n, k; int groups; };
+  const std::vector<B> cases = {{4096, 8192, 4096, 8},  {8192, 8192, 4096, 8}, {16384, 8192, 8192, 8},
+                                {8192, 28672, 4096, 8}, {8192, 8192, 14336, 8}};
+  constexpr int kCallsPerSample = 5;
+  printf("%-20s %6s | %8s %8s %9s %8s %8s | %8s %8s\n", "per-GPU M x N x K", "groups", "GEMM", "cuBLAS", "2 halves",
+         "RS (CE)", "AR (CE)", "RS/GEMM", "AR/GEMM");
+  uint64_t seed = 40000;
+  for (const B& c : cases) {
+    const GemmDType dt = GemmDType::kBFloat16;
+    const int64_t rows = c.m / 2;
+    Problem p({c.m, c.n, c.k}, dt, seed += 10, s, /*with_ref=*/false);
+    EmulatedRank self(0, rows, c.n);
+    self.PeerWith(self);
+    Buf result(c.m * c.n * 2);
+    SignalingGemmArgs whole = p.Args(EvenLayout(c.m, 1, 1, 256), 0);
+    whole.counters = counters;
+    SignalingGemmArgs seq = p.base;
+    seq.comm_sms = 0;
+    seq.layout = BandLayout(EvenBands(rows, c.groups, 256));
+    seq.queue = self.queue->p;
+    auto gemm = [&]() {
+      for (int i = 0; i < kCallsPerSample; ++i) {
+        CK(cudaMemsetAsync(counters, 0, sizeof(int) * kMaxGroups, s));
+        MustLaunch(LaunchSignalingGemm(whole, s), "GEMM");
+      }
+    };
+    auto blas = [&]() {
+      for (int i = 0; i < kCallsPerSample && cublas.ok(); ++i)
+        if (cublas.Run(p.base.x, p.base.w, p.out.p, int(c.m), int(c.n), int(c.k), dt, s) != 0) exit(2);
+    };
+    auto halves = [&]() {
+      for (int i = 0; i < kCallsPerSample; ++i) {
+        for (int b = 0; b < 2; ++b) {
+          SignalingGemmArgs g = seq;
+          g.x = static_cast<const char*>(p.base.x) + b * rows * c.k * 2;
+          g.m = rows;
+          g.out = static_cast<char*>(p.out.p) + b * rows * c.n * 2;
+          g.counters = counters;
+          CK(cudaMemsetAsync(counters, 0, sizeof(int) * kMaxGroups, s));
+          MustLaunch(LaunchSignalingGemm(g, s), "half GEMM");
+        }
+      }
+    };
+    auto sequence = [&](PeerReduceKind kind) {
+      return [&, kind]() {
+        for (int i = 0; i < kCallsPerSample; ++i) Must(EnqueuePeerReduce(self.r, s, kind, seq, result.p), "sequence");
+      };
+    };
+    const std::vector<float> t = TimeInterleaved(
+        {gemm, blas, halves, sequence(PeerReduceKind::kReduceScatter), sequence(PeerReduceKind::kAllReduce)}, s, iters);
+    std::vector<double> ms;
+    for (float v : t) ms.push_back(v / kCallsPerSample);
+    char shape[40];
+    snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)c.m, (long long)c.n, (long long)c.k);
+    printf("%-20s %6d | %8.3f %8.3f %9.3f %8.3f %8.3f | %8.3f %8.3f\n", shape, c.groups, ms[0], ms[1], ms[2], ms[3],
+           ms[4], ms[3] / ms[0], ms[4] / ms[0]);
+    char buf[480];
+    snprintf(buf, sizeof buf,
+             "{\"tag\":\"bench\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"groups\":%d,\"gemm_ms\":%.4f,\"cublas_ms\":%.4f,"
+             "\"two_halves_ms\":%.4f,\"reduce_scatter_ce_ms\":%.4f,\"all_reduce_ce_ms\":%.4f}",
+             (long long)c.m, (long long)c.n, (long long)c.k, c.groups, ms[0], ms[1], ms[2], ms[3], ms[4]);
+    AddJson(buf);
+    fflush(stdout);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string mode = argc > 1 ? argv[1] : "all";
+  std::string json_path;
+  int iters = 15;
+  for (int i = 2; i < argc; ++i) {
+    if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
+    else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
+    else { fprintf(stderr, "unknown option %s\n", argv[i]); return 2; }
+  }
+  if (iters < 1) { fprintf(stderr, "bad --iters\n"); return 2; }
+  TestDevice d = StartTestDevice();
+  if (mode == "flags" || mode == "all" || mode == "sanitize") Flags(d.counters, d.stream);
+  if (mode == "check" || mode == "all") Check(/*small=*/false, d.stream);
+  if (mode == "sanitize") Check(/*small=*/true, d.stream);
+  if (mode == "bench" || mode == "all") Bench(d.stream, d.counters, iters);
+  char fields[64];
+  snprintf(fields, sizeof fields, ",\"iters\":%d", iters);
+  return FinishTest(d, mode, json_path, fields);
+}
