@@ -5,7 +5,7 @@
 //                               then copies them and raises the flags): the output must be
 //                               right; and the control without flags, which must read the
 //                               poisoned partials (shows the check can fail)
-//   peer_reduce_test check    : two ranks emulated on one GPU (each rank's GEMMs on half of
+//   peer_reduce_test check    : one rank as its own peer (2 calls per case), then two ranks emulated on one GPU (each rank's GEMMs on half of
 //                               the SMs, comm_sms = SMs / 2; both ranks' buffers on the same
 //                               device), reduce-scatter and all-reduce, 4 calls back to back
 //                               per case with fresh inputs each, results poisoned first:
@@ -17,8 +17,11 @@
 //                               of a real pair, not NVLink's latency): plain GEMM, cuBLAS, the
 //                               two half GEMMs, reduce-scatter and all-reduce sequences (CUDA
 //                               events, interleaved, median of --iters samples of 5 calls)
-//   peer_reduce_test sanitize : flags + one small check case (for compute-sanitizer)
+//   peer_reduce_test sanitize : flags + one small case with the rank as its own peer (no two
+//                               kernels need to run at once: compute-sanitizer may serialize)
 // Options: --json PATH, --iters N (bench, default 15). Exit code 1 if a check failed.
+#include <unistd.h>
+
 #include <algorithm>
 #include <memory>
 
@@ -131,11 +134,12 @@ Verdict LatePartials(bool with_flags, int64_t delay_ns, int* counters, cudaStrea
   CK(cudaMemsetAsync(a.out, 0xFF, elems * 2, s));
   CK(cudaMemsetAsync(counters, 0, sizeof(int) * kMaxGroups, s));
   CK(cudaStreamSynchronize(s));
-  SleepNs<<<1, 32, 0, side>>>(delay_ns);
-  CK(cudaGetLastError());
+  MustLaunch(LaunchSignalingGemm(a, s), "GEMM with late partials");
+  // Late, from the host: no kernel runs beside the GEMM (so compute-sanitizer, which may
+  // serialize kernels, sees the same order), only a copy and stream memory operations.
+  usleep(useconds_t(delay_ns / 1000));
   CK(cudaMemcpyAsync(landing.p, partial.p, elems * 2, cudaMemcpyDeviceToDevice, side));
   for (int g = 0; g < a.layout.num_groups; ++g) Must(EnqueueWriteFlag(side, (int32_t*)flags.p + g, 1), "flag write");
-  MustLaunch(LaunchSignalingGemm(a, s), "GEMM with late partials");
   CK(cudaStreamSynchronize(side));
   CK(cudaStreamSynchronize(s));
   return Compare(a.out, (const float*)p.ref.p, sh.m, sh.n, dt, s);
@@ -144,11 +148,11 @@ Verdict LatePartials(bool with_flags, int64_t delay_ns, int* counters, cudaStrea
 void Flags(int* counters, cudaStream_t s) {
   cudaStream_t side;
   CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
-  const Verdict ok = LatePartials(true, 2000000, counters, s, side);
-  const Verdict control = LatePartials(false, 2000000, counters, s, side);
+  const Verdict ok = LatePartials(true, 20000000, counters, s, side);
+  const Verdict control = LatePartials(false, 20000000, counters, s, side);
   const bool pass_ok = ok.bad == 0 && ok.wrong == 0 && ok.rel_err < 1e-2;
   const bool pass_control = control.bad > 0;  // the GEMM ran ahead of the late partials
-  printf("flags: partials 2 ms late, with flags: rel %.2e, unwritten/NaN %llu, off %llu  %s\n", ok.rel_err, ok.bad,
+  printf("flags: partials 20 ms late, with flags: rel %.2e, unwritten/NaN %llu, off %llu  %s\n", ok.rel_err, ok.bad,
          ok.wrong, pass_ok ? "PASS" : "FAIL");
   printf("flags: control without flags: NaN %llu (must be > 0: the check sees a GEMM that did not wait)  %s\n",
          control.bad, pass_control ? "PASS" : "FAIL");
@@ -305,11 +309,63 @@ void CheckCase(const Case& c, PeerReduceKind kind, int calls, int comm_sms, cuda
   fflush(stdout);
 }
 
+// One rank whose peer is itself (its copies land in its own buffers): the whole sequence
+// with no second rank, so no two kernels need to run at once (compute-sanitizer). Phase 2 adds
+// phase 1's product: the reduce-scatter's result is x[block 0] @ w + x[block 1] @ w, the
+// all-reduce's that sum in both blocks.
+void SelfPeerCase(const Case& c, PeerReduceKind kind, int calls, cudaStream_t s) {
+  const bool ar = kind == PeerReduceKind::kAllReduce;
+  const int64_t rows = c.m / 2, out_rows = ar ? c.m : rows, block = rows * c.n;
+  EmulatedRank self(0, rows, c.n);
+  self.PeerWith(self);
+  Problem p({c.m, c.n, c.k}, c.dt, 50000 + c.m, s);
+  Buf results(calls * out_rows * c.n * 2), prod(c.m * c.n * 2), exact(block * 2), sum_ref(block * 4);
+  CK(cudaMemsetAsync(results.p, 0xFF, calls * out_rows * c.n * 2, s));
+  SignalingGemmArgs g = p.base;
+  g.layout = BandLayout(c.bands);
+  g.queue = self.queue->p;
+  for (int i = 0; i < calls; ++i)
+    Must(EnqueuePeerReduce(self.r, s, kind, g, static_cast<char*>(results.p) + i * out_rows * c.n * 2), "EnqueuePeerReduce");
+  for (int b = 0; b < 2; ++b) {
+    SignalingGemmArgs h = g;
+    h.x = static_cast<const char*>(p.base.x) + b * rows * c.k * 2;
+    h.m = rows;
+    h.out = static_cast<char*>(prod.p) + b * block * 2;
+    MustLaunch(LaunchSignalingGemm(h, s), "plain GEMM");
+  }
+  AddRoundedOn(prod.p, static_cast<char*>(prod.p) + block * 2, exact.p, block, c.dt, s);
+  CK(cudaMemcpyAsync(sum_ref.p, p.ref.p, block * 4, cudaMemcpyDeviceToDevice, s));
+  AddF32<<<1024, 256, 0, s>>>((const float*)p.ref.p + block, (float*)sum_ref.p, block);
+  CK(cudaGetLastError());
+  for (int i = 0; i < calls; ++i) {
+    for (int b = 0; b < (ar ? 2 : 1); ++b) {
+      const char* out = static_cast<const char*>(results.p) + (i * out_rows + b * rows) * c.n * 2;
+      const Verdict v = Compare(out, (const float*)sum_ref.p, rows, c.n, c.dt, s);
+      const unsigned long long diff = Different(out, exact.p, block, s);
+      const bool pass = v.bad == 0 && v.wrong == 0 && v.rel_err < 1e-2 && diff == 0;
+      g_failures += !pass;
+      printf("self %s %5lldx%5lldx%5lld %s bands %2zu call %d block %d: rel %.2e, NaN %llu, off %llu, bits != %llu  %s\n",
+             ar ? "AR" : "RS", (long long)c.m, (long long)c.n, (long long)c.k, DtName(c.dt), c.bands.size() - 1, i, b,
+             v.rel_err, v.bad, v.wrong, diff, pass ? "PASS" : "FAIL");
+      char buf[400];
+      snprintf(buf, sizeof buf,
+               "{\"tag\":\"self\",\"op\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"dtype\":\"%s\",\"groups\":%zu,"
+               "\"call\":%d,\"block\":%d,\"rel_err\":%.3e,\"bad\":%llu,\"wrong\":%llu,\"bits_different\":%llu,"
+               "\"pass\":%s}",
+               ar ? "AR" : "RS", (long long)c.m, (long long)c.n, (long long)c.k, DtName(c.dt), c.bands.size() - 1, i, b,
+               v.rel_err, v.bad, v.wrong, diff, pass ? "true" : "false");
+      AddJson(buf);
+    }
+  }
+  fflush(stdout);
+}
+
 std::vector<int> EvenBands(int64_t rows, int groups, int align) {
   const GroupLayout L = EvenLayout(rows, 1, groups, align);
   return std::vector<int>(L.band_rows, L.band_rows + L.num_groups + 1);
 }
 
+// small: the sanitizer's run, one rank as its own peer only.
 void Check(bool small, cudaStream_t s) {
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -321,8 +377,10 @@ void Check(bool small, cudaStream_t s) {
     cases.push_back({8192, 8192, 4096, EvenBands(4096, 8, 256), GemmDType::kBFloat16});
   }
   for (const Case& c : cases) {
-    CheckCase(c, PeerReduceKind::kReduceScatter, small ? 2 : 4, comm_sms, s);
-    CheckCase(c, PeerReduceKind::kAllReduce, small ? 2 : 4, comm_sms, s);
+    for (PeerReduceKind kind : {PeerReduceKind::kReduceScatter, PeerReduceKind::kAllReduce}) {
+      SelfPeerCase(c, kind, 2, s);
+      if (!small) CheckCase(c, kind, 4, comm_sms, s);
+    }
   }
 }
 
