@@ -6,6 +6,13 @@
 // cudaMemcpyBatchAsync with cudaMemcpyFlagPreferOverlapWithCompute (CUDA >= 12.8: a hint to
 // use the copy engines). Prints when each copy ended, relative to the spinner's start.
 //
+// The spinner above leaves room on each SM for a copy kernel's blocks (its registers and
+// threads are few), so it cannot tell a copy engine from a small kernel. The second probe
+// (FullProbe) holds every SM's 2048 thread slots (two 1024-thread blocks per SM, as the
+// signaling GEMM holds every register) until a flag arrives that is written after the copy
+// (an H2D copy from pinned memory: a DMA), or 1 s passes: a copy that needs an SM cannot run
+// until the spinner gives up.
+//
 //   nvcc -O2 -arch=sm_90a -o copy_engine_probe copy_engine_probe.cu && ./copy_engine_probe
 #include <cuda_runtime.h>
 
@@ -91,6 +98,51 @@ void Probe(Copy how, int sms, int busy_sms, void* dst, void* src, size_t bytes, 
   CHECK(cudaStreamDestroy(b));
 }
 
+// Two 1024-thread blocks per SM: no thread slot left. Waits for *flag (or 1 s); block 0
+// records in result[0] the ns it waited, result[1] = 1 if it gave up.
+__global__ void __launch_bounds__(1024) HoldAllThreads(const volatile int* flag, unsigned long long* result) {
+  if (threadIdx.x == 0) {
+    const unsigned long long t0 = GlobalTimer();
+    bool gave_up = false;
+    while (*flag == 0) {
+      if (GlobalTimer() - t0 > 1000000000ull) { gave_up = true; break; }
+    }
+    if (blockIdx.x == 0) {
+      result[0] = GlobalTimer() - t0;
+      result[1] = gave_up;
+    }
+  }
+  __syncthreads();
+}
+
+void FullProbe(Copy how, int sms, void* dst, void* src, size_t bytes) {
+  cudaStream_t a, b;
+  CHECK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+  CHECK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+  int *flag, *one;
+  unsigned long long* result;
+  CHECK(cudaMalloc(&flag, sizeof(int)));
+  CHECK(cudaMalloc(&result, 2 * sizeof(unsigned long long)));
+  CHECK(cudaMallocHost(&one, sizeof(int)));
+  *one = 1;
+  CHECK(cudaMemset(flag, 0, sizeof(int)));
+  CHECK(cudaDeviceSynchronize());
+  HoldAllThreads<<<2 * sms, 1024, 0, a>>>(flag, result);
+  CHECK(cudaGetLastError());
+  Enqueue(how, dst, src, bytes, b);
+  CHECK(cudaMemcpyAsync(flag, one, sizeof(int), cudaMemcpyHostToDevice, b));
+  CHECK(cudaDeviceSynchronize());
+  unsigned long long h[2];
+  CHECK(cudaMemcpy(h, result, sizeof h, cudaMemcpyDeviceToHost));
+  std::printf("%-36s  every thread slot of %d SMs held: %s after %.3f ms\n", Name(how), sms,
+              h[1] ? "copy BLOCKED (the spinner gave up)" : "copy and flag arrived", h[0] / 1e6);
+  CHECK(cudaFree(flag));
+  CHECK(cudaFree(result));
+  CHECK(cudaFreeHost(one));
+  CHECK(cudaStreamDestroy(a));
+  CHECK(cudaStreamDestroy(b));
+}
+
 int main() {
   int sms = 0, smem_max = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -108,5 +160,6 @@ int main() {
   for (Copy how : {Copy::kMemcpyAsync, Copy::kBatchPreferOverlap}) {
     for (int busy : {sms, sms - 8, sms - 16}) Probe(how, sms, busy, dst, src, bytes, sink, smem);
   }
+  for (Copy how : {Copy::kMemcpyAsync, Copy::kBatchPreferOverlap}) FullProbe(how, sms, dst, src, bytes);
   return 0;
 }

@@ -38,6 +38,12 @@ void MustLaunch(cudaError_t e, const char* what) {
   if (e != cudaSuccess) { fprintf(stderr, "%s: %s (%s)\n", what, cudaGetErrorString(e), LastSignalingGemmError()); exit(2); }
 }
 
+// PEER_REDUCE_COMM_SMS: SMs the self-peer runs leave free (default 0: the whole GPU).
+int SelfCommSms() {
+  const char* v = getenv("PEER_REDUCE_COMM_SMS");
+  return v == nullptr ? 0 : atoi(v);
+}
+
 // a + b elementwise in fp32, rounded once (NCCL's sum of two rounded partials).
 template <class T>
 __global__ void AddRounded(const T* a, const T* b, T* out, int64_t n) {
@@ -322,6 +328,7 @@ void SelfPeerCase(const Case& c, PeerReduceKind kind, int calls, cudaStream_t s)
   Buf results(calls * out_rows * c.n * 2), prod(c.m * c.n * 2), exact(block * 2), sum_ref(block * 4);
   CK(cudaMemsetAsync(results.p, 0xFF, calls * out_rows * c.n * 2, s));
   SignalingGemmArgs g = p.base;
+  g.comm_sms = SelfCommSms();
   g.layout = BandLayout(c.bands);
   g.queue = self.queue->p;
   for (int i = 0; i < calls; ++i)
@@ -406,7 +413,7 @@ void Bench(cudaStream_t s, int* counters, int iters) {
     SignalingGemmArgs whole = p.Args(EvenLayout(c.m, 1, 1, 256), 0);
     whole.counters = counters;
     SignalingGemmArgs seq = p.base;
-    seq.comm_sms = 0;
+    seq.comm_sms = SelfCommSms();
     seq.layout = BandLayout(EvenBands(rows, c.groups, 256));
     seq.queue = self.queue->p;
     auto gemm = [&]() {

@@ -14,6 +14,25 @@ struct Band {
   int64_t first_row, rows;
 };
 
+// A copy on the copy engines. The GEMM's CTAs hold every register of their SMs, and phase 2
+// waits for these copies: a copy the driver ran as a kernel (as it may run device-to-device
+// copies) would find no SM and never start. cudaMemcpyBatchAsync's overlap-with-compute flag
+// asks for the copy engines (a hint: tests/cuda/copy_engine_probe checks it is honoured).
+cudaError_t EngineCopy(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+#if CUDART_VERSION >= 12080
+  cudaMemcpyAttributes attr = {};
+  attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+  size_t attr_index = 0;
+  void* dsts[1] = {dst};
+  const void* srcs[1] = {src};
+  size_t sizes[1] = {bytes};
+  return cudaMemcpyBatchAsync(dsts, srcs, sizes, 1, &attr, &attr_index, 1, stream);
+#else
+  return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream);
+#endif
+}
+
 Band BandOf(const GroupLayout& layout, int g) {
   return {layout.band_rows[g], layout.band_rows[g + 1] - layout.band_rows[g]};
 }
@@ -50,8 +69,8 @@ Status SendBands(PeerReduceRank& r, const SignalingGemmArgs& phase, const char* 
     const Band b = BandOf(phase.layout, g);
     FO_RETURN_IF_NOT_OK(EnqueueWaitGeq(r.comm_stream, phase.counters + g,
                                        static_cast<int32_t>(TilesInGroup(phase, g)), r.wait_method));
-    FO_RETURN_IF_CUDA(cudaMemcpyAsync(peer_to + b.first_row * row_bytes, from + b.first_row * row_bytes,
-                                      b.rows * row_bytes, cudaMemcpyDefault, r.comm_stream));
+    FO_RETURN_IF_CUDA(EngineCopy(peer_to + b.first_row * row_bytes, from + b.first_row * row_bytes,
+                                 b.rows * row_bytes, r.comm_stream));
     FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(r.comm_stream, r.peer_flags + flag_base + g, call));
   }
   return Status::Ok();
@@ -66,8 +85,8 @@ Status ReceiveGatheredBands(PeerReduceRank& r, const SignalingGemmArgs& phase, c
     const Band b = BandOf(phase.layout, g);
     FO_RETURN_IF_NOT_OK(EnqueueWaitGeq(r.copy_stream, r.flags + kPeerGatheredFlags + g, call,
                                        r.wait_method));
-    FO_RETURN_IF_CUDA(cudaMemcpyAsync(to + b.first_row * row_bytes, gather + b.first_row * row_bytes,
-                                      b.rows * row_bytes, cudaMemcpyDeviceToDevice, r.copy_stream));
+    FO_RETURN_IF_CUDA(EngineCopy(to + b.first_row * row_bytes, gather + b.first_row * row_bytes,
+                                 b.rows * row_bytes, r.copy_stream));
   }
   return Status::Ok();
 }
