@@ -1,23 +1,25 @@
-// Standalone test + benchmark of the copy-engine reduction: the signaling GEMM's reduction
-// in the epilogue (SignalingGemmArgs::add_from) and the two-rank sequence that uses it
-// (xla_ffi/comm/peer_reduce.h). One GPU:
-//   peer_reduce_test flags    : one GEMM whose partials arrive late (another stream sleeps,
-//                               then copies them and raises the flags): the output must be
-//                               right; and the control without flags, which must read the
-//                               poisoned partials (shows the check can fail)
-//   peer_reduce_test check    : one rank as its own peer (2 calls per case), then two ranks emulated on one GPU (each rank's GEMMs on half of
-//                               the SMs, comm_sms = SMs / 2; both ranks' buffers on the same
-//                               device), reduce-scatter and all-reduce, 4 calls back to back
-//                               per case with fresh inputs each, results poisoned first:
-//                               against the fp32 reference of x0 @ w0 + x1 @ w1, and bit for bit
-//                               against round(round(P0) + round(P1)) from two plain GEMMs of the
-//                               same geometry (what NCCL's sum of the rounded partials gives)
-//   peer_reduce_test bench    : one rank on the whole GPU with itself as its peer (its copies
-//                               land in its own buffers: the copy engines' and memory's load
-//                               of a real pair, not NVLink's latency): plain GEMM, cuBLAS, the
-//                               two half GEMMs, reduce-scatter and all-reduce sequences (CUDA
-//                               events, interleaved, median of --iters samples of 5 calls)
-//   peer_reduce_test sanitize : flags + one small case with the rank as its own peer (no two
+// Standalone test + benchmark of the peer-store reduction: the signaling GEMM's reduction in
+// the epilogue and its mirror stores (SignalingGemmArgs::add_from, mirror_slot) and the
+// two-rank sequence that uses them (xla_ffi/comm/peer_reduce.h). One GPU:
+//   peer_reduce_test flags    : one GEMM whose partials arrive late (the host waits, then a
+//                               copy lands them and stream writes complete their counters):
+//                               the output must be right; and the control without counters,
+//                               which must read the poisoned partials (the check can fail)
+//   peer_reduce_test check    : per case, one rank as its own peer (2 calls), then two ranks
+//                               emulated on one GPU (each rank's GEMMs on half of the SMs,
+//                               comm_sms = SMs / 2; "peer memory" is the same device's),
+//                               reduce-scatter and all-reduce, 4 calls back to back with fresh
+//                               inputs each, results poisoned first: against the fp32
+//                               reference of x0 @ w0 + x1 @ w1, and bit for bit against
+//                               round(round(P0) + round(P1)) from two plain GEMMs of the same
+//                               geometry (what NCCL's sum of the rounded partials gives)
+//   peer_reduce_test bench    : one rank on the whole GPU (comm_sms 0) with itself as its peer
+//                               (its peer stores land in its own memory: everything a real
+//                               pair does but NVLink's bandwidth and latency): plain GEMM,
+//                               cuBLAS, the two half GEMMs, reduce-scatter and all-reduce
+//                               sequences (CUDA events, interleaved, median of --iters samples
+//                               of 5 calls)
+//   peer_reduce_test sanitize : flags + the small case with the rank as its own peer (no two
 //                               kernels need to run at once: compute-sanitizer may serialize)
 // Options: --json PATH, --iters N (bench, default 15). Exit code 1 if a check failed.
 #include <unistd.h>
@@ -117,35 +119,36 @@ void AddRoundedOn(const void* a, const void* b, void* out, int64_t n, GemmDType 
 
 // ------------------------------------------------------------------ flags (one GEMM)
 
-// out = x @ w + a partial that arrives on another stream after `delay_ns` (poisoned until
-// then), announced per group by a flag. with_flags false: the control, which does not wait
-// and must read poison.
-Verdict LatePartials(bool with_flags, int64_t delay_ns, int* counters, cudaStream_t s, cudaStream_t side) {
+// out = x @ w + a partial that arrives late (poisoned until then), each group's counter
+// completed after it by a stream write. with_counters false: the control, which does not
+// wait and must read poison.
+Verdict LatePartials(bool with_counters, int64_t delay_ns, int* counters, cudaStream_t s, cudaStream_t side) {
   const Shape3 sh{1024, 768, 512};
   const GemmDType dt = GemmDType::kBFloat16;
-  Problem p(sh, dt, with_flags ? 4242 : 4343, s);
+  Problem p(sh, dt, with_counters ? 4242 : 4343, s);
   const int64_t elems = sh.m * sh.n;
-  Buf partial(elems * 2), landing(elems * 2), flags(4 * kMaxGroups);
-  Fill(partial.p, elems, dt, with_flags ? 777 : 778, s);
+  Buf partial(elems * 2), landing(elems * 2), arrived(4 * kMaxGroups);
+  Fill(partial.p, elems, dt, with_counters ? 777 : 778, s);
   AddToRef<<<1024, 256, 0, s>>>((const __nv_bfloat16*)partial.p, (float*)p.ref.p, elems);
   CK(cudaGetLastError());
   CK(cudaMemsetAsync(landing.p, 0xFF, elems * 2, s));  // NaN until the copy lands
-  CK(cudaMemsetAsync(flags.p, 0, 4 * kMaxGroups, s));
-  SignalingGemmArgs a = p.Args(EvenLayout(sh.m, 1, 4, 256), 2);  // SMs left for the sleeper
+  CK(cudaMemsetAsync(arrived.p, 0, 4 * kMaxGroups, s));
+  SignalingGemmArgs a = p.Args(EvenLayout(sh.m, 1, 4, 256), 0);
   a.counters = counters;
   a.add_from = landing.p;
   a.add_sources = 1;
-  a.add_flags = with_flags ? (const int32_t*)flags.p : nullptr;
-  a.add_flag_value = 1;
+  a.add_counters = with_counters ? (const int32_t*)arrived.p : nullptr;
   CK(cudaMemsetAsync(a.out, 0xFF, elems * 2, s));
   CK(cudaMemsetAsync(counters, 0, sizeof(int) * kMaxGroups, s));
   CK(cudaStreamSynchronize(s));
   MustLaunch(LaunchSignalingGemm(a, s), "GEMM with late partials");
-  // Late, from the host: no kernel runs beside the GEMM (so compute-sanitizer, which may
-  // serialize kernels, sees the same order), only a copy and stream memory operations.
+  // Late, from the host: beside the GEMM only a copy and stream writes. The copy may run as a
+  // kernel (tests/cuda/copy_engine_probe: same-device copies need an SM); this GEMM's 48
+  // tiles leave most SMs free for it.
   usleep(useconds_t(delay_ns / 1000));
   CK(cudaMemcpyAsync(landing.p, partial.p, elems * 2, cudaMemcpyDeviceToDevice, side));
-  for (int g = 0; g < a.layout.num_groups; ++g) Must(EnqueueWriteFlag(side, (int32_t*)flags.p + g, 1), "flag write");
+  for (int g = 0; g < a.layout.num_groups; ++g)
+    Must(EnqueueWriteFlag(side, (int32_t*)arrived.p + g, int32_t(TilesInGroup(a, g))), "counter write");
   CK(cudaStreamSynchronize(side));
   CK(cudaStreamSynchronize(s));
   return Compare(a.out, (const float*)p.ref.p, sh.m, sh.n, dt, s);
@@ -158,9 +161,9 @@ void Flags(int* counters, cudaStream_t s) {
   const Verdict control = LatePartials(false, 20000000, counters, s, side);
   const bool pass_ok = ok.bad == 0 && ok.wrong == 0 && ok.rel_err < 1e-2;
   const bool pass_control = control.bad > 0;  // the GEMM ran ahead of the late partials
-  printf("flags: partials 20 ms late, with flags: rel %.2e, unwritten/NaN %llu, off %llu  %s\n", ok.rel_err, ok.bad,
+  printf("flags: partials 20 ms late, with counters: rel %.2e, unwritten/NaN %llu, off %llu  %s\n", ok.rel_err, ok.bad,
          ok.wrong, pass_ok ? "PASS" : "FAIL");
-  printf("flags: control without flags: NaN %llu (must be > 0: the check sees a GEMM that did not wait)  %s\n",
+  printf("flags: control without counters: NaN %llu (must be > 0: the check sees a GEMM that did not wait)  %s\n",
          control.bad, pass_control ? "PASS" : "FAIL");
   g_failures += !pass_ok + !pass_control;
   char buf[320];
@@ -180,49 +183,29 @@ struct Case {
   GemmDType dt;
 };
 
-// One emulated rank: its streams, buffers and the sequence's state.
+// One emulated rank: its stream, buffers and the sequence's state.
 struct EmulatedRank {
   PeerReduceRank r;
   cudaStream_t compute;
-  std::unique_ptr<Buf> send, recv, gather, counters, flags, queue;
+  std::unique_ptr<Buf> recv, signals, queue;
   EmulatedRank(int rank, int64_t rows, int64_t n) {
     r.rank = rank;
     CK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
-    CK(cudaStreamCreateWithFlags(&r.comm_stream, cudaStreamNonBlocking));
-    CK(cudaStreamCreateWithFlags(&r.copy_stream, cudaStreamNonBlocking));
-    CK(cudaEventCreateWithFlags(&r.call_start, cudaEventDisableTiming));
-    CK(cudaEventCreateWithFlags(&r.comm_done, cudaEventDisableTiming));
-    CK(cudaEventCreateWithFlags(&r.copy_done, cudaEventDisableTiming));
     r.wait_method = ChosenWaitMethod(0);
     const size_t bytes = size_t(rows) * n * 2;
-    send = std::make_unique<Buf>(bytes);
     recv = std::make_unique<Buf>(bytes);
-    gather = std::make_unique<Buf>(bytes);
-    counters = std::make_unique<Buf>(sizeof(int32_t) * 2 * kMaxGroups);
-    flags = std::make_unique<Buf>(sizeof(int32_t) * kPeerFlagCount);
+    signals = std::make_unique<Buf>(sizeof(int32_t) * kPeerSignalWords);
     queue = std::make_unique<Buf>(kGemmQueueBytes);
     CK(cudaMemset(recv->p, 0xFF, bytes));  // NaN: a partial read before it arrived shows
-    CK(cudaMemset(gather->p, 0xFF, bytes));
-    CK(cudaMemset(flags->p, 0, sizeof(int32_t) * kPeerFlagCount));
-    r.send = send->p;
+    CK(cudaMemset(signals->p, 0, sizeof(int32_t) * kPeerSignalWords));
     r.recv = recv->p;
-    r.gather = gather->p;
-    r.counters = (int32_t*)counters->p;
-    r.flags = (int32_t*)flags->p;
+    r.signals = (int32_t*)signals->p;
   }
   void PeerWith(EmulatedRank& peer) {
     r.peer_recv = peer.r.recv;
-    r.peer_gather = peer.r.gather;
-    r.peer_flags = peer.r.flags;
+    r.peer_signals = peer.r.signals;
   }
-  ~EmulatedRank() {
-    cudaStreamDestroy(compute);
-    cudaStreamDestroy(r.comm_stream);
-    cudaStreamDestroy(r.copy_stream);
-    cudaEventDestroy(r.call_start);
-    cudaEventDestroy(r.comm_done);
-    cudaEventDestroy(r.copy_done);
-  }
+  ~EmulatedRank() { cudaStreamDestroy(compute); }
 };
 
 GroupLayout BandLayout(const std::vector<int>& bands) { return MakeLayout(0, 1, bands); }
@@ -315,10 +298,10 @@ void CheckCase(const Case& c, PeerReduceKind kind, int calls, int comm_sms, cuda
   fflush(stdout);
 }
 
-// One rank whose peer is itself (its copies land in its own buffers): the whole sequence
+// One rank whose peer is itself (its peer stores land in its own memory): the whole sequence
 // with no second rank, so no two kernels need to run at once (compute-sanitizer). Phase 2 adds
-// phase 1's product: the reduce-scatter's result is x[block 0] @ w + x[block 1] @ w, the
-// all-reduce's that sum in both blocks.
+// phase 1's product: the result's block 0 is x[block 0] @ w + x[block 1] @ w (an all-reduce's
+// mirror stores land on those same rows; its block 1 is the peer's to write: none here).
 void SelfPeerCase(const Case& c, PeerReduceKind kind, int calls, cudaStream_t s) {
   const bool ar = kind == PeerReduceKind::kAllReduce;
   const int64_t rows = c.m / 2, out_rows = ar ? c.m : rows, block = rows * c.n;
@@ -345,7 +328,7 @@ void SelfPeerCase(const Case& c, PeerReduceKind kind, int calls, cudaStream_t s)
   AddF32<<<1024, 256, 0, s>>>((const float*)p.ref.p + block, (float*)sum_ref.p, block);
   CK(cudaGetLastError());
   for (int i = 0; i < calls; ++i) {
-    for (int b = 0; b < (ar ? 2 : 1); ++b) {
+    for (int b = 0; b < 1; ++b) {
       const char* out = static_cast<const char*>(results.p) + (i * out_rows + b * rows) * c.n * 2;
       const Verdict v = Compare(out, (const float*)sum_ref.p, rows, c.n, c.dt, s);
       const unsigned long long diff = Different(out, exact.p, block, s);

@@ -1,22 +1,22 @@
-// GEMM + reduce-scatter / all-reduce over two GPUs with no SM spent on communication: the
-// reduction runs in the signaling GEMM's epilogue (SignalingGemmArgs::add_from) and every
-// byte moves by copy engine (cudaMemcpyAsync between the two GPUs' buffers), signalled with
-// stream memory operations. Free of XLA, Python and NCCL; docs/DESIGN.md, "Copy-engine
-// reduction", draws the data flow.
+// GEMM + reduce-scatter / all-reduce over two GPUs with no SM, no copy and no stream spent on
+// communication: the signaling GEMM stores the peer's share of its output straight into the
+// peer's memory (NVLink stores from its epilogue), and adds the peer's share of ours as it
+// stores each of our tiles (SignalingGemmArgs::add_from). Free of XLA, Python and NCCL;
+// docs/DESIGN.md, "Peer stores", draws the data flow and says why.
 //
-// Rank r owns the rows of block r (rows_per_block = M / 2). One call:
-//   compute stream: phase 1 = x[block 1-r] @ w into `send` (our partial of the peer's block),
-//                   phase 2 = x[block r] @ w + the peer's partial of block r (from `recv`, as
-//                   its bands arrive) into our rows of the result;
-//   comm stream:    per band g: when phase 1 has stored band g, copy it into the peer's `recv`
-//                   and set the peer's arrival flag g; (all-reduce) when phase 2 has stored
-//                   band g, copy it into the peer's `gather` and set its gathered flag g;
-//   copy stream:    (all-reduce) per band g, once the peer's reduced band g is in `gather`,
-//                   copy it to the peer block's rows of the result;
-//   end:            both streams join the compute stream, which then tells the peer that
-//                   `recv` and `gather` are free again (its credit).
-// Flags carry call numbers (the rank's `calls`, the same sequence on both ranks), so nothing
-// is reset between calls. Both ranks must run the same calls in the same order.
+// Rank r owns the rows of block r (rows_per_block = M / 2). One call, all on the compute
+// stream:
+//   1. wait until the peer has finished the previous call (its credit: it read its `recv`,
+//      reset its counters) and, for an all-reduce, give the peer our result's address;
+//   2. phase 1: x[block 1-r] @ w, stored into the peer's `recv`, each tile counted in the
+//      peer's `arrived` counters (system-scope fence first);
+//   3. phase 2: x[block r] @ w + `recv` (each band once `arrived` says the peer stored it)
+//      into our rows of the result; an all-reduce also stores every tile into the peer's
+//      result (its address from our mailbox) and counts it in the peer's `gathered`;
+//   4. all-reduce: wait until `gathered` says the peer's rows of our result are complete;
+//   5. reset our counters, then give the peer its credit for this call.
+// Both ranks must run the same calls in the same order. The GEMMs may hold every SM
+// (comm_sms 0): nothing they wait for needs one.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -29,41 +29,38 @@
 
 namespace flashoverlap {
 
-// The flags a rank's peer writes into it (PeerReduceRank::flags), in int32 slots.
-constexpr int kPeerArrivedFlags = 0;               // [kMaxGroups]: partial band g is in recv
-constexpr int kPeerGatheredFlags = kMaxGroups;     // [kMaxGroups]: reduced band g is in gather
-constexpr int kPeerCreditFlag = 2 * kMaxGroups;    // the peer finished reading call k's buffers
-constexpr int kPeerFlagCount = 2 * kMaxGroups + 1;
+// A rank's signal words (PeerReduceRank::signals), int32 slots, written by its peer.
+constexpr int kPeerArrived = 0;              // [kMaxGroups] tiles of our block's partial stored in recv
+constexpr int kPeerGathered = kMaxGroups;    // [kMaxGroups] all-reduce: tiles stored in our result
+constexpr int kPeerCredit = 2 * kMaxGroups;  // calls the peer has finished
+// 3 words, 8-byte aligned: the peer's result (low, high), then the call that posted it
+// (SignalingGemmArgs::mirror_slot).
+constexpr int kPeerMailbox = 2 * kMaxGroups + 2;
+constexpr int kPeerSignalWords = 2 * kMaxGroups + 6;
 
 enum class PeerReduceKind { kAllReduce, kReduceScatter };
 
-// One rank's state. Buffers hold rows_per_block x N elements of the GEMM's dtype at least;
-// `flags` kPeerFlagCount int32, zeroed once before the first call (then never reset);
-// `counters` 2 * kMaxGroups int32 (reset by every call). The peer_* pointers are the peer's
-// recv / gather / flags as this rank's streams address them (the same device, or a peer
-// device with peer access enabled).
+// One rank's state. `recv` holds rows_per_block x N elements of the GEMM's dtype at least;
+// `signals` kPeerSignalWords int32, zeroed once before the first call (the counters are reset
+// by every call, the credit counts calls). The peer_* pointers are the peer's recv and
+// signals as this rank's kernels and streams address them (the same device, or a peer device
+// with peer access enabled).
 struct PeerReduceRank {
   int rank = 0;  // 0 or 1
-  cudaStream_t comm_stream = nullptr;
-  cudaStream_t copy_stream = nullptr;
-  cudaEvent_t call_start = nullptr, comm_done = nullptr, copy_done = nullptr;
   WaitMethod wait_method = WaitMethod::kStreamOp;
-  void* send = nullptr;
   void* recv = nullptr;
-  void* gather = nullptr;  // all-reduce only
-  int32_t* counters = nullptr;
-  int32_t* flags = nullptr;
+  int32_t* signals = nullptr;
   void* peer_recv = nullptr;
-  void* peer_gather = nullptr;
-  int32_t* peer_flags = nullptr;
+  int32_t* peer_signals = nullptr;
   uint32_t calls = 0;  // calls enqueued so far
 };
 
-// Enqueues one call on `stream` (the compute stream) and the rank's own streams. `gemm`
-// describes the whole local GEMM: x [M, K] (both blocks), w, m = M (even), n, k, dtype,
-// comm_sms, queue, and layout = the bands of one block (num_blocks 1, band_rows summing to
-// M / 2); its out, counters and add_* fields are set here. `result`: [M / 2, N] for a
-// reduce-scatter (our block), [M, N] for an all-reduce. Nothing waits on the host.
+// Enqueues one call on `stream`. `gemm` describes the whole local GEMM: x [M, K] (both
+// blocks), w, m = M (even), n, k, dtype, comm_sms, queue, and layout = the bands of one block
+// (num_blocks 1, band_rows ending at M / 2); its out, counters and peer fields are set here.
+// `result`: [M / 2, N] for a reduce-scatter (our block), [M, N] for an all-reduce. Nothing
+// waits on the host. A failed enqueue leaves the pair unusable (the peer waits for this
+// call's stores): the caller must not go on with these ranks.
 Status EnqueuePeerReduce(PeerReduceRank& rank, cudaStream_t stream, PeerReduceKind kind,
                          SignalingGemmArgs gemm, void* result);
 

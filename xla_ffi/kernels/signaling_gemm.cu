@@ -169,22 +169,29 @@ std::string ValidateExtensions(const SignalingGemmArgs& a) {
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-// The reduction in the epilogue (signaling_gemm.h, add_from).
-std::string ValidateEpilogueReduction(const SignalingGemmArgs& a) {
+// The reduction in the epilogue and the mirror stores (signaling_gemm.h).
+std::string ValidateEpiloguePeers(const SignalingGemmArgs& a) {
   if (a.add_from == nullptr) {
-    if (a.add_sources != 0 || a.add_flags != nullptr)
-      return "add_sources / add_flags given without add_from";
-    return "";
+    if (a.add_sources != 0 || a.add_counters != nullptr)
+      return "add_sources / add_counters given without add_from";
+  } else {
+    if (!Aligned16(a.add_from)) return "add_from must be 16-byte aligned";
+    if (a.add_sources < 1 || a.add_sources > kMaxAddSources)
+      return "add_sources must be in [1, " + std::to_string(kMaxAddSources) + "], got " +
+             std::to_string(a.add_sources);
+    if (a.add_stride % 16 != 0)
+      return "add_stride must be a multiple of 16 bytes, got " + std::to_string(a.add_stride);
+    if (a.add_sources > 1 && a.add_stride == 0) return "add_stride must be non-zero for several sources";
+    if (a.add_counters != nullptr && (reinterpret_cast<uintptr_t>(a.add_counters) & 3) != 0)
+      return "add_counters must be 4-byte aligned";
   }
-  if (!Aligned16(a.add_from)) return "add_from must be 16-byte aligned";
-  if (a.add_sources < 1 || a.add_sources > kMaxAddSources)
-    return "add_sources must be in [1, " + std::to_string(kMaxAddSources) + "], got " +
-           std::to_string(a.add_sources);
-  if (a.add_stride % 16 != 0)
-    return "add_stride must be a multiple of 16 bytes, got " + std::to_string(a.add_stride);
-  if (a.add_sources > 1 && a.add_stride == 0) return "add_stride must be non-zero for several sources";
-  if (a.add_flags != nullptr && (reinterpret_cast<uintptr_t>(a.add_flags) & 3) != 0)
-    return "add_flags must be 4-byte aligned";
+  if (a.mirror_slot == nullptr) {
+    if (a.mirror_offset != 0) return "mirror_offset given without mirror_slot";
+  } else {
+    if ((reinterpret_cast<uintptr_t>(a.mirror_slot) & 7) != 0) return "mirror_slot must be 8-byte aligned";
+    if (a.mirror_offset % 16 != 0)
+      return "mirror_offset must be a multiple of 16 bytes, got " + std::to_string(a.mirror_offset);
+  }
   return "";
 }
 
@@ -286,8 +293,8 @@ cudaError_t PlanLaunch(const SignalingGemmArgs& args, LaunchPlan* plan) {
   if (!layout_error.empty()) return Fail(cudaErrorInvalidValue, layout_error);
   const std::string ext_error = ValidateExtensions(args);
   if (!ext_error.empty()) return Fail(cudaErrorInvalidValue, ext_error);
-  const std::string add_error = ValidateEpilogueReduction(args);
-  if (!add_error.empty()) return Fail(cudaErrorInvalidValue, add_error);
+  const std::string peers_error = ValidateEpiloguePeers(args);
+  if (!peers_error.empty()) return Fail(cudaErrorInvalidValue, peers_error);
 
   // --- device ---
   int device = 0;
@@ -312,8 +319,9 @@ cudaError_t PlanLaunch(const SignalingGemmArgs& args, LaunchPlan* plan) {
     return Fail(cudaErrorInvalidValue, "queue must be 16-byte aligned");
   const GemmTileShape ts = ChooseTileShape(args);
   const InstanceOps& ops = PickInstance(args.dtype, ts, sync_epilogue, args.transpose_w);
-  if (args.add_from != nullptr && !ops.epilogue_adds)
-    return Fail(cudaErrorInvalidValue, "add_from needs the overlapped epilogue; FLASHOVERLAP_GEMM_EPILOGUE=sync is set");
+  if ((args.add_from != nullptr || args.mirror_slot != nullptr) && !ops.epilogue_adds)
+    return Fail(cudaErrorInvalidValue,
+                "add_from / mirror_slot need the overlapped epilogue; FLASHOVERLAP_GEMM_EPILOGUE=sync is set");
   int max_clusters = 0;
   e = ops.prepare(device, &max_clusters);
   if (e != cudaSuccess) return Fail(e, std::string("kernel setup failed: ") + cudaGetErrorString(e));

@@ -113,24 +113,35 @@ struct SignalingGemmArgs {
   int in_flag_rows = 0;
   int32_t in_flag_value = 0;
 
-  // ---- Reduction in the epilogue (docs/DESIGN.md, "Copy-engine reduce-scatter") ----
+  // ---- Reduction in the epilogue and stores to a peer (docs/DESIGN.md, "Peer stores") ----
   // Partial sums that other ranks computed for the same output rows, added as each tile is
   // stored: when add_from is non-null, every stored element is
   //   round(float(round(acc)) + sum over s < add_sources of float(add_from_s[e]))
   // where add_from_s = add_from + s * add_stride bytes, each laid out like `out` (the element
   // at the same offset as its destination). For one source this is, bit for bit, what NCCL's
-  // sum of the two rounded partials gives. Before reading a tile's partials the storing
-  // threads wait until add_flags[s * num_groups + group] - add_flag_value >= 0 (signed 32-bit
-  // difference, so the values may be call sequence numbers that wrap; acquire at system scope:
-  // a peer GPU's copy engine may have written flag and data) for every source s. Null
-  // add_flags: the partials are ready before the launch. The flags are made ready by other
-  // streams while the kernel runs: a copy engine, or leave comm_sms >= 1 for kernels.
-  // Overlapped-epilogue instances only (FLASHOVERLAP_GEMM_EPILOGUE=sync is refused).
+  // sum of the two rounded partials gives. add_counters[s * num_groups + g] counts the tiles
+  // of group g that source s has stored (the source's own launch, with this launch's layout
+  // and tile shape, signalling into it): before reading a tile's partials the storing threads
+  // wait until it reaches TilesInGroup(g) (acquire, system scope: another GPU may have
+  // written counter and data). Null add_counters: the partials are ready before the launch.
+  // Whoever writes them must not need this launch's SMs (another GPU, a copy engine, or
+  // leave comm_sms >= 1). Overlapped-epilogue instances only (FLASHOVERLAP_GEMM_EPILOGUE=sync
+  // is refused).
   const void* add_from = nullptr;
   int64_t add_stride = 0;  // bytes, a multiple of 16
   int add_sources = 0;     // 1 .. kMaxAddSources
-  const int32_t* add_flags = nullptr;
-  int32_t add_flag_value = 0;
+  const int32_t* add_counters = nullptr;
+  // Counters in another GPU's memory (out, too, may be there): fence at system scope, not
+  // GPU scope, before each signal, so the tile's stores are visible to that GPU first.
+  bool signal_system = false;
+  // Mirror stores: every stored chunk is stored a second time at P + mirror_offset + (its
+  // offset in out), where P is the device pointer in mirror_slot[0..1] (e.g. the peer's output
+  // of this very call, posted there by the peer): the storing threads wait (acquire, system
+  // scope) until mirror_slot[2] == mirror_call, the stamp its writer sets after the pointer.
+  // Null: no second store.
+  const int32_t* mirror_slot = nullptr;  // 8-byte aligned: {pointer low, pointer high, stamp}
+  int64_t mirror_offset = 0;  // bytes, a multiple of 16
+  int32_t mirror_call = 0;
 
   // ---- Helper launches (LaunchSignalingGemmHelpers); needs the queue. ----
   // The SMs left to communication (comm_sms) sit idle between two collectives. With helpers,

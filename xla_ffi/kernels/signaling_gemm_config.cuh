@@ -133,12 +133,16 @@ struct Config {
     const int32_t* in_flags;  // null: x is ready; else wait per tile (signaling_gemm.h)
     int in_flag_rows;
     int32_t in_flag_value;
-    // Reduction in the epilogue (signaling_gemm.h): null add_from: store the tile as is.
+    // Reduction in the epilogue, peer stores (signaling_gemm.h): null add_from: store the
+    // tile as is; null mirror_slot: store it once.
     const char* add_from;
     int64_t add_stride;
     int add_sources;
-    const int32_t* add_flags;  // [source][group]; null: the partials are ready
-    int32_t add_flag_value;
+    const int32_t* add_counters;  // [source][group]; null: the partials are ready
+    bool signal_system;
+    const int32_t* mirror_slot;
+    int64_t mirror_offset;
+    int32_t mirror_call;
     // Dynamic tile queue (signaling_gemm.h), zeroed before the launch; null: round robin.
     uint32_t* queue_next;               // units claimed so far; [1]: units helpers took
     unsigned long long* queue_ring;     // [clusters][kQueueRingSlots]: tag << 32 | item

@@ -41,12 +41,14 @@ __device__ __forceinline__ int64_t OutOffset(int dst_row, int row, int col, int 
 }
 
 // A finished tile's signal, by the one thread that releases it: the barrier before the call
-// ordered its threads' stores before this thread's gpu-scope fence, which orders them all
-// (cumulatively) before the counter increment the communication stream waits for.
+// ordered its threads' stores before this thread's fence, which orders them all
+// (cumulatively) before the counter increment the waiter acquires. System scope where the
+// counters (and the stores) are another GPU's.
 template <class Params>
 __device__ __forceinline__ void SignalGroup(const Params& params, int group) {
   if (params.counters == nullptr) return;
-  __threadfence();
+  if (params.signal_system) __threadfence_system();
+  else __threadfence();
   atomicAdd(params.counters + group, 1);
 }
 
@@ -73,22 +75,47 @@ __device__ __forceinline__ void StageWarpRows(uint32_t* rows, const Accum& accum
   }
 }
 
-// Reduction in the epilogue (signaling_gemm.h, add_from): waits until every source's flag
-// of `group` has reached the call's value. Each storing thread acquires the flags itself
-// (system scope: a peer GPU's copy engine may have written them after the data), so its
-// own later loads of the partials see what the flag's writer released; no barrier needed.
+// Tiles of group g in this launch (TilesInGroup on the host): what a source's counter of g
+// reaches once that source, with the same layout and tile shape, stored all of its partials.
+__device__ __forceinline__ int TilesOfGroup(const TileSchedule& s, int g) {
+  return s.num_blocks * CeilDiv(s.band_rows[g + 1] - s.band_rows[g], s.block_m) * s.n_tiles;
+}
+
+// Reduction in the epilogue (signaling_gemm.h, add_from): waits until every source has stored
+// its partials of `group`. Each storing thread acquires the counters itself (system scope:
+// another GPU may have written them after the data), so its own later loads of the partials
+// (and of the mirror slot) see what the counters' writers released; no barrier needed.
 template <class Params>
-__device__ __forceinline__ void WaitAddFlags(const Params& params, int group) {
-  if (params.add_flags == nullptr) return;
+__device__ __forceinline__ void WaitAddCounters(const Params& params, int group) {
+  if (params.add_counters == nullptr) return;
+  const int tiles = TilesOfGroup(params.sched, group);
   for (int s = 0; s < params.add_sources; ++s) {
-    const int32_t* flag = params.add_flags + s * params.sched.num_groups + group;
+    const int32_t* counter = params.add_counters + s * params.sched.num_groups + group;
     while (true) {
       int32_t seen;
-      asm volatile("ld.acquire.sys.global.b32 %0, [%1];" : "=r"(seen) : "l"(flag) : "memory");
-      if (int32_t(uint32_t(seen) - uint32_t(params.add_flag_value)) >= 0) break;
+      asm volatile("ld.acquire.sys.global.b32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+      if (seen >= tiles) break;
       __nanosleep(256);
     }
   }
+}
+
+// The mirror stores' base (signaling_gemm.h, mirror_slot): once the slot's stamp says its
+// pointer is this call's, the pointer plus mirror_offset. Acquire, so the pointer words its
+// writer set before the stamp are the ones read.
+template <class Params>
+__device__ __forceinline__ char* MirrorBase(const Params& params) {
+  const int32_t* slot = params.mirror_slot;
+  while (true) {
+    int32_t stamp;
+    asm volatile("ld.acquire.sys.global.b32 %0, [%1];" : "=r"(stamp) : "l"(slot + 2) : "memory");
+    if (stamp == params.mirror_call) break;
+    __nanosleep(256);
+  }
+  uint32_t lo, hi;
+  asm volatile("ld.relaxed.sys.global.b32 %0, [%1];" : "=r"(lo) : "l"(slot) : "memory");
+  asm volatile("ld.relaxed.sys.global.b32 %0, [%1];" : "=r"(hi) : "l"(slot + 1) : "memory");
+  return reinterpret_cast<char*>((uint64_t(hi) << 32) | lo) + params.mirror_offset;
 }
 
 // Eight staged (already rounded) values plus the same eight elements of every source, summed
@@ -128,7 +155,8 @@ __device__ __forceinline__ uint4 AddPartialSums(const typename Cfg::Params& para
 // Staged rows [0, rows) (tile rows first_row + i) to `out`, 16 bytes per thread and step, a
 // warp covering contiguous row spans; `thread` of `threads` copying threads. Rows past the
 // tile's valid rows and columns past N are not stored. With add_from, the other ranks'
-// partial sums of those elements are added on the way (after their flags are ready).
+// partial sums of those elements are added on the way (once their counters are complete);
+// with a mirror slot, each chunk is stored there too.
 template <class Cfg>
 __device__ __forceinline__ void CopyStagedRows(const typename Cfg::Params& params,
                                                const uint32_t* staged, const TileWork& w,
@@ -138,7 +166,8 @@ __device__ __forceinline__ void CopyStagedRows(const typename Cfg::Params& param
   char* out = static_cast<char*>(params.out);
   const int n0 = w.n_tile * Cfg::BN;
   const bool add = params.add_from != nullptr;
-  if (add) WaitAddFlags(params, w.group);
+  if (add) WaitAddCounters(params, w.group);
+  char* mirror = params.mirror_slot == nullptr ? nullptr : MirrorBase(params);
   for (int id = thread; id < rows * kChunksPerRow; id += threads) {
     const int row = id / kChunksPerRow, ch = id % kChunksPerRow, col = n0 + 8 * ch;
     if (first_row + row < w.rows && col < sched.n) {
@@ -147,6 +176,7 @@ __device__ __forceinline__ void CopyStagedRows(const typename Cfg::Params& param
                                        params.out_col_block);
       if (add) v = AddPartialSums<Cfg>(params, v, offset);
       *reinterpret_cast<uint4*>(out + offset) = v;
+      if (mirror != nullptr) *reinterpret_cast<uint4*>(mirror + offset) = v;
     }
   }
 }

@@ -23,7 +23,7 @@ struct QueueRole {
 struct InstanceOps {
   int block_m, block_n, cluster_m, stages, smem_bytes;
   int max_split_slots;  // partial tiles (per cluster) the queue workspace holds for this tile
-  bool epilogue_adds;   // stores through CopyStagedRows, which does the add_from reduction
+  bool epilogue_adds;   // stores through CopyStagedRows: add_from and mirror stores
   // Once per device (cached, thread-safe): smem opt-in and max co-resident clusters.
   cudaError_t (*prepare)(int device, int* max_clusters);
   // Builds TMA descriptors and launches num_clusters clusters on `stream`.

@@ -256,8 +256,11 @@ struct Instance {
     params.add_from = static_cast<const char*>(args.add_from);
     params.add_stride = args.add_stride;
     params.add_sources = args.add_sources;
-    params.add_flags = args.add_flags;
-    params.add_flag_value = args.add_flag_value;
+    params.add_counters = args.add_counters;
+    params.signal_system = args.signal_system;
+    params.mirror_slot = args.mirror_slot;
+    params.mirror_offset = args.mirror_offset;
+    params.mirror_call = args.mirror_call;
 #ifdef FO_TIMELINE
     params.timeline = args.timeline;
 #endif
