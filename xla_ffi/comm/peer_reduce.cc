@@ -15,14 +15,15 @@ Status CheckArgs(const PeerReduceRank& r, const SignalingGemmArgs& gemm, const v
   if (gemm.m < 2 || gemm.m % 2 != 0) return Status::Error("M must be even (two row blocks)");
   const GroupLayout& layout = gemm.layout;
   if (layout.num_blocks != 1) return Status::Error("layout must be the bands of one block (num_blocks 1)");
-  if (layout.num_groups < 1 || layout.num_groups > kMaxGroups)
-    return Status::Error("layout.num_groups must be in [1, kMaxGroups]");
+  if (layout.num_groups < 1 || 2 * layout.num_groups > kMaxGroups)
+    return Status::Error("layout.num_groups must be in [1, kMaxGroups / 2] (both blocks' bands are groups of one launch)");
   if (layout.band_rows[layout.num_groups] != gemm.m / 2)
     return Status::Error("the bands must cover one block: band_rows[num_groups] = M / 2");
   if (gemm.row_rotation != 0 || gemm.out_col_block != 0 || gemm.in_flags != nullptr ||
-      gemm.add_from != nullptr || gemm.mirror_slot != nullptr || gemm.helpers)
-    return Status::Error("row_rotation / out_col_block / in_flags / add_from / mirror_slot / helpers "
-                         "are set here or unsupported");
+      gemm.add_from != nullptr || gemm.mirror_slot != nullptr || gemm.head_groups != 0 || gemm.helpers)
+    return Status::Error("row_rotation / out_col_block / in_flags / add_from / mirror_slot / head_groups / "
+                         "helpers are set here or unsupported");
+  if (gemm.m > (int64_t(1) << 30)) return Status::Error("M must be < 2^30");
   if (result == nullptr || r.recv == nullptr || r.signals == nullptr || r.peer_recv == nullptr ||
       r.peer_signals == nullptr)
     return Status::Error("result, recv, signals, peer_recv and peer_signals must be set");
@@ -42,49 +43,52 @@ Status PostResultAddress(PeerReduceRank& r, cudaStream_t stream, const void* res
   return EnqueueWriteFlag(stream, mailbox + 2, call);
 }
 
+// `base` moved back by `bytes`: the address the kernel adds a row's offset to, for buffers
+// that hold only some rows of the launch's output (never dereferenced outside them).
+template <class T>
+T* Behind(T* base, size_t bytes) {
+  return reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(base) - bytes);
+}
+
 Status EnqueueCall(PeerReduceRank& r, cudaStream_t stream, PeerReduceKind kind,
                    const SignalingGemmArgs& gemm, char* result, int32_t call) {
   const bool all_reduce = kind == PeerReduceKind::kAllReduce;
   const int64_t rows = gemm.m / 2;
   const size_t row_bytes = static_cast<size_t>(gemm.n) * 2;
-  const size_t x_block_bytes = static_cast<size_t>(rows) * gemm.k * 2;
-  const char* x = static_cast<const char*>(gemm.x);
   const int peer = 1 - r.rank;
-  const int groups = gemm.layout.num_groups;
+  const size_t own_rows_at = r.rank * rows * row_bytes, peer_rows_at = peer * rows * row_bytes;
+  const int bands = gemm.layout.num_groups;
 
   // 1. The peer has finished the previous call: its recv is free, its counters are zero.
   FO_RETURN_IF_NOT_OK(EnqueueWaitGeq(stream, r.signals + kPeerCredit, call - 1, r.wait_method));
   if (all_reduce) FO_RETURN_IF_NOT_OK(PostResultAddress(r, stream, result, call));
-  // 2. Phase 1: our partial of the peer's block, into the peer's recv.
-  SignalingGemmArgs phase1 = gemm;
-  phase1.x = x + peer * x_block_bytes;
-  phase1.m = rows;
-  phase1.out = r.peer_recv;
-  phase1.counters = r.peer_signals + kPeerArrived;
-  phase1.signal_system = true;
-  FO_RETURN_IF_NOT_OK(GemmLaunchStatus(LaunchSignalingGemm(phase1, stream), "phase-1 GEMM launch"));
-  // 3. Phase 2: our block plus the peer's partial of it (all-reduce: also into the peer's result).
-  SignalingGemmArgs phase2 = phase1;
-  phase2.x = x + r.rank * x_block_bytes;
-  phase2.out = all_reduce ? result + r.rank * rows * row_bytes : result;
-  phase2.add_from = r.recv;
-  phase2.add_sources = 1;
-  phase2.add_counters = r.signals + kPeerArrived;
-  phase2.counters = nullptr;
-  phase2.signal_system = false;
-  if (all_reduce) {
-    phase2.mirror_slot = r.signals + kPeerMailbox;
-    phase2.mirror_offset = static_cast<int64_t>(r.rank * rows * row_bytes);
-    phase2.mirror_call = call;
-    phase2.counters = r.peer_signals + kPeerGathered;
-    phase2.signal_system = true;
+  // 2-3. One launch over both blocks, the peer's first (row rotation): its bands are the head
+  // groups, stored into the peer's recv; then our bands, plus the peer's partial of them.
+  SignalingGemmArgs fused = gemm;
+  fused.row_rotation = static_cast<int>(peer * rows);
+  fused.layout.num_groups = 2 * bands;
+  for (int g = 0; g <= bands; ++g) fused.layout.band_rows[bands + g] = static_cast<int>(rows + gemm.layout.band_rows[g]);
+  fused.layout.band_rows[2 * bands] = static_cast<int>(2 * rows);
+  fused.head_groups = bands;
+  fused.head_out = Behind(static_cast<char*>(r.peer_recv), peer_rows_at);
+  fused.head_counters = r.peer_signals + kPeerArrived;
+  fused.out = all_reduce ? result : Behind(result, own_rows_at);
+  fused.add_from = Behind(static_cast<const char*>(r.recv), own_rows_at);
+  fused.add_sources = 1;
+  fused.add_counters = r.signals + kPeerArrived;
+  fused.counters = nullptr;
+  if (all_reduce) {  // every tile of ours also into the peer's result, counted in its gathered
+    fused.mirror_slot = r.signals + kPeerMailbox;
+    fused.mirror_call = call;
+    fused.counters = r.peer_signals + kPeerGathered;
+    fused.signal_system = true;
   }
-  FO_RETURN_IF_NOT_OK(GemmLaunchStatus(LaunchSignalingGemm(phase2, stream), "phase-2 GEMM launch"));
+  FO_RETURN_IF_NOT_OK(GemmLaunchStatus(LaunchSignalingGemm(fused, stream), "signaling GEMM launch"));
   // 4. All-reduce: the peer's block of our result is complete.
   if (all_reduce) {
-    for (int g = 0; g < groups; ++g) {
+    for (int g = 0; g < bands; ++g) {
       FO_RETURN_IF_NOT_OK(EnqueueWaitGeq(stream, r.signals + kPeerGathered + g,
-                                         static_cast<int32_t>(TilesInGroup(phase2, g)), r.wait_method));
+                                         static_cast<int32_t>(TilesInGroup(fused, bands + g)), r.wait_method));
     }
   }
   // 5. Our recv is read and our counters complete: reset them, then the peer may go on.

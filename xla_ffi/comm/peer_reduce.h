@@ -8,15 +8,16 @@
 // stream:
 //   1. wait until the peer has finished the previous call (its credit: it read its `recv`,
 //      reset its counters) and, for an all-reduce, give the peer our result's address;
-//   2. phase 1: x[block 1-r] @ w, stored into the peer's `recv`, each tile counted in the
-//      peer's `arrived` counters (system-scope fence first);
-//   3. phase 2: x[block r] @ w + `recv` (each band once `arrived` says the peer stored it)
-//      into our rows of the result; an all-reduce also stores every tile into the peer's
-//      result (its address from our mailbox) and counts it in the peer's `gathered`;
-//   4. all-reduce: wait until `gathered` says the peer's rows of our result are complete;
-//   5. reset our counters, then give the peer its credit for this call.
-// Both ranks must run the same calls in the same order. The GEMMs may hold every SM
-// (comm_sms 0): nothing they wait for needs one.
+//   2. one GEMM launch over both row blocks, the peer's first (row rotation): the peer's
+//      bands are its head groups, stored into the peer's `recv` and counted in the peer's
+//      `arrived` counters (system-scope fence first); then our bands, each adding the peer's
+//      partial from our `recv` once `arrived` says the peer stored it, into our rows of the
+//      result; an all-reduce also stores every such tile into the peer's result (its address
+//      from our mailbox) and counts it in the peer's `gathered`;
+//   3. all-reduce: wait until `gathered` says the peer's rows of our result are complete;
+//   4. reset our counters, then give the peer its credit for this call.
+// Both ranks must run the same calls in the same order. The GEMM may hold every SM
+// (comm_sms 0): nothing it waits for needs one of this GPU's SMs.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -57,7 +58,8 @@ struct PeerReduceRank {
 
 // Enqueues one call on `stream`. `gemm` describes the whole local GEMM: x [M, K] (both
 // blocks), w, m = M (even), n, k, dtype, comm_sms, queue, and layout = the bands of one block
-// (num_blocks 1, band_rows ending at M / 2); its out, counters and peer fields are set here.
+// (num_blocks 1, at most kMaxGroups / 2 bands ending at M / 2); its out, counters, row
+// rotation and peer fields are set here.
 // `result`: [M / 2, N] for a reduce-scatter (our block), [M, N] for an all-reduce. Nothing
 // waits on the host. A failed enqueue leaves the pair unusable (the peer waits for this
 // call's stores): the caller must not go on with these ranks.

@@ -192,6 +192,12 @@ std::string ValidateEpiloguePeers(const SignalingGemmArgs& a) {
     if (a.mirror_offset % 16 != 0)
       return "mirror_offset must be a multiple of 16 bytes, got " + std::to_string(a.mirror_offset);
   }
+  if (a.head_groups < 0 || a.head_groups > a.layout.num_groups)
+    return "head_groups must be in [0, num_groups], got " + std::to_string(a.head_groups);
+  if (a.head_groups > 0 && (a.head_out == nullptr || !Aligned16(a.head_out)))
+    return "head_groups needs a 16-byte aligned head_out";
+  if (a.head_counters != nullptr && (reinterpret_cast<uintptr_t>(a.head_counters) & 3) != 0)
+    return "head_counters must be 4-byte aligned";
   return "";
 }
 
@@ -319,9 +325,9 @@ cudaError_t PlanLaunch(const SignalingGemmArgs& args, LaunchPlan* plan) {
     return Fail(cudaErrorInvalidValue, "queue must be 16-byte aligned");
   const GemmTileShape ts = ChooseTileShape(args);
   const InstanceOps& ops = PickInstance(args.dtype, ts, sync_epilogue, args.transpose_w);
-  if ((args.add_from != nullptr || args.mirror_slot != nullptr) && !ops.epilogue_adds)
+  if ((args.add_from != nullptr || args.mirror_slot != nullptr || args.head_groups > 0) && !ops.epilogue_adds)
     return Fail(cudaErrorInvalidValue,
-                "add_from / mirror_slot need the overlapped epilogue; FLASHOVERLAP_GEMM_EPILOGUE=sync is set");
+                "add_from / mirror_slot / head_groups need the overlapped epilogue; FLASHOVERLAP_GEMM_EPILOGUE=sync is set");
   int max_clusters = 0;
   e = ops.prepare(device, &max_clusters);
   if (e != cudaSuccess) return Fail(e, std::string("kernel setup failed: ") + cudaGetErrorString(e));

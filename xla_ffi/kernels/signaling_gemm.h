@@ -142,6 +142,15 @@ struct SignalingGemmArgs {
   const int32_t* mirror_slot = nullptr;  // 8-byte aligned: {pointer low, pointer high, stamp}
   int64_t mirror_offset = 0;  // bytes, a multiple of 16
   int32_t mirror_call = 0;
+  // Head groups: groups g < head_groups are stored into head_out instead (laid out like out:
+  // the element at the same offset) and counted in head_counters[g] with a system-scope fence
+  // (e.g. the peer's share of a reduce-scatter, stored into the peer's memory); they are never
+  // added to or mirrored. The other groups are numbered from head_groups on where they index
+  // add_counters and counters (group g uses [g - head_groups]), so they line up with the
+  // peer's head groups of the same bands. 0: no head groups.
+  int head_groups = 0;
+  void* head_out = nullptr;
+  int32_t* head_counters = nullptr;
 
   // ---- Helper launches (LaunchSignalingGemmHelpers); needs the queue. ----
   // The SMs left to communication (comm_sms) sit idle between two collectives. With helpers,

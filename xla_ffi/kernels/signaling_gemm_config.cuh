@@ -143,6 +143,9 @@ struct Config {
     const int32_t* mirror_slot;
     int64_t mirror_offset;
     int32_t mirror_call;
+    int head_groups;  // groups < head_groups: head_out / head_counters (signaling_gemm.h)
+    char* head_out;
+    int32_t* head_counters;
     // Dynamic tile queue (signaling_gemm.h), zeroed before the launch; null: round robin.
     uint32_t* queue_next;               // units claimed so far; [1]: units helpers took
     unsigned long long* queue_ring;     // [clusters][kQueueRingSlots]: tag << 32 | item

@@ -44,12 +44,15 @@ __device__ __forceinline__ int64_t OutOffset(int dst_row, int row, int col, int 
 // ordered its threads' stores before this thread's fence, which orders them all
 // (cumulatively) before the counter increment the waiter acquires. System scope where the
 // counters (and the stores) are another GPU's.
+// Head groups (signaling_gemm.h) count into head_counters, the rest from head_groups on.
 template <class Params>
 __device__ __forceinline__ void SignalGroup(const Params& params, int group) {
-  if (params.counters == nullptr) return;
-  if (params.signal_system) __threadfence_system();
+  const bool head = group < params.head_groups;
+  int32_t* counters = head ? params.head_counters : params.counters;
+  if (counters == nullptr) return;
+  if (head || params.signal_system) __threadfence_system();
   else __threadfence();
-  atomicAdd(params.counters + group, 1);
+  atomicAdd(counters + (head ? group : group - params.head_groups), 1);
 }
 
 // One warp's 16 accumulator rows (fragment values [value0, value0 + BN / 2): the warp's rows
@@ -89,8 +92,9 @@ template <class Params>
 __device__ __forceinline__ void WaitAddCounters(const Params& params, int group) {
   if (params.add_counters == nullptr) return;
   const int tiles = TilesOfGroup(params.sched, group);
+  const int groups = params.sched.num_groups - params.head_groups;
   for (int s = 0; s < params.add_sources; ++s) {
-    const int32_t* counter = params.add_counters + s * params.sched.num_groups + group;
+    const int32_t* counter = params.add_counters + s * groups + (group - params.head_groups);
     while (true) {
       int32_t seen;
       asm volatile("ld.acquire.sys.global.b32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
@@ -163,11 +167,12 @@ __device__ __forceinline__ void CopyStagedRows(const typename Cfg::Params& param
                                                int first_row, int rows, int thread, int threads) {
   constexpr int kChunksPerRow = Cfg::BN / 8;
   const TileSchedule& sched = params.sched;
-  char* out = static_cast<char*>(params.out);
+  const bool head = w.group < params.head_groups;  // stored elsewhere, as it is
+  char* out = head ? params.head_out : static_cast<char*>(params.out);
   const int n0 = w.n_tile * Cfg::BN;
-  const bool add = params.add_from != nullptr;
+  const bool add = params.add_from != nullptr && !head;
   if (add) WaitAddCounters(params, w.group);
-  char* mirror = params.mirror_slot == nullptr ? nullptr : MirrorBase(params);
+  char* mirror = params.mirror_slot == nullptr || head ? nullptr : MirrorBase(params);
   for (int id = thread; id < rows * kChunksPerRow; id += threads) {
     const int row = id / kChunksPerRow, ch = id % kChunksPerRow, col = n0 + 8 * ch;
     if (first_row + row < w.rows && col < sched.n) {

@@ -261,6 +261,9 @@ struct Instance {
     params.mirror_slot = args.mirror_slot;
     params.mirror_offset = args.mirror_offset;
     params.mirror_call = args.mirror_call;
+    params.head_groups = args.head_groups;
+    params.head_out = static_cast<char*>(args.head_out);
+    params.head_counters = args.head_counters;
 #ifdef FO_TIMELINE
     params.timeline = args.timeline;
 #endif
