@@ -15,10 +15,11 @@
 //                               geometry (what NCCL's sum of the rounded partials gives)
 //   peer_reduce_test bench    : one rank on the whole GPU (comm_sms 0) with itself as its peer
 //                               (its peer stores land in its own memory: everything a real
-//                               pair does but NVLink's bandwidth and latency): plain GEMM,
-//                               cuBLAS, the two half GEMMs, reduce-scatter and all-reduce
-//                               sequences (CUDA events, interleaved, median of --iters samples
-//                               of 5 calls)
+//                               pair does but NVLink's bandwidth and latency): our GEMM,
+//                               cuBLAS, our GEMM in the sequence's 16 rotated groups, then the
+//                               reduce-scatter and all-reduce sequences with 2 and 8 bands
+//                               per block (CUDA events, interleaved, median of --iters
+//                               samples of 5 calls)
 //   peer_reduce_test sanitize : flags + the small case with the rank as its own peer (no two
 //                               kernels need to run at once: compute-sanitizer may serialize)
 // Options: --json PATH, --iters N (bench, default 15). Exit code 1 if a check failed.
@@ -376,15 +377,18 @@ void Check(bool small, cudaStream_t s) {
 
 // ------------------------------------------------------------------ bench (self as peer)
 
+// Per shape: our GEMM (one group), cuBLAS, our GEMM cut into the groups a sequence with 8
+// bands per block launches (2 x 8 bands, rotated: the grouping's own cost), then the
+// reduce-scatter and all-reduce sequences with 2 and with 8 bands per block.
 void Bench(cudaStream_t s, int* counters, int iters) {
   Cublas cublas;
   cublas.Load();
-  struct B { int64_t m, n, k; int groups; };
-  const std::vector<B> cases = {{4096, 8192, 4096, 8},  {8192, 8192, 4096, 8}, {16384, 8192, 8192, 8},
-                                {8192, 28672, 4096, 8}, {8192, 8192, 14336, 8}};
+  struct B { int64_t m, n, k; };
+  const std::vector<B> cases = {{4096, 8192, 4096}, {8192, 8192, 4096}, {16384, 8192, 8192},
+                                {8192, 28672, 4096}, {8192, 8192, 14336}};
   constexpr int kCallsPerSample = 5;
-  printf("%-20s %6s | %8s %8s %9s %8s %8s | %8s %8s\n", "per-GPU M x N x K", "groups", "GEMM", "cuBLAS", "2 halves",
-         "RS (CE)", "AR (CE)", "RS/GEMM", "AR/GEMM");
+  printf("%-18s | %7s %7s %8s | %7s %7s %7s %7s | %s\n", "per-GPU M x N x K", "GEMM", "cuBLAS", "grouped",
+         "RS b2", "RS b8", "AR b2", "AR b8", "over GEMM: grouped, RS b2, RS b8, AR b2, AR b8");
   uint64_t seed = 40000;
   for (const B& c : cases) {
     const GemmDType dt = GemmDType::kBFloat16;
@@ -393,53 +397,50 @@ void Bench(cudaStream_t s, int* counters, int iters) {
     EmulatedRank self(0, rows, c.n);
     self.PeerWith(self);
     Buf result(c.m * c.n * 2);
-    SignalingGemmArgs whole = p.Args(EvenLayout(c.m, 1, 1, 256), 0);
+    SignalingGemmArgs whole = p.Args(EvenLayout(c.m, 1, 1, 256), SelfCommSms());
     whole.counters = counters;
-    SignalingGemmArgs seq = p.base;
-    seq.comm_sms = SelfCommSms();
-    seq.layout = BandLayout(EvenBands(rows, c.groups, 256));
-    seq.queue = self.queue->p;
-    auto gemm = [&]() {
-      for (int i = 0; i < kCallsPerSample; ++i) {
-        CK(cudaMemsetAsync(counters, 0, sizeof(int) * kMaxGroups, s));
-        MustLaunch(LaunchSignalingGemm(whole, s), "GEMM");
-      }
+    SignalingGemmArgs grouped = p.Args(EvenLayout(c.m, 1, 16, 256), SelfCommSms());
+    grouped.counters = counters;
+    grouped.row_rotation = int(rows);
+    auto plain = [&](const SignalingGemmArgs& a) {
+      return [&, a]() {
+        for (int i = 0; i < kCallsPerSample; ++i) {
+          CK(cudaMemsetAsync(counters, 0, sizeof(int) * kMaxGroups, s));
+          MustLaunch(LaunchSignalingGemm(a, s), "GEMM");
+        }
+      };
     };
     auto blas = [&]() {
       for (int i = 0; i < kCallsPerSample && cublas.ok(); ++i)
         if (cublas.Run(p.base.x, p.base.w, p.out.p, int(c.m), int(c.n), int(c.k), dt, s) != 0) exit(2);
     };
-    auto halves = [&]() {
-      for (int i = 0; i < kCallsPerSample; ++i) {
-        for (int b = 0; b < 2; ++b) {
-          SignalingGemmArgs g = seq;
-          g.x = static_cast<const char*>(p.base.x) + b * rows * c.k * 2;
-          g.m = rows;
-          g.out = static_cast<char*>(p.out.p) + b * rows * c.n * 2;
-          g.counters = counters;
-          CK(cudaMemsetAsync(counters, 0, sizeof(int) * kMaxGroups, s));
-          MustLaunch(LaunchSignalingGemm(g, s), "half GEMM");
-        }
-      }
-    };
-    auto sequence = [&](PeerReduceKind kind) {
-      return [&, kind]() {
+    auto sequence = [&](PeerReduceKind kind, int bands) {
+      SignalingGemmArgs seq = p.base;
+      seq.comm_sms = SelfCommSms();
+      seq.layout = BandLayout(EvenBands(rows, bands, 256));
+      seq.queue = self.queue->p;
+      return [&, kind, seq]() {
         for (int i = 0; i < kCallsPerSample; ++i) Must(EnqueuePeerReduce(self.r, s, kind, seq, result.p), "sequence");
       };
     };
     const std::vector<float> t = TimeInterleaved(
-        {gemm, blas, halves, sequence(PeerReduceKind::kReduceScatter), sequence(PeerReduceKind::kAllReduce)}, s, iters);
+        {plain(whole), blas, plain(grouped), sequence(PeerReduceKind::kReduceScatter, 2),
+         sequence(PeerReduceKind::kReduceScatter, 8), sequence(PeerReduceKind::kAllReduce, 2),
+         sequence(PeerReduceKind::kAllReduce, 8)},
+        s, iters);
     std::vector<double> ms;
     for (float v : t) ms.push_back(v / kCallsPerSample);
     char shape[40];
     snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)c.m, (long long)c.n, (long long)c.k);
-    printf("%-20s %6d | %8.3f %8.3f %9.3f %8.3f %8.3f | %8.3f %8.3f\n", shape, c.groups, ms[0], ms[1], ms[2], ms[3],
-           ms[4], ms[3] / ms[0], ms[4] / ms[0]);
-    char buf[480];
+    printf("%-18s | %7.3f %7.3f %8.3f | %7.3f %7.3f %7.3f %7.3f | %.3f %.3f %.3f %.3f %.3f\n", shape, ms[0], ms[1],
+           ms[2], ms[3], ms[4], ms[5], ms[6], ms[2] / ms[0], ms[3] / ms[0], ms[4] / ms[0], ms[5] / ms[0], ms[6] / ms[0]);
+    char buf[512];
     snprintf(buf, sizeof buf,
-             "{\"tag\":\"bench\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"groups\":%d,\"gemm_ms\":%.4f,\"cublas_ms\":%.4f,"
-             "\"two_halves_ms\":%.4f,\"reduce_scatter_ce_ms\":%.4f,\"all_reduce_ce_ms\":%.4f}",
-             (long long)c.m, (long long)c.n, (long long)c.k, c.groups, ms[0], ms[1], ms[2], ms[3], ms[4]);
+             "{\"tag\":\"bench\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"comm_sms\":%d,\"gemm_ms\":%.4f,\"cublas_ms\":%.4f,"
+             "\"grouped_gemm_ms\":%.4f,\"reduce_scatter_2_bands_ms\":%.4f,\"reduce_scatter_8_bands_ms\":%.4f,"
+             "\"all_reduce_2_bands_ms\":%.4f,\"all_reduce_8_bands_ms\":%.4f}",
+             (long long)c.m, (long long)c.n, (long long)c.k, SelfCommSms(), ms[0], ms[1], ms[2], ms[3], ms[4], ms[5],
+             ms[6]);
     AddJson(buf);
     fflush(stdout);
   }
