@@ -171,19 +171,7 @@ __device__ __forceinline__ void CopyStagedRows(const typename Cfg::Params& param
   char* out = head ? params.head_out : static_cast<char*>(params.out);
   const int n0 = w.n_tile * Cfg::BN;
   const bool add = params.add_from != nullptr && !head;
-  if (add) {
-    WaitAddCounters(params, w.group);
-    // Every partial this thread will add, asked into L2 at once: the loop below then waits
-    // for L2 per chunk instead of for DRAM (its load, add and store are serial per chunk).
-    for (int id = thread; id < rows * kChunksPerRow; id += threads) {
-      const int row = id / kChunksPerRow, col = n0 + 8 * (id % kChunksPerRow);
-      if (first_row + row >= w.rows || col >= sched.n) continue;
-      const int64_t offset = OutOffset(w.dst_row, first_row + row, col, sched.m, sched.n,
-                                       params.out_col_block);
-      for (int s = 0; s < params.add_sources; ++s)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(params.add_from + s * params.add_stride + offset));
-    }
-  }
+  if (add) WaitAddCounters(params, w.group);
   char* mirror = params.mirror_slot == nullptr || head ? nullptr : MirrorBase(params);
   for (int id = thread; id < rows * kChunksPerRow; id += threads) {
     const int row = id / kChunksPerRow, ch = id % kChunksPerRow, col = n0 + 8 * ch;
