@@ -43,55 +43,31 @@ Status PostResultAddress(PeerReduceRank& r, cudaStream_t stream, const void* res
   return EnqueueWriteFlag(stream, mailbox + 2, call);
 }
 
-// `base` moved back by `bytes`: the address the kernel adds a row's offset to, for buffers
-// that hold only some rows of the launch's output (never dereferenced outside them).
-template <class T>
-T* Behind(T* base, size_t bytes) {
-  return reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(base) - bytes);
-}
-
 Status EnqueueCall(PeerReduceRank& r, cudaStream_t stream, PeerReduceKind kind,
                    const SignalingGemmArgs& gemm, char* result, int32_t call) {
   const bool all_reduce = kind == PeerReduceKind::kAllReduce;
-  const int64_t rows = gemm.m / 2;
-  const size_t row_bytes = static_cast<size_t>(gemm.n) * 2;
-  const int peer = 1 - r.rank;
-  const size_t own_rows_at = r.rank * rows * row_bytes, peer_rows_at = peer * rows * row_bytes;
   const int bands = gemm.layout.num_groups;
 
   // 1. The peer has finished the previous call: its recv is free, its counters are zero.
   FO_RETURN_IF_NOT_OK(EnqueueWaitGeq(stream, r.signals + kPeerCredit, call - 1, r.wait_method));
   if (all_reduce) FO_RETURN_IF_NOT_OK(PostResultAddress(r, stream, result, call));
-  // 2-3. One launch over both blocks, the peer's first (row rotation): its bands are the head
-  // groups, stored into the peer's recv; then our bands, plus the peer's partial of them.
-  SignalingGemmArgs fused = gemm;
-  fused.row_rotation = static_cast<int>(peer * rows);
-  fused.layout.num_groups = 2 * bands;
-  for (int g = 0; g <= bands; ++g) fused.layout.band_rows[bands + g] = static_cast<int>(rows + gemm.layout.band_rows[g]);
-  fused.layout.band_rows[2 * bands] = static_cast<int>(2 * rows);
-  fused.head_groups = bands;
-  fused.head_out = Behind(static_cast<char*>(r.peer_recv), peer_rows_at);
-  fused.head_counters = r.peer_signals + kPeerArrived;
-  fused.out = all_reduce ? result : Behind(result, own_rows_at);
-  fused.add_from = Behind(static_cast<const char*>(r.recv), own_rows_at);
-  fused.add_sources = 1;
-  fused.add_counters = r.signals + kPeerArrived;
-  fused.counters = nullptr;
-  if (all_reduce) {  // every tile of ours also into the peer's result, counted in its gathered
-    fused.mirror_slot = r.signals + kPeerMailbox;
-    fused.mirror_call = call;
-    fused.counters = r.peer_signals + kPeerGathered;
-    fused.signal_system = true;
-  }
+  // 2. One launch over both blocks, the peer's first (peer_reduce_args.h).
+  PeerReduceBuffers buffers;
+  buffers.rank = r.rank;
+  buffers.recv = r.recv;
+  buffers.signals = r.signals;
+  buffers.peer_recv = r.peer_recv;
+  buffers.peer_signals = r.peer_signals;
+  const SignalingGemmArgs fused = PeerReduceLaunchArgs(buffers, kind, gemm, result, call);
   FO_RETURN_IF_NOT_OK(GemmLaunchStatus(LaunchSignalingGemm(fused, stream), "signaling GEMM launch"));
-  // 4. All-reduce: the peer's block of our result is complete.
+  // 3. All-reduce: the peer's block of our result is complete.
   if (all_reduce) {
     for (int g = 0; g < bands; ++g) {
       FO_RETURN_IF_NOT_OK(EnqueueWaitGeq(stream, r.signals + kPeerGathered + g,
                                          static_cast<int32_t>(TilesInGroup(fused, bands + g)), r.wait_method));
     }
   }
-  // 5. Our recv is read and our counters complete: reset them, then the peer may go on.
+  // 4. Our recv is read and our counters complete: reset them, then the peer may go on.
   FO_RETURN_IF_CUDA(cudaMemsetAsync(r.signals, 0, sizeof(int32_t) * kPeerCredit, stream));
   return EnqueueWriteFlag(stream, r.peer_signals + kPeerCredit, call);
 }

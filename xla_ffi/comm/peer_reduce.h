@@ -24,22 +24,12 @@
 
 #include <cstdint>
 
+#include "xla_ffi/comm/peer_reduce_args.h"
 #include "xla_ffi/comm/status.h"
 #include "xla_ffi/comm/stream_wait.h"
 #include "xla_ffi/kernels/signaling_gemm.h"
 
 namespace flashoverlap {
-
-// A rank's signal words (PeerReduceRank::signals), int32 slots, written by its peer.
-constexpr int kPeerArrived = 0;              // [kMaxGroups] tiles of our block's partial stored in recv
-constexpr int kPeerGathered = kMaxGroups;    // [kMaxGroups] all-reduce: tiles stored in our result
-constexpr int kPeerCredit = 2 * kMaxGroups;  // calls the peer has finished
-// 3 words, 8-byte aligned: the peer's result (low, high), then the call that posted it
-// (SignalingGemmArgs::mirror_slot).
-constexpr int kPeerMailbox = 2 * kMaxGroups + 2;
-constexpr int kPeerSignalWords = 2 * kMaxGroups + 6;
-
-enum class PeerReduceKind { kAllReduce, kReduceScatter };
 
 // One rank's state. `recv` holds rows_per_block x N elements of the GEMM's dtype at least;
 // `signals` kPeerSignalWords int32, zeroed once before the first call (the counters are reset
