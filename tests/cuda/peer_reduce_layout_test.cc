@@ -13,46 +13,21 @@
 #include <random>
 #include <vector>
 
+#include "tests/cuda/host_check.h"
 #include "xla_ffi/comm/peer_reduce_args.h"
 #include "xla_ffi/kernels/tile_schedule.h"
 
 using namespace flashoverlap;
+using host_check::g_failures;
 
 namespace {
 
-int g_failures = 0;
-
-#define EXPECT(cond, ...)                \
-  do {                                   \
-    if (!(cond)) {                       \
-      if (g_failures++ < 20) {           \
-        std::printf("FAIL %s: ", #cond); \
-        std::printf(__VA_ARGS__);        \
-        std::printf("\n");               \
-      }                                  \
-    }                                    \
-  } while (0)
-
 uintptr_t At(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
-// The launcher's schedule for these args (signaling_gemm.cu, PlanLaunch), for a tile shape.
+// The launcher's schedule for these args, for a tile shape.
 TileSchedule Schedule(const SignalingGemmArgs& a, int bm, int bn, int cm) {
-  TileSchedule s;
-  s.m = int(a.m);
-  s.n = int(a.n);
-  s.num_blocks = a.layout.num_blocks;
-  s.num_groups = a.layout.num_groups;
-  s.rows_per_block = int(a.m / a.layout.num_blocks);
-  s.block_m = bm;
-  s.block_n = bn;
-  s.cluster_m = cm;
-  s.n_tiles = CeilDiv(int(a.n), bn);
-  s.panel = 8;
-  s.serpentine = 1;
-  for (int g = 0; g <= s.num_groups; ++g) s.band_rows[g] = a.layout.band_rows[g];
-  s.row_rotation = a.row_rotation;
-  CountUnits(s);
-  return s;
+  const std::vector<int> bands(a.layout.band_rows, a.layout.band_rows + a.layout.num_groups + 1);
+  return host_check::Build(int(a.m), int(a.n), a.layout.num_blocks, bands, bm, bn, cm, 8, a.row_rotation);
 }
 
 int TilesOf(const TileSchedule& s, int g) {
