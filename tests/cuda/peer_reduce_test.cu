@@ -209,7 +209,7 @@ struct EmulatedRank {
   cudaStream_t compute;
   std::unique_ptr<Buf> recv, signals, queue;
   EmulatedRank(int rank, int64_t rows, int64_t n) {
-    r.rank = rank;
+    r.buffers.rank = rank;
     CK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
     r.wait_method = ChosenWaitMethod(0);
     const size_t bytes = size_t(rows) * n * 2;
@@ -218,12 +218,12 @@ struct EmulatedRank {
     queue = std::make_unique<Buf>(kGemmQueueBytes);
     CK(cudaMemset(recv->p, 0xFF, bytes));  // NaN: a partial read before it arrived shows
     CK(cudaMemset(signals->p, 0, sizeof(int32_t) * kPeerSignalWords));
-    r.recv = recv->p;
-    r.signals = (int32_t*)signals->p;
+    r.buffers.recv = recv->p;
+    r.buffers.signals = (int32_t*)signals->p;
   }
   void PeerWith(EmulatedRank& peer) {
-    r.peer_recv = peer.r.recv;
-    r.peer_signals = peer.r.signals;
+    r.buffers.peer_recv = peer.recv->p;
+    r.buffers.peer_signals = peer.r.buffers.signals;
   }
   ~EmulatedRank() { cudaStreamDestroy(compute); }
 };

@@ -10,7 +10,7 @@
 namespace flashoverlap {
 namespace {
 
-Status CheckArgs(const PeerReduceRank& r, const SignalingGemmArgs& gemm, const void* result) {
+Status CheckArgs(const PeerReduceBuffers& r, const SignalingGemmArgs& gemm, const void* result) {
   if (r.rank != 0 && r.rank != 1) return Status::Error("rank must be 0 or 1");
   if (gemm.m < 2 || gemm.m % 2 != 0) return Status::Error("M must be even (two row blocks)");
   const GroupLayout& layout = gemm.layout;
@@ -35,7 +35,7 @@ Status CheckArgs(const PeerReduceRank& r, const SignalingGemmArgs& gemm, const v
 // The peer's mailbox <- our result's address (two words), then the call's stamp: each
 // stream write is preceded by a memory barrier, so a kernel that reads this call's stamp
 // (acquire) reads this call's address.
-Status PostResultAddress(PeerReduceRank& r, cudaStream_t stream, const void* result, int32_t call) {
+Status PostResultAddress(const PeerReduceBuffers& r, cudaStream_t stream, const void* result, int32_t call) {
   const uint64_t address = reinterpret_cast<uintptr_t>(result);
   int32_t* mailbox = r.peer_signals + kPeerMailbox;
   FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, mailbox, static_cast<int32_t>(address & 0xffffffffu)));
@@ -43,28 +43,22 @@ Status PostResultAddress(PeerReduceRank& r, cudaStream_t stream, const void* res
   return EnqueueWriteFlag(stream, mailbox + 2, call);
 }
 
-Status EnqueueCall(PeerReduceRank& r, cudaStream_t stream, PeerReduceKind kind,
-                   const SignalingGemmArgs& gemm, char* result, int32_t call) {
+Status EnqueueCall(const PeerReduceBuffers& r, WaitMethod wait, cudaStream_t stream,
+                   PeerReduceKind kind, const SignalingGemmArgs& gemm, char* result, int32_t call) {
   const bool all_reduce = kind == PeerReduceKind::kAllReduce;
   const int bands = gemm.layout.num_groups;
 
   // 1. The peer has finished the previous call: its recv is free, its counters are zero.
-  FO_RETURN_IF_NOT_OK(EnqueueWaitGeq(stream, r.signals + kPeerCredit, call - 1, r.wait_method));
+  FO_RETURN_IF_NOT_OK(EnqueueWaitGeq(stream, r.signals + kPeerCredit, call - 1, wait));
   if (all_reduce) FO_RETURN_IF_NOT_OK(PostResultAddress(r, stream, result, call));
   // 2. One launch over both blocks, the peer's first (peer_reduce_args.h).
-  PeerReduceBuffers buffers;
-  buffers.rank = r.rank;
-  buffers.recv = r.recv;
-  buffers.signals = r.signals;
-  buffers.peer_recv = r.peer_recv;
-  buffers.peer_signals = r.peer_signals;
-  const SignalingGemmArgs fused = PeerReduceLaunchArgs(buffers, kind, gemm, result, call);
+  const SignalingGemmArgs fused = PeerReduceLaunchArgs(r, kind, gemm, result, call);
   FO_RETURN_IF_NOT_OK(GemmLaunchStatus(LaunchSignalingGemm(fused, stream), "signaling GEMM launch"));
   // 3. All-reduce: the peer's block of our result is complete.
   if (all_reduce) {
     for (int g = 0; g < bands; ++g) {
       FO_RETURN_IF_NOT_OK(EnqueueWaitGeq(stream, r.signals + kPeerGathered + g,
-                                         static_cast<int32_t>(TilesInGroup(fused, bands + g)), r.wait_method));
+                                         static_cast<int32_t>(TilesInGroup(fused, bands + g)), wait));
     }
   }
   // 4. Our recv is read and our counters complete: reset them, then the peer may go on.
@@ -76,10 +70,13 @@ Status EnqueueCall(PeerReduceRank& r, cudaStream_t stream, PeerReduceKind kind,
 
 Status EnqueuePeerReduce(PeerReduceRank& rank, cudaStream_t stream, PeerReduceKind kind,
                          SignalingGemmArgs gemm, void* result) {
-  FO_RETURN_IF_NOT_OK(CheckArgs(rank, gemm, result));
+  FO_RETURN_IF_NOT_OK(CheckArgs(rank.buffers, gemm, result));
   const int32_t call = static_cast<int32_t>(++rank.calls);
-  Status status = EnqueueCall(rank, stream, kind, gemm, static_cast<char*>(result), call);
-  if (!status.ok()) status.message = "peer reduce (rank " + std::to_string(rank.rank) + "): " + status.message;
+  Status status = EnqueueCall(rank.buffers, rank.wait_method, stream, kind, gemm,
+                              static_cast<char*>(result), call);
+  if (!status.ok()) {
+    status.message = "peer reduce (rank " + std::to_string(rank.buffers.rank) + "): " + status.message;
+  }
   return status;
 }
 

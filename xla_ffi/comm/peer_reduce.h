@@ -31,19 +31,12 @@
 
 namespace flashoverlap {
 
-// One rank's state. `recv` holds rows_per_block x N elements of the GEMM's dtype at least;
-// `signals` kPeerSignalWords int32, zeroed once before the first call (the counters are reset
-// by every call, the credit counts calls). The peer_* pointers are the peer's recv and
-// signals as this rank's kernels and streams address them (the same device, or a peer device
-// with peer access enabled).
+// One rank's state: its buffers and its peer's (peer_reduce_args.h), how it waits, and the
+// calls it has enqueued (the flag values are call numbers).
 struct PeerReduceRank {
-  int rank = 0;  // 0 or 1
+  PeerReduceBuffers buffers;
   WaitMethod wait_method = WaitMethod::kStreamOp;
-  void* recv = nullptr;
-  int32_t* signals = nullptr;
-  void* peer_recv = nullptr;
-  int32_t* peer_signals = nullptr;
-  uint32_t calls = 0;  // calls enqueued so far
+  uint32_t calls = 0;
 };
 
 // Enqueues one call on `stream`. `gemm` describes the whole local GEMM: x [M, K] (both

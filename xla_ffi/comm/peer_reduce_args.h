@@ -22,7 +22,11 @@ constexpr int kPeerSignalWords = 2 * kMaxGroups + 6;
 
 enum class PeerReduceKind { kAllReduce, kReduceScatter };
 
-// Where one rank's launch reads and writes: its own recv and signals, the peer's.
+// Where one rank's launch reads and writes: its own recv and signals, the peer's. `recv`
+// holds rows_per_block x N elements of the GEMM's dtype at least; `signals` kPeerSignalWords
+// int32, zeroed once before the first call (the counters are reset by every call, the credit
+// counts calls). The peer_* pointers are the peer's recv and signals as this rank's kernels
+// and streams address them (the same device, or a peer device with peer access enabled).
 struct PeerReduceBuffers {
   int rank = 0;  // 0 or 1
   const void* recv = nullptr;

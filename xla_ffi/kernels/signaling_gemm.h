@@ -119,8 +119,9 @@ struct SignalingGemmArgs {
   //   round(float(round(acc)) + sum over s < add_sources of float(add_from_s[e]))
   // where add_from_s = add_from + s * add_stride bytes, each laid out like `out` (the element
   // at the same offset as its destination). For one source this is, bit for bit, what NCCL's
-  // sum of the two rounded partials gives. add_counters[s * num_groups + g] counts the tiles
-  // of group g that source s has stored (the source's own launch, with this launch's layout
+  // sum of the two rounded partials gives. add_counters[s * num_groups + g] (with head groups:
+  // [s * (num_groups - head_groups) + g - head_groups]) counts the tiles of group g that
+  // source s has stored (the source's own launch, with this launch's layout
   // and tile shape, signalling into it): before reading a tile's partials the storing threads
   // wait until it reaches TilesInGroup(g) (acquire, system scope: another GPU may have
   // written counter and data). Null add_counters: the partials are ready before the launch.

@@ -124,7 +124,8 @@ __device__ __forceinline__ char* MirrorBase(const Params& params) {
 
 // Eight staged (already rounded) values plus the same eight elements of every source, summed
 // in fp32 and rounded once: for one source exactly NCCL's sum of two rounded partials. The
-// partials are read through L2 (ld.global.cg): another engine wrote them during the launch.
+// partials are read through L2 (ld.global.cg): another GPU (or this launch's head tiles)
+// wrote them while the launch ran.
 template <class Cfg>
 __device__ __forceinline__ uint4 AddPartialSums(const typename Cfg::Params& params, uint4 v,
                                                 int64_t offset) {
