@@ -12,14 +12,18 @@
 //                               inputs each, results poisoned first: against the fp32
 //                               reference of x0 @ w0 + x1 @ w1, and bit for bit against
 //                               round(round(P0) + round(P1)) from two plain GEMMs of the same
-//                               geometry (what NCCL's sum of the rounded partials gives)
+//                               geometry (what NCCL's sum of the rounded partials gives);
+//                               odd calls load the partials one chunk at a time (add_serial),
+//                               even ones through the add ring where the tile has one
+//                               (128x256; FLASHOVERLAP_GEMM_TILE=256 forces it on small cases)
 //   peer_reduce_test bench    : one rank on the whole GPU (comm_sms 0) with itself as its peer
 //                               (its peer stores land in its own memory: everything a real
 //                               pair does but NVLink's bandwidth and latency): our GEMM,
 //                               cuBLAS, our GEMM in the sequence's 16 rotated groups, then the
 //                               reduce-scatter and all-reduce sequences with 2 and 8 bands
-//                               per block (CUDA events, interleaved, median of --iters
-//                               samples of 5 calls)
+//                               per block, and with 2 bands and add_serial (the add ring's
+//                               A/B) (CUDA events, interleaved, median of --iters samples of
+//                               5 calls)
 //   peer_reduce_test sanitize : flags + the small case with the rank as its own peer (no two
 //                               kernels need to run at once: compute-sanitizer may serialize)
 // Options: --json PATH, --iters N (bench, default 15). Exit code 1 if a check failed.
@@ -267,6 +271,7 @@ void CheckCase(const Case& c, PeerReduceKind kind, int calls, int comm_sms, cuda
       g.x = x[r][i]->p;
       g.w = w[r];
       g.queue = ranks[r].queue->p;
+      g.add_serial = i % 2 == 1;
       Must(EnqueuePeerReduce(ranks[r].r, ranks[r].compute, kind, g, result[r][i]->p), "EnqueuePeerReduce");
     }
   }
@@ -323,8 +328,11 @@ void SelfPeerCase(const Case& c, PeerReduceKind kind, int calls, cudaStream_t s)
   g.comm_sms = SelfCommSms();
   g.layout = BandLayout(c.bands);
   g.queue = self.queue->p;
-  for (int i = 0; i < calls; ++i)
+  for (int i = 0; i < calls; ++i) {
+    g.add_serial = i % 2 == 1;
     Must(EnqueuePeerReduce(self.r, s, kind, g, static_cast<char*>(results.p) + i * out_rows * c.n * 2), "EnqueuePeerReduce");
+  }
+  g.add_serial = false;
   for (int b = 0; b < 2; ++b) {
     SignalingGemmArgs h = g;
     h.x = static_cast<const char*>(p.base.x) + b * rows * c.k * 2;
@@ -380,8 +388,9 @@ void Bench(cudaStream_t s, int* counters, int iters) {
   const std::vector<B> cases = {{4096, 8192, 4096}, {8192, 8192, 4096}, {16384, 8192, 8192},
                                 {8192, 28672, 4096}, {8192, 8192, 14336}};
   constexpr int kCallsPerSample = 5;
-  printf("%-18s | %7s %7s %8s | %7s %7s %7s %7s | %s\n", "per-GPU M x N x K", "GEMM", "cuBLAS", "grouped",
-         "RS b2", "RS b8", "AR b2", "AR b8", "over GEMM: grouped, RS b2, RS b8, AR b2, AR b8");
+  printf("%-18s | %7s %7s %8s | %7s %7s %7s %7s %7s %7s | %s\n", "per-GPU M x N x K", "GEMM", "cuBLAS", "grouped",
+         "RS b2", "RS b8", "AR b2", "AR b8", "RS b2s", "AR b2s",
+         "over GEMM: grouped, RS b2, RS b8, AR b2, AR b8, RS b2 serial, AR b2 serial");
   uint64_t seed = 40000;
   for (const B& c : cases) {
     const GemmDType dt = GemmDType::kBFloat16;
@@ -407,8 +416,9 @@ void Bench(cudaStream_t s, int* counters, int iters) {
       for (int i = 0; i < kCallsPerSample && cublas.ok(); ++i)
         if (cublas.Run(p.base.x, p.base.w, p.out.p, int(c.m), int(c.n), int(c.k), dt, s) != 0) exit(2);
     };
-    auto sequence = [&](PeerReduceKind kind, int bands) {
+    auto sequence = [&](PeerReduceKind kind, int bands, bool serial = false) {
       SignalingGemmArgs seq = p.base;
+      seq.add_serial = serial;
       seq.comm_sms = SelfCommSms();
       seq.layout = BandLayout(EvenBands(rows, bands, 256));
       seq.queue = self.queue->p;
@@ -419,21 +429,24 @@ void Bench(cudaStream_t s, int* counters, int iters) {
     const std::vector<float> t = TimeInterleaved(
         {plain(whole), blas, plain(grouped), sequence(PeerReduceKind::kReduceScatter, 2),
          sequence(PeerReduceKind::kReduceScatter, 8), sequence(PeerReduceKind::kAllReduce, 2),
-         sequence(PeerReduceKind::kAllReduce, 8)},
+         sequence(PeerReduceKind::kAllReduce, 8), sequence(PeerReduceKind::kReduceScatter, 2, true),
+         sequence(PeerReduceKind::kAllReduce, 2, true)},
         s, iters);
     std::vector<double> ms;
     for (float v : t) ms.push_back(v / kCallsPerSample);
     char shape[40];
     snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)c.m, (long long)c.n, (long long)c.k);
-    printf("%-18s | %7.3f %7.3f %8.3f | %7.3f %7.3f %7.3f %7.3f | %.3f %.3f %.3f %.3f %.3f\n", shape, ms[0], ms[1],
-           ms[2], ms[3], ms[4], ms[5], ms[6], ms[2] / ms[0], ms[3] / ms[0], ms[4] / ms[0], ms[5] / ms[0], ms[6] / ms[0]);
-    char buf[512];
+    printf("%-18s | %7.3f %7.3f %8.3f | %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f | %.3f %.3f %.3f %.3f %.3f %.3f %.3f\n",
+           shape, ms[0], ms[1], ms[2], ms[3], ms[4], ms[5], ms[6], ms[7], ms[8], ms[2] / ms[0], ms[3] / ms[0],
+           ms[4] / ms[0], ms[5] / ms[0], ms[6] / ms[0], ms[7] / ms[0], ms[8] / ms[0]);
+    char buf[768];
     snprintf(buf, sizeof buf,
              "{\"tag\":\"bench\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"comm_sms\":%d,\"gemm_ms\":%.4f,\"cublas_ms\":%.4f,"
              "\"grouped_gemm_ms\":%.4f,\"reduce_scatter_2_bands_ms\":%.4f,\"reduce_scatter_8_bands_ms\":%.4f,"
-             "\"all_reduce_2_bands_ms\":%.4f,\"all_reduce_8_bands_ms\":%.4f}",
+             "\"all_reduce_2_bands_ms\":%.4f,\"all_reduce_8_bands_ms\":%.4f,"
+             "\"reduce_scatter_2_bands_add_serial_ms\":%.4f,\"all_reduce_2_bands_add_serial_ms\":%.4f}",
              (long long)c.m, (long long)c.n, (long long)c.k, SelfCommSms(), ms[0], ms[1], ms[2], ms[3], ms[4], ms[5],
-             ms[6]);
+             ms[6], ms[7], ms[8]);
     AddJson(buf);
     fflush(stdout);
   }

@@ -132,6 +132,10 @@ struct SignalingGemmArgs {
   int64_t add_stride = 0;  // bytes, a multiple of 16
   int add_sources = 0;     // 1 .. kMaxAddSources
   const int32_t* add_counters = nullptr;
+  // Tests only (the A/B of the 128x256 instances' add ring, signaling_gemm_config.cuh): load
+  // the partials one 16-byte chunk at a time, as the 128x128 instances and several sources
+  // always do. Same results bit for bit.
+  bool add_serial = false;
   // Counters in another GPU's memory (out, too, may be there): fence at system scope, not
   // GPU scope, before each signal, so the tile's stores are visible to that GPU first.
   bool signal_system = false;

@@ -31,6 +31,9 @@ using namespace cute;
 //  - ping-pong: each consumer warpgroup computes whole tiles of its own, alternating, and
 //    stores one while the other's mainloop runs, so a tile boundary no longer stops the
 //    tensor cores (docs/signaling_gemm.md, "Ping-pong consumers").
+// The producer warpgroup's three warps that store the overlapped epilogue's tiles.
+constexpr int kCopyOutThreads = 96;
+
 enum class ConsumerSchedule { kCooperative, kCooperativeOverlap, kPingPong };
 
 // w as the caller stores it: [K, N] row-major (N-major for the MMA), or [N, K] row-major
@@ -76,6 +79,18 @@ struct Config {
   static constexpr int kSmemCapacity = 232448;  // sm_90 opt-in dynamic smem per block
   static constexpr int kStageBytes = (BM + BN) * BK * int(sizeof(Element));
   static constexpr int kStages = (kSmemCapacity - kEpiBytes - 1024) / kStageBytes;
+  // Reduction in the epilogue (add_from): the copy-out warps load the partial sums with
+  // cp.async into a ring of kAddRingSlots 16-byte slots per thread, that many loads in flight
+  // per thread instead of one (a serial L2 load per chunk made the add cost 5-16%: DESIGN.md,
+  // "Peer stores"). Only from the smem the mainloop stages leave over (no stage is given up):
+  // 8 slots (12 KB) at 128x256; none at 128x128, which then loads one chunk at a time.
+  static constexpr int kAddRingLeftover =
+      kSmemCapacity - kEpiBytes - 1024 - kStages * kStageBytes;
+  static constexpr int kAddRingFit = kAddRingLeftover / (kCopyOutThreads * 16);
+  static constexpr int kAddRingSlots =
+      !kOverlapEpilogue || kAddRingFit < 2 ? 0 : (kAddRingFit < 8 ? kAddRingFit : 8);
+  static_assert(!kOverlapEpilogue || BN != 256 || kAddRingSlots == 8,
+                "the 128x256 overlapped instances keep their 3 stages and an 8-slot add ring");
   static_assert(kStages + 3 <= kQueueRingSlots, "the leader may run kStages units ahead of its partner");
   // Split tail: one partial tile per CTA (kMmaThreads consumer threads x their accumulators).
   static constexpr size_t kPartialBytes = size_t(BM) * BN * 4;
@@ -110,6 +125,7 @@ struct Config {
     // 128-byte TMA/wgmma swizzle needs.
     typename Mainloop::TensorStorage mainloop;
     alignas(16) uint32_t epi[kEpiWords];
+    alignas(16) uint4 add_ring[kAddRingSlots > 0 ? kAddRingSlots * kCopyOutThreads : 1];
     alignas(16) typename Mainloop::PipelineStorage pipeline;
     alignas(16) typename UnitPipeline::SharedStorage unit_pipeline;
     PieceSlot pieces[kUnitSlots];  // PieceWork (work_units.cuh)
@@ -139,6 +155,7 @@ struct Config {
     int64_t add_stride;
     int add_sources;
     const int32_t* add_counters;  // [source][group]; null: the partials are ready
+    bool add_serial;              // tests: no add ring (signaling_gemm.h)
     bool signal_system;
     const int32_t* mirror_slot;
     int64_t mirror_offset;
@@ -221,7 +238,6 @@ __device__ __forceinline__ void HandOffBarrier(int id, int threads) {
 constexpr int kBarWarpGroup0 = 8;   // +1 for consumer warpgroup 1
 constexpr int kBarConsumers = 10;   // both consumer warpgroups (256 threads)
 constexpr int kBarCopyOut = 13;     // the 96 copy-out threads among themselves
-constexpr int kCopyOutThreads = 96;
 constexpr int kConsumerThreads = 256;
 
 }  // namespace sg

@@ -165,7 +165,7 @@ __device__ void PingPongConsumer(const typename Cfg::Params& params,
     for (int half = 0; half < 2; ++half) {
       StageWarpRows<Cfg>(epi + 16 * warp * Cfg::kEpiPitchWords, accum, half * (Cfg::BN / 2), lane);
       NamedBarrierSync(barrier, 128);
-      CopyStagedRows<Cfg>(params, epi, w, 64 * half, 64, wg_thread, 128);
+      CopyStagedRows<Cfg>(params, epi, w, 64 * half, 64, wg_thread, 128, /*add_ring=*/nullptr);
 #ifndef FO_TEST_PLANT_RACE  // defined only by the sanitizer's negative-control test build
       // WAR on the staging rows; after the second half, every store of the tile precedes it.
       NamedBarrierSync(barrier, 128);

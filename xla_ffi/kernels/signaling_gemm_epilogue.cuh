@@ -122,6 +122,32 @@ __device__ __forceinline__ char* MirrorBase(const Params& params) {
   return reinterpret_cast<char*>((uint64_t(hi) << 32) | lo) + params.mirror_offset;
 }
 
+// Sums of 16-byte chunks (eight elements) in fp32: a chunk's values added into `sum`, and the
+// sum rounded back to one chunk.
+template <class E>
+__device__ __forceinline__ void AccumulateChunk(float2 (&sum)[4], uint4 chunk) {
+  using E2 = std::conditional_t<std::is_same_v<E, cutlass::bfloat16_t>, __nv_bfloat162, __half2>;
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(&chunk);
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < 4; ++i) {
+    uint32_t word = words[i];
+    const E2 pair = *reinterpret_cast<E2*>(&word);
+    float2 f;
+    if constexpr (std::is_same_v<E2, __nv_bfloat162>) f = __bfloat1622float2(pair);
+    else f = __half22float2(pair);
+    sum[i].x += f.x;
+    sum[i].y += f.y;
+  }
+}
+template <class E>
+__device__ __forceinline__ uint4 RoundChunk(const float2 (&sum)[4]) {
+  uint4 r;
+  uint32_t* rw = reinterpret_cast<uint32_t*>(&r);
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < 4; ++i) rw[i] = PackPair<E>(sum[i].x, sum[i].y);
+  return r;
+}
+
 // Eight staged (already rounded) values plus the same eight elements of every source, summed
 // in fp32 and rounded once: for one source exactly NCCL's sum of two rounded partials. The
 // partials are read through L2 (ld.global.cg): another GPU (or this launch's head tiles)
@@ -130,59 +156,114 @@ template <class Cfg>
 __device__ __forceinline__ uint4 AddPartialSums(const typename Cfg::Params& params, uint4 v,
                                                 int64_t offset) {
   using E = typename Cfg::Element;
-  using E2 = std::conditional_t<std::is_same_v<E, cutlass::bfloat16_t>, __nv_bfloat162, __half2>;
-  auto to_float2 = [](uint32_t word) {
-    E2 pair = *reinterpret_cast<E2*>(&word);
-    if constexpr (std::is_same_v<E2, __nv_bfloat162>) return __bfloat1622float2(pair);
-    else return __half22float2(pair);
-  };
-  float2 sum[4];
-  const uint32_t* vw = reinterpret_cast<const uint32_t*>(&v);
-  CUTLASS_PRAGMA_UNROLL
-  for (int i = 0; i < 4; ++i) sum[i] = to_float2(vw[i]);
-  for (int s = 0; s < params.add_sources; ++s) {
-    const uint4 p = __ldcg(reinterpret_cast<const uint4*>(params.add_from + s * params.add_stride + offset));
-    const uint32_t* pw = reinterpret_cast<const uint32_t*>(&p);
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = to_float2(pw[i]);
-      sum[i].x += f.x;
-      sum[i].y += f.y;
+  float2 sum[4] = {};
+  AccumulateChunk<E>(sum, v);
+  for (int s = 0; s < params.add_sources; ++s)
+    AccumulateChunk<E>(sum, __ldcg(reinterpret_cast<const uint4*>(params.add_from + s * params.add_stride + offset)));
+  return RoundChunk<E>(sum);
+}
+
+// One 16-byte chunk of a staged tile: chunk `id` of rows [first_row, first_row + rows) is
+// tile row first_row + id / (BN / 8), columns 8 * (id % (BN / 8)) on; `valid` false past the
+// tile's valid rows or past N (not stored).
+struct StagedChunk {
+  int row, ch;
+  int64_t offset;  // in out (and in every partial-sum source, laid out alike)
+  bool valid;
+};
+template <class Cfg>
+__device__ __forceinline__ StagedChunk LocateChunk(const TileSchedule& sched, const TileWork& w,
+                                                   int out_col_block, int first_row, int id) {
+  constexpr int kChunksPerRow = Cfg::BN / 8;
+  StagedChunk c;
+  c.row = id / kChunksPerRow;
+  c.ch = id % kChunksPerRow;
+  const int col = w.n_tile * Cfg::BN + 8 * c.ch;
+  c.valid = first_row + c.row < w.rows && col < sched.n;
+  c.offset = c.valid ? OutOffset(w.dst_row, first_row + c.row, col, sched.m, sched.n, out_col_block) : 0;
+  return c;
+}
+
+__device__ __forceinline__ void CopyAsync16(void* smem, const void* global) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(addr), "l"(global) : "memory");
+}
+__device__ __forceinline__ void CopyAsyncCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void CopyAsyncWait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
+// CopyStagedRows' reduction with one source through the add ring (signaling_gemm_config.cuh,
+// kAddRingSlots = D): this thread's j-th chunk loads its partial into its own slot j % D, D
+// loads ahead of the add, so D loads are in flight instead of one. A slot is only refilled
+// after the add that read it was stored (the store depends on the value read), and each
+// thread reads only its own slots, after its own wait_group: no barrier. The loads follow
+// WaitAddCounters' acquire in program order, as the serial loads do.
+template <class Cfg>
+__device__ __forceinline__ void CopyAddRingRows(const typename Cfg::Params& params,
+                                                const uint32_t* staged, const TileWork& w,
+                                                int first_row, int rows, int thread, int threads,
+                                                char* out, char* mirror, uint4* ring) {
+  using E = typename Cfg::Element;
+  constexpr int D = Cfg::kAddRingSlots;
+  const int chunks = rows * (Cfg::BN / 8);
+  uint4* slots = ring + thread;  // slot j: slots[(j % D) * threads]
+  auto issue = [&](int j) {
+    const int id = thread + j * threads;
+    if (id < chunks) {
+      const StagedChunk c = LocateChunk<Cfg>(params.sched, w, params.out_col_block, first_row, id);
+      if (c.valid) CopyAsync16(slots + (j % D) * threads, params.add_from + c.offset);
     }
+    CopyAsyncCommit();  // one group per j, empty or not: wait_group counts groups
+  };
+#pragma unroll 1
+  for (int j = 0; j < D; ++j) issue(j);
+  for (int j = 0, id = thread; id < chunks; ++j, id += threads) {
+    CopyAsyncWait<D - 1>();  // groups 0..j complete
+    const StagedChunk c = LocateChunk<Cfg>(params.sched, w, params.out_col_block, first_row, id);
+    if (c.valid) {
+      float2 sum[4] = {};
+      AccumulateChunk<E>(sum, *reinterpret_cast<const uint4*>(staged + c.row * Cfg::kEpiPitchWords + 4 * c.ch));
+      AccumulateChunk<E>(sum, slots[(j % D) * threads]);
+      const uint4 v = RoundChunk<E>(sum);
+      *reinterpret_cast<uint4*>(out + c.offset) = v;
+      if (mirror != nullptr) *reinterpret_cast<uint4*>(mirror + c.offset) = v;
+    }
+    issue(j + D);
   }
-  uint4 r;
-  uint32_t* rw = reinterpret_cast<uint32_t*>(&r);
-  CUTLASS_PRAGMA_UNROLL
-  for (int i = 0; i < 4; ++i) rw[i] = PackPair<E>(sum[i].x, sum[i].y);
-  return r;
+  CopyAsyncWait<0>();
 }
 
 // Staged rows [0, rows) (tile rows first_row + i) to `out`, 16 bytes per thread and step, a
 // warp covering contiguous row spans; `thread` of `threads` copying threads. Rows past the
 // tile's valid rows and columns past N are not stored. With add_from, the other ranks'
-// partial sums of those elements are added on the way (once their counters are complete);
-// with a mirror slot, each chunk is stored there too.
+// partial sums of those elements are added on the way (once their counters are complete):
+// through the add ring (the copy-out warps of instances that have one, one source) or one
+// chunk at a time; with a mirror slot, each chunk is stored there too.
 template <class Cfg>
 __device__ __forceinline__ void CopyStagedRows(const typename Cfg::Params& params,
                                                const uint32_t* staged, const TileWork& w,
-                                               int first_row, int rows, int thread, int threads) {
-  constexpr int kChunksPerRow = Cfg::BN / 8;
-  const TileSchedule& sched = params.sched;
+                                               int first_row, int rows, int thread, int threads,
+                                               uint4* add_ring) {
   const bool head = w.group < params.head_groups;  // stored elsewhere, as it is
   char* out = head ? params.head_out : static_cast<char*>(params.out);
-  const int n0 = w.n_tile * Cfg::BN;
   const bool add = params.add_from != nullptr && !head;
   if (add) WaitAddCounters(params, w.group);
   char* mirror = params.mirror_slot == nullptr || head ? nullptr : MirrorBase(params);
-  for (int id = thread; id < rows * kChunksPerRow; id += threads) {
-    const int row = id / kChunksPerRow, ch = id % kChunksPerRow, col = n0 + 8 * ch;
-    if (first_row + row < w.rows && col < sched.n) {
-      uint4 v = *reinterpret_cast<const uint4*>(staged + row * Cfg::kEpiPitchWords + 4 * ch);
-      const int64_t offset = OutOffset(w.dst_row, first_row + row, col, sched.m, sched.n,
-                                       params.out_col_block);
-      if (add) v = AddPartialSums<Cfg>(params, v, offset);
-      *reinterpret_cast<uint4*>(out + offset) = v;
-      if (mirror != nullptr) *reinterpret_cast<uint4*>(mirror + offset) = v;
+  if constexpr (Cfg::kAddRingSlots > 0) {
+    if (add && add_ring != nullptr && params.add_sources == 1 && !params.add_serial) {
+      CopyAddRingRows<Cfg>(params, staged, w, first_row, rows, thread, threads, out, mirror, add_ring);
+      return;
+    }
+  }
+  for (int id = thread; id < rows * (Cfg::BN / 8); id += threads) {
+    const StagedChunk c = LocateChunk<Cfg>(params.sched, w, params.out_col_block, first_row, id);
+    if (c.valid) {
+      uint4 v = *reinterpret_cast<const uint4*>(staged + c.row * Cfg::kEpiPitchWords + 4 * c.ch);
+      if (add) v = AddPartialSums<Cfg>(params, v, c.offset);
+      *reinterpret_cast<uint4*>(out + c.offset) = v;
+      if (mirror != nullptr) *reinterpret_cast<uint4*>(mirror + c.offset) = v;
     }
   }
 }
@@ -192,7 +273,7 @@ __device__ __forceinline__ void CopyStagedRows(const typename Cfg::Params& param
 // its group, then hand the staging rows back.
 template <class Cfg>
 __device__ void CopyOutTiles(const typename Cfg::Params& params, const uint32_t* epi,
-                             typename Cfg::UnitPipeline& unit_pipe, const PieceSlot* pieces,
+                             uint4* add_ring, typename Cfg::UnitPipeline& unit_pipe, const PieceSlot* pieces,
                              cutlass::arch::ClusterBarrier& ss_full,
                              cutlass::arch::ClusterBarrier& ss_empty, int et) {
   uint32_t full_phase = 0;
@@ -212,7 +293,7 @@ __device__ void CopyOutTiles(const typename Cfg::Params& params, const uint32_t*
     ss_full.wait(full_phase);
     full_phase ^= 1;
     if (et == 0) FO_STAMP(2, np, 1);
-    CopyStagedRows<Cfg>(params, epi, w, 0, Cfg::BM, et, kCopyOutThreads);
+    CopyStagedRows<Cfg>(params, epi, w, 0, Cfg::BM, et, kCopyOutThreads, add_ring);
     if (et == 0) FO_STAMP(2, np, 2);
     ss_empty.arrive();  // this thread's reads of the staging rows are done (release)
     // Signal as in the consumers' epilogue: every copy-out store precedes this barrier, the

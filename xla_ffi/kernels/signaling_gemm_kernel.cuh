@@ -153,8 +153,8 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
       // Keep this CTA alive until every consumer of the cluster released our stages.
       mainloop.load_tail(pipeline, write_state);
     } else if constexpr (Cfg::kOverlapEpilogue) {
-      CopyOutTiles<Cfg>(params, ss.epi, unit_pipe, ss.pieces, ss.staging_full, ss.staging_empty,
-                        thread_idx - 32);
+      CopyOutTiles<Cfg>(params, ss.epi, ss.add_ring, unit_pipe, ss.pieces, ss.staging_full,
+                        ss.staging_empty, thread_idx - 32);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<232>();
@@ -256,6 +256,7 @@ struct Instance {
     params.add_from = static_cast<const char*>(args.add_from);
     params.add_stride = args.add_stride;
     params.add_sources = args.add_sources;
+    params.add_serial = args.add_serial;
     params.add_counters = args.add_counters;
     params.signal_system = args.signal_system;
     params.mirror_slot = args.mirror_slot;
