@@ -12,6 +12,7 @@
 
 #include "xla_ffi/comm/communicator.h"
 #include "xla_ffi/comm/fault_injection.h"
+#include "xla_ffi/comm/peer_stores.h"
 #include "xla_ffi/comm/trace.h"
 
 #include "cutlass/version.h"
@@ -107,6 +108,15 @@ void EnsureWorkspace(int64_t comm_id, size_t bytes) {
   ThrowIfError(status);
 }
 
+void EnsurePeerStores(int64_t comm_id, size_t recv_bytes) {
+  flashoverlap::Status status;
+  {
+    py::gil_scoped_release release;  // waits for calls in flight, as EnsureWorkspace
+    status = flashoverlap::EnsurePeerStores(comm_id, recv_bytes);
+  }
+  ThrowIfError(status);
+}
+
 void ConnectPeers(int64_t comm_id) {
   flashoverlap::Status status;
   {
@@ -148,6 +158,8 @@ py::list ListCommunicators() {
     d["peer_to_peer"] = c.peer_to_peer;
     d["cta_policy"] = c.cta_policy;
     d["workspace_error"] = c.workspace_error;
+    d["peer_recv_bytes"] = c.peer_recv_bytes;
+    d["peer_broken"] = c.peer_broken;
     out.append(d);
   }
   return out;
@@ -202,6 +214,9 @@ PYBIND11_MODULE(_xla_ffi, m) {
         "ncclConfig_t.CTAPolicy (0 default, 1 efficiency, 2 zero)");
   m.def("ensure_workspace", &EnsureWorkspace, py::arg("comm_id"), py::arg("bytes"),
         "Grows the workspaces of comm_id to at least `bytes`");
+  m.def("ensure_peer_stores", &EnsurePeerStores, py::arg("comm_id"), py::arg("recv_bytes"),
+        "Gives comm_id's local pairs peer-store buffers of at least `recv_bytes` each "
+        "(2 ranks, both local; xla_ffi/comm/peer_stores.h)");
   m.def("connect_peers", &ConnectPeers, py::arg("comm_id"),
         "Sets up the point-to-point connections of comm_id's local communicators now");
   m.def("destroy_communicators", &DestroyCommunicators, py::arg("comm_id") = 0,

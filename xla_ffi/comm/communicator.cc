@@ -5,6 +5,7 @@
 #include <memory>
 #include <utility>
 
+#include "xla_ffi/comm/peer_stores.h"
 #include "xla_ffi/comm/quiesce.h"
 #include "xla_ffi/comm/stream_write.h"
 #include "xla_ffi/comm/watchdog.h"
@@ -256,6 +257,7 @@ Status ReleaseOne(Communicator& c, bool abort) {
     if (e) keep(CudaStatus(cudaEventDestroy(e), "cudaEventDestroy"));
     e = nullptr;
   }
+  keep(FreePeerStores(c));
   if (c.counters) keep(CudaStatus(cudaFree(c.counters), "cudaFree"));
   if (c.gemm_queue) keep(CudaStatus(cudaFree(c.gemm_queue), "cudaFree"));
   c.counters = nullptr;
@@ -340,10 +342,13 @@ Status CreateCommunicators(int64_t comm_id, const ncclUniqueId& id, int world_si
     return Status::Error("cta_policy needs NCCL >= 2.27 headers at build time");
 #endif
   }
+  static int64_t groups_created = 0;  // under the admin mutex
+  const int64_t group_serial = ++groups_created;
   FO_RETURN_IF_NCCL(ncclGroupStart());
   for (const LocalRank& lr : local) {
     auto c = std::make_unique<Communicator>();
     c->comm_id = comm_id;
+    c->group_serial = group_serial;
     c->device = lr.device;
     c->rank = lr.rank;
     c->world_size = world_size;
@@ -408,6 +413,27 @@ Status EnsureWorkspace(int64_t comm_id, size_t bytes) {
   }
   if (!released.ok()) return DropWorkspaces(comms, released);
   return AllocateWorkspaces(comms, RoundWorkspace(bytes));
+}
+
+Status GrowMemberBuffers(int64_t comm_id, const char* what,
+                         const std::function<bool(const std::vector<Communicator*>&)>& needed,
+                         const MemberBufferStep& grow) {
+  std::lock_guard<std::mutex> admin(AdminMutex());
+  std::vector<Communicator*> comms = LocalMembers(comm_id);
+  if (comms.empty()) return Status::Error("no communicator with comm_id " + std::to_string(comm_id));
+  std::sort(comms.begin(), comms.end(),
+            [](const Communicator* a, const Communicator* b) { return a->rank < b->rank; });
+  if (!needed(comms)) return Status::Ok();
+  AdminHold hold(comms);
+  CallLocks calls;
+  Status quiet = QuiesceMembers(comms, kGrowWaitSeconds, &calls);
+  if (!quiet.ok()) return Status::Error(std::string(what) + " of comm_id " + std::to_string(comm_id) + ": " + quiet.message);
+  if (AnyAborted(comms)) {
+    return Status::Error(std::string(what) + " of comm_id " + std::to_string(comm_id) +
+                         ": a communicator of this group was aborted by the watchdog; restart the process");
+  }
+  DeviceScope restore_device;
+  return grow(comms);
 }
 
 Status ConnectPeers(int64_t comm_id) {
@@ -505,7 +531,7 @@ std::vector<CommunicatorSummary> ListCommunicators() {
                    c->workspace_bytes,
                    c->wait_method == WaitMethod::kStreamOp ? "stream_op" : "spin",
                    c->watchdog_seconds, c->aborted.load(), c->peer_to_peer, c->cta_policy,
-                   c->workspace_error});
+                   c->workspace_error, c->peer_recv_bytes, c->peer_broken.load()});
   }
   return out;
 }

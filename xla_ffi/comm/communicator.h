@@ -14,10 +14,12 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "xla_ffi/comm/peer_reduce.h"
 #include "xla_ffi/comm/status.h"
 #include "xla_ffi/comm/stream_wait.h"
 #include "xla_ffi/kernels/signaling_gemm.h"
@@ -26,6 +28,9 @@ namespace flashoverlap {
 
 struct Communicator {
   int64_t comm_id = 0;
+  // The local members of one group (one CreateCommunicators call) share it: a comm_id names
+  // every group of a mesh axis (e.g. the rows of a 2-D mesh), this one of them.
+  int64_t group_serial = 0;
   int device = -1;
   int rank = -1;
   int world_size = 0;
@@ -74,6 +79,17 @@ struct Communicator {
   // refuses (BeginCall); a watchdog abort that fired just before returns.
   std::atomic<bool> destroyed{false};
   bool p2p_connected = false;           // ConnectPeers done
+  // Peer stores (peer_stores.h; two ranks in this process): this member's recv buffer
+  // (peer_recv_bytes) and signal words, and the other member's, in `peer`. Read by a call
+  // only under call_mutex; swapped only as the workspace is (every member's call_mutex, no
+  // call in flight). Null peer.buffers.recv: none.
+  PeerReduceRank peer;
+  size_t peer_recv_bytes = 0;
+  bool peer_access = false;             // cudaDeviceEnablePeerAccess to the other member done
+  Communicator* peer_member = nullptr;  // the other member (communicators are never freed)
+  // A peer-store call failed: its peer may wait for this call's stores for ever, so every
+  // later peer-store call of both members refuses (the process must restart).
+  std::atomic<bool> peer_broken{false};
 };
 
 // One local member of a group: its rank in the group and its CUDA device ordinal.
@@ -105,6 +121,16 @@ Status CreateCommunicators(int64_t comm_id, const ncclUniqueId& id, int world_si
 constexpr double kGrowWaitSeconds = 600;
 Status EnsureWorkspace(int64_t comm_id, size_t bytes);
 
+// What grows other per-member buffers the way EnsureWorkspace grows the workspaces (peer
+// stores): the local members of comm_id, ordered by rank, to `needed` under the admin mutex
+// (false: nothing to do), then, if needed, to `grow` with every member's call mutex held and
+// no call in flight (quiesce.h, at most kGrowWaitSeconds), the calling thread's device
+// restored after. `what` names the step in errors.
+using MemberBufferStep = std::function<Status(const std::vector<Communicator*>&)>;
+Status GrowMemberBuffers(int64_t comm_id, const char* what,
+                         const std::function<bool(const std::vector<Communicator*>&)>& needed,
+                         const MemberBufferStep& grow);
+
 // Sets up NCCL's point-to-point connections of every local communicator of comm_id to all
 // its peers now (one grouped 1-element send/recv to each, from this thread), so the ops that
 // use ncclSend/ncclRecv never make NCCL connect lazily inside a handler, where its blocking
@@ -135,6 +161,8 @@ struct CommunicatorSummary {
   bool peer_to_peer;
   int cta_policy;
   std::string workspace_error;  // why the last workspace allocation failed (none: empty)
+  size_t peer_recv_bytes;       // peer stores' recv buffer (0: none)
+  bool peer_broken;             // a peer-store call failed: the pair refuses (restart)
 };
 std::vector<CommunicatorSummary> ListCommunicators();
 

@@ -31,6 +31,15 @@ Status RunGemmCollective(Communicator& comm, cudaStream_t stream, CollectiveKind
                          SignalingGemmArgs gemm, void* result, bool poison_workspace,
                          const char* op);
 
+// GEMM + all-reduce / reduce-scatter over a pair of local GPUs by peer stores
+// (peer_reduce_call.cc; peer_reduce.h draws the sequence): no NCCL call, no workspace. `gemm`
+// is the whole local GEMM, layout = the bands of one row block (num_blocks 1, ending at
+// M / 2); `result` [M, N] (all-reduce) or [M / 2, N]. Needs the communicator's peer stores
+// (EnsurePeerStores) holding M / 2 x N elements. A failure marks both members broken: the
+// peer's call may wait for ours for ever, so the process must restart.
+Status RunGemmPeerReduce(Communicator& comm, cudaStream_t stream, CollectiveKind kind,
+                         SignalingGemmArgs gemm, void* result, const char* op);
+
 // y = x @ w cut into world blocks of rows x cols (split 0: row blocks, split 1: column
 // blocks), exchanged so block s of the result comes from rank s (concat 0: stacked rows,
 // concat 1: side by side).

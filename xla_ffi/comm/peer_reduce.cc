@@ -43,13 +43,14 @@ Status PostResultAddress(const PeerReduceBuffers& r, cudaStream_t stream, const 
   return EnqueueWriteFlag(stream, mailbox + 2, call);
 }
 
-Status EnqueueCall(const PeerReduceBuffers& r, WaitMethod wait, cudaStream_t stream,
-                   PeerReduceKind kind, const SignalingGemmArgs& gemm, char* result, int32_t call) {
+Status EnqueueCall(const PeerReduceBuffers& r, WaitMethod wait, const volatile int* abort_flag,
+                   cudaStream_t stream, PeerReduceKind kind, const SignalingGemmArgs& gemm,
+                   char* result, int32_t call) {
   const bool all_reduce = kind == PeerReduceKind::kAllReduce;
   const int bands = gemm.layout.num_groups;
 
   // 1. The peer has finished the previous call: its recv is free, its counters are zero.
-  FO_RETURN_IF_NOT_OK(EnqueueWaitGeq(stream, r.signals + kPeerCredit, call - 1, wait));
+  FO_RETURN_IF_NOT_OK(EnqueueWaitGeq(stream, r.signals + kPeerCredit, call - 1, wait, abort_flag));
   if (all_reduce) FO_RETURN_IF_NOT_OK(PostResultAddress(r, stream, result, call));
   // 2. One launch over both blocks, the peer's first (peer_reduce_args.h).
   const SignalingGemmArgs fused = PeerReduceLaunchArgs(r, kind, gemm, result, call);
@@ -58,7 +59,8 @@ Status EnqueueCall(const PeerReduceBuffers& r, WaitMethod wait, cudaStream_t str
   if (all_reduce) {
     for (int g = 0; g < bands; ++g) {
       FO_RETURN_IF_NOT_OK(EnqueueWaitGeq(stream, r.signals + kPeerGathered + g,
-                                         static_cast<int32_t>(TilesInGroup(fused, bands + g)), wait));
+                                         static_cast<int32_t>(TilesInGroup(fused, bands + g)), wait,
+                                         abort_flag));
     }
   }
   // 4. Our recv is read and our counters complete: reset them, then the peer may go on.
@@ -72,7 +74,7 @@ Status EnqueuePeerReduce(PeerReduceRank& rank, cudaStream_t stream, PeerReduceKi
                          SignalingGemmArgs gemm, void* result) {
   FO_RETURN_IF_NOT_OK(CheckArgs(rank.buffers, gemm, result));
   const int32_t call = static_cast<int32_t>(++rank.calls);
-  Status status = EnqueueCall(rank.buffers, rank.wait_method, stream, kind, gemm,
+  Status status = EnqueueCall(rank.buffers, rank.wait_method, rank.abort_flag, stream, kind, gemm,
                               static_cast<char*>(result), call);
   if (!status.ok()) {
     status.message = "peer reduce (rank " + std::to_string(rank.buffers.rank) + "): " + status.message;

@@ -36,6 +36,9 @@ namespace flashoverlap {
 struct PeerReduceRank {
   PeerReduceBuffers buffers;
   WaitMethod wait_method = WaitMethod::kStreamOp;
+  // The watchdog's flag (spin-kernel waits trap once it is set; stream_wait.h). The GEMM's
+  // own waits for the peer's stores do not read it.
+  const volatile int* abort_flag = nullptr;
   uint32_t calls = 0;
 };
 

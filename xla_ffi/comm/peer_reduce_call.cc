@@ -1,0 +1,51 @@
+// GEMM + all-reduce / reduce-scatter over two local GPUs by peer stores: the communicator's
+// frame around EnqueuePeerReduce (peer_reduce.h), as the NCCL path's calls have it (call
+// mutex, ordering after the previous call, watchdog timing, joining back).
+#include <string>
+
+#include "xla_ffi/comm/call_frame.h"
+#include "xla_ffi/comm/fault_injection.h"
+#include "xla_ffi/comm/overlap_calls.h"
+#include "xla_ffi/comm/peer_stores.h"
+
+namespace flashoverlap {
+namespace {
+
+Status CheckPeerStores(const Communicator& comm, const SignalingGemmArgs& gemm, const char* op) {
+  const std::string where = "(comm_id " + std::to_string(comm.comm_id) + ", device " +
+                            std::to_string(comm.device) + ")";
+  if (comm.peer_broken) {
+    return Status::Error(std::string(op) + ": an earlier peer-store call of this pair " + where +
+                         " failed; its peer may wait for that call's stores for ever: restart the process");
+  }
+  const size_t need = static_cast<size_t>(gemm.m / 2) * gemm.n * 2;
+  if (comm.peer.buffers.recv == nullptr || comm.peer_recv_bytes < need) {
+    return Status::Error(std::string(op) + ": peer-store buffer " + where + " has " +
+                         std::to_string(comm.peer_recv_bytes) + " bytes, needs " + std::to_string(need) +
+                         " (jax_flashoverlap.comm.ensure_communicators sizes it when the op is lowered)");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status RunGemmPeerReduce(Communicator& comm, cudaStream_t stream, CollectiveKind kind,
+                         SignalingGemmArgs gemm, void* result, const char* op) {
+  std::lock_guard<std::mutex> lock(comm.call_mutex);
+  FO_RETURN_IF_NOT_OK(BeginCall(comm, stream, op));
+  FO_RETURN_IF_NOT_OK(CheckPeerStores(comm, gemm, op));
+  gemm.queue = comm.gemm_queue;  // ordered on `stream`: one call at a time per communicator
+  gemm.counters = nullptr;       // EnqueuePeerReduce sets which counters each group signals
+  Status status = StartCall(comm, stream, /*counters=*/0, /*copies=*/false);
+  if (status.ok()) status = TakeInjectedFault(comm.device);
+  if (status.ok()) {
+    status = EnqueuePeerReduce(comm.peer, stream,
+                               kind == CollectiveKind::kAllReduce ? PeerReduceKind::kAllReduce
+                                                                  : PeerReduceKind::kReduceScatter,
+                               gemm, result);
+  }
+  if (!status.ok()) MarkPeerStoresBroken(comm);
+  return FinishCall(comm, stream, /*copies=*/false, status, op);
+}
+
+}  // namespace flashoverlap

@@ -1,0 +1,164 @@
+#include "xla_ffi/comm/peer_stores.h"
+
+#include <cuda_runtime.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "xla_ffi/comm/peer_reduce_args.h"
+
+namespace flashoverlap {
+namespace {
+
+// Peer-store buffers grow in 8 MiB steps, as workspaces do (fewer swaps as shapes vary).
+size_t RoundPeerRecv(size_t bytes) {
+  constexpr size_t kStep = size_t{8} << 20;
+  return (bytes + kStep - 1) / kStep * kStep;
+}
+
+std::string Dev(int device) { return "device " + std::to_string(device); }
+
+// Two ranks of a world of two, both here, on two devices.
+Status CheckPair(const std::vector<Communicator*>& comms) {
+  if (comms.size() != 2 || comms[0]->world_size != 2) {
+    return Status::Error("peer stores need a group of exactly 2 ranks with both devices in this "
+                         "process; this process holds " + std::to_string(comms.size()) +
+                         " of a group of " + std::to_string(comms[0]->world_size));
+  }
+  if (comms[0]->device == comms[1]->device) {
+    return Status::Error("peer stores need the 2 ranks on 2 devices; both are on " + Dev(comms[0]->device));
+  }
+  return Status::Ok();
+}
+
+// `device` may load from and store to `peer`'s memory (once per member).
+Status EnablePeerAccess(Communicator& c, int peer) {
+  if (c.peer_access) return Status::Ok();
+  int can = 0;
+  FO_RETURN_IF_CUDA(cudaDeviceCanAccessPeer(&can, c.device, peer));
+  if (!can) {
+    return Status::Error(Dev(c.device) + " cannot access the memory of " + Dev(peer) +
+                         " (cudaDeviceCanAccessPeer): peer stores need peer access (NVLink or "
+                         "PCIe peer-to-peer) between the pair");
+  }
+  FO_RETURN_IF_CUDA(cudaSetDevice(c.device));
+  const cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+  if (e == cudaErrorPeerAccessAlreadyEnabled) {
+    cudaGetLastError();  // enabled before (by XLA or the user): what we need
+  } else {
+    FO_RETURN_IF_CUDA(e);
+  }
+  c.peer_access = true;
+  return Status::Ok();
+}
+
+// A zeroed recv buffer of `bytes` (poisoned: NaN bytes, so a partial read before it arrived
+// shows in tests) and, once, the signal words.
+Status Allocate(Communicator& c, size_t bytes) {
+  FO_RETURN_IF_CUDA(cudaSetDevice(c.device));
+  void* recv = nullptr;
+  FO_RETURN_IF_CUDA(cudaMalloc(&recv, bytes));
+  c.peer.buffers.recv = recv;
+  c.peer_recv_bytes = bytes;
+  FO_RETURN_IF_CUDA(cudaMemset(recv, 0xFF, bytes));
+  if (c.peer.buffers.signals == nullptr) {
+    int32_t* signals = nullptr;
+    FO_RETURN_IF_CUDA(cudaMalloc(&signals, sizeof(int32_t) * kPeerSignalWords));
+    c.peer.buffers.signals = signals;
+    FO_RETURN_IF_CUDA(cudaMemset(signals, 0, sizeof(int32_t) * kPeerSignalWords));
+  }
+  FO_RETURN_IF_CUDA(cudaDeviceSynchronize());
+  return Status::Ok();
+}
+
+Status FreeRecv(Communicator& c) {
+  Status s = Status::Ok();
+  if (c.peer.buffers.recv != nullptr) {
+    s = CudaStatus(cudaFree(const_cast<void*>(c.peer.buffers.recv)), "cudaFree (peer-store recv)");
+  }
+  c.peer.buffers.recv = nullptr;
+  c.peer_recv_bytes = 0;
+  return s;
+}
+
+// One group's pair (ordered by rank): its buffers swapped for new ones of `bytes`.
+Status GrowPair(const std::vector<Communicator*>& comms, size_t bytes) {
+  FO_RETURN_IF_NOT_OK(CheckPair(comms));
+  Communicator& a = *comms[0];
+  Communicator& b = *comms[1];
+  if (a.peer_broken || b.peer_broken) {
+    return Status::Error("an earlier peer-store call of this pair failed; restart the process");
+  }
+  FO_RETURN_IF_NOT_OK(EnablePeerAccess(a, b.device));
+  FO_RETURN_IF_NOT_OK(EnablePeerAccess(b, a.device));
+  Status status = Status::Ok();
+  for (Communicator* c : comms) {
+    // No call in flight (GrowMemberBuffers): the old buffer is read by nothing.
+    Status freed = CudaStatus(cudaSetDevice(c->device), "cudaSetDevice");
+    if (freed.ok()) freed = FreeRecv(*c);
+    if (status.ok()) status = freed;
+    if (status.ok()) status = Allocate(*c, bytes);
+  }
+  if (!status.ok()) {  // all or nothing: no member keeps a buffer its peer lacks
+    for (Communicator* c : comms) {
+      cudaSetDevice(c->device);
+      FreeRecv(*c);
+    }
+    return status;
+  }
+  for (int r = 0; r < 2; ++r) {
+    Communicator& me = *comms[r];
+    const Communicator& other = *comms[1 - r];
+    me.peer.buffers.rank = me.rank;
+    me.peer.buffers.peer_recv = const_cast<void*>(other.peer.buffers.recv);
+    me.peer.buffers.peer_signals = other.peer.buffers.signals;
+    me.peer.wait_method = me.wait_method;
+    me.peer.abort_flag = me.abort_flag;
+    me.peer_member = comms[1 - r];
+  }
+  return Status::Ok();
+}
+
+// Every group's pair (the members of comm_id, ordered by rank, split by group).
+Status Grow(const std::vector<Communicator*>& comms, size_t bytes) {
+  std::map<int64_t, std::vector<Communicator*>> groups;
+  for (Communicator* c : comms) groups[c->group_serial].push_back(c);
+  for (auto& [serial, pair] : groups) FO_RETURN_IF_NOT_OK(GrowPair(pair, bytes));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status EnsurePeerStores(int64_t comm_id, size_t recv_bytes) {
+  auto needed = [recv_bytes](const std::vector<Communicator*>& comms) {
+    for (const Communicator* c : comms) {
+      if (c->peer.buffers.recv == nullptr || c->peer_recv_bytes < recv_bytes) return true;
+    }
+    return false;
+  };
+  Status status = GrowMemberBuffers(
+      comm_id, "allocating peer-store buffers", needed,
+      [recv_bytes](const std::vector<Communicator*>& comms) {
+        return Grow(comms, RoundPeerRecv(recv_bytes > 0 ? recv_bytes : 1));
+      });
+  if (!status.ok()) status.message = "peer stores (comm_id " + std::to_string(comm_id) + "): " + status.message;
+  return status;
+}
+
+void MarkPeerStoresBroken(Communicator& c) {
+  c.peer_broken = true;
+  if (c.peer_member != nullptr) c.peer_member->peer_broken = true;
+}
+
+Status FreePeerStores(Communicator& c) {
+  Status status = FreeRecv(c);
+  if (c.peer.buffers.signals != nullptr) {
+    Status s = CudaStatus(cudaFree(c.peer.buffers.signals), "cudaFree (peer-store signals)");
+    if (status.ok()) status = s;
+  }
+  c.peer.buffers = PeerReduceBuffers{};
+  return status;
+}
+
+}  // namespace flashoverlap

@@ -1,0 +1,30 @@
+// Peer stores' buffers on a communicator (docs/DESIGN.md, "Peer stores"): for a group of two
+// ranks whose devices are both in this process, each member's `recv` buffer (the peer's
+// partial sums of our rows land there) and its signal words, with peer access enabled both
+// ways and each member's PeerReduceRank pointing at the other's. Sized at lowering, grown like
+// the workspace (every member's call mutex held, no call in flight), freed with the
+// communicator.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "xla_ffi/comm/communicator.h"
+#include "xla_ffi/comm/status.h"
+
+namespace flashoverlap {
+
+// Gives the local members of comm_id peer-store buffers of at least `recv_bytes` each (a
+// reduce-scatter's or all-reduce's rows per block x N x the element size). Needs exactly two
+// ranks, both local, on two devices that can access each other. The signal words survive a
+// growth (they count calls). Errors name the reason; on failure no member keeps a buffer.
+Status EnsurePeerStores(int64_t comm_id, size_t recv_bytes);
+
+// After a failed peer-store call: both members refuse every later one (peer_broken).
+void MarkPeerStoresBroken(Communicator& c);
+
+// Frees `c`'s peer-store buffers (its device must be current). Called by the communicator's
+// release; the peer member's pointers to them go with it (the pair is destroyed together).
+Status FreePeerStores(Communicator& c);
+
+}  // namespace flashoverlap
