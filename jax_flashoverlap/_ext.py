@@ -25,6 +25,7 @@ GEMM_SCHEDULE_ENV = "FLASHOVERLAP_GEMM_SCHEDULE"  # likewise (and plan.kernel_ge
 # Read by the all-reduce / reduce-scatter calls at every call (xla_ffi/comm/call_frame.cc).
 GEMM_HELPERS_ENV = "FLASHOVERLAP_GEMM_HELPERS"
 ALL_REDUCE_BUFFER_ENV = "JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER"  # read at lowering
+TRANSPORT_ENV = "JAX_FLASHOVERLAP_TRANSPORT"  # read at lowering (transport())
 # "spin": spin-kernel waits and flag writes (xla_ffi/comm/stream_wait.cc, stream_write.cc
 # compare it to exactly "spin"; anything else silently keeps the stream memory operations).
 WAIT_ENV = "JAX_FLASHOVERLAP_WAIT"
@@ -193,6 +194,27 @@ def all_reduce_in_place() -> bool:
   raise ValueError(f"jax_flashoverlap: environment variable {ALL_REDUCE_BUFFER_ENV}={raw!r} "
                    "must be 'workspace' (the default: a registered M x N window per "
                    "communicator) or 'output' (reduce in XLA's output, no extra buffer)")
+
+
+TRANSPORTS = ("nccl", "peer")
+
+
+def transport() -> str:
+  """JAX_FLASHOVERLAP_TRANSPORT: how matmul_all_reduce / matmul_reduce_scatter move data.
+
+  nccl (unset: the default): one NCCL call per group on a second stream, on the SMs the GEMM
+  leaves free. peer (experimental; docs/DESIGN.md, "Peer stores"): over 2 GPUs of this
+  process, the GEMM stores the peer's rows into its memory and adds the peer's partial sums
+  as it stores its own (no NCCL, every SM computing); ops it cannot take (other world sizes,
+  an axis group across processes, odd M) keep the NCCL path, with a PeerStoresWarning."""
+  raw = os.environ.get(TRANSPORT_ENV)
+  if raw in (None, ""):
+    return "nccl"
+  if raw in TRANSPORTS:
+    return raw
+  raise ValueError(f"jax_flashoverlap: environment variable {TRANSPORT_ENV}={raw!r} must be "
+                   "'nccl' (the default: NCCL calls beside the GEMM) or 'peer' (experimental: "
+                   "peer stores over 2 local GPUs)")
 
 
 @functools.lru_cache(maxsize=None)

@@ -16,6 +16,9 @@ overlap` next to ours:
   ours_helpers   our op (the same program as ours) with FLASHOVERLAP_GEMM_HELPERS=on: between
                  its collectives the GEMM borrows the SMs left to NCCL (helper launches,
                  xla_ffi/kernels/signaling_gemm.h); an experiment, off by default
+  ours_peer      our op lowered with JAX_FLASHOVERLAP_TRANSPORT=peer (2 local GPUs only; an
+                 experiment: the GEMM stores into the peer's memory and reduces in its
+                 epilogue, no NCCL; docs/DESIGN.md, "Peer stores")
   xla_chain,     XLA's dot + collective and ours as a chain of CHAIN dependent calls in one
   ours_chain     program (each call's x waits for one element of the previous output), timed
                  per call: a layer chain, where nothing overlaps across calls. Back-to-back
@@ -36,8 +39,10 @@ import sys
 
 CHAIN = 8  # dependent calls per chained program
 # `bench overlap --variants` names (chain: xla_chain and ours_chain).
-VARIANTS = ("two_chunk", "ppermute_ring", "xla_windowed", "ours_model", "chain", "helpers")
+VARIANTS = ("two_chunk", "ppermute_ring", "xla_windowed", "ours_model", "chain", "helpers",
+            "peer")
 HELPERS_ENV = "FLASHOVERLAP_GEMM_HELPERS"  # _ext.GEMM_HELPERS_ENV (read by the calls)
+TRANSPORT_ENV = "JAX_FLASHOVERLAP_TRANSPORT"  # _ext.TRANSPORT_ENV (read at lowering)
 
 WINDOWED_FLAGS = ("--xla_gpu_threshold_for_windowed_einsum_mib=0 "
                   "--xla_gpu_multi_streamed_windowed_einsum=true")

@@ -142,7 +142,8 @@ def inject_faults(kind: str, calls: int = 1) -> None:
 
 
 def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int,
-                         peer_to_peer: bool = False, cta_policy: str = "default") -> int:
+                         peer_to_peer: bool = False, cta_policy: str = "default",
+                         peer_store_bytes: int = 0) -> int:
   """Creates (once) this process's NCCL communicators for `axis_name` over `mesh`, each with
   a registered workspace of at least `workspace_bytes`; returns their comm_id.
 
@@ -150,9 +151,10 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
   inside an execute handler (DESIGN.md). Single process: every group's local ranks are
   initialized together. peer_to_peer=True (ops using ncclSend/ncclRecv) also sets up NCCL's
   point-to-point connections now, once per communicator (every process must ask for it).
+  peer_store_bytes > 0 (JAX_FLASHOVERLAP_TRANSPORT=peer): each group's 2 local ranks also get
+  peer-store buffers of at least that many bytes, peer access enabled both ways
+  (xla_ffi/comm/peer_stores.h); single process only.
   """
-  import jax
-
   from jax_flashoverlap import _ext
   ext = _ext.ext
   if ext is None:
@@ -167,46 +169,61 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
   spans_processes = any(len({d.process_index for d in g}) > 1 for g in groups)
   # The processes lowering this program: the mesh's (a pipeline stage's mesh may hold a few).
   processes = sorted({d.process_index for g in groups for d in g})
+  if peer_store_bytes and spans_processes:
+    raise ValueError("jax_flashoverlap: peer stores need both devices of each axis group in "
+                     "one process (plan_peer.unavailable)")
+  with _lock:
+    cid = _ensure_locked(ext, cid, groups, processes, spans_processes, workspace_bytes,
+                         comm_sms, watchdog, peer_to_peer, cta_policy)
+    if peer_store_bytes:
+      ext.ensure_peer_stores(cid, int(peer_store_bytes))
+  return cid
+
+
+def _ensure_locked(ext, cid, groups, processes, spans_processes, workspace_bytes, comm_sms,
+                   watchdog, peer_to_peer, cta_policy) -> int:
+  """ensure_communicators' creation or growth, under _lock."""
+  import jax
+
   if spans_processes:
     from jax_flashoverlap import distributed
-  with _lock:
-    if ext.has_communicators(cid):
-      if spans_processes:  # growing the window and connecting peers are collective too
-        _ensure_counts[cid] += 1
-        distributed.barrier(f"ensure/{cid}/{_ensure_counts[cid]}", processes)
-      with _workspace_hint(workspace_bytes):
-        ext.ensure_workspace(cid, int(workspace_bytes))
-      if peer_to_peer:
-        ext.connect_peers(cid)
-      return cid
-    me = jax.process_index()
-    _creations[cid] += 1
-    generation = _creations[cid]
-    _register_atexit()  # before creating: a failed workspace keeps the communicators
-    if spans_processes:
-      # Every process must reach NCCL's init (which blocks until all ranks join): one that
-      # never comes is a timeout error here (JAX_FLASHOVERLAP_KV_TIMEOUT_S), not a hang.
-      distributed.barrier(f"preinit/{cid}/{generation}", processes)
-    # Groups in one fixed order on every process: NCCL init blocks until a group's ranks join.
-    for index, group in enumerate(groups):
-      local = [(rank, int(d.local_hardware_id)) for rank, d in enumerate(group)
-               if d.process_index == me]
-      if not local:
-        continue
-      if len(local) == len(group):
-        unique_id = ext.nccl_unique_id()
-      else:  # rank 0's process makes the id; it reaches the others through JAX's KV store
-        unique_id = bytes.fromhex(distributed.share(
-            f"uid/{cid}/{generation}/{index}", owner_process=group[0].process_index,
-            make=lambda: ext.nccl_unique_id().hex()))
-      with _workspace_hint(workspace_bytes):
-        ext.create_communicators(cid, unique_id, len(group), local, int(comm_sms),
-                                 int(workspace_bytes), watchdog, peer_to_peer=peer_to_peer,
-                                 cta_policy=cta_policy_code(cta_policy))
-    if spans_processes:
-      distributed.barrier(f"init/{cid}/{generation}", processes)
+  if ext.has_communicators(cid):
+    if spans_processes:  # growing the window and connecting peers are collective too
+      _ensure_counts[cid] += 1
+      distributed.barrier(f"ensure/{cid}/{_ensure_counts[cid]}", processes)
+    with _workspace_hint(workspace_bytes):
+      ext.ensure_workspace(cid, int(workspace_bytes))
     if peer_to_peer:
       ext.connect_peers(cid)
+    return cid
+  me = jax.process_index()
+  _creations[cid] += 1
+  generation = _creations[cid]
+  _register_atexit()  # before creating: a failed workspace keeps the communicators
+  if spans_processes:
+    # Every process must reach NCCL's init (which blocks until all ranks join): one that
+    # never comes is a timeout error here (JAX_FLASHOVERLAP_KV_TIMEOUT_S), not a hang.
+    distributed.barrier(f"preinit/{cid}/{generation}", processes)
+  # Groups in one fixed order on every process: NCCL init blocks until a group's ranks join.
+  for index, group in enumerate(groups):
+    local = [(rank, int(d.local_hardware_id)) for rank, d in enumerate(group)
+             if d.process_index == me]
+    if not local:
+      continue
+    if len(local) == len(group):
+      unique_id = ext.nccl_unique_id()
+    else:  # rank 0's process makes the id; it reaches the others through JAX's KV store
+      unique_id = bytes.fromhex(distributed.share(
+          f"uid/{cid}/{generation}/{index}", owner_process=group[0].process_index,
+          make=lambda: ext.nccl_unique_id().hex()))
+    with _workspace_hint(workspace_bytes):
+      ext.create_communicators(cid, unique_id, len(group), local, int(comm_sms),
+                               int(workspace_bytes), watchdog, peer_to_peer=peer_to_peer,
+                               cta_policy=cta_policy_code(cta_policy))
+  if spans_processes:
+    distributed.barrier(f"init/{cid}/{generation}", processes)
+  if peer_to_peer:
+    ext.connect_peers(cid)
   return cid
 
 

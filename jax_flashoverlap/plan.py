@@ -103,6 +103,9 @@ class GroupPlan:
   predicted_s: float = 0.0
   baseline_s: float = 0.0
   cta_policy: str = "default"  # the communicator's ncclConfig_t.CTAPolicy (comm.CTA_POLICIES)
+  # "nccl", or "peer" (plan_peer.py: band_rows are the bands of one rank's block of M / 2
+  # rows for both collectives; comm_sms 0, the GEMM on every SM)
+  transport: str = "nccl"
 
   @property
   def num_groups(self) -> int:
@@ -121,6 +124,12 @@ class GroupPlan:
     if self.cta_policy not in ("default", "efficiency", "zero"):
       raise ValueError(f"plan cta_policy={self.cta_policy!r} must be 'default', 'efficiency' "
                        "or 'zero'")
+    if self.transport not in ("nccl", "peer"):
+      raise ValueError(f"plan transport={self.transport!r} must be 'nccl' or 'peer'")
+    if self.transport == "peer" and (self.comm_sms != 0 or 2 * self.num_groups > MAX_GROUPS):
+      raise ValueError(f"a peer-store plan runs the GEMM on every SM (comm_sms 0, got "
+                       f"{self.comm_sms}) with at most {MAX_GROUPS // 2} bands per block (got "
+                       f"{self.num_groups})")
 
 
 @dataclasses.dataclass(frozen=True)

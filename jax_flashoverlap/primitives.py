@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_flashoverlap import _compat, _ext, comm, plan as plan_lib
+from jax_flashoverlap import _compat, _ext, comm, plan as plan_lib, plan_peer
 
 # --- reference compositions (also the CPU lowering) --------------------------------------
 
@@ -163,6 +163,11 @@ def _collective_cuda_lowering(prim, reference_lowering, collective):
                  and _ext.fallback_enabled()):
       publish_decision(prim.name, ctx, {"overlap": False})
       return reference_lowering(ctx, x, w, axis_name=axis_name, transpose_w=transpose_w)
+    if _ext.transport() == "peer":
+      lowered = _peer_store_lowering(prim, ctx, x, w, collective, mesh, axis_name, world, dtype,
+                                     (m, n, k), comm_sms, transpose_w)
+      if lowered is not None:
+        return lowered
     in_place = collective == "all_reduce" and _ext.all_reduce_in_place()
     plan = plan_lib.choose_plan(collective, m, n, k, world, dtype.itemsize, comm_sms,
                                 gpu=comm.mesh_gpu_name(mesh), dtype=dtype.name,
@@ -177,8 +182,39 @@ def _collective_cuda_lowering(prim, reference_lowering, collective):
       return reference_lowering(ctx, x, w, axis_name=axis_name, transpose_w=transpose_w)
     attrs = {"in_place": np.int32(in_place)} if collective == "all_reduce" else {}
     return emit_call(prim, ctx, x, w, comm_id, world, plan.comm_sms, transpose_w,
-                     band_rows=np.asarray(plan.band_rows, dtype=np.int32), **attrs)
+                     band_rows=np.asarray(plan.band_rows, dtype=np.int32),
+                     transport=np.int32(0), **attrs)
   return lowering
+
+
+_warned_peer_stores = set()
+
+
+def _peer_store_lowering(prim, ctx, x, w, collective, mesh, axis_name, world, dtype, mnk,
+                         comm_sms, transpose_w):
+  """JAX_FLASHOVERLAP_TRANSPORT=peer: the custom call with the peer-store plan (plan_peer.py),
+  or None (with a PeerStoresWarning, once per reason) where the op cannot take it: the NCCL
+  path then lowers it."""
+  m, n, k = mnk
+  reason = plan_peer.unavailable(collective, mesh, axis_name, world, m)
+  if reason is not None:
+    if reason not in _warned_peer_stores:
+      _warned_peer_stores.add(reason)
+      warnings.warn(f"jax_flashoverlap: {prim.name}: {_ext.TRANSPORT_ENV}=peer, but {reason}: "
+                    "this op keeps the NCCL path", plan_peer.PeerStoresWarning, stacklevel=2)
+    return None
+  if comm_sms not in (None, 0):
+    raise ValueError(f"jax_flashoverlap: {prim.name}: comm_sms={comm_sms}, but with "
+                     f"{_ext.TRANSPORT_ENV}=peer the GEMM runs on every SM (no NCCL kernel "
+                     "beside it): leave comm_sms unset (or 0)")
+  plan = plan_peer.plan(collective, m, n, k, dtype.itemsize, bool(transpose_w))
+  comm_id = prepare_communicators(
+      prim.name, mesh, axis_name, {"band_rows": list(plan.band_rows), "transport": "peer"},
+      plan_peer.NCCL_CTAS, 0, ctx, peer_store_bytes=plan_peer.recv_bytes(m, n, dtype.itemsize))
+  attrs = {"in_place": np.int32(0)} if collective == "all_reduce" else {}
+  return emit_call(prim, ctx, x, w, comm_id, world, plan.comm_sms, transpose_w,
+                   band_rows=np.asarray(plan.band_rows, dtype=np.int32), transport=np.int32(1),
+                   **attrs)
 
 
 def lowering_problem(ctx, axis_name, transpose_w):
@@ -223,11 +259,12 @@ def publish_decision(name, ctx, decision) -> None:
 
 
 def prepare_communicators(name, mesh, axis_name, plan_fields, comm_sms, workspace_bytes,
-                          ctx, peer_to_peer=False, cta_policy="default", overlap=True):
+                          ctx, peer_to_peer=False, cta_policy="default", overlap=True,
+                          peer_store_bytes=0):
   """At lowering: the decision and plan checked identical on every process (publish_decision),
   then None when `overlap` is False (XLA's composition runs), else the comm_id of the plan's
   communicators, made here when the program runs on this machine's GPUs (not when
-  cross-lowering)."""
+  cross-lowering), with peer-store buffers of `peer_store_bytes` (0: none)."""
   comm_id = comm.comm_id_for(mesh, axis_name, comm_sms, peer_to_peer, cta_policy)
   publish_decision(name, ctx, dict(plan_fields, comm_id=comm_id, comm_sms=comm_sms,
                                    overlap=bool(overlap)))
@@ -237,7 +274,7 @@ def prepare_communicators(name, mesh, axis_name, plan_fields, comm_sms, workspac
   if comm.mesh_is_local_gpu(mesh):
     comm.ensure_communicators(mesh, axis_name, comm_sms=comm_sms,
                               workspace_bytes=workspace_bytes, peer_to_peer=peer_to_peer,
-                              cta_policy=cta_policy)
+                              cta_policy=cta_policy, peer_store_bytes=peer_store_bytes)
   return comm_id
 
 

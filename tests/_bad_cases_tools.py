@@ -442,6 +442,7 @@ env_gemm_serpentine_word = lowering_with_env("FLASHOVERLAP_GEMM_SERPENTINE", "tr
 env_gemm_panel_zero = lowering_with_env("FLASHOVERLAP_GEMM_PANEL", "0")  # was clamped to 1
 env_gemm_tile_other = lowering_with_env("FLASHOVERLAP_GEMM_TILE", "64")  # was ignored
 env_wait_typo = lowering_with_env(_ext.WAIT_ENV, "spinn")  # was the stream-op default
+env_transport_typo = lowering_with_env(_ext.TRANSPORT_ENV, "nvlink")
 
 
 # ----------------------------------------------------------------------------- the table

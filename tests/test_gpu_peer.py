@@ -1,0 +1,201 @@
+"""The peer-store transport on 2 GPUs (JAX_FLASHOVERLAP_TRANSPORT=peer, experimental;
+docs/DESIGN.md, "Peer stores"): matmul_all_reduce / matmul_reduce_scatter over a mesh axis of
+the first 2 GPUs with no NCCL call, against float32 and XLA's own psum / psum_scatter of the
+bf16 product, on fresh random inputs with the outputs poisoned first (conftest), including
+odd shapes, 200 back-to-back calls, both ops inside lax.scan next to XLA's psum / all_gather,
+and a 2 x 2 mesh where only the 2-GPU axis takes the peer stores. The switch is read at
+lowering: every program here is jitted after it is set."""
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from _util import shard_map
+import _gpu_util as U
+
+pytestmark = U.MARKS
+TWO_GPUS = [pytest.mark.multigpu,
+            pytest.mark.skipif(U.N_GPUS < 2, reason=f"needs >= 2 GPUs, have {U.N_GPUS}")]
+
+
+def two_gpus(test):
+    for mark in reversed(TWO_GPUS):
+        test = mark(test)
+    return test
+
+IN_SPECS = (P(None, "tp"), P("tp", None))
+
+
+@pytest.fixture(autouse=True)
+def _peer(monkeypatch):
+    U.use_our_kernels(monkeypatch)
+    monkeypatch.setenv("JAX_FLASHOVERLAP_TRANSPORT", "peer")
+
+
+def _mesh2():
+    return Mesh(np.array(jax.devices()[:2]), ("tp",))
+
+
+def _programs(kind, mesh):
+    """(ours, XLA's bf16 composition, float32 reference, out spec) as jitted shard_map programs."""
+    import jax_flashoverlap as fo
+    if kind == "all_reduce":
+        fns = (lambda a, b: fo.matmul_all_reduce(a, b, "tp"), lambda a, b: lax.psum(a @ b, "tp"),
+               lambda a, b: lax.psum(U.dot32(a, b), "tp"))
+        out = P()
+    else:
+        scatter = lambda y: lax.psum_scatter(y, "tp", scatter_dimension=0, tiled=True)  # noqa: E731
+        fns = (lambda a, b: fo.matmul_reduce_scatter(a, b, "tp"), lambda a, b: scatter(a @ b),
+               lambda a, b: scatter(U.dot32(a, b)))
+        out = P("tp", None)
+    return tuple(jax.jit(shard_map(f, mesh, IN_SPECS, out)) for f in fns) + (out,)
+
+
+def _inputs(key, mesh, m, n, k):
+    kx, kw = jax.random.split(key)
+    x = jax.device_put(U.normal(kx, (m, k)), NamedSharding(mesh, IN_SPECS[0]))
+    w = jax.device_put(U.normal(kw, (k, n), 1.0 / np.sqrt(k)), NamedSharding(mesh, IN_SPECS[1]))
+    return x, w
+
+
+def _assert_peer_lowering(jitted, args, kind):
+    target = "flashoverlap_gemm_" + kind
+    U.assert_custom_call(jitted, args, target)
+    text = jitted.lower(*args).as_text()
+    lines = [ln for ln in text.splitlines() if f"@{target}" in ln]
+    assert lines and all("transport = 1" in ln and "comm_sms = 0" in ln for ln in lines), lines
+
+
+# Global M x N x K (K split over the 2 GPUs): the DESIGN.md shapes' first two, M not a multiple
+# of the 128-row tile, N not a multiple of the 256-column tile, small M.
+SHAPES = [(4096, 8192, 8192), (8192, 8192, 8192), (1000, 2056, 2064), (258, 520, 1024)]
+
+
+@two_gpus
+@pytest.mark.parametrize("kind", ["all_reduce", "reduce_scatter"])
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_peer_matches_xla_and_float32(kind, m, n, k):
+    mesh = _mesh2()
+    ours, xla, ref32, _ = _programs(kind, mesh)
+    errors = []
+    for call in range(3):
+        x, w = _inputs(jax.random.key(m + n + k + call), mesh, m, n, k)
+        if call == 0:
+            _assert_peer_lowering(ours, (x, w), kind)
+        y = ours(x, w)
+        assert y.shape == xla(x, w).shape and y.dtype == U.BF16
+        assert bool(jnp.all(jnp.isfinite(y))), f"call {call}: unwritten (NaN) elements"
+        errors.append(U.rel_fro(y, ref32(x, w)))
+        assert U.rel_fro(y, xla(x, w)) < U.TOL
+    assert max(errors) < U.TOL, errors
+    assert len(set(errors)) > 1, "identical errors: the inputs were not fresh"
+
+
+@two_gpus
+@pytest.mark.parametrize("kind", ["all_reduce", "reduce_scatter"])
+def test_peer_stress_200_calls_fresh_inputs(kind):
+    """200 back-to-back calls (no host sync between them), fresh inputs each, every output
+    checked: the credits and counters of one call never leak into the next."""
+    m, n, k = 2048, 4096, 4096
+    mesh = _mesh2()
+    ours, _, ref32, _ = _programs(kind, mesh)
+
+    @jax.jit
+    def step(key):
+        kx, kw = jax.random.split(key)
+        x = jax.random.normal(kx, (m, k), jnp.float32).astype(U.BF16)
+        w = (jax.random.normal(kw, (k, n), jnp.float32) * k ** -0.5).astype(U.BF16)
+        y, r = ours(x, w), ref32(x, w)
+        return jnp.linalg.norm(y.astype(jnp.float32) - r) / jnp.linalg.norm(r)
+
+    errs = np.asarray(jax.device_get(jnp.stack([step(key) for key in
+                                                jax.random.split(jax.random.key(11), 200)])))
+    assert np.all(np.isfinite(errs)), errs
+    assert errs.max() < U.TOL, f"worst call {errs.argmax()}: {errs.max():.3e}"
+    assert len(set(np.round(errs, 8))) > 1, "all errors identical: inputs were not fresh"
+
+
+@two_gpus
+def test_peer_ops_in_scan_beside_xla_collectives():
+    """8 layers in lax.scan, each: our all-reduce, XLA's psum, our reduce-scatter, XLA's
+    all_gather; against the same program with XLA's compositions (float32 products)."""
+    import jax_flashoverlap as fo
+    mesh = _mesh2()
+    layers, m, d = 8, 1024, 1024
+    kx, kw = jax.random.split(jax.random.key(5))
+    x = U.normal(kx, (m, d))
+    ws = U.normal(kw, (layers, 2, d, d), 1.0 / np.sqrt(d))
+
+    def body(ours):
+        def layer(h, w):
+            y = fo.matmul_all_reduce(h, w[0], "tp") if ours else lax.psum(U.dot32(h, w[0]).astype(U.BF16), "tp")
+            y = (lax.psum(y.astype(jnp.float32), "tp") / 2).astype(U.BF16)[:, :d // 2]
+            z = fo.matmul_reduce_scatter(y, w[1], "tp") if ours else lax.psum_scatter(
+                U.dot32(y, w[1]).astype(U.BF16), "tp", scatter_dimension=0, tiled=True)
+            h = lax.all_gather(z, "tp", axis=0, tiled=True)[:, :d // 2]
+            return jnp.tanh(h.astype(jnp.float32)).astype(U.BF16), None
+        return lambda h, w: lax.scan(layer, h, w)[0]
+
+    specs = (P(None, "tp"), P(None, None, "tp", None))
+    run = {o: jax.jit(shard_map(body(o), mesh, specs, P(None, "tp"))) for o in (True, False)}
+    xs = jax.device_put(x, NamedSharding(mesh, specs[0]))
+    wsd = jax.device_put(ws, NamedSharding(mesh, specs[1]))
+    text = run[True].lower(xs, wsd).as_text()
+    assert "transport = 1" in text and "@flashoverlap_gemm_reduce_scatter" in text
+    got, want = run[True](xs, wsd), run[False](xs, wsd)
+    assert bool(jnp.all(jnp.isfinite(got)))
+    assert U.rel_fro(got, want) < 3 * U.TOL
+
+
+@two_gpus
+def test_peer_buffers_listed_once_per_device():
+    from jax_flashoverlap import comm
+    mesh = _mesh2()
+    ours, _, ref32, _ = _programs("reduce_scatter", mesh)
+    m, n, k = 2048, 2048, 2048
+    x, w = _inputs(jax.random.key(21), mesh, m, n, k)
+    assert U.rel_fro(ours(x, w), ref32(x, w)) < U.TOL
+    mine = [c for c in comm.list_communicators() if c["peer_recv_bytes"] > 0]
+    assert sorted(c["rank"] for c in mine) == [0, 1], mine
+    assert all(c["peer_recv_bytes"] >= m // 2 * n * 2 and not c["peer_broken"] for c in mine), mine
+
+
+@two_gpus
+@pytest.mark.skipif(U.N_GPUS < 4, reason=f"a 2 x 2 mesh needs 4 GPUs, have {U.N_GPUS}")
+def test_2x2_mesh_peer_axis_of_two():
+    """dp x tp = 2 x 2: the tp axis (2 GPUs) takes the peer stores, each dp row its own pair."""
+    import jax_flashoverlap as fo
+    mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("dp", "tp"))
+    specs = (P("dp", "tp"), P("tp", None))
+    ours = jax.jit(shard_map(lambda a, b: fo.matmul_reduce_scatter(a, b, "tp"), mesh, specs,
+                             P(("dp", "tp"), None)))
+    ref = jax.jit(shard_map(lambda a, b: lax.psum_scatter(U.dot32(a, b), "tp", scatter_dimension=0,
+                                                          tiled=True), mesh, specs, P(("dp", "tp"), None)))
+    kx, kw = jax.random.split(jax.random.key(9))
+    x = jax.device_put(U.normal(kx, (4096, 4096)), NamedSharding(mesh, specs[0]))
+    w = jax.device_put(U.normal(kw, (4096, 4096), 1 / 64), NamedSharding(mesh, specs[1]))
+    assert "transport = 1" in ours.lower(x, w).as_text()
+    assert U.rel_fro(ours(x, w), ref(x, w)) < U.TOL
+
+
+def test_peer_stores_refuse_a_group_of_one():
+    """One GPU (any machine): the buffers of a 1-rank group are refused at once, naming why;
+    the op itself keeps the NCCL path there (PeerStoresWarning), and is right."""
+    import jax_flashoverlap as fo
+    from jax_flashoverlap import comm, plan_peer, primitives
+    mesh = Mesh(np.array(jax.devices()[:1]), ("tp",))
+    with pytest.raises(RuntimeError, match="peer stores need a group of exactly 2 ranks"):
+        comm.ensure_communicators(mesh, "tp", workspace_bytes=0, comm_sms=plan_peer.NCCL_CTAS,
+                                  peer_store_bytes=1 << 20)
+    primitives._warned_peer_stores.clear()
+    f = jax.jit(shard_map(lambda a, b: fo.matmul_reduce_scatter(a, b, "tp"), mesh, IN_SPECS,
+                          P("tp", None)))
+    x, w = _inputs(jax.random.key(2), mesh, 512, 1024, 1024)
+    with pytest.warns(plan_peer.PeerStoresWarning, match="has 1 devices"):
+        y = f(x, w)
+    ref = jax.jit(shard_map(lambda a, b: lax.psum_scatter(U.dot32(a, b), "tp", scatter_dimension=0,
+                                                          tiled=True), mesh, IN_SPECS, P("tp", None)))
+    assert U.rel_fro(y, ref(x, w)) < U.TOL

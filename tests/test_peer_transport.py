@@ -1,0 +1,215 @@
+"""JAX_FLASHOVERLAP_TRANSPORT=peer (experimental; docs/DESIGN.md, "Peer stores"): the switch,
+the peer-store plan, and what the CUDA lowering emits, checked without a GPU by cross-lowering
+(tests/test_lowering.py says how). The peer stores themselves run only on 2 GPUs
+(tests/test_gpu_collectives.py's peer cases, tests/cuda/peer_reduce_test on one GPU)."""
+import dataclasses
+import re
+import warnings
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from _util import PRIMITIVE_NAMES, custom_call_lines, lower_for_cuda, make_mesh_1d, make_mesh_2d, shard_map
+
+from jax_flashoverlap import _ext, plan as plan_lib, plan_peer
+
+TRANSPORT_ENV = "JAX_FLASHOVERLAP_TRANSPORT"
+
+
+# ------------------------------------------------------------------ the switch
+
+@pytest.mark.parametrize("raw, expected", [(None, "nccl"), ("", "nccl"), ("nccl", "nccl"),
+                                           ("peer", "peer")])
+def test_transport_switch_values(monkeypatch, raw, expected):
+    if raw is None:
+        monkeypatch.delenv(TRANSPORT_ENV, raising=False)
+    else:
+        monkeypatch.setenv(TRANSPORT_ENV, raw)
+    assert _ext.transport() == expected
+
+
+@pytest.mark.parametrize("raw", ["PEER", "nvlink", "peer "])
+def test_transport_switch_typo_is_an_error_naming_it(monkeypatch, raw):
+    monkeypatch.setenv(TRANSPORT_ENV, raw)
+    with pytest.raises(ValueError, match=rf"{TRANSPORT_ENV}=.*must be 'nccl'.*or 'peer'"):
+        _ext.transport()
+
+
+# ------------------------------------------------------------------ the plan
+
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter"])
+@pytest.mark.parametrize("m, n, k", [(4096, 8192, 4096), (8192, 8192, 4096), (16384, 8192, 8192),
+                                     (8192, 28672, 4096), (8192, 8192, 14336), (600, 272, 200),
+                                     (2, 8, 8)])
+def test_peer_plan_covers_one_block_on_unit_boundaries(collective, m, n, k):
+    p = plan_peer.plan(collective, m, n, k)
+    rows = m // 2
+    assert p.transport == "peer" and p.comm_sms == 0 and p.overlap
+    assert p.rows_per_block == rows and p.band_rows[0] == 0 and p.band_rows[-1] == rows
+    assert 1 <= p.num_groups <= plan_peer.BANDS_PER_BLOCK
+    unit = plan_lib.kernel_geometry(m, n, 0).rows_per_unit
+    assert all(b % unit == 0 for b in p.band_rows[1:-1]), (p.band_rows, unit)
+    assert p.predicted_s > 0 and p.baseline_s > 0
+    # The all-reduce also mirror-stores its reduced rows: never predicted faster than the RS.
+    other = plan_peer.plan("reduce_scatter" if collective == "all_reduce" else "all_reduce", m, n, k)
+    ar, rs = (p, other) if collective == "all_reduce" else (other, p)
+    assert ar.predicted_s >= rs.predicted_s
+
+
+def test_group_plan_validates_the_transport():
+    base = plan_peer.plan("reduce_scatter", 4096, 8192, 4096)
+    with pytest.raises(ValueError, match="transport='nvlink' must be 'nccl' or 'peer'"):
+        dataclasses.replace(base, transport="nvlink").validate()
+    with pytest.raises(ValueError, match="every SM .comm_sms 0, got 8"):
+        dataclasses.replace(base, comm_sms=8).validate()
+    # 32 bands per block: both blocks' are 64 groups, one launch's most; 33 are too many.
+    dataclasses.replace(base, band_rows=tuple(range(0, 2048 + 1, 64))).validate()
+    bands = tuple(range(0, 2048, 62)) + (2048,)
+    assert len(bands) - 1 == 34
+    with pytest.raises(ValueError, match="at most 32 bands per block"):
+        dataclasses.replace(base, band_rows=bands).validate()
+
+
+@pytest.mark.parametrize("collective, world, m, fragment", [
+    ("all_reduce", 4, 4096, "has 4 devices; peer stores need exactly 2"),
+    ("reduce_scatter", 1, 4096, "has 1 devices"),
+    ("all_reduce", 2, 4095, "M=4095 rows"),
+    ("all_to_all", 2, 4096, "not all_to_all"),
+])
+def test_unavailable_names_the_reason(collective, world, m, fragment):
+    assert fragment in plan_peer.unavailable(collective, None, "tp", world, m)
+
+
+def test_available_for_two_devices_and_even_rows():
+    # A mesh of CPU devices is no local GPU mesh: nothing more to check here (cross-lowering).
+    assert plan_peer.unavailable("all_reduce", make_mesh_1d(2), "tp", 2, 4096) is None
+
+
+# ------------------------------------------------------------------ the CUDA lowering
+
+def _program(fo, collective, mesh, m=4096, k_local=4096, n=8192, comm_sms=None):
+    tp = mesh.shape["tp"]
+    if collective == "all_reduce":
+        body = lambda a, b: fo.matmul_all_reduce(a, b, "tp", comm_sms=comm_sms)  # noqa: E731
+        out = P()
+    else:
+        body = lambda a, b: fo.matmul_reduce_scatter(a, b, "tp", comm_sms=comm_sms)  # noqa: E731
+        out = P("tp", None)
+    f = shard_map(body, mesh, (P(None, "tp"), P("tp", None)), out)
+    args = (jax.ShapeDtypeStruct((m, k_local * tp), jnp.bfloat16),
+            jax.ShapeDtypeStruct((k_local * tp, n), jnp.bfloat16))
+    return f, args
+
+
+def _attrs(fo, collective, mesh, **kw):
+    f, args = _program(fo, collective, mesh, **kw)
+    lines = custom_call_lines(lower_for_cuda(f, args), PRIMITIVE_NAMES[collective])
+    assert len(lines) == 1, lines
+    line = lines[0]
+    transport = re.search(r"\btransport\s*=\s*(\d+)", line)
+    comm_sms = re.search(r"\bcomm_sms\s*=\s*(\d+)", line)
+    bands = re.search(r"\bband_rows\s*=\s*dense<\[?([0-9, ]+)\]?>", line)
+    assert transport and comm_sms and bands, line
+    return (int(transport.group(1)), int(comm_sms.group(1)),
+            tuple(int(v) for v in bands.group(1).split(",")), line)
+
+
+@pytest.fixture
+def no_fallback(monkeypatch):
+    monkeypatch.setenv("JAX_FLASHOVERLAP_FALLBACK", "0")
+    monkeypatch.delenv("JAX_FLASHOVERLAP_FORCE_REFERENCE", raising=False)
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter"])
+def test_peer_lowering_emits_the_peer_plan(fo, no_fallback, monkeypatch, collective):
+    """Two devices, transport=peer: transport = 1, the GEMM on every SM (comm_sms 0), band_rows
+    of one block (M / 2 rows) for both collectives, the all-reduce not in place."""
+    monkeypatch.setenv(TRANSPORT_ENV, "peer")
+    transport, comm_sms, bands, line = _attrs(fo, collective, make_mesh_1d(2))
+    assert transport == 1 and comm_sms == 0, line
+    assert bands == plan_peer.plan(collective, 4096, 8192, 4096).band_rows
+    assert bands[-1] == 2048
+    if collective == "all_reduce":
+        assert re.search(r"\bin_place\s*=\s*0\b", line), line
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter"])
+def test_default_lowering_is_nccl(fo, no_fallback, monkeypatch, collective):
+    monkeypatch.delenv(TRANSPORT_ENV, raising=False)
+    transport, comm_sms, bands, line = _attrs(fo, collective, make_mesh_1d(2))
+    assert transport == 0 and comm_sms > 0, line
+    assert bands[-1] == (4096 if collective == "all_reduce" else 2048)
+
+
+def test_peer_calls_name_the_communicators_of_the_nominal_cap(fo, no_fallback, monkeypatch):
+    """The peer path hangs its buffers on the axis's communicators of a nominal NCCL cap
+    (plan_peer.NCCL_CTAS; shared with the NCCL path's where its plan has that cap): the
+    comm_id attribute names them."""
+    mesh = make_mesh_1d(2)
+    ids = {}
+    for transport in ("peer", "nccl"):
+        monkeypatch.setenv(TRANSPORT_ENV, transport)
+        line = _attrs(fo, "reduce_scatter", mesh)[3]
+        ids[transport] = re.search(r"\bcomm_id\s*=\s*(\d+)", line).group(1)
+    from jax_flashoverlap import comm
+    assert int(ids["peer"]) == comm.comm_id_for(mesh, "tp", plan_peer.NCCL_CTAS)
+    nccl_sms = _attrs(fo, "reduce_scatter", mesh)[1]  # the NCCL path's plan (transport=nccl)
+    assert (ids["nccl"] == ids["peer"]) == (nccl_sms == plan_peer.NCCL_CTAS)
+
+
+@pytest.mark.parametrize("mesh_of", [lambda: make_mesh_1d(4), lambda: make_mesh_2d(2, 2)])
+def test_other_world_sizes_keep_nccl_with_a_warning(fo, no_fallback, monkeypatch, mesh_of):
+    """A mesh axis of 4 (1-D), or of 2 on a 2 x 2 mesh: the 2-device axis takes the peer
+    stores, the 4-device one keeps NCCL and warns, naming the reason."""
+    monkeypatch.setenv(TRANSPORT_ENV, "peer")
+    from jax_flashoverlap import primitives
+    primitives._warned_peer_stores.clear()
+    mesh = mesh_of()
+    tp = mesh.shape["tp"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if "dp" in mesh.shape:
+            f = shard_map(lambda a, b: fo.matmul_reduce_scatter(a, b, "tp"), mesh,
+                          (P("dp", "tp"), P("tp", None)), P(("dp", "tp"), None))
+            args = (jax.ShapeDtypeStruct((8192, 4096 * tp), jnp.bfloat16),
+                    jax.ShapeDtypeStruct((4096 * tp, 8192), jnp.bfloat16))
+            line = custom_call_lines(lower_for_cuda(f, args), PRIMITIVE_NAMES["reduce_scatter"])[0]
+            transport = int(re.search(r"\btransport\s*=\s*(\d+)", line).group(1))
+        else:
+            transport = _attrs(fo, "reduce_scatter", mesh)[0]
+    peer_warnings = [w for w in caught if issubclass(w.category, plan_peer.PeerStoresWarning)]
+    if tp == 2:
+        assert transport == 1 and not peer_warnings
+    else:
+        assert transport == 0
+        assert len(peer_warnings) == 1 and "has 4 devices" in str(peer_warnings[0].message)
+
+
+def test_odd_rows_all_reduce_keeps_nccl(fo, no_fallback, monkeypatch):
+    monkeypatch.setenv(TRANSPORT_ENV, "peer")
+    from jax_flashoverlap import primitives
+    primitives._warned_peer_stores.clear()
+    with pytest.warns(plan_peer.PeerStoresWarning, match="M=4095 rows"):
+        transport = _attrs(fo, "all_reduce", make_mesh_1d(2), m=4095)[0]
+    assert transport == 0
+
+
+def test_comm_sms_with_peer_transport_is_an_error(fo, no_fallback, monkeypatch):
+    monkeypatch.setenv(TRANSPORT_ENV, "peer")
+    with pytest.raises(ValueError, match=r"comm_sms=16, but with JAX_FLASHOVERLAP_TRANSPORT=peer"):
+        _attrs(fo, "all_reduce", make_mesh_1d(2), comm_sms=16)
+
+
+def test_transport_typo_fails_the_lowering(fo, no_fallback, monkeypatch):
+    monkeypatch.setenv(TRANSPORT_ENV, "nvlink")
+    with pytest.raises(ValueError, match=TRANSPORT_ENV):
+        _attrs(fo, "reduce_scatter", make_mesh_1d(2))
+
+
+def test_recv_bytes_is_one_block():
+    assert plan_peer.recv_bytes(4096, 8192, 2) == 2048 * 8192 * 2
+    assert np.int64(plan_peer.recv_bytes(2, 8, 2)) == 16
