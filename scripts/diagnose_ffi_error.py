@@ -19,6 +19,9 @@ Cases (flashoverlap_gemm called through jax.ffi unless said otherwise):
                        compiling: the launcher refuses it after work was queued on the stream
   ar_comm_sms_differs  flashoverlap_gemm_all_reduce through jax.ffi on an existing communicator
                        with a comm_sms other than its CTA cap
+  ar_bad_transport     the same call with transport = 2 (0: NCCL, 1: peer stores)
+  ar_peer_one_rank     the same call with transport = 1 on a 1-rank communicator (peer stores
+                       need 2 ranks)
   collective_bad_flag  flashoverlap_collective through jax.ffi with reduce_scatter = 2
 With LD_PRELOAD=segv_backtrace.so (tests/cuda/segv_backtrace.c) a crashing child's native
 stack is shown too.
@@ -79,7 +82,7 @@ elif case == "ar_no_comm_ffi":
                                    comm_sms=np.int32(8), transpose_w=np.int32(0),
                                    poison_outputs=np.int32(0),
                                    band_rows=np.asarray([0, 512], np.int32),
-                                   in_place=np.int32(0))), x, w)
+                                   transport=np.int32(0), in_place=np.int32(0))), x, w)
 elif case == "ar_no_comm_prim":
     f = all_reduce()
     attempt(f, x, w)
@@ -91,17 +94,22 @@ elif case == "gemm_launch_error":
     os.environ["FLASHOVERLAP_GEMM_EPILOGUE"] = "snyc"
     attempt(f, x, w)
     del os.environ["FLASHOVERLAP_GEMM_EPILOGUE"]
-elif case in ("ar_comm_sms_differs", "collective_bad_flag"):
+elif case in ("ar_comm_sms_differs", "ar_bad_transport", "ar_peer_one_rank",
+              "collective_bad_flag"):
     attempt(all_reduce(), x, w)  # makes the communicator
     (c,) = fo.comm.list_communicators()
     common = dict(comm_id=np.int64(c["comm_id"]), world_size=np.int32(1))
     out = jax.ShapeDtypeStruct((512, 512), jnp.bfloat16)
-    if case == "ar_comm_sms_differs":
+    if case != "collective_bad_flag":
+        sms = c["comm_sms"] + (2 if case == "ar_comm_sms_differs" else 0)
+        transport = {"ar_bad_transport": 2, "ar_peer_one_rank": 1}.get(case, 0)
         f = jax.ffi.ffi_call("flashoverlap_gemm_all_reduce", out)
-        attempt(jax.jit(lambda a, b: f(a, b, comm_sms=np.int32(c["comm_sms"] + 2),
+        attempt(jax.jit(lambda a, b: f(a, b, comm_sms=np.int32(sms),
                                        transpose_w=np.int32(0), poison_outputs=np.int32(0),
-                                       band_rows=np.asarray([0, 512], np.int32),
-                                       in_place=np.int32(0), **common)), x, w)
+                                       band_rows=np.asarray([0, 256 if transport == 1 else 512],
+                                                            np.int32),
+                                       transport=np.int32(transport), in_place=np.int32(0),
+                                       **common)), x, w)
     else:
         f = jax.ffi.ffi_call("flashoverlap_collective", out)
         attempt(jax.jit(lambda a: f(a, reduce_scatter=np.int32(2), num_groups=np.int32(1),
@@ -122,6 +130,8 @@ EXPECTED = {
     "ar_no_comm_prim": ["finite", "raised"],
     "gemm_launch_error": ["raised"],
     "ar_comm_sms_differs": ["finite", "raised"],
+    "ar_bad_transport": ["finite", "raised"],
+    "ar_peer_one_rank": ["finite", "raised"],
     "collective_bad_flag": ["finite", "raised"],
 }
 
