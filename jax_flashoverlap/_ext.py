@@ -196,25 +196,27 @@ def all_reduce_in_place() -> bool:
                    "communicator) or 'output' (reduce in XLA's output, no extra buffer)")
 
 
-TRANSPORTS = ("nccl", "peer")
+TRANSPORTS = ("auto", "nccl", "peer")
 
 
 def transport() -> str:
   """JAX_FLASHOVERLAP_TRANSPORT: how matmul_all_reduce / matmul_reduce_scatter move data.
 
-  nccl (unset: the default): one NCCL call per group on a second stream, on the SMs the GEMM
-  leaves free. peer (experimental; docs/DESIGN.md, "Peer stores"): over 2 GPUs of this
-  process, the GEMM stores the peer's rows into its memory and adds the peer's partial sums
-  as it stores its own (no NCCL, every SM computing); ops it cannot take (other world sizes,
-  an axis group across processes, odd M) keep the NCCL path, with a PeerStoresWarning."""
+  nccl: one NCCL call per group on a second stream, on the SMs the GEMM leaves free. peer
+  (experimental; docs/DESIGN.md, "Peer stores"): over 2 GPUs of this process, the GEMM stores
+  the peer's rows into its memory and adds the peer's partial sums as it stores its own (no
+  NCCL, every SM computing); ops it cannot take (other world sizes, an axis group across
+  processes, odd M) keep the NCCL path, with a PeerStoresWarning. auto (unset: the default):
+  NCCL, unless a tuned config entry for the op says peer (jax_flashoverlap.tuning)."""
   raw = os.environ.get(TRANSPORT_ENV)
   if raw in (None, ""):
-    return "nccl"
+    return "auto"
   if raw in TRANSPORTS:
     return raw
   raise ValueError(f"jax_flashoverlap: environment variable {TRANSPORT_ENV}={raw!r} must be "
-                   "'nccl' (the default: NCCL calls beside the GEMM) or 'peer' (experimental: "
-                   "peer stores over 2 local GPUs)")
+                   "'auto' (the default: NCCL unless a tuned config says peer), 'nccl' (NCCL "
+                   "calls beside the GEMM) or 'peer' (experimental: peer stores over 2 local "
+                   "GPUs)")
 
 
 @functools.lru_cache(maxsize=None)

@@ -163,9 +163,10 @@ def _collective_cuda_lowering(prim, reference_lowering, collective):
                  and _ext.fallback_enabled()):
       publish_decision(prim.name, ctx, {"overlap": False})
       return reference_lowering(ctx, x, w, axis_name=axis_name, transpose_w=transpose_w)
-    if _ext.transport() == "peer":
+    transport = _ext.transport()
+    if transport != "nccl":
       lowered = _peer_store_lowering(prim, ctx, x, w, collective, mesh, axis_name, world, dtype,
-                                     (m, n, k), comm_sms, transpose_w)
+                                     (m, n, k), comm_sms, transpose_w, transport)
       if lowered is not None:
         return lowered
     in_place = collective == "all_reduce" and _ext.all_reduce_in_place()
@@ -191,23 +192,33 @@ _warned_peer_stores = set()
 
 
 def _peer_store_lowering(prim, ctx, x, w, collective, mesh, axis_name, world, dtype, mnk,
-                         comm_sms, transpose_w):
-  """JAX_FLASHOVERLAP_TRANSPORT=peer: the custom call with the peer-store plan (plan_peer.py),
-  or None (with a PeerStoresWarning, once per reason) where the op cannot take it: the NCCL
-  path then lowers it."""
+                         comm_sms, transpose_w, transport):
+  """The custom call with a peer-store plan where JAX_FLASHOVERLAP_TRANSPORT asks for one:
+  `peer`, or `auto` with a tuned config entry that says peer (its bands; plan_peer.plan's
+  otherwise). None (NCCL then lowers the op) where it does not, or where the op cannot take
+  it (with a PeerStoresWarning, once per reason)."""
   m, n, k = mnk
+  tuned = None
+  if comm_sms is None and not plan_lib.is_forced():
+    tuned = plan_lib.choose_plan(collective, m, n, k, world, dtype.itemsize,
+                                 gpu=comm.mesh_gpu_name(mesh), dtype=dtype.name,
+                                 transpose_w=bool(transpose_w), allow_peer=True)
+    tuned = tuned if tuned.transport == "peer" else None
+  if transport == "auto" and tuned is None:
+    return None
   reason = plan_peer.unavailable(collective, mesh, axis_name, world, m)
   if reason is not None:
     if reason not in _warned_peer_stores:
       _warned_peer_stores.add(reason)
-      warnings.warn(f"jax_flashoverlap: {prim.name}: {_ext.TRANSPORT_ENV}=peer, but {reason}: "
-                    "this op keeps the NCCL path", plan_peer.PeerStoresWarning, stacklevel=2)
+      asked = f"{_ext.TRANSPORT_ENV}=peer" if transport == "peer" else "a tuned config says peer"
+      warnings.warn(f"jax_flashoverlap: {prim.name}: {asked}, but {reason}: this op keeps the "
+                    "NCCL path", plan_peer.PeerStoresWarning, stacklevel=2)
     return None
   if comm_sms not in (None, 0):
     raise ValueError(f"jax_flashoverlap: {prim.name}: comm_sms={comm_sms}, but with "
                      f"{_ext.TRANSPORT_ENV}=peer the GEMM runs on every SM (no NCCL kernel "
                      "beside it): leave comm_sms unset (or 0)")
-  plan = plan_peer.plan(collective, m, n, k, dtype.itemsize, bool(transpose_w))
+  plan = tuned or plan_peer.plan(collective, m, n, k, dtype.itemsize, bool(transpose_w))
   comm_id = prepare_communicators(
       prim.name, mesh, axis_name, {"band_rows": list(plan.band_rows), "transport": "peer"},
       plan_peer.NCCL_CTAS, 0, ctx, peer_store_bytes=plan_peer.recv_bytes(m, n, dtype.itemsize))

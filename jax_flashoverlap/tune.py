@@ -10,7 +10,9 @@ Per problem (collective, global shape) on a 1-D mesh over --world GPUs:
   3. measure: the --top best predicted (at least the best of every comm_sms), the cost model's
      default plan and XLA's dot + collective, interleaved, each checked against float32 first;
   4. keep the fastest: a config entry (jax_flashoverlap.tuning) with its measured and
-     predicted time, or overlap=false where XLA's serial path was fastest.
+     predicted time, or overlap=false where XLA's serial path was fastest. With --peer (world
+     size 2, one process) the peer-store transport is timed in step 3 too (experimental;
+     plan_peer.py) and kept, "transport": "peer", where it beats every NCCL plan and XLA.
 
 The config goes to the user config dir (<gpu>_x<world>.json) or --out, each problem's entry as
 soon as it is tuned (a later failure keeps it); --report writes every measurement and
@@ -82,9 +84,10 @@ class Progress:
 
 
 def entry_for(collective: str, dtype: str, m: int, n: int, k: int, world: int, chosen,
-              measured_ms: float, baseline_ms: float) -> dict:
+              measured_ms: float, baseline_ms: float, transport: str = "nccl") -> dict:
   """The config entry of the fastest measured variant: `chosen` (a tune_model.Candidate,
-  measured at measured_ms), or XLA's dot + collective when chosen is None."""
+  measured at measured_ms; transport "peer": the peer-store plan, plan_peer.py), or XLA's
+  dot + collective when chosen is None."""
   entry = {"collective": collective, "dtype": dtype, "m": m, "n": n, "k": k,
            "baseline_ms": baseline_ms, "source": "python -m jax_flashoverlap.tune"}
   if chosen is None:  # a valid plan for the record: one group
@@ -94,7 +97,32 @@ def entry_for(collective: str, dtype: str, m: int, n: int, k: int, world: int, c
   entry.update(comm_sms=chosen.comm_sms, band_rows=list(chosen.band_rows), overlap=True,
                measured_ms=measured_ms, predicted_ms=chosen.predicted_s * 1e3,
                model_error=chosen.predicted_s * 1e3 / measured_ms - 1.0)
+  if transport != "nccl":
+    entry["transport"] = transport
   return entry
+
+
+def fastest(measured: dict, xla_ms: float):
+  """The candidate measured fastest (a peer-store candidate among them, if timed), or None
+  where XLA's dot + collective (xla_ms) was at least as fast."""
+  best = min(measured, key=measured.get)
+  return best if measured[best] < xla_ms else None
+
+
+def peer_candidate(pb, ref32, errors: dict, variants: dict):
+  """--peer at world size 2: our op lowered with JAX_FLASHOVERLAP_TRANSPORT=peer timed as
+  one more variant ("peer"), its values checked like the others'; returns its plan as a
+  tune_model.Candidate (how "peer")."""
+  from jax_flashoverlap import plan_peer
+  fn = pb.smap(pb.ours)
+  with bench.bench_variants.overridden_env({bench.bench_variants.TRANSPORT_ENV: "peer"}):
+    errors["peer"] = bench.relative_error(fn(*pb.args), ref32)  # compiles here
+    text = fn.lower(*pb.args).as_text()
+  if "transport = 1" not in text:
+    raise RuntimeError("peer: the op did not lower with the peer stores (PeerStoresWarning?)")
+  variants["peer"] = (fn, pb.args)
+  p = plan_peer.plan(pb.collective, pb.m, pb.n, pb.k // pb.world, pb.dtype.itemsize)
+  return tune_model.Candidate(0, p.band_rows, p.predicted_s, "peer")
 
 
 def problem_comm_sms(m: int, n: int, requested, align: bool = True, k: int | None = None,
@@ -261,6 +289,7 @@ def tune_problem(pb, args, progress) -> tuple:
   with bench.bench_variants.model_plans_only():
     model_fn(*pb.args)  # compiles with the cost model's plan (no tuned config)
   variants["cost_model_default"] = (model_fn, pb.args)
+  peer = peer_candidate(pb, ref32, errors, variants) if args.peer and world == 2 else None
   # The calibration runs again in this round: clocks drift between rounds by several %, so
   # the model is refitted to them here before it predicts the timed plans (its error).
   for name, (_, _, fn) in op_runs.items():
@@ -273,15 +302,16 @@ def tune_problem(pb, args, progress) -> tuple:
       for c in picked]
   check_values(label, errors, args.max_error)
   measured = {c: t[name] for name, c in zip(names, picked)}
-  best = min(picked, key=measured.get)
-  if measured[best] >= t["xla_dot_collective"]:
-    best = None
+  if peer is not None:
+    measured[peer] = t["peer"]
+  best = fastest(measured, t["xla_dot_collective"])
   entry = entry_for(pb.collective, pb.dtype.name, m, n, k_local, world, best,
-                    measured.get(best, 0.0), t["xla_dot_collective"])
+                    measured.get(best, 0.0), t["xla_dot_collective"],
+                    transport="peer" if best is not None and best is peer else "nccl")
   policy_ms, xla_ms = {}, t["xla_dot_collective"]
-  if best is not None and policy is not None:
+  if best is not None and best is not peer and policy is not None:
     entry["cta_policy"] = policy
-  if best is not None and len(args.cta_policies) > 1:
+  if best is not None and best is not peer and len(args.cta_policies) > 1:
     progress.show(f"{label}: CTA policies {args.cta_policies}")
     policy_ms, xla_ms = time_cta_policies(pb, best, args, baseline)
     chosen = min(policy_ms, key=policy_ms.get)
@@ -304,6 +334,10 @@ def tune_problem(pb, args, progress) -> tuple:
                     "measured_ms": t[name], "rel_error_vs_f32": errors[name]}
                    for name, c in zip(names, picked)],
          "times_ms": t, "entry": entry, "cta_policy_ms": policy_ms,
+         "peer": None if peer is None else {"band_rows": list(peer.band_rows),
+                                            "predicted_ms": peer.predicted_s * 1e3,
+                                            "measured_ms": t["peer"],
+                                            "rel_error_vs_f32": errors["peer"]},
          "cta_policy_round_xla_ms": xla_ms if policy_ms else None,
          # the kept plan is one the model was fitted to: its model error is in-sample
          "kept_is_calibration_plan": best is not None and any(
@@ -360,6 +394,10 @@ def main(argv=None) -> int:
                       help="the communicator's ncclConfig_t.CTAPolicy values the kept plan is "
                            "timed under (the fastest is kept, each one's time reported); one "
                            "value: every plan is calibrated and timed under it")
+  parser.add_argument("--peer", action="store_true",
+                      help="at world size 2 (one process), also time the peer-store transport "
+                           "(experimental, JAX_FLASHOVERLAP_TRANSPORT=peer) and keep it where it "
+                           "beats every NCCL plan and XLA (the entry's transport: peer)")
   parser.add_argument("--top", type=int, default=6,
                       help="candidate plans timed per problem (at least one per comm_sms)")
   parser.add_argument("--calls", type=int, default=10)
@@ -391,6 +429,8 @@ def main(argv=None) -> int:
                  "jax_flashoverlap.launch / jax.distributed; its config serves any process "
                  "count with the same GPU and world size")
   args.world = bench.resolve_world(parser, args.world)
+  if args.peer and args.world != 2:
+    parser.error(f"--peer: the peer stores take a mesh of 2 GPUs, --world is {args.world}")
   devices = jax.devices()[: args.world]
   gpu = devices[0].device_kind
   for shape in args.shapes if args.collectives else ():

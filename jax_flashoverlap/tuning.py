@@ -10,12 +10,14 @@ A config file (never pickle) holds measured-best plans for one GPU model and wor
                   "source": "python -m jax_flashoverlap.tune"}]}
 
 Optional: cta_policy ("default" | "efficiency" | "zero": the communicator's
-ncclConfig_t.CTAPolicy the plan runs with). Informative: measured_ms / baseline_ms (ours and
+ncclConfig_t.CTAPolicy the plan runs with); transport ("nccl", the default, or "peer": the
+peer stores of plan_peer.py, world size 2 only, comm_sms 0, band_rows over one block of m / 2
+rows for both collectives; taken with JAX_FLASHOVERLAP_TRANSPORT unset or auto). Informative: measured_ms / baseline_ms (ours and
 XLA's dot + collective when tuned), predicted_ms and model_error (the tuner's measured cost
 model for the kept plan: predicted / measured - 1), cta_policy_ms (the kept plan's time under
 each policy tried), source (the command that wrote it). Any other key is an error (a typo),
 and so is another collective's (COLLECTIVE_KEYS: band_rows for all but all_gather,
-cta_policy / cta_policy_ms for all_reduce and reduce_scatter, split_axis / concat_axis for
+cta_policy / cta_policy_ms / transport for all_reduce and reduce_scatter, split_axis / concat_axis for
 all_to_all, chunks / gather for all_gather).
 
 m, n, k are the per-device GEMM's (x [m, k], w [k, n]). Files are read from the package's
@@ -50,7 +52,7 @@ _DTYPES = ("bfloat16", "float16")
 _COMMON_KEYS = frozenset((
     "collective", "dtype", "m", "n", "k", "comm_sms", "overlap",
     "measured_ms", "baseline_ms", "predicted_ms", "model_error", "source"))  # + informative
-_COLLECTIVE_RS_KEYS = _COMMON_KEYS | {"band_rows", "cta_policy", "cta_policy_ms"}
+_COLLECTIVE_RS_KEYS = _COMMON_KEYS | {"band_rows", "cta_policy", "cta_policy_ms", "transport"}
 COLLECTIVE_KEYS = {
     "all_reduce": _COLLECTIVE_RS_KEYS, "reduce_scatter": _COLLECTIVE_RS_KEYS,
     "all_to_all": _COMMON_KEYS | {"band_rows", "split_axis", "concat_axis"},
@@ -128,7 +130,8 @@ def _check_bands(path, where, e, rows):
       any(not isinstance(b, int) or isinstance(b, bool) for b in bands)):
     _fail(path, f"{where}: 'band_rows' must be a list of at least 2 integers")
   try:  # the same checks as every plan the ops lower with
-    GroupPlan(e["collective"], rows, tuple(bands), e["comm_sms"]).validate()
+    GroupPlan(e["collective"], rows, tuple(bands), e["comm_sms"],
+              transport=e.get("transport", "nccl")).validate()
   except ValueError as err:
     _fail(path, f"{where}: {err}")
 
@@ -138,7 +141,13 @@ def _check_plan(path, where, e, world, m):
   from jax_flashoverlap.plan import MAX_GROUPS, rank_blocks
   collective = e["collective"]
   if collective in ("all_reduce", "reduce_scatter"):
-    blocks = rank_blocks(collective, world)
+    transport = e.get("transport", "nccl")
+    if transport not in ("nccl", "peer"):
+      _fail(path, f"{where}: 'transport' must be 'nccl' or 'peer', got {transport!r}")
+    if transport == "peer" and world != 2:
+      _fail(path, f"{where}: transport 'peer' needs world_size 2, the file is for {world}")
+    # Peer stores: both collectives' bands cover one rank's block (plan_peer.py).
+    blocks = 2 if transport == "peer" else rank_blocks(collective, world)
     if m % blocks:
       _fail(path, f"{where}: m={m} is not divisible by world_size {world}")
     _check_bands(path, where, e, m // blocks)

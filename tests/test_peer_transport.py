@@ -22,8 +22,8 @@ TRANSPORT_ENV = "JAX_FLASHOVERLAP_TRANSPORT"
 
 # ------------------------------------------------------------------ the switch
 
-@pytest.mark.parametrize("raw, expected", [(None, "nccl"), ("", "nccl"), ("nccl", "nccl"),
-                                           ("peer", "peer")])
+@pytest.mark.parametrize("raw, expected", [(None, "auto"), ("", "auto"), ("auto", "auto"),
+                                           ("nccl", "nccl"), ("peer", "peer")])
 def test_transport_switch_values(monkeypatch, raw, expected):
     if raw is None:
         monkeypatch.delenv(TRANSPORT_ENV, raising=False)
@@ -35,7 +35,7 @@ def test_transport_switch_values(monkeypatch, raw, expected):
 @pytest.mark.parametrize("raw", ["PEER", "nvlink", "peer "])
 def test_transport_switch_typo_is_an_error_naming_it(monkeypatch, raw):
     monkeypatch.setenv(TRANSPORT_ENV, raw)
-    with pytest.raises(ValueError, match=rf"{TRANSPORT_ENV}=.*must be 'nccl'.*or 'peer'"):
+    with pytest.raises(ValueError, match=rf"{TRANSPORT_ENV}=.*must be 'auto'.*'nccl'.*or 'peer'"):
         _ext.transport()
 
 
@@ -138,8 +138,13 @@ def test_peer_lowering_emits_the_peer_plan(fo, no_fallback, monkeypatch, collect
 
 
 @pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter"])
-def test_default_lowering_is_nccl(fo, no_fallback, monkeypatch, collective):
-    monkeypatch.delenv(TRANSPORT_ENV, raising=False)
+@pytest.mark.parametrize("env", [None, "auto", "nccl"])
+def test_default_lowering_is_nccl(fo, no_fallback, monkeypatch, collective, env):
+    """Unset (auto) with no tuned peer entry, or nccl: the NCCL path."""
+    if env is None:
+        monkeypatch.delenv(TRANSPORT_ENV, raising=False)
+    else:
+        monkeypatch.setenv(TRANSPORT_ENV, env)
     transport, comm_sms, bands, line = _attrs(fo, collective, make_mesh_1d(2))
     assert transport == 0 and comm_sms > 0, line
     assert bands[-1] == (4096 if collective == "all_reduce" else 2048)
@@ -213,3 +218,41 @@ def test_transport_typo_fails_the_lowering(fo, no_fallback, monkeypatch):
 def test_recv_bytes_is_one_block():
     assert plan_peer.recv_bytes(4096, 8192, 2) == 2048 * 8192 * 2
     assert np.int64(plan_peer.recv_bytes(2, 8, 2)) == 16
+
+
+def _tuned_peer_entry(tmp_path, monkeypatch, collective="reduce_scatter"):
+    """A tuned config (user dir) whose entry for the 2-device test problem says peer, with
+    bands of its own; the CPU mesh named as the H200 whose config it is."""
+    import json
+    from jax_flashoverlap import comm, tuning
+    monkeypatch.setenv(tuning.CONFIG_DIR_ENV, str(tmp_path))
+    monkeypatch.delenv(tuning.TUNED_ENV, raising=False)
+    monkeypatch.setattr(comm, "mesh_gpu_name", lambda mesh: "NVIDIA H200")
+    entry = dict(collective=collective, dtype="bfloat16", m=4096, n=8192, k=4096, comm_sms=0,
+                 band_rows=[0, 512, 1024, 2048], transport="peer", overlap=True)
+    (tmp_path / "h200_x2.json").write_text(json.dumps(dict(
+        schema=tuning.SCHEMA, gpu="NVIDIA H200", world_size=2, entries=[entry])))
+    return tuple(entry["band_rows"])
+
+
+@pytest.mark.parametrize("env, expected", [(None, 1), ("auto", 1), ("peer", 1), ("nccl", 0)])
+def test_tuned_peer_entry_is_taken_unless_nccl_is_asked(fo, no_fallback, monkeypatch, tmp_path,
+                                                        env, expected):
+    bands = _tuned_peer_entry(tmp_path, monkeypatch)
+    if env is None:
+        monkeypatch.delenv(TRANSPORT_ENV, raising=False)
+    else:
+        monkeypatch.setenv(TRANSPORT_ENV, env)
+    transport, comm_sms, got, line = _attrs(fo, "reduce_scatter", make_mesh_1d(2))
+    assert transport == expected, line
+    if expected:
+        assert got == bands and comm_sms == 0, line  # the tuned entry's bands, not plan_peer's
+    else:
+        assert comm_sms > 0 and got[-1] == 2048, line
+
+
+def test_tuned_peer_entry_off_with_the_tuned_switch(fo, no_fallback, monkeypatch, tmp_path):
+    _tuned_peer_entry(tmp_path, monkeypatch)
+    monkeypatch.delenv(TRANSPORT_ENV, raising=False)
+    monkeypatch.setenv("JAX_FLASHOVERLAP_TUNED", "0")
+    assert _attrs(fo, "reduce_scatter", make_mesh_1d(2))[0] == 0

@@ -5,6 +5,7 @@ import json
 import os
 import math
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -124,6 +125,12 @@ BAD = {
     "baseline_ms_infinite": [_entry(baseline_ms=float("inf"))],
     "cta_policy_ms_negative": [_entry(cta_policy_ms={"default": 1.0, "zero": -1.0})],
     "not_utf8": b"\xff\xfe{\x00}\x00",
+    "transport_misspelled": [_entry(transport="nvlink")],
+    "transport_peer_bands_over_m": [_entry(transport="peer", comm_sms=0)],  # must end at m / 2
+    "transport_peer_with_comm_sms": [_entry(transport="peer", band_rows=[0, 512])],
+    "transport_peer_world_4": json.dumps({"schema": tuning.SCHEMA, "gpu": H200, "world_size": 4,
+                                          "entries": [_entry(transport="peer", comm_sms=0,
+                                                             band_rows=[0, 512])]}),
 }
 
 
@@ -154,13 +161,15 @@ def test_every_key_the_tuner_writes_is_allowed():
                                 plan_a2a.choose_all_gather_plan(4096, 4096, 8192, 2), 1.0, 1.2)
     a2a = tune_a2a.entry_for("all_to_all", "bfloat16", 4096, 8192, 4096, 2,
                              plan_a2a.choose_a2a_plan(4096, 8192, 4096, 2, 0, 0), 1.0, 1.2)
-    entries = [ours, xla, gather, a2a]
+    peer = tune.entry_for("reduce_scatter", "bfloat16", 8192, 8192, 8192, 2,
+                          Candidate(0, (0, 2048, 4096), 1e-3, "peer"), 1.0, 1.2, transport="peer")
+    entries = [ours, xla, gather, a2a, peer]
     assert set().union(*entries) == tuning.ENTRY_KEYS
     for e in entries:  # and each only its own collective's
         assert set(e) <= tuning.COLLECTIVE_KEYS[e["collective"]], e
-    assert set(ours) | set(xla) == tuning.COLLECTIVE_KEYS["all_reduce"]
+    assert set(ours) | set(xla) | set(peer) == tuning.COLLECTIVE_KEYS["all_reduce"]
     assert len(tuning.validate({"schema": tuning.SCHEMA, "gpu": H200, "world_size": 2,
-                                "entries": entries})) == 4
+                                "entries": entries})) == 5
 
 
 def test_tuned_switch_and_config_dir_env(tmp_path, monkeypatch):
@@ -246,6 +255,7 @@ def test_tune_cli_refuses_without_gpu():
                                                  "collective needs M divisible by 2 * world = 4"),
     (["--calls", "0"], "--calls must be >= 1, got 0"),
     (["--samples", "0"], "--samples must be >= 1, got 0"),
+    (["--world", "4", "--peer"], "--peer: the peer stores take a mesh of 2 GPUs, --world is 4"),
 ])
 def test_tune_cli_checks_world_and_shapes_before_any_gpu_time(argv, message, monkeypatch,
                                                               capsys):
@@ -542,3 +552,43 @@ def test_tune_cli_refuses_several_processes(monkeypatch, capsys):
         tune.main(["--collectives", "all_reduce", "--shapes", "512x512x512", "--world", "2"])
     assert info.value.code == 2
     assert "runs in one process" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("entry, world, message", [
+    (dict(transport="nvlink"), 2, "'transport' must be 'nccl' or 'peer', got 'nvlink'"),
+    (dict(transport="peer", comm_sms=0), 2, "must start at 0 and end at 512"),
+    (dict(transport="peer", band_rows=[0, 512]), 2, "every SM (comm_sms 0, got 16)"),
+    (dict(transport="peer", comm_sms=0, band_rows=[0, 512]), 4,
+     "transport 'peer' needs world_size 2, the file is for 4"),
+])
+def test_peer_entries_are_checked(user_dir, entry, world, message):
+    _write(user_dir / "peer.json", [_entry(**entry)], world_size=world)
+    with pytest.raises(tuning.ConfigError, match=re.escape(message)):
+        tuning.lookup(H200, world, "all_reduce", "bfloat16", 1024, 512, 256)
+
+
+def test_peer_entry_is_taken_only_where_peer_is_allowed(user_dir):
+    """A tuned peer-store entry (bands of one block of m / 2 rows, comm_sms 0) is the plan
+    with allow_peer (the lowering's JAX_FLASHOVERLAP_TRANSPORT=auto); without it (the NCCL path)
+    the cost model's NCCL plan."""
+    _write(user_dir / "peer.json", [_entry(transport="peer", comm_sms=0, band_rows=[0, 256, 512],
+                                           measured_ms=0.5, baseline_ms=0.8)])
+    peer = P.choose_plan("all_reduce", 1024, 512, 256, 2, gpu=H200, allow_peer=True)
+    assert (peer.transport, peer.rows_per_block, peer.band_rows, peer.comm_sms) == (
+        "peer", 512, (0, 256, 512), 0)
+    nccl = P.choose_plan("all_reduce", 1024, 512, 256, 2, gpu=H200)
+    assert nccl.transport == "nccl" and nccl == P.default_plan("all_reduce", 1024, 512, 256, 2)
+
+
+def test_tuner_keeps_the_fastest_of_nccl_plans_peer_and_xla():
+    from jax_flashoverlap.tune_model import Candidate
+    a, b = Candidate(8, (0, 512, 1024), 1e-3, "dp"), Candidate(16, (0, 1024), 1e-3, "even1")
+    peer = Candidate(0, (0, 256, 512), 9e-4, "peer")
+    assert tune.fastest({a: 1.0, b: 0.9}, 1.2) is b
+    assert tune.fastest({a: 1.0, b: 0.9, peer: 0.8}, 1.2) is peer
+    assert tune.fastest({a: 1.0, b: 0.9, peer: 0.95}, 1.2) is b
+    assert tune.fastest({a: 1.3, peer: 1.25}, 1.2) is None  # XLA's path was fastest
+    e = tune.entry_for("all_reduce", "bfloat16", 1024, 512, 256, 2, peer, 0.8, 1.2, transport="peer")
+    assert (e["transport"], e["comm_sms"], e["band_rows"]) == ("peer", 0, [0, 256, 512])
+    assert len(tuning.validate({"schema": tuning.SCHEMA, "gpu": H200, "world_size": 2,
+                                "entries": [e]})) == 1

@@ -26,6 +26,11 @@
 //                               5 calls)
 //   peer_reduce_test sanitize : flags + the small case with the rank as its own peer (no two
 //                               kernels need to run at once: compute-sanitizer may serialize)
+//   peer_reduce_test abort    : a peer that never comes: rank 0 calls, rank 1 never does; its
+//                               GEMM must still be waiting after 1 s (the control), then, once
+//                               the host sets the abort flag (host-mapped, as the watchdog's),
+//                               fail (trap) within 10 s instead of waiting for ever. Leaves the
+//                               CUDA context unusable: run alone, last
 // Options: --json PATH, --iters N (bench, default 15). Exit code 1 if a check failed.
 #include <unistd.h>
 
@@ -468,6 +473,53 @@ void Bench(cudaStream_t s, int* counters, int iters) {
   }
 }
 
+// ------------------------------------------------------------------ abort (a peer that never comes)
+
+// Exits the process (its CUDA context is gone after the trap): 0 if the wait gave up as it
+// should, 1 if not.
+[[noreturn]] void Abort(cudaStream_t s, const std::string& json_path) {
+  int* flag = nullptr;
+  CK(cudaHostAlloc(&flag, sizeof(int), cudaHostAllocMapped));
+  *reinterpret_cast<volatile int*>(flag) = 0;
+  int* flag_device = nullptr;
+  CK(cudaHostGetDevicePointer(&flag_device, flag, 0));
+  const Case c{4096, 4096, 1024, EvenBands(2048, 2, 256), GemmDType::kBFloat16};
+  EmulatedRank ranks[2] = {EmulatedRank(0, c.m / 2, c.n), EmulatedRank(1, c.m / 2, c.n)};
+  ranks[0].PeerWith(ranks[1]);
+  ranks[1].PeerWith(ranks[0]);
+  ranks[0].r.abort_flag = flag_device;
+  Problem p({c.m, c.n, c.k}, c.dt, 777, s, /*with_ref=*/false);
+  Buf result(c.m / 2 * c.n * 2);
+  SignalingGemmArgs g = p.base;
+  g.layout = BandLayout(c.bands);
+  g.queue = ranks[0].queue->p;
+  CK(cudaStreamSynchronize(s));
+  Must(EnqueuePeerReduce(ranks[0].r, ranks[0].compute, PeerReduceKind::kReduceScatter, g, result.p),
+       "EnqueuePeerReduce");
+  usleep(1000000);
+  const bool waiting = cudaStreamQuery(ranks[0].compute) == cudaErrorNotReady;  // the control
+  *reinterpret_cast<volatile int*>(flag) = 1;
+  cudaError_t end = cudaErrorNotReady;
+  int waited_ms = 0;
+  for (; waited_ms < 10000 && end == cudaErrorNotReady; waited_ms += 10) {
+    usleep(10000);
+    end = cudaStreamQuery(ranks[0].compute);
+  }
+  const bool pass = waiting && end != cudaErrorNotReady && end != cudaSuccess;
+  printf("abort: rank 0 alone, still waiting after 1 s: %s; after the abort flag: %s in %d ms  %s\n",
+         waiting ? "yes" : "NO", end == cudaErrorNotReady ? "still waiting" : cudaGetErrorName(end), waited_ms,
+         pass ? "PASS" : "FAIL");
+  if (!json_path.empty()) {
+    if (FILE* f = fopen(json_path.c_str(), "w")) {
+      fprintf(f, "{\"mode\":\"abort\",\"waiting_after_1s\":%s,\"error\":\"%s\",\"ms_after_flag\":%d,\"pass\":%s}\n",
+              waiting ? "true" : "false", cudaGetErrorName(end), waited_ms, pass ? "true" : "false");
+      fclose(f);
+    }
+  }
+  fflush(stdout);
+  _exit(pass ? 0 : 1);  // no destructors: they would call into the dead context
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -481,6 +533,7 @@ int main(int argc, char** argv) {
   }
   if (iters < 1) { fprintf(stderr, "bad --iters\n"); return 2; }
   TestDevice d = StartTestDevice();
+  if (mode == "abort") Abort(d.stream, json_path);
   if (mode == "flags" || mode == "all") Flags(d.counters, d.stream, 20);
   if (mode == "sanitize") Flags(d.counters, d.stream, 2000);
   if (mode == "check" || mode == "all") Check(/*small=*/false, d.stream);

@@ -53,7 +53,8 @@ Status EnqueueCall(const PeerReduceBuffers& r, WaitMethod wait, const volatile i
   FO_RETURN_IF_NOT_OK(EnqueueWaitGeq(stream, r.signals + kPeerCredit, call - 1, wait, abort_flag));
   if (all_reduce) FO_RETURN_IF_NOT_OK(PostResultAddress(r, stream, result, call));
   // 2. One launch over both blocks, the peer's first (peer_reduce_args.h).
-  const SignalingGemmArgs fused = PeerReduceLaunchArgs(r, kind, gemm, result, call);
+  SignalingGemmArgs fused = PeerReduceLaunchArgs(r, kind, gemm, result, call);
+  fused.abort_flag = abort_flag;  // the GEMM's waits for the peer's stores give up too
   FO_RETURN_IF_NOT_OK(GemmLaunchStatus(LaunchSignalingGemm(fused, stream), "signaling GEMM launch"));
   // 3. All-reduce: the peer's block of our result is complete.
   if (all_reduce) {

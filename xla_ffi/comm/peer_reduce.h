@@ -36,8 +36,9 @@ namespace flashoverlap {
 struct PeerReduceRank {
   PeerReduceBuffers buffers;
   WaitMethod wait_method = WaitMethod::kStreamOp;
-  // The watchdog's flag (spin-kernel waits trap once it is set; stream_wait.h). The GEMM's
-  // own waits for the peer's stores do not read it.
+  // The watchdog's flag: once set, the spin-kernel waits (stream_wait.h) and the GEMM's own
+  // waits for the peer's stores (SignalingGemmArgs::abort_flag) trap instead of waiting for
+  // ever (the process must then restart). Stream memory-operation waits do not read it.
   const volatile int* abort_flag = nullptr;
   uint32_t calls = 0;
 };

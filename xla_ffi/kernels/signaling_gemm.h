@@ -156,6 +156,11 @@ struct SignalingGemmArgs {
   int head_groups = 0;
   void* head_out = nullptr;
   int32_t* head_counters = nullptr;
+  // The waits for another GPU's stores (add_counters, mirror_slot) give up when
+  // *abort_flag != 0 (a watchdog's host-mapped flag, read every kAbortCheckSpins spins): the
+  // kernel traps, as the spin-wait kernel does; the CUDA context is then unusable (the
+  // process must restart, which a peer that never comes required anyway). Null: wait for ever.
+  const volatile int* abort_flag = nullptr;
 
   // ---- Helper launches (LaunchSignalingGemmHelpers); needs the queue. ----
   // The SMs left to communication (comm_sms) sit idle between two collectives. With helpers,

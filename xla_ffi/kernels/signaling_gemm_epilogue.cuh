@@ -84,6 +84,21 @@ __device__ __forceinline__ int TilesOfGroup(const TileSchedule& s, int g) {
   return s.num_blocks * CeilDiv(s.band_rows[g + 1] - s.band_rows[g], s.block_m) * s.n_tiles;
 }
 
+// Spins between two reads of the abort flag in the waits for another GPU (host-mapped memory:
+// a read crosses PCIe, so not on every spin of every waiting thread).
+constexpr int kAbortCheckSpins = 256;
+
+// One spin of a wait for another GPU: a short sleep, and every kAbortCheckSpins-th spin the
+// watchdog's verdict (signaling_gemm.h, abort_flag): trap rather than wait for ever.
+template <class Params>
+__device__ __forceinline__ void PeerWaitSpin(const Params& params, int& spins) {
+  if (++spins == kAbortCheckSpins) {
+    spins = 0;
+    if (params.abort_flag != nullptr && *params.abort_flag != 0) __trap();
+  }
+  __nanosleep(256);
+}
+
 // Reduction in the epilogue (signaling_gemm.h, add_from): waits until every source has stored
 // its partials of `group`. Each storing thread acquires the counters itself (system scope:
 // another GPU may have written them after the data), so its own later loads of the partials
@@ -93,13 +108,14 @@ __device__ __forceinline__ void WaitAddCounters(const Params& params, int group)
   if (params.add_counters == nullptr) return;
   const int tiles = TilesOfGroup(params.sched, group);
   const int groups = params.sched.num_groups - params.head_groups;
+  int spins = 0;
   for (int s = 0; s < params.add_sources; ++s) {
     const int32_t* counter = params.add_counters + s * groups + (group - params.head_groups);
     while (true) {
       int32_t seen;
       asm volatile("ld.acquire.sys.global.b32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
       if (seen >= tiles) break;
-      __nanosleep(256);
+      PeerWaitSpin(params, spins);
     }
   }
 }
@@ -110,11 +126,12 @@ __device__ __forceinline__ void WaitAddCounters(const Params& params, int group)
 template <class Params>
 __device__ __forceinline__ char* MirrorBase(const Params& params) {
   const int32_t* slot = params.mirror_slot;
+  int spins = 0;
   while (true) {
     int32_t stamp;
     asm volatile("ld.acquire.sys.global.b32 %0, [%1];" : "=r"(stamp) : "l"(slot + 2) : "memory");
     if (stamp == params.mirror_call) break;
-    __nanosleep(256);
+    PeerWaitSpin(params, spins);
   }
   uint32_t lo, hi;
   asm volatile("ld.relaxed.sys.global.b32 %0, [%1];" : "=r"(lo) : "l"(slot) : "memory");

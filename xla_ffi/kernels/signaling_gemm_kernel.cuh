@@ -265,6 +265,7 @@ struct Instance {
     params.head_groups = args.head_groups;
     params.head_out = static_cast<char*>(args.head_out);
     params.head_counters = args.head_counters;
+    params.abort_flag = args.abort_flag;
 #ifdef FO_TIMELINE
     params.timeline = args.timeline;
 #endif
