@@ -3,7 +3,7 @@
 #   bash scripts/gpu_session.sh [STEP ...]   steps: build info tests gpu_tests gpu_k gpu_files mesh_tests gemm_bench
 #     tune overlap_bench overlap_all sweep procs stress fuzz flax_example sanitize_overlap harness
 #     sanitize_harness gemm_epilogue transpose_w helpers quickstart
-#     global_view diagnose a2a_tests a2a_bench readme_tests cuda_tests launch_smoke bench_smoke
+#     global_view diagnose a2a_tests a2a_bench readme_tests cuda_tests launch_smoke bench_smoke peer
 #     pack (last: one archive of $OUT)
 #     (default: build info tests)
 # Carry: .whl (nvidia-cutlass wheel; the machine has no index) and build/obj (object cache).
@@ -143,6 +143,13 @@ for step in "${steps[@]}"; do
     pack)  # the device tool returns at most 8 files: everything in one archive
       (cd "$OUT" && tar -czf "session_$(date +%H%M%S).tgz" --exclude='*.tgz' . && find . -mindepth 1 ! -name '*.tgz' -delete) ;;
     cuda_tests) run_step cuda_tests bash tests/cuda/run_gpu.sh ;;
+    peer)  # the peer-store transport (experimental; 2 GPUs of one process): its GPU tests, the
+      # standalone sequence checks (.build/ from tests/cuda/build_overlap_harness.sh), the
+      # bench's ours_peer beside the NCCL path and XLA, and tune --peer into $OUT only
+      STEP_TIMEOUT="${STEP_TIMEOUT:-400}" gpu_pytest peer_tests tests/test_gpu_peer.py
+      run_step peer_reduce .build/peer_reduce_test all --json "$OUT/peer_reduce.json"
+      run_step peer_bench python3 -m jax_flashoverlap.bench overlap --world 2 --variants peer --out "$OUT/peer_bench_$TAG.json"
+      run_step peer_tune python3 -m jax_flashoverlap.tune --world 2 --peer ${TUNE_ARGS:-} --out "$OUT/peer_tuned_$TAG.json" --report "$OUT/peer_tune_$TAG.json" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done
