@@ -1,0 +1,286 @@
+// What peer_reduce_test (two ranks emulated on one GPU) and peer_reduce_2gpu_test (rank r on
+// GPU r) share: the reference arithmetic (the NCCL-style rounded sum, bit comparison, error
+// against float32), the verdict, a rank's buffers, and the two-rank check of one case.
+// Included by one .cu each (test programs: one translation unit apiece).
+#pragma once
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <memory>
+
+#include "gemm_test_common.cuh"
+#include "../../xla_ffi/comm/peer_reduce.h"
+#include "../../xla_ffi/comm/stream_write.h"
+
+namespace {
+
+void Must(const Status& s, const char* what) {
+  if (!s.ok()) { fprintf(stderr, "%s: %s\n", what, s.message.c_str()); exit(2); }
+}
+void MustLaunch(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) { fprintf(stderr, "%s: %s (%s)\n", what, cudaGetErrorString(e), LastSignalingGemmError()); exit(2); }
+}
+
+// PEER_REDUCE_COMM_SMS: SMs the self-peer runs leave free (default 0: the whole GPU).
+int SelfCommSms() {
+  const char* v = getenv("PEER_REDUCE_COMM_SMS");
+  return v == nullptr ? 0 : atoi(v);
+}
+
+// a + b elementwise in fp32, rounded once (NCCL's sum of two rounded partials).
+template <class T>
+__global__ void AddRounded(const T* a, const T* b, T* out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = FromF<T>(ToF(a[i]) + ToF(b[i]));
+}
+// ref += a (fp32 references of sums: the partial added to x @ w, or a second rank's product).
+__global__ void AddF32(const float* a, float* ref, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    ref[i] += a[i];
+}
+template <class T>
+__global__ void AddToRef(const T* a, float* ref, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    ref[i] += ToF(a[i]);
+}
+__global__ void CountDifferent(const uint16_t* a, const uint16_t* b, int64_t n, unsigned long long* diff) {
+  unsigned long long d = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    d += a[i] != b[i];
+  for (int off = 16; off > 0; off /= 2) d += __shfl_down_sync(0xffffffffu, d, off);
+  if (threadIdx.x % 32 == 0 && d) atomicAdd(diff, d);
+}
+
+unsigned long long Different(const void* a, const void* b, int64_t n, cudaStream_t s) {
+  Buf d(8);
+  CK(cudaMemsetAsync(d.p, 0, 8, s));
+  CountDifferent<<<1024, 256, 0, s>>>((const uint16_t*)a, (const uint16_t*)b, n, (unsigned long long*)d.p);
+  CK(cudaGetLastError());
+  unsigned long long h = 0;
+  CK(cudaMemcpyAsync(&h, d.p, 8, cudaMemcpyDeviceToHost, s));
+  CK(cudaStreamSynchronize(s));
+  return h;
+}
+
+// Error of `out` [rows, N] against the fp32 reference rows [rows, N] (identity layout).
+struct Verdict { double rel_err; unsigned long long bad, wrong; };
+Verdict Compare(const void* out, const float* ref, int64_t rows, int64_t n, GemmDType dt, cudaStream_t s) {
+  std::vector<int> ident(rows);
+  for (int64_t r = 0; r < rows; ++r) ident[r] = int(r);
+  Buf d_dst(rows * 4), acc(16), bad(8), wrong(8);
+  CK(cudaMemcpyAsync(d_dst.p, ident.data(), rows * 4, cudaMemcpyHostToDevice, s));
+  CK(cudaMemsetAsync(acc.p, 0, 16, s));
+  CK(cudaMemsetAsync(bad.p, 0, 8, s));
+  CK(cudaMemsetAsync(wrong.p, 0, 8, s));
+  if (dt == GemmDType::kBFloat16)
+    ErrorStats<<<1024, 256, 0, s>>>((const __nv_bfloat16*)out, ref, (int*)d_dst.p, rows, n, (double*)acc.p, (unsigned long long*)bad.p);
+  else
+    ErrorStats<<<1024, 256, 0, s>>>((const __half*)out, ref, (int*)d_dst.p, rows, n, (double*)acc.p, (unsigned long long*)bad.p);
+  double h[2];
+  CK(cudaMemcpyAsync(h, acc.p, 16, cudaMemcpyDeviceToHost, s));
+  CK(cudaStreamSynchronize(s));
+  const float rms = float(std::sqrt(h[1] / double(rows * n)));
+  if (dt == GemmDType::kBFloat16)
+    CountWrong<<<1024, 256, 0, s>>>((const __nv_bfloat16*)out, ref, (int*)d_dst.p, rows, n, 0.02f, 0.02f * rms, (unsigned long long*)wrong.p);
+  else
+    CountWrong<<<1024, 256, 0, s>>>((const __half*)out, ref, (int*)d_dst.p, rows, n, 0.02f, 0.02f * rms, (unsigned long long*)wrong.p);
+  CK(cudaGetLastError());
+  Verdict v{std::sqrt(h[0] / std::max(h[1], 1e-30)), 0, 0};
+  CK(cudaMemcpyAsync(&v.bad, bad.p, 8, cudaMemcpyDeviceToHost, s));
+  CK(cudaMemcpyAsync(&v.wrong, wrong.p, 8, cudaMemcpyDeviceToHost, s));
+  CK(cudaStreamSynchronize(s));
+  return v;
+}
+
+void AddRoundedOn(const void* a, const void* b, void* out, int64_t n, GemmDType dt, cudaStream_t s) {
+  if (dt == GemmDType::kBFloat16) AddRounded<<<1024, 256, 0, s>>>((const __nv_bfloat16*)a, (const __nv_bfloat16*)b, (__nv_bfloat16*)out, n);
+  else AddRounded<<<1024, 256, 0, s>>>((const __half*)a, (const __half*)b, (__half*)out, n);
+  CK(cudaGetLastError());
+}
+
+// ------------------------------------------------------------------ two ranks, one GPU
+
+struct Case {
+  int64_t m, n, k;  // per rank: x [M, K], w [K, N]
+  std::vector<int> bands;
+  GemmDType dt;
+};
+
+// A result's verdict: no poison left, within bf16 rounding of float32, and (compare_bits)
+// bit-equal to the NCCL-style rounded sum; printed, counted, and added to the JSON report.
+// The bits are comparable only where the sequence's launch and the reference GEMMs accumulate
+// every element in the same order: not where either had a split tail (its last units' K
+// loops cut into chunks summed in fp32; whether a launch has one depends on the GPU's
+// cluster occupancy). FLASHOVERLAP_GEMM_TAIL=whole compares every case.
+void Judge(const char* tag, bool ar, const Case& c, int call, int rank, const Verdict& v, unsigned long long diff,
+           bool compare_bits) {
+  const bool pass = v.bad == 0 && v.wrong == 0 && v.rel_err < 1e-2 && (diff == 0 || !compare_bits);
+  g_failures += !pass;
+  printf("%s %s %5lldx%5lldx%5lld %s bands %2zu call %d rank %d: rel %.2e, NaN %llu, off %llu, "
+         "bits != NCCL-style sum %llu%s  %s\n",
+         tag, ar ? "AR" : "RS", (long long)c.m, (long long)c.n, (long long)c.k, DtName(c.dt), c.bands.size() - 1, call,
+         rank, v.rel_err, v.bad, v.wrong, diff, compare_bits ? "" : " (split tail: not compared)",
+         pass ? "PASS" : "FAIL");
+  char buf[440];
+  snprintf(buf, sizeof buf,
+           "{\"tag\":\"%s\",\"op\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"dtype\":\"%s\",\"groups\":%zu,"
+           "\"call\":%d,\"rank\":%d,\"rel_err\":%.3e,\"bad\":%llu,\"wrong\":%llu,\"bits_different\":%llu,"
+           "\"bits_compared\":%s,\"pass\":%s}",
+           tag, ar ? "AR" : "RS", (long long)c.m, (long long)c.n, (long long)c.k, DtName(c.dt), c.bands.size() - 1,
+           call, rank, v.rel_err, v.bad, v.wrong, diff, compare_bits ? "true" : "false", pass ? "true" : "false");
+  AddJson(buf);
+}
+
+// Whether the last signaling-GEMM launch cut its last units' K loops (Judge).
+bool LastLaunchSplit() { return LastSignalingGemmLaunch().split_units > 0; }
+
+// One rank: its stream, buffers and the sequence's state, on `device` (-1: the current one;
+// peer_reduce_test emulates both ranks on one GPU, peer_reduce_2gpu_test puts rank r on GPU r).
+// Leaves `device` current.
+struct EmulatedRank {
+  PeerReduceRank r;
+  int device = 0;
+  cudaStream_t compute;
+  std::unique_ptr<Buf> recv, signals, queue;
+  EmulatedRank(int rank, int64_t rows, int64_t n, int on_device = -1) {
+    if (on_device >= 0) CK(cudaSetDevice(on_device));
+    CK(cudaGetDevice(&device));
+    r.buffers.rank = rank;
+    CK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+    r.wait_method = ChosenWaitMethod(device);
+    const size_t bytes = size_t(rows) * n * 2;
+    recv = std::make_unique<Buf>(bytes);
+    signals = std::make_unique<Buf>(sizeof(int32_t) * kPeerSignalWords);
+    queue = std::make_unique<Buf>(kGemmQueueBytes);
+    CK(cudaMemset(recv->p, 0xFF, bytes));  // NaN: a partial read before it arrived shows
+    CK(cudaMemset(signals->p, 0, sizeof(int32_t) * kPeerSignalWords));
+    r.buffers.recv = recv->p;
+    r.buffers.signals = (int32_t*)signals->p;
+  }
+  void PeerWith(EmulatedRank& peer) {
+    r.buffers.peer_recv = peer.recv->p;
+    r.buffers.peer_signals = peer.r.buffers.signals;
+  }
+  ~EmulatedRank() { cudaStreamDestroy(compute); }
+};
+
+GroupLayout BandLayout(const std::vector<int>& bands) { return MakeLayout(0, 1, bands); }
+
+// Calls of both ranks back to back (rank 0's call c, rank 1's call c, ...), fresh inputs per
+// call, then every call's result checked on device 0 (`s` is device 0's stream). two_gpus:
+// rank 1 on device 1 (peer access enabled both ways by the caller), its inputs copied there
+// and its results copied back for the checks; else both ranks on device 0.
+void CheckCase(const Case& c, PeerReduceKind kind, int calls, int comm_sms, cudaStream_t s,
+               bool two_gpus = false) {
+  const bool ar = kind == PeerReduceKind::kAllReduce;
+  const int64_t rows = c.m / 2, out_rows = ar ? c.m : rows;
+  const int64_t x_elems = c.m * c.k, w_elems = c.k * c.n, out_elems = out_rows * c.n;
+  std::unique_ptr<EmulatedRank> owned[2] = {std::make_unique<EmulatedRank>(0, rows, c.n, 0),
+                                            std::make_unique<EmulatedRank>(1, rows, c.n, two_gpus ? 1 : 0)};
+  EmulatedRank* ranks[2] = {owned[0].get(), owned[1].get()};
+  CK(cudaSetDevice(0));
+  ranks[0]->PeerWith(*ranks[1]);
+  ranks[1]->PeerWith(*ranks[0]);
+  std::vector<std::unique_ptr<Buf>> x[2], result[2];
+  Buf w0(w_elems * 2), w1(w_elems * 2);
+  const void* w[2] = {w0.p, w1.p};
+  static uint64_t seed = 30000;
+  Fill(w0.p, w_elems, c.dt, seed += 7, s);
+  Fill(w1.p, w_elems, c.dt, seed += 7, s);
+  for (int r = 0; r < 2; ++r) {
+    for (int i = 0; i < calls; ++i) {
+      x[r].push_back(std::make_unique<Buf>(x_elems * 2));
+      result[r].push_back(std::make_unique<Buf>(out_elems * 2));
+      Fill(x[r][i]->p, x_elems, c.dt, seed += 7, s);
+      CK(cudaMemsetAsync(result[r][i]->p, 0xFF, out_elems * 2, s));
+    }
+  }
+  CK(cudaStreamSynchronize(s));
+  // Rank 1's operands and results where it runs (two_gpus: copies on device 1).
+  std::vector<std::unique_ptr<Buf>> x1_there, result1_there;
+  std::unique_ptr<Buf> w1_there;
+  if (two_gpus) {
+    CK(cudaSetDevice(1));
+    w1_there = std::make_unique<Buf>(w_elems * 2);
+    CK(cudaMemcpyPeer(w1_there->p, 1, w1.p, 0, w_elems * 2));
+    for (int i = 0; i < calls; ++i) {
+      x1_there.push_back(std::make_unique<Buf>(x_elems * 2));
+      result1_there.push_back(std::make_unique<Buf>(out_elems * 2));
+      CK(cudaMemcpyPeer(x1_there[i]->p, 1, x[1][i]->p, 0, x_elems * 2));
+      CK(cudaMemset(result1_there[i]->p, 0xFF, out_elems * 2));
+    }
+    CK(cudaDeviceSynchronize());
+    CK(cudaSetDevice(0));
+  }
+  auto x_of = [&](int r, int i) { return r == 1 && two_gpus ? x1_there[i]->p : x[r][i]->p; };
+  auto w_of = [&](int r) { return r == 1 && two_gpus ? static_cast<const void*>(w1_there->p) : w[r]; };
+  auto result_of = [&](int r, int i) { return r == 1 && two_gpus ? result1_there[i]->p : result[r][i]->p; };
+  SignalingGemmArgs base;
+  base.n = c.n;
+  base.k = c.k;
+  base.m = c.m;
+  base.dtype = c.dt;
+  base.comm_sms = comm_sms;
+  base.layout = BandLayout(c.bands);
+  bool split = false;  // a launch of the sequence or of the references had a split tail
+  for (int i = 0; i < calls; ++i) {
+    for (int r = 0; r < 2; ++r) {
+      CK(cudaSetDevice(ranks[r]->device));  // the launcher plans for the current device
+      SignalingGemmArgs g = base;
+      g.x = x_of(r, i);
+      g.w = w_of(r);
+      g.queue = ranks[r]->queue->p;
+      g.add_serial = i % 2 == 1;
+      Must(EnqueuePeerReduce(ranks[r]->r, ranks[r]->compute, kind, g, result_of(r, i)), "EnqueuePeerReduce");
+      split = split || LastLaunchSplit();
+    }
+  }
+  for (int r = 0; r < 2; ++r) {
+    CK(cudaSetDevice(ranks[r]->device));
+    CK(cudaStreamSynchronize(ranks[r]->compute));
+  }
+  CK(cudaSetDevice(0));
+  for (int i = 0; i < calls && two_gpus; ++i)
+    CK(cudaMemcpyPeer(result[1][i]->p, 0, result1_there[i]->p, 1, out_elems * 2));
+
+  // References per call: fp32 x0 @ w0 + x1 @ w1, and the rounded sum of the two ranks'
+  // rounded products from plain GEMMs per block (same bands); bit-equal where neither has a
+  // split tail (Judge).
+  Buf ref(c.m * c.n * 4), ref1(c.m * c.n * 4), p0(c.m * c.n * 2), p1(c.m * c.n * 2), exact(c.m * c.n * 2);
+  for (int i = 0; i < calls; ++i) {
+    Reference(x[0][i]->p, w0.p, (float*)ref.p, int(c.m), int(c.n), int(c.k), c.dt, s);
+    Reference(x[1][i]->p, w1.p, (float*)ref1.p, int(c.m), int(c.n), int(c.k), c.dt, s);
+    AddF32<<<1024, 256, 0, s>>>((const float*)ref1.p, (float*)ref.p, c.m * c.n);
+    CK(cudaGetLastError());
+    void* prod[2] = {p0.p, p1.p};
+    for (int r = 0; r < 2; ++r) {
+      for (int b = 0; b < 2; ++b) {
+        SignalingGemmArgs g = base;
+        g.x = static_cast<const char*>(x[r][i]->p) + b * rows * c.k * 2;
+        g.w = w[r];
+        g.m = rows;
+        g.out = static_cast<char*>(prod[r]) + b * rows * c.n * 2;
+        g.queue = ranks[0]->queue->p;
+        MustLaunch(LaunchSignalingGemm(g, s), "plain GEMM");
+        split = split || LastLaunchSplit();
+      }
+    }
+    AddRoundedOn(p0.p, p1.p, exact.p, c.m * c.n, c.dt, s);
+    for (int r = 0; r < 2; ++r) {
+      const int64_t first = ar ? 0 : r * rows;
+      const Verdict v = Compare(result[r][i]->p, (const float*)ref.p + first * c.n, out_rows, c.n, c.dt, s);
+      const unsigned long long diff =
+          Different(result[r][i]->p, static_cast<const char*>(exact.p) + first * c.n * 2, out_elems, s);
+      Judge("check", ar, c, i, r, v, diff, !split);
+    }
+  }
+  fflush(stdout);
+}
+
+std::vector<int> EvenBands(int64_t rows, int groups, int align) {
+  const GroupLayout L = EvenLayout(rows, 1, groups, align);
+  return std::vector<int>(L.band_rows, L.band_rows + L.num_groups + 1);
+}
+
+}  // namespace
