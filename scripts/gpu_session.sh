@@ -148,6 +148,7 @@ for step in "${steps[@]}"; do
       # bench's ours_peer beside the NCCL path and XLA, and tune --peer into $OUT only
       STEP_TIMEOUT="${STEP_TIMEOUT:-400}" gpu_pytest peer_tests tests/test_gpu_peer.py
       run_step peer_reduce .build/peer_reduce_test all --json "$OUT/peer_reduce.json"
+      run_step peer_reduce_2gpu .build/peer_reduce_2gpu_test all --json "$OUT/peer_reduce_2gpu.json"
       run_step peer_bench python3 -m jax_flashoverlap.bench overlap --world 2 --variants peer --out "$OUT/peer_bench_$TAG.json"
       run_step peer_tune python3 -m jax_flashoverlap.tune --world 2 --peer ${TUNE_ARGS:-} --out "$OUT/peer_tuned_$TAG.json" --report "$OUT/peer_tune_$TAG.json" ;;
     *) echo "unknown step $step"; exit 2 ;;

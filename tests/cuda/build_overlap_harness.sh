@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the comm layer's JAX-free test programs from the objects `setup.py build_ext` left in
 # build/obj (xla_ffi/comm and xla_ffi/kernels only: they link no XLA and no Python):
-# tests/cuda/overlap_harness (the overlapped ops without JAX, for compute-sanitizer) and
-# tests/cuda/peer_reduce_test (the copy-engine reduction: xla_ffi/comm/peer_reduce.h).
+# tests/cuda/overlap_harness (the overlapped ops without JAX, for compute-sanitizer),
+# tests/cuda/peer_reduce_test and peer_reduce_2gpu_test (the peer-store reduction,
+# xla_ffi/comm/peer_reduce.h: two ranks emulated on one GPU; rank r on GPU r).
 #   tests/cuda/build_overlap_harness.sh [BUILD_DIR]     (default: .build)
 # Needs python with the nvidia-nccl wheel (headers, libnccl.so.2) and nvcc's CUDA next to it.
 set -euo pipefail
@@ -28,14 +29,16 @@ g++ -o "$BUILD/overlap_harness" "$BUILD/overlap_harness.o" "${objs[@]}" \
   -L"$CUDA/lib64" -lcudart_static -ldl -lrt -lpthread \
   -L"$NCCL/lib" -l:libnccl.so.2 -Wl,-rpath,"$NCCL/lib"
 echo "built $BUILD/overlap_harness"
-# The copy-engine reduction needs the kernels and the stream waits / writes only (no NCCL).
+# The peer-store programs need the kernels and the stream waits / writes only (no NCCL).
 pr_objs=()
 for obj in "${objs[@]}"; do
   case "$(basename "$obj")" in
     signaling_gemm*|peer_reduce.*|stream_wait*|stream_write*) pr_objs+=("$obj") ;;
   esac
 done
-"$NVCC" -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -I"$ROOT" -I"$NCCL/include" \
-  -c tests/cuda/peer_reduce_test.cu -o "$BUILD/peer_reduce_test.o"
-"$NVCC" -o "$BUILD/peer_reduce_test" "$BUILD/peer_reduce_test.o" "${pr_objs[@]}" -ldl
-echo "built $BUILD/peer_reduce_test"
+for prog in peer_reduce_test peer_reduce_2gpu_test; do
+  "$NVCC" -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -I"$ROOT" -I"$NCCL/include" \
+    -c tests/cuda/$prog.cu -o "$BUILD/$prog.o"
+  "$NVCC" -o "$BUILD/$prog" "$BUILD/$prog.o" "${pr_objs[@]}" -ldl
+  echo "built $BUILD/$prog"
+done
