@@ -182,7 +182,8 @@ def _fake_gpu_timings(monkeypatch):
 def _tune_args(**kw):
     import types
     args = dict(world=2, dtype="bfloat16", comm_sms=[8, 16], wave_align=True, calls=1,
-                samples=1, top=2, max_error=0.02, cta_policies=["default", "efficiency"])
+                samples=1, top=2, max_error=0.02, cta_policies=["default", "efficiency"],
+                peer=False)
     args.update(kw)
     return types.SimpleNamespace(**args)
 
@@ -236,6 +237,48 @@ def test_cta_policy_round_is_compared_with_xla_in_that_round(policy_ms, overlap,
         assert entry["cta_policy"] == "default" and entry["measured_ms"] == 0.90
     else:
         assert "cta_policy" not in entry and entry["measured_ms"] == 1.0
+    assert tuning.validate({"schema": tuning.SCHEMA, "gpu": "NVIDIA H200", "world_size": 2,
+                            "entries": [entry]})
+
+
+@pytest.mark.parametrize("peer_ms, kept", [(0.3, True), (0.7, False)])
+def test_peer_stores_kept_only_where_fastest(peer_ms, kept, monkeypatch):
+    """tune --peer (world 2): the peer stores are one more timed variant; faster than every
+    NCCL plan (0.5 ms here) and XLA (1.0 ms), the entry says transport peer (comm_sms 0, the
+    bands of one block, no CTA-policy round: no NCCL call); slower, the NCCL plan is kept and
+    its CTA-policy round runs as before. The lowering with the peer stores is faked (CPU)."""
+    import jax
+    from jax_flashoverlap import bench, plan_peer
+    from jax_flashoverlap.tune_model import Candidate
+    _fake_gpu_timings(monkeypatch)
+    rounds = []
+
+    def timed(variants, **kw):
+        rounds.append(set(variants))
+        return {name: {"median_ms": peer_ms if name == "peer" else
+                       (1.0 if name.startswith(("xla", "gemm")) else 0.5), "samples_ms": []}
+                for name in variants}
+
+    monkeypatch.setattr(bench, "time_variants", timed)
+
+    def fake_peer(pb, ref32, errors, variants):
+        errors["peer"] = 1e-3
+        variants["peer"] = (lambda *a: None, pb.args)
+        p = plan_peer.plan(pb.collective, pb.m, pb.n, pb.k // pb.world)
+        return Candidate(0, p.band_rows, p.predicted_s, "peer")
+
+    monkeypatch.setattr(tune, "peer_candidate", fake_peer)
+    args = _tune_args(peer=True)
+    pb = bench._TpProblem(args, "all_reduce", (256, 256, 256), jax.random.key(0))
+    entry, row = tune.tune_problem(pb, args, tune.Progress(2, stream=io.StringIO()))
+    assert "peer" in rounds[1] and row["peer"]["measured_ms"] == peer_ms  # [0]: calibration
+    if kept:
+        assert entry["transport"] == "peer" and entry["comm_sms"] == 0
+        assert entry["band_rows"] == [0, 128] and entry["measured_ms"] == peer_ms
+        assert "cta_policy" not in entry and len(rounds) == 2  # calibration + timing, no CTA round
+    else:
+        assert "transport" not in entry and entry["comm_sms"] > 0 and entry["measured_ms"] == 0.5
+        assert rounds[-1] >= {"default", "efficiency"}
     assert tuning.validate({"schema": tuning.SCHEMA, "gpu": "NVIDIA H200", "world_size": 2,
                             "entries": [entry]})
 
