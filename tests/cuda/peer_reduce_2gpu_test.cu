@@ -153,21 +153,13 @@ void Bench(cudaStream_t s, int* counters, int iters) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string mode = argc > 1 ? argv[1] : "all";
-  std::string json_path;
-  int iters = 15;
-  for (int i = 2; i < argc; ++i) {
-    if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
-    else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
-    else { fprintf(stderr, "unknown option %s\n", argv[i]); return 2; }
-  }
-  if (iters < 1) { fprintf(stderr, "bad --iters\n"); return 2; }
-  if (mode != "check" && mode != "bench" && mode != "all") { fprintf(stderr, "unknown mode %s\n", mode.c_str()); return 2; }
+  const Options o = ParseOptions(argc, argv);
+  if (o.mode != "check" && o.mode != "bench" && o.mode != "all") { fprintf(stderr, "unknown mode %s\n", o.mode.c_str()); return 2; }
   EnablePeerAccessBothWays();
   TestDevice d = StartTestDevice();
-  if (mode == "check" || mode == "all") Check(d.stream);
-  if (mode == "bench" || mode == "all") Bench(d.stream, d.counters, iters);
+  if (o.mode == "check" || o.mode == "all") Check(d.stream);
+  if (o.mode == "bench" || o.mode == "all") Bench(d.stream, d.counters, o.iters);
   char fields[64];
-  snprintf(fields, sizeof fields, ",\"iters\":%d", iters);
-  return FinishTest(d, mode, json_path, fields);
+  snprintf(fields, sizeof fields, ",\"iters\":%d", o.iters);
+  return FinishTest(d, o.mode, o.json_path, fields);
 }

@@ -278,6 +278,24 @@ void CheckCase(const Case& c, PeerReduceKind kind, int calls, int comm_sms, cuda
   fflush(stdout);
 }
 
+// A program's arguments: MODE [--json PATH] [--iters N] (default mode "all", 15 iterations);
+// exits 2 on anything else.
+struct Options {
+  std::string mode = "all", json_path;
+  int iters = 15;
+};
+Options ParseOptions(int argc, char** argv) {
+  Options o;
+  if (argc > 1) o.mode = argv[1];
+  for (int i = 2; i < argc; ++i) {
+    if (!strcmp(argv[i], "--json") && i + 1 < argc) o.json_path = argv[++i];
+    else if (!strcmp(argv[i], "--iters") && i + 1 < argc) o.iters = atoi(argv[++i]);
+    else { fprintf(stderr, "unknown option %s\n", argv[i]); exit(2); }
+  }
+  if (o.iters < 1) { fprintf(stderr, "bad --iters\n"); exit(2); }
+  return o;
+}
+
 std::vector<int> EvenBands(int64_t rows, int groups, int align) {
   const GroupLayout L = EvenLayout(rows, 1, groups, align);
   return std::vector<int>(L.band_rows, L.band_rows + L.num_groups + 1);

@@ -284,23 +284,15 @@ void Bench(cudaStream_t s, int* counters, int iters) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string mode = argc > 1 ? argv[1] : "all";
-  std::string json_path;
-  int iters = 15;
-  for (int i = 2; i < argc; ++i) {
-    if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
-    else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
-    else { fprintf(stderr, "unknown option %s\n", argv[i]); return 2; }
-  }
-  if (iters < 1) { fprintf(stderr, "bad --iters\n"); return 2; }
+  const Options o = ParseOptions(argc, argv);
   TestDevice d = StartTestDevice();
-  if (mode == "abort") Abort(d.stream, json_path);
-  if (mode == "flags" || mode == "all") Flags(d.counters, d.stream, 20);
-  if (mode == "sanitize") Flags(d.counters, d.stream, 2000);
-  if (mode == "check" || mode == "all") Check(/*small=*/false, d.stream);
-  if (mode == "sanitize") Check(/*small=*/true, d.stream);
-  if (mode == "bench" || mode == "all") Bench(d.stream, d.counters, iters);
+  if (o.mode == "abort") Abort(d.stream, o.json_path);
+  if (o.mode == "flags" || o.mode == "all") Flags(d.counters, d.stream, 20);
+  if (o.mode == "sanitize") Flags(d.counters, d.stream, 2000);
+  if (o.mode == "check" || o.mode == "all") Check(/*small=*/false, d.stream);
+  if (o.mode == "sanitize") Check(/*small=*/true, d.stream);
+  if (o.mode == "bench" || o.mode == "all") Bench(d.stream, d.counters, o.iters);
   char fields[64];
-  snprintf(fields, sizeof fields, ",\"iters\":%d", iters);
-  return FinishTest(d, mode, json_path, fields);
+  snprintf(fields, sizeof fields, ",\"iters\":%d", o.iters);
+  return FinishTest(d, o.mode, o.json_path, fields);
 }
