@@ -468,15 +468,28 @@ def is_forced() -> bool:
   return _override.get() is not None
 
 
+def plan_from_entry(collective: str, m: int, world: int, entry: dict) -> GroupPlan:
+  """The GroupPlan of a tuned config entry (jax_flashoverlap.tuning; validated). A peer-store
+  entry's bands cover one block of m / 2 rows for both collectives (plan_peer.py)."""
+  transport = entry.get("transport", "nccl")
+  blocks = 2 if transport == "peer" else rank_blocks(collective, world)
+  plan = GroupPlan(collective, m // blocks, tuple(entry["band_rows"]), entry["comm_sms"],
+                   entry.get("overlap", True),
+                   entry.get("measured_ms", 0.0) / 1e3, entry.get("baseline_ms", 0.0) / 1e3,
+                   entry.get("cta_policy", "default"), transport)
+  plan.validate()
+  return plan
+
+
 def choose_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: int = 2,
                 comm_sms: int | None = None, gpu: str | None = None,
                 dtype: str = "bfloat16", in_place: bool = False,
-                transpose_w: bool = False, allow_peer: bool = False) -> GroupPlan:
-  """The plan an op lowers with, by priority: an active `forced(...)` override; an explicit
-  `comm_sms` (the cost model's best bands for it); a tuned config entry for this GPU, world
-  size and shape (jax_flashoverlap.tuning; tuned with the registered workspace, so not for
-  an all-reduce `in_place` on XLA's output; a peer-store entry only with `allow_peer`, else the
-  cost model's NCCL plan); the cost model (transpose_w: w is [N, K])."""
+                transpose_w: bool = False) -> GroupPlan:
+  """The NCCL-path plan an op lowers with, by priority: an active `forced(...)` override; an
+  explicit `comm_sms` (the cost model's best bands for it); a tuned config entry for this
+  GPU, world size and shape (jax_flashoverlap.tuning; tuned with the registered workspace, so
+  not for an all-reduce `in_place` on XLA's output; a peer-store entry is plan_peer.tuned's,
+  not this path's); the cost model (transpose_w: w is [N, K])."""
   in_place = bool(in_place) and collective == "all_reduce"
   override = _override.get()
   forced_groups, forced_sms, forced_overlap, forced_bands, forced_policy = (
@@ -484,15 +497,8 @@ def choose_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: i
   if override is None and comm_sms is None and not in_place:
     from jax_flashoverlap import tuning
     entry = tuning.lookup(gpu, world, collective, dtype, m, n, k)
-    transport = entry.get("transport", "nccl") if entry is not None else "nccl"
-    if entry is not None and (allow_peer or transport == "nccl"):
-      blocks = 2 if transport == "peer" else rank_blocks(collective, world)
-      plan = GroupPlan(collective, m // blocks, tuple(entry["band_rows"]), entry["comm_sms"],
-                       entry.get("overlap", True),
-                       entry.get("measured_ms", 0.0) / 1e3, entry.get("baseline_ms", 0.0) / 1e3,
-                       entry.get("cta_policy", "default"), transport)
-      plan.validate()
-      return plan
+    if entry is not None and entry.get("transport", "nccl") == "nccl":
+      return plan_from_entry(collective, m, world, entry)
   if comm_sms is None:
     comm_sms = forced_sms
   profile = profile_for_world(world)

@@ -13,8 +13,6 @@ cannot take keep the NCCL path (primitives.py warns once per reason).
 
 from __future__ import annotations
 
-import math
-
 from jax_flashoverlap import comm, plan as plan_lib
 
 BANDS_PER_BLOCK = 2
@@ -74,7 +72,18 @@ def plan(collective: str, m: int, n: int, k: int, itemsize: int = 2,
   return result
 
 
+def tuned(collective: str, m: int, n: int, k: int, gpu: str | None,
+          dtype: str = "bfloat16") -> plan_lib.GroupPlan | None:
+  """The tuned config's plan for this problem at world size 2 when its entry says peer
+  (jax_flashoverlap.tuning; `python -m jax_flashoverlap.tune --peer` writes them), else None."""
+  from jax_flashoverlap import tuning
+  entry = tuning.lookup(gpu, 2, collective, dtype, m, n, k)
+  if entry is None or entry.get("transport", "nccl") != "peer":
+    return None
+  return plan_lib.plan_from_entry(collective, m, 2, entry)
+
+
 def recv_bytes(m: int, n: int, itemsize: int) -> int:
   """Each GPU's buffer for the peer's partial sums of its rows (xla_ffi/comm/peer_stores.h)."""
-  return math.prod((m // 2, n, itemsize))
+  return (m // 2) * n * itemsize
 

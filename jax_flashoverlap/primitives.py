@@ -199,11 +199,8 @@ def _peer_store_lowering(prim, ctx, x, w, collective, mesh, axis_name, world, dt
   it (with a PeerStoresWarning, once per reason)."""
   m, n, k = mnk
   tuned = None
-  if comm_sms is None and not plan_lib.is_forced():
-    tuned = plan_lib.choose_plan(collective, m, n, k, world, dtype.itemsize,
-                                 gpu=comm.mesh_gpu_name(mesh), dtype=dtype.name,
-                                 transpose_w=bool(transpose_w), allow_peer=True)
-    tuned = tuned if tuned.transport == "peer" else None
+  if comm_sms is None and not plan_lib.is_forced() and world == 2:
+    tuned = plan_peer.tuned(collective, m, n, k, comm.mesh_gpu_name(mesh), dtype.name)
   if transport == "auto" and tuned is None:
     return None
   reason = plan_peer.unavailable(collective, mesh, axis_name, world, m)

@@ -568,12 +568,14 @@ def test_peer_entries_are_checked(user_dir, entry, world, message):
 
 
 def test_peer_entry_is_taken_only_where_peer_is_allowed(user_dir):
-    """A tuned peer-store entry (bands of one block of m / 2 rows, comm_sms 0) is the plan
-    with allow_peer (the lowering's JAX_FLASHOVERLAP_TRANSPORT=auto); without it (the NCCL path)
-    the cost model's NCCL plan."""
+    """A tuned peer-store entry (bands of one block of m / 2 rows, comm_sms 0) is the peer
+    path's plan (plan_peer.tuned: the lowering's JAX_FLASHOVERLAP_TRANSPORT=auto); the NCCL
+    path's choose_plan skips it for the cost model's NCCL plan."""
+    from jax_flashoverlap import plan_peer
     _write(user_dir / "peer.json", [_entry(transport="peer", comm_sms=0, band_rows=[0, 256, 512],
                                            measured_ms=0.5, baseline_ms=0.8)])
-    peer = P.choose_plan("all_reduce", 1024, 512, 256, 2, gpu=H200, allow_peer=True)
+    assert plan_peer.tuned("reduce_scatter", 1024, 512, 256, H200) is None  # no entry for it
+    peer = plan_peer.tuned("all_reduce", 1024, 512, 256, H200)
     assert (peer.transport, peer.rows_per_block, peer.band_rows, peer.comm_sms) == (
         "peer", 512, (0, 256, 512), 0)
     nccl = P.choose_plan("all_reduce", 1024, 512, 256, 2, gpu=H200)

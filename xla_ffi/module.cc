@@ -99,40 +99,31 @@ void SetFaultInjection(const std::string& kind, int calls) {
   flashoverlap::SetFaultInjection(k, calls);
 }
 
-void EnsureWorkspace(int64_t comm_id, size_t bytes) {
+// A step that may wait (for calls in flight, for peers to join): other Python threads go on.
+template <class Step>
+void RunWithoutGil(Step step) {
   flashoverlap::Status status;
   {
     py::gil_scoped_release release;
-    status = flashoverlap::EnsureWorkspace(comm_id, bytes);
+    status = step();
   }
   ThrowIfError(status);
+}
+
+void EnsureWorkspace(int64_t comm_id, size_t bytes) {
+  RunWithoutGil([&] { return flashoverlap::EnsureWorkspace(comm_id, bytes); });
 }
 
 void EnsurePeerStores(int64_t comm_id, size_t recv_bytes) {
-  flashoverlap::Status status;
-  {
-    py::gil_scoped_release release;  // waits for calls in flight, as EnsureWorkspace
-    status = flashoverlap::EnsurePeerStores(comm_id, recv_bytes);
-  }
-  ThrowIfError(status);
+  RunWithoutGil([&] { return flashoverlap::EnsurePeerStores(comm_id, recv_bytes); });
 }
 
-void ConnectPeers(int64_t comm_id) {
-  flashoverlap::Status status;
-  {
-    py::gil_scoped_release release;  // blocks until the peers of every group join
-    status = flashoverlap::ConnectPeers(comm_id);
-  }
-  ThrowIfError(status);
+void ConnectPeers(int64_t comm_id) {  // blocks until the peers of every group join
+  RunWithoutGil([&] { return flashoverlap::ConnectPeers(comm_id); });
 }
 
 void DestroyCommunicators(int64_t comm_id) {
-  flashoverlap::Status status;
-  {
-    py::gil_scoped_release release;
-    status = flashoverlap::DestroyCommunicators(comm_id);
-  }
-  ThrowIfError(status);
+  RunWithoutGil([&] { return flashoverlap::DestroyCommunicators(comm_id); });
 }
 
 py::list ListCommunicators() {

@@ -53,11 +53,6 @@ std::vector<Communicator*> LocalMembers(int64_t comm_id) {
   return out;
 }
 
-// Workspaces grow in 8 MiB steps (fewer re-registrations as shapes vary).
-size_t RoundWorkspace(size_t bytes) {
-  constexpr size_t kStep = size_t{8} << 20;
-  return (bytes + kStep - 1) / kStep * kStep;
-}
 
 // The workspace's buffer goes back the way it was allocated (AllocateAndRegister).
 Status FreeWorkspaceBuffer(Communicator& c) {
@@ -380,7 +375,7 @@ Status CreateCommunicators(int64_t comm_id, const ncclUniqueId& id, int world_si
   if (!status.ok()) return Discard(made, status);
   // A failed workspace keeps the communicators (valid, without a workspace: their handlers
   // refuse, naming the error), so the next lowering only retries the workspace.
-  if (workspace_bytes > 0) status = AllocateWorkspaces(members, RoundWorkspace(workspace_bytes));
+  if (workspace_bytes > 0) status = AllocateWorkspaces(members, RoundGrowth(workspace_bytes));
   std::lock_guard<std::mutex> lock(RegistryMutex());
   for (auto& c : made) {
     int device = c->device;
@@ -390,29 +385,22 @@ Status CreateCommunicators(int64_t comm_id, const ncclUniqueId& id, int world_si
 }
 
 Status EnsureWorkspace(int64_t comm_id, size_t bytes) {
-  std::lock_guard<std::mutex> admin(AdminMutex());
-  std::vector<Communicator*> comms = LocalMembers(comm_id);
-  if (comms.empty()) return Status::Error("no communicator with comm_id " + std::to_string(comm_id));
-  bool enough = std::all_of(comms.begin(), comms.end(),
-                            [&](Communicator* c) { return c->workspace_bytes >= bytes; });
-  if (enough) return Status::Ok();
-  AdminHold hold(comms);
-  // No call in flight and none starting until the new buffers are in place (quiesce.h); the
-  // device synchronization in ReleaseWorkspaces then waits only for work that can finish.
-  CallLocks calls;
-  Status quiet = QuiesceMembers(comms, kGrowWaitSeconds, &calls);
-  if (!quiet.ok()) {
-    return Status::Error("growing the workspace of comm_id " + std::to_string(comm_id) + ": " +
-                         quiet.message);
-  }
-  DeviceScope restore_device;
-  Status released = ReleaseWorkspaces(comms);
-  if (released.ok() && AnyAborted(comms)) {
-    released = Status::Error("a communicator of this group was aborted by the watchdog; "
-                             "restart the process");
-  }
-  if (!released.ok()) return DropWorkspaces(comms, released);
-  return AllocateWorkspaces(comms, RoundWorkspace(bytes));
+  auto needed = [bytes](const std::vector<Communicator*>& comms) {
+    return !std::all_of(comms.begin(), comms.end(),
+                        [bytes](const Communicator* c) { return c->workspace_bytes >= bytes; });
+  };
+  // Quiesced (no call in flight), the device synchronization in ReleaseWorkspaces waits only
+  // for work that can finish.
+  return GrowMemberBuffers(comm_id, "growing the workspace", needed,
+                           [bytes](const std::vector<Communicator*>& comms) {
+    Status released = ReleaseWorkspaces(comms);
+    if (released.ok() && AnyAborted(comms)) {
+      released = Status::Error("a communicator of this group was aborted by the watchdog; "
+                               "restart the process");
+    }
+    if (!released.ok()) return DropWorkspaces(comms, released);
+    return AllocateWorkspaces(comms, RoundGrowth(bytes));
+  });
 }
 
 Status GrowMemberBuffers(int64_t comm_id, const char* what,
@@ -421,16 +409,14 @@ Status GrowMemberBuffers(int64_t comm_id, const char* what,
   std::lock_guard<std::mutex> admin(AdminMutex());
   std::vector<Communicator*> comms = LocalMembers(comm_id);
   if (comms.empty()) return Status::Error("no communicator with comm_id " + std::to_string(comm_id));
-  std::sort(comms.begin(), comms.end(),
-            [](const Communicator* a, const Communicator* b) { return a->rank < b->rank; });
   if (!needed(comms)) return Status::Ok();
   AdminHold hold(comms);
+  // No call in flight and none starting until the new buffers are in place (quiesce.h).
   CallLocks calls;
   Status quiet = QuiesceMembers(comms, kGrowWaitSeconds, &calls);
-  if (!quiet.ok()) return Status::Error(std::string(what) + " of comm_id " + std::to_string(comm_id) + ": " + quiet.message);
-  if (AnyAborted(comms)) {
-    return Status::Error(std::string(what) + " of comm_id " + std::to_string(comm_id) +
-                         ": a communicator of this group was aborted by the watchdog; restart the process");
+  if (!quiet.ok()) {
+    return Status::Error(std::string(what) + " of comm_id " + std::to_string(comm_id) + ": " +
+                         quiet.message);
   }
   DeviceScope restore_device;
   return grow(comms);

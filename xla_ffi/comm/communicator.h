@@ -121,11 +121,18 @@ Status CreateCommunicators(int64_t comm_id, const ncclUniqueId& id, int world_si
 constexpr double kGrowWaitSeconds = 600;
 Status EnsureWorkspace(int64_t comm_id, size_t bytes);
 
-// What grows other per-member buffers the way EnsureWorkspace grows the workspaces (peer
-// stores): the local members of comm_id, ordered by rank, to `needed` under the admin mutex
-// (false: nothing to do), then, if needed, to `grow` with every member's call mutex held and
-// no call in flight (quiesce.h, at most kGrowWaitSeconds), the calling thread's device
-// restored after. `what` names the step in errors.
+// Per-member buffers (workspaces, peer stores) grow in 8 MiB steps: fewer swaps (and window
+// re-registrations) as shapes vary.
+inline size_t RoundGrowth(size_t bytes) {
+  constexpr size_t kStep = size_t{8} << 20;
+  return (bytes + kStep - 1) / kStep * kStep;
+}
+
+// How per-member buffers grow (EnsureWorkspace's workspaces, the peer stores): the local
+// members of comm_id to `needed` under the admin mutex (false: nothing to do), then, if
+// needed, to `grow` with every member's call mutex held and no call in flight (quiesce.h, at
+// most kGrowWaitSeconds; else an error starting with `what`), the calling thread's device
+// restored after.
 using MemberBufferStep = std::function<Status(const std::vector<Communicator*>&)>;
 Status GrowMemberBuffers(int64_t comm_id, const char* what,
                          const std::function<bool(const std::vector<Communicator*>&)>& needed,

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -10,12 +11,6 @@
 
 namespace flashoverlap {
 namespace {
-
-// Peer-store buffers grow in 8 MiB steps, as workspaces do (fewer swaps as shapes vary).
-size_t RoundPeerRecv(size_t bytes) {
-  constexpr size_t kStep = size_t{8} << 20;
-  return (bytes + kStep - 1) / kStep * kStep;
-}
 
 std::string Dev(int device) { return "device " + std::to_string(device); }
 
@@ -53,8 +48,8 @@ Status EnablePeerAccess(Communicator& c, int peer) {
   return Status::Ok();
 }
 
-// A zeroed recv buffer of `bytes` (poisoned: NaN bytes, so a partial read before it arrived
-// shows in tests) and, once, the signal words.
+// A recv buffer of `bytes`, filled with NaN bytes (a partial read before it arrived shows),
+// and, once, the signal words, zeroed.
 Status Allocate(Communicator& c, size_t bytes) {
   FO_RETURN_IF_CUDA(cudaSetDevice(c.device));
   void* recv = nullptr;
@@ -90,6 +85,9 @@ Status GrowPair(const std::vector<Communicator*>& comms, size_t bytes) {
   if (a.peer_broken || b.peer_broken) {
     return Status::Error("an earlier peer-store call of this pair failed; restart the process");
   }
+  if (a.aborted || b.aborted) {
+    return Status::Error("a communicator of this pair was aborted by the watchdog; restart the process");
+  }
   FO_RETURN_IF_NOT_OK(EnablePeerAccess(a, b.device));
   FO_RETURN_IF_NOT_OK(EnablePeerAccess(b, a.device));
   Status status = Status::Ok();
@@ -120,11 +118,15 @@ Status GrowPair(const std::vector<Communicator*>& comms, size_t bytes) {
   return Status::Ok();
 }
 
-// Every group's pair (the members of comm_id, ordered by rank, split by group).
+// Every group's pair (the members of comm_id split by group, each ordered by rank).
 Status Grow(const std::vector<Communicator*>& comms, size_t bytes) {
   std::map<int64_t, std::vector<Communicator*>> groups;
   for (Communicator* c : comms) groups[c->group_serial].push_back(c);
-  for (auto& [serial, pair] : groups) FO_RETURN_IF_NOT_OK(GrowPair(pair, bytes));
+  for (auto& [serial, pair] : groups) {
+    std::sort(pair.begin(), pair.end(),
+              [](const Communicator* a, const Communicator* b) { return a->rank < b->rank; });
+    FO_RETURN_IF_NOT_OK(GrowPair(pair, bytes));
+  }
   return Status::Ok();
 }
 
@@ -140,7 +142,7 @@ Status EnsurePeerStores(int64_t comm_id, size_t recv_bytes) {
   Status status = GrowMemberBuffers(
       comm_id, "allocating peer-store buffers", needed,
       [recv_bytes](const std::vector<Communicator*>& comms) {
-        return Grow(comms, RoundPeerRecv(recv_bytes > 0 ? recv_bytes : 1));
+        return Grow(comms, RoundGrowth(recv_bytes > 0 ? recv_bytes : 1));
       });
   if (!status.ok()) status.message = "peer stores (comm_id " + std::to_string(comm_id) + "): " + status.message;
   return status;

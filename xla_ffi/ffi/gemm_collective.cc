@@ -86,11 +86,12 @@ ffi::Error GemmCollective(Collective kind, cudaStream_t stream, int32_t device, 
   SignalingGemmArgs gemm =
       GemmArgs(x.untyped_data(), x.dimensions()[0], w, transpose_w,
                in_place ? out->untyped_data() : nullptr, comm->counters, comm_sms);
-  gemm.layout.num_blocks = kind == Collective::kReduceScatter ? world_size : 1;
+  // Peer stores: the bands of one block (EnqueuePeerReduce lays out both blocks).
+  const bool rank_blocks = kind == Collective::kReduceScatter && transport == kNccl;
+  gemm.layout.num_blocks = rank_blocks ? world_size : 1;
   gemm.layout.num_groups = groups;
   for (int g = 0; g <= groups; ++g) gemm.layout.band_rows[g] = band_rows[g];
   if (transport == kPeerStores) {
-    gemm.layout.num_blocks = 1;  // the bands of one block: EnqueuePeerReduce lays out both
     return ToFfiError(RunGemmPeerReduce(*comm, stream, kind, gemm, out->untyped_data(), OpName(kind)));
   }
   return ToFfiError(RunGemmCollective(*comm, stream, kind, gemm, out->untyped_data(),
