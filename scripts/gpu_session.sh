@@ -2,7 +2,7 @@
 # One call on the GPU machine (device tool): set up, build, test, benchmark; logs to $OUT.
 #   bash scripts/gpu_session.sh [STEP ...]   steps: build info tests gpu_tests gpu_k gpu_files mesh_tests gemm_bench
 #     tune overlap_bench overlap_all sweep procs stress fuzz flax_example sanitize_overlap harness
-#     sanitize_harness gemm_epilogue transpose_w helpers quickstart
+#     harness_peer sanitize_harness gemm_epilogue transpose_w helpers quickstart
 #     global_view diagnose a2a_tests a2a_bench readme_tests cuda_tests launch_smoke bench_smoke peer
 #     pack (last: one archive of $OUT)
 #     (default: build info tests)
@@ -73,6 +73,18 @@ for step in "${steps[@]}"; do
       for kind in nccl cuda; do  # an injected failure per call: named, and the next call right
         run_step "harness_inject_$kind" bash tests/cuda/run_overlap_harness.sh none "$OUT/harness_inject_$kind" --inject "$kind" --ops ar,ar_out,rs,a2a,a2a11,ag,ag_ce,ag_g,ag_ce_g
       done ;;
+    harness_peer)  # the peer-store calls without JAX, one rank its own peer (world 1, any GPU count):
+      # RunGemmPeerReduce's frame, growth between calls, the watchdog's waits, a broken pair's refusal
+      H=(env WORLD=1 bash tests/cuda/run_overlap_harness.sh)
+      run_step hpeer "${H[@]}" none "$OUT/hpeer" --ops pr_rs,pr_ar --calls 4
+      run_step hpeer_odd "${H[@]}" none "$OUT/hpeer_odd" --ops pr_rs,pr_ar --m 320 --n 272 --k 200
+      run_step hpeer_waves "${H[@]}" none "$OUT/hpeer_waves" --ops pr_rs,pr_ar --m 4096 --n 1024 --k 256
+      run_step hpeer_spin env JAX_FLASHOVERLAP_WAIT=spin "${H[@]}" none "$OUT/hpeer_spin" --ops pr_rs,pr_ar
+      run_step hpeer_watchdog "${H[@]}" none "$OUT/hpeer_watchdog" --ops pr_rs,pr_ar,ar,rs --watchdog 30 --calls 3
+      run_step hpeer_grow "${H[@]}" none "$OUT/hpeer_grow" --ops pr_rs,pr_ar,ar --calls 8 --grow 6
+      run_step hpeer_inject_cuda "${H[@]}" none "$OUT/hpeer_inject_cuda" --inject cuda --ops pr_rs
+      run_step hpeer_inject_nccl "${H[@]}" none "$OUT/hpeer_inject_nccl" --inject nccl --ops pr_ar
+      run_step hpeer_memcheck env SANITIZER_ARGS="--report-api-errors no" "${H[@]}" memcheck "$OUT/hpeer_san" --ops pr_rs,pr_ar --m 320 --n 272 --k 200 --calls 1 ;;
     sanitize_harness)  # the same under compute-sanitizer (small, unaligned shapes: the tools are slow)
       hargs=(--m 320 --n 272 --k 200 --calls 1 --ops "${HARNESS_SAN_OPS:-ar,ar_out,rs,a2a,a2a11,ag,ag_ce,ag_g,ag_ce_g}")
       for tool in memcheck racecheck synccheck; do

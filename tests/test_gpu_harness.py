@@ -1,7 +1,8 @@
 """The overlapped ops without JAX (tests/cuda/overlap_harness.cc) on every GPU, one process
 each: the framework-free sequences the FFI handlers run, checked element by element against a
 float32 host reference (fresh random inputs, poisoned outputs). Builds the harness from the
-extension's objects (build/obj)."""
+extension's objects (build/obj). The peer-store calls run on one GPU too, the rank its own
+peer (EnsurePeerStoresLoopback)."""
 import os
 import subprocess
 
@@ -10,7 +11,7 @@ import pytest
 from test_gpu import requires_gpu, requires_multigpu
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-pytestmark = [pytest.mark.multigpu, requires_gpu, requires_multigpu]
+pytestmark = [requires_gpu]
 
 
 @pytest.fixture(scope="module")
@@ -22,16 +23,66 @@ def harness(tmp_path_factory):
     return build / "overlap_harness"
 
 
+def run_harness(harness, logdir, *args, world=None):
+    env = dict(os.environ, HARNESS_BIN=str(harness), HARNESS_TIMEOUT="300")
+    if world is not None:
+        env["WORLD"] = str(world)
+    r = subprocess.run(["bash", "tests/cuda/run_overlap_harness.sh", "none", str(logdir), *args],
+                       cwd=REPO, capture_output=True, text=True, timeout=400, env=env)
+    return r.returncode, r.stdout + r.stderr
+
+
+def ok_lines(out):
+    return [line for line in out.splitlines() if line.endswith(" OK")]
+
+
+@pytest.mark.multigpu
+@requires_multigpu
 @pytest.mark.parametrize("shape", [[], ["--m", "320", "--n", "272", "--k", "200"]],
                          ids=["aligned", "unaligned"])
 def test_harness_every_op_matches(harness, tmp_path, shape):
     ops = "ar,ar_out,rs,a2a,a2a11,ag,ag_ce,ag_g,ag_ce_g"
-    r = subprocess.run(["bash", "tests/cuda/run_overlap_harness.sh", "none", str(tmp_path),
-                        "--calls", "2", "--ops", ops, *shape],
-                       cwd=REPO, capture_output=True, text=True, timeout=400,
-                       env=dict(os.environ, HARNESS_BIN=str(harness), HARNESS_TIMEOUT="300"))
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-6000:]
-    ok_lines = [line for line in out.splitlines() if line.endswith(" OK")]
+    rc, out = run_harness(harness, tmp_path, "--calls", "2", "--ops", ops, *shape)
+    assert rc == 0, out[-6000:]
     world = out.count("): exit 0")
-    assert world >= 2 and len(ok_lines) == world * len(ops.split(",")), out[-6000:]
+    assert world >= 2 and len(ok_lines(out)) == world * len(ops.split(",")), out[-6000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("args", [
+    ["--calls", "4"],
+    ["--m", "320", "--n", "272", "--k", "200"],
+    ["--m", "4096", "--n", "1024", "--k", "256"],  # several waves of tiles per band
+    ["--watchdog", "30", "--calls", "3"],           # spin waits reading the abort flag
+], ids=["aligned", "unaligned", "waves", "watchdog"])
+def test_harness_peer_loopback_matches(harness, tmp_path, args):
+    """Both peer-store ops, one rank its own peer: block 0 of every call right, an
+    all-reduce's block 1 still the poison (nothing but the peer may write it)."""
+    rc, out = run_harness(harness, tmp_path, "--ops", "pr_rs,pr_ar", *args, world=1)
+    assert rc == 0, out[-6000:]
+    lines = ok_lines(out)
+    assert [line.split()[2] for line in lines] == ["pr_rs", "pr_ar"], out[-6000:]
+
+
+@pytest.mark.gpu
+def test_harness_peer_stores_grow_between_calls(harness, tmp_path):
+    """A second thread grows the peer-store buffers (and the workspaces) while calls run:
+    every call still right, the buffers grown, the calls counted across the growths."""
+    rc, out = run_harness(harness, tmp_path, "--ops", "pr_rs,pr_ar,ar", "--calls", "8",
+                          "--grow", "6", world=1)
+    assert rc == 0, out[-6000:]
+    grow = [line for line in out.splitlines() if " grow: " in line]
+    assert len(grow) == 1 and grow[0].endswith(" OK") and "peer stores" in grow[0], out[-6000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind,op", [("cuda", "pr_rs"), ("nccl", "pr_ar")])
+def test_harness_failed_peer_call_breaks_the_pair(harness, tmp_path, kind, op):
+    """An injected failure is named, and the next call is refused saying to restart (its peer
+    may wait for the failed call's stores for ever)."""
+    rc, out = run_harness(harness, tmp_path, "--inject", kind, "--ops", op, world=1)
+    assert rc == 0, out[-6000:]
+    assert f"injected {kind} fault: harness_peer_" in out, out[-6000:]
+    refused = [line for line in out.splitlines() if " next call: " in line]
+    assert len(refused) == 1 and refused[0].endswith(" OK"), out[-6000:]
+    assert "restart the process" in refused[0], out[-6000:]

@@ -4,26 +4,34 @@
 // process before any kernel ran: benchmarks/results/README.md).
 //
 //   overlap_harness --rank R --world N --id-file PATH [--device D]
-//                   [--ops ar,ar_out,rs,a2a,a2a11,ag,ag_ce,ag_g,ag_ce_g]
+//                   [--ops ar,ar_out,rs,a2a,a2a11,ag,ag_ce,ag_g,ag_ce_g,pr_rs,pr_ar]
 //                   [--calls C] [--m M --n N --k K] [--comm-sms S] [--inject nccl|cuda]
-//                   [--trace 1] [--grow G]
+//                   [--trace 1] [--grow G] [--watchdog S]
 //
 // Start one process per rank (tests/cuda/run_overlap_harness.sh does). Rank 0 writes the
 // NCCL unique id to PATH; the others wait for it (at most 300 s). Every call gets fresh
 // random bfloat16 inputs (a hash of rank, call and index, so every rank can build every
 // rank's inputs), a poisoned (NaN) output, and is checked element by element against a
 // float32 host reference (ag_g / ag_ce_g: the all-gathers that also return the gathered rows,
-// which must equal every rank's x bit for bit). Prints one line per op and exits 0 only if every element of every
+// which must equal every rank's x bit for bit; pr_rs / pr_ar: the peer-store reduce-scatter /
+// all-reduce at world 1, the rank its own peer (EnsurePeerStoresLoopback: everything of a
+// pair's call but NVLink), block 0 of the result checked, an all-reduce's block 1 still
+// poisoned: nothing but the peer writes it). Prints one line per op and exits 0 only if every element of every
 // call matched and no CUDA / NCCL call failed. --inject: before each op's calls, one call with
 // an injected failure (fault_injection.h) that must fail naming the op, leaving the next fine.
 // --trace 1: tracing on (xla_ffi/comm/trace.h); after each op, one record per successful call
 // (none for the all-gather, which is not traced), its times in stream order.
 // --grow G: meanwhile a second thread grows the workspaces G times, 8 MiB more each time
 // (EnsureWorkspace waits until no call is in flight and holds calls off: quiesce.h); every
-// call's values are still checked, and the workspaces must have grown. Registered windows
+// call's values are still checked, and the workspaces must have grown (with pr ops, the
+// peer-store buffers too: their signal words count calls across a growth). Registered windows
 // grow collectively (every rank at the same point between calls: JAX's lowering barrier
 // gives that, this thread would not), so with several ranks only the point-to-point
 // communicator (plain cudaMalloc buffers) grows.
+// --watchdog S: every communicator made with the watchdog on (S seconds): spin-kernel waits
+// that read its abort flag, a check kernel after each call (xla_ffi/comm/watchdog.h).
+// --inject with pr ops: a failed peer-store call breaks the pair for good (restart, as the
+// handler's error says), so the call after it must be refused naming that; then the op ends.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -44,6 +52,7 @@
 #include "xla_ffi/comm/communicator.h"
 #include "xla_ffi/comm/fault_injection.h"
 #include "xla_ffi/comm/overlap_calls.h"
+#include "xla_ffi/comm/peer_stores.h"
 #include "xla_ffi/comm/trace.h"
 #include "xla_ffi/kernels/signaling_gemm.h"
 
@@ -53,6 +62,7 @@ namespace {
 
 struct Options {
   int rank = -1, world = 0, device = -1, calls = 2, comm_sms = 16, grow = 0;
+  double watchdog = 0;
   bool trace = false;
   int64_t m = 512, n = 512, k = 512;
   std::string id_file, ops = "ar,ar_out,rs,a2a,ag,ag_ce,ag_g,ag_ce_g", inject;  // inject: "", "nccl" or "cuda"
@@ -86,10 +96,16 @@ Options Parse(int argc, char** argv) {
     else if (key == "--inject") o.inject = value;
     else if (key == "--trace") o.trace = value == "1";
     else if (key == "--grow") o.grow = std::stoi(value);
+    else if (key == "--watchdog") o.watchdog = std::stod(value);
     else Fail("unknown option " + key);
   }
   if (!o.inject.empty() && o.inject != "nccl" && o.inject != "cuda") Fail("--inject: nccl or cuda");
   if (o.grow < 0) Fail("--grow: a count >= 0");
+  if (!(o.watchdog >= 0)) Fail("--watchdog: seconds >= 0 (0: off)");
+  if (o.world != 1 && ("," + o.ops).find(",pr_") != std::string::npos) {
+    Fail("pr_rs / pr_ar loop peer stores back on one rank: --world 1 only (a pair across "
+         "processes is not built)");
+  }
   if (o.world < 1 || o.rank < 0 || o.rank >= o.world || o.id_file.empty()) {
     Fail("need --rank R --world N (0 <= R < N) and --id-file PATH");
   }
@@ -167,6 +183,11 @@ struct DeviceBuffers {
 constexpr bool kPoisonWorkspace = true;
 
 bool IsAllGather(const std::string& op) { return op.rfind("ag", 0) == 0; }
+bool IsPeer(const std::string& op) { return op.rfind("pr_", 0) == 0; }
+bool HasPeerOps(const Options& o) { return ("," + o.ops).find(",pr_") != std::string::npos; }
+
+// The peer-store buffer a pr op needs: M / 2 x N bfloat16 (the peer's partial of our rows).
+size_t PeerRecvBytes(const Options& o) { return static_cast<size_t>(o.m / 2) * o.n * 2; }
 
 // One overlapped call of `op` on this rank's buffers.
 fo::Status CallOp(const std::string& op, const Options& o, fo::Communicator& coll,
@@ -208,7 +229,15 @@ fo::Status CallOp(const std::string& op, const Options& o, fo::Communicator& col
                                 op == "ag_ce_g" ? d.gathered : nullptr, kPoisonWorkspace,
                                 "harness_all_gather_collective");
   }
-  Fail("unknown op " + op + " (ar, ar_out, rs, a2a, a2a11, ag, ag_ce, ag_g, ag_ce_g)");
+  if (op == "pr_rs" || op == "pr_ar") {  // peer stores, the rank its own peer (world 1)
+    auto gemm = Gemm(o, d.x, d.w, nullptr, nullptr, 1, Bands(o.m / 2, 3));
+    gemm.comm_sms = 0;  // as the peer plans have it: no SM is left to communication
+    const bool rs = op == "pr_rs";
+    return fo::RunGemmPeerReduce(
+        coll, stream, rs ? fo::CollectiveKind::kReduceScatter : fo::CollectiveKind::kAllReduce,
+        gemm, d.out, rs ? "harness_peer_reduce_scatter" : "harness_peer_all_reduce");
+  }
+  Fail("unknown op " + op + " (ar, ar_out, rs, a2a, a2a11, ag, ag_ce, ag_g, ag_ce_g, pr_rs, pr_ar)");
 }
 
 // --trace: the op's calls just made left one record each (injected failures none), ordered
@@ -216,7 +245,7 @@ fo::Status CallOp(const std::string& op, const Options& o, fo::Communicator& col
 int64_t CheckTrace(const std::string& op, const Options& o) {
   std::vector<fo::TracedCall> calls;
   Check(fo::ReadTrace(/*clear=*/true, &calls), "ReadTrace");
-  const size_t expected = IsAllGather(op) ? 0 : static_cast<size_t>(o.calls);
+  const size_t expected = IsAllGather(op) || IsPeer(op) ? 0 : static_cast<size_t>(o.calls);
   int64_t bad = calls.size() == expected ? 0 : 1;
   for (const fo::TracedCall& c : calls) {
     const size_t groups = c.band_rows.size() - 1;
@@ -239,6 +268,19 @@ int64_t CheckTrace(const std::string& op, const Options& o) {
   return bad;
 }
 
+// --inject with a pr op, after the injected failure: the pair is broken for good, so the next
+// call must be refused, saying to restart. Returns 1 if it was not.
+int64_t RefusedAfterFailure(const std::string& op, const Options& o, fo::Communicator& coll,
+                            fo::Communicator& p2p, fo::Communicator& zero, cudaStream_t stream,
+                            const DeviceBuffers& d) {
+  fo::Status refused = CallOp(op, o, coll, p2p, zero, stream, d);
+  CheckCuda(cudaStreamSynchronize(stream), "synchronize after the refused call");
+  const bool says = !refused.ok() && refused.message.find("restart the process") != std::string::npos;
+  std::printf("rank %d %-5s next call: %s  %s\n", o.rank, op.c_str(),
+              refused.ok() ? "NOT REFUSED" : refused.message.c_str(), says ? "OK" : "FAIL");
+  return says ? 0 : 1;
+}
+
 // Runs `calls` calls of one op; returns the number of mismatching elements.
 int64_t RunOp(const std::string& op, const Options& o, fo::Communicator& coll,
               fo::Communicator& p2p, fo::Communicator& zero, cudaStream_t stream,
@@ -248,9 +290,11 @@ int64_t RunOp(const std::string& op, const Options& o, fo::Communicator& coll,
   double max_err = 0;
   for (int call = 0; call < o.calls; ++call) {
     // ar_out / ag_* compute what ar / ag do (another buffer, another communicator).
-    const std::string math = op == "ar_out" ? "ar" : IsAllGather(op) ? "ag" : op;
+    const std::string math = op == "ar_out" ? "ar" : IsAllGather(op) ? "ag" : IsPeer(op) ? "pr" : op;
     const bool gathered = op == "ag_g" || op == "ag_ce_g";
     Problem p = MakeProblem(math, o.m, o.n, o.k, o.world, o.rank, /*seed=*/1000 * call + 17);
+    // pr_ar: block 1 of the result is the peer's to write; looped back, nothing does.
+    if (op == "pr_ar") p.expected.resize(2 * p.expected.size(), std::nanf(""));
     CheckCuda(cudaMemcpy(d.x, p.x.data(), p.x.size() * 2, cudaMemcpyHostToDevice), "copy x");
     CheckCuda(cudaMemcpy(d.w, p.w.data(), p.w.size() * 2, cudaMemcpyHostToDevice), "copy w");
     CheckCuda(cudaMemset(d.out, 0xff, p.expected.size() * 2), "poison out");  // bf16 NaN
@@ -267,6 +311,7 @@ int64_t RunOp(const std::string& op, const Options& o, fo::Communicator& coll,
                   failed.ok() ? "NOT REPORTED" : failed.message.c_str());
       if (failed.ok() || !named) ++bad;
       CheckCuda(cudaMemset(d.out, 0xff, p.expected.size() * 2), "poison out");
+      if (IsPeer(op)) return bad + RefusedAfterFailure(op, o, coll, p2p, zero, stream, d);
     }
     fo::Status s = CallOp(op, o, coll, p2p, zero, stream, d);
     Check(s, op.c_str());
@@ -275,7 +320,9 @@ int64_t RunOp(const std::string& op, const Options& o, fo::Communicator& coll,
     CheckCuda(cudaMemcpy(got.data(), d.out, got.size() * 2, cudaMemcpyDeviceToHost), "copy out");
     for (size_t i = 0; i < got.size(); ++i) {
       const double err = std::fabs(double(BF16ToFloat(got[i])) - p.expected[i]);
-      const bool ok = err <= 0.03 + 0.02 * std::fabs(p.expected[i]);  // also false for NaN
+      // NaN expected: still the poison (nothing may write there); else false for NaN.
+      const bool ok = std::isnan(p.expected[i]) ? std::isnan(BF16ToFloat(got[i]))
+                                                : err <= 0.03 + 0.02 * std::fabs(p.expected[i]);
       if (!ok && bad < 5) {
         std::printf("  %s call %d: element %zu = %g, expected %g\n", op.c_str(), call, i,
                     BF16ToFloat(got[i]), p.expected[i]);
@@ -308,8 +355,9 @@ int64_t RunOp(const std::string& op, const Options& o, fo::Communicator& coll,
 // ops run, 8 MiB more each time, 20 ms apart.
 class Grower {
  public:
-  Grower(const Options& o, std::vector<int64_t> comm_ids, size_t base_bytes)
-      : o_(o), comm_ids_(std::move(comm_ids)), base_(base_bytes) {
+  // peer: also grow the peer-store buffers of comm_id 1 (loopback), from PeerRecvBytes(o).
+  Grower(const Options& o, std::vector<int64_t> comm_ids, size_t base_bytes, fo::Communicator* peer)
+      : o_(o), comm_ids_(std::move(comm_ids)), base_(base_bytes), peer_(peer) {
     if (o.grow > 0) thread_ = std::thread([this] { Run(); });
   }
   // Joins the thread; returns 1 if a growth failed or a workspace did not grow, else 0.
@@ -323,20 +371,34 @@ class Grower {
       const bool ours = std::find(comm_ids_.begin(), comm_ids_.end(), c.comm_id) != comm_ids_.end();
       if (ours && c.workspace_bytes < want) grew = false;
     }
+    const size_t peer_want = PeerTarget(o_.grow);
+    if (peer_ != nullptr && peer_->peer_recv_bytes < peer_want) grew = false;
+    const std::string peer_line = peer_ == nullptr ? "" : ", peer stores " +
+        std::to_string(peer_->peer_recv_bytes) + " bytes (want >= " + std::to_string(peer_want) + ")";
     const std::string failure = status_.ok() ? "" : ": " + status_.message;
-    std::printf("rank %d grow: %d of %d growths of %zu communicator(s) to %zu bytes, %d of them "
+    std::printf("rank %d grow: %d of %d growths of %zu communicator(s) to %zu bytes%s, %d of them "
                 "while the ops ran%s  %s\n",
-                o_.rank, done_.load(), o_.grow, comm_ids_.size(), want, while_running,
-                failure.c_str(), grew ? "OK" : "FAIL");
+                o_.rank, done_.load(), o_.grow, comm_ids_.size(), want, peer_line.c_str(),
+                while_running, failure.c_str(), grew ? "OK" : "FAIL");
     return grew ? 0 : 1;
   }
 
  private:
   size_t Target(int step) const { return base_ + static_cast<size_t>(step) * (size_t{8} << 20); }
+  size_t PeerTarget(int step) const {
+    return PeerRecvBytes(o_) + static_cast<size_t>(step) * (size_t{8} << 20);
+  }
   void Run() {
     for (int step = 1; step <= o_.grow; ++step) {
       for (int64_t id : comm_ids_) {
         fo::Status s = fo::EnsureWorkspace(id, Target(step));
+        if (!s.ok()) {
+          status_ = s;
+          return;
+        }
+      }
+      if (peer_ != nullptr) {
+        fo::Status s = fo::EnsurePeerStoresLoopback(1, PeerTarget(step));
         if (!s.ok()) {
           status_ = s;
           return;
@@ -350,6 +412,7 @@ class Grower {
   const Options& o_;
   const std::vector<int64_t> comm_ids_;
   const size_t base_;
+  fo::Communicator* const peer_;
   std::thread thread_;
   fo::Status status_;
   std::atomic<int> done_{0};
@@ -367,12 +430,15 @@ int main(int argc, char** argv) {
 
   const size_t bytes = std::max<size_t>(2 * o.m * o.n * 2, o.m * o.k * 2);
   const std::vector<fo::LocalRank> local = {{o.rank, o.device}};
-  Check(fo::CreateCommunicators(1, ids[0], o.world, local, o.comm_sms, bytes), "collective comm");
-  Check(fo::CreateCommunicators(2, ids[1], o.world, local, o.comm_sms, bytes, 0,
+  Check(fo::CreateCommunicators(1, ids[0], o.world, local, o.comm_sms, bytes, o.watchdog),
+        "collective comm");
+  Check(fo::CreateCommunicators(2, ids[1], o.world, local, o.comm_sms, bytes, o.watchdog,
                                 /*peer_to_peer=*/true), "point-to-point comm");
   Check(fo::ConnectPeers(2), "ConnectPeers");
-  Check(fo::CreateCommunicators(3, ids[2], o.world, local, o.comm_sms, bytes, 0,
+  Check(fo::CreateCommunicators(3, ids[2], o.world, local, o.comm_sms, bytes, o.watchdog,
                                 /*peer_to_peer=*/false, /*cta_policy=*/2), "zero-policy comm");
+  // Sized before the first call, as the ops' lowering does (comm.ensure_communicators).
+  if (HasPeerOps(o)) Check(fo::EnsurePeerStoresLoopback(1, PeerRecvBytes(o)), "peer stores (loopback)");
   if (o.trace) Check(fo::SetTraceEnabled(true, fo::kDefaultTraceCapacity), "SetTraceEnabled");
   fo::Communicator* coll = fo::FindCommunicator(1, o.device);
   fo::Communicator* p2p = fo::FindCommunicator(2, o.device);
@@ -388,7 +454,7 @@ int main(int argc, char** argv) {
   int64_t bad = 0;
   const std::vector<int64_t> growing = o.world == 1 ? std::vector<int64_t>{1, 2, 3}
                                                     : std::vector<int64_t>{2};
-  Grower grower(o, growing, bytes);
+  Grower grower(o, growing, bytes, HasPeerOps(o) ? coll : nullptr);
   std::string ops = o.ops + ",";
   for (size_t at = 0, next; (next = ops.find(',', at)) != std::string::npos; at = next + 1) {
     if (next > at) bad += RunOp(ops.substr(at, next - at), o, *coll, *p2p, *zero, stream, d);

@@ -72,7 +72,8 @@ struct Problem {
 };
 
 // op: "ar" (sum_r x_r @ w_r), "rs" (this rank's rows of it), "a2a" (all_to_all of x_r @ w_r,
-// split 0 / concat 0), "a2a11" (split 1 / concat 1), "ag" (all_gather(x) @ w_rank).
+// split 0 / concat 0), "a2a11" (split 1 / concat 1), "ag" (all_gather(x) @ w_rank), "pr" (world
+// 1: the block-0 rows of a rank that is its own peer, EnsurePeerStoresLoopback).
 inline Problem MakeProblem(const std::string& op, int64_t m, int64_t n, int64_t k,
                            int64_t world, int64_t rank, uint64_t seed) {
   const float w_scale = 1.0f / std::sqrt(static_cast<float>(k));
@@ -111,6 +112,10 @@ inline Problem MakeProblem(const std::string& op, int64_t m, int64_t n, int64_t 
       std::copy(block.begin(), block.end(), p.expected.begin() + s * rows * n);
       p.gathered.insert(p.gathered.end(), xs[s].bf16.begin(), xs[s].bf16.end());
     }
+  } else if (op == "pr") {  // loopback peer stores (world 1): x[block 0] @ w + x[block 1] @ w
+    p.expected.assign(m / 2 * n, 0.0f);
+    AddProduct(xs[0], ws[0], 0, m / 2, 0, n, &p.expected);
+    AddProduct(xs[0], ws[0], m / 2, m, 0, n, &p.expected);
   } else {
     throw std::invalid_argument("MakeProblem: unknown op " + op);
   }

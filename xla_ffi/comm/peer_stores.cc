@@ -14,8 +14,17 @@ namespace {
 
 std::string Dev(int device) { return "device " + std::to_string(device); }
 
-// Two ranks of a world of two, both here, on two devices.
-Status CheckPair(const std::vector<Communicator*>& comms) {
+// Two ranks of a world of two, both here, on two devices; or, `loopback`, the one rank of a
+// world of one (peer_stores.h).
+Status CheckPair(const std::vector<Communicator*>& comms, bool loopback) {
+  if (loopback) {
+    if (comms.size() != 1 || comms[0]->world_size != 1) {
+      return Status::Error("peer-store loopback needs a communicator of 1 rank; this process "
+                           "holds " + std::to_string(comms.size()) + " of a group of " +
+                           std::to_string(comms[0]->world_size));
+    }
+    return Status::Ok();
+  }
   if (comms.size() != 2 || comms[0]->world_size != 2) {
     return Status::Error("peer stores need a group of exactly 2 ranks with both devices in this "
                          "process; this process holds " + std::to_string(comms.size()) +
@@ -77,19 +86,22 @@ Status FreeRecv(Communicator& c) {
   return s;
 }
 
-// One group's pair (ordered by rank): its buffers swapped for new ones of `bytes`.
-Status GrowPair(const std::vector<Communicator*>& comms, size_t bytes) {
-  FO_RETURN_IF_NOT_OK(CheckPair(comms));
-  Communicator& a = *comms[0];
-  Communicator& b = *comms[1];
-  if (a.peer_broken || b.peer_broken) {
-    return Status::Error("an earlier peer-store call of this pair failed; restart the process");
+// One group's pair (ordered by rank; loopback: its one member, its own peer): its buffers
+// swapped for new ones of `bytes`.
+Status GrowPair(const std::vector<Communicator*>& comms, size_t bytes, bool loopback) {
+  FO_RETURN_IF_NOT_OK(CheckPair(comms, loopback));
+  for (const Communicator* c : comms) {
+    if (c->peer_broken) {
+      return Status::Error("an earlier peer-store call of this pair failed; restart the process");
+    }
+    if (c->aborted) {
+      return Status::Error("a communicator of this pair was aborted by the watchdog; restart the process");
+    }
   }
-  if (a.aborted || b.aborted) {
-    return Status::Error("a communicator of this pair was aborted by the watchdog; restart the process");
+  if (!loopback) {
+    FO_RETURN_IF_NOT_OK(EnablePeerAccess(*comms[0], comms[1]->device));
+    FO_RETURN_IF_NOT_OK(EnablePeerAccess(*comms[1], comms[0]->device));
   }
-  FO_RETURN_IF_NOT_OK(EnablePeerAccess(a, b.device));
-  FO_RETURN_IF_NOT_OK(EnablePeerAccess(b, a.device));
   Status status = Status::Ok();
   for (Communicator* c : comms) {
     // No call in flight (GrowMemberBuffers): the old buffer is read by nothing.
@@ -105,34 +117,32 @@ Status GrowPair(const std::vector<Communicator*>& comms, size_t bytes) {
     }
     return status;
   }
-  for (int r = 0; r < 2; ++r) {
+  for (size_t r = 0; r < comms.size(); ++r) {
     Communicator& me = *comms[r];
-    const Communicator& other = *comms[1 - r];
+    Communicator& other = *comms[comms.size() - 1 - r];  // loopback: itself
     me.peer.buffers.rank = me.rank;
     me.peer.buffers.peer_recv = const_cast<void*>(other.peer.buffers.recv);
     me.peer.buffers.peer_signals = other.peer.buffers.signals;
     me.peer.wait_method = me.wait_method;
     me.peer.abort_flag = me.abort_flag;
-    me.peer_member = comms[1 - r];
+    me.peer_member = &other;
   }
   return Status::Ok();
 }
 
 // Every group's pair (the members of comm_id split by group, each ordered by rank).
-Status Grow(const std::vector<Communicator*>& comms, size_t bytes) {
+Status Grow(const std::vector<Communicator*>& comms, size_t bytes, bool loopback) {
   std::map<int64_t, std::vector<Communicator*>> groups;
   for (Communicator* c : comms) groups[c->group_serial].push_back(c);
   for (auto& [serial, pair] : groups) {
     std::sort(pair.begin(), pair.end(),
               [](const Communicator* a, const Communicator* b) { return a->rank < b->rank; });
-    FO_RETURN_IF_NOT_OK(GrowPair(pair, bytes));
+    FO_RETURN_IF_NOT_OK(GrowPair(pair, bytes, loopback));
   }
   return Status::Ok();
 }
 
-}  // namespace
-
-Status EnsurePeerStores(int64_t comm_id, size_t recv_bytes) {
+Status Ensure(int64_t comm_id, size_t recv_bytes, bool loopback) {
   auto needed = [recv_bytes](const std::vector<Communicator*>& comms) {
     for (const Communicator* c : comms) {
       if (c->peer.buffers.recv == nullptr || c->peer_recv_bytes < recv_bytes) return true;
@@ -141,11 +151,21 @@ Status EnsurePeerStores(int64_t comm_id, size_t recv_bytes) {
   };
   Status status = GrowMemberBuffers(
       comm_id, "allocating peer-store buffers", needed,
-      [recv_bytes](const std::vector<Communicator*>& comms) {
-        return Grow(comms, RoundGrowth(recv_bytes > 0 ? recv_bytes : 1));
+      [recv_bytes, loopback](const std::vector<Communicator*>& comms) {
+        return Grow(comms, RoundGrowth(recv_bytes > 0 ? recv_bytes : 1), loopback);
       });
   if (!status.ok()) status.message = "peer stores (comm_id " + std::to_string(comm_id) + "): " + status.message;
   return status;
+}
+
+}  // namespace
+
+Status EnsurePeerStores(int64_t comm_id, size_t recv_bytes) {
+  return Ensure(comm_id, recv_bytes, /*loopback=*/false);
+}
+
+Status EnsurePeerStoresLoopback(int64_t comm_id, size_t recv_bytes) {
+  return Ensure(comm_id, recv_bytes, /*loopback=*/true);
 }
 
 void MarkPeerStoresBroken(Communicator& c) {

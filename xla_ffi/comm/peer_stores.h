@@ -20,6 +20,14 @@ namespace flashoverlap {
 // growth (they count calls). Errors name the reason; on failure no member keeps a buffer.
 Status EnsurePeerStores(int64_t comm_id, size_t recv_bytes);
 
+// One GPU's stand-in for a pair, for tests (tests/cuda/overlap_harness.cc; not reachable from
+// Python): the one rank of a world-1 communicator made its own peer, its peer stores landing
+// in its own recv buffer (the kernels' self-peer case, tests/cuda/peer_reduce_test.cu). A
+// call then runs everything a pair's does but NVLink: the call frame, growth between calls,
+// the watchdog's waits. Its result's block 0 is x[block 0] @ w + x[block 1] @ w; an
+// all-reduce leaves block 1 unwritten (the peer's to write).
+Status EnsurePeerStoresLoopback(int64_t comm_id, size_t recv_bytes);
+
 // After a failed peer-store call: both members refuse every later one (peer_broken).
 void MarkPeerStoresBroken(Communicator& c);
 
