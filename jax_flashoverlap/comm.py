@@ -254,6 +254,9 @@ def peer_handshake_bytes(world: int) -> int:
 
 
 COUNTER_BYTES = 64 * 4  # kMaxGroups int32 counters per communicator (signaling_gemm.h)
+# kPeerSignalWords int32 (xla_ffi/comm/peer_reduce_args.h): a peer-store pair member's signal
+# words (arrived and gathered counters per group, the credit, the result's mailbox).
+PEER_SIGNAL_BYTES = (2 * 64 + 6) * 4
 # kGemmQueueBytes (xla_ffi/kernels/signaling_gemm.h), the GEMM's tile queue per communicator:
 # claim counter, split-tail flags, the clusters' claim rings, then the split tail's fp32
 # partial tiles (66 cluster tiles of 2 x 128 x 256: ~16.5 MiB, most of it).
@@ -263,7 +266,7 @@ GEMM_QUEUE_BYTES = _QUEUE_PARTIALS_OFFSET + SPLIT_PARTIAL_BYTES
 
 
 def op_memory(op: str, x_shape, w_shape, dtype, world: int, *, transpose_w: bool = False,
-              concat_axis: int = 0) -> dict:
+              concat_axis: int = 0, transport: str = "nccl") -> dict:
   """Device memory an overlapped call needs beyond its inputs and output, per GPU.
 
   `workspace_bytes`: the communicator's workspace the call uses (shared by every call and op
@@ -277,6 +280,11 @@ def op_memory(op: str, x_shape, w_shape, dtype, world: int, *, transpose_w: bool
   staging half, twice the workspace (the handler's check, xla_ffi/ffi/gemm_all_to_all.cc). The
   all-reduce lowered with JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER=output (read here as at lowering)
   needs no workspace: only the counters.
+  `transport`: "nccl" (the path above) or "peer" (JAX_FLASHOVERLAP_TRANSPORT=peer; only
+  matmul_all_reduce / matmul_reduce_scatter at world size 2): no workspace, and instead
+  `peer_recv_bytes`, the buffer each GPU keeps for the peer's partial sums of its rows
+  (M / 2 x N, grown like the workspace), its signal words counted in `counter_bytes`.
+  `peer_recv_bytes` is 0 on the NCCL path.
   """
   import numpy as np
 
@@ -294,15 +302,28 @@ def op_memory(op: str, x_shape, w_shape, dtype, world: int, *, transpose_w: bool
   }
   if op not in workspace:
     raise ValueError(f"op must be one of {sorted(workspace)}, got {op!r}")
-  return {"workspace_bytes": workspace[op] * itemsize, "counter_bytes": COUNTER_BYTES,
-          "queue_bytes": GEMM_QUEUE_BYTES}
+  if transport == "nccl":
+    return {"workspace_bytes": workspace[op] * itemsize, "counter_bytes": COUNTER_BYTES,
+            "queue_bytes": GEMM_QUEUE_BYTES, "peer_recv_bytes": 0}
+  if transport != "peer":
+    raise ValueError(f"transport must be 'nccl' or 'peer', got {transport!r}")
+  from jax_flashoverlap import plan_peer
+  collective = {"matmul_all_reduce": "all_reduce", "matmul_reduce_scatter": "reduce_scatter"}
+  why = plan_peer.problem_unavailable(collective.get(op, op), world, m)
+  if why is not None:
+    raise ValueError(f"op_memory: {op} with transport='peer': {why}")
+  return {"workspace_bytes": 0, "counter_bytes": COUNTER_BYTES + PEER_SIGNAL_BYTES,
+          "queue_bytes": GEMM_QUEUE_BYTES,
+          "peer_recv_bytes": plan_peer.recv_bytes(m, n, itemsize)}
 
 
 def list_communicators() -> list:
   """This process's communicators: comm_id, device, rank, world_size, comm_sms,
   workspace_bytes, wait_method, watchdog_seconds, aborted, peer_to_peer, cta_policy (0
   default, 1 efficiency, 2 zero), workspace_error (why allocating the workspace last failed;
-  '' if it did not: such a communicator's calls are refused until a lowering grows it)
+  '' if it did not: such a communicator's calls are refused until a lowering grows it),
+  peer_recv_bytes (its peer-store buffer, JAX_FLASHOVERLAP_TRANSPORT=peer; 0: none),
+  peer_broken (a peer-store call of its pair failed: the pair refuses calls, restart)
   (empty without the extension)."""
   from jax_flashoverlap import _ext
   return [] if _ext.ext is None else list(_ext.ext.list_communicators())

@@ -32,14 +32,22 @@ class PeerStoresWarning(UserWarning):
   why)."""
 
 
-def unavailable(collective: str, mesh, axis_name, world: int, m: int) -> str | None:
-  """Why an op cannot take the peer stores (None: it can)."""
+def problem_unavailable(collective: str, world: int, m: int) -> str | None:
+  """Why a problem (whatever the mesh) cannot take the peer stores (None: it can)."""
   if collective not in ("all_reduce", "reduce_scatter"):
     return f"peer stores do {{all_reduce, reduce_scatter}}, not {collective}"
   if world != 2:
     return f"the mesh axis has {world} devices; peer stores need exactly 2"
   if m % 2:
     return f"x has M={m} rows; peer stores split them into 2 equal blocks (M even)"
+  return None
+
+
+def unavailable(collective: str, mesh, axis_name, world: int, m: int) -> str | None:
+  """Why an op cannot take the peer stores (None: it can)."""
+  why = problem_unavailable(collective, world, m)
+  if why is not None:
+    return why
   if not comm.mesh_is_local_gpu(mesh):
     return None  # cross-lowering: nothing runs here, the target machine decides nothing else
   groups = comm.axis_groups(mesh, axis_name)

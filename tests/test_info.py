@@ -207,10 +207,11 @@ def test_op_memory_reports_workspace_and_counters(monkeypatch):
   ar = comm.op_memory("matmul_all_reduce", (8192, 4096), (4096, 8192), jnp.bfloat16, 2)
   q = comm.GEMM_QUEUE_BYTES  # the GEMM's tile queue (kGemmQueueBytes; checked below)
   assert 16 << 20 < q < 17 << 20
-  assert ar == {"workspace_bytes": 8192 * 8192 * 2, "counter_bytes": 256, "queue_bytes": q}
+  assert ar == {"workspace_bytes": 8192 * 8192 * 2, "counter_bytes": 256, "queue_bytes": q,
+                "peer_recv_bytes": 0}
   monkeypatch.setenv("JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER", "output")  # in place: counters only
   ar = comm.op_memory("matmul_all_reduce", (8192, 4096), (4096, 8192), jnp.bfloat16, 2)
-  assert ar == {"workspace_bytes": 0, "counter_bytes": 256, "queue_bytes": q}
+  assert ar == {"workspace_bytes": 0, "counter_bytes": 256, "queue_bytes": q, "peer_recv_bytes": 0}
   monkeypatch.delenv("JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER")
   rs = comm.op_memory("matmul_reduce_scatter", (4, 2048, 4096), (4096, 1024), jnp.float16, 2)
   assert rs["workspace_bytes"] == 4 * 2048 * 1024 * 2
@@ -239,6 +240,44 @@ def test_op_memory_transpose_w_and_concat_axis():
   assert ag["workspace_bytes"] == 2 * m * k * 2  # the gathered x: K either way
   with pytest.raises(ValueError, match="concat_axis must be 0 or 1"):
     comm.op_memory("matmul_all_to_all", (m, k), (k, n), jnp.bfloat16, 2, concat_axis=2)
+
+
+def test_op_memory_peer_transport():
+  """With transport='peer' the op keeps no workspace but a buffer for the peer's partial sums
+  of its rows (M / 2 x N) and the pair's signal words; problems the peer stores cannot take
+  are refused naming why, as the lowering would keep the NCCL path for them."""
+  from jax_flashoverlap import comm
+  import jax.numpy as jnp
+  q = comm.GEMM_QUEUE_BYTES
+  for op in ("matmul_all_reduce", "matmul_reduce_scatter"):
+    got = comm.op_memory(op, (2, 4096, 1024), (1024, 8192), jnp.bfloat16, 2, transport="peer")
+    assert got == {"workspace_bytes": 0, "counter_bytes": 256 + 536, "queue_bytes": q,
+                   "peer_recv_bytes": 4096 * 8192 * 2}, (op, got)
+  got = comm.op_memory("matmul_reduce_scatter", (1000, 512), (2048, 512), jnp.float16, 2,
+                       transpose_w=True, transport="peer")
+  assert got["peer_recv_bytes"] == 500 * 2048 * 2
+  with pytest.raises(ValueError, match="peer stores need exactly 2"):
+    comm.op_memory("matmul_all_reduce", (64, 64), (64, 64), jnp.bfloat16, 4, transport="peer")
+  with pytest.raises(ValueError, match="M=63 rows"):
+    comm.op_memory("matmul_reduce_scatter", (63, 64), (64, 64), jnp.bfloat16, 2, transport="peer")
+  with pytest.raises(ValueError, match="not all_gather_matmul"):
+    comm.op_memory("all_gather_matmul", (64, 64), (64, 64), jnp.bfloat16, 2, transport="peer")
+  with pytest.raises(ValueError, match="transport must be 'nccl' or 'peer', got 'auto'"):
+    comm.op_memory("matmul_all_reduce", (64, 64), (64, 64), jnp.bfloat16, 2, transport="auto")
+
+
+def test_peer_signal_bytes_match_the_header():
+  """comm.PEER_SIGNAL_BYTES mirrors kPeerSignalWords (xla_ffi/comm/peer_reduce_args.h)."""
+  import pathlib
+  import re
+  from jax_flashoverlap import comm
+  root = pathlib.Path(__file__).parent.parent
+  args = (root / "xla_ffi/comm/peer_reduce_args.h").read_text()
+  gemm = (root / "xla_ffi/kernels/signaling_gemm.h").read_text()
+  assert "constexpr int kPeerSignalWords = 2 * kMaxGroups + 6;" in args
+  max_groups = int(re.search(r"\bkMaxGroups = (\d+);", gemm).group(1))
+  assert comm.PEER_SIGNAL_BYTES == (2 * max_groups + 6) * 4
+  assert comm.COUNTER_BYTES == max_groups * 4
 
 
 def test_queue_bytes_match_the_kernel_header():
