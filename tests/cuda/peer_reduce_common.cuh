@@ -301,4 +301,117 @@ std::vector<int> EvenBands(int64_t rows, int groups, int align) {
   return std::vector<int>(L.band_rows, L.band_rows + L.num_groups + 1);
 }
 
+// Polls `stream` until it is done or `limit_ms` passed; returns its last status and the time.
+cudaError_t WaitStream(cudaStream_t stream, int limit_ms, int* waited_ms) {
+  cudaError_t end = cudaStreamQuery(stream);
+  for (*waited_ms = 0; *waited_ms < limit_ms && end == cudaErrorNotReady; *waited_ms += 5) {
+    usleep(5000);
+    end = cudaStreamQuery(stream);
+  }
+  return end;
+}
+
+// A plain GEMM on the current device, checked against float32: the GPU is still usable.
+bool PlainGemmRight(uint64_t seed, Verdict* v) {
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  {
+    Problem q({1024, 768, 512}, GemmDType::kBFloat16, seed, s);
+    CK(cudaMemsetAsync(q.base.out, 0xFF, 1024 * 768 * 2, s));
+    Buf queue(kGemmQueueBytes);  // on this device (GemmQueue() is GPU 0's)
+    SignalingGemmArgs a = q.Args(EvenLayout(1024, 1, 4, 256), 0);
+    a.queue = queue.p;
+    MustLaunch(LaunchSignalingGemm(a, s), "plain GEMM");
+    *v = Compare(a.out, (const float*)q.ref.p, 1024, 768, GemmDType::kBFloat16, s);
+    CK(cudaStreamSynchronize(s));
+  }
+  CK(cudaStreamDestroy(s));
+  return v->bad == 0 && v->wrong == 0 && v->rel_err < 1e-2;
+}
+
+// A peer whose call failed (peer_reduce.h, EnqueueReleasePeer: what the handler does on a
+// pair's first failure). Call 1 by both ranks; then rank 0's call 2 alone, which must still
+// wait after 1 s (the control: its peer's stores never come), and rank 1's release instead of
+// its call 2: rank 0's call must then end within 10 s with no CUDA error, and every GPU must
+// stay usable (a plain GEMM after it right). The released call's values are garbage by design
+// and not checked. two_gpus: rank r on GPU r, every SM each (peer access enabled by the
+// caller); else both on GPU 0, each GEMM on half of the SMs. Reduce-scatter and all-reduce.
+void ReleaseCheck(bool two_gpus, cudaStream_t s) {
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const Case c{4096, 4096, 1024, EvenBands(2048, 2, 256), GemmDType::kBFloat16};
+  const int64_t rows = c.m / 2;
+  for (PeerReduceKind kind : {PeerReduceKind::kReduceScatter, PeerReduceKind::kAllReduce}) {
+    const bool ar = kind == PeerReduceKind::kAllReduce;
+    const int64_t out_bytes = (ar ? c.m : rows) * c.n * 2;
+    EmulatedRank r0(0, rows, c.n, 0), r1(1, rows, c.n, two_gpus ? 1 : 0);
+    EmulatedRank* ranks[2] = {&r0, &r1};
+    CK(cudaSetDevice(0));
+    r0.PeerWith(r1);
+    r1.PeerWith(r0);
+    Problem p({c.m, c.n, c.k}, c.dt, 888, s, /*with_ref=*/false);
+    CK(cudaStreamSynchronize(s));
+    std::unique_ptr<Buf> operands[2], results[2];  // rank r's x | w and result on its device
+    SignalingGemmArgs g[2];
+    for (int r = 0; r < 2; ++r) {
+      CK(cudaSetDevice(ranks[r]->device));
+      operands[r] = std::make_unique<Buf>((c.m * c.k + c.k * c.n) * 2);
+      results[r] = std::make_unique<Buf>(out_bytes);
+      char* x = static_cast<char*>(operands[r]->p);
+      CK(cudaMemcpyPeer(x, ranks[r]->device, p.base.x, 0, c.m * c.k * 2));
+      CK(cudaMemcpyPeer(x + c.m * c.k * 2, ranks[r]->device, p.base.w, 0, c.k * c.n * 2));
+      g[r] = p.base;
+      g[r].x = x;
+      g[r].w = x + c.m * c.k * 2;
+      g[r].comm_sms = two_gpus ? 0 : sms / 2;  // one GPU: the other half for the other rank
+      g[r].layout = BandLayout(c.bands);
+      g[r].queue = ranks[r]->queue->p;
+    }
+    int waited_ms = 0, release_ms = 0;
+    bool first_ok = true;
+    for (int r = 0; r < 2; ++r) {  // call 1: both ranks
+      CK(cudaSetDevice(ranks[r]->device));
+      Must(EnqueuePeerReduce(ranks[r]->r, ranks[r]->compute, kind, g[r], results[r]->p), "call 1");
+    }
+    for (int r = 0; r < 2; ++r) first_ok = first_ok && WaitStream(ranks[r]->compute, 10000, &waited_ms) == cudaSuccess;
+    CK(cudaSetDevice(0));  // call 2: rank 0 alone, then rank 1's failure path
+    Must(EnqueuePeerReduce(r0.r, r0.compute, kind, g[0], results[0]->p), "call 2");
+    usleep(1000000);
+    const bool waiting = cudaStreamQuery(r0.compute) == cudaErrorNotReady;  // the control
+    CK(cudaSetDevice(r1.device));
+    Must(EnqueueReleasePeer(r1.r, r1.compute, kind, rows, c.n, 2), "EnqueueReleasePeer");
+    const cudaError_t end0 = WaitStream(r0.compute, 10000, &waited_ms);
+    const cudaError_t end1 = WaitStream(r1.compute, 10000, &release_ms);
+    if (end0 == cudaErrorNotReady || end1 == cudaErrorNotReady) {  // a hung stream: stop here
+      printf("release %s: a stream still runs 10 s after the release (rank 0: %s, rank 1: %s)  FAIL\n",
+             ar ? "AR" : "RS", cudaGetErrorName(end0), cudaGetErrorName(end1));
+      fflush(stdout);
+      _exit(1);
+    }
+    bool after_ok = true;
+    Verdict after{0, 0, 0};
+    for (int d = 0; d < (two_gpus ? 2 : 1); ++d) {
+      CK(cudaSetDevice(d));
+      Verdict v;
+      after_ok = PlainGemmRight(889 + d, &v) && after_ok;
+      if (v.rel_err > after.rel_err || v.bad > after.bad) after = v;
+    }
+    CK(cudaSetDevice(0));
+    const bool pass = first_ok && waiting && end0 == cudaSuccess && end1 == cudaSuccess && after_ok;
+    printf("release %s: call 1 %s; rank 0's call 2 alone still waiting after 1 s: %s; after rank 1's "
+           "release: %s in %d ms; a GEMM after it on %s: rel %.2e, NaN %llu  %s\n",
+           ar ? "AR" : "RS", first_ok ? "ok" : "FAILED", waiting ? "yes" : "NO", cudaGetErrorName(end0),
+           waited_ms, two_gpus ? "each GPU" : "the GPU", after.rel_err, after.bad, pass ? "PASS" : "FAIL");
+    fflush(stdout);
+    g_failures += !pass;
+    char buf[320];
+    snprintf(buf, sizeof buf,
+             "{\"tag\":\"release\",\"kind\":\"%s\",\"two_gpus\":%s,\"waiting_after_1s\":%s,\"end\":\"%s\","
+             "\"ms_after_release\":%d,\"after_rel_err\":%.3e,\"pass\":%s}",
+             ar ? "all_reduce" : "reduce_scatter", two_gpus ? "true" : "false", waiting ? "true" : "false",
+             cudaGetErrorName(end0), waited_ms, after.rel_err, pass ? "true" : "false");
+    AddJson(buf);
+  }
+}
+
 }  // namespace

@@ -69,7 +69,32 @@ Status EnqueueCall(const PeerReduceBuffers& r, WaitMethod wait, const volatile i
   return EnqueueWriteFlag(stream, r.peer_signals + kPeerCredit, call);
 }
 
+// What EnqueueReleasePeer writes into a counter the peer waits on with ">=": more than any
+// group's tile count, far from overflowing if our real stores (a launch that did run) add to it.
+constexpr int32_t kReleasedCount = 1 << 24;
+
 }  // namespace
+
+Status EnqueueReleasePeer(const PeerReduceRank& rank, cudaStream_t stream, PeerReduceKind kind,
+                          int64_t rows_per_block, int64_t n, int32_t call) {
+  const PeerReduceBuffers& r = rank.buffers;
+  if (r.signals == nullptr || r.peer_signals == nullptr) return Status::Ok();  // no pair: nothing waits
+  // The peer's previous call is over: nothing of it reads what we write now.
+  FO_RETURN_IF_NOT_OK(EnqueueWaitGeq(stream, r.signals + kPeerCredit, call - 1, rank.wait_method,
+                                     rank.abort_flag));
+  const bool all_reduce = kind == PeerReduceKind::kAllReduce;
+  if (all_reduce && r.recv != nullptr) {
+    const size_t peer_rows_at = static_cast<size_t>(1 - r.rank) * rows_per_block * n * 2;
+    FO_RETURN_IF_NOT_OK(PostResultAddress(r, stream, PeerRowsBase(r.recv, peer_rows_at), call));
+  }
+  for (int g = 0; g < kMaxGroups; ++g) {
+    FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, r.peer_signals + kPeerArrived + g, kReleasedCount));
+    if (all_reduce) {
+      FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, r.peer_signals + kPeerGathered + g, kReleasedCount));
+    }
+  }
+  return Status::Ok();
+}
 
 Status EnqueuePeerReduce(PeerReduceRank& rank, cudaStream_t stream, PeerReduceKind kind,
                          SignalingGemmArgs gemm, void* result) {

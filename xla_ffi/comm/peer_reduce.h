@@ -53,4 +53,17 @@ struct PeerReduceRank {
 Status EnqueuePeerReduce(PeerReduceRank& rank, cudaStream_t stream, PeerReduceKind kind,
                          SignalingGemmArgs gemm, void* result);
 
+// After this rank's call number `call` failed, enqueued in part or not at all: lets the
+// peer's call of that number end instead of waiting for our stores for ever. Once the peer
+// has finished its previous call (our credit), marks every one of the peer's `arrived`
+// counters complete and, for an all-reduce, posts a scratch address for the peer's mirror
+// stores (our recv, moved back by the peer's rows, so they land in it) stamped `call`, and
+// marks the peer's `gathered` counters complete. The peer's result is then wrong, and our
+// recv holds garbage: only for a pair that makes no more calls (MarkPeerStoresBroken) inside
+// a program that fails as a whole (one process: XLA's execution returns our error). Writes
+// only `stream` work (no SM needed on the peer's GPU); nothing waits on the host.
+// `rows_per_block` x `n` is one block of the call's output (M / 2 x N).
+Status EnqueueReleasePeer(const PeerReduceRank& rank, cudaStream_t stream, PeerReduceKind kind,
+                          int64_t rows_per_block, int64_t n, int32_t call);
+
 }  // namespace flashoverlap

@@ -6,6 +6,7 @@
 #include "xla_ffi/comm/call_frame.h"
 #include "xla_ffi/comm/fault_injection.h"
 #include "xla_ffi/comm/overlap_calls.h"
+#include "xla_ffi/comm/peer_reduce.h"
 #include "xla_ffi/comm/peer_stores.h"
 
 namespace flashoverlap {
@@ -32,19 +33,27 @@ Status CheckPeerStores(const Communicator& comm, const SignalingGemmArgs& gemm, 
 Status RunGemmPeerReduce(Communicator& comm, cudaStream_t stream, CollectiveKind kind,
                          SignalingGemmArgs gemm, void* result, const char* op) {
   std::lock_guard<std::mutex> lock(comm.call_mutex);
-  FO_RETURN_IF_NOT_OK(BeginCall(comm, stream, op));
-  FO_RETURN_IF_NOT_OK(CheckPeerStores(comm, gemm, op));
+  FO_RETURN_IF_NOT_OK(BeginCall(comm, stream, op));  // destroyed or aborted: no release either
+  const PeerReduceKind peer_kind = kind == CollectiveKind::kAllReduce
+                                       ? PeerReduceKind::kAllReduce
+                                       : PeerReduceKind::kReduceScatter;
+  // The number this call has (EnqueuePeerReduce counts it) or would have had.
+  const int32_t call = static_cast<int32_t>(comm.peer.calls + 1);
+  Status status = CheckPeerStores(comm, gemm, op);
+  if (!status.ok() && comm.peer_broken) return status;  // refused before: the peer refuses too
   gemm.queue = comm.gemm_queue;  // ordered on `stream`: one call at a time per communicator
   gemm.counters = nullptr;       // EnqueuePeerReduce sets which counters each group signals
-  Status status = StartCall(comm, stream, /*counters=*/0, /*copies=*/false);
+  if (status.ok()) status = StartCall(comm, stream, /*counters=*/0, /*copies=*/false);
   if (status.ok()) status = TakeInjectedFault(comm.device);
-  if (status.ok()) {
-    status = EnqueuePeerReduce(comm.peer, stream,
-                               kind == CollectiveKind::kAllReduce ? PeerReduceKind::kAllReduce
-                                                                  : PeerReduceKind::kReduceScatter,
-                               gemm, result);
+  if (status.ok()) status = EnqueuePeerReduce(comm.peer, stream, peer_kind, gemm, result);
+  if (!status.ok()) {
+    // The pair's first failure: the peer may be in this very call, waiting for our stores.
+    if (!comm.peer_broken) {
+      Status released = EnqueueReleasePeer(comm.peer, stream, peer_kind, gemm.m / 2, gemm.n, call);
+      if (!released.ok()) status.message += " (releasing the peer's call failed too: " + released.message + ")";
+    }
+    MarkPeerStoresBroken(comm);
   }
-  if (!status.ok()) MarkPeerStoresBroken(comm);
   return FinishCall(comm, stream, /*copies=*/false, status, op);
 }
 
