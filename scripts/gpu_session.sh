@@ -64,7 +64,7 @@ for step in "${steps[@]}"; do
       done
       grep -h "ERROR SUMMARY\|RACECHECK SUMMARY\|SYNCCHECK SUMMARY" "$OUT"/sanitize/*.log > "$OUT/sanitize_summary.txt" 2>&1 ;;
     harness)  # the overlapped ops without JAX (tests/cuda/overlap_harness.cc), one process per GPU
-      run_step harness_build bash tests/cuda/build_overlap_harness.sh
+      run_step harness_build bash tests/cuda/build_overlap_harness.sh && harness_built=1
       run_step harness bash tests/cuda/run_overlap_harness.sh none "$OUT/harness" --calls 3
       run_step harness_odd bash tests/cuda/run_overlap_harness.sh none "$OUT/harness_odd" --m 320 --n 272 --k 200 --ops ar,ar_out,rs,a2a,a2a11,ag,ag_ce,ag_g,ag_ce_g
       run_step harness_spin env JAX_FLASHOVERLAP_WAIT=spin bash tests/cuda/run_overlap_harness.sh none "$OUT/harness_spin"
@@ -75,6 +75,7 @@ for step in "${steps[@]}"; do
       done ;;
     harness_peer)  # the peer-store calls without JAX, one rank its own peer (world 1, any GPU count):
       # RunGemmPeerReduce's frame, growth between calls, the watchdog's waits, a broken pair's refusal
+      [[ -n "${harness_built:-}" ]] || { run_step harness_build bash tests/cuda/build_overlap_harness.sh && harness_built=1; }
       H=(env WORLD=1 bash tests/cuda/run_overlap_harness.sh)
       run_step hpeer "${H[@]}" none "$OUT/hpeer" --ops pr_rs,pr_ar --calls 4
       run_step hpeer_odd "${H[@]}" none "$OUT/hpeer_odd" --ops pr_rs,pr_ar --m 320 --n 272 --k 200
