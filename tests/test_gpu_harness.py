@@ -78,12 +78,12 @@ def test_harness_peer_stores_grow_between_calls(harness, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind,op", [("cuda", "pr_rs"), ("nccl", "pr_ar")])
 def test_harness_failed_peer_call_breaks_the_pair(harness, tmp_path, kind, op):
-    """An injected failure is named (its release of the peer's call, looped back here, enqueued
-    without error), and the next call is refused saying to restart."""
+    """An injected failure is named (its break of the pair, looped back here, enqueued without
+    error), and the next call is refused saying to restart."""
     rc, out = run_harness(harness, tmp_path, "--inject", kind, "--ops", op, world=1)
     assert rc == 0, out[-6000:]
     assert f"injected {kind} fault: harness_peer_" in out, out[-6000:]
-    assert "releasing the peer's call failed" not in out, out[-6000:]  # the release enqueued
+    assert "letting the pair's calls end failed" not in out, out[-6000:]  # the break enqueued
     refused = [line for line in out.splitlines() if " next call: " in line]
     assert len(refused) == 1 and refused[0].endswith(" OK"), out[-6000:]
     assert "restart the process" in refused[0], out[-6000:]

@@ -10,9 +10,10 @@
 //                                 per block, with the add ring and with serial loads (CUDA
 //                                 events on both GPUs, the slower of the two per sample, median
 //                                 of --iters samples of 5 calls)
-//   peer_reduce_2gpu_test release : a peer whose call failed releases it (EnqueueReleasePeer):
-//                                 the waiting rank's call ends with no error, both GPUs stay
-//                                 usable (peer_reduce_common.cuh, ReleaseCheck)
+//   peer_reduce_2gpu_test break   : a rank whose call failed breaks the pair (EnqueueBreakPair):
+//                                 the other rank's calls, two enqueued ahead, end with no
+//                                 error, both GPUs stay usable (peer_reduce_common.cuh,
+//                                 BreakCheck)
 // Options: --json PATH, --iters N (bench, default 15). Exit code 1 if a check failed.
 #include "peer_reduce_common.cuh"
 
@@ -157,15 +158,15 @@ void Bench(cudaStream_t s, int* counters, int iters) {
 
 int main(int argc, char** argv) {
   const Options o = ParseOptions(argc, argv);
-  if (o.mode != "check" && o.mode != "bench" && o.mode != "release" && o.mode != "all") {
-    fprintf(stderr, "unknown mode %s (check, bench, release, all)\n", o.mode.c_str());
+  if (o.mode != "check" && o.mode != "bench" && o.mode != "break" && o.mode != "all") {
+    fprintf(stderr, "unknown mode %s (check, bench, break, all)\n", o.mode.c_str());
     return 2;
   }
   EnablePeerAccessBothWays();
   TestDevice d = StartTestDevice();
   if (o.mode == "check" || o.mode == "all") Check(d.stream);
   if (o.mode == "bench" || o.mode == "all") Bench(d.stream, d.counters, o.iters);
-  if (o.mode == "release" || o.mode == "all") ReleaseCheck(/*two_gpus=*/true, d.stream);
+  if (o.mode == "break" || o.mode == "all") BreakCheck(/*two_gpus=*/true, d.stream);
   char fields[64];
   snprintf(fields, sizeof fields, ",\"iters\":%d", o.iters);
   return FinishTest(d, o.mode, o.json_path, fields);

@@ -329,14 +329,15 @@ bool PlainGemmRight(uint64_t seed, Verdict* v) {
   return v->bad == 0 && v->wrong == 0 && v->rel_err < 1e-2;
 }
 
-// A peer whose call failed (peer_reduce.h, EnqueueReleasePeer: what the handler does on a
-// pair's first failure). Call 1 by both ranks; then rank 0's call 2 alone, which must still
-// wait after 1 s (the control: its peer's stores never come), and rank 1's release instead of
-// its call 2: rank 0's call must then end within 10 s with no CUDA error, and every GPU must
-// stay usable (a plain GEMM after it right). The released call's values are garbage by design
-// and not checked. two_gpus: rank r on GPU r, every SM each (peer access enabled by the
-// caller); else both on GPU 0, each GEMM on half of the SMs. Reduce-scatter and all-reduce.
-void ReleaseCheck(bool two_gpus, cudaStream_t s) {
+// A rank whose call failed (peer_reduce.h, EnqueueBreakPair: what the handler does on a
+// failure). Call 1 by both ranks; then rank 0 enqueues calls 2 and 3 (its host ahead), which
+// must still wait after 1 s (the control: its peer's stores never come), and rank 1 breaks the
+// pair instead of calling: both of rank 0's calls must then end within 10 s with no CUDA
+// error, and every GPU must stay usable (a plain GEMM after it right). The let-go calls'
+// values are wrong by design and not checked. two_gpus: rank r on GPU r, every SM each (peer
+// access enabled by the caller); else both on GPU 0, each GEMM on half of the SMs.
+// Reduce-scatter and all-reduce.
+void BreakCheck(bool two_gpus, cudaStream_t s) {
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const Case c{4096, 4096, 1024, EvenBands(2048, 2, 256), GemmDType::kBFloat16};
@@ -367,23 +368,24 @@ void ReleaseCheck(bool two_gpus, cudaStream_t s) {
       g[r].layout = BandLayout(c.bands);
       g[r].queue = ranks[r]->queue->p;
     }
-    int waited_ms = 0, release_ms = 0;
+    int waited_ms = 0, break_ms = 0;
     bool first_ok = true;
     for (int r = 0; r < 2; ++r) {  // call 1: both ranks
       CK(cudaSetDevice(ranks[r]->device));
       Must(EnqueuePeerReduce(ranks[r]->r, ranks[r]->compute, kind, g[r], results[r]->p), "call 1");
     }
     for (int r = 0; r < 2; ++r) first_ok = first_ok && WaitStream(ranks[r]->compute, 10000, &waited_ms) == cudaSuccess;
-    CK(cudaSetDevice(0));  // call 2: rank 0 alone, then rank 1's failure path
+    CK(cudaSetDevice(0));  // calls 2 and 3: rank 0 alone, then rank 1's failure path
     Must(EnqueuePeerReduce(r0.r, r0.compute, kind, g[0], results[0]->p), "call 2");
+    Must(EnqueuePeerReduce(r0.r, r0.compute, kind, g[0], results[0]->p), "call 3");
     usleep(1000000);
     const bool waiting = cudaStreamQuery(r0.compute) == cudaErrorNotReady;  // the control
     CK(cudaSetDevice(r1.device));
-    Must(EnqueueReleasePeer(r1.r, r1.compute, kind, rows, c.n, 2), "EnqueueReleasePeer");
+    Must(EnqueueBreakPair(r1.r, r1.compute), "EnqueueBreakPair");
     const cudaError_t end0 = WaitStream(r0.compute, 10000, &waited_ms);
-    const cudaError_t end1 = WaitStream(r1.compute, 10000, &release_ms);
+    const cudaError_t end1 = WaitStream(r1.compute, 10000, &break_ms);
     if (end0 == cudaErrorNotReady || end1 == cudaErrorNotReady) {  // a hung stream: stop here
-      printf("release %s: a stream still runs 10 s after the release (rank 0: %s, rank 1: %s)  FAIL\n",
+      printf("break %s: a stream still runs 10 s after the break (rank 0: %s, rank 1: %s)  FAIL\n",
              ar ? "AR" : "RS", cudaGetErrorName(end0), cudaGetErrorName(end1));
       fflush(stdout);
       _exit(1);
@@ -398,16 +400,16 @@ void ReleaseCheck(bool two_gpus, cudaStream_t s) {
     }
     CK(cudaSetDevice(0));
     const bool pass = first_ok && waiting && end0 == cudaSuccess && end1 == cudaSuccess && after_ok;
-    printf("release %s: call 1 %s; rank 0's call 2 alone still waiting after 1 s: %s; after rank 1's "
-           "release: %s in %d ms; a GEMM after it on %s: rel %.2e, NaN %llu  %s\n",
+    printf("break %s: call 1 %s; rank 0's calls 2 and 3 alone still waiting after 1 s: %s; after rank 1 "
+           "broke the pair: %s in %d ms; a GEMM after it on %s: rel %.2e, NaN %llu  %s\n",
            ar ? "AR" : "RS", first_ok ? "ok" : "FAILED", waiting ? "yes" : "NO", cudaGetErrorName(end0),
            waited_ms, two_gpus ? "each GPU" : "the GPU", after.rel_err, after.bad, pass ? "PASS" : "FAIL");
     fflush(stdout);
     g_failures += !pass;
     char buf[320];
     snprintf(buf, sizeof buf,
-             "{\"tag\":\"release\",\"kind\":\"%s\",\"two_gpus\":%s,\"waiting_after_1s\":%s,\"end\":\"%s\","
-             "\"ms_after_release\":%d,\"after_rel_err\":%.3e,\"pass\":%s}",
+             "{\"tag\":\"break\",\"kind\":\"%s\",\"two_gpus\":%s,\"waiting_after_1s\":%s,\"end\":\"%s\","
+             "\"ms_after_break\":%d,\"after_rel_err\":%.3e,\"pass\":%s}",
              ar ? "all_reduce" : "reduce_scatter", two_gpus ? "true" : "false", waiting ? "true" : "false",
              cudaGetErrorName(end0), waited_ms, after.rel_err, pass ? "true" : "false");
     AddJson(buf);

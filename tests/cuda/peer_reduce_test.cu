@@ -31,10 +31,10 @@
 //                               the host sets the abort flag (host-mapped, as the watchdog's),
 //                               fail (trap) within 10 s instead of waiting for ever. Leaves the
 //                               CUDA context unusable: run alone, last
-//   peer_reduce_test release  : a peer whose call failed: two ranks emulated on one GPU (half
-//                               of the SMs each), call 1 by both, then rank 0's call 2 while
-//                               rank 1 releases it (EnqueueReleasePeer, what the handler does
-//                               on a pair's first failure) instead of calling: rank 0 must
+//   peer_reduce_test break    : a rank whose call failed: two ranks emulated on one GPU (half
+//                               of the SMs each), call 1 by both, then rank 0's calls 2 and 3
+//                               while rank 1 breaks the pair (EnqueueBreakPair, what the
+//                               handler does on a failure) instead of calling: rank 0 must
 //                               still wait after 1 s without it, end within 10 s of it with no
 //                               CUDA error, and the GPU must stay usable (a plain GEMM after
 //                               it right); reduce-scatter and all-reduce
@@ -292,9 +292,9 @@ void Bench(cudaStream_t s, int* counters, int iters) {
 
 int main(int argc, char** argv) {
   const Options o = ParseOptions(argc, argv);
-  const std::vector<std::string> modes = {"flags", "check", "bench", "sanitize", "abort", "release", "all"};
+  const std::vector<std::string> modes = {"flags", "check", "bench", "sanitize", "abort", "break", "all"};
   if (std::find(modes.begin(), modes.end(), o.mode) == modes.end()) {
-    fprintf(stderr, "unknown mode '%s' (flags, check, bench, sanitize, abort, release, all)\n", o.mode.c_str());
+    fprintf(stderr, "unknown mode '%s' (flags, check, bench, sanitize, abort, break, all)\n", o.mode.c_str());
     return 2;
   }
   TestDevice d = StartTestDevice();
@@ -304,7 +304,7 @@ int main(int argc, char** argv) {
   if (o.mode == "check" || o.mode == "all") Check(/*small=*/false, d.stream);
   if (o.mode == "sanitize") Check(/*small=*/true, d.stream);
   if (o.mode == "bench" || o.mode == "all") Bench(d.stream, d.counters, o.iters);
-  if (o.mode == "release" || o.mode == "all") ReleaseCheck(/*two_gpus=*/false, d.stream);
+  if (o.mode == "break" || o.mode == "all") BreakCheck(/*two_gpus=*/false, d.stream);
   char fields[64];
   snprintf(fields, sizeof fields, ",\"iters\":%d", o.iters);
   return FinishTest(d, o.mode, o.json_path, fields);

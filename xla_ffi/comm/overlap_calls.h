@@ -35,10 +35,10 @@ Status RunGemmCollective(Communicator& comm, cudaStream_t stream, CollectiveKind
 // (peer_reduce_call.cc; peer_reduce.h draws the sequence): no NCCL call, no workspace. `gemm`
 // is the whole local GEMM, layout = the bands of one row block (num_blocks 1, ending at
 // M / 2); `result` [M, N] (all-reduce) or [M / 2, N]. Needs the communicator's peer stores
-// (EnsurePeerStores) holding M / 2 x N elements. The pair's first failure releases the peer's
-// call of the same number (EnqueueReleasePeer: it would wait for our stores for ever; it ends
-// with wrong values, in a program that fails as a whole) and marks both members broken: every
-// later call is refused, the process must restart to use peer stores again.
+// (EnsurePeerStores) holding M / 2 x N elements. A failure lets every call of the pair end
+// (EnqueueBreakPair: the peer's, enqueued or to come, would otherwise wait for ours for ever;
+// they end with wrong values, in a program that fails as a whole) and marks both members
+// broken: later calls are refused, the process must restart to use peer stores again.
 Status RunGemmPeerReduce(Communicator& comm, cudaStream_t stream, CollectiveKind kind,
                          SignalingGemmArgs gemm, void* result, const char* op);
 

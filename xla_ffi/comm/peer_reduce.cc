@@ -47,7 +47,6 @@ Status EnqueueCall(const PeerReduceBuffers& r, WaitMethod wait, const volatile i
                    cudaStream_t stream, PeerReduceKind kind, const SignalingGemmArgs& gemm,
                    char* result, int32_t call) {
   const bool all_reduce = kind == PeerReduceKind::kAllReduce;
-  const int bands = gemm.layout.num_groups;
 
   // 1. The peer has finished the previous call: its recv is free, its counters are zero.
   FO_RETURN_IF_NOT_OK(EnqueueWaitGeq(stream, r.signals + kPeerCredit, call - 1, wait, abort_flag));
@@ -56,42 +55,30 @@ Status EnqueueCall(const PeerReduceBuffers& r, WaitMethod wait, const volatile i
   SignalingGemmArgs fused = PeerReduceLaunchArgs(r, kind, gemm, result, call);
   fused.abort_flag = abort_flag;  // the GEMM's waits for the peer's stores give up too
   FO_RETURN_IF_NOT_OK(GemmLaunchStatus(LaunchSignalingGemm(fused, stream), "signaling GEMM launch"));
-  // 3. All-reduce: the peer's block of our result is complete.
+  // 3. All-reduce: our mirror stores into the peer's result are complete (the stream write's
+  // memory barrier orders them before it), and the peer's into ours.
   if (all_reduce) {
-    for (int g = 0; g < bands; ++g) {
-      FO_RETURN_IF_NOT_OK(EnqueueWaitGeq(stream, r.signals + kPeerGathered + g,
-                                         static_cast<int32_t>(TilesInGroup(fused, bands + g)), wait,
-                                         abort_flag));
-    }
+    FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, r.peer_signals + kPeerDone, call));
+    FO_RETURN_IF_NOT_OK(EnqueueWaitGeq(stream, r.signals + kPeerDone, call, wait, abort_flag));
   }
   // 4. Our recv is read and our counters complete: reset them, then the peer may go on.
   FO_RETURN_IF_CUDA(cudaMemsetAsync(r.signals, 0, sizeof(int32_t) * kPeerCredit, stream));
   return EnqueueWriteFlag(stream, r.peer_signals + kPeerCredit, call);
 }
 
-// What EnqueueReleasePeer writes into a counter the peer waits on with ">=": more than any
-// group's tile count, far from overflowing if our real stores (a launch that did run) add to it.
-constexpr int32_t kReleasedCount = 1 << 24;
+// What EnqueueBreakPair writes into the call-number words both sides wait on with ">=":
+// past any call either side will make.
+constexpr int32_t kBrokenCallNumber = 1 << 30;
 
 }  // namespace
 
-Status EnqueueReleasePeer(const PeerReduceRank& rank, cudaStream_t stream, PeerReduceKind kind,
-                          int64_t rows_per_block, int64_t n, int32_t call) {
+Status EnqueueBreakPair(const PeerReduceRank& rank, cudaStream_t stream) {
   const PeerReduceBuffers& r = rank.buffers;
-  if (r.signals == nullptr || r.peer_signals == nullptr) return Status::Ok();  // no pair: nothing waits
-  // The peer's previous call is over: nothing of it reads what we write now.
-  FO_RETURN_IF_NOT_OK(EnqueueWaitGeq(stream, r.signals + kPeerCredit, call - 1, rank.wait_method,
-                                     rank.abort_flag));
-  const bool all_reduce = kind == PeerReduceKind::kAllReduce;
-  if (all_reduce && r.recv != nullptr) {
-    const size_t peer_rows_at = static_cast<size_t>(1 - r.rank) * rows_per_block * n * 2;
-    FO_RETURN_IF_NOT_OK(PostResultAddress(r, stream, PeerRowsBase(r.recv, peer_rows_at), call));
-  }
-  for (int g = 0; g < kMaxGroups; ++g) {
-    FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, r.peer_signals + kPeerArrived + g, kReleasedCount));
-    if (all_reduce) {
-      FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, r.peer_signals + kPeerGathered + g, kReleasedCount));
-    }
+  for (int32_t* signals : {r.signals, r.peer_signals}) {
+    if (signals == nullptr) continue;  // no pair set up: nothing waits
+    FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, signals + kPeerFailed, 1));
+    FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, signals + kPeerCredit, kBrokenCallNumber));
+    FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, signals + kPeerDone, kBrokenCallNumber));
   }
   return Status::Ok();
 }

@@ -13,8 +13,9 @@
 //      `arrived` counters (system-scope fence first); then our bands, each adding the peer's
 //      partial from our `recv` once `arrived` says the peer stored it, into our rows of the
 //      result; an all-reduce also stores every such tile into the peer's result (its address
-//      from our mailbox) and counts it in the peer's `gathered`;
-//   3. all-reduce: wait until `gathered` says the peer's rows of our result are complete;
+//      from our mailbox);
+//   3. all-reduce: tell the peer our GEMM (its mirror stores) is done, and wait until the
+//      peer says the same (its rows of our result are complete);
 //   4. reset our counters, then give the peer its credit for this call.
 // Both ranks must run the same calls in the same order. The GEMM may hold every SM
 // (comm_sms 0): nothing it waits for needs one of this GPU's SMs.
@@ -53,17 +54,13 @@ struct PeerReduceRank {
 Status EnqueuePeerReduce(PeerReduceRank& rank, cudaStream_t stream, PeerReduceKind kind,
                          SignalingGemmArgs gemm, void* result);
 
-// After this rank's call number `call` failed, enqueued in part or not at all: lets the
-// peer's call of that number end instead of waiting for our stores for ever. Once the peer
-// has finished its previous call (our credit), marks every one of the peer's `arrived`
-// counters complete and, for an all-reduce, posts a scratch address for the peer's mirror
-// stores (our recv, moved back by the peer's rows, so they land in it) stamped `call`, and
-// marks the peer's `gathered` counters complete. The peer's result is then wrong, and our
-// recv holds garbage: only for a pair that makes no more calls (MarkPeerStoresBroken) inside
-// a program that fails as a whole (one process: XLA's execution returns our error). Writes
-// only `stream` work (no SM needed on the peer's GPU); nothing waits on the host.
-// `rows_per_block` x `n` is one block of the call's output (M / 2 x N).
-Status EnqueueReleasePeer(const PeerReduceRank& rank, cudaStream_t stream, PeerReduceKind kind,
-                          int64_t rows_per_block, int64_t n, int32_t call);
+// After a failed call of this rank (enqueued in part or not at all): lets every call of the
+// pair that is enqueued or will be, on either GPU, end instead of waiting for the other side
+// for ever. Stream writes on `stream` set both sides' kPeerFailed word (the GEMM's waits for
+// the peer then end, nothing more is mirrored) and their credit and done words past any call
+// number (the stream waits pass). Those calls' results are wrong: only for a pair that makes
+// no more calls (MarkPeerStoresBroken) inside a program that fails as a whole (one process:
+// XLA's execution returns our error). Needs no SM on either GPU; nothing waits on the host.
+Status EnqueueBreakPair(const PeerReduceRank& rank, cudaStream_t stream);
 
 }  // namespace flashoverlap

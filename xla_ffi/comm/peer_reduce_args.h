@@ -13,11 +13,16 @@ namespace flashoverlap {
 
 // A rank's signal words (PeerReduceRank::signals), int32 slots, written by its peer.
 constexpr int kPeerArrived = 0;              // [kMaxGroups] tiles of our block's partial stored in recv
-constexpr int kPeerGathered = kMaxGroups;    // [kMaxGroups] all-reduce: tiles stored in our result
+constexpr int kPeerGathered = kMaxGroups;    // [kMaxGroups] unused (reset with the counters)
 constexpr int kPeerCredit = 2 * kMaxGroups;  // calls the peer has finished
+// Non-zero once either side of the pair failed (EnqueueBreakPair): every wait for the peer ends.
+constexpr int kPeerFailed = 2 * kMaxGroups + 1;
 // 3 words, 8-byte aligned: the peer's result (low, high), then the call that posted it
 // (SignalingGemmArgs::mirror_slot).
 constexpr int kPeerMailbox = 2 * kMaxGroups + 2;
+// All-reduce: the last call whose GEMM the peer finished (its mirror stores into our result
+// are complete): a call number, never reset.
+constexpr int kPeerDone = 2 * kMaxGroups + 5;
 constexpr int kPeerSignalWords = 2 * kMaxGroups + 6;
 
 enum class PeerReduceKind { kAllReduce, kReduceScatter };
@@ -46,8 +51,9 @@ T* PeerRowsBase(T* base, size_t bytes) {
 // first (row rotation). The peer's bands are head groups, stored into the peer's recv and
 // counted in its `arrived` counters; ours add the peer's partial from our recv once our
 // `arrived` counters are complete and go to our rows of `result`; an all-reduce also
-// mirror-stores them into the peer's result (address from our mailbox, stamped `call`) and
-// counts them in the peer's `gathered`. The caller has validated `gemm` (peer_reduce.cc).
+// mirror-stores them into the peer's result (address from our mailbox, stamped `call`; the
+// stream says when they are complete: kPeerDone). Every wait for the peer also ends once our
+// kPeerFailed word is set. The caller has validated `gemm` (peer_reduce.cc).
 inline SignalingGemmArgs PeerReduceLaunchArgs(const PeerReduceBuffers& b, PeerReduceKind kind,
                                               const SignalingGemmArgs& gemm, void* result,
                                               int32_t call) {
@@ -71,12 +77,11 @@ inline SignalingGemmArgs PeerReduceLaunchArgs(const PeerReduceBuffers& b, PeerRe
   fused.add_counters = b.signals + kPeerArrived;
   fused.counters = nullptr;
   fused.signal_system = false;
+  fused.peer_failed = b.signals + kPeerFailed;
   if (all_reduce) {
     fused.mirror_slot = b.signals + kPeerMailbox;
     fused.mirror_offset = 0;  // our rows of the peer's result sit where they sit in ours
     fused.mirror_call = call;
-    fused.counters = b.peer_signals + kPeerGathered;
-    fused.signal_system = true;
   }
   return fused;
 }

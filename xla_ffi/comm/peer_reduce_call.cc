@@ -37,21 +37,18 @@ Status RunGemmPeerReduce(Communicator& comm, cudaStream_t stream, CollectiveKind
   const PeerReduceKind peer_kind = kind == CollectiveKind::kAllReduce
                                        ? PeerReduceKind::kAllReduce
                                        : PeerReduceKind::kReduceScatter;
-  // The number this call has (EnqueuePeerReduce counts it) or would have had.
-  const int32_t call = static_cast<int32_t>(comm.peer.calls + 1);
   Status status = CheckPeerStores(comm, gemm, op);
-  if (!status.ok() && comm.peer_broken) return status;  // refused before: the peer refuses too
+  if (!status.ok() && comm.peer_broken) return status;  // broken before: its calls were let go then
   gemm.queue = comm.gemm_queue;  // ordered on `stream`: one call at a time per communicator
   gemm.counters = nullptr;       // EnqueuePeerReduce sets which counters each group signals
   if (status.ok()) status = StartCall(comm, stream, /*counters=*/0, /*copies=*/false);
   if (status.ok()) status = TakeInjectedFault(comm.device);
   if (status.ok()) status = EnqueuePeerReduce(comm.peer, stream, peer_kind, gemm, result);
   if (!status.ok()) {
-    // The pair's first failure: the peer may be in this very call, waiting for our stores.
-    if (!comm.peer_broken) {
-      Status released = EnqueueReleasePeer(comm.peer, stream, peer_kind, gemm.m / 2, gemm.n, call);
-      if (!released.ok()) status.message += " (releasing the peer's call failed too: " + released.message + ")";
-    }
+    // The peer may be in this very call or further on (its host thread ahead of ours), and we
+    // may have launched part of ours: let every call of the pair end.
+    Status broken = EnqueueBreakPair(comm.peer, stream);
+    if (!broken.ok()) status.message += " (letting the pair's calls end failed too: " + broken.message + ")";
     MarkPeerStoresBroken(comm);
   }
   return FinishCall(comm, stream, /*copies=*/false, status, op);

@@ -161,6 +161,11 @@ struct SignalingGemmArgs {
   // kernel traps, as the spin-wait kernel does; the CUDA context is then unusable (the
   // process must restart, which a peer that never comes required anyway). Null: wait for ever.
   const volatile int* abort_flag = nullptr;
+  // The same waits also end, without a trap, once *peer_failed != 0 (in this GPU's memory, set
+  // by a stream write of whichever side of a peer-store pair failed: EnqueueBreakPair): the
+  // partials are then added as they are and nothing more is mirrored. The results are wrong,
+  // which the failed call's error reports; the GPU stays usable. Null: no such word.
+  const int32_t* peer_failed = nullptr;
 
   // ---- Helper launches (LaunchSignalingGemmHelpers); needs the queue. ----
   // The SMs left to communication (comm_sms) sit idle between two collectives. With helpers,

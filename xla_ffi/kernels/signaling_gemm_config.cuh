@@ -164,6 +164,7 @@ struct Config {
     char* head_out;
     int32_t* head_counters;
     const volatile int* abort_flag;  // peer waits give up (trap) once set (signaling_gemm.h)
+    const int32_t* peer_failed;      // peer waits end (no trap) once set (signaling_gemm.h)
     // Dynamic tile queue (signaling_gemm.h), zeroed before the launch; null: round robin.
     uint32_t* queue_next;               // units claimed so far; [1]: units helpers took
     unsigned long long* queue_ring;     // [clusters][kQueueRingSlots]: tag << 32 | item

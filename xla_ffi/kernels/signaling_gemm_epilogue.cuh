@@ -99,6 +99,16 @@ __device__ __forceinline__ void PeerWaitSpin(const Params& params, int& spins) {
   __nanosleep(256);
 }
 
+// Whether the peer-store pair failed (signaling_gemm.h, peer_failed): set by a stream write
+// from either GPU; relaxed, system scope (nothing is read after it that it would order).
+template <class Params>
+__device__ __forceinline__ bool PeerFailed(const Params& params) {
+  if (params.peer_failed == nullptr) return false;
+  int32_t failed;
+  asm volatile("ld.relaxed.sys.global.b32 %0, [%1];" : "=r"(failed) : "l"(params.peer_failed) : "memory");
+  return failed != 0;
+}
+
 // Reduction in the epilogue (signaling_gemm.h, add_from): waits until every source has stored
 // its partials of `group`. Each storing thread acquires the counters itself (system scope:
 // another GPU may have written them after the data), so its own later loads of the partials
@@ -114,7 +124,7 @@ __device__ __forceinline__ void WaitAddCounters(const Params& params, int group)
     while (true) {
       int32_t seen;
       asm volatile("ld.acquire.sys.global.b32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
-      if (seen >= tiles) break;
+      if (seen >= tiles || PeerFailed(params)) break;
       PeerWaitSpin(params, spins);
     }
   }
@@ -122,7 +132,7 @@ __device__ __forceinline__ void WaitAddCounters(const Params& params, int group)
 
 // The mirror stores' base (signaling_gemm.h, mirror_slot): once the slot's stamp says its
 // pointer is this call's, the pointer plus mirror_offset. Acquire, so the pointer words its
-// writer set before the stamp are the ones read.
+// writer set before the stamp are the ones read. Null (no mirror stores) if the pair failed.
 template <class Params>
 __device__ __forceinline__ char* MirrorBase(const Params& params) {
   const int32_t* slot = params.mirror_slot;
@@ -131,6 +141,7 @@ __device__ __forceinline__ char* MirrorBase(const Params& params) {
     int32_t stamp;
     asm volatile("ld.acquire.sys.global.b32 %0, [%1];" : "=r"(stamp) : "l"(slot + 2) : "memory");
     if (stamp == params.mirror_call) break;
+    if (PeerFailed(params)) return nullptr;
     PeerWaitSpin(params, spins);
   }
   uint32_t lo, hi;

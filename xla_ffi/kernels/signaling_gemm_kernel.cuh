@@ -266,6 +266,7 @@ struct Instance {
     params.head_out = static_cast<char*>(args.head_out);
     params.head_counters = args.head_counters;
     params.abort_flag = args.abort_flag;
+    params.peer_failed = args.peer_failed;
 #ifdef FO_TIMELINE
     params.timeline = args.timeline;
 #endif
