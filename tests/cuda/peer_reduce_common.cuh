@@ -375,6 +375,9 @@ void BreakCheck(bool two_gpus, cudaStream_t s) {
       Must(EnqueuePeerReduce(ranks[r]->r, ranks[r]->compute, kind, g[r], results[r]->p), "call 1");
     }
     for (int r = 0; r < 2; ++r) first_ok = first_ok && WaitStream(ranks[r]->compute, 10000, &waited_ms) == cudaSuccess;
+    // Progress, flushed: a run killed from outside still says how far it got.
+    printf("break %s: call 1 of both ranks %s\n", ar ? "AR" : "RS", first_ok ? "done" : "NOT DONE within 10 s");
+    fflush(stdout);
     CK(cudaSetDevice(0));  // calls 2 and 3: rank 0 alone, then rank 1's failure path
     Must(EnqueuePeerReduce(r0.r, r0.compute, kind, g[0], results[0]->p), "call 2");
     Must(EnqueuePeerReduce(r0.r, r0.compute, kind, g[0], results[0]->p), "call 3");
@@ -382,8 +385,14 @@ void BreakCheck(bool two_gpus, cudaStream_t s) {
     const bool waiting = cudaStreamQuery(r0.compute) == cudaErrorNotReady;  // the control
     CK(cudaSetDevice(r1.device));
     Must(EnqueueBreakPair(r1.r, r1.compute), "EnqueueBreakPair");
+    printf("break %s: rank 0's calls 2 and 3 enqueued, waiting after 1 s: %s; rank 1's break enqueued\n",
+           ar ? "AR" : "RS", waiting ? "yes" : "no");
+    fflush(stdout);
     const cudaError_t end0 = WaitStream(r0.compute, 10000, &waited_ms);
     const cudaError_t end1 = WaitStream(r1.compute, 10000, &break_ms);
+    printf("break %s: rank 0's stream %s, rank 1's %s; a plain GEMM next\n", ar ? "AR" : "RS",
+           cudaGetErrorName(end0), cudaGetErrorName(end1));
+    fflush(stdout);
     if (end0 == cudaErrorNotReady || end1 == cudaErrorNotReady) {  // a hung stream: stop here
       printf("break %s: a stream still runs 10 s after the break (rank 0: %s, rank 1: %s)  FAIL\n",
              ar ? "AR" : "RS", cudaGetErrorName(end0), cudaGetErrorName(end1));
