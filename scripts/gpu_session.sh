@@ -3,7 +3,7 @@
 #   bash scripts/gpu_session.sh [STEP ...]   steps: build info tests gpu_tests gpu_k gpu_files mesh_tests gemm_bench
 #     tune overlap_bench overlap_all sweep procs stress fuzz flax_example sanitize_overlap harness
 #     harness_peer sanitize_harness gemm_epilogue transpose_w helpers quickstart
-#     global_view diagnose a2a_tests a2a_bench readme_tests cuda_tests launch_smoke bench_smoke peer
+#     global_view diagnose a2a_tests a2a_bench readme_tests cuda_tests launch_smoke bench_smoke peer peer_spin
 #     pack (last: one archive of $OUT)
 #     (default: build info tests)
 # Carry: .whl (nvidia-cutlass wheel; the machine has no index) and build/obj (object cache).
@@ -156,6 +156,10 @@ for step in "${steps[@]}"; do
     pack)  # the device tool returns at most 8 files: everything in one archive
       (cd "$OUT" && tar -czf "session_$(date +%H%M%S).tgz" --exclude='*.tgz' . && find . -mindepth 1 ! -name '*.tgz' -delete) ;;
     cuda_tests) run_step cuda_tests bash tests/cuda/run_gpu.sh ;;
+    peer_spin)  # one GPU is enough: two emulated ranks with spin-kernel waits (the watchdog's kind),
+      # check then break; the break timed out in session 20 (benchmarks/results/logs/peer_loopback_h200x1)
+      STEP_TIMEOUT=90 run_step pr_spin_check env JAX_FLASHOVERLAP_WAIT=spin .build/peer_reduce_test check --json "$OUT/pr_spin_check.json"
+      STEP_TIMEOUT=90 run_step pr_spin_break env JAX_FLASHOVERLAP_WAIT=spin .build/peer_reduce_test break --json "$OUT/pr_spin_break.json" ;;
     peer)  # the peer-store transport (experimental; 2 GPUs of one process): its GPU tests, the
       # standalone sequence checks (.build/ from tests/cuda/build_overlap_harness.sh), the
       # bench's ours_peer beside the NCCL path and XLA, and tune --peer into $OUT only
