@@ -255,7 +255,7 @@ def peer_handshake_bytes(world: int) -> int:
 
 COUNTER_BYTES = 64 * 4  # kMaxGroups int32 counters per communicator (signaling_gemm.h)
 # kPeerSignalWords int32 (xla_ffi/comm/peer_reduce_args.h): a peer-store pair member's signal
-# words (arrived and gathered counters per group, the credit, the result's mailbox).
+# words (arrived counters per group, a free range, the credit, failed, mailbox and done words).
 PEER_SIGNAL_BYTES = (2 * 64 + 6) * 4
 # kGemmQueueBytes (xla_ffi/kernels/signaling_gemm.h), the GEMM's tile queue per communicator:
 # claim counter, split-tail flags, the clusters' claim rings, then the split tail's fp32

@@ -79,6 +79,8 @@ void Check(const fo::Status& s, const char* what) {
 
 void CheckCuda(cudaError_t err, const char* what) { Check(fo::CudaStatus(err, what), what); }
 
+bool HasPeerOps(const Options& o) { return ("," + o.ops).find(",pr_") != std::string::npos; }
+
 Options Parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -102,7 +104,7 @@ Options Parse(int argc, char** argv) {
   if (!o.inject.empty() && o.inject != "nccl" && o.inject != "cuda") Fail("--inject: nccl or cuda");
   if (o.grow < 0) Fail("--grow: a count >= 0");
   if (!(o.watchdog >= 0)) Fail("--watchdog: seconds >= 0 (0: off)");
-  if (o.world != 1 && ("," + o.ops).find(",pr_") != std::string::npos) {
+  if (o.world != 1 && HasPeerOps(o)) {
     Fail("pr_rs / pr_ar loop peer stores back on one rank: --world 1 only (a pair across "
          "processes is not built)");
   }
@@ -184,7 +186,6 @@ constexpr bool kPoisonWorkspace = true;
 
 bool IsAllGather(const std::string& op) { return op.rfind("ag", 0) == 0; }
 bool IsPeer(const std::string& op) { return op.rfind("pr_", 0) == 0; }
-bool HasPeerOps(const Options& o) { return ("," + o.ops).find(",pr_") != std::string::npos; }
 
 // The peer-store buffer a pr op needs: M / 2 x N bfloat16 (the peer's partial of our rows).
 size_t PeerRecvBytes(const Options& o) { return static_cast<size_t>(o.m / 2) * o.n * 2; }
@@ -384,10 +385,10 @@ class Grower {
   }
 
  private:
-  size_t Target(int step) const { return base_ + static_cast<size_t>(step) * (size_t{8} << 20); }
-  size_t PeerTarget(int step) const {
-    return PeerRecvBytes(o_) + static_cast<size_t>(step) * (size_t{8} << 20);
-  }
+  // `base` grown `step` times by 8 MiB.
+  static size_t Grown(size_t base, int step) { return base + static_cast<size_t>(step) * (size_t{8} << 20); }
+  size_t Target(int step) const { return Grown(base_, step); }
+  size_t PeerTarget(int step) const { return Grown(PeerRecvBytes(o_), step); }
   void Run() {
     for (int step = 1; step <= o_.grow; ++step) {
       for (int64_t id : comm_ids_) {

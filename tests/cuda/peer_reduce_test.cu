@@ -267,12 +267,8 @@ void Bench(cudaStream_t s, int* counters, int iters) {
   usleep(1000000);
   const bool waiting = cudaStreamQuery(ranks[0].compute) == cudaErrorNotReady;  // the control
   *reinterpret_cast<volatile int*>(flag) = 1;
-  cudaError_t end = cudaErrorNotReady;
   int waited_ms = 0;
-  for (; waited_ms < 10000 && end == cudaErrorNotReady; waited_ms += 10) {
-    usleep(10000);
-    end = cudaStreamQuery(ranks[0].compute);
-  }
+  const cudaError_t end = WaitStream(ranks[0].compute, 10000, &waited_ms);
   const bool pass = waiting && end != cudaErrorNotReady && end != cudaSuccess;
   printf("abort: rank 0 alone, still waiting after 1 s: %s; after the abort flag: %s in %d ms  %s\n",
          waiting ? "yes" : "NO", end == cudaErrorNotReady ? "still waiting" : cudaGetErrorName(end), waited_ms,

@@ -62,7 +62,7 @@ Status EnqueueCall(const PeerReduceBuffers& r, WaitMethod wait, const volatile i
     FO_RETURN_IF_NOT_OK(EnqueueWaitGeq(stream, r.signals + kPeerDone, call, wait, abort_flag));
   }
   // 4. Our recv is read and our counters complete: reset them, then the peer may go on.
-  FO_RETURN_IF_CUDA(cudaMemsetAsync(r.signals, 0, sizeof(int32_t) * kPeerCredit, stream));
+  FO_RETURN_IF_CUDA(cudaMemsetAsync(r.signals + kPeerArrived, 0, sizeof(int32_t) * kMaxGroups, stream));
   return EnqueueWriteFlag(stream, r.peer_signals + kPeerCredit, call);
 }
 

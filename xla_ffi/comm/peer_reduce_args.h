@@ -13,7 +13,8 @@ namespace flashoverlap {
 
 // A rank's signal words (PeerReduceRank::signals), int32 slots, written by its peer.
 constexpr int kPeerArrived = 0;              // [kMaxGroups] tiles of our block's partial stored in recv
-constexpr int kPeerGathered = kMaxGroups;    // [kMaxGroups] unused (reset with the counters)
+// [kMaxGroups, 2 * kMaxGroups): unused since the all-reduce's per-tile counters gave way to
+// kPeerDone (kept free so the layout, mirrored in jax_flashoverlap/comm.py, stays).
 constexpr int kPeerCredit = 2 * kMaxGroups;  // calls the peer has finished
 // Non-zero once either side of the pair failed (EnqueueBreakPair): every wait for the peer ends.
 constexpr int kPeerFailed = 2 * kMaxGroups + 1;

@@ -33,7 +33,7 @@ Status CheckPeerStores(const Communicator& comm, const SignalingGemmArgs& gemm, 
 Status RunGemmPeerReduce(Communicator& comm, cudaStream_t stream, CollectiveKind kind,
                          SignalingGemmArgs gemm, void* result, const char* op) {
   std::lock_guard<std::mutex> lock(comm.call_mutex);
-  FO_RETURN_IF_NOT_OK(BeginCall(comm, stream, op));  // destroyed or aborted: no release either
+  FO_RETURN_IF_NOT_OK(BeginCall(comm, stream, op));  // destroyed or aborted: nothing to let go
   const PeerReduceKind peer_kind = kind == CollectiveKind::kAllReduce
                                        ? PeerReduceKind::kAllReduce
                                        : PeerReduceKind::kReduceScatter;
