@@ -149,6 +149,11 @@ struct EmulatedRank {
     r.buffers.rank = rank;
     CK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
     r.wait_method = ChosenWaitMethod(device);
+    // As a communicator does (communicator.cc): with spin waits, the wait and write kernels'
+    // lazy loads at their first launch would wait for the GEMM already running, which waits
+    // for the other emulated rank's launch that this thread has not made yet: a deadlock.
+    CK(LoadSpinWaitKernel());
+    CK(LoadWriteFlagKernel());
     const size_t bytes = size_t(rows) * n * 2;
     recv = std::make_unique<Buf>(bytes);
     signals = std::make_unique<Buf>(sizeof(int32_t) * kPeerSignalWords);
