@@ -10,7 +10,7 @@
 //                                 per block, with the add ring and with serial loads (CUDA
 //                                 events on both GPUs, the slower of the two per sample, median
 //                                 of --iters samples of 5 calls)
-//   peer_reduce_2gpu_test break   : a rank whose call failed breaks the pair (EnqueueBreakPair):
+//   peer_reduce_2gpu_test break   : a rank whose call failed breaks the pair (EnqueueBreakPeers):
 //                                 the other rank's calls, two enqueued ahead, end with no
 //                                 error, both GPUs stay usable (peer_reduce_common.cuh,
 //                                 BreakCheck)
@@ -45,7 +45,7 @@ void Check(cudaStream_t s) {
   };
   for (const Case& c : cases)
     for (PeerReduceKind kind : {PeerReduceKind::kReduceScatter, PeerReduceKind::kAllReduce})
-      CheckCase(c, kind, 4, /*comm_sms=*/0, s, /*two_gpus=*/true);
+      CheckCase(c, kind, 4, /*comm_sms=*/0, s, /*one_gpu_each=*/true);
 }
 
 // Both ranks' `calls` sequences enqueued (alternating), timed by events on each GPU's stream:
@@ -166,7 +166,7 @@ int main(int argc, char** argv) {
   TestDevice d = StartTestDevice();
   if (o.mode == "check" || o.mode == "all") Check(d.stream);
   if (o.mode == "bench" || o.mode == "all") Bench(d.stream, d.counters, o.iters);
-  if (o.mode == "break" || o.mode == "all") BreakCheck(/*two_gpus=*/true, d.stream);
+  if (o.mode == "break" || o.mode == "all") BreakCheck(/*one_gpu_each=*/true, d.stream);
   char fields[64];
   snprintf(fields, sizeof fields, ",\"iters\":%d", o.iters);
   return FinishTest(d, o.mode, o.json_path, fields);

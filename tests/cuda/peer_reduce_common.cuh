@@ -93,13 +93,39 @@ Verdict Compare(const void* out, const float* ref, int64_t rows, int64_t n, Gemm
   return v;
 }
 
+// Block b of `out` (block_elems elements each) = round(p[b] + p[b + 1] + ... + p[b - 1]) summed
+// in fp32 in that order: what rank b's epilogue computes (its own product, then its slots:
+// ranks b + 1, b + 2, ...; PeerSlot). For 2 ranks, NCCL's sum of the two rounded partials.
+template <class T>
+__global__ void SumRoundedInOrder(const T* const* p, int world, int64_t block_elems, T* out) {
+  const int64_t n = world * block_elems;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int b = int(i / block_elems);
+    float acc = 0.f;
+    for (int j = 0; j < world; ++j) acc += ToF(p[(b + j) % world][i]);
+    out[i] = FromF<T>(acc);
+  }
+}
+void SumRoundedInOrderOn(const std::vector<void*>& products, int64_t block_elems, void* out, GemmDType dt,
+                         cudaStream_t s) {
+  Buf table(products.size() * sizeof(void*));
+  CK(cudaMemcpyAsync(table.p, products.data(), products.size() * sizeof(void*), cudaMemcpyHostToDevice, s));
+  const int world = int(products.size());
+  if (dt == GemmDType::kBFloat16)
+    SumRoundedInOrder<<<1024, 256, 0, s>>>((const __nv_bfloat16* const*)table.p, world, block_elems, (__nv_bfloat16*)out);
+  else
+    SumRoundedInOrder<<<1024, 256, 0, s>>>((const __half* const*)table.p, world, block_elems, (__half*)out);
+  CK(cudaGetLastError());
+  CK(cudaStreamSynchronize(s));  // before `table` goes
+}
+
 void AddRoundedOn(const void* a, const void* b, void* out, int64_t n, GemmDType dt, cudaStream_t s) {
   if (dt == GemmDType::kBFloat16) AddRounded<<<1024, 256, 0, s>>>((const __nv_bfloat16*)a, (const __nv_bfloat16*)b, (__nv_bfloat16*)out, n);
   else AddRounded<<<1024, 256, 0, s>>>((const __half*)a, (const __half*)b, (__half*)out, n);
   CK(cudaGetLastError());
 }
 
-// ------------------------------------------------------------------ two ranks, one GPU
+// ------------------------------------------------------------------ ranks emulated on one GPU
 
 struct Case {
   int64_t m, n, k;  // per rank: x [M, K], w [K, N]
@@ -143,10 +169,12 @@ struct EmulatedRank {
   int device = 0;
   cudaStream_t compute;
   std::unique_ptr<Buf> recv, signals, queue;
-  EmulatedRank(int rank, int64_t rows, int64_t n, int on_device = -1) {
+  // world: the group's size (its recv holds world - 1 slots of rows x n).
+  EmulatedRank(int rank, int64_t rows, int64_t n, int on_device = -1, int world = 2) {
     if (on_device >= 0) CK(cudaSetDevice(on_device));
     CK(cudaGetDevice(&device));
     r.buffers.rank = rank;
+    r.buffers.world = world;
     CK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
     r.wait_method = ChosenWaitMethod(device);
     // As a communicator does (communicator.cc): with spin waits, the wait and write kernels'
@@ -154,7 +182,7 @@ struct EmulatedRank {
     // for the other emulated rank's launch that this thread has not made yet: a deadlock.
     CK(LoadSpinWaitKernel());
     CK(LoadWriteFlagKernel());
-    const size_t bytes = size_t(rows) * n * 2;
+    const size_t bytes = size_t(world - 1) * rows * n * 2;
     recv = std::make_unique<Buf>(bytes);
     signals = std::make_unique<Buf>(sizeof(int32_t) * kPeerSignalWords);
     queue = std::make_unique<Buf>(kGemmQueueBytes);
@@ -163,37 +191,40 @@ struct EmulatedRank {
     r.buffers.recv = recv->p;
     r.buffers.signals = (int32_t*)signals->p;
   }
-  void PeerWith(EmulatedRank& peer) {
-    r.buffers.peer_recv = peer.recv->p;
-    r.buffers.peer_signals = peer.r.buffers.signals;
+  // Rank `other` of the group is `peer` (a rank of 2 that is its own peer: PeerWith(*this, 1)).
+  void PeerWith(EmulatedRank& peer, int other = -1) {
+    if (other < 0) other = peer.r.buffers.rank;
+    r.buffers.peers_recv[other] = peer.recv->p;
+    r.buffers.peers_signals[other] = peer.r.buffers.signals;
   }
   ~EmulatedRank() { cudaStreamDestroy(compute); }
 };
 
 GroupLayout BandLayout(const std::vector<int>& bands) { return MakeLayout(0, 1, bands); }
 
-// Calls of both ranks back to back (rank 0's call c, rank 1's call c, ...), fresh inputs per
-// call, then every call's result checked on device 0 (`s` is device 0's stream). two_gpus:
-// rank 1 on device 1 (peer access enabled both ways by the caller), its inputs copied there
-// and its results copied back for the checks; else both ranks on device 0.
+// Calls of every rank back to back (rank 0's call c, rank 1's call c, ...), `world` ranks,
+// fresh inputs per call, then every call's result checked on device 0 (`s` is device 0's
+// stream). one_gpu_each: rank r on device r (peer access enabled by the caller), its inputs
+// copied there and its results copied back for the checks; else every rank on device 0.
 void CheckCase(const Case& c, PeerReduceKind kind, int calls, int comm_sms, cudaStream_t s,
-               bool two_gpus = false) {
+               bool one_gpu_each = false, int world = 2) {
   const bool ar = kind == PeerReduceKind::kAllReduce;
-  const int64_t rows = c.m / 2, out_rows = ar ? c.m : rows;
+  const int64_t rows = c.m / world, out_rows = ar ? c.m : rows;
   const int64_t x_elems = c.m * c.k, w_elems = c.k * c.n, out_elems = out_rows * c.n;
-  std::unique_ptr<EmulatedRank> owned[2] = {std::make_unique<EmulatedRank>(0, rows, c.n, 0),
-                                            std::make_unique<EmulatedRank>(1, rows, c.n, two_gpus ? 1 : 0)};
-  EmulatedRank* ranks[2] = {owned[0].get(), owned[1].get()};
+  auto device_of = [&](int r) { return one_gpu_each ? r : 0; };
+  std::vector<std::unique_ptr<EmulatedRank>> ranks;
+  for (int r = 0; r < world; ++r) ranks.push_back(std::make_unique<EmulatedRank>(r, rows, c.n, device_of(r), world));
   CK(cudaSetDevice(0));
-  ranks[0]->PeerWith(*ranks[1]);
-  ranks[1]->PeerWith(*ranks[0]);
-  std::vector<std::unique_ptr<Buf>> x[2], result[2];
-  Buf w0(w_elems * 2), w1(w_elems * 2);
-  const void* w[2] = {w0.p, w1.p};
+  for (int r = 0; r < world; ++r)
+    for (int i = 0; i < world; ++i)
+      if (i != r) ranks[r]->PeerWith(*ranks[i]);
+  // Operands and results on device 0 (the checks'), then, one_gpu_each, copies where rank r runs.
+  std::vector<std::vector<std::unique_ptr<Buf>>> x(world), result(world), x_there(world), result_there(world);
+  std::vector<std::unique_ptr<Buf>> w(world), w_there(world);
   static uint64_t seed = 30000;
-  Fill(w0.p, w_elems, c.dt, seed += 7, s);
-  Fill(w1.p, w_elems, c.dt, seed += 7, s);
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < world; ++r) {
+    w[r] = std::make_unique<Buf>(w_elems * 2);
+    Fill(w[r]->p, w_elems, c.dt, seed += 7, s);
     for (int i = 0; i < calls; ++i) {
       x[r].push_back(std::make_unique<Buf>(x_elems * 2));
       result[r].push_back(std::make_unique<Buf>(out_elems * 2));
@@ -202,25 +233,23 @@ void CheckCase(const Case& c, PeerReduceKind kind, int calls, int comm_sms, cuda
     }
   }
   CK(cudaStreamSynchronize(s));
-  // Rank 1's operands and results where it runs (two_gpus: copies on device 1).
-  std::vector<std::unique_ptr<Buf>> x1_there, result1_there;
-  std::unique_ptr<Buf> w1_there;
-  if (two_gpus) {
-    CK(cudaSetDevice(1));
-    w1_there = std::make_unique<Buf>(w_elems * 2);
-    CK(cudaMemcpyPeer(w1_there->p, 1, w1.p, 0, w_elems * 2));
+  for (int r = 1; r < world && one_gpu_each; ++r) {
+    CK(cudaSetDevice(r));
+    w_there[r] = std::make_unique<Buf>(w_elems * 2);
+    CK(cudaMemcpyPeer(w_there[r]->p, r, w[r]->p, 0, w_elems * 2));
     for (int i = 0; i < calls; ++i) {
-      x1_there.push_back(std::make_unique<Buf>(x_elems * 2));
-      result1_there.push_back(std::make_unique<Buf>(out_elems * 2));
-      CK(cudaMemcpyPeer(x1_there[i]->p, 1, x[1][i]->p, 0, x_elems * 2));
-      CK(cudaMemset(result1_there[i]->p, 0xFF, out_elems * 2));
+      x_there[r].push_back(std::make_unique<Buf>(x_elems * 2));
+      result_there[r].push_back(std::make_unique<Buf>(out_elems * 2));
+      CK(cudaMemcpyPeer(x_there[r][i]->p, r, x[r][i]->p, 0, x_elems * 2));
+      CK(cudaMemset(result_there[r][i]->p, 0xFF, out_elems * 2));
     }
     CK(cudaDeviceSynchronize());
-    CK(cudaSetDevice(0));
   }
-  auto x_of = [&](int r, int i) { return r == 1 && two_gpus ? x1_there[i]->p : x[r][i]->p; };
-  auto w_of = [&](int r) { return r == 1 && two_gpus ? static_cast<const void*>(w1_there->p) : w[r]; };
-  auto result_of = [&](int r, int i) { return r == 1 && two_gpus ? result1_there[i]->p : result[r][i]->p; };
+  CK(cudaSetDevice(0));
+  const bool there = one_gpu_each;
+  auto x_of = [&](int r, int i) { return r > 0 && there ? x_there[r][i]->p : x[r][i]->p; };
+  auto w_of = [&](int r) { return static_cast<const void*>(r > 0 && there ? w_there[r]->p : w[r]->p); };
+  auto result_of = [&](int r, int i) { return r > 0 && there ? result_there[r][i]->p : result[r][i]->p; };
   SignalingGemmArgs base;
   base.n = c.n;
   base.k = c.k;
@@ -230,7 +259,7 @@ void CheckCase(const Case& c, PeerReduceKind kind, int calls, int comm_sms, cuda
   base.layout = BandLayout(c.bands);
   bool split = false;  // a launch of the sequence or of the references had a split tail
   for (int i = 0; i < calls; ++i) {
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < world; ++r) {
       CK(cudaSetDevice(ranks[r]->device));  // the launcher plans for the current device
       SignalingGemmArgs g = base;
       g.x = x_of(r, i);
@@ -241,43 +270,45 @@ void CheckCase(const Case& c, PeerReduceKind kind, int calls, int comm_sms, cuda
       split = split || LastLaunchSplit();
     }
   }
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < world; ++r) {
     CK(cudaSetDevice(ranks[r]->device));
     CK(cudaStreamSynchronize(ranks[r]->compute));
   }
   CK(cudaSetDevice(0));
-  for (int i = 0; i < calls && two_gpus; ++i)
-    CK(cudaMemcpyPeer(result[1][i]->p, 0, result1_there[i]->p, 1, out_elems * 2));
+  for (int r = 1; r < world && there; ++r)
+    for (int i = 0; i < calls; ++i) CK(cudaMemcpyPeer(result[r][i]->p, 0, result_there[r][i]->p, r, out_elems * 2));
 
-  // References per call: fp32 x0 @ w0 + x1 @ w1, and the rounded sum of the two ranks'
-  // rounded products from plain GEMMs per block (same bands); bit-equal where neither has a
-  // split tail (Judge).
-  Buf ref(c.m * c.n * 4), ref1(c.m * c.n * 4), p0(c.m * c.n * 2), p1(c.m * c.n * 2), exact(c.m * c.n * 2);
+  // References per call: fp32 sum of every rank's x @ w, and the rounded in-order sum of the
+  // ranks' rounded products from plain GEMMs per block (same bands; SumRoundedInOrder);
+  // bit-equal where none has a split tail (Judge).
+  Buf ref(c.m * c.n * 4), ref_r(c.m * c.n * 4), exact(c.m * c.n * 2);
+  std::vector<std::unique_ptr<Buf>> prod(world);
+  std::vector<void*> prods(world);
+  for (int r = 0; r < world; ++r) prods[r] = (prod[r] = std::make_unique<Buf>(c.m * c.n * 2))->p;
   for (int i = 0; i < calls; ++i) {
-    Reference(x[0][i]->p, w0.p, (float*)ref.p, int(c.m), int(c.n), int(c.k), c.dt, s);
-    Reference(x[1][i]->p, w1.p, (float*)ref1.p, int(c.m), int(c.n), int(c.k), c.dt, s);
-    AddF32<<<1024, 256, 0, s>>>((const float*)ref1.p, (float*)ref.p, c.m * c.n);
-    CK(cudaGetLastError());
-    void* prod[2] = {p0.p, p1.p};
-    for (int r = 0; r < 2; ++r) {
-      for (int b = 0; b < 2; ++b) {
+    for (int r = 0; r < world; ++r) {
+      Reference(x[r][i]->p, w[r]->p, (float*)(r == 0 ? ref.p : ref_r.p), int(c.m), int(c.n), int(c.k), c.dt, s);
+      if (r > 0) AddF32<<<1024, 256, 0, s>>>((const float*)ref_r.p, (float*)ref.p, c.m * c.n);
+      CK(cudaGetLastError());
+      for (int b = 0; b < world; ++b) {
         SignalingGemmArgs g = base;
         g.x = static_cast<const char*>(x[r][i]->p) + b * rows * c.k * 2;
-        g.w = w[r];
+        g.w = w[r]->p;
         g.m = rows;
-        g.out = static_cast<char*>(prod[r]) + b * rows * c.n * 2;
+        g.out = static_cast<char*>(prods[r]) + b * rows * c.n * 2;
         g.queue = ranks[0]->queue->p;
         MustLaunch(LaunchSignalingGemm(g, s), "plain GEMM");
         split = split || LastLaunchSplit();
       }
     }
-    AddRoundedOn(p0.p, p1.p, exact.p, c.m * c.n, c.dt, s);
-    for (int r = 0; r < 2; ++r) {
+    SumRoundedInOrderOn(prods, rows * c.n, exact.p, c.dt, s);
+    for (int r = 0; r < world; ++r) {
       const int64_t first = ar ? 0 : r * rows;
       const Verdict v = Compare(result[r][i]->p, (const float*)ref.p + first * c.n, out_rows, c.n, c.dt, s);
       const unsigned long long diff =
           Different(result[r][i]->p, static_cast<const char*>(exact.p) + first * c.n * 2, out_elems, s);
-      Judge("check", ar, c, i, r, v, diff, !split);
+      const std::string tag = world == 2 ? "check" : "check" + std::to_string(world);
+      Judge(tag.c_str(), ar, c, i, r, v, diff, !split);
     }
   }
   fflush(stdout);
@@ -334,7 +365,7 @@ bool PlainGemmRight(uint64_t seed, Verdict* v) {
   return v->bad == 0 && v->wrong == 0 && v->rel_err < 1e-2;
 }
 
-// A rank whose call failed (peer_reduce.h, EnqueueBreakPair: what the handler does on a
+// A rank whose call failed (peer_reduce.h, EnqueueBreakPeers: what the handler does on a
 // failure). Call 1 by both ranks; then rank 0 enqueues calls 2 and 3 (its host ahead), which
 // must still wait after 1 s (the control: its peer's stores never come), and rank 1 breaks the
 // pair instead of calling: both of rank 0's calls must then end within 10 s with no CUDA
@@ -389,7 +420,7 @@ void BreakCheck(bool two_gpus, cudaStream_t s) {
     usleep(1000000);
     const bool waiting = cudaStreamQuery(r0.compute) == cudaErrorNotReady;  // the control
     CK(cudaSetDevice(r1.device));
-    Must(EnqueueBreakPair(r1.r, r1.compute), "EnqueueBreakPair");
+    Must(EnqueueBreakPeers(r1.r, r1.compute), "EnqueueBreakPeers");
     printf("break %s: rank 0's calls 2 and 3 enqueued, waiting after 1 s: %s; rank 1's break enqueued\n",
            ar ? "AR" : "RS", waiting ? "yes" : "no");
     fflush(stdout);

@@ -1,5 +1,5 @@
 // Standalone test + benchmark of the peer-store reduction: the signaling GEMM's reduction in
-// the epilogue and its mirror stores (SignalingGemmArgs::add_from, mirror_slot) and the
+// the epilogue and its mirror stores (SignalingGemmArgs::add_from, mirror_slots) and the
 // two-rank sequence that uses them (xla_ffi/comm/peer_reduce.h). One GPU:
 //   peer_reduce_test flags    : one GEMM whose partials arrive late (the host waits, then a
 //                               copy lands them and stream writes complete their counters):
@@ -16,6 +16,11 @@
 //                               odd calls load the partials one chunk at a time (add_serial),
 //                               even ones through the add ring where the tile has one
 //                               (128x256; FLASHOVERLAP_GEMM_TILE=256 forces it on small cases)
+//   peer_reduce_test groups   : groups of 3, 4 and 8 ranks emulated on one GPU (each rank's
+//                               GEMMs on SMs / world), as `check`'s emulated pair: every
+//                               result against float32 and bit for bit against the in-order
+//                               rounded sum of the ranks' plain GEMMs (each rank adds its own
+//                               product, then those of ranks r + 1, r + 2, ...)
 //   peer_reduce_test bench    : one rank on the whole GPU (comm_sms 0) with itself as its peer
 //                               (its peer stores land in its own memory: everything a real
 //                               pair does but NVLink's bandwidth and latency): our GEMM,
@@ -33,7 +38,7 @@
 //                               CUDA context unusable: run alone, last
 //   peer_reduce_test break    : a rank whose call failed: two ranks emulated on one GPU (half
 //                               of the SMs each), call 1 by both, then rank 0's calls 2 and 3
-//                               while rank 1 breaks the pair (EnqueueBreakPair, what the
+//                               while rank 1 breaks the pair (EnqueueBreakPeers, what the
 //                               handler does on a failure) instead of calling: rank 0 must
 //                               still wait after 1 s without it, end within 10 s of it with no
 //                               CUDA error, and the GPU must stay usable (a plain GEMM after
@@ -111,7 +116,7 @@ void SelfPeerCase(const Case& c, PeerReduceKind kind, int calls, cudaStream_t s)
   const bool ar = kind == PeerReduceKind::kAllReduce;
   const int64_t rows = c.m / 2, out_rows = ar ? c.m : rows, block = rows * c.n;
   EmulatedRank self(0, rows, c.n);
-  self.PeerWith(self);
+  self.PeerWith(self, 1);
   Problem p({c.m, c.n, c.k}, c.dt, 50000 + c.m, s);
   Buf results(calls * out_rows * c.n * 2), prod(c.m * c.n * 2), exact(block * 2), sum_ref(block * 4);
   CK(cudaMemsetAsync(results.p, 0xFF, calls * out_rows * c.n * 2, s));
@@ -165,6 +170,29 @@ void Check(bool small, cudaStream_t s) {
   }
 }
 
+// Groups of 3, 4 and 8 ranks emulated on one GPU, each rank's GEMMs on SMs / world (the
+// others' SMs left free): per world an aligned case and a small odd one (f16, rows per
+// block not a tile multiple), reduce-scatter and all-reduce, 4 calls each (CheckCase).
+void CheckGroups(cudaStream_t s) {
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  struct GroupCase { int world; Case c; };
+  const std::vector<GroupCase> cases = {
+      {3, {600, 272, 200, {0, 100, 200}, GemmDType::kFloat16}},
+      {3, {3072, 2048, 1024, EvenBands(1024, 2, 256), GemmDType::kBFloat16}},
+      {4, {600, 272, 200, {0, 50, 150}, GemmDType::kFloat16}},
+      {4, {4096, 4096, 2048, EvenBands(1024, 2, 256), GemmDType::kBFloat16}},
+      {8, {600, 272, 200, {0, 75}, GemmDType::kFloat16}},
+      {8, {8192, 4096, 1024, EvenBands(1024, 2, 256), GemmDType::kBFloat16}},
+  };
+  for (const GroupCase& gc : cases) {
+    for (PeerReduceKind kind : {PeerReduceKind::kReduceScatter, PeerReduceKind::kAllReduce}) {
+      printf("groups: %d ranks on one GPU, %d SMs each\n", gc.world, sms / gc.world);
+      CheckCase(gc.c, kind, 4, sms - sms / gc.world, s, /*one_gpu_each=*/false, gc.world);
+    }
+  }
+}
+
 // ------------------------------------------------------------------ bench (self as peer)
 
 // Per shape: our GEMM (one group), cuBLAS, our GEMM cut into the groups a sequence with 8
@@ -186,7 +214,7 @@ void Bench(cudaStream_t s, int* counters, int iters) {
     const int64_t rows = c.m / 2;
     Problem p({c.m, c.n, c.k}, dt, seed += 10, s, /*with_ref=*/false);
     EmulatedRank self(0, rows, c.n);
-    self.PeerWith(self);
+    self.PeerWith(self, 1);
     Buf result(c.m * c.n * 2);
     SignalingGemmArgs whole = p.Args(EvenLayout(c.m, 1, 1, 256), SelfCommSms());
     whole.counters = counters;
@@ -288,9 +316,9 @@ void Bench(cudaStream_t s, int* counters, int iters) {
 
 int main(int argc, char** argv) {
   const Options o = ParseOptions(argc, argv);
-  const std::vector<std::string> modes = {"flags", "check", "bench", "sanitize", "abort", "break", "all"};
+  const std::vector<std::string> modes = {"flags", "check", "groups", "bench", "sanitize", "abort", "break", "all"};
   if (std::find(modes.begin(), modes.end(), o.mode) == modes.end()) {
-    fprintf(stderr, "unknown mode '%s' (flags, check, bench, sanitize, abort, break, all)\n", o.mode.c_str());
+    fprintf(stderr, "unknown mode '%s' (flags, check, groups, bench, sanitize, abort, break, all)\n", o.mode.c_str());
     return 2;
   }
   TestDevice d = StartTestDevice();
@@ -299,6 +327,7 @@ int main(int argc, char** argv) {
   if (o.mode == "sanitize") Flags(d.counters, d.stream, 2000);
   if (o.mode == "check" || o.mode == "all") Check(/*small=*/false, d.stream);
   if (o.mode == "sanitize") Check(/*small=*/true, d.stream);
+  if (o.mode == "groups" || o.mode == "all") CheckGroups(d.stream);
   if (o.mode == "bench" || o.mode == "all") Bench(d.stream, d.counters, o.iters);
   if (o.mode == "break" || o.mode == "all") BreakCheck(/*two_gpus=*/false, d.stream);
   char fields[64];

@@ -79,16 +79,17 @@ struct Communicator {
   // refuses (BeginCall); a watchdog abort that fired just before returns.
   std::atomic<bool> destroyed{false};
   bool p2p_connected = false;           // ConnectPeers done
-  // Peer stores (peer_stores.h; two ranks in this process): this member's recv buffer
-  // (peer_recv_bytes) and signal words, and the other member's, in `peer`. Read by a call
-  // only under call_mutex; swapped only as the workspace is (every member's call_mutex, no
-  // call in flight). Null peer.buffers.recv: none.
+  // Peer stores (peer_stores.h; every rank of the group in this process): this member's recv
+  // buffer (peer_recv_bytes) and signal words, and the other members', in `peer`. Read by a
+  // call only under call_mutex; swapped only as the workspace is (every member's call_mutex,
+  // no call in flight). Null peer.buffers.recv: none.
   PeerReduceRank peer;
   size_t peer_recv_bytes = 0;
-  bool peer_access = false;             // cudaDeviceEnablePeerAccess to the other member done
-  Communicator* peer_member = nullptr;  // the other member (communicators are never freed)
-  // A peer-store call failed: its peer may wait for this call's stores for ever, so every
-  // later peer-store call of both members refuses (the process must restart).
+  bool peer_access = false;  // cudaDeviceEnablePeerAccess to every other member done
+  // The group's members by rank, this one included (communicators are never freed).
+  Communicator* peer_members[kMaxPeerRanks] = {};
+  // A peer-store call failed: the others may wait for this call's stores for ever, so every
+  // later peer-store call of every member refuses (the process must restart).
   std::atomic<bool> peer_broken{false};
 };
 

@@ -31,14 +31,15 @@ Status RunGemmCollective(Communicator& comm, cudaStream_t stream, CollectiveKind
                          SignalingGemmArgs gemm, void* result, bool poison_workspace,
                          const char* op);
 
-// GEMM + all-reduce / reduce-scatter over a pair of local GPUs by peer stores
+// GEMM + all-reduce / reduce-scatter over the local GPUs of a group (2 to 8) by peer stores
 // (peer_reduce_call.cc; peer_reduce.h draws the sequence): no NCCL call, no workspace. `gemm`
 // is the whole local GEMM, layout = the bands of one row block (num_blocks 1, ending at
-// M / 2); `result` [M, N] (all-reduce) or [M / 2, N]. Needs the communicator's peer stores
-// (EnsurePeerStores) holding M / 2 x N elements. A failure lets every call of the pair end
-// (EnqueueBreakPair: the peer's, enqueued or to come, would otherwise wait for ours for ever;
-// they end with wrong values, in a program that fails as a whole) and marks both members
-// broken: later calls are refused, the process must restart to use peer stores again.
+// M / world); `result` [M, N] (all-reduce) or [M / world, N]. Needs the communicator's peer
+// stores (EnsurePeerStores) holding (world - 1) x M / world x N elements. A failure lets
+// every call of the group end (EnqueueBreakPeers: the others', enqueued or to come, would
+// otherwise wait for ours for ever; they end with wrong values, in a program that fails as a
+// whole) and marks every member broken: later calls are refused, the process must restart
+// to use peer stores again.
 Status RunGemmPeerReduce(Communicator& comm, cudaStream_t stream, CollectiveKind kind,
                          SignalingGemmArgs gemm, void* result, const char* op);
 

@@ -1,4 +1,4 @@
-// GEMM + reduce-scatter / all-reduce over two GPUs by peer stores (peer_reduce.h has the
+// GEMM + reduce-scatter / all-reduce over the GPUs of a group by peer stores (peer_reduce.h has the
 // sequence; docs/DESIGN.md the reasons).
 #include "xla_ffi/comm/peer_reduce.h"
 
@@ -11,36 +11,70 @@ namespace flashoverlap {
 namespace {
 
 Status CheckArgs(const PeerReduceBuffers& r, const SignalingGemmArgs& gemm, const void* result) {
-  if (r.rank != 0 && r.rank != 1) return Status::Error("rank must be 0 or 1");
-  if (gemm.m < 2 || gemm.m % 2 != 0) return Status::Error("M must be even (two row blocks)");
+  if (r.world < 2 || r.world > kMaxPeerRanks)
+    return Status::Error("world must be in [2, " + std::to_string(kMaxPeerRanks) + "], got " + std::to_string(r.world));
+  if (r.rank < 0 || r.rank >= r.world) return Status::Error("rank must be in [0, world)");
+  if (gemm.m < r.world || gemm.m % r.world != 0)
+    return Status::Error("M must be a multiple of the world size (one row block per rank)");
   const GroupLayout& layout = gemm.layout;
   if (layout.num_blocks != 1) return Status::Error("layout must be the bands of one block (num_blocks 1)");
-  if (layout.num_groups < 1 || 2 * layout.num_groups > kMaxGroups)
-    return Status::Error("layout.num_groups must be in [1, kMaxGroups / 2] (both blocks' bands are groups of one launch)");
-  if (layout.band_rows[layout.num_groups] != gemm.m / 2)
-    return Status::Error("the bands must cover one block: band_rows[num_groups] = M / 2");
+  if (layout.num_groups < 1 || r.world * layout.num_groups > kMaxGroups)
+    return Status::Error("layout.num_groups must be in [1, kMaxGroups / world] (every block's bands are groups of one launch)");
+  if (layout.band_rows[layout.num_groups] != gemm.m / r.world)
+    return Status::Error("the bands must cover one block: band_rows[num_groups] = M / world");
   if (gemm.row_rotation != 0 || gemm.out_col_block != 0 || gemm.in_flags != nullptr ||
-      gemm.add_from != nullptr || gemm.mirror_slot != nullptr || gemm.head_groups != 0 || gemm.helpers)
-    return Status::Error("row_rotation / out_col_block / in_flags / add_from / mirror_slot / head_groups / "
+      gemm.add_from != nullptr || gemm.mirror_count != 0 || gemm.head_groups != 0 || gemm.helpers)
+    return Status::Error("row_rotation / out_col_block / in_flags / add_from / mirror_slots / head_groups / "
                          "helpers are set here or unsupported");
   if (gemm.m > (int64_t(1) << 30)) return Status::Error("M must be < 2^30");
-  if (result == nullptr || r.recv == nullptr || r.signals == nullptr || r.peer_recv == nullptr ||
-      r.peer_signals == nullptr)
-    return Status::Error("result, recv, signals, peer_recv and peer_signals must be set");
+  if (result == nullptr || r.recv == nullptr || r.signals == nullptr)
+    return Status::Error("result, recv and signals must be set");
+  for (int i = 0; i < r.world; ++i) {
+    if (i != r.rank && (r.peers_recv[i] == nullptr || r.peers_signals[i] == nullptr))
+      return Status::Error("peers_recv and peers_signals must be set for rank " + std::to_string(i));
+  }
   if ((reinterpret_cast<uintptr_t>(r.signals + kPeerMailbox) & 7) != 0)
-    return Status::Error("signals must be 8-byte aligned (the mailbox holds a pointer)");
+    return Status::Error("signals must be 8-byte aligned (the mailboxes hold pointers)");
   return Status::Ok();
 }
 
-// The peer's mailbox <- our result's address (two words), then the call's stamp: each
-// stream write is preceded by a memory barrier, so a kernel that reads this call's stamp
-// (acquire) reads this call's address.
+// The other ranks (a rank that is its own peer: itself, as rank 1 - rank).
+template <class Fn>
+Status ForEachPeer(const PeerReduceBuffers& r, Fn fn) {
+  for (int i = 0; i < r.world; ++i) {
+    if (i == r.rank) continue;
+    FO_RETURN_IF_NOT_OK(fn(i));
+  }
+  return Status::Ok();
+}
+int32_t* SlotWord(const PeerReduceBuffers& r, int word, int from, int to) {
+  return r.peers_signals[to] + word + PeerSlot(from, to, r.world);
+}
+
+// Each other rank's mailbox (our slot there) <- our result's address (two words), then the
+// call's stamp: each stream write is preceded by a memory barrier, so a kernel that reads
+// this call's stamp (acquire) reads this call's address.
 Status PostResultAddress(const PeerReduceBuffers& r, cudaStream_t stream, const void* result, int32_t call) {
   const uint64_t address = reinterpret_cast<uintptr_t>(result);
-  int32_t* mailbox = r.peer_signals + kPeerMailbox;
-  FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, mailbox, static_cast<int32_t>(address & 0xffffffffu)));
-  FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, mailbox + 1, static_cast<int32_t>(address >> 32)));
-  return EnqueueWriteFlag(stream, mailbox + 2, call);
+  return ForEachPeer(r, [&](int to) {
+    int32_t* mailbox = r.peers_signals[to] + kPeerMailbox + kPeerMailboxWords * PeerSlot(r.rank, to, r.world);
+    FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, mailbox, static_cast<int32_t>(address & 0xffffffffu)));
+    FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, mailbox + 1, static_cast<int32_t>(address >> 32)));
+    return EnqueueWriteFlag(stream, mailbox + 2, call);
+  });
+}
+
+// Waits until every other rank's word `word` (our slot for it) reaches `value`.
+Status WaitForPeers(const PeerReduceBuffers& r, WaitMethod wait, const volatile int* abort_flag,
+                    cudaStream_t stream, int word, int32_t value) {
+  for (int s = 0; s < r.world - 1; ++s)
+    FO_RETURN_IF_NOT_OK(EnqueueWaitGeq(stream, r.signals + word + s, value, wait, abort_flag));
+  return Status::Ok();
+}
+
+// Writes `value` into our slot of word `word` of every other rank.
+Status TellPeers(const PeerReduceBuffers& r, cudaStream_t stream, int word, int32_t value) {
+  return ForEachPeer(r, [&](int to) { return EnqueueWriteFlag(stream, SlotWord(r, word, r.rank, to), value); });
 }
 
 Status EnqueueCall(const PeerReduceBuffers& r, WaitMethod wait, const volatile int* abort_flag,
@@ -48,37 +82,41 @@ Status EnqueueCall(const PeerReduceBuffers& r, WaitMethod wait, const volatile i
                    char* result, int32_t call) {
   const bool all_reduce = kind == PeerReduceKind::kAllReduce;
 
-  // 1. The peer has finished the previous call: its recv is free, its counters are zero.
-  FO_RETURN_IF_NOT_OK(EnqueueWaitGeq(stream, r.signals + kPeerCredit, call - 1, wait, abort_flag));
+  // 1. Every other rank has finished the previous call: our slot of its recv is free, its
+  // counters are zero.
+  FO_RETURN_IF_NOT_OK(WaitForPeers(r, wait, abort_flag, stream, kPeerCredit, call - 1));
   if (all_reduce) FO_RETURN_IF_NOT_OK(PostResultAddress(r, stream, result, call));
-  // 2. One launch over both blocks, the peer's first (peer_reduce_args.h).
+  // 2. One launch over every block, ours last (peer_reduce_args.h).
   SignalingGemmArgs fused = PeerReduceLaunchArgs(r, kind, gemm, result, call);
-  fused.abort_flag = abort_flag;  // the GEMM's waits for the peer's stores give up too
+  fused.abort_flag = abort_flag;  // the GEMM's waits for the others' stores give up too
   FO_RETURN_IF_NOT_OK(GemmLaunchStatus(LaunchSignalingGemm(fused, stream), "signaling GEMM launch"));
-  // 3. All-reduce: our mirror stores into the peer's result are complete (the stream write's
-  // memory barrier orders them before it), and the peer's into ours.
+  // 3. All-reduce: our mirror stores into the others' results are complete (the stream
+  // write's memory barrier orders them before it), and theirs into ours.
   if (all_reduce) {
-    FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, r.peer_signals + kPeerDone, call));
-    FO_RETURN_IF_NOT_OK(EnqueueWaitGeq(stream, r.signals + kPeerDone, call, wait, abort_flag));
+    FO_RETURN_IF_NOT_OK(TellPeers(r, stream, kPeerDone, call));
+    FO_RETURN_IF_NOT_OK(WaitForPeers(r, wait, abort_flag, stream, kPeerDone, call));
   }
-  // 4. Our recv is read and our counters complete: reset them, then the peer may go on.
-  FO_RETURN_IF_CUDA(cudaMemsetAsync(r.signals + kPeerArrived, 0, sizeof(int32_t) * kMaxGroups, stream));
-  return EnqueueWriteFlag(stream, r.peer_signals + kPeerCredit, call);
+  // 4. Our recv is read and our counters complete: reset them, then the others may go on.
+  FO_RETURN_IF_CUDA(cudaMemsetAsync(r.signals + kPeerArrived, 0, sizeof(int32_t) * kPeerArrivedWords, stream));
+  return TellPeers(r, stream, kPeerCredit, call);
 }
 
-// What EnqueueBreakPair writes into the call-number words both sides wait on with ">=":
-// past any call either side will make.
+// What EnqueueBreakPeers writes into the call-number words every rank waits on with ">=":
+// past any call a rank will make.
 constexpr int32_t kBrokenCallNumber = 1 << 30;
 
 }  // namespace
 
-Status EnqueueBreakPair(const PeerReduceRank& rank, cudaStream_t stream) {
+Status EnqueueBreakPeers(const PeerReduceRank& rank, cudaStream_t stream) {
   const PeerReduceBuffers& r = rank.buffers;
-  for (int32_t* signals : {r.signals, r.peer_signals}) {
-    if (signals == nullptr) continue;  // no pair set up: nothing waits
+  for (int i = 0; i < r.world; ++i) {
+    int32_t* signals = i == r.rank ? r.signals : r.peers_signals[i];
+    if (signals == nullptr) continue;  // no group set up: nothing waits
     FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, signals + kPeerFailed, 1));
-    FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, signals + kPeerCredit, kBrokenCallNumber));
-    FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, signals + kPeerDone, kBrokenCallNumber));
+    for (int s = 0; s < r.world - 1; ++s) {
+      FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, signals + kPeerCredit + s, kBrokenCallNumber));
+      FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, signals + kPeerDone + s, kBrokenCallNumber));
+    }
   }
   return Status::Ok();
 }

@@ -11,34 +11,48 @@
 
 namespace flashoverlap {
 
-// A rank's signal words (PeerReduceRank::signals), int32 slots, written by its peer.
-constexpr int kPeerArrived = 0;              // [kMaxGroups] tiles of our block's partial stored in recv
-// [kMaxGroups, 2 * kMaxGroups): unused since the all-reduce's per-tile counters gave way to
-// kPeerDone (kept free so the layout, mirrored in jax_flashoverlap/comm.py, stays).
-constexpr int kPeerCredit = 2 * kMaxGroups;  // calls the peer has finished
-// Non-zero once either side of the pair failed (EnqueueBreakPair): every wait for the peer ends.
-constexpr int kPeerFailed = 2 * kMaxGroups + 1;
-// 3 words, 8-byte aligned: the peer's result (low, high), then the call that posted it
-// (SignalingGemmArgs::mirror_slot).
-constexpr int kPeerMailbox = 2 * kMaxGroups + 2;
-// All-reduce: the last call whose GEMM the peer finished (its mirror stores into our result
-// are complete): a call number, never reset.
-constexpr int kPeerDone = 2 * kMaxGroups + 5;
-constexpr int kPeerSignalWords = 2 * kMaxGroups + 6;
+// Most ranks of a peer-store group: a rank adds the partial sums of the others
+// (SignalingGemmArgs::add_sources <= kMaxAddSources).
+constexpr int kMaxPeerRanks = kMaxAddSources + 1;
+
+// Where rank `to`'s buffers keep what rank `from` sends it: one slot per other rank, counted
+// from the rank after `to` (so in a group of 2 every slot is 0, and a rank that is its own
+// peer reads what it wrote).
+constexpr int PeerSlot(int from, int to, int world) { return ((from - to - 1) % world + world) % world; }
+
+// A rank's signal words (PeerReduceRank::signals), int32, written by the other ranks (slot s:
+// the rank PeerSlot gives s for).
+constexpr int kPeerArrived = 0;  // [slot * bands + band]: tiles of our block's partials that slot stored in recv
+constexpr int kPeerArrivedWords = kMaxGroups;
+constexpr int kPeerCredit = kPeerArrived + kPeerArrivedWords;  // [slot]: calls that rank has finished
+// [slot], all-reduce: the last call whose GEMM that rank finished (its mirror stores into our
+// result are complete): a call number, never reset.
+constexpr int kPeerDone = kPeerCredit + kMaxPeerRanks;
+// [slot] 4 words each, 8-byte aligned: that rank's result (low, high), then the call that
+// posted it (SignalingGemmArgs::mirror_slots).
+constexpr int kPeerMailbox = kPeerDone + kMaxPeerRanks;
+constexpr int kPeerMailboxWords = 4;
+// Non-zero once any rank of the group failed (EnqueueBreakPeers): every wait for the others ends.
+constexpr int kPeerFailed = kPeerMailbox + kPeerMailboxWords * kMaxPeerRanks;
+constexpr int kPeerSignalWords = kPeerFailed + 1;
+static_assert(kPeerMailbox % 2 == 0, "the mailboxes hold pointers");
 
 enum class PeerReduceKind { kAllReduce, kReduceScatter };
 
-// Where one rank's launch reads and writes: its own recv and signals, the peer's. `recv`
-// holds rows_per_block x N elements of the GEMM's dtype at least; `signals` kPeerSignalWords
-// int32, zeroed once before the first call (the counters are reset by every call, the credit
-// counts calls). The peer_* pointers are the peer's recv and signals as this rank's kernels
-// and streams address them (the same device, or a peer device with peer access enabled).
+// Where one rank's launch reads and writes: its own recv and signals, the other ranks'.
+// `recv` holds world - 1 slots (PeerSlot) of rows_per_block x N elements of the GEMM's dtype
+// at least; `signals` kPeerSignalWords int32, zeroed once before the first call (the counters
+// are reset by every call, the other words count calls). peers_recv[i] / peers_signals[i] are
+// rank i's recv and signals as this rank's kernels and streams address them (the same device,
+// or a peer device with peer access enabled); [rank] is unused, except in a rank that is its
+// own peer (world 2, both entries its own buffers: tests).
 struct PeerReduceBuffers {
-  int rank = 0;  // 0 or 1
+  int rank = 0;   // 0 .. world - 1
+  int world = 2;  // 2 .. kMaxPeerRanks
   const void* recv = nullptr;
   int32_t* signals = nullptr;
-  void* peer_recv = nullptr;
-  int32_t* peer_signals = nullptr;
+  void* peers_recv[kMaxPeerRanks] = {};
+  int32_t* peers_signals[kMaxPeerRanks] = {};
 };
 
 // `base` moved back by `bytes`: the address the kernel adds a row's offset to, for buffers
@@ -48,40 +62,50 @@ T* PeerRowsBase(T* base, size_t bytes) {
   return reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(base) - bytes);
 }
 
-// The launch: both row blocks of `gemm` (m = M, layout = the bands of one block), the peer's
-// first (row rotation). The peer's bands are head groups, stored into the peer's recv and
-// counted in its `arrived` counters; ours add the peer's partial from our recv once our
-// `arrived` counters are complete and go to our rows of `result`; an all-reduce also
-// mirror-stores them into the peer's result (address from our mailbox, stamped `call`; the
-// stream says when they are complete: kPeerDone). Every wait for the peer also ends once our
-// kPeerFailed word is set. The caller has validated `gemm` (peer_reduce.cc).
+// The launch: all world row blocks of `gemm` (m = M, layout = the bands of one block), the
+// ranks after ours first, ours last (row rotation). Each other rank's bands are head groups,
+// stored into that rank's recv (our slot there) and counted in its `arrived` counters (our
+// slot); ours add the others' partials from our recv once our `arrived` counters are
+// complete and go to our rows of `result`; an all-reduce also mirror-stores them into every
+// other rank's result (addresses from our mailboxes, stamped `call`; the stream says when
+// they are complete: kPeerDone). Every wait for the others also ends once our kPeerFailed
+// word is set. The caller has validated `gemm` (peer_reduce.cc).
 inline SignalingGemmArgs PeerReduceLaunchArgs(const PeerReduceBuffers& b, PeerReduceKind kind,
                                               const SignalingGemmArgs& gemm, void* result,
                                               int32_t call) {
   const bool all_reduce = kind == PeerReduceKind::kAllReduce;
-  const int64_t rows = gemm.m / 2;
+  const int world = b.world;
+  const int64_t rows = gemm.m / world;
   const size_t row_bytes = static_cast<size_t>(gemm.n) * 2;
-  const int peer = 1 - b.rank;
-  const size_t own_rows_at = b.rank * rows * row_bytes, peer_rows_at = peer * rows * row_bytes;
+  const size_t block_bytes = rows * row_bytes;
   const int bands = gemm.layout.num_groups;
   SignalingGemmArgs fused = gemm;
-  fused.row_rotation = static_cast<int>(peer * rows);
-  fused.layout.num_groups = 2 * bands;
-  for (int g = 0; g <= bands; ++g)
-    fused.layout.band_rows[bands + g] = static_cast<int>(rows + gemm.layout.band_rows[g]);
-  fused.head_groups = bands;
-  fused.head_out = PeerRowsBase(static_cast<char*>(b.peer_recv), peer_rows_at);
-  fused.head_counters = b.peer_signals + kPeerArrived;
+  fused.row_rotation = static_cast<int>(((b.rank + 1) % world) * rows);
+  fused.layout.num_groups = world * bands;
+  for (int d = 1; d < world; ++d)
+    for (int g = 0; g <= bands; ++g)
+      fused.layout.band_rows[d * bands + g] = static_cast<int>(d * rows + gemm.layout.band_rows[g]);
+  fused.head_groups = (world - 1) * bands;
+  fused.head_dests = world - 1;
+  for (int d = 0; d < world - 1; ++d) {  // the d-th block of the queue: rank `to`'s
+    const int to = (b.rank + 1 + d) % world;
+    const size_t slot_at = PeerSlot(b.rank, to, world) * block_bytes;
+    fused.head_out[d] = PeerRowsBase(static_cast<char*>(b.peers_recv[to]) + slot_at, to * block_bytes);
+    fused.head_counters[d] = b.peers_signals[to] + kPeerArrived + PeerSlot(b.rank, to, world) * bands;
+  }
+  const size_t own_rows_at = b.rank * block_bytes;
   fused.out = all_reduce ? result : PeerRowsBase(static_cast<char*>(result), own_rows_at);
   fused.add_from = PeerRowsBase(static_cast<const char*>(b.recv), own_rows_at);
-  fused.add_sources = 1;
-  fused.add_counters = b.signals + kPeerArrived;
+  fused.add_stride = static_cast<int64_t>(block_bytes);
+  fused.add_sources = world - 1;
+  fused.add_counters = b.signals + kPeerArrived;  // slot s's bands at s * bands, as the kernel counts
   fused.counters = nullptr;
   fused.signal_system = false;
   fused.peer_failed = b.signals + kPeerFailed;
   if (all_reduce) {
-    fused.mirror_slot = b.signals + kPeerMailbox;
-    fused.mirror_offset = 0;  // our rows of the peer's result sit where they sit in ours
+    for (int s = 0; s < world - 1; ++s) fused.mirror_slots[s] = b.signals + kPeerMailbox + kPeerMailboxWords * s;
+    fused.mirror_count = world - 1;
+    fused.mirror_offset = 0;  // our rows of another rank's result sit where they sit in ours
     fused.mirror_call = call;
   }
   return fused;

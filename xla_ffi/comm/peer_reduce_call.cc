@@ -1,4 +1,4 @@
-// GEMM + all-reduce / reduce-scatter over two local GPUs by peer stores: the communicator's
+// GEMM + all-reduce / reduce-scatter over the local GPUs of a group by peer stores: the communicator's
 // frame around EnqueuePeerReduce (peer_reduce.h), as the NCCL path's calls have it (call
 // mutex, ordering after the previous call, watchdog timing, joining back).
 #include <string>
@@ -16,10 +16,11 @@ Status CheckPeerStores(const Communicator& comm, const SignalingGemmArgs& gemm, 
   const std::string where = "(comm_id " + std::to_string(comm.comm_id) + ", device " +
                             std::to_string(comm.device) + ")";
   if (comm.peer_broken) {
-    return Status::Error(std::string(op) + ": an earlier peer-store call of this pair " + where +
-                         " failed; its peer may wait for that call's stores for ever: restart the process");
+    return Status::Error(std::string(op) + ": an earlier peer-store call of this group " + where +
+                         " failed; the other ranks may wait for that call's stores for ever: restart the process");
   }
-  const size_t need = static_cast<size_t>(gemm.m / 2) * gemm.n * 2;
+  const int world = comm.peer.buffers.world;
+  const size_t need = static_cast<size_t>(world - 1) * (gemm.m / world) * gemm.n * 2;
   if (comm.peer.buffers.recv == nullptr || comm.peer_recv_bytes < need) {
     return Status::Error(std::string(op) + ": peer-store buffer " + where + " has " +
                          std::to_string(comm.peer_recv_bytes) + " bytes, needs " + std::to_string(need) +
@@ -45,10 +46,10 @@ Status RunGemmPeerReduce(Communicator& comm, cudaStream_t stream, CollectiveKind
   if (status.ok()) status = TakeInjectedFault(comm.device);
   if (status.ok()) status = EnqueuePeerReduce(comm.peer, stream, peer_kind, gemm, result);
   if (!status.ok()) {
-    // The peer may be in this very call or further on (its host thread ahead of ours), and we
-    // may have launched part of ours: let every call of the pair end.
-    Status broken = EnqueueBreakPair(comm.peer, stream);
-    if (!broken.ok()) status.message += " (letting the pair's calls end failed too: " + broken.message + ")";
+    // The others may be in this very call or further on (their host threads ahead of ours),
+    // and we may have launched part of ours: let every call of the group end.
+    Status broken = EnqueueBreakPeers(comm.peer, stream);
+    if (!broken.ok()) status.message += " (letting the group's calls end failed too: " + broken.message + ")";
     MarkPeerStoresBroken(comm);
   }
   return FinishCall(comm, stream, /*copies=*/false, status, op);

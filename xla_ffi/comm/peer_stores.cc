@@ -14,9 +14,9 @@ namespace {
 
 std::string Dev(int device) { return "device " + std::to_string(device); }
 
-// Two ranks of a world of two, both here, on two devices; or, `loopback`, the one rank of a
-// world of one (peer_stores.h).
-Status CheckPair(const std::vector<Communicator*>& comms, bool loopback) {
+// Every rank of a world of 2 to kMaxPeerRanks, all here, each on its own device; or,
+// `loopback`, the one rank of a world of one (peer_stores.h).
+Status CheckGroup(const std::vector<Communicator*>& comms, bool loopback) {
   if (loopback) {
     if (comms.size() != 1 || comms[0]->world_size != 1) {
       return Status::Error("peer-store loopback needs a communicator of 1 rank; this process "
@@ -25,33 +25,42 @@ Status CheckPair(const std::vector<Communicator*>& comms, bool loopback) {
     }
     return Status::Ok();
   }
-  if (comms.size() != 2 || comms[0]->world_size != 2) {
-    return Status::Error("peer stores need a group of exactly 2 ranks with both devices in this "
-                         "process; this process holds " + std::to_string(comms.size()) +
-                         " of a group of " + std::to_string(comms[0]->world_size));
+  const int world = comms[0]->world_size;
+  if (world < 2 || world > kMaxPeerRanks || static_cast<int>(comms.size()) != world) {
+    return Status::Error("peer stores need a group of 2 to " + std::to_string(kMaxPeerRanks) +
+                         " ranks with every device in this process; this process holds " +
+                         std::to_string(comms.size()) + " of a group of " + std::to_string(world));
   }
-  if (comms[0]->device == comms[1]->device) {
-    return Status::Error("peer stores need the 2 ranks on 2 devices; both are on " + Dev(comms[0]->device));
+  for (size_t i = 0; i < comms.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (comms[i]->device == comms[j]->device) {
+        return Status::Error("peer stores need every rank on its own device; ranks " + std::to_string(j) +
+                             " and " + std::to_string(i) + " are both on " + Dev(comms[i]->device));
+      }
+    }
   }
   return Status::Ok();
 }
 
-// `device` may load from and store to `peer`'s memory (once per member).
-Status EnablePeerAccess(Communicator& c, int peer) {
+// `c`'s device may load from and store to every other member's memory (once per member).
+Status EnablePeerAccess(Communicator& c, const std::vector<Communicator*>& comms) {
   if (c.peer_access) return Status::Ok();
-  int can = 0;
-  FO_RETURN_IF_CUDA(cudaDeviceCanAccessPeer(&can, c.device, peer));
-  if (!can) {
-    return Status::Error(Dev(c.device) + " cannot access the memory of " + Dev(peer) +
-                         " (cudaDeviceCanAccessPeer): peer stores need peer access (NVLink or "
-                         "PCIe peer-to-peer) between the pair");
-  }
   FO_RETURN_IF_CUDA(cudaSetDevice(c.device));
-  const cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
-  if (e == cudaErrorPeerAccessAlreadyEnabled) {
-    cudaGetLastError();  // enabled before (by XLA or the user): what we need
-  } else {
-    FO_RETURN_IF_CUDA(e);
+  for (const Communicator* other : comms) {
+    if (other == &c) continue;
+    int can = 0;
+    FO_RETURN_IF_CUDA(cudaDeviceCanAccessPeer(&can, c.device, other->device));
+    if (!can) {
+      return Status::Error(Dev(c.device) + " cannot access the memory of " + Dev(other->device) +
+                           " (cudaDeviceCanAccessPeer): peer stores need peer access (NVLink or "
+                           "PCIe peer-to-peer) between every two ranks of the group");
+    }
+    const cudaError_t e = cudaDeviceEnablePeerAccess(other->device, 0);
+    if (e == cudaErrorPeerAccessAlreadyEnabled) {
+      cudaGetLastError();  // enabled before (by XLA or the user): what we need
+    } else {
+      FO_RETURN_IF_CUDA(e);
+    }
   }
   c.peer_access = true;
   return Status::Ok();
@@ -86,21 +95,20 @@ Status FreeRecv(Communicator& c) {
   return s;
 }
 
-// One group's pair (ordered by rank; loopback: its one member, its own peer): its buffers
-// swapped for new ones of `bytes`.
-Status GrowPair(const std::vector<Communicator*>& comms, size_t bytes, bool loopback) {
-  FO_RETURN_IF_NOT_OK(CheckPair(comms, loopback));
+// One group's members (ordered by rank; loopback: its one member, its own peer): their
+// buffers swapped for new ones of `bytes`.
+Status GrowGroup(const std::vector<Communicator*>& comms, size_t bytes, bool loopback) {
+  FO_RETURN_IF_NOT_OK(CheckGroup(comms, loopback));
   for (const Communicator* c : comms) {
     if (c->peer_broken) {
-      return Status::Error("an earlier peer-store call of this pair failed; restart the process");
+      return Status::Error("an earlier peer-store call of this group failed; restart the process");
     }
     if (c->aborted) {
-      return Status::Error("a communicator of this pair was aborted by the watchdog; restart the process");
+      return Status::Error("a communicator of this group was aborted by the watchdog; restart the process");
     }
   }
   if (!loopback) {
-    FO_RETURN_IF_NOT_OK(EnablePeerAccess(*comms[0], comms[1]->device));
-    FO_RETURN_IF_NOT_OK(EnablePeerAccess(*comms[1], comms[0]->device));
+    for (Communicator* c : comms) FO_RETURN_IF_NOT_OK(EnablePeerAccess(*c, comms));
   }
   Status status = Status::Ok();
   for (Communicator* c : comms) {
@@ -110,34 +118,39 @@ Status GrowPair(const std::vector<Communicator*>& comms, size_t bytes, bool loop
     if (status.ok()) status = freed;
     if (status.ok()) status = Allocate(*c, bytes);
   }
-  if (!status.ok()) {  // all or nothing: no member keeps a buffer its peer lacks
+  if (!status.ok()) {  // all or nothing: no member keeps a buffer another lacks
     for (Communicator* c : comms) {
       cudaSetDevice(c->device);
       FreeRecv(*c);
     }
     return status;
   }
-  for (size_t r = 0; r < comms.size(); ++r) {
-    Communicator& me = *comms[r];
-    Communicator& other = *comms[comms.size() - 1 - r];  // loopback: itself
-    me.peer.buffers.rank = me.rank;
-    me.peer.buffers.peer_recv = const_cast<void*>(other.peer.buffers.recv);
-    me.peer.buffers.peer_signals = other.peer.buffers.signals;
-    me.peer.wait_method = me.wait_method;
-    me.peer.abort_flag = me.abort_flag;
-    me.peer_member = &other;
+  // Loopback: a group of 2 whose rank 1 is rank 0 itself (its stores land in its own buffers).
+  const int world = loopback ? 2 : static_cast<int>(comms.size());
+  for (Communicator* me : comms) {
+    PeerReduceBuffers& b = me->peer.buffers;
+    b.rank = me->rank;
+    b.world = world;
+    for (int i = 0; i < world; ++i) {
+      Communicator* member = comms[loopback ? 0 : i];
+      b.peers_recv[i] = const_cast<void*>(member->peer.buffers.recv);
+      b.peers_signals[i] = member->peer.buffers.signals;
+      me->peer_members[i] = member;
+    }
+    me->peer.wait_method = me->wait_method;
+    me->peer.abort_flag = me->abort_flag;
   }
   return Status::Ok();
 }
 
-// Every group's pair (the members of comm_id split by group, each ordered by rank).
+// Every group's members (those of comm_id split by group, each ordered by rank).
 Status Grow(const std::vector<Communicator*>& comms, size_t bytes, bool loopback) {
   std::map<int64_t, std::vector<Communicator*>> groups;
   for (Communicator* c : comms) groups[c->group_serial].push_back(c);
-  for (auto& [serial, pair] : groups) {
-    std::sort(pair.begin(), pair.end(),
+  for (auto& [serial, members] : groups) {
+    std::sort(members.begin(), members.end(),
               [](const Communicator* a, const Communicator* b) { return a->rank < b->rank; });
-    FO_RETURN_IF_NOT_OK(GrowPair(pair, bytes, loopback));
+    FO_RETURN_IF_NOT_OK(GrowGroup(members, bytes, loopback));
   }
   return Status::Ok();
 }
@@ -170,7 +183,9 @@ Status EnsurePeerStoresLoopback(int64_t comm_id, size_t recv_bytes) {
 
 void MarkPeerStoresBroken(Communicator& c) {
   c.peer_broken = true;
-  if (c.peer_member != nullptr) c.peer_member->peer_broken = true;
+  for (Communicator* member : c.peer_members) {
+    if (member != nullptr) member->peer_broken = true;
+  }
 }
 
 Status FreePeerStores(Communicator& c) {

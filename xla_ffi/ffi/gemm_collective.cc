@@ -3,9 +3,10 @@
 // stream, one NCCL call per group on our communication stream as soon as the group's counter
 // says it is complete. The all-reduce's `in_place` attribute (JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER
 // =output) makes XLA's output the GEMM's and NCCL's buffer instead of the registered workspace.
-// `transport` 1 (JAX_FLASHOVERLAP_TRANSPORT=peer, 2 local GPUs): peer stores instead of NCCL
-// (xla_ffi/comm/peer_reduce_call.cc): the GEMM runs on every SM (comm_sms is the GEMM's, not
-// the communicator's NCCL cap) and band_rows are the bands of one rank's block (M / 2 rows).
+// `transport` 1 (JAX_FLASHOVERLAP_TRANSPORT=peer, 2 to 8 local GPUs): peer stores instead of
+// NCCL (xla_ffi/comm/peer_reduce_call.cc): the GEMM runs on every SM (comm_sms is the GEMM's,
+// not the communicator's NCCL cap) and band_rows are the bands of one rank's block (M / world
+// rows).
 //
 //   GemmAllReduceImpl      -> FlashoverlapGemmAllReduce     -> "flashoverlap_gemm_all_reduce"
 //   GemmReduceScatterImpl  -> FlashoverlapGemmReduceScatter -> "flashoverlap_gemm_reduce_scatter"
@@ -44,7 +45,8 @@ ffi::Error Validate(Collective kind, const Communicator* comm, ffi::AnyBuffer x,
   const bool peer = transport == kPeerStores;
   FO_RETURN_IF_ERROR(CheckCommunicator(op, comm, world_size, comm_id, device));
   if (peer) {
-    FO_CHECK_ARG(world_size == 2, op << ": peer stores need 2 ranks, the program has " << world_size);
+    FO_CHECK_ARG(world_size >= 2 && world_size <= kMaxPeerRanks,
+                 op << ": peer stores need 2 to " << kMaxPeerRanks << " ranks, the program has " << world_size);
     FO_CHECK_ARG(!in_place, op << ": peer stores write XLA's output directly; in_place must be 0");
   } else {
     FO_RETURN_IF_ERROR(CheckCommSms(op, comm, comm_sms));
@@ -60,9 +62,9 @@ ffi::Error Validate(Collective kind, const Communicator* comm, ffi::AnyBuffer x,
   int64_t groups = static_cast<int64_t>(band_rows.size()) - 1;
   FO_CHECK_ARG(groups >= 1 && groups <= kMaxGroups,
                op << ": plan has " << groups << " groups; 1.." << kMaxGroups << " allowed");
-  FO_CHECK_ARG(!peer || 2 * groups <= kMaxGroups,
-               op << ": peer stores run both blocks' bands in one launch: at most "
-                  << kMaxGroups / 2 << " bands per block, the plan has " << groups);
+  FO_CHECK_ARG(!peer || world_size * groups <= kMaxGroups,
+               op << ": peer stores run every block's bands in one launch: at most "
+                  << kMaxGroups / world_size << " bands per block, the plan has " << groups);
   FO_CHECK_ARG(band_rows[0] == 0 && band_rows[groups] == m / blocks,
                op << ": plan band_rows must run from 0 to " << m / blocks);
   for (int64_t g = 0; g < groups; ++g) {

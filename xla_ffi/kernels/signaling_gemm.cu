@@ -185,19 +185,29 @@ std::string ValidateEpiloguePeers(const SignalingGemmArgs& a) {
     if (a.add_counters != nullptr && (reinterpret_cast<uintptr_t>(a.add_counters) & 3) != 0)
       return "add_counters must be 4-byte aligned";
   }
-  if (a.mirror_slot == nullptr) {
-    if (a.mirror_offset != 0) return "mirror_offset given without mirror_slot";
-  } else {
-    if ((reinterpret_cast<uintptr_t>(a.mirror_slot) & 7) != 0) return "mirror_slot must be 8-byte aligned";
-    if (a.mirror_offset % 16 != 0)
-      return "mirror_offset must be a multiple of 16 bytes, got " + std::to_string(a.mirror_offset);
+  if (a.mirror_count < 0 || a.mirror_count > kMaxAddSources)
+    return "mirror_count must be in [0, " + std::to_string(kMaxAddSources) + "], got " +
+           std::to_string(a.mirror_count);
+  if (a.mirror_count == 0 && a.mirror_offset != 0) return "mirror_offset given without mirror_slots";
+  for (int i = 0; i < a.mirror_count; ++i) {
+    if (a.mirror_slots[i] == nullptr || (reinterpret_cast<uintptr_t>(a.mirror_slots[i]) & 7) != 0)
+      return "mirror_slots[" + std::to_string(i) + "] must be set and 8-byte aligned";
   }
+  if (a.mirror_offset % 16 != 0)
+    return "mirror_offset must be a multiple of 16 bytes, got " + std::to_string(a.mirror_offset);
   if (a.head_groups < 0 || a.head_groups > a.layout.num_groups)
     return "head_groups must be in [0, num_groups], got " + std::to_string(a.head_groups);
-  if (a.head_groups > 0 && (a.head_out == nullptr || !Aligned16(a.head_out)))
-    return "head_groups needs a 16-byte aligned head_out";
-  if (a.head_counters != nullptr && (reinterpret_cast<uintptr_t>(a.head_counters) & 3) != 0)
-    return "head_counters must be 4-byte aligned";
+  if (a.head_groups > 0) {
+    if (a.head_dests < 1 || a.head_dests > kMaxAddSources || a.head_groups % a.head_dests != 0)
+      return "head_dests must be in [1, " + std::to_string(kMaxAddSources) + "] and divide head_groups (" +
+             std::to_string(a.head_groups) + "), got " + std::to_string(a.head_dests);
+    for (int d = 0; d < a.head_dests; ++d) {
+      if (a.head_out[d] == nullptr || !Aligned16(a.head_out[d]))
+        return "head_out[" + std::to_string(d) + "] must be set and 16-byte aligned";
+      if ((reinterpret_cast<uintptr_t>(a.head_counters[d]) & 3) != 0)
+        return "head_counters[" + std::to_string(d) + "] must be 4-byte aligned";
+    }
+  }
   return "";
 }
 
@@ -325,9 +335,9 @@ cudaError_t PlanLaunch(const SignalingGemmArgs& args, LaunchPlan* plan) {
     return Fail(cudaErrorInvalidValue, "queue must be 16-byte aligned");
   const GemmTileShape ts = ChooseTileShape(args);
   const InstanceOps& ops = PickInstance(args.dtype, ts, sync_epilogue, args.transpose_w);
-  if ((args.add_from != nullptr || args.mirror_slot != nullptr || args.head_groups > 0) && !ops.epilogue_adds)
+  if ((args.add_from != nullptr || args.mirror_count > 0 || args.head_groups > 0) && !ops.epilogue_adds)
     return Fail(cudaErrorInvalidValue,
-                "add_from / mirror_slot / head_groups need the overlapped epilogue; FLASHOVERLAP_GEMM_EPILOGUE=sync is set");
+                "add_from / mirror_slots / head_groups need the overlapped epilogue; FLASHOVERLAP_GEMM_EPILOGUE=sync is set");
   int max_clusters = 0;
   e = ops.prepare(device, &max_clusters);
   if (e != cudaSuccess) return Fail(e, std::string("kernel setup failed: ") + cudaGetErrorString(e));

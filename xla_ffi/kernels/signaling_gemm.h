@@ -139,30 +139,34 @@ struct SignalingGemmArgs {
   // Counters in another GPU's memory (out, too, may be there): fence at system scope, not
   // GPU scope, before each signal, so the tile's stores are visible to that GPU first.
   bool signal_system = false;
-  // Mirror stores: every stored chunk is stored a second time at P + mirror_offset + (its
-  // offset in out), where P is the device pointer in mirror_slot[0..1] (e.g. the peer's output
-  // of this very call, posted there by the peer): the storing threads wait (acquire, system
-  // scope) until mirror_slot[2] == mirror_call, the stamp its writer sets after the pointer.
-  // Null: no second store.
-  const int32_t* mirror_slot = nullptr;  // 8-byte aligned: {pointer low, pointer high, stamp}
+  // Mirror stores: every stored chunk is stored again at P_i + mirror_offset + (its offset in
+  // out) for each i < mirror_count, where P_i is the device pointer in mirror_slots[i][0..1]
+  // (e.g. a peer's output of this very call, posted there by that peer): the storing threads
+  // wait (acquire, system scope) until mirror_slots[i][2] == mirror_call, the stamp its
+  // writer sets after the pointer. 0: no second store.
+  const int32_t* mirror_slots[kMaxAddSources] = {};  // each 8-byte aligned: {low, high, stamp}
+  int mirror_count = 0;
   int64_t mirror_offset = 0;  // bytes, a multiple of 16
   int32_t mirror_call = 0;
-  // Head groups: groups g < head_groups are stored into head_out instead (laid out like out:
-  // the element at the same offset) and counted in head_counters[g] with a system-scope fence
-  // (e.g. the peer's share of a reduce-scatter, stored into the peer's memory); they are never
-  // added to or mirrored. The other groups are numbered from head_groups on where they index
-  // add_counters and counters (group g uses [g - head_groups]), so they line up with the
-  // peer's head groups of the same bands. 0: no head groups.
+  // Head groups: groups g < head_groups are stored elsewhere, in head_dests destinations of
+  // head_groups / head_dests groups each: group g goes to destination d = g / (head_groups /
+  // head_dests), into head_out[d] (laid out like out: the element at the same offset), and is
+  // counted in head_counters[d][g - d * (head_groups / head_dests)] with a system-scope fence
+  // (e.g. each peer's share of a reduce-scatter, stored into that peer's memory); they are
+  // never added to or mirrored. The other groups are numbered from head_groups on where they
+  // index add_counters and counters (group g uses [g - head_groups]), so they line up with the
+  // peers' head groups of the same bands. head_groups 0: none.
   int head_groups = 0;
-  void* head_out = nullptr;
-  int32_t* head_counters = nullptr;
-  // The waits for another GPU's stores (add_counters, mirror_slot) give up when
+  int head_dests = 1;  // 1 .. kMaxAddSources, dividing head_groups
+  void* head_out[kMaxAddSources] = {};
+  int32_t* head_counters[kMaxAddSources] = {};
+  // The waits for another GPU's stores (add_counters, mirror_slots) give up when
   // *abort_flag != 0 (a watchdog's host-mapped flag, read every kAbortCheckSpins spins): the
   // kernel traps, as the spin-wait kernel does; the CUDA context is then unusable (the
   // process must restart, which a peer that never comes required anyway). Null: wait for ever.
   const volatile int* abort_flag = nullptr;
   // The same waits also end, without a trap, once *peer_failed != 0 (in this GPU's memory, set
-  // by a stream write of whichever side of a peer-store pair failed: EnqueueBreakPair): the
+  // by a stream write of whichever rank of a peer-store group failed: EnqueueBreakPeers): the
   // partials are then added as they are and nothing more is mirrored. The results are wrong,
   // which the failed call's error reports; the GPU stays usable. Null: no such word.
   const int32_t* peer_failed = nullptr;

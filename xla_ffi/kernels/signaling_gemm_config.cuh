@@ -150,19 +150,22 @@ struct Config {
     int in_flag_rows;
     int32_t in_flag_value;
     // Reduction in the epilogue, peer stores (signaling_gemm.h): null add_from: store the
-    // tile as is; null mirror_slot: store it once.
+    // tile as is; mirror_count 0: store it once.
     const char* add_from;
     int64_t add_stride;
     int add_sources;
     const int32_t* add_counters;  // [source][group]; null: the partials are ready
     bool add_serial;              // tests: no add ring (signaling_gemm.h)
     bool signal_system;
-    const int32_t* mirror_slot;
+    const int32_t* mirror_slots[kMaxAddSources];
+    int mirror_count;
     int64_t mirror_offset;
     int32_t mirror_call;
-    int head_groups;  // groups < head_groups: head_out / head_counters (signaling_gemm.h)
-    char* head_out;
-    int32_t* head_counters;
+    // groups < head_groups: head_out / head_counters of their destination (signaling_gemm.h)
+    int head_groups;
+    int head_groups_per_dest;
+    char* head_out[kMaxAddSources];
+    int32_t* head_counters[kMaxAddSources];
     const volatile int* abort_flag;  // peer waits give up (trap) once set (signaling_gemm.h)
     const int32_t* peer_failed;      // peer waits end (no trap) once set (signaling_gemm.h)
     // Dynamic tile queue (signaling_gemm.h), zeroed before the launch; null: round robin.

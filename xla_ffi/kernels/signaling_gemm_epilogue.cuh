@@ -44,15 +44,23 @@ __device__ __forceinline__ int64_t OutOffset(int dst_row, int row, int col, int 
 // ordered its threads' stores before this thread's fence, which orders them all
 // (cumulatively) before the counter increment the waiter acquires. System scope where the
 // counters (and the stores) are another GPU's.
-// Head groups (signaling_gemm.h) count into head_counters, the rest from head_groups on.
+// Head groups (signaling_gemm.h) count into their destination's head_counters, the rest
+// into counters from head_groups on.
 template <class Params>
 __device__ __forceinline__ void SignalGroup(const Params& params, int group) {
   const bool head = group < params.head_groups;
-  int32_t* counters = head ? params.head_counters : params.counters;
-  if (counters == nullptr) return;
+  int32_t* counter;
+  if (head) {
+    const int dest = group / params.head_groups_per_dest;
+    counter = params.head_counters[dest];
+    if (counter != nullptr) counter += group - dest * params.head_groups_per_dest;
+  } else {
+    counter = params.counters == nullptr ? nullptr : params.counters + (group - params.head_groups);
+  }
+  if (counter == nullptr) return;
   if (head || params.signal_system) __threadfence_system();
   else __threadfence();
-  atomicAdd(counters + (head ? group : group - params.head_groups), 1);
+  atomicAdd(counter, 1);
 }
 
 // One warp's 16 accumulator rows (fragment values [value0, value0 + BN / 2): the warp's rows
@@ -130,12 +138,12 @@ __device__ __forceinline__ void WaitAddCounters(const Params& params, int group)
   }
 }
 
-// The mirror stores' base (signaling_gemm.h, mirror_slot): once the slot's stamp says its
-// pointer is this call's, the pointer plus mirror_offset. Acquire, so the pointer words its
-// writer set before the stamp are the ones read. Null (no mirror stores) if the pair failed.
+// Mirror i's base (signaling_gemm.h, mirror_slots): once the slot's stamp says its pointer
+// is this call's, the pointer plus mirror_offset. Acquire, so the pointer words its writer
+// set before the stamp are the ones read. Null (no mirror stores) if the peers failed.
 template <class Params>
-__device__ __forceinline__ char* MirrorBase(const Params& params) {
-  const int32_t* slot = params.mirror_slot;
+__device__ __forceinline__ char* MirrorBase(const Params& params, int i) {
+  const int32_t* slot = params.mirror_slots[i];
   int spins = 0;
   while (true) {
     int32_t stamp;
@@ -227,7 +235,9 @@ __device__ __forceinline__ void CopyAsyncWait() {
 // loads ahead of the add, so D loads are in flight instead of one. A slot is only refilled
 // after the add that read it was stored (the store depends on the value read), and each
 // thread reads only its own slots, after its own wait_group: no barrier. The loads follow
-// WaitAddCounters' acquire in program order, as the serial loads do.
+// WaitAddCounters' acquire in program order, as the serial loads do. Several sources keep
+// the serial loads: a ring per source did not fit the copy-out warps' 40 registers (ptxas
+// spilled, also on the one-source path).
 template <class Cfg>
 __device__ __forceinline__ void CopyAddRingRows(const typename Cfg::Params& params,
                                                 const uint32_t* staged, const TileWork& w,
@@ -263,29 +273,52 @@ __device__ __forceinline__ void CopyAddRingRows(const typename Cfg::Params& para
   CopyAsyncWait<0>();
 }
 
+// Mirrors 1 .. mirror_count - 1 (several peers), after the tile's chunks went to `out` and
+// mirror 0: each thread copies the chunks it stored itself (its own stores, read back through
+// L2) to each further mirror. A second pass, and not inlined: the copy-out warps run on 40
+// registers, and ptxas spilled (on every path) with a pointer per mirror in the loops above,
+// and with this pass inlined; as a call, only a call saves registers (the 128x256 instance's
+// stack frame grew from 64 to 104 bytes, no spill).
+template <class Cfg>
+__device__ __noinline__ void StoreMoreMirrors(const typename Cfg::Params& params, const TileWork& w,
+                                                 int first_row, int rows, int thread, int threads,
+                                                 const char* out) {
+  for (int i = 1; i < params.mirror_count; ++i) {
+    char* mirror = MirrorBase(params, i);  // its stamp: acquired before, read again
+    if (mirror == nullptr) return;         // the peers failed: no more mirror stores
+    for (int id = thread; id < rows * (Cfg::BN / 8); id += threads) {
+      const StagedChunk c = LocateChunk<Cfg>(params.sched, w, params.out_col_block, first_row, id);
+      if (c.valid) *reinterpret_cast<uint4*>(mirror + c.offset) = __ldcg(reinterpret_cast<const uint4*>(out + c.offset));
+    }
+  }
+}
+
 // Staged rows [0, rows) (tile rows first_row + i) to `out`, 16 bytes per thread and step, a
 // warp covering contiguous row spans; `thread` of `threads` copying threads. Rows past the
 // tile's valid rows and columns past N are not stored. With add_from, the other ranks'
 // partial sums of those elements are added on the way (once their counters are complete):
 // through the add ring (the copy-out warps of instances that have one, one source) or one
-// chunk at a time; with a mirror slot, each chunk is stored there too.
+// chunk at a time; with mirror slots, each chunk is stored there too (mirror 0 as it is
+// stored, the others after the tile: StoreMoreMirrors).
 template <class Cfg>
 __device__ __forceinline__ void CopyStagedRows(const typename Cfg::Params& params,
                                                const uint32_t* staged, const TileWork& w,
                                                int first_row, int rows, int thread, int threads,
                                                uint4* add_ring) {
   const bool head = w.group < params.head_groups;  // stored elsewhere, as it is
-  char* out = head ? params.head_out : static_cast<char*>(params.out);
+  char* out = head ? params.head_out[w.group / params.head_groups_per_dest] : static_cast<char*>(params.out);
   const bool add = params.add_from != nullptr && !head;
   if (add) WaitAddCounters(params, w.group);
-  char* mirror = params.mirror_slot == nullptr || head ? nullptr : MirrorBase(params);
+  char* mirror = params.mirror_count == 0 || head ? nullptr : MirrorBase(params, 0);
+  const bool more_mirrors = mirror != nullptr && params.mirror_count > 1;
+  bool done = false;
   if constexpr (Cfg::kAddRingSlots > 0) {
     if (add && add_ring != nullptr && params.add_sources == 1 && !params.add_serial) {
       CopyAddRingRows<Cfg>(params, staged, w, first_row, rows, thread, threads, out, mirror, add_ring);
-      return;
+      done = true;
     }
   }
-  for (int id = thread; id < rows * (Cfg::BN / 8); id += threads) {
+  for (int id = thread; !done && id < rows * (Cfg::BN / 8); id += threads) {
     const StagedChunk c = LocateChunk<Cfg>(params.sched, w, params.out_col_block, first_row, id);
     if (c.valid) {
       uint4 v = *reinterpret_cast<const uint4*>(staged + c.row * Cfg::kEpiPitchWords + 4 * c.ch);
@@ -294,6 +327,7 @@ __device__ __forceinline__ void CopyStagedRows(const typename Cfg::Params& param
       if (mirror != nullptr) *reinterpret_cast<uint4*>(mirror + c.offset) = v;
     }
   }
+  if (more_mirrors) StoreMoreMirrors<Cfg>(params, w, first_row, rows, thread, threads, out);
 }
 
 // Overlapped epilogue, copy-out side (threads 32..127 of the producer warpgroup): for every

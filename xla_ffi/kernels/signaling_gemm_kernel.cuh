@@ -259,12 +259,16 @@ struct Instance {
     params.add_serial = args.add_serial;
     params.add_counters = args.add_counters;
     params.signal_system = args.signal_system;
-    params.mirror_slot = args.mirror_slot;
+    params.mirror_count = args.mirror_count;
     params.mirror_offset = args.mirror_offset;
     params.mirror_call = args.mirror_call;
     params.head_groups = args.head_groups;
-    params.head_out = static_cast<char*>(args.head_out);
-    params.head_counters = args.head_counters;
+    params.head_groups_per_dest = args.head_groups > 0 ? args.head_groups / args.head_dests : 1;
+    for (int i = 0; i < kMaxAddSources; ++i) {
+      params.mirror_slots[i] = args.mirror_slots[i];
+      params.head_out[i] = static_cast<char*>(args.head_out[i]);
+      params.head_counters[i] = args.head_counters[i];
+    }
     params.abort_flag = args.abort_flag;
     params.peer_failed = args.peer_failed;
 #ifdef FO_TIMELINE
