@@ -254,9 +254,10 @@ def peer_handshake_bytes(world: int) -> int:
 
 
 COUNTER_BYTES = 64 * 4  # kMaxGroups int32 counters per communicator (signaling_gemm.h)
-# kPeerSignalWords int32 (xla_ffi/comm/peer_reduce_args.h): a peer-store pair member's signal
-# words (arrived counters per group, a free range, the credit, failed, mailbox and done words).
-PEER_SIGNAL_BYTES = (2 * 64 + 6) * 4
+# kPeerSignalWords int32 (xla_ffi/comm/peer_reduce_args.h): a peer-store group member's signal
+# words (arrived counters per slot and band, then per slot (8) a credit, a done word and a
+# 4-word mailbox, then the failed word).
+PEER_SIGNAL_BYTES = (64 + 8 + 8 + 4 * 8 + 1) * 4
 # kGemmQueueBytes (xla_ffi/kernels/signaling_gemm.h), the GEMM's tile queue per communicator:
 # claim counter, split-tail flags, the clusters' claim rings, then the split tail's fp32
 # partial tiles (66 cluster tiles of 2 x 128 x 256: ~16.5 MiB, most of it).
@@ -281,9 +282,10 @@ def op_memory(op: str, x_shape, w_shape, dtype, world: int, *, transpose_w: bool
   all-reduce lowered with JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER=output (read here as at lowering)
   needs no workspace: only the counters.
   `transport`: "nccl" (the path above) or "peer" (JAX_FLASHOVERLAP_TRANSPORT=peer; only
-  matmul_all_reduce / matmul_reduce_scatter at world size 2): no workspace, and instead
-  `peer_recv_bytes`, the buffer each GPU keeps for the peer's partial sums of its rows
-  (M / 2 x N, grown like the workspace), its signal words counted in `counter_bytes`.
+  matmul_all_reduce / matmul_reduce_scatter at world sizes 2 to 8): no workspace, and instead
+  `peer_recv_bytes`, the buffer each GPU keeps for the other ranks' partial sums of its rows
+  ((world - 1) x M / world x N, grown like the workspace), its signal words counted in
+  `counter_bytes`.
   `peer_recv_bytes` is 0 on the NCCL path.
   """
   import numpy as np
@@ -314,7 +316,7 @@ def op_memory(op: str, x_shape, w_shape, dtype, world: int, *, transpose_w: bool
     raise ValueError(f"op_memory: {op} with transport='peer': {why}")
   return {"workspace_bytes": 0, "counter_bytes": COUNTER_BYTES + PEER_SIGNAL_BYTES,
           "queue_bytes": GEMM_QUEUE_BYTES,
-          "peer_recv_bytes": plan_peer.recv_bytes(m, n, itemsize)}
+          "peer_recv_bytes": plan_peer.recv_bytes(m, n, itemsize, world)}
 
 
 def list_communicators() -> list:

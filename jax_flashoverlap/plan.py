@@ -103,15 +103,17 @@ class GroupPlan:
   predicted_s: float = 0.0
   baseline_s: float = 0.0
   cta_policy: str = "default"  # the communicator's ncclConfig_t.CTAPolicy (comm.CTA_POLICIES)
-  # "nccl", or "peer" (plan_peer.py: band_rows are the bands of one rank's block of M / 2
-  # rows for both collectives; comm_sms 0, the GEMM on every SM)
+  # "nccl", or "peer" (plan_peer.py: band_rows are the bands of one rank's block of
+  # M / world rows for both collectives; comm_sms 0, the GEMM on every SM)
   transport: str = "nccl"
 
   @property
   def num_groups(self) -> int:
     return len(self.band_rows) - 1
 
-  def validate(self) -> None:
+  def validate(self, world: int = 2) -> None:
+    """Raises ValueError naming what is wrong (world: the group's size, for a peer-store
+    plan, whose launch runs every rank block's bands)."""
     b = self.band_rows
     if len(b) < 2 or b[0] != 0 or b[-1] != self.rows_per_block:
       raise ValueError(f"plan band_rows {b} must start at 0 and end at {self.rows_per_block}")
@@ -126,10 +128,10 @@ class GroupPlan:
                        "or 'zero'")
     if self.transport not in ("nccl", "peer"):
       raise ValueError(f"plan transport={self.transport!r} must be 'nccl' or 'peer'")
-    if self.transport == "peer" and (self.comm_sms != 0 or 2 * self.num_groups > MAX_GROUPS):
+    if self.transport == "peer" and (self.comm_sms != 0 or world * self.num_groups > MAX_GROUPS):
       raise ValueError(f"a peer-store plan runs the GEMM on every SM (comm_sms 0, got "
-                       f"{self.comm_sms}) with at most {MAX_GROUPS // 2} bands per block (got "
-                       f"{self.num_groups})")
+                       f"{self.comm_sms}) with at most {MAX_GROUPS // world} bands per block "
+                       f"at world size {world} (got {self.num_groups})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -470,14 +472,14 @@ def is_forced() -> bool:
 
 def plan_from_entry(collective: str, m: int, world: int, entry: dict) -> GroupPlan:
   """The GroupPlan of a tuned config entry (jax_flashoverlap.tuning; validated). A peer-store
-  entry's bands cover one block of m / 2 rows for both collectives (plan_peer.py)."""
+  entry's bands cover one block of m / world rows for both collectives (plan_peer.py)."""
   transport = entry.get("transport", "nccl")
-  blocks = 2 if transport == "peer" else rank_blocks(collective, world)
+  blocks = world if transport == "peer" else rank_blocks(collective, world)
   plan = GroupPlan(collective, m // blocks, tuple(entry["band_rows"]), entry["comm_sms"],
                    entry.get("overlap", True),
                    entry.get("measured_ms", 0.0) / 1e3, entry.get("baseline_ms", 0.0) / 1e3,
                    entry.get("cta_policy", "default"), transport)
-  plan.validate()
+  plan.validate(world)
   return plan
 
 

@@ -11,7 +11,7 @@ Per problem (collective, global shape) on a 1-D mesh over --world GPUs:
      default plan and XLA's dot + collective, interleaved, each checked against float32 first;
   4. keep the fastest: a config entry (jax_flashoverlap.tuning) with its measured and
      predicted time, or overlap=false where XLA's serial path was fastest. With --peer (world
-     size 2, one process) the peer-store transport is timed in step 3 too (experimental;
+     size 2 to 8, one process) the peer-store transport is timed in step 3 too (experimental;
      plan_peer.py) and kept, "transport": "peer", where it beats every NCCL plan and XLA.
 
 The config goes to the user config dir (<gpu>_x<world>.json) or --out, each problem's entry as
@@ -110,7 +110,7 @@ def fastest(measured: dict, xla_ms: float):
 
 
 def peer_candidate(pb, ref32, errors: dict, variants: dict):
-  """--peer at world size 2: our op lowered with JAX_FLASHOVERLAP_TRANSPORT=peer timed as
+  """--peer (world size 2 to 8, one process): our op lowered with JAX_FLASHOVERLAP_TRANSPORT=peer timed as
   one more variant ("peer"), its values checked like the others'; returns its plan as a
   tune_model.Candidate (how "peer")."""
   from jax_flashoverlap import plan_peer
@@ -121,7 +121,7 @@ def peer_candidate(pb, ref32, errors: dict, variants: dict):
   if "transport = 1" not in text:
     raise RuntimeError("peer: the op did not lower with the peer stores (PeerStoresWarning?)")
   variants["peer"] = (fn, pb.args)
-  p = plan_peer.plan(pb.collective, pb.m, pb.n, pb.k // pb.world, pb.dtype.itemsize)
+  p = plan_peer.plan(pb.collective, pb.m, pb.n, pb.k // pb.world, pb.dtype.itemsize, world=pb.world)
   return tune_model.Candidate(0, p.band_rows, p.predicted_s, "peer")
 
 
@@ -289,7 +289,7 @@ def tune_problem(pb, args, progress) -> tuple:
   with bench.bench_variants.model_plans_only():
     model_fn(*pb.args)  # compiles with the cost model's plan (no tuned config)
   variants["cost_model_default"] = (model_fn, pb.args)
-  peer = peer_candidate(pb, ref32, errors, variants) if args.peer and world == 2 else None
+  peer = peer_candidate(pb, ref32, errors, variants) if args.peer else None
   # The calibration runs again in this round: clocks drift between rounds by several %, so
   # the model is refitted to them here before it predicts the timed plans (its error).
   for name, (_, _, fn) in op_runs.items():
@@ -395,7 +395,7 @@ def main(argv=None) -> int:
                            "timed under (the fastest is kept, each one's time reported); one "
                            "value: every plan is calibrated and timed under it")
   parser.add_argument("--peer", action="store_true",
-                      help="at world size 2 (one process), also time the peer-store transport "
+                      help="at world size 2 to 8 (one process), also time the peer-store transport "
                            "(experimental, JAX_FLASHOVERLAP_TRANSPORT=peer) and keep it where it "
                            "beats every NCCL plan and XLA (the entry's transport: peer)")
   parser.add_argument("--top", type=int, default=6,
@@ -429,8 +429,8 @@ def main(argv=None) -> int:
                  "jax_flashoverlap.launch / jax.distributed; its config serves any process "
                  "count with the same GPU and world size")
   args.world = bench.resolve_world(parser, args.world)
-  if args.peer and args.world != 2:
-    parser.error(f"--peer: the peer stores take a mesh of 2 GPUs, --world is {args.world}")
+  if args.peer and not 2 <= args.world <= 8:
+    parser.error(f"--peer: the peer stores take a mesh of 2 to 8 GPUs, --world is {args.world}")
   devices = jax.devices()[: args.world]
   gpu = devices[0].device_kind
   for shape in args.shapes if args.collectives else ():

@@ -11,7 +11,7 @@ A config file (never pickle) holds measured-best plans for one GPU model and wor
 
 Optional: cta_policy ("default" | "efficiency" | "zero": the communicator's
 ncclConfig_t.CTAPolicy the plan runs with); transport ("nccl", the default, or "peer": the
-peer stores of plan_peer.py, world size 2 only, comm_sms 0, band_rows over one block of m / 2
+peer stores of plan_peer.py, world size 2 to 8, comm_sms 0, band_rows over one block of m / world
 rows for both collectives; taken with JAX_FLASHOVERLAP_TRANSPORT unset or auto). Informative: measured_ms / baseline_ms (ours and
 XLA's dot + collective when tuned), predicted_ms and model_error (the tuner's measured cost
 model for the kept plan: predicted / measured - 1), cta_policy_ms (the kept plan's time under
@@ -123,7 +123,7 @@ def _check_keys(path, where, e):
                   f"{', '.join(sorted(ENTRY_KEYS))}")
 
 
-def _check_bands(path, where, e, rows):
+def _check_bands(path, where, e, rows, world=2):
   from jax_flashoverlap.plan import GroupPlan
   bands = e.get("band_rows")
   if (not isinstance(bands, list) or len(bands) < 2 or
@@ -131,7 +131,7 @@ def _check_bands(path, where, e, rows):
     _fail(path, f"{where}: 'band_rows' must be a list of at least 2 integers")
   try:  # the same checks as every plan the ops lower with
     GroupPlan(e["collective"], rows, tuple(bands), e["comm_sms"],
-              transport=e.get("transport", "nccl")).validate()
+              transport=e.get("transport", "nccl")).validate(world)
   except ValueError as err:
     _fail(path, f"{where}: {err}")
 
@@ -144,13 +144,13 @@ def _check_plan(path, where, e, world, m):
     transport = e.get("transport", "nccl")
     if transport not in ("nccl", "peer"):
       _fail(path, f"{where}: 'transport' must be 'nccl' or 'peer', got {transport!r}")
-    if transport == "peer" and world != 2:
-      _fail(path, f"{where}: transport 'peer' needs world_size 2, the file is for {world}")
+    if transport == "peer" and not 2 <= world <= 8:
+      _fail(path, f"{where}: transport 'peer' needs world_size 2 to 8, the file is for {world}")
     # Peer stores: both collectives' bands cover one rank's block (plan_peer.py).
-    blocks = 2 if transport == "peer" else rank_blocks(collective, world)
+    blocks = world if transport == "peer" else rank_blocks(collective, world)
     if m % blocks:
       _fail(path, f"{where}: m={m} is not divisible by world_size {world}")
-    _check_bands(path, where, e, m // blocks)
+    _check_bands(path, where, e, m // blocks, world)
   elif collective == "all_to_all":
     split = _int(path, where, e, "split_axis", 0, 1)
     _int(path, where, e, "concat_axis", 0, 1)

@@ -4,6 +4,7 @@
 #     tune overlap_bench overlap_all sweep procs stress fuzz flax_example sanitize_overlap harness
 #     harness_peer sanitize_harness gemm_epilogue transpose_w helpers quickstart
 #     global_view diagnose a2a_tests a2a_bench readme_tests cuda_tests launch_smoke bench_smoke peer peer_spin
+#     peer_groups
 #     pack (last: one archive of $OUT)
 #     (default: build info tests)
 # Carry: .whl (nvidia-cutlass wheel; the machine has no index) and build/obj (object cache).
@@ -156,8 +157,12 @@ for step in "${steps[@]}"; do
     pack)  # the device tool returns at most 8 files: everything in one archive
       (cd "$OUT" && tar -czf "session_$(date +%H%M%S).tgz" --exclude='*.tgz' . && find . -mindepth 1 ! -name '*.tgz' -delete) ;;
     cuda_tests) run_step cuda_tests bash tests/cuda/run_gpu.sh ;;
+    peer_groups)  # one GPU is enough: groups of 3, 4 and 8 ranks emulated on it (each rank's GEMMs on
+      # SMs / world), every result against float32 and the in-order rounded sum bit for bit
+      STEP_TIMEOUT="${STEP_TIMEOUT:-300}" run_step pr_groups .build/peer_reduce_test groups --json "$OUT/pr_groups.json" ;;
     peer_spin)  # one GPU is enough: two emulated ranks with spin-kernel waits (the watchdog's kind),
-      # check then break; the break timed out in session 20 (benchmarks/results/logs/peer_loopback_h200x1)
+      # check then break; the break timed out in session 20 (the tests' emulated ranks did not
+      # load the wait / write kernels up front: fixed in session 21)
       STEP_TIMEOUT=90 run_step pr_spin_check env JAX_FLASHOVERLAP_WAIT=spin .build/peer_reduce_test check --json "$OUT/pr_spin_check.json"
       STEP_TIMEOUT=90 run_step pr_spin_break env JAX_FLASHOVERLAP_WAIT=spin .build/peer_reduce_test break --json "$OUT/pr_spin_break.json" ;;
     peer)  # the peer-store transport (experimental; 2 GPUs of one process): its GPU tests, the

@@ -243,21 +243,26 @@ def test_op_memory_transpose_w_and_concat_axis():
 
 
 def test_op_memory_peer_transport():
-  """With transport='peer' the op keeps no workspace but a buffer for the peer's partial sums
-  of its rows (M / 2 x N) and the pair's signal words; problems the peer stores cannot take
-  are refused naming why, as the lowering would keep the NCCL path for them."""
+  """With transport='peer' the op keeps no workspace but a buffer for the other ranks' partial
+  sums of its rows ((world - 1) x M / world x N) and the group's signal words; problems the
+  peer stores cannot take are refused naming why, as the lowering would keep the NCCL path
+  for them."""
   from jax_flashoverlap import comm
   import jax.numpy as jnp
   q = comm.GEMM_QUEUE_BYTES
   for op in ("matmul_all_reduce", "matmul_reduce_scatter"):
     got = comm.op_memory(op, (2, 4096, 1024), (1024, 8192), jnp.bfloat16, 2, transport="peer")
-    assert got == {"workspace_bytes": 0, "counter_bytes": 256 + 536, "queue_bytes": q,
+    assert got == {"workspace_bytes": 0, "counter_bytes": 256 + 452, "queue_bytes": q,
                    "peer_recv_bytes": 4096 * 8192 * 2}, (op, got)
+    got = comm.op_memory(op, (2, 4096, 1024), (1024, 8192), jnp.bfloat16, 8, transport="peer")
+    assert got["peer_recv_bytes"] == 7 * 1024 * 8192 * 2, (op, got)
   got = comm.op_memory("matmul_reduce_scatter", (1000, 512), (2048, 512), jnp.float16, 2,
                        transpose_w=True, transport="peer")
   assert got["peer_recv_bytes"] == 500 * 2048 * 2
-  with pytest.raises(ValueError, match="peer stores need exactly 2"):
-    comm.op_memory("matmul_all_reduce", (64, 64), (64, 64), jnp.bfloat16, 4, transport="peer")
+  with pytest.raises(ValueError, match="peer stores need 2 to 8"):
+    comm.op_memory("matmul_all_reduce", (64, 64), (64, 64), jnp.bfloat16, 16, transport="peer")
+  with pytest.raises(ValueError, match="M=66 rows.*multiple of 4"):
+    comm.op_memory("matmul_all_reduce", (66, 64), (64, 64), jnp.bfloat16, 4, transport="peer")
   with pytest.raises(ValueError, match="M=63 rows"):
     comm.op_memory("matmul_reduce_scatter", (63, 64), (64, 64), jnp.bfloat16, 2, transport="peer")
   with pytest.raises(ValueError, match="not all_gather_matmul"):
@@ -274,9 +279,21 @@ def test_peer_signal_bytes_match_the_header():
   root = pathlib.Path(__file__).parent.parent
   args = (root / "xla_ffi/comm/peer_reduce_args.h").read_text()
   gemm = (root / "xla_ffi/kernels/signaling_gemm.h").read_text()
-  assert "constexpr int kPeerSignalWords = 2 * kMaxGroups + 6;" in args
   max_groups = int(re.search(r"\bkMaxGroups = (\d+);", gemm).group(1))
-  assert comm.PEER_SIGNAL_BYTES == (2 * max_groups + 6) * 4
+  max_sources = int(re.search(r"\bkMaxAddSources = (\d+);", gemm).group(1))
+  # The layout's words in order: arrived counters, then per rank slot a credit, a done word
+  # and a mailbox of kPeerMailboxWords, then the failed word.
+  for line in ("constexpr int kPeerArrivedWords = kMaxGroups;",
+               "constexpr int kMaxPeerRanks = kMaxAddSources + 1;",
+               "constexpr int kPeerCredit = kPeerArrived + kPeerArrivedWords;",
+               "constexpr int kPeerDone = kPeerCredit + kMaxPeerRanks;",
+               "constexpr int kPeerMailbox = kPeerDone + kMaxPeerRanks;",
+               "constexpr int kPeerMailboxWords = 4;",
+               "constexpr int kPeerFailed = kPeerMailbox + kPeerMailboxWords * kMaxPeerRanks;",
+               "constexpr int kPeerSignalWords = kPeerFailed + 1;"):
+    assert line in args, line
+  ranks = max_sources + 1
+  assert comm.PEER_SIGNAL_BYTES == (max_groups + ranks + ranks + 4 * ranks + 1) * 4
   assert comm.COUNTER_BYTES == max_groups * 4
 
 

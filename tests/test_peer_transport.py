@@ -74,7 +74,8 @@ def test_group_plan_validates_the_transport():
 
 
 @pytest.mark.parametrize("collective, world, m, fragment", [
-    ("all_reduce", 4, 4096, "has 4 devices; peer stores need exactly 2"),
+    ("all_reduce", 16, 4096, "has 16 devices; peer stores need 2 to 8"),
+    ("reduce_scatter", 4, 4098, "M=4098 rows; peer stores split them into 4 equal blocks"),
     ("reduce_scatter", 1, 4096, "has 1 devices"),
     ("all_reduce", 2, 4095, "M=4095 rows"),
     ("all_to_all", 2, 4096, "not all_to_all"),
@@ -165,10 +166,13 @@ def test_peer_calls_name_the_communicators_of_the_nominal_cap(fo, no_fallback, m
     assert (ids["nccl"] == ids["peer"]) == (nccl_sms == plan_peer.NCCL_CTAS)
 
 
-@pytest.mark.parametrize("mesh_of", [lambda: make_mesh_1d(4), lambda: make_mesh_2d(2, 2)])
-def test_other_world_sizes_keep_nccl_with_a_warning(fo, no_fallback, monkeypatch, mesh_of):
-    """A mesh axis of 4 (1-D), or of 2 on a 2 x 2 mesh: the 2-device axis takes the peer
-    stores, the 4-device one keeps NCCL and warns, naming the reason."""
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter"])
+@pytest.mark.parametrize("mesh_of", [lambda: make_mesh_1d(4), lambda: make_mesh_1d(8),
+                                     lambda: make_mesh_2d(2, 2), lambda: make_mesh_2d(2, 4)])
+def test_every_group_size_up_to_8_takes_the_peer_stores(fo, no_fallback, monkeypatch, mesh_of,
+                                                        collective):
+    """A mesh axis of 2, 4 or 8 devices (1-D, or the tp axis of a 2-D mesh): transport = 1,
+    band_rows of one block of M / world rows (plan_peer.plan at that world size), no warning."""
     monkeypatch.setenv(TRANSPORT_ENV, "peer")
     from jax_flashoverlap import primitives
     primitives._warned_peer_stores.clear()
@@ -177,20 +181,53 @@ def test_other_world_sizes_keep_nccl_with_a_warning(fo, no_fallback, monkeypatch
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if "dp" in mesh.shape:
-            f = shard_map(lambda a, b: fo.matmul_reduce_scatter(a, b, "tp"), mesh,
-                          (P("dp", "tp"), P("tp", None)), P(("dp", "tp"), None))
+            out = P("dp", None) if collective == "all_reduce" else P(("dp", "tp"), None)
+            op = fo.matmul_all_reduce if collective == "all_reduce" else fo.matmul_reduce_scatter
+            f = shard_map(lambda a, b: op(a, b, "tp"), mesh, (P("dp", "tp"), P("tp", None)), out)
             args = (jax.ShapeDtypeStruct((8192, 4096 * tp), jnp.bfloat16),
                     jax.ShapeDtypeStruct((4096 * tp, 8192), jnp.bfloat16))
-            line = custom_call_lines(lower_for_cuda(f, args), PRIMITIVE_NAMES["reduce_scatter"])[0]
+            line = custom_call_lines(lower_for_cuda(f, args), PRIMITIVE_NAMES[collective])[0]
             transport = int(re.search(r"\btransport\s*=\s*(\d+)", line).group(1))
+            bands = tuple(int(v) for v in re.search(r"\bband_rows\s*=\s*dense<\[?([0-9, ]+)\]?>",
+                                                    line).group(1).split(","))
+            m_local = 8192 // mesh.shape["dp"]
         else:
-            transport = _attrs(fo, "reduce_scatter", mesh)[0]
-    peer_warnings = [w for w in caught if issubclass(w.category, plan_peer.PeerStoresWarning)]
-    if tp == 2:
-        assert transport == 1 and not peer_warnings
-    else:
-        assert transport == 0
-        assert len(peer_warnings) == 1 and "has 4 devices" in str(peer_warnings[0].message)
+            transport, _, bands, line = _attrs(fo, collective, mesh)
+            m_local = 4096
+    assert transport == 1, line
+    assert bands == plan_peer.plan(collective, m_local, 8192, 4096, world=tp).band_rows
+    assert bands[-1] == m_local // tp
+    assert not [w for w in caught if issubclass(w.category, plan_peer.PeerStoresWarning)]
+
+
+def test_rows_not_a_multiple_of_the_group_keep_nccl_with_a_warning(fo, no_fallback, monkeypatch):
+    """An all-reduce of M = 4100 rows over 8 devices: no equal row blocks, so the NCCL path,
+    with a warning naming why (4100 is even: at world size 2 it would take the peer stores)."""
+    monkeypatch.setenv(TRANSPORT_ENV, "peer")
+    from jax_flashoverlap import primitives
+    primitives._warned_peer_stores.clear()
+    with pytest.warns(plan_peer.PeerStoresWarning, match="M=4100 rows; peer stores split them into 8"):
+        transport = _attrs(fo, "all_reduce", make_mesh_1d(8), m=4100)[0]
+    assert transport == 0
+
+
+@pytest.mark.parametrize("world", [4, 8])
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter"])
+def test_peer_plan_of_larger_groups(collective, world):
+    """World 4 and 8: bands of one block of M / world rows on unit boundaries, at most
+    MAX_GROUPS / world of them; the bytes each GPU stores grow with the group."""
+    m, n, k = 8192, 8192, 4096
+    p = plan_peer.plan(collective, m, n, k, world=world)
+    assert p.rows_per_block == m // world and p.band_rows[-1] == m // world
+    assert p.num_groups * world <= plan_lib.MAX_GROUPS
+    unit = plan_lib.kernel_geometry(m, n, 0).rows_per_unit
+    assert all(b % unit == 0 for b in p.band_rows[1:-1]), (p.band_rows, unit)
+    two = plan_peer.plan(collective, m, n, k, world=2)
+    assert p.predicted_s >= two.predicted_s
+    with pytest.raises(ValueError, match=f"at most {plan_lib.MAX_GROUPS // world} bands per block "
+                                         f"at world size {world}"):
+        bands = tuple(range(0, m // world, 16))[: plan_lib.MAX_GROUPS // world + 1] + (m // world,)
+        dataclasses.replace(p, band_rows=bands).validate(world)
 
 
 def test_odd_rows_all_reduce_keeps_nccl(fo, no_fallback, monkeypatch):
@@ -214,9 +251,11 @@ def test_transport_typo_fails_the_lowering(fo, no_fallback, monkeypatch):
         _attrs(fo, "reduce_scatter", make_mesh_1d(2))
 
 
-def test_recv_bytes_is_one_block():
+def test_recv_bytes_is_one_block_per_other_rank():
     assert plan_peer.recv_bytes(4096, 8192, 2) == 2048 * 8192 * 2
     assert plan_peer.recv_bytes(2, 8, 2) == 16
+    assert plan_peer.recv_bytes(4096, 8192, 2, world=4) == 3 * 1024 * 8192 * 2
+    assert plan_peer.recv_bytes(4096, 8192, 2, world=8) == 7 * 512 * 8192 * 2
 
 
 def _tuned_peer_entry(tmp_path, monkeypatch, collective="reduce_scatter"):

@@ -128,7 +128,8 @@ BAD = {
     "transport_misspelled": [_entry(transport="nvlink")],
     "transport_peer_bands_over_m": [_entry(transport="peer", comm_sms=0)],  # must end at m / 2
     "transport_peer_with_comm_sms": [_entry(transport="peer", band_rows=[0, 512])],
-    "transport_peer_world_4": json.dumps({"schema": tuning.SCHEMA, "gpu": H200, "world_size": 4,
+    # At world size 4 a peer entry's bands cover m / 4 = 256 rows, not 512.
+    "transport_peer_world_4_bands_over_a_block": json.dumps({"schema": tuning.SCHEMA, "gpu": H200, "world_size": 4,
                                           "entries": [_entry(transport="peer", comm_sms=0,
                                                              band_rows=[0, 512])]}),
 }
@@ -255,7 +256,7 @@ def test_tune_cli_refuses_without_gpu():
                                                  "collective needs M divisible by 2 * world = 4"),
     (["--calls", "0"], "--calls must be >= 1, got 0"),
     (["--samples", "0"], "--samples must be >= 1, got 0"),
-    (["--world", "4", "--peer"], "--peer: the peer stores take a mesh of 2 GPUs, --world is 4"),
+    (["--world", "1", "--peer"], "--peer: the peer stores take a mesh of 2 to 8 GPUs, --world is 1"),
 ])
 def test_tune_cli_checks_world_and_shapes_before_any_gpu_time(argv, message, monkeypatch,
                                                               capsys):
@@ -558,8 +559,9 @@ def test_tune_cli_refuses_several_processes(monkeypatch, capsys):
     (dict(transport="nvlink"), 2, "'transport' must be 'nccl' or 'peer', got 'nvlink'"),
     (dict(transport="peer", comm_sms=0), 2, "must start at 0 and end at 512"),
     (dict(transport="peer", band_rows=[0, 512]), 2, "every SM (comm_sms 0, got 16)"),
-    (dict(transport="peer", comm_sms=0, band_rows=[0, 512]), 4,
-     "transport 'peer' needs world_size 2, the file is for 4"),
+    (dict(transport="peer", comm_sms=0, band_rows=[0, 512]), 4, "must start at 0 and end at 256"),
+    (dict(transport="peer", comm_sms=0, band_rows=[0, 32]), 32,
+     "transport 'peer' needs world_size 2 to 8, the file is for 32"),
 ])
 def test_peer_entries_are_checked(user_dir, entry, world, message):
     _write(user_dir / "peer.json", [_entry(**entry)], world_size=world)
@@ -580,6 +582,16 @@ def test_peer_entry_is_taken_only_where_peer_is_allowed(user_dir):
         "peer", 512, (0, 256, 512), 0)
     nccl = P.choose_plan("all_reduce", 1024, 512, 256, 2, gpu=H200)
     assert nccl.transport == "nccl" and nccl == P.default_plan("all_reduce", 1024, 512, 256, 2)
+
+
+def test_peer_entry_of_a_group_of_4(user_dir):
+    """At world size 4 a peer entry's bands cover one block of m / 4 rows."""
+    from jax_flashoverlap import plan_peer
+    _write(user_dir / "peer4.json", [_entry(transport="peer", comm_sms=0, band_rows=[0, 128, 256])],
+           world_size=4)
+    assert plan_peer.tuned("all_reduce", 1024, 512, 256, H200) is None  # world 2: no entry
+    peer = plan_peer.tuned("all_reduce", 1024, 512, 256, H200, world=4)
+    assert (peer.transport, peer.rows_per_block, peer.band_rows) == ("peer", 256, (0, 128, 256))
 
 
 def test_tuner_keeps_the_fastest_of_nccl_plans_peer_and_xla():
