@@ -273,33 +273,12 @@ __device__ __forceinline__ void CopyAddRingRows(const typename Cfg::Params& para
   CopyAsyncWait<0>();
 }
 
-// Mirrors 1 .. mirror_count - 1 (several peers), after the tile's chunks went to `out` and
-// mirror 0: each thread copies the chunks it stored itself (its own stores, read back through
-// L2) to each further mirror. A second pass, and not inlined: the copy-out warps run on 40
-// registers, and ptxas spilled (on every path) with a pointer per mirror in the loops above,
-// and with this pass inlined; as a call, only a call saves registers (the 128x256 instance's
-// stack frame grew from 64 to 104 bytes, no spill).
-template <class Cfg>
-__device__ __noinline__ void StoreMoreMirrors(const typename Cfg::Params& params, const TileWork& w,
-                                                 int first_row, int rows, int thread, int threads,
-                                                 const char* out) {
-  for (int i = 1; i < params.mirror_count; ++i) {
-    char* mirror = MirrorBase(params, i);  // its stamp: acquired before, read again
-    if (mirror == nullptr) return;         // the peers failed: no more mirror stores
-    for (int id = thread; id < rows * (Cfg::BN / 8); id += threads) {
-      const StagedChunk c = LocateChunk<Cfg>(params.sched, w, params.out_col_block, first_row, id);
-      if (c.valid) *reinterpret_cast<uint4*>(mirror + c.offset) = __ldcg(reinterpret_cast<const uint4*>(out + c.offset));
-    }
-  }
-}
-
 // Staged rows [0, rows) (tile rows first_row + i) to `out`, 16 bytes per thread and step, a
 // warp covering contiguous row spans; `thread` of `threads` copying threads. Rows past the
 // tile's valid rows and columns past N are not stored. With add_from, the other ranks'
 // partial sums of those elements are added on the way (once their counters are complete):
-// through the add ring (the copy-out warps of instances that have one, one source) or one
-// chunk at a time; with mirror slots, each chunk is stored there too (mirror 0 as it is
-// stored, the others after the tile: StoreMoreMirrors).
+// through the add ring (the copy-out warps of instances that have one, one source, at most
+// one mirror) or one chunk at a time; with mirror slots, each chunk is stored there too.
 template <class Cfg>
 __device__ __forceinline__ void CopyStagedRows(const typename Cfg::Params& params,
                                                const uint32_t* staged, const TileWork& w,
@@ -310,24 +289,31 @@ __device__ __forceinline__ void CopyStagedRows(const typename Cfg::Params& param
   const bool add = params.add_from != nullptr && !head;
   if (add) WaitAddCounters(params, w.group);
   char* mirror = params.mirror_count == 0 || head ? nullptr : MirrorBase(params, 0);
-  const bool more_mirrors = mirror != nullptr && params.mirror_count > 1;
-  bool done = false;
+  // Further mirrors (groups of 3 or more): their stamps now, their pointers re-read from the
+  // slots per chunk (through L2) below rather than held: the copy-out warps run on 40
+  // registers, and a pointer per mirror, or a pass of its own, made ptxas spill there.
+  bool more_mirrors = mirror != nullptr && params.mirror_count > 1;
+  for (int i = 1; more_mirrors && i < params.mirror_count; ++i) more_mirrors = MirrorBase(params, i) != nullptr;
+  if (params.mirror_count > 1 && !more_mirrors) mirror = nullptr;  // the peers failed: no mirror stores
   if constexpr (Cfg::kAddRingSlots > 0) {
-    if (add && add_ring != nullptr && params.add_sources == 1 && !params.add_serial) {
+    if (add && add_ring != nullptr && params.add_sources == 1 && !params.add_serial && !more_mirrors) {
       CopyAddRingRows<Cfg>(params, staged, w, first_row, rows, thread, threads, out, mirror, add_ring);
-      done = true;
+      return;
     }
   }
-  for (int id = thread; !done && id < rows * (Cfg::BN / 8); id += threads) {
+  for (int id = thread; id < rows * (Cfg::BN / 8); id += threads) {
     const StagedChunk c = LocateChunk<Cfg>(params.sched, w, params.out_col_block, first_row, id);
     if (c.valid) {
       uint4 v = *reinterpret_cast<const uint4*>(staged + c.row * Cfg::kEpiPitchWords + 4 * c.ch);
       if (add) v = AddPartialSums<Cfg>(params, v, c.offset);
       *reinterpret_cast<uint4*>(out + c.offset) = v;
       if (mirror != nullptr) *reinterpret_cast<uint4*>(mirror + c.offset) = v;
+      for (int i = 1; more_mirrors && i < params.mirror_count; ++i) {
+        const unsigned long long base = __ldcg(reinterpret_cast<const unsigned long long*>(params.mirror_slots[i]));
+        *reinterpret_cast<uint4*>(reinterpret_cast<char*>(base) + params.mirror_offset + c.offset) = v;
+      }
     }
   }
-  if (more_mirrors) StoreMoreMirrors<Cfg>(params, w, first_row, rows, thread, threads, out);
 }
 
 // Overlapped epilogue, copy-out side (threads 32..127 of the producer warpgroup): for every
