@@ -171,6 +171,10 @@ for step in "${steps[@]}"; do
       STEP_TIMEOUT="${STEP_TIMEOUT:-400}" gpu_pytest peer_tests tests/test_gpu_peer.py
       run_step peer_reduce .build/peer_reduce_test all --json "$OUT/peer_reduce.json"
       run_step peer_reduce_2gpu .build/peer_reduce_2gpu_test all --json "$OUT/peer_reduce_2gpu.json"
+      ngpu=$(nvidia-smi -L | grep -c '^GPU')
+      for pw in 4 8; do  # the whole group where the machine has 4 or 8 GPUs
+        [ "$ngpu" -ge "$pw" ] && run_step "peer_reduce_${pw}gpu" .build/peer_reduce_2gpu_test all --world "$pw" --json "$OUT/peer_reduce_${pw}gpu.json"
+      done
       run_step peer_bench python3 -m jax_flashoverlap.bench overlap --world 2 --variants peer --out "$OUT/peer_bench_$TAG.json"
       run_step peer_tune python3 -m jax_flashoverlap.tune --world 2 --peer ${TUNE_ARGS:-} --out "$OUT/peer_tuned_$TAG.json" --report "$OUT/peer_tune_$TAG.json" ;;
     *) echo "unknown step $step"; exit 2 ;;

@@ -314,11 +314,12 @@ void CheckCase(const Case& c, PeerReduceKind kind, int calls, int comm_sms, cuda
   fflush(stdout);
 }
 
-// A program's arguments: MODE [--json PATH] [--iters N] (default mode "all", 15 iterations);
-// exits 2 on anything else.
+// A program's arguments: MODE [--json PATH] [--iters N] [--world N] (default mode "all", 15
+// iterations, world 2: peer_reduce_2gpu_test's group size); exits 2 on anything else.
 struct Options {
   std::string mode = "all", json_path;
   int iters = 15;
+  int world = 2;
 };
 Options ParseOptions(int argc, char** argv) {
   Options o;
@@ -326,9 +327,11 @@ Options ParseOptions(int argc, char** argv) {
   for (int i = 2; i < argc; ++i) {
     if (!strcmp(argv[i], "--json") && i + 1 < argc) o.json_path = argv[++i];
     else if (!strcmp(argv[i], "--iters") && i + 1 < argc) o.iters = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--world") && i + 1 < argc) o.world = atoi(argv[++i]);
     else { fprintf(stderr, "unknown option %s\n", argv[i]); exit(2); }
   }
   if (o.iters < 1) { fprintf(stderr, "bad --iters\n"); exit(2); }
+  if (o.world < 2 || o.world > kMaxPeerRanks) { fprintf(stderr, "--world must be in [2, %d]\n", kMaxPeerRanks); exit(2); }
   return o;
 }
 
