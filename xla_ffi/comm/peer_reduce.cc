@@ -47,6 +47,8 @@ Status ForEachPeer(const PeerReduceBuffers& r, Fn fn) {
   }
   return Status::Ok();
 }
+
+// Rank `to`'s word `word` of the slot that holds what rank `from` tells it.
 int32_t* SlotWord(const PeerReduceBuffers& r, int word, int from, int to) {
   return r.peers_signals[to] + word + PeerSlot(from, to, r.world);
 }
