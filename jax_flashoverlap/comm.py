@@ -151,8 +151,8 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
   inside an execute handler (DESIGN.md). Single process: every group's local ranks are
   initialized together. peer_to_peer=True (ops using ncclSend/ncclRecv) also sets up NCCL's
   point-to-point connections now, once per communicator (every process must ask for it).
-  peer_store_bytes > 0 (JAX_FLASHOVERLAP_TRANSPORT=peer): each group's 2 local ranks also get
-  peer-store buffers of at least that many bytes, peer access enabled both ways
+  peer_store_bytes > 0 (JAX_FLASHOVERLAP_TRANSPORT=peer): each group's 2 to 8 local ranks also
+  get peer-store buffers of at least that many bytes, peer access enabled between every two
   (xla_ffi/comm/peer_stores.h); single process only.
   """
   from jax_flashoverlap import _ext
@@ -170,7 +170,7 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
   # The processes lowering this program: the mesh's (a pipeline stage's mesh may hold a few).
   processes = sorted({d.process_index for g in groups for d in g})
   if peer_store_bytes and spans_processes:
-    raise ValueError("jax_flashoverlap: peer stores need both devices of each axis group in "
+    raise ValueError("jax_flashoverlap: peer stores need every device of each axis group in "
                      "one process (plan_peer.unavailable)")
   with _lock:
     cid = _ensure_locked(ext, cid, groups, processes, spans_processes, workspace_bytes,
@@ -325,7 +325,7 @@ def list_communicators() -> list:
   default, 1 efficiency, 2 zero), workspace_error (why allocating the workspace last failed;
   '' if it did not: such a communicator's calls are refused until a lowering grows it),
   peer_recv_bytes (its peer-store buffer, JAX_FLASHOVERLAP_TRANSPORT=peer; 0: none),
-  peer_broken (a peer-store call of its pair failed: the pair refuses calls, restart)
+  peer_broken (a peer-store call of its group failed: the group refuses calls, restart)
   (empty without the extension)."""
   from jax_flashoverlap import _ext
   return [] if _ext.ext is None else list(_ext.ext.list_communicators())
