@@ -96,9 +96,10 @@ Verdict Compare(const void* out, const float* ref, int64_t rows, int64_t n, Gemm
 // Block b of `out` (block_elems elements each) = round(p[b] + p[b + 1] + ... + p[b - 1]) summed
 // in fp32 in that order: what rank b's epilogue computes (its own product, then its slots:
 // ranks b + 1, b + 2, ...; PeerSlot). For 2 ranks, NCCL's sum of the two rounded partials.
+// Only the first `blocks` blocks (every p[j] holds at least that many).
 template <class T>
-__global__ void SumRoundedInOrder(const T* const* p, int world, int64_t block_elems, T* out) {
-  const int64_t n = world * block_elems;
+__global__ void SumRoundedInOrder(const T* const* p, int world, int64_t block_elems, int blocks, T* out) {
+  const int64_t n = blocks * block_elems;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int b = int(i / block_elems);
     float acc = 0.f;
@@ -107,14 +108,16 @@ __global__ void SumRoundedInOrder(const T* const* p, int world, int64_t block_el
   }
 }
 void SumRoundedInOrderOn(const std::vector<void*>& products, int64_t block_elems, void* out, GemmDType dt,
-                         cudaStream_t s) {
+                         cudaStream_t s, int blocks = -1) {
   Buf table(products.size() * sizeof(void*));
   CK(cudaMemcpyAsync(table.p, products.data(), products.size() * sizeof(void*), cudaMemcpyHostToDevice, s));
   const int world = int(products.size());
+  if (blocks < 0) blocks = world;
   if (dt == GemmDType::kBFloat16)
-    SumRoundedInOrder<<<1024, 256, 0, s>>>((const __nv_bfloat16* const*)table.p, world, block_elems, (__nv_bfloat16*)out);
+    SumRoundedInOrder<<<1024, 256, 0, s>>>((const __nv_bfloat16* const*)table.p, world, block_elems, blocks,
+                                           (__nv_bfloat16*)out);
   else
-    SumRoundedInOrder<<<1024, 256, 0, s>>>((const __half* const*)table.p, world, block_elems, (__half*)out);
+    SumRoundedInOrder<<<1024, 256, 0, s>>>((const __half* const*)table.p, world, block_elems, blocks, (__half*)out);
   CK(cudaGetLastError());
   CK(cudaStreamSynchronize(s));  // before `table` goes
 }

@@ -17,7 +17,8 @@
 //                               even ones through the add ring where the tile has one
 //                               (128x256; FLASHOVERLAP_GEMM_TILE=256 forces it on small cases)
 //   peer_reduce_test groups   : groups of 3, 4 and 8 ranks emulated on one GPU (each rank's
-//                               GEMMs on SMs / world), as `check`'s emulated pair: every
+//                               GEMMs on SMs / world; then one rank that is every rank of
+//                               the group, the whole GPU), as `check`'s emulated pair: every
 //                               result against float32 and bit for bit against the in-order
 //                               rounded sum of the ranks' plain GEMMs (each rank adds its own
 //                               product, then those of ranks r + 1, r + 2, ...)
@@ -29,6 +30,10 @@
 //                               per block, and with 2 bands and add_serial (the add ring's
 //                               A/B) (CUDA events, interleaved, median of --iters samples of
 //                               5 calls)
+//   peer_reduce_test bench_groups : per shape, our GEMM alone and the RS / AR sequences of a
+//                               group of 2, 4 and 8 whose every rank is this one (all its
+//                               stores land here: the cost of several sources and mirrors
+//                               in the epilogue, NVLink aside), interleaved as `bench`
 //   peer_reduce_test sanitize : flags + the small case with the rank as its own peer (no two
 //                               kernels need to run at once: compute-sanitizer may serialize)
 //   peer_reduce_test abort    : a peer that never comes: rank 0 calls, rank 1 never does; its
@@ -108,16 +113,18 @@ void Flags(int* counters, cudaStream_t s, int delay_ms) {
   CK(cudaStreamDestroy(side));
 }
 
-// One rank whose peer is itself (its peer stores land in its own memory): the whole sequence
-// with no second rank, so no two kernels need to run at once (compute-sanitizer). Phase 2 adds
-// phase 1's product: the result's block 0 is x[block 0] @ w + x[block 1] @ w (an all-reduce's
-// mirror stores land on those same rows; its block 1 is the peer's to write: none here).
-void SelfPeerCase(const Case& c, PeerReduceKind kind, int calls, cudaStream_t s) {
+// One rank whose peers are all itself (its stores for every other rank land in its own
+// memory, one recv slot per "rank"): the whole sequence with no second rank, so no two
+// kernels need to run at once (compute-sanitizer). Its own block adds the other blocks'
+// products: the result's block 0 is the sum over b of x[block b] @ w (an all-reduce's mirror
+// stores land on those same rows; its other blocks are the others' to write: none here).
+// world 2 is a pair's sequence; 4 and 8 a group's (several sources and mirrors).
+void SelfPeerCase(const Case& c, PeerReduceKind kind, int calls, cudaStream_t s, int world = 2) {
   const bool ar = kind == PeerReduceKind::kAllReduce;
-  const int64_t rows = c.m / 2, out_rows = ar ? c.m : rows, block = rows * c.n;
-  EmulatedRank self(0, rows, c.n);
-  self.PeerWith(self, 1);
-  Problem p({c.m, c.n, c.k}, c.dt, 50000 + c.m, s);
+  const int64_t rows = c.m / world, out_rows = ar ? c.m : rows, block = rows * c.n;
+  EmulatedRank self(0, rows, c.n, -1, world);
+  for (int i = 1; i < world; ++i) self.PeerWith(self, i);
+  Problem p({c.m, c.n, c.k}, c.dt, 50000 + c.m + world, s);
   Buf results(calls * out_rows * c.n * 2), prod(c.m * c.n * 2), exact(block * 2), sum_ref(block * 4);
   CK(cudaMemsetAsync(results.p, 0xFF, calls * out_rows * c.n * 2, s));
   SignalingGemmArgs g = p.base;
@@ -131,22 +138,28 @@ void SelfPeerCase(const Case& c, PeerReduceKind kind, int calls, cudaStream_t s)
     split = split || LastLaunchSplit();
   }
   g.add_serial = false;
-  for (int b = 0; b < 2; ++b) {
+  std::vector<void*> blocks(world);
+  for (int b = 0; b < world; ++b) {
     SignalingGemmArgs h = g;
     h.x = static_cast<const char*>(p.base.x) + b * rows * c.k * 2;
     h.m = rows;
-    h.out = static_cast<char*>(prod.p) + b * block * 2;
+    h.out = blocks[b] = static_cast<char*>(prod.p) + b * block * 2;
     MustLaunch(LaunchSignalingGemm(h, s), "plain GEMM");
     split = split || LastLaunchSplit();
   }
-  AddRoundedOn(prod.p, static_cast<char*>(prod.p) + block * 2, exact.p, block, c.dt, s);
+  // The epilogue's order: its own block, then its slots 0, 1, ...; stored "to rank b", block b
+  // landed in slot PeerSlot(0, b) = world - 1 - b.
+  std::vector<void*> in_order = {blocks[0]};
+  for (int slot = 0; slot < world - 1; ++slot) in_order.push_back(blocks[world - 1 - slot]);
+  SumRoundedInOrderOn(in_order, block, exact.p, c.dt, s, /*blocks=*/1);
   CK(cudaMemcpyAsync(sum_ref.p, p.ref.p, block * 4, cudaMemcpyDeviceToDevice, s));
-  AddF32<<<1024, 256, 0, s>>>((const float*)p.ref.p + block, (float*)sum_ref.p, block);
+  for (int b = 1; b < world; ++b) AddF32<<<1024, 256, 0, s>>>((const float*)p.ref.p + b * block, (float*)sum_ref.p, block);
   CK(cudaGetLastError());
+  const std::string tag = world == 2 ? "self" : "self" + std::to_string(world);
   for (int i = 0; i < calls; ++i) {
     const char* out = static_cast<const char*>(results.p) + i * out_rows * c.n * 2;  // block 0
     const Verdict v = Compare(out, (const float*)sum_ref.p, rows, c.n, c.dt, s);
-    Judge("self", ar, c, i, 0, v, Different(out, exact.p, block, s), !split);
+    Judge(tag.c_str(), ar, c, i, 0, v, Different(out, exact.p, block, s), !split);
   }
   fflush(stdout);
 }
@@ -189,6 +202,8 @@ void CheckGroups(cudaStream_t s) {
     for (PeerReduceKind kind : {PeerReduceKind::kReduceScatter, PeerReduceKind::kAllReduce}) {
       printf("groups: %d ranks on one GPU, %d SMs each\n", gc.world, sms / gc.world);
       CheckCase(gc.c, kind, 4, sms - sms / gc.world, s, /*one_gpu_each=*/false, gc.world);
+      // The same group's sequence by one rank that is every rank (what bench_groups times).
+      SelfPeerCase(gc.c, kind, 2, s, gc.world);
     }
   }
 }
@@ -312,13 +327,73 @@ void Bench(cudaStream_t s, int* counters, int iters) {
   _exit(pass ? 0 : 1);  // no destructors: they would call into the dead context
 }
 
+// Per shape: our GEMM alone, then the reduce-scatter and all-reduce sequences (2 bands per
+// block) of a group of 2, 4 and 8 whose every rank is this one (SelfPeerCase's setup: every
+// store lands in this GPU's memory): what the sequence of a bigger group costs the GEMM on one
+// GPU (several sources loaded one chunk at a time, several mirrors), NVLink aside.
+void BenchGroups(cudaStream_t s, int* counters, int iters) {
+  struct B { int64_t m, n, k; };
+  const std::vector<B> cases = {{4096, 8192, 4096}, {8192, 8192, 4096}, {16384, 8192, 8192},
+                                {8192, 28672, 4096}, {8192, 8192, 14336}};
+  const int worlds[] = {2, 4, 8};
+  constexpr int kCallsPerSample = 5;
+  printf("%-18s | %7s | over GEMM: RS 2, 4, 8 ranks; AR 2, 4, 8 ranks\n", "per-GPU M x N x K", "GEMM");
+  uint64_t seed = 45000;
+  for (const B& c : cases) {
+    const GemmDType dt = GemmDType::kBFloat16;
+    Problem p({c.m, c.n, c.k}, dt, seed += 10, s, /*with_ref=*/false);
+    std::vector<std::unique_ptr<EmulatedRank>> selves;
+    for (int world : worlds) {
+      selves.push_back(std::make_unique<EmulatedRank>(0, c.m / world, c.n, -1, world));
+      for (int i = 1; i < world; ++i) selves.back()->PeerWith(*selves.back(), i);
+    }
+    Buf result(c.m * c.n * 2);
+    SignalingGemmArgs whole = p.Args(EvenLayout(c.m, 1, 1, 256), 0);
+    whole.counters = counters;
+    std::vector<std::function<void()>> variants = {[&]() {
+      for (int i = 0; i < kCallsPerSample; ++i) {
+        CK(cudaMemsetAsync(counters, 0, sizeof(int) * kMaxGroups, s));
+        MustLaunch(LaunchSignalingGemm(whole, s), "GEMM");
+      }
+    }};
+    for (PeerReduceKind kind : {PeerReduceKind::kReduceScatter, PeerReduceKind::kAllReduce}) {
+      for (size_t w = 0; w < selves.size(); ++w) {
+        SignalingGemmArgs seq = p.base;
+        seq.layout = BandLayout(EvenBands(c.m / worlds[w], 2, 256));
+        seq.queue = selves[w]->queue->p;
+        EmulatedRank* self = selves[w].get();
+        variants.push_back([&, kind, seq, self]() {
+          for (int i = 0; i < kCallsPerSample; ++i) Must(EnqueuePeerReduce(self->r, s, kind, seq, result.p), "sequence");
+        });
+      }
+    }
+    const std::vector<float> t = TimeInterleaved(variants, s, iters);
+    std::vector<double> ms;
+    for (float v : t) ms.push_back(v / kCallsPerSample);
+    char shape[40];
+    snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)c.m, (long long)c.n, (long long)c.k);
+    printf("%-18s | %7.3f | %.3f %.3f %.3f  %.3f %.3f %.3f\n", shape, ms[0], ms[1] / ms[0], ms[2] / ms[0],
+           ms[3] / ms[0], ms[4] / ms[0], ms[5] / ms[0], ms[6] / ms[0]);
+    char buf[512];
+    snprintf(buf, sizeof buf,
+             "{\"tag\":\"bench_groups\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"gemm_ms\":%.4f,"
+             "\"reduce_scatter_ms\":{\"2\":%.4f,\"4\":%.4f,\"8\":%.4f},"
+             "\"all_reduce_ms\":{\"2\":%.4f,\"4\":%.4f,\"8\":%.4f}}",
+             (long long)c.m, (long long)c.n, (long long)c.k, ms[0], ms[1], ms[2], ms[3], ms[4], ms[5], ms[6]);
+    AddJson(buf);
+    fflush(stdout);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const Options o = ParseOptions(argc, argv);
-  const std::vector<std::string> modes = {"flags", "check", "groups", "bench", "sanitize", "abort", "break", "all"};
+  const std::vector<std::string> modes = {"flags", "check", "groups", "bench", "bench_groups", "sanitize", "abort",
+                                          "break", "all"};
   if (std::find(modes.begin(), modes.end(), o.mode) == modes.end()) {
-    fprintf(stderr, "unknown mode '%s' (flags, check, groups, bench, sanitize, abort, break, all)\n", o.mode.c_str());
+    fprintf(stderr, "unknown mode '%s' (flags, check, groups, bench, bench_groups, sanitize, abort, break, all)\n",
+            o.mode.c_str());
     return 2;
   }
   TestDevice d = StartTestDevice();
@@ -329,6 +404,7 @@ int main(int argc, char** argv) {
   if (o.mode == "sanitize") Check(/*small=*/true, d.stream);
   if (o.mode == "groups" || o.mode == "all") CheckGroups(d.stream);
   if (o.mode == "bench" || o.mode == "all") Bench(d.stream, d.counters, o.iters);
+  if (o.mode == "bench_groups" || o.mode == "all") BenchGroups(d.stream, d.counters, o.iters);
   if (o.mode == "break" || o.mode == "all") BreakCheck(/*two_gpus=*/false, d.stream);
   char fields[64];
   snprintf(fields, sizeof fields, ",\"iters\":%d", o.iters);
