@@ -273,49 +273,12 @@ __device__ __forceinline__ void CopyAddRingRows(const typename Cfg::Params& para
   CopyAsyncWait<0>();
 }
 
-// CopyStagedRows' reduction with several sources (groups of 3 or more) through the add ring's
-// slots: per chunk this thread loads every source's partial with cp.async into its own slots
-// 0 .. sources - 1 at once, then adds them, so the loads' latencies overlap instead of adding
-// up (one at a time, a group of 8's own block cost its epilogue ~6x its mainloop on one H200:
-// benchmarks/results/logs/peer_groups_h200x1). A slot is refilled only after the stores that
-// depend on the value read from it; each thread reads only its own slots, after its own
-// wait_group: no barrier. Mirrors after the first: their pointers re-read per chunk (below).
-template <class Cfg>
-__device__ __forceinline__ void CopyAddSourcesRows(const typename Cfg::Params& params,
-                                                   const uint32_t* staged, const TileWork& w,
-                                                   int first_row, int rows, int thread, int threads,
-                                                   char* out, char* mirror, bool more_mirrors,
-                                                   uint4* ring) {
-  using E = typename Cfg::Element;
-  const int sources = params.add_sources;
-  uint4* slots = ring + thread;  // slot s: slots[s * threads]
-  for (int id = thread; id < rows * (Cfg::BN / 8); id += threads) {
-    const StagedChunk c = LocateChunk<Cfg>(params.sched, w, params.out_col_block, first_row, id);
-    if (!c.valid) continue;
-    for (int s = 0; s < sources; ++s)
-      CopyAsync16(slots + s * threads, params.add_from + s * params.add_stride + c.offset);
-    CopyAsyncCommit();
-    CopyAsyncWait<0>();
-    float2 sum[4] = {};
-    AccumulateChunk<E>(sum, *reinterpret_cast<const uint4*>(staged + c.row * Cfg::kEpiPitchWords + 4 * c.ch));
-    for (int s = 0; s < sources; ++s) AccumulateChunk<E>(sum, slots[s * threads]);
-    const uint4 v = RoundChunk<E>(sum);
-    *reinterpret_cast<uint4*>(out + c.offset) = v;
-    if (mirror != nullptr) *reinterpret_cast<uint4*>(mirror + c.offset) = v;
-    for (int i = 1; more_mirrors && i < params.mirror_count; ++i) {
-      const unsigned long long base = __ldcg(reinterpret_cast<const unsigned long long*>(params.mirror_slots[i]));
-      *reinterpret_cast<uint4*>(reinterpret_cast<char*>(base) + params.mirror_offset + c.offset) = v;
-    }
-  }
-}
-
 // Staged rows [0, rows) (tile rows first_row + i) to `out`, 16 bytes per thread and step, a
 // warp covering contiguous row spans; `thread` of `threads` copying threads. Rows past the
 // tile's valid rows and columns past N are not stored. With add_from, the other ranks'
 // partial sums of those elements are added on the way (once their counters are complete):
-// through the add ring (the copy-out warps of instances that have one: one source and at
-// most one mirror, D loads ahead; several sources, all of a chunk's at once) or one chunk
-// at a time; with mirror slots, each chunk is stored there too.
+// through the add ring (the copy-out warps of instances that have one, one source, at most
+// one mirror) or one chunk at a time; with mirror slots, each chunk is stored there too.
 template <class Cfg>
 __device__ __forceinline__ void CopyStagedRows(const typename Cfg::Params& params,
                                                const uint32_t* staged, const TileWork& w,
@@ -333,16 +296,9 @@ __device__ __forceinline__ void CopyStagedRows(const typename Cfg::Params& param
   for (int i = 1; more_mirrors && i < params.mirror_count; ++i) more_mirrors = MirrorBase(params, i) != nullptr;
   if (params.mirror_count > 1 && !more_mirrors) mirror = nullptr;  // the peers failed: no mirror stores
   if constexpr (Cfg::kAddRingSlots > 0) {
-    if (add && add_ring != nullptr && !params.add_serial) {
-      if (params.add_sources == 1 && !more_mirrors) {
-        CopyAddRingRows<Cfg>(params, staged, w, first_row, rows, thread, threads, out, mirror, add_ring);
-        return;
-      }
-      if (params.add_sources > 1 && params.add_sources <= Cfg::kAddRingSlots) {
-        CopyAddSourcesRows<Cfg>(params, staged, w, first_row, rows, thread, threads, out, mirror, more_mirrors,
-                                add_ring);
-        return;
-      }
+    if (add && add_ring != nullptr && params.add_sources == 1 && !params.add_serial && !more_mirrors) {
+      CopyAddRingRows<Cfg>(params, staged, w, first_row, rows, thread, threads, out, mirror, add_ring);
+      return;
     }
   }
   for (int id = thread; id < rows * (Cfg::BN / 8); id += threads) {
