@@ -22,11 +22,15 @@ MAX_WORLD = 8
 # The communicator the peer stores hang on (its call mutex, ordering, watchdog, teardown) is
 # still an NCCL one, never used for NCCL calls on this path: its nominal CTA cap.
 NCCL_CTAS = 8
-# Time over our GEMM alone on all SMs of the peer-store sequence with a rank as its own peer
-# on one H200 (everything but NVLink), the slowest of the DESIGN.md shapes (session 19, the
-# add ring; benchmarks/results/logs/peer_stores_h200x1). NVLink is not measured: an assumed
-# store bandwidth per direction (H200 NVLink 4: 450 GB/s peak) bounds the peer's block.
-SEQUENCE_OVER_GEMM = {"reduce_scatter": 1.03, "all_reduce": 1.06}
+# Time over our GEMM alone on all SMs of the peer-store sequence of a group whose every rank
+# is one GPU (everything but NVLink), the slowest of the DESIGN.md shapes, by group size: 2
+# from session 19 (the add ring; benchmarks/results/logs/peer_stores_h200x1), 4 and 8 from
+# session 21 (bench_groups; benchmarks/results/logs/peer_groups_h200x1, call 4: several
+# sources are loaded one at a time, so a bigger group's own block costs its epilogue far
+# more). Other sizes take the next measured size up. NVLink is not measured: an assumed store
+# bandwidth per direction (H200 NVLink 4: 450 GB/s peak) bounds the bytes each GPU sends.
+SEQUENCE_OVER_GEMM = {"reduce_scatter": {2: 1.03, 4: 1.42, 8: 1.79},
+                      "all_reduce": {2: 1.06, 4: 1.65, 8: 2.28}}
 ASSUMED_LINK_BYTES_PER_S = 3.0e11
 
 
@@ -63,6 +67,12 @@ def unavailable(collective: str, mesh, axis_name, world: int, m: int) -> str | N
   return None
 
 
+def sequence_over_gemm(collective: str, world: int) -> float:
+  """SEQUENCE_OVER_GEMM at the smallest measured group size >= world."""
+  by_world = SEQUENCE_OVER_GEMM[collective]
+  return by_world[min(w for w in by_world if w >= world)]
+
+
 def plan(collective: str, m: int, n: int, k: int, itemsize: int = 2,
          transpose_w: bool = False, world: int = 2) -> plan_lib.GroupPlan:
   """The peer-store plan of x [m, k] @ w [k, n] (per device) over `world` GPUs:
@@ -77,7 +87,7 @@ def plan(collective: str, m: int, n: int, k: int, itemsize: int = 2,
   gemm = plan_lib.gemm_waves(m, n, 0, k, 1, transpose_w) * unit_time
   # The other ranks' blocks, and for an all-reduce our reduced block once per other rank.
   link_bytes = (world - 1) * rows * n * itemsize * (2 if collective == "all_reduce" else 1)
-  predicted = max(gemm * SEQUENCE_OVER_GEMM[collective], link_bytes / ASSUMED_LINK_BYTES_PER_S)
+  predicted = max(gemm * sequence_over_gemm(collective, world), link_bytes / ASSUMED_LINK_BYTES_PER_S)
   result = plan_lib.GroupPlan(
       collective, rows, tuple(int(b) for b in bands), 0, overlap=True, predicted_s=predicted,
       baseline_s=plan_lib.baseline_time(collective, m, n, k, 2, itemsize),

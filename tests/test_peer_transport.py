@@ -224,6 +224,10 @@ def test_peer_plan_of_larger_groups(collective, world):
     assert all(b % unit == 0 for b in p.band_rows[1:-1]), (p.band_rows, unit)
     two = plan_peer.plan(collective, m, n, k, world=2)
     assert p.predicted_s >= two.predicted_s
+    # The one-GPU measurement of a group's sequence (several sources, one load at a time).
+    assert plan_peer.sequence_over_gemm(collective, world) > plan_peer.sequence_over_gemm(collective, 2)
+    assert plan_peer.sequence_over_gemm(collective, 3) == plan_peer.sequence_over_gemm(collective, 4)
+    assert plan_peer.sequence_over_gemm(collective, 5) == plan_peer.sequence_over_gemm(collective, 8)
     with pytest.raises(ValueError, match=f"at most {plan_lib.MAX_GROUPS // world} bands per block "
                                          f"at world size {world}"):
         bands = tuple(range(0, m // world, 16))[: plan_lib.MAX_GROUPS // world + 1] + (m // world,)
