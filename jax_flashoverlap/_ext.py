@@ -203,10 +203,11 @@ def transport() -> str:
   """JAX_FLASHOVERLAP_TRANSPORT: how matmul_all_reduce / matmul_reduce_scatter move data.
 
   nccl: one NCCL call per group on a second stream, on the SMs the GEMM leaves free. peer
-  (experimental; docs/DESIGN.md, "Peer stores"): over 2 GPUs of this process, the GEMM stores
-  the peer's rows into its memory and adds the peer's partial sums as it stores its own (no
-  NCCL, every SM computing); ops it cannot take (other world sizes, an axis group across
-  processes, odd M) keep the NCCL path, with a PeerStoresWarning. auto (unset: the default):
+  (experimental; docs/DESIGN.md, "Peer stores"): over 2 to 8 GPUs of this process, the GEMM
+  stores each other rank's rows into its memory and adds the others' partial sums as it stores
+  its own (no NCCL, every SM computing); ops it cannot take (more than 8 devices, an axis
+  group across processes, M not a multiple of the world size) keep the NCCL path, with a
+  PeerStoresWarning. auto (unset: the default):
   NCCL, unless a tuned config entry for the op says peer (jax_flashoverlap.tuning)."""
   raw = os.environ.get(TRANSPORT_ENV)
   if raw in (None, ""):

@@ -16,8 +16,8 @@ overlap` next to ours:
   ours_helpers   our op (the same program as ours) with FLASHOVERLAP_GEMM_HELPERS=on: between
                  its collectives the GEMM borrows the SMs left to NCCL (helper launches,
                  xla_ffi/kernels/signaling_gemm.h); an experiment, off by default
-  ours_peer      our op lowered with JAX_FLASHOVERLAP_TRANSPORT=peer (2 local GPUs only; an
-                 experiment: the GEMM stores into the peer's memory and reduces in its
+  ours_peer      our op lowered with JAX_FLASHOVERLAP_TRANSPORT=peer (2 to 8 local GPUs; an
+                 experiment: the GEMM stores into the other ranks' memory and reduces in its
                  epilogue, no NCCL; docs/DESIGN.md, "Peer stores")
   xla_chain,     XLA's dot + collective and ours as a chain of CHAIN dependent calls in one
   ours_chain     program (each call's x waits for one element of the previous output), timed

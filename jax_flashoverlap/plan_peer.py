@@ -2,8 +2,8 @@
 stores"): GEMM + all-reduce / reduce-scatter over the 2 to 8 GPUs of a mesh axis in this
 process, with no NCCL call. Each GPU's GEMM (on every SM) computes the other ranks' blocks of
 rows first and stores each into its rank's memory, then its own block, adding the others'
-partial sums as each tile is stored (xla_ffi/comm/peer_reduce.h). Only world size 2 has run
-on two GPUs' worth of hardware so far; larger groups are checked on one GPU by emulation.
+partial sums as each tile is stored (xla_ffi/comm/peer_reduce.h). Nothing of it has run on
+more than one GPU yet: pairs and larger groups are checked on one GPU by emulation.
 
 Its plan is the bands of one rank's block (M / world rows, for both collectives): the groups
 the other ranks' counters count. Bands change little here (nothing is exposed but the last band's
