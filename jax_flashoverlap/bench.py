@@ -290,7 +290,8 @@ def _other_variants(pb, args) -> dict:
   if "helpers" in args.variants:
     out["ours_helpers"] = bench_variants.EnvPinned(pb.smap(pb.ours),
                                                    {bench_variants.HELPERS_ENV: "on"})
-  if "peer" in args.variants and pb.world <= 8:  # peer stores take 2 to 8 GPUs
+  from jax_flashoverlap import plan_peer
+  if "peer" in args.variants and pb.world <= plan_peer.MAX_WORLD:  # peer stores: 2 to 8 GPUs
     fn = pb.smap(pb.ours)
     with bench_variants.overridden_env({bench_variants.TRANSPORT_ENV: "peer"}):
       fn(*pb.args)  # compiles (lowers) with the peer-store plan

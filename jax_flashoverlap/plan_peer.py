@@ -90,7 +90,7 @@ def plan(collective: str, m: int, n: int, k: int, itemsize: int = 2,
   predicted = max(gemm * sequence_over_gemm(collective, world), link_bytes / ASSUMED_LINK_BYTES_PER_S)
   result = plan_lib.GroupPlan(
       collective, rows, tuple(int(b) for b in bands), 0, overlap=True, predicted_s=predicted,
-      baseline_s=plan_lib.baseline_time(collective, m, n, k, 2, itemsize),
+      baseline_s=plan_lib.baseline_time(collective, m, n, k, world, itemsize),
       transport="peer")
   result.validate(world)
   return result

@@ -429,8 +429,10 @@ def main(argv=None) -> int:
                  "jax_flashoverlap.launch / jax.distributed; its config serves any process "
                  "count with the same GPU and world size")
   args.world = bench.resolve_world(parser, args.world)
-  if args.peer and not 2 <= args.world <= 8:
-    parser.error(f"--peer: the peer stores take a mesh of 2 to 8 GPUs, --world is {args.world}")
+  from jax_flashoverlap import plan_peer
+  if args.peer and not 2 <= args.world <= plan_peer.MAX_WORLD:
+    parser.error(f"--peer: the peer stores take a mesh of 2 to {plan_peer.MAX_WORLD} GPUs, "
+                 f"--world is {args.world}")
   devices = jax.devices()[: args.world]
   gpu = devices[0].device_kind
   for shape in args.shapes if args.collectives else ():

@@ -144,8 +144,9 @@ def _check_plan(path, where, e, world, m):
     transport = e.get("transport", "nccl")
     if transport not in ("nccl", "peer"):
       _fail(path, f"{where}: 'transport' must be 'nccl' or 'peer', got {transport!r}")
-    if transport == "peer" and not 2 <= world <= 8:
-      _fail(path, f"{where}: transport 'peer' needs world_size 2 to 8, the file is for {world}")
+    from jax_flashoverlap.plan_peer import MAX_WORLD
+    if transport == "peer" and not 2 <= world <= MAX_WORLD:
+      _fail(path, f"{where}: transport 'peer' needs world_size 2 to {MAX_WORLD}, the file is for {world}")
     # Peer stores: both collectives' bands cover one rank's block (plan_peer.py).
     blocks = world if transport == "peer" else rank_blocks(collective, world)
     if m % blocks:
