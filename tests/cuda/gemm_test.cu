@@ -12,10 +12,6 @@
 // Exit code 1 if any check failed.
 #include "gemm_test_common.cuh"
 
-// DESIGN.md per-GPU shapes (global K split over 2 GPUs).
-const Shape3 kDesignShapes[] = {{4096, 8192, 4096}, {8192, 8192, 4096}, {16384, 8192, 8192},
-                                {8192, 28672, 4096}, {8192, 8192, 14336}};
-
 std::string LayoutStr(const GroupLayout& L) {
   std::string b = "[";
   for (int g = 0; g <= L.num_groups; ++g) b += std::to_string(L.band_rows[g]) + (g < L.num_groups ? "," : "]");

@@ -386,6 +386,10 @@ RunResult RunAndCheck(SignalingGemmArgs a, const float* ref, int* counters, cuda
 // ---------------------------------------------------------------- a problem
 struct Shape3 { int64_t m, n, k; };
 
+// DESIGN.md per-GPU shapes (global K split over 2 GPUs).
+const Shape3 kDesignShapes[] = {{4096, 8192, 4096}, {8192, 8192, 4096}, {16384, 8192, 8192},
+                                {8192, 28672, 4096}, {8192, 8192, 14336}};
+
 // Fresh random x and w, their fp32 reference, and the launch args of one GEMM.
 struct Problem {
   Shape3 s;

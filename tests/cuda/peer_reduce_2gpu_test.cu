@@ -94,14 +94,11 @@ float TimeGroup(const std::vector<EmulatedRank*>& ranks, PeerReduceKind kind, co
 }
 
 void Bench(cudaStream_t s, int* counters, int iters, int world) {
-  struct B { int64_t m, n, k; };
-  const std::vector<B> cases = {{4096, 8192, 4096}, {8192, 8192, 4096}, {16384, 8192, 8192},
-                                {8192, 28672, 4096}, {8192, 8192, 14336}};
   constexpr int kCallsPerSample = 5;
   printf("%-18s | %7s | %7s %7s %7s %7s | %s\n", "per-GPU M x N x K", "GEMM", "RS", "RS ser", "AR", "AR ser",
          "over GEMM: RS, RS serial, AR, AR serial");
   uint64_t seed = 60000;
-  for (const B& c : cases) {
+  for (const Shape3& c : kDesignShapes) {
     const GemmDType dt = GemmDType::kBFloat16;
     const int64_t rows = c.m / world;
     // Rank r's operands on GPU r (the same values on every GPU: what matters here is time).
@@ -113,7 +110,7 @@ void Bench(cudaStream_t s, int* counters, int iters, int world) {
     for (int r = 0; r < world; ++r) {
       owned[r] = std::make_unique<EmulatedRank>(r, rows, c.n, r, world);
       ranks[r] = owned[r].get();
-      problem[r] = std::make_unique<Problem>(Shape3{c.m, c.n, c.k}, dt, seed, ranks[r]->compute, /*with_ref=*/false);
+      problem[r] = std::make_unique<Problem>(c, dt, seed, ranks[r]->compute, /*with_ref=*/false);
       result[r] = std::make_unique<Buf>(c.m * c.n * 2);
       out[r] = result[r]->p;
       CK(cudaStreamSynchronize(ranks[r]->compute));

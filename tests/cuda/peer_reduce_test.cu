@@ -216,15 +216,12 @@ void CheckGroups(cudaStream_t s) {
 void Bench(cudaStream_t s, int* counters, int iters) {
   Cublas cublas;
   cublas.Load();
-  struct B { int64_t m, n, k; };
-  const std::vector<B> cases = {{4096, 8192, 4096}, {8192, 8192, 4096}, {16384, 8192, 8192},
-                                {8192, 28672, 4096}, {8192, 8192, 14336}};
   constexpr int kCallsPerSample = 5;
   printf("%-18s | %7s %7s %8s | %7s %7s %7s %7s %7s %7s | %s\n", "per-GPU M x N x K", "GEMM", "cuBLAS", "grouped",
          "RS b2", "RS b8", "AR b2", "AR b8", "RS b2s", "AR b2s",
          "over GEMM: grouped, RS b2, RS b8, AR b2, AR b8, RS b2 serial, AR b2 serial");
   uint64_t seed = 40000;
-  for (const B& c : cases) {
+  for (const Shape3& c : kDesignShapes) {
     const GemmDType dt = GemmDType::kBFloat16;
     const int64_t rows = c.m / 2;
     Problem p({c.m, c.n, c.k}, dt, seed += 10, s, /*with_ref=*/false);
@@ -332,14 +329,11 @@ void Bench(cudaStream_t s, int* counters, int iters) {
 // store lands in this GPU's memory): what the sequence of a bigger group costs the GEMM on one
 // GPU (several sources loaded one chunk at a time, several mirrors), NVLink aside.
 void BenchGroups(cudaStream_t s, int* counters, int iters) {
-  struct B { int64_t m, n, k; };
-  const std::vector<B> cases = {{4096, 8192, 4096}, {8192, 8192, 4096}, {16384, 8192, 8192},
-                                {8192, 28672, 4096}, {8192, 8192, 14336}};
   const int worlds[] = {2, 4, 8};
   constexpr int kCallsPerSample = 5;
   printf("%-18s | %7s | over GEMM: RS 2, 4, 8 ranks; AR 2, 4, 8 ranks\n", "per-GPU M x N x K", "GEMM");
   uint64_t seed = 45000;
-  for (const B& c : cases) {
+  for (const Shape3& c : kDesignShapes) {
     const GemmDType dt = GemmDType::kBFloat16;
     Problem p({c.m, c.n, c.k}, dt, seed += 10, s, /*with_ref=*/false);
     std::vector<std::unique_ptr<EmulatedRank>> selves;
