@@ -208,6 +208,14 @@ std::string ValidateEpiloguePeers(const SignalingGemmArgs& a) {
         return "head_counters[" + std::to_string(d) + "] must be 4-byte aligned";
     }
   }
+  if (a.head_add_dests != 0) {
+    if (a.head_groups == 0 || a.head_add_dests < 0 || a.head_add_dests > a.head_dests)
+      return "head_add_dests must be in [0, head_dests (" + std::to_string(a.head_groups > 0 ? a.head_dests : 0) +
+             ")], got " + std::to_string(a.head_add_dests);
+    if (a.add_from == nullptr || a.add_sources != 1 || a.add_counters == nullptr)
+      return "head_add_dests needs add_from with add_sources 1 and add_counters (the head groups' "
+             "counters are add_counters[g - head_groups])";
+  }
   return "";
 }
 

@@ -153,13 +153,21 @@ struct SignalingGemmArgs {
   // head_dests), into head_out[d] (laid out like out: the element at the same offset), and is
   // counted in head_counters[d][g - d * (head_groups / head_dests)] with a system-scope fence
   // (e.g. each peer's share of a reduce-scatter, stored into that peer's memory); they are
-  // never added to or mirrored. The other groups are numbered from head_groups on where they
-  // index add_counters and counters (group g uses [g - head_groups]), so they line up with the
+  // never mirrored. The other groups are numbered from head_groups on where they index
+  // add_counters and counters (group g uses [g - head_groups]), so they line up with the
   // peers' head groups of the same bands. head_groups 0: none.
   int head_groups = 0;
   int head_dests = 1;  // 1 .. kMaxAddSources, dividing head_groups
   void* head_out[kMaxAddSources] = {};
   int32_t* head_counters[kMaxAddSources] = {};
+  // Head destinations that add (a reduction passed along a ring of ranks, docs/DESIGN.md
+  // "Ring reduction"): the last head_add_dests destinations' groups add add_from's partial
+  // sums (one source, at the same offsets as the rest) before they are stored, exactly as the
+  // other groups do, and wait for add_counters[g - head_groups]: a negative index, so the
+  // caller places add_counters where those land on its counters of the head groups'
+  // partials. 0 (default): head groups are stored as computed. Needs add_from with
+  // add_sources == 1 and add_counters.
+  int head_add_dests = 0;
   // The waits for another GPU's stores (add_counters, mirror_slots) give up when
   // *abort_flag != 0 (a watchdog's host-mapped flag, read every kAbortCheckSpins spins): the
   // kernel traps, as the spin-wait kernel does; the CUDA context is then unusable (the

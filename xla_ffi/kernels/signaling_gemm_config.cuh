@@ -164,6 +164,7 @@ struct Config {
     // groups < head_groups: head_out / head_counters of their destination (signaling_gemm.h)
     int head_groups;
     int head_groups_per_dest;
+    int add_first_group;  // groups g >= this add add_from's partials (head_add_dests, signaling_gemm.h)
     char* head_out[kMaxAddSources];
     int32_t* head_counters[kMaxAddSources];
     const volatile int* abort_flag;  // peer waits give up (trap) once set (signaling_gemm.h)

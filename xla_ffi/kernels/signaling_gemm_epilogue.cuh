@@ -118,7 +118,8 @@ __device__ __forceinline__ bool PeerFailed(const Params& params) {
 }
 
 // Reduction in the epilogue (signaling_gemm.h, add_from): waits until every source has stored
-// its partials of `group`. Each storing thread acquires the counters itself (system scope:
+// its partials of `group` (a head group's one source: a negative index, add_counters[group -
+// head_groups]). Each storing thread acquires the counters itself (system scope:
 // another GPU may have written them after the data), so its own later loads of the partials
 // (and of the mirror slot) see what the counters' writers released; no barrier needed.
 template <class Params>
@@ -275,8 +276,9 @@ __device__ __forceinline__ void CopyAddRingRows(const typename Cfg::Params& para
 
 // Staged rows [0, rows) (tile rows first_row + i) to `out`, 16 bytes per thread and step, a
 // warp covering contiguous row spans; `thread` of `threads` copying threads. Rows past the
-// tile's valid rows and columns past N are not stored. With add_from, the other ranks'
-// partial sums of those elements are added on the way (once their counters are complete):
+// tile's valid rows and columns past N are not stored. With add_from (from add_first_group
+// on: head groups too, along a ring), the other ranks' partial sums of those elements are
+// added on the way (once their counters are complete):
 // through the add ring (the copy-out warps of instances that have one, one source, at most
 // one mirror) or one chunk at a time; with mirror slots, each chunk is stored there too.
 template <class Cfg>
@@ -284,9 +286,9 @@ __device__ __forceinline__ void CopyStagedRows(const typename Cfg::Params& param
                                                const uint32_t* staged, const TileWork& w,
                                                int first_row, int rows, int thread, int threads,
                                                uint4* add_ring) {
-  const bool head = w.group < params.head_groups;  // stored elsewhere, as it is
+  const bool head = w.group < params.head_groups;  // stored elsewhere
   char* out = head ? params.head_out[w.group / params.head_groups_per_dest] : static_cast<char*>(params.out);
-  const bool add = params.add_from != nullptr && !head;
+  const bool add = params.add_from != nullptr && w.group >= params.add_first_group;
   if (add) WaitAddCounters(params, w.group);
   char* mirror = params.mirror_count == 0 || head ? nullptr : MirrorBase(params, 0);
   // Further mirrors (groups of 3 or more): their stamps now, their pointers re-read from the

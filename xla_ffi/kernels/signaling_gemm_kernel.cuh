@@ -264,6 +264,7 @@ struct Instance {
     params.mirror_call = args.mirror_call;
     params.head_groups = args.head_groups;
     params.head_groups_per_dest = args.head_groups > 0 ? args.head_groups / args.head_dests : 1;
+    params.add_first_group = args.head_groups - args.head_add_dests * params.head_groups_per_dest;
     for (int i = 0; i < kMaxAddSources; ++i) {
       params.mirror_slots[i] = args.mirror_slots[i];
       params.head_out[i] = static_cast<char*>(args.head_out[i]);
