@@ -283,8 +283,9 @@ def op_memory(op: str, x_shape, w_shape, dtype, world: int, *, transpose_w: bool
   needs no workspace: only the counters.
   `transport`: "nccl" (the path above) or "peer" (JAX_FLASHOVERLAP_TRANSPORT=peer; only
   matmul_all_reduce / matmul_reduce_scatter at world sizes 2 to 8): no workspace, and instead
-  `peer_recv_bytes`, the buffer each GPU keeps for the other ranks' partial sums of its rows
-  ((world - 1) x M / world x N, grown like the workspace), its signal words counted in
+  `peer_recv_bytes`, the buffer each GPU keeps for the running sums its next rank passes it
+  along the ring (M / world x N for 2 ranks, M x N for more; grown like the workspace), its
+  signal words counted in
   `counter_bytes`.
   `peer_recv_bytes` is 0 on the NCCL path.
   """

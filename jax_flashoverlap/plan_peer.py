@@ -1,9 +1,11 @@
 """Plans of the peer-store transport (JAX_FLASHOVERLAP_TRANSPORT=peer; docs/DESIGN.md, "Peer
 stores"): GEMM + all-reduce / reduce-scatter over the 2 to 8 GPUs of a mesh axis in this
 process, with no NCCL call. Each GPU's GEMM (on every SM) computes the other ranks' blocks of
-rows first and stores each into its rank's memory, then its own block, adding the others'
-partial sums as each tile is stored (xla_ffi/comm/peer_reduce.h). Nothing of it has run on
-more than one GPU yet: pairs and larger groups are checked on one GPU by emulation.
+rows first, then its own, reducing along a ring as it stores each tile: from the second block
+on it adds the running sum its next rank passed it, and it passes its sums of the other
+blocks on to its previous rank's memory (xla_ffi/comm/peer_reduce.h; docs/DESIGN.md, "Ring
+reduction"). Nothing of it has run on more than one GPU yet: pairs and larger groups are
+checked on one GPU by emulation.
 
 Its plan is the bands of one rank's block (M / world rows, for both collectives): the groups
 the other ranks' counters count. Bands change little here (nothing is exposed but the last band's
@@ -108,7 +110,8 @@ def tuned(collective: str, m: int, n: int, k: int, gpu: str | None,
 
 
 def recv_bytes(m: int, n: int, itemsize: int, world: int = 2) -> int:
-  """Each GPU's buffer for the other ranks' partial sums of its rows, one slot of m / world x
-  n per other rank (xla_ffi/comm/peer_stores.h)."""
-  return (world - 1) * (m // world) * n * itemsize
+  """Each GPU's buffer for the running sums its next rank passes it along the ring: a block
+  of m / world x n for every block but that rank's own, laid out by block (a group of 2: one
+  block; of more: world blocks, one unused; xla_ffi/comm/peer_reduce_args.h, PeerRecvBlocks)."""
+  return (1 if world == 2 else world) * (m // world) * n * itemsize
 

@@ -158,7 +158,7 @@ for step in "${steps[@]}"; do
       (cd "$OUT" && tar -czf "session_$(date +%H%M%S).tgz" --exclude='*.tgz' . && find . -mindepth 1 ! -name '*.tgz' -delete) ;;
     cuda_tests) run_step cuda_tests bash tests/cuda/run_gpu.sh ;;
     peer_groups)  # one GPU is enough: groups of 3, 4 and 8 ranks emulated on it (each rank's GEMMs on
-      # SMs / world), every result against float32 and the in-order rounded sum bit for bit
+      # SMs / world), every result against float32 and the ring's rounded running sum bit for bit
       STEP_TIMEOUT="${STEP_TIMEOUT:-300}" run_step pr_groups .build/peer_reduce_test groups --json "$OUT/pr_groups.json" ;;
     peer_spin)  # one GPU is enough: two emulated ranks with spin-kernel waits (the watchdog's kind),
       # check then break; the break timed out in session 20 (the tests' emulated ranks did not

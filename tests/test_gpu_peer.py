@@ -99,8 +99,9 @@ def test_peer_matches_xla_and_float32(kind, m, n, k):
 @pytest.mark.parametrize("kind", ["all_reduce", "reduce_scatter"])
 @pytest.mark.parametrize("m,n,k", [(8192, 8192, 8192), (1000, 2056, 4160)])
 def test_peer_group_matches_xla_and_float32(world, kind, m, n, k):
-    """A group of 4 or 8 GPUs (nvidia-h200-x4 / -x8): every rank stores each other rank's block
-    into its memory; values against XLA's composition and float32 on fresh inputs, no NaN."""
+    """A group of 4 or 8 GPUs (nvidia-h200-x4 / -x8): the ring in the epilogue, every rank
+    passing its running sums to the previous rank; values against XLA's composition and
+    float32 on fresh inputs, no NaN."""
     if U.N_GPUS < world:
         pytest.skip(f"a group of {world} needs {world} GPUs, have {U.N_GPUS}")
     mesh = Mesh(np.array(jax.devices()[:world]), ("tp",))

@@ -255,11 +255,14 @@ def test_transport_typo_fails_the_lowering(fo, no_fallback, monkeypatch):
         _attrs(fo, "reduce_scatter", make_mesh_1d(2))
 
 
-def test_recv_bytes_is_one_block_per_other_rank():
+def test_recv_bytes_is_a_block_per_block_the_ring_passes():
+    # 2 ranks: the one block the other rank passes; more: laid out by block, every block
+    # (the next rank's own is never passed, its rows stay unused).
     assert plan_peer.recv_bytes(4096, 8192, 2) == 2048 * 8192 * 2
     assert plan_peer.recv_bytes(2, 8, 2) == 16
-    assert plan_peer.recv_bytes(4096, 8192, 2, world=4) == 3 * 1024 * 8192 * 2
-    assert plan_peer.recv_bytes(4096, 8192, 2, world=8) == 7 * 512 * 8192 * 2
+    assert plan_peer.recv_bytes(4096, 8192, 2, world=3) == 3 * 1365 * 8192 * 2
+    assert plan_peer.recv_bytes(4096, 8192, 2, world=4) == 4 * 1024 * 8192 * 2
+    assert plan_peer.recv_bytes(4096, 8192, 2, world=8) == 8 * 512 * 8192 * 2
 
 
 def _tuned_peer_entry(tmp_path, monkeypatch, collective="reduce_scatter"):

@@ -5,8 +5,8 @@
 //   peer_reduce_2gpu_test check : reduce-scatter and all-reduce, each GPU's GEMM on every SM
 //                                 (comm_sms 0), 4 calls back to back with fresh inputs, results
 //                                 poisoned first: against float32 and bit for bit against the
-//                                 in-order rounded sum of the ranks' plain GEMMs (for 2, NCCL's
-//                                 sum; peer_reduce_common)
+//                                 ring's rounded running sum of the ranks' plain GEMMs (for 2,
+//                                 NCCL's sum; peer_reduce_common)
 //   peer_reduce_2gpu_test bench : per DESIGN.md shape (per-GPU M x N x K), our GEMM alone on
 //                                 GPU 0 (all SMs), then every rank's sequence at once, 2 bands
 //                                 per block, with the add ring (2 ranks) and with serial loads

@@ -93,31 +93,32 @@ Verdict Compare(const void* out, const float* ref, int64_t rows, int64_t n, Gemm
   return v;
 }
 
-// Block b of `out` (block_elems elements each) = round(p[b] + p[b + 1] + ... + p[b - 1]) summed
-// in fp32 in that order: what rank b's epilogue computes (its own product, then its slots:
-// ranks b + 1, b + 2, ...; PeerSlot). For 2 ranks, NCCL's sum of the two rounded partials.
-// Only the first `blocks` blocks (every p[j] holds at least that many).
+// Block b of `out` (block_elems elements each) = the ring's running sum (docs/DESIGN.md, "Ring
+// reduction"): rank b - 1's rounded product, to which ranks b - 2, b - 3, ..., b + 1 and b
+// each add theirs in fp32 and round (each rank's epilogue: its own product plus what the next
+// rank passed it). For 2 ranks, NCCL's sum of the two rounded partials. Only the first
+// `blocks` blocks (every p[j] holds at least that many).
 template <class T>
-__global__ void SumRoundedInOrder(const T* const* p, int world, int64_t block_elems, int blocks, T* out) {
+__global__ void SumRoundedRing(const T* const* p, int world, int64_t block_elems, int blocks, T* out) {
   const int64_t n = blocks * block_elems;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int b = int(i / block_elems);
-    float acc = 0.f;
-    for (int j = 0; j < world; ++j) acc += ToF(p[(b + j) % world][i]);
-    out[i] = FromF<T>(acc);
+    T acc = p[(b + world - 1) % world][i];
+    for (int j = world - 2; j >= 0; --j) acc = FromF<T>(ToF(p[(b + j) % world][i]) + ToF(acc));
+    out[i] = acc;
   }
 }
-void SumRoundedInOrderOn(const std::vector<void*>& products, int64_t block_elems, void* out, GemmDType dt,
+void SumRoundedRingOn(const std::vector<void*>& products, int64_t block_elems, void* out, GemmDType dt,
                          cudaStream_t s, int blocks = -1) {
   Buf table(products.size() * sizeof(void*));
   CK(cudaMemcpyAsync(table.p, products.data(), products.size() * sizeof(void*), cudaMemcpyHostToDevice, s));
   const int world = int(products.size());
   if (blocks < 0) blocks = world;
   if (dt == GemmDType::kBFloat16)
-    SumRoundedInOrder<<<1024, 256, 0, s>>>((const __nv_bfloat16* const*)table.p, world, block_elems, blocks,
-                                           (__nv_bfloat16*)out);
+    SumRoundedRing<<<1024, 256, 0, s>>>((const __nv_bfloat16* const*)table.p, world, block_elems, blocks,
+                                        (__nv_bfloat16*)out);
   else
-    SumRoundedInOrder<<<1024, 256, 0, s>>>((const __half* const*)table.p, world, block_elems, blocks, (__half*)out);
+    SumRoundedRing<<<1024, 256, 0, s>>>((const __half* const*)table.p, world, block_elems, blocks, (__half*)out);
   CK(cudaGetLastError());
   CK(cudaStreamSynchronize(s));  // before `table` goes
 }
@@ -172,7 +173,7 @@ struct EmulatedRank {
   int device = 0;
   cudaStream_t compute;
   std::unique_ptr<Buf> recv, signals, queue;
-  // world: the group's size (its recv holds world - 1 slots of rows x n).
+  // world: the group's size (its recv holds PeerRecvBlocks(world) blocks of rows x n).
   EmulatedRank(int rank, int64_t rows, int64_t n, int on_device = -1, int world = 2) {
     if (on_device >= 0) CK(cudaSetDevice(on_device));
     CK(cudaGetDevice(&device));
@@ -185,7 +186,7 @@ struct EmulatedRank {
     // for the other emulated rank's launch that this thread has not made yet: a deadlock.
     CK(LoadSpinWaitKernel());
     CK(LoadWriteFlagKernel());
-    const size_t bytes = size_t(world - 1) * rows * n * 2;
+    const size_t bytes = size_t(PeerRecvBlocks(world)) * rows * n * 2;
     recv = std::make_unique<Buf>(bytes);
     signals = std::make_unique<Buf>(sizeof(int32_t) * kPeerSignalWords);
     queue = std::make_unique<Buf>(kGemmQueueBytes);
@@ -281,8 +282,8 @@ void CheckCase(const Case& c, PeerReduceKind kind, int calls, int comm_sms, cuda
   for (int r = 1; r < world && there; ++r)
     for (int i = 0; i < calls; ++i) CK(cudaMemcpyPeer(result[r][i]->p, 0, result_there[r][i]->p, r, out_elems * 2));
 
-  // References per call: fp32 sum of every rank's x @ w, and the rounded in-order sum of the
-  // ranks' rounded products from plain GEMMs per block (same bands; SumRoundedInOrder);
+  // References per call: fp32 sum of every rank's x @ w, and the ring's rounded running sum of
+  // the ranks' rounded products from plain GEMMs per block (same bands; SumRoundedRing);
   // bit-equal where none has a split tail (Judge).
   Buf ref(c.m * c.n * 4), ref_r(c.m * c.n * 4), exact(c.m * c.n * 2);
   std::vector<std::unique_ptr<Buf>> prod(world);
@@ -304,7 +305,7 @@ void CheckCase(const Case& c, PeerReduceKind kind, int calls, int comm_sms, cuda
         split = split || LastLaunchSplit();
       }
     }
-    SumRoundedInOrderOn(prods, rows * c.n, exact.p, c.dt, s);
+    SumRoundedRingOn(prods, rows * c.n, exact.p, c.dt, s);
     for (int r = 0; r < world; ++r) {
       const int64_t first = ar ? 0 : r * rows;
       const Verdict v = Compare(result[r][i]->p, (const float*)ref.p + first * c.n, out_rows, c.n, c.dt, s);

@@ -2,12 +2,14 @@
 // tile schedule the kernel walks (xla_ffi/kernels/tile_schedule.h), no GPU needed:
 //   g++ -std=c++17 -O2 -I<cuda>/include -I. tests/cuda/peer_reduce_layout_test.cc -o t && ./t
 // For random shapes, band layouts, world sizes 2, 3, 4 and 8, both tile shapes, every rank and
-// both ops: every tile of another rank's block is a head group stored at its row of our slot
-// of that rank's recv and counted in that rank's counter of our slot and its band; every tile
-// of ours is stored at its row of our result, adds the partials at the same row of every slot
-// of our recv, waits for our counters of its band (which each other rank's head group of our
-// block and that band fills with exactly as many tiles), and, for an all-reduce, is mirrored
-// at its row of every other rank's result. Addresses are plain numbers here (never
+// both ops, the ring (docs/DESIGN.md, "Ring reduction"): every tile of another rank's block is
+// a head group stored at that block's row of rank r - 1's recv (inside its buffer) and
+// counted in r - 1's counter of our queue position and its band; from the second block of the
+// queue on (and for our own block) a tile first adds what rank r + 1 stored at the same row of
+// our recv, waiting for our counter of the position before and its band, which rank r + 1's
+// head group of that block and band fills with exactly as many tiles; the first block adds
+// nothing; every tile of ours is stored at its row of our result and, for an all-reduce,
+// mirrored at its row of every other rank's result. Addresses are plain numbers here (never
 // dereferenced). Exit code 1 on any failure.
 #include <algorithm>
 #include <cstdio>
@@ -48,6 +50,16 @@ Rank FakeRank(int r) {
 // The rank whose messages land in `to`'s slot `slot`.
 int SlotSource(int to, int slot, int world) { return (to + 1 + slot) % world; }
 
+// Where rank q's recv holds the running sum of block b's row i (recv laid out by block), or
+// fails the check when that is outside its buffer or the block is one q is never passed.
+uintptr_t RecvRow(const std::vector<Rank>& ranks, int q, int b, int64_t i, int world, size_t block_bytes,
+                  size_t row_bytes) {
+  const int at = b - PeerRecvFirstBlock(q, world);
+  EXPECT(at >= 0 && at < PeerRecvBlocks(world) && b != (q + 1) % world,
+         "world %d: block %d at %d of rank %d's recv (%d blocks)", world, b, at, q, PeerRecvBlocks(world));
+  return ranks[q].recv + at * block_bytes + i * row_bytes;
+}
+
 void CheckCase(int world, int rows, int n, const std::vector<int>& bands, int bm, int bn, int cm,
                PeerReduceKind kind) {
   const bool ar = kind == PeerReduceKind::kAllReduce;
@@ -87,14 +99,14 @@ void CheckCase(int world, int rows, int n, const std::vector<int>& bands, int bm
       for (int g = 0; g <= world * G; ++g) boundary |= a.layout.band_rows[g] == m - a.row_rotation;
       EXPECT(boundary, "%s: M - rotation %lld not a band boundary", what, (long long)(m - a.row_rotation));
     }
-    for (int d = 0; d < world - 1; ++d) {  // the d-th head block goes to rank r + 1 + d
-      const int to = (r + 1 + d) % world;
-      EXPECT(At(a.head_counters[d]) == ranks[to].signals + 4 * (kPeerArrived + PeerSlot(r, to, world) * G),
-             "%s world %d rank %d: head counters of block %d", what, world, r, to);
+    const int previous = (r + world - 1) % world;
+    for (int d = 0; d < world - 1; ++d) {  // the d-th head block's sums go to rank r - 1
+      EXPECT(At(a.head_counters[d]) == ranks[previous].signals + 4 * (kPeerArrived + d * G),
+             "%s world %d rank %d: head counters of queue position %d", what, world, r, d);
     }
-    EXPECT(At(a.add_counters) == ranks[r].signals + 4 * kPeerArrived && a.add_sources == world - 1 &&
-               a.add_stride == int64_t(block_bytes),
-           "%s world %d rank %d: add counters / sources / stride", what, world, r);
+    EXPECT(a.add_from != nullptr && a.add_sources == 1 && a.head_add_dests == world - 2,
+           "%s world %d rank %d: add sources %d, head adds %d", what, world, r, a.add_sources, a.head_add_dests);
+    const int add_first_group = H - a.head_add_dests * G;  // as the launcher computes it
     EXPECT(At(a.peer_failed) == ranks[r].signals + 4 * kPeerFailed, "%s rank %d: failed word", what, r);
     EXPECT(a.counters == nullptr && !a.signal_system, "%s rank %d: own tiles signal nothing", what, r);
     if (ar) {
@@ -126,21 +138,27 @@ void CheckCase(int world, int rows, int n, const std::vector<int>& bands, int bm
           const int band = w.group - d * G;
           EXPECT(band >= 0 && band < G && bands[band] <= row_in_block && row_in_block < bands[band + 1],
                  "%s rank %d: row %lld of its block not in band %d", what, r, (long long)row_in_block, band);
+          // From the second block of the queue on: adds what rank r + 1 passed for this block,
+          // once our counter of the position before (the one it stored this block at) is full.
+          const bool adds = w.group >= add_first_group;
+          EXPECT(adds == (d > 0), "%s world %d rank %d: queue position %d adds %d", what, world, r, d, int(adds));
+          if (adds) {
+            EXPECT(At(a.add_from) + dst * row_bytes == RecvRow(ranks, r, block, row_in_block, world, block_bytes, row_bytes),
+                   "%s world %d rank %d: row %lld adds from off its place in recv", what, world, r, (long long)x_row);
+            EXPECT(At(a.add_counters) + 4 * int64_t(w.group - a.head_groups) ==
+                       ranks[r].signals + 4 * (kPeerArrived + (d - 1) * G + band),
+                   "%s world %d rank %d: group %d waits for the wrong counter", what, world, r, w.group);
+          }
           if (head) {
-            const uintptr_t want = ranks[block].recv + PeerSlot(r, block, world) * block_bytes + row_in_block * row_bytes;
-            EXPECT(At(a.head_out[d]) + dst * row_bytes == want,
+            EXPECT(At(a.head_out[d]) + dst * row_bytes ==
+                       RecvRow(ranks, previous, block, row_in_block, world, block_bytes, row_bytes),
                    "%s world %d rank %d: head row %lld stored off its place in rank %d's recv", what, world, r,
-                   (long long)x_row, block);
+                   (long long)x_row, previous);
             continue;
           }
           const uintptr_t out = At(a.out) + dst * row_bytes;
           const uintptr_t want = ranks[r].result + (ar ? x_row : row_in_block) * row_bytes;
           EXPECT(out == want, "%s rank %d: row %lld stored off its place in the result", what, r, (long long)x_row);
-          for (int src = 0; src < world - 1; ++src) {
-            EXPECT(At(a.add_from) + src * a.add_stride + dst * row_bytes ==
-                       ranks[r].recv + src * block_bytes + row_in_block * row_bytes,
-                   "%s rank %d: row %lld adds slot %d from off its place in recv", what, r, (long long)x_row, src);
-          }
           if (ar) {  // mirror s: the result rank SlotSource posted there + mirror_offset + offset
             for (int slot = 0; slot < world - 1; ++slot) {
               const Rank& to = ranks[SlotSource(r, slot, world)];
@@ -153,21 +171,24 @@ void CheckCase(int world, int rows, int n, const std::vector<int>& bands, int bm
       }
     }
   }
-  // Our counter of slot s, band g reaches exactly the tiles its source's head group of our
-  // block and band g stores, and every other rank has its own slot.
+  // Our counter of position p, band g (what we wait for at position p + 1) reaches exactly the
+  // tiles rank r + 1's head group at position p, band g stores, of the same block; and the
+  // signal-word slots give every other rank its own.
   for (int r = 0; r < world; ++r) {
+    const int next = (r + 1) % world;
+    for (int p = 0; p + 1 < world; ++p) {
+      for (int g = 0; g < G; ++g) {
+        EXPECT(TilesOf(sched[next], p * G + g) == TilesOf(sched[r], (p + 1) * G + g),
+               "world %d rank %d band %d: rank %d stores %d tiles at position %d, we wait for %d", world, r, g, next,
+               TilesOf(sched[next], p * G + g), p, TilesOf(sched[r], (p + 1) * G + g));
+      }
+    }
     std::vector<int> seen(world - 1, 0);
     for (int slot = 0; slot < world - 1; ++slot) {
       const int from = SlotSource(r, slot, world);
       EXPECT(from != r && PeerSlot(from, r, world) == slot, "world %d rank %d: slot %d's source %d", world, r, slot,
              from);
       ++seen[PeerSlot(from, r, world)];
-      const int d = ((r - from - 1) % world + world) % world;  // our block's place in its queue
-      for (int g = 0; g < G; ++g) {
-        EXPECT(TilesOf(sched[from], d * G + g) == TilesOf(sched[r], H + g),
-               "world %d rank %d band %d: rank %d stores %d tiles, we wait for %d", world, r, g, from,
-               TilesOf(sched[from], d * G + g), TilesOf(sched[r], H + g));
-      }
     }
     for (int x : seen) EXPECT(x == 1, "world %d rank %d: slots not one per rank", world, r);
   }

@@ -17,11 +17,11 @@
 //                               even ones through the add ring where the tile has one
 //                               (128x256; FLASHOVERLAP_GEMM_TILE=256 forces it on small cases)
 //   peer_reduce_test groups   : groups of 3, 4 and 8 ranks emulated on one GPU (each rank's
-//                               GEMMs on SMs / world; then one rank that is every rank of
-//                               the group, the whole GPU), as `check`'s emulated pair: every
-//                               result against float32 and bit for bit against the in-order
-//                               rounded sum of the ranks' plain GEMMs (each rank adds its own
-//                               product, then those of ranks r + 1, r + 2, ...)
+//                               GEMMs on SMs / world), as `check`'s emulated pair: every
+//                               result against float32 and bit for bit against the ring's
+//                               rounded running sum of the ranks' plain GEMMs (block b: rank
+//                               b - 1's product, to which b - 2, ..., b + 1, b each add theirs
+//                               and round; docs/DESIGN.md, "Ring reduction")
 //   peer_reduce_test bench    : one rank on the whole GPU (comm_sms 0) with itself as its peer
 //                               (its peer stores land in its own memory: everything a real
 //                               pair does but NVLink's bandwidth and latency): our GEMM,
@@ -32,8 +32,13 @@
 //                               5 calls)
 //   peer_reduce_test bench_groups : per shape, our GEMM alone and the RS / AR sequences of a
 //                               group of 2, 4 and 8 whose every rank is this one (all its
-//                               stores land here: the cost of several sources and mirrors
-//                               in the epilogue, NVLink aside), interleaved as `bench`
+//                               stores land here: the cost of the ring's adds and the
+//                               all-reduce's mirrors in the epilogue, NVLink aside; timing
+//                               only beyond 2), interleaved as `bench`
+//   peer_reduce_test bench_ring : per shape, groups of 2, 4 and 8 separate ranks at once, each
+//                               on its own stream and SMs / world: their RS / AR sequences
+//                               against as many plain GEMMs on the same shares (the ring's
+//                               real data flow and waits; 3 calls per sample)
 //   peer_reduce_test sanitize : flags + the small case with the rank as its own peer (no two
 //                               kernels need to run at once: compute-sanitizer may serialize)
 //   peer_reduce_test abort    : a peer that never comes: rank 0 calls, rank 1 never does; its
@@ -113,18 +118,21 @@ void Flags(int* counters, cudaStream_t s, int delay_ms) {
   CK(cudaStreamDestroy(side));
 }
 
-// One rank whose peers are all itself (its stores for every other rank land in its own
-// memory, one recv slot per "rank"): the whole sequence with no second rank, so no two
-// kernels need to run at once (compute-sanitizer). Its own block adds the other blocks'
-// products: the result's block 0 is the sum over b of x[block b] @ w (an all-reduce's mirror
-// stores land on those same rows; its other blocks are the others' to write: none here).
-// world 2 is a pair's sequence; 4 and 8 a group's (several sources and mirrors).
-void SelfPeerCase(const Case& c, PeerReduceKind kind, int calls, cudaStream_t s, int world = 2) {
+// One rank of a pair whose peer is itself (its stores for the other rank land in its own
+// recv): the whole sequence with no second rank, so no two kernels need to run at once
+// (compute-sanitizer). Its own block adds the other block's product: the result's block 0 is
+// x[block 0] @ w + x[block 1] @ w (an all-reduce's mirror stores land on those same rows; its
+// block 1 is the other rank's to write: none here). Only a pair: in a ring of more, what a
+// rank adds at queue position d is what its next rank stored at d - 1, another block than the
+// one it stored itself at d - 1 (BenchGroups times such a rank, unchecked; CheckGroups checks
+// groups of separate ranks).
+void SelfPeerCase(const Case& c, PeerReduceKind kind, int calls, cudaStream_t s) {
+  constexpr int world = 2;
   const bool ar = kind == PeerReduceKind::kAllReduce;
   const int64_t rows = c.m / world, out_rows = ar ? c.m : rows, block = rows * c.n;
   EmulatedRank self(0, rows, c.n, -1, world);
   for (int i = 1; i < world; ++i) self.PeerWith(self, i);
-  Problem p({c.m, c.n, c.k}, c.dt, 50000 + c.m + world, s);
+  Problem p({c.m, c.n, c.k}, c.dt, 50000 + c.m, s);
   Buf results(calls * out_rows * c.n * 2), prod(c.m * c.n * 2), exact(block * 2), sum_ref(block * 4);
   CK(cudaMemsetAsync(results.p, 0xFF, calls * out_rows * c.n * 2, s));
   SignalingGemmArgs g = p.base;
@@ -147,19 +155,14 @@ void SelfPeerCase(const Case& c, PeerReduceKind kind, int calls, cudaStream_t s,
     MustLaunch(LaunchSignalingGemm(h, s), "plain GEMM");
     split = split || LastLaunchSplit();
   }
-  // The epilogue's order: its own block, then its slots 0, 1, ...; stored "to rank b", block b
-  // landed in slot PeerSlot(0, b) = world - 1 - b.
-  std::vector<void*> in_order = {blocks[0]};
-  for (int slot = 0; slot < world - 1; ++slot) in_order.push_back(blocks[world - 1 - slot]);
-  SumRoundedInOrderOn(in_order, block, exact.p, c.dt, s, /*blocks=*/1);
+  SumRoundedRingOn(blocks, block, exact.p, c.dt, s, /*blocks=*/1);  // block 0: x[0] @ w + x[1] @ w
   CK(cudaMemcpyAsync(sum_ref.p, p.ref.p, block * 4, cudaMemcpyDeviceToDevice, s));
   for (int b = 1; b < world; ++b) AddF32<<<1024, 256, 0, s>>>((const float*)p.ref.p + b * block, (float*)sum_ref.p, block);
   CK(cudaGetLastError());
-  const std::string tag = world == 2 ? "self" : "self" + std::to_string(world);
   for (int i = 0; i < calls; ++i) {
     const char* out = static_cast<const char*>(results.p) + i * out_rows * c.n * 2;  // block 0
     const Verdict v = Compare(out, (const float*)sum_ref.p, rows, c.n, c.dt, s);
-    Judge(tag.c_str(), ar, c, i, 0, v, Different(out, exact.p, block, s), !split);
+    Judge("self", ar, c, i, 0, v, Different(out, exact.p, block, s), !split);
   }
   fflush(stdout);
 }
@@ -185,7 +188,8 @@ void Check(bool small, cudaStream_t s) {
 
 // Groups of 3, 4 and 8 ranks emulated on one GPU, each rank's GEMMs on SMs / world (the
 // others' SMs left free): per world an aligned case and a small odd one (f16, rows per
-// block not a tile multiple), reduce-scatter and all-reduce, 4 calls each (CheckCase).
+// block not a tile multiple), reduce-scatter and all-reduce, 4 calls each (CheckCase), each
+// result against float32 and bit for bit against the ring's rounded running sum.
 void CheckGroups(cudaStream_t s) {
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -202,8 +206,6 @@ void CheckGroups(cudaStream_t s) {
     for (PeerReduceKind kind : {PeerReduceKind::kReduceScatter, PeerReduceKind::kAllReduce}) {
       printf("groups: %d ranks on one GPU, %d SMs each\n", gc.world, sms / gc.world);
       CheckCase(gc.c, kind, 4, sms - sms / gc.world, s, /*one_gpu_each=*/false, gc.world);
-      // The same group's sequence by one rank that is every rank (what bench_groups times).
-      SelfPeerCase(gc.c, kind, 2, s, gc.world);
     }
   }
 }
@@ -325,9 +327,11 @@ void Bench(cudaStream_t s, int* counters, int iters) {
 }
 
 // Per shape: our GEMM alone, then the reduce-scatter and all-reduce sequences (2 bands per
-// block) of a group of 2, 4 and 8 whose every rank is this one (SelfPeerCase's setup: every
-// store lands in this GPU's memory): what the sequence of a bigger group costs the GEMM on one
-// GPU (several sources loaded one chunk at a time, several mirrors), NVLink aside.
+// block) of a group of 2, 4 and 8 whose every rank is this one (every store lands in this
+// GPU's memory): what the sequence of a bigger group costs the GEMM on one GPU (the ring's
+// add at every block but the first, the all-reduce's several mirrors), NVLink aside. Timing
+// only: beyond a pair, the values such a rank adds are another block's (SelfPeerCase); the
+// waits are a ring's (queue position d waits for d - 1's counters).
 void BenchGroups(cudaStream_t s, int* counters, int iters) {
   const int worlds[] = {2, 4, 8};
   constexpr int kCallsPerSample = 5;
@@ -379,14 +383,96 @@ void BenchGroups(cudaStream_t s, int* counters, int iters) {
   }
 }
 
+// Per shape and group size (2, 4, 8): that many separate ranks on this GPU, each on its own
+// stream and SMs / world (comm_sms = SMs - SMs / world), run their sequences at once (the
+// ring's real data flow and waits, every rank's stores in its neighbour's own buffers),
+// against as many plain GEMMs of the same per-rank shape on the same shares at once: what the
+// ring costs each rank's GEMM, NVLink aside. Values as `groups` checks them (here timed only).
+void BenchRing(cudaStream_t s, int iters) {
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int worlds[] = {2, 4, 8};
+  constexpr int kCallsPerSample = 3;
+  printf("%-18s | %-5s | %8s | over the plain GEMMs: RS, AR (every rank on SMs / world, all at once)\n",
+         "per-GPU M x N x K", "ranks", "GEMMs ms");
+  uint64_t seed = 47000;
+  cudaEvent_t fork;
+  CK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  for (const Shape3& c : kDesignShapes) {
+    Problem p({c.m, c.n, c.k}, GemmDType::kBFloat16, seed += 10, s, /*with_ref=*/false);
+    for (int world : worlds) {
+      const int comm_sms = sms - sms / world;
+      std::vector<std::unique_ptr<EmulatedRank>> ranks;
+      std::vector<std::unique_ptr<Buf>> results;
+      std::vector<cudaEvent_t> joins(world);
+      for (int r = 0; r < world; ++r) {
+        ranks.push_back(std::make_unique<EmulatedRank>(r, c.m / world, c.n, -1, world));
+        results.push_back(std::make_unique<Buf>(c.m * c.n * 2));
+        CK(cudaEventCreateWithFlags(&joins[r], cudaEventDisableTiming));
+      }
+      for (int r = 0; r < world; ++r)
+        for (int i = 0; i < world; ++i)
+          if (i != r) ranks[r]->PeerWith(*ranks[i]);
+      // Every rank's work on its own stream, forked from and joined back to `s`.
+      auto all_ranks = [&](std::function<void(int)> work) {
+        CK(cudaEventRecord(fork, s));
+        for (int r = 0; r < world; ++r) {
+          CK(cudaStreamWaitEvent(ranks[r]->compute, fork, 0));
+          for (int i = 0; i < kCallsPerSample; ++i) work(r);
+          CK(cudaEventRecord(joins[r], ranks[r]->compute));
+        }
+        for (int r = 0; r < world; ++r) CK(cudaStreamWaitEvent(s, joins[r], 0));
+      };
+      SignalingGemmArgs plain = p.base;
+      plain.comm_sms = comm_sms;
+      plain.layout = EvenLayout(c.m, 1, 1, 256);
+      auto gemms = [&, plain]() {
+        all_ranks([&](int r) {
+          SignalingGemmArgs a = plain;
+          a.out = results[r]->p;
+          a.queue = ranks[r]->queue->p;
+          MustLaunch(LaunchSignalingGemm(a, ranks[r]->compute), "GEMM");
+        });
+      };
+      auto sequences = [&, plain](PeerReduceKind kind) {
+        return [&, plain, kind]() {
+          all_ranks([&](int r) {
+            SignalingGemmArgs a = plain;
+            a.out = nullptr;
+            a.layout = BandLayout(EvenBands(c.m / world, 2, 256));
+            a.queue = ranks[r]->queue->p;
+            Must(EnqueuePeerReduce(ranks[r]->r, ranks[r]->compute, kind, a, results[r]->p), "sequence");
+          });
+        };
+      };
+      const std::vector<float> t = TimeInterleaved(
+          {gemms, sequences(PeerReduceKind::kReduceScatter), sequences(PeerReduceKind::kAllReduce)}, s, iters);
+      char shape[40];
+      snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)c.m, (long long)c.n, (long long)c.k);
+      printf("%-18s | %-5d | %8.3f | %.3f %.3f\n", shape, world, t[0] / kCallsPerSample, t[1] / t[0], t[2] / t[0]);
+      char buf[384];
+      snprintf(buf, sizeof buf,
+               "{\"tag\":\"bench_ring\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"world\":%d,\"comm_sms\":%d,"
+               "\"gemms_ms\":%.4f,\"reduce_scatter_ms\":%.4f,\"all_reduce_ms\":%.4f}",
+               (long long)c.m, (long long)c.n, (long long)c.k, world, comm_sms, t[0] / kCallsPerSample,
+               t[1] / kCallsPerSample, t[2] / kCallsPerSample);
+      AddJson(buf);
+      fflush(stdout);
+      CK(cudaStreamSynchronize(s));
+      for (cudaEvent_t e : joins) CK(cudaEventDestroy(e));
+    }
+  }
+  CK(cudaEventDestroy(fork));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const Options o = ParseOptions(argc, argv);
-  const std::vector<std::string> modes = {"flags", "check", "groups", "bench", "bench_groups", "sanitize", "abort",
-                                          "break", "all"};
+  const std::vector<std::string> modes = {"flags", "check", "groups", "bench", "bench_groups", "bench_ring",
+                                          "sanitize", "abort", "break", "all"};
   if (std::find(modes.begin(), modes.end(), o.mode) == modes.end()) {
-    fprintf(stderr, "unknown mode '%s' (flags, check, groups, bench, bench_groups, sanitize, abort, break, all)\n",
+    fprintf(stderr, "unknown mode '%s' (flags, check, groups, bench, bench_groups, bench_ring, sanitize, abort, break, all)\n",
             o.mode.c_str());
     return 2;
   }
@@ -399,6 +485,7 @@ int main(int argc, char** argv) {
   if (o.mode == "groups" || o.mode == "all") CheckGroups(d.stream);
   if (o.mode == "bench" || o.mode == "all") Bench(d.stream, d.counters, o.iters);
   if (o.mode == "bench_groups" || o.mode == "all") BenchGroups(d.stream, d.counters, o.iters);
+  if (o.mode == "bench_ring" || o.mode == "all") BenchRing(d.stream, o.iters);
   if (o.mode == "break" || o.mode == "all") BreakCheck(/*two_gpus=*/false, d.stream);
   char fields[64];
   snprintf(fields, sizeof fields, ",\"iters\":%d", o.iters);

@@ -1,28 +1,30 @@
 // GEMM + reduce-scatter / all-reduce over the GPUs of one group (2 to 8 ranks, kMaxPeerRanks)
-// with no SM, no copy and no stream spent on communication: the signaling GEMM stores each
-// other rank's share of its output straight into that rank's memory (NVLink stores from its
-// epilogue), and adds the others' shares of ours as it stores each of our tiles
-// (SignalingGemmArgs::add_from). Free of XLA, Python and NCCL; docs/DESIGN.md, "Peer
-// stores", draws the data flow and says why.
+// with no SM, no copy and no stream spent on communication: the signaling GEMM stores its
+// partial sums of the other ranks' rows straight into a neighbour's memory (NVLink stores
+// from its epilogue), adding what the other neighbour passed it on the way: a ring reduction
+// inside the GEMM (SignalingGemmArgs::head_add_from, add_from). Free of XLA, Python and NCCL;
+// docs/DESIGN.md, "Peer stores" and "Ring reduction", draws the data flow and says why.
 //
-// Rank r owns the rows of block r (rows_per_block = M / world). What rank i sends rank j
-// lands in j's slot PeerSlot(i, j) (peer_reduce_args.h) of its recv buffer and signal words.
-// One call, all on the compute stream:
+// Rank r owns the rows of block r (rows_per_block = M / world). Partial sums go from rank r
+// to rank r - 1 only, into its recv slot of the queue position they were computed at
+// (peer_reduce_args.h); the signal words keep what rank i tells rank j in j's slot
+// PeerSlot(i, j). One call, all on the compute stream:
 //   1. wait until every other rank has finished the previous call (its credit: it read its
 //      `recv`, reset its counters) and, for an all-reduce, give every other rank our
 //      result's address;
 //   2. one GEMM launch over every row block, the blocks of ranks r + 1, r + 2, ... first, ours
-//      last (row rotation): each other rank's bands are head groups, stored into that rank's
-//      `recv` and counted in its `arrived` counters (system-scope fence first); then our
-//      bands, each adding the others' partials from our `recv` once `arrived` says they
-//      stored them, into our rows of the result; an all-reduce also stores every such tile
-//      into every other rank's result (their addresses from our mailboxes);
+//      last (row rotation): each other rank's bands are head groups, stored into rank r - 1's
+//      `recv` and counted in its `arrived` counters (system-scope fence first), from the
+//      second block on after adding what rank r + 1 stored into ours for that block; then our
+//      bands, adding rank r + 1's sum of all the others' partials, into our rows of the
+//      result; an all-reduce also stores every such tile into every other rank's result
+//      (their addresses from our mailboxes);
 //   3. all-reduce: tell the others our GEMM (its mirror stores) is done, and wait until every
 //      other rank says the same (its rows of our result are complete);
 //   4. reset our counters, then give the others their credit for this call.
 // Every rank must run the same calls in the same order. The GEMM may hold every SM
-// (comm_sms 0): nothing it waits for needs one of this GPU's SMs, because each rank's head
-// tiles never wait (the queue order).
+// (comm_sms 0): nothing it waits for needs one of this GPU's SMs, because a rank's tiles at
+// queue position d wait only for rank r + 1's at position d - 1, and position 0 never waits.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -15,14 +15,18 @@ namespace flashoverlap {
 // (SignalingGemmArgs::add_sources <= kMaxAddSources).
 constexpr int kMaxPeerRanks = kMaxAddSources + 1;
 
-// Where rank `to`'s buffers keep what rank `from` sends it: one slot per other rank, counted
-// from the rank after `to` (so in a group of 2 every slot is 0, and a rank that is its own
-// peer reads what it wrote).
+// Where rank `to`'s signal words (credit, done, mailbox) keep what rank `from` tells it: one
+// slot per other rank, counted from the rank after `to` (so in a group of 2 every slot is 0,
+// and a rank that is its own peer reads what it wrote). The partial sums come from rank
+// to + 1 only (the ring): their `arrived` counters are numbered by queue position instead,
+// their place in recv by block (PeerReduceLaunchArgs).
 constexpr int PeerSlot(int from, int to, int world) { return ((from - to - 1) % world + world) % world; }
 
 // A rank's signal words (PeerReduceRank::signals), int32, written by the other ranks (slot s:
-// the rank PeerSlot gives s for).
-constexpr int kPeerArrived = 0;  // [slot * bands + band]: tiles of our block's partials that slot stored in recv
+// the rank PeerSlot gives s for; `arrived`: by rank + 1 only).
+// [slot * bands + band]: tiles of band `band` that rank + 1 stored in our recv slot `slot`
+// (its queue position: the running sums of block rank + 2 + slot)
+constexpr int kPeerArrived = 0;
 constexpr int kPeerArrivedWords = kMaxGroups;
 constexpr int kPeerCredit = kPeerArrived + kPeerArrivedWords;  // [slot]: calls that rank has finished
 // [slot], all-reduce: the last call whose GEMM that rank finished (its mirror stores into our
@@ -40,8 +44,8 @@ static_assert(kPeerMailbox % 2 == 0, "the mailboxes hold pointers");
 enum class PeerReduceKind { kAllReduce, kReduceScatter };
 
 // Where one rank's launch reads and writes: its own recv and signals, the other ranks'.
-// `recv` holds world - 1 slots (PeerSlot) of rows_per_block x N elements of the GEMM's dtype
-// at least; `signals` kPeerSignalWords int32, zeroed once before the first call (the counters
+// `recv` holds PeerRecvBlocks(world) blocks of rows_per_block x N elements of the GEMM's dtype
+// at least (PeerRecvFirstBlock); `signals` kPeerSignalWords int32, zeroed once before the first call (the counters
 // are reset by every call, the other words count calls). peers_recv[i] / peers_signals[i] are
 // rank i's recv and signals as this rank's kernels and streams address them (the same device,
 // or a peer device with peer access enabled); [rank] is unused, except in a rank that is its
@@ -62,14 +66,30 @@ T* PeerRowsBase(T* base, size_t bytes) {
   return reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(base) - bytes);
 }
 
+// Rank r's recv holds the running sums rank r + 1 passes it, at block b's rows for block b
+// (laid out like the GEMM's output, so the kernel's one add_from serves every block): every
+// block but r + 1's (which rank r + 1 keeps), so from block PeerRecvFirstBlock on, for
+// PeerRecvBlocks blocks at most (a group of 2: the one block r; of more: every block, the one
+// of r + 1 unused).
+constexpr int PeerRecvFirstBlock(int rank, int world) { return rank == world - 1 ? 1 : 0; }
+constexpr int PeerRecvBlocks(int world) { return world == 2 ? 1 : world; }
+
 // The launch: all world row blocks of `gemm` (m = M, layout = the bands of one block), the
-// ranks after ours first, ours last (row rotation). Each other rank's bands are head groups,
-// stored into that rank's recv (our slot there) and counted in its `arrived` counters (our
-// slot); ours add the others' partials from our recv once our `arrived` counters are
-// complete and go to our rows of `result`; an all-reduce also mirror-stores them into every
-// other rank's result (addresses from our mailboxes, stamped `call`; the stream says when
-// they are complete: kPeerDone). Every wait for the others also ends once our kPeerFailed
-// word is set. The caller has validated `gemm` (peer_reduce.cc).
+// ranks after ours first, ours last (row rotation), reduced along a ring (docs/DESIGN.md,
+// "Ring reduction"): block b is computed by rank b - 1 at queue position 0, by b - 2 at
+// position 1, ..., by b itself last, so at every position a rank adds the partial its next
+// rank (r + 1) passed it to its own and passes the sum on to its previous rank (r - 1).
+// Queue position d (block r + 1 + d) is head destination d: stored into rank r - 1's recv
+// (at that block's rows) and counted in its `arrived` counters [d * bands, (d + 1) * bands);
+// from position 1 on it first adds what rank r + 1 stored for that block into our recv
+// (head_add_dests) once our `arrived` counters of position d - 1 are complete. Our own block
+// (position world - 1) adds the same way and goes to our rows of `result`; an all-reduce also mirror-stores it into
+// every other rank's result (addresses from our mailboxes, stamped `call`; the stream says
+// when they are complete: kPeerDone). Every wait for the others also ends once our
+// kPeerFailed word is set. In a group of 2 this is one head destination that adds nothing and
+// our block adding what the other rank stored: the same addresses as before the ring. The
+// caller has validated
+// `gemm` (peer_reduce.cc).
 inline SignalingGemmArgs PeerReduceLaunchArgs(const PeerReduceBuffers& b, PeerReduceKind kind,
                                               const SignalingGemmArgs& gemm, void* result,
                                               int32_t call) {
@@ -79,6 +99,7 @@ inline SignalingGemmArgs PeerReduceLaunchArgs(const PeerReduceBuffers& b, PeerRe
   const size_t row_bytes = static_cast<size_t>(gemm.n) * 2;
   const size_t block_bytes = rows * row_bytes;
   const int bands = gemm.layout.num_groups;
+  const int previous = (b.rank + world - 1) % world;  // where our running sums go
   SignalingGemmArgs fused = gemm;
   fused.row_rotation = static_cast<int>(((b.rank + 1) % world) * rows);
   fused.layout.num_groups = world * bands;
@@ -87,18 +108,19 @@ inline SignalingGemmArgs PeerReduceLaunchArgs(const PeerReduceBuffers& b, PeerRe
       fused.layout.band_rows[d * bands + g] = static_cast<int>(d * rows + gemm.layout.band_rows[g]);
   fused.head_groups = (world - 1) * bands;
   fused.head_dests = world - 1;
-  for (int d = 0; d < world - 1; ++d) {  // the d-th block of the queue: rank `to`'s
-    const int to = (b.rank + 1 + d) % world;
-    const size_t slot_at = PeerSlot(b.rank, to, world) * block_bytes;
-    fused.head_out[d] = PeerRowsBase(static_cast<char*>(b.peers_recv[to]) + slot_at, to * block_bytes);
-    fused.head_counters[d] = b.peers_signals[to] + kPeerArrived + PeerSlot(b.rank, to, world) * bands;
+  char* previous_recv = PeerRowsBase(static_cast<char*>(b.peers_recv[previous]), PeerRecvFirstBlock(previous, world) * block_bytes);
+  for (int d = 0; d < world - 1; ++d) {  // the d-th block of the queue
+    fused.head_out[d] = previous_recv;
+    fused.head_counters[d] = b.peers_signals[previous] + kPeerArrived + d * bands;
   }
-  const size_t own_rows_at = b.rank * block_bytes;
-  fused.out = all_reduce ? result : PeerRowsBase(static_cast<char*>(result), own_rows_at);
-  fused.add_from = PeerRowsBase(static_cast<const char*>(b.recv), own_rows_at);
-  fused.add_stride = static_cast<int64_t>(block_bytes);
-  fused.add_sources = world - 1;
-  fused.add_counters = b.signals + kPeerArrived;  // slot s's bands at s * bands, as the kernel counts
+  fused.head_add_dests = world - 2;  // all but the first block add what rank + 1 passed us
+  fused.out = all_reduce ? result : PeerRowsBase(static_cast<char*>(result), b.rank * block_bytes);
+  fused.add_from = PeerRowsBase(static_cast<const char*>(b.recv), PeerRecvFirstBlock(b.rank, world) * block_bytes);
+  fused.add_stride = 0;
+  fused.add_sources = 1;
+  // Group g at queue position g / bands >= 1 waits for add_counters[g - head_groups]: our
+  // `arrived` counters of position g / bands - 1 (what rank + 1 stored there), band g % bands.
+  fused.add_counters = b.signals + kPeerArrived + (world - 2) * bands;
   fused.counters = nullptr;
   fused.signal_system = false;
   fused.peer_failed = b.signals + kPeerFailed;

@@ -20,7 +20,7 @@ Status CheckPeerStores(const Communicator& comm, const SignalingGemmArgs& gemm, 
                          " failed; the other ranks may wait for that call's stores for ever: restart the process");
   }
   const int world = comm.peer.buffers.world;
-  const size_t need = static_cast<size_t>(world - 1) * (gemm.m / world) * gemm.n * 2;
+  const size_t need = static_cast<size_t>(PeerRecvBlocks(world)) * (gemm.m / world) * gemm.n * 2;
   if (comm.peer.buffers.recv == nullptr || comm.peer_recv_bytes < need) {
     return Status::Error(std::string(op) + ": peer-store buffer " + where + " has " +
                          std::to_string(comm.peer_recv_bytes) + " bytes, needs " + std::to_string(need) +
