@@ -24,15 +24,16 @@ MAX_WORLD = 8
 # The communicator the peer stores hang on (its call mutex, ordering, watchdog, teardown) is
 # still an NCCL one, never used for NCCL calls on this path: its nominal CTA cap.
 NCCL_CTAS = 8
-# Time over our GEMM alone on all SMs of the peer-store sequence of a group whose every rank
-# is one GPU (everything but NVLink), the slowest of the DESIGN.md shapes, by group size: 2
-# from session 19 (the add ring; benchmarks/results/logs/peer_stores_h200x1), 4 and 8 from
-# session 21 (bench_groups; benchmarks/results/logs/peer_groups_h200x1, call 4: several
-# sources are loaded one at a time, so a bigger group's own block costs its epilogue far
-# more). Other sizes take the next measured size up. NVLink is not measured: an assumed store
+# Time over our GEMM alone of the peer-store sequence, the slowest of the DESIGN.md shapes, by
+# group size, as emulated on one GPU (everything but NVLink): 2 from session 19 (the add ring;
+# benchmarks/results/logs/peer_stores_h200x1), 4 and 8 from session 22's ring reduction, the
+# slower of a rank that is every rank on all SMs (bench_groups) and of separate ranks at once
+# on SMs / world (bench_ring; benchmarks/results/logs/peer_ring_h200x1). The all-reduce's own
+# block stores into every other rank in the GEMM's last 1 / world, so it grows with the group.
+# Other sizes take the next measured size up. NVLink is not measured: an assumed store
 # bandwidth per direction (H200 NVLink 4: 450 GB/s peak) bounds the bytes each GPU sends.
-SEQUENCE_OVER_GEMM = {"reduce_scatter": {2: 1.03, 4: 1.42, 8: 1.79},
-                      "all_reduce": {2: 1.06, 4: 1.65, 8: 2.28}}
+SEQUENCE_OVER_GEMM = {"reduce_scatter": {2: 1.03, 4: 1.06, 8: 1.09},
+                      "all_reduce": {2: 1.06, 4: 1.31, 8: 1.49}}
 ASSUMED_LINK_BYTES_PER_S = 3.0e11
 
 

@@ -224,7 +224,7 @@ def test_peer_plan_of_larger_groups(collective, world):
     assert all(b % unit == 0 for b in p.band_rows[1:-1]), (p.band_rows, unit)
     two = plan_peer.plan(collective, m, n, k, world=2)
     assert p.predicted_s >= two.predicted_s
-    # The one-GPU measurement of a group's sequence (several sources, one load at a time).
+    # The one-GPU measurement of a group's sequence (the ring's adds; the all-reduce's mirrors).
     assert plan_peer.sequence_over_gemm(collective, world) > plan_peer.sequence_over_gemm(collective, 2)
     assert plan_peer.sequence_over_gemm(collective, 3) == plan_peer.sequence_over_gemm(collective, 4)
     assert plan_peer.sequence_over_gemm(collective, 5) == plan_peer.sequence_over_gemm(collective, 8)
