@@ -27,13 +27,14 @@ NCCL_CTAS = 8
 # Time over our GEMM alone of the peer-store sequence, the slowest of the DESIGN.md shapes, by
 # group size, as emulated on one GPU (everything but NVLink): 2 from session 19 (the add ring;
 # benchmarks/results/logs/peer_stores_h200x1), 4 and 8 from session 22's ring reduction, the
-# slower of a rank that is every rank on all SMs (bench_groups) and of separate ranks at once
-# on SMs / world (bench_ring; benchmarks/results/logs/peer_ring_h200x1). The all-reduce's own
-# block stores into every other rank in the GEMM's last 1 / world, so it grows with the group.
-# Other sizes take the next measured size up. NVLink is not measured: an assumed store
-# bandwidth per direction (H200 NVLink 4: 450 GB/s peak) bounds the bytes each GPU sends.
-SEQUENCE_OVER_GEMM = {"reduce_scatter": {2: 1.03, 4: 1.06, 8: 1.09},
-                      "all_reduce": {2: 1.06, 4: 1.31, 8: 1.49}}
+# slowest of a rank that is every rank on all SMs (bench_groups) and of separate ranks at once
+# on SMs / world (bench_ring, two runs; benchmarks/results/logs/peer_ring_h200x1). The
+# all-reduce's own block stores into every other rank in the GEMM's last 1 / world, so it
+# grows with the group. Other sizes take the next measured size up. NVLink is not measured:
+# an assumed store bandwidth per direction (H200 NVLink 4: 450 GB/s peak) bounds the bytes
+# each GPU sends.
+SEQUENCE_OVER_GEMM = {"reduce_scatter": {2: 1.03, 4: 1.07, 8: 1.10},
+                      "all_reduce": {2: 1.06, 4: 1.31, 8: 1.50}}
 ASSUMED_LINK_BYTES_PER_S = 3.0e11
 
 
