@@ -203,9 +203,10 @@ def transport() -> str:
   """JAX_FLASHOVERLAP_TRANSPORT: how matmul_all_reduce / matmul_reduce_scatter move data.
 
   nccl: one NCCL call per group on a second stream, on the SMs the GEMM leaves free. peer
-  (experimental; docs/DESIGN.md, "Peer stores"): over 2 to 8 GPUs of this process, the GEMM
-  stores each other rank's rows into its memory and adds the others' partial sums as it stores
-  its own (no NCCL, every SM computing); ops it cannot take (more than 8 devices, an axis
+  (experimental; docs/DESIGN.md, "Peer stores", "Ring reduction"): over 2 to 8 GPUs of this
+  process, the GEMM reduces along a ring as it stores each tile, adding the running sum its
+  next rank passed it and passing the new sum to its previous rank's memory, its own rows last
+  (no NCCL, every SM computing); ops it cannot take (more than 8 devices, an axis
   group across processes, M not a multiple of the world size) keep the NCCL path, with a
   PeerStoresWarning. auto (unset: the default):
   NCCL, unless a tuned config entry for the op says peer (jax_flashoverlap.tuning)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 from jax_flashoverlap import comm, plan as plan_lib
 
 BANDS_PER_BLOCK = 2
-# kMaxPeerRanks (xla_ffi/comm/peer_reduce_args.h): a rank adds at most 7 others' partials.
+# kMaxPeerRanks (xla_ffi/comm/peer_reduce_args.h): the ranks of one node.
 MAX_WORLD = 8
 # The communicator the peer stores hang on (its call mutex, ordering, watchdog, teardown) is
 # still an NCCL one, never used for NCCL calls on this path: its nominal CTA cap.

@@ -11,8 +11,9 @@
 
 namespace flashoverlap {
 
-// Most ranks of a peer-store group: a rank adds the partial sums of the others
-// (SignalingGemmArgs::add_sources <= kMaxAddSources).
+// Most ranks of a peer-store group (the GPUs of one node): a launch has one head destination
+// per other rank's block and, for an all-reduce, one mirror per other rank
+// (SignalingGemmArgs::head_out, mirror_slots: kMaxAddSources each).
 constexpr int kMaxPeerRanks = kMaxAddSources + 1;
 
 // Where rank `to`'s signal words (credit, done, mailbox) keep what rank `from` tells it: one
