@@ -2,13 +2,13 @@
 // with no SM, no copy and no stream spent on communication: the signaling GEMM stores its
 // partial sums of the other ranks' rows straight into a neighbour's memory (NVLink stores
 // from its epilogue), adding what the other neighbour passed it on the way: a ring reduction
-// inside the GEMM (SignalingGemmArgs::head_add_from, add_from). Free of XLA, Python and NCCL;
+// inside the GEMM (SignalingGemmArgs::head_add_dests, add_from). Free of XLA, Python and NCCL;
 // docs/DESIGN.md, "Peer stores" and "Ring reduction", draws the data flow and says why.
 //
-// Rank r owns the rows of block r (rows_per_block = M / world). Partial sums go from rank r
-// to rank r - 1 only, into its recv slot of the queue position they were computed at
-// (peer_reduce_args.h); the signal words keep what rank i tells rank j in j's slot
-// PeerSlot(i, j). One call, all on the compute stream:
+// Rank r owns the rows of block r (rows_per_block = M / world). Running sums go from rank r
+// to rank r - 1 only, into its recv at their block's rows, counted in its `arrived` counters
+// of the queue position they were computed at (peer_reduce_args.h); the other signal words
+// keep what rank i tells rank j in j's slot PeerSlot(i, j). One call, all on the compute stream:
 //   1. wait until every other rank has finished the previous call (its credit: it read its
 //      `recv`, reset its counters) and, for an all-reduce, give every other rank our
 //      result's address;

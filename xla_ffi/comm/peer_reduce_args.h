@@ -25,8 +25,8 @@ constexpr int PeerSlot(int from, int to, int world) { return ((from - to - 1) % 
 
 // A rank's signal words (PeerReduceRank::signals), int32, written by the other ranks (slot s:
 // the rank PeerSlot gives s for; `arrived`: by rank + 1 only).
-// [slot * bands + band]: tiles of band `band` that rank + 1 stored in our recv slot `slot`
-// (its queue position: the running sums of block rank + 2 + slot)
+// [slot * bands + band]: tiles of band `band` that rank + 1 stored into our recv at its queue
+// position `slot` (the running sums of block rank + 2 + slot, at that block's rows)
 constexpr int kPeerArrived = 0;
 constexpr int kPeerArrivedWords = kMaxGroups;
 constexpr int kPeerCredit = kPeerArrived + kPeerArrivedWords;  // [slot]: calls that rank has finished
@@ -46,8 +46,8 @@ enum class PeerReduceKind { kAllReduce, kReduceScatter };
 
 // Where one rank's launch reads and writes: its own recv and signals, the other ranks'.
 // `recv` holds PeerRecvBlocks(world) blocks of rows_per_block x N elements of the GEMM's dtype
-// at least (PeerRecvFirstBlock); `signals` kPeerSignalWords int32, zeroed once before the first call (the counters
-// are reset by every call, the other words count calls). peers_recv[i] / peers_signals[i] are
+// at least (PeerRecvFirstBlock); `signals` kPeerSignalWords int32, zeroed once before the
+// first call (the counters are reset by every call, the other words count calls). peers_recv[i] / peers_signals[i] are
 // rank i's recv and signals as this rank's kernels and streams address them (the same device,
 // or a peer device with peer access enabled); [rank] is unused, except in a rank that is its
 // own peer (world 2, both entries its own buffers: tests).
@@ -84,13 +84,12 @@ constexpr int PeerRecvBlocks(int world) { return world == 2 ? 1 : world; }
 // (at that block's rows) and counted in its `arrived` counters [d * bands, (d + 1) * bands);
 // from position 1 on it first adds what rank r + 1 stored for that block into our recv
 // (head_add_dests) once our `arrived` counters of position d - 1 are complete. Our own block
-// (position world - 1) adds the same way and goes to our rows of `result`; an all-reduce also mirror-stores it into
-// every other rank's result (addresses from our mailboxes, stamped `call`; the stream says
-// when they are complete: kPeerDone). Every wait for the others also ends once our
-// kPeerFailed word is set. In a group of 2 this is one head destination that adds nothing and
-// our block adding what the other rank stored: the same addresses as before the ring. The
-// caller has validated
-// `gemm` (peer_reduce.cc).
+// (position world - 1) adds the same way and goes to our rows of `result`; an all-reduce also
+// mirror-stores it into every other rank's result (addresses from our mailboxes, stamped
+// `call`; the stream says when they are complete: kPeerDone). Every wait for the others also
+// ends once our kPeerFailed word is set. In a group of 2 this is one head destination that
+// adds nothing and our block adding what the other rank stored: the same addresses as before
+// the ring. The caller has validated `gemm` (peer_reduce.cc).
 inline SignalingGemmArgs PeerReduceLaunchArgs(const PeerReduceBuffers& b, PeerReduceKind kind,
                                               const SignalingGemmArgs& gemm, void* result,
                                               int32_t call) {
@@ -109,7 +108,9 @@ inline SignalingGemmArgs PeerReduceLaunchArgs(const PeerReduceBuffers& b, PeerRe
       fused.layout.band_rows[d * bands + g] = static_cast<int>(d * rows + gemm.layout.band_rows[g]);
   fused.head_groups = (world - 1) * bands;
   fused.head_dests = world - 1;
-  char* previous_recv = PeerRowsBase(static_cast<char*>(b.peers_recv[previous]), PeerRecvFirstBlock(previous, world) * block_bytes);
+  // Every block's sums go to the same place in rank r - 1's recv (laid out by block): one base.
+  char* previous_recv = PeerRowsBase(static_cast<char*>(b.peers_recv[previous]),
+                                     PeerRecvFirstBlock(previous, world) * block_bytes);
   for (int d = 0; d < world - 1; ++d) {  // the d-th block of the queue
     fused.head_out[d] = previous_recv;
     fused.head_counters[d] = b.peers_signals[previous] + kPeerArrived + d * bands;

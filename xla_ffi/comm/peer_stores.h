@@ -1,10 +1,9 @@
 // Peer stores' buffers on a communicator (docs/DESIGN.md, "Peer stores"): for a group of 2 to
 // 8 ranks whose devices are all in this process, each member's `recv` buffer (the next
-// rank's running sums land there, one slot per queue position) and its signal words, with peer access
-// enabled between every two members and each member's PeerReduceRank pointing at the
-// others'. Sized at lowering, grown like
-// the workspace (every member's call mutex held, no call in flight), freed with the
-// communicator.
+// rank's running sums land there, at their block's rows) and its signal words, with peer
+// access enabled between every two members and each member's PeerReduceRank pointing at the
+// others'. Sized at lowering, grown like the workspace (every member's call mutex held, no
+// call in flight), freed with the communicator.
 #pragma once
 
 #include <cstddef>
@@ -16,8 +15,8 @@
 namespace flashoverlap {
 
 // Gives the local members of comm_id peer-store buffers of at least `recv_bytes` each
-// (PeerRecvBlocks(world) x the rows per block x N x the element size). Needs 2 to kMaxPeerRanks ranks, all
-// local, on distinct devices that can access each other. The signal words survive a
+// (PeerRecvBlocks(world) x the rows per block x N x the element size). Needs 2 to
+// kMaxPeerRanks ranks, all local, on distinct devices that can access each other. The signal words survive a
 // growth (they count calls). Errors name the reason; on failure no member keeps a buffer.
 Status EnsurePeerStores(int64_t comm_id, size_t recv_bytes);
 
