@@ -193,6 +193,9 @@ std::string ValidateEpiloguePeers(const SignalingGemmArgs& a) {
     if (a.mirror_slots[i] == nullptr || (reinterpret_cast<uintptr_t>(a.mirror_slots[i]) & 7) != 0)
       return "mirror_slots[" + std::to_string(i) + "] must be set and 8-byte aligned";
   }
+  if (a.mirror_count > 1 && a.out_col_block != 0)
+    return "several mirrors (mirror_count " + std::to_string(a.mirror_count) +
+           ") need out row-major (out_col_block 0): they are stored a row at a time";
   if (a.mirror_offset % 16 != 0)
     return "mirror_offset must be a multiple of 16 bytes, got " + std::to_string(a.mirror_offset);
   if (a.head_groups < 0 || a.head_groups > a.layout.num_groups)

@@ -143,7 +143,10 @@ struct SignalingGemmArgs {
   // out) for each i < mirror_count, where P_i is the device pointer in mirror_slots[i][0..1]
   // (e.g. a peer's output of this very call, posted there by that peer): the storing threads
   // wait (acquire, system scope) until mirror_slots[i][2] == mirror_call, the stamp its
-  // writer sets after the pointer. 0: no second store.
+  // writer sets after the pointer. 0: no second store. Several mirrors (a group of 3 or more),
+  // on tiles that add through the add ring (128 x 256), are stored a whole tile row at a
+  // time by bulk copies from shared memory (cp.async.bulk) rather than per 16-byte chunk:
+  // out must then be row-major (out_col_block 0; refused otherwise).
   const int32_t* mirror_slots[kMaxAddSources] = {};  // each 8-byte aligned: {low, high, stamp}
   int mirror_count = 0;
   int64_t mirror_offset = 0;  // bytes, a multiple of 16

@@ -241,9 +241,9 @@ __device__ __forceinline__ void CopyAsyncWait() {
 // spilled, also on the one-source path).
 template <class Cfg>
 __device__ __forceinline__ void CopyAddRingRows(const typename Cfg::Params& params,
-                                                const uint32_t* staged, const TileWork& w,
+                                                uint32_t* staged, const TileWork& w,
                                                 int first_row, int rows, int thread, int threads,
-                                                char* out, char* mirror, uint4* ring) {
+                                                char* out, char* mirror, bool write_back, uint4* ring) {
   using E = typename Cfg::Element;
   constexpr int D = Cfg::kAddRingSlots;
   const int chunks = rows * (Cfg::BN / 8);
@@ -262,12 +262,14 @@ __device__ __forceinline__ void CopyAddRingRows(const typename Cfg::Params& para
     CopyAsyncWait<D - 1>();  // groups 0..j complete
     const StagedChunk c = LocateChunk<Cfg>(params.sched, w, params.out_col_block, first_row, id);
     if (c.valid) {
+      uint4* chunk = reinterpret_cast<uint4*>(staged + c.row * Cfg::kEpiPitchWords + 4 * c.ch);
       float2 sum[4] = {};
-      AccumulateChunk<E>(sum, *reinterpret_cast<const uint4*>(staged + c.row * Cfg::kEpiPitchWords + 4 * c.ch));
+      AccumulateChunk<E>(sum, *chunk);
       AccumulateChunk<E>(sum, slots[(j % D) * threads]);
       const uint4 v = RoundChunk<E>(sum);
       *reinterpret_cast<uint4*>(out + c.offset) = v;
       if (mirror != nullptr) *reinterpret_cast<uint4*>(mirror + c.offset) = v;
+      if (write_back) *chunk = v;
     }
     issue(j + D);
   }
@@ -278,12 +280,13 @@ __device__ __forceinline__ void CopyAddRingRows(const typename Cfg::Params& para
 // warp covering contiguous row spans; `thread` of `threads` copying threads. Rows past the
 // tile's valid rows and columns past N are not stored. With add_from (from add_first_group
 // on: head groups too, along a ring), the other ranks' partial sums of those elements are
-// added on the way (once their counters are complete):
-// through the add ring (the copy-out warps of instances that have one, one source, at most
-// one mirror) or one chunk at a time; with mirror slots, each chunk is stored there too.
+// added on the way (once their counters are complete): through the add ring (the copy-out
+// warps of instances that have one, one source) or one chunk at a time. With mirror slots,
+// each chunk is stored there too, except where MirrorsInBulk: there the add ring writes the
+// sums back over the staged values and MirrorStagedRows stores whole rows afterwards.
 template <class Cfg>
 __device__ __forceinline__ void CopyStagedRows(const typename Cfg::Params& params,
-                                               const uint32_t* staged, const TileWork& w,
+                                               uint32_t* staged, const TileWork& w,
                                                int first_row, int rows, int thread, int threads,
                                                uint4* add_ring) {
   const bool head = w.group < params.head_groups;  // stored elsewhere
@@ -291,15 +294,18 @@ __device__ __forceinline__ void CopyStagedRows(const typename Cfg::Params& param
   const bool add = params.add_from != nullptr && w.group >= params.add_first_group;
   if (add) WaitAddCounters(params, w.group);
   char* mirror = params.mirror_count == 0 || head ? nullptr : MirrorBase(params, 0);
-  // Further mirrors (groups of 3 or more): their stamps now, their pointers re-read from the
-  // slots per chunk (through L2) below rather than held: the copy-out warps run on 40
-  // registers, and a pointer per mirror, or a pass of its own, made ptxas spill there.
+  // Further mirrors (groups of 3 or more): their stamps now; on the chunk path (no add ring:
+  // 128 x 128 tiles, add_serial) their pointers re-read from the slots per chunk (through L2)
+  // rather than held: the copy-out warps run on 40 registers, and a pointer per mirror, or a
+  // pass of its own, made ptxas spill there.
   bool more_mirrors = mirror != nullptr && params.mirror_count > 1;
   for (int i = 1; more_mirrors && i < params.mirror_count; ++i) more_mirrors = MirrorBase(params, i) != nullptr;
   if (params.mirror_count > 1 && !more_mirrors) mirror = nullptr;  // the peers failed: no mirror stores
   if constexpr (Cfg::kAddRingSlots > 0) {
-    if (add && add_ring != nullptr && params.add_sources == 1 && !params.add_serial && !more_mirrors) {
-      CopyAddRingRows<Cfg>(params, staged, w, first_row, rows, thread, threads, out, mirror, add_ring);
+    if (add && add_ring != nullptr && params.add_sources == 1 && !params.add_serial) {
+      const bool bulk = params.mirror_count > 1 && !head;  // MirrorsInBulk: mirrored after
+      CopyAddRingRows<Cfg>(params, staged, w, first_row, rows, thread, threads, out,
+                           bulk ? nullptr : mirror, bulk, add_ring);
       return;
     }
   }
@@ -318,11 +324,86 @@ __device__ __forceinline__ void CopyStagedRows(const typename Cfg::Params& param
   }
 }
 
+// Whether CopyStagedRows leaves a tile's mirrors to MirrorStagedRows: several mirrors, and an
+// own group that adds through the add ring (which then writes the sums back over the staged
+// values). Recomputed where needed rather than returned: a flag live across the copy loops
+// made ptxas spill in the copy-out warps.
+template <class Cfg>
+__device__ __forceinline__ bool MirrorsInBulk(const typename Cfg::Params& params, int group) {
+  return Cfg::kAddRingSlots > 0 && params.mirror_count > 1 && group >= params.head_groups &&
+         params.add_from != nullptr && group >= params.add_first_group && params.add_sources == 1 &&
+         !params.add_serial;
+}
+
+// Bulk copies (the async proxy, cp.async.bulk) from shared to global memory, one group per
+// thread: issued, committed, then waited for until the shared memory has been read, or until
+// the writes are complete.
+__device__ __forceinline__ void FenceProxyAsyncShared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+__device__ __forceinline__ void BulkStore(void* global, uint32_t smem_addr, int bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(global), "r"(smem_addr),
+               "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void BulkCommit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void BulkWaitRead() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+__device__ __forceinline__ void BulkWait() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+
+// The mirror stores of a group of 3 or more (MirrorsInBulk; CopyStagedRows wrote the sums
+// back and waited for every mirror's stamp): each staged row goes to every mirror in one bulk
+// copy of up to BN * 2 bytes, issued by one lane of the warp that wrote the row back
+// (CopyStagedRows' chunk order gives each warp whole rows: BN / 8 chunks divide 32). A bulk
+// copy takes its operands in uniform registers, so one lane issues the warp's copies rather
+// than each lane its own (which made ptxas spill 28-60 bytes). The lane waits once per tile,
+// until the staging rows are read (or, when the tile is signalled, until the stores are
+// complete), instead of the copy-out warps storing each chunk n - 1 more times after an L2
+// read of its pointer. Needs out row-major (the launcher refuses several mirrors with
+// out_col_block).
+template <class Cfg>
+__device__ __forceinline__ void MirrorStagedRows(const typename Cfg::Params& params, const uint32_t* staged,
+                                                 const TileWork& w, int thread) {
+  constexpr int kChunksPerRow = Cfg::BN / 8;
+  constexpr int kWarpRows = 32 / kChunksPerRow;               // rows a warp copies per step
+  constexpr int kStepRows = kCopyOutThreads / kChunksPerRow;  // rows all copy-out warps copy per step
+  static_assert(32 % kChunksPerRow == 0 && kCopyOutThreads % 32 == 0, "a staged row must be one warp's");
+  FenceProxyAsyncShared();  // this lane's write-backs before the async proxy reads them
+  const int warp = __shfl_sync(0xffffffff, thread / 32, 0);  // warp-uniform
+  if (!cute::elect_one_sync()) return;  // also the warp's barrier: every lane has fenced
+  const int col = w.n_tile * Cfg::BN;
+  const int bytes = MinInt(Cfg::BN, params.sched.n - col) * 2;
+  const int pitch = int(params.sched.n) * 2;  // bytes per row of out
+  const int rows = w.rows;
+  const int64_t first = (int64_t(w.dst_row) + warp * kWarpRows) * pitch + col * 2;
+  const uint32_t src0 = static_cast<uint32_t>(__cvta_generic_to_shared(staged)) + warp * kWarpRows * Cfg::kEpiPitchWords * 4;
+#pragma unroll 1
+  for (int i = 0; i < params.mirror_count; ++i) {
+    // CopyStagedRows waited for the stamps; one that does not match: the peers failed.
+    const int32_t* slot = params.mirror_slots[i];
+    int32_t stamp;
+    asm volatile("ld.acquire.sys.global.b32 %0, [%1];" : "=r"(stamp) : "l"(slot + 2) : "memory");
+    if (stamp != params.mirror_call) continue;
+    char* dst = reinterpret_cast<char*>(__ldcg(reinterpret_cast<const unsigned long long*>(slot))) + params.mirror_offset + first;
+    uint32_t src = src0;
+#pragma unroll 1
+    for (int row = warp * kWarpRows; row < rows; row += kStepRows) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < kWarpRows; ++r) {
+        if (row + r < rows) BulkStore(dst + r * pitch, src + r * Cfg::kEpiPitchWords * 4, bytes);
+      }
+      dst += kStepRows * pitch;
+      src += kStepRows * Cfg::kEpiPitchWords * 4;
+    }
+  }
+  BulkCommit();
+  if (params.counters != nullptr) BulkWait();  // SignalGroup releases the tile: complete first
+  else BulkWaitRead();                         // the staging rows go back to the consumers
+}
+
 // Overlapped epilogue, copy-out side (threads 32..127 of the producer warpgroup): for every
 // tile this CTA stores, wait until the consumers staged it, copy it to global memory, signal
 // its group, then hand the staging rows back.
 template <class Cfg>
-__device__ void CopyOutTiles(const typename Cfg::Params& params, const uint32_t* epi,
+__device__ void CopyOutTiles(const typename Cfg::Params& params, uint32_t* epi,
                              uint4* add_ring, typename Cfg::UnitPipeline& unit_pipe, const PieceSlot* pieces,
                              cutlass::arch::ClusterBarrier& ss_full,
                              cutlass::arch::ClusterBarrier& ss_empty, int et) {
@@ -344,6 +425,7 @@ __device__ void CopyOutTiles(const typename Cfg::Params& params, const uint32_t*
     full_phase ^= 1;
     if (et == 0) FO_STAMP(2, np, 1);
     CopyStagedRows<Cfg>(params, epi, w, 0, Cfg::BM, et, kCopyOutThreads, add_ring);
+    if (MirrorsInBulk<Cfg>(params, w.group)) MirrorStagedRows<Cfg>(params, epi, w, et);
     if (et == 0) FO_STAMP(2, np, 2);
     ss_empty.arrive();  // this thread's reads of the staging rows are done (release)
     // Signal as in the consumers' epilogue: every copy-out store precedes this barrier, the
@@ -352,6 +434,7 @@ __device__ void CopyOutTiles(const typename Cfg::Params& params, const uint32_t*
     if (et == 0) SignalGroup(params, w.group);
     if (et == 0) FO_STAMP(2, np, 3);
   }
+  BulkWait();  // MirrorStagedRows' stores complete before the kernel ends (no-op without)
 }
 
 }  // namespace sg
