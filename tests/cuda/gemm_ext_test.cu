@@ -250,6 +250,14 @@ void Api(cudaStream_t s) {
   expect("flags at band boundaries (all ready)", b, cudaSuccess);
   b.in_flag_rows = 64; expect("flag block boundary inside a band", b, cudaErrorInvalidValue);
   b.in_flag_rows = 256; b.row_rotation = 128; expect("rotation not a multiple of flag rows", b, cudaErrorInvalidValue);
+  // Several mirrors are stored a row at a time (MirrorStagedRows): out must be row-major.
+  b = a; b.out_col_block = 128; b.mirror_count = 2;
+  b.mirror_slots[0] = b.mirror_slots[1] = reinterpret_cast<const int32_t*>(flags.p);
+  expect("several mirrors, column-blocked out", b, cudaErrorInvalidValue);
+  if (!strstr(LastSignalingGemmError(), "several mirrors")) {
+    ++g_failures;
+    printf("api      the refusal names the mirrors: '%s' FAIL\n", LastSignalingGemmError());
+  }
   CK(cudaStreamSynchronize(s));
 }
 

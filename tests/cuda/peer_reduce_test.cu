@@ -39,8 +39,9 @@
 //                               on its own stream and SMs / world: their RS / AR sequences
 //                               against as many plain GEMMs on the same shares (the ring's
 //                               real data flow and waits; 3 calls per sample)
-//   peer_reduce_test sanitize : flags + the small case with the rank as its own peer (no two
-//                               kernels need to run at once: compute-sanitizer may serialize)
+//   peer_reduce_test sanitize : flags + the small case with the rank as its own peer, and a
+//                               group of 4 that is this rank (no two kernels need to run at
+//                               once: compute-sanitizer may serialize)
 //   peer_reduce_test abort    : a peer that never comes: rank 0 calls, rank 1 never does; its
 //                               GEMM must still be waiting after 1 s (the control), then, once
 //                               the host sets the abort flag (host-mapped, as the watchdog's),
@@ -188,8 +189,11 @@ void Check(bool small, cudaStream_t s) {
 
 // Groups of 3, 4 and 8 ranks emulated on one GPU, each rank's GEMMs on SMs / world (the
 // others' SMs left free): per world an aligned case and a small odd one (f16, rows per
-// block not a tile multiple), reduce-scatter and all-reduce, 4 calls each (CheckCase), each
-// result against float32 and bit for bit against the ring's rounded running sum.
+// block not a tile multiple: 128 x 128 tiles), for 3 and 8 also an odd one large enough for
+// 128 x 256 tiles (the all-reduce's bulk-copied mirrors, MirrorStagedRows: partial tile rows
+// at band ends, a last column tile narrower than 256), reduce-scatter and all-reduce, 4
+// calls each (CheckCase), each result against float32 and bit for bit against the ring's
+// rounded running sum.
 void CheckGroups(cudaStream_t s) {
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -197,10 +201,12 @@ void CheckGroups(cudaStream_t s) {
   const std::vector<GroupCase> cases = {
       {3, {600, 272, 200, {0, 100, 200}, GemmDType::kFloat16}},
       {3, {3072, 2048, 1024, EvenBands(1024, 2, 256), GemmDType::kBFloat16}},
+      {3, {3000, 2000, 512, {0, 400, 1000}, GemmDType::kBFloat16}},
       {4, {600, 272, 200, {0, 50, 150}, GemmDType::kFloat16}},
       {4, {4096, 4096, 2048, EvenBands(1024, 2, 256), GemmDType::kBFloat16}},
       {8, {600, 272, 200, {0, 75}, GemmDType::kFloat16}},
       {8, {8192, 4096, 1024, EvenBands(1024, 2, 256), GemmDType::kBFloat16}},
+      {8, {4800, 1000, 256, {0, 200, 600}, GemmDType::kFloat16}},
   };
   for (const GroupCase& gc : cases) {
     for (PeerReduceKind kind : {PeerReduceKind::kReduceScatter, PeerReduceKind::kAllReduce}) {
@@ -208,6 +214,29 @@ void CheckGroups(cudaStream_t s) {
       CheckCase(gc.c, kind, 4, sms - sms / gc.world, s, /*one_gpu_each=*/false, gc.world);
     }
   }
+}
+
+// A group of 4 whose every rank is this one, two all-reduce calls on 128 x 256 tiles: the
+// bulk-copied mirrors (MirrorStagedRows: partial tile rows at band ends, a last column tile
+// narrower than 256) for compute-sanitizer, which may serialize kernels (separate ranks would
+// then wait for each other for ever). Values unchecked: beyond a pair such a rank adds another
+// block's sum (SelfPeerCase); `groups` checks the values with separate ranks.
+void SanitizeBulkMirrors(cudaStream_t s) {
+  setenv("FLASHOVERLAP_GEMM_TILE", "256", 1);
+  const int world = 4;
+  const int64_t m = 1024, n = 720, k = 256;
+  Problem p({m, n, k}, GemmDType::kBFloat16, 4242, s, /*with_ref=*/false);
+  EmulatedRank self(0, m / world, n, -1, world);
+  for (int i = 1; i < world; ++i) self.PeerWith(self, i);
+  Buf result(m * n * 2);
+  SignalingGemmArgs seq = p.base;
+  seq.layout = BandLayout({0, 100, 256});
+  seq.queue = self.queue->p;
+  for (int call = 0; call < 2; ++call)
+    Must(EnqueuePeerReduce(self.r, s, PeerReduceKind::kAllReduce, seq, result.p), "sequence");
+  CK(cudaStreamSynchronize(s));
+  unsetenv("FLASHOVERLAP_GEMM_TILE");
+  printf("sanitize: a group of 4 that is this rank, 2 all-reduce calls on 128 x 256 tiles: ran\n");
 }
 
 // ------------------------------------------------------------------ bench (self as peer)
@@ -482,6 +511,7 @@ int main(int argc, char** argv) {
   if (o.mode == "sanitize") Flags(d.counters, d.stream, 2000);
   if (o.mode == "check" || o.mode == "all") Check(/*small=*/false, d.stream);
   if (o.mode == "sanitize") Check(/*small=*/true, d.stream);
+  if (o.mode == "sanitize") SanitizeBulkMirrors(d.stream);
   if (o.mode == "groups" || o.mode == "all") CheckGroups(d.stream);
   if (o.mode == "bench" || o.mode == "all") Bench(d.stream, d.counters, o.iters);
   if (o.mode == "bench_groups" || o.mode == "all") BenchGroups(d.stream, d.counters, o.iters);
