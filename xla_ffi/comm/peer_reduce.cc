@@ -5,6 +5,8 @@
 #include <string>
 
 #include "xla_ffi/comm/gemm_status.h"
+#include "xla_ffi/comm/stream_batch.h"
+#include "xla_ffi/comm/stream_wait.h"
 #include "xla_ffi/comm/stream_write.h"
 
 namespace flashoverlap {
@@ -38,45 +40,68 @@ Status CheckArgs(const PeerReduceBuffers& r, const SignalingGemmArgs& gemm, cons
   return Status::Ok();
 }
 
-// The other ranks (a rank that is its own peer: itself, as rank 1 - rank).
-template <class Fn>
-Status ForEachPeer(const PeerReduceBuffers& r, Fn fn) {
-  for (int i = 0; i < r.world; ++i) {
-    if (i == r.rank) continue;
-    FO_RETURN_IF_NOT_OK(fn(i));
-  }
-  return Status::Ok();
-}
-
 // Rank `to`'s word `word` of the slot that holds what rank `from` tells it.
 int32_t* SlotWord(const PeerReduceBuffers& r, int word, int from, int to) {
   return r.peers_signals[to] + word + PeerSlot(from, to, r.world);
 }
 
-// Each other rank's mailbox (our slot there) <- our result's address (two words), then the
-// call's stamp: each stream write is preceded by a memory barrier, so a kernel that reads
-// this call's stamp (acquire) reads this call's address.
-Status PostResultAddress(const PeerReduceBuffers& r, cudaStream_t stream, const void* result, int32_t call) {
+// The word operations of one step (waits for, or writes into, every other rank's word),
+// enqueued as one stream operation (stream_batch.h) where the waits are stream operations,
+// else one at a time (spin kernels, which the watchdog's abort flag reaches).
+class StepOps {
+ public:
+  void Wait(int32_t* word, int32_t value) { Add(StreamWordOp{StreamWordOp::kWaitGeq, word, value}); }
+  void Write(int32_t* word, int32_t value) { Add(StreamWordOp{StreamWordOp::kWrite, word, value}); }
+  Status Enqueue(cudaStream_t stream, WaitMethod wait, const volatile int* abort_flag) const {
+    if (wait == WaitMethod::kStreamOp && HaveStreamBatch()) return EnqueueStreamBatch(stream, ops_, count_);
+    for (int i = 0; i < count_; ++i) {
+      const StreamWordOp& op = ops_[i];
+      FO_RETURN_IF_NOT_OK(op.kind == StreamWordOp::kWaitGeq ? EnqueueWaitGeq(stream, op.word, op.value, wait, abort_flag)
+                                                            : EnqueueWriteFlag(stream, op.word, op.value));
+    }
+    return Status::Ok();
+  }
+
+ private:
+  static constexpr int kCapacity = 2 * (kMaxPeerRanks - 1);  // two words per other rank at most
+  static_assert(kCapacity <= kMaxStreamBatch, "a step's operations fit one batch");
+  void Add(const StreamWordOp& op) { ops_[count_++] = op; }  // callers add at most kCapacity
+  StreamWordOp ops_[kCapacity] = {};
+  int count_ = 0;
+};
+
+// Each other rank's mailbox (our slot there) <- our result's address (two words), then, as a
+// second step, the call's stamp: each stream write is preceded by a memory barrier, so a
+// kernel that reads this call's stamp (acquire) reads this call's address.
+Status PostResultAddress(const PeerReduceBuffers& r, WaitMethod wait, cudaStream_t stream, const void* result,
+                         int32_t call) {
   const uint64_t address = reinterpret_cast<uintptr_t>(result);
-  return ForEachPeer(r, [&](int to) {
+  StepOps addresses, stamps;
+  for (int to = 0; to < r.world; ++to) {
+    if (to == r.rank) continue;
     int32_t* mailbox = r.peers_signals[to] + kPeerMailbox + kPeerMailboxWords * PeerSlot(r.rank, to, r.world);
-    FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, mailbox, static_cast<int32_t>(address & 0xffffffffu)));
-    FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, mailbox + 1, static_cast<int32_t>(address >> 32)));
-    return EnqueueWriteFlag(stream, mailbox + 2, call);
-  });
+    addresses.Write(mailbox, static_cast<int32_t>(address & 0xffffffffu));
+    addresses.Write(mailbox + 1, static_cast<int32_t>(address >> 32));
+    stamps.Write(mailbox + 2, call);
+  }
+  FO_RETURN_IF_NOT_OK(addresses.Enqueue(stream, wait, nullptr));
+  return stamps.Enqueue(stream, wait, nullptr);
 }
 
 // Waits until every other rank's word `word` (our slot for it) reaches `value`.
 Status WaitForPeers(const PeerReduceBuffers& r, WaitMethod wait, const volatile int* abort_flag,
                     cudaStream_t stream, int word, int32_t value) {
-  for (int s = 0; s < r.world - 1; ++s)
-    FO_RETURN_IF_NOT_OK(EnqueueWaitGeq(stream, r.signals + word + s, value, wait, abort_flag));
-  return Status::Ok();
+  StepOps ops;
+  for (int s = 0; s < r.world - 1; ++s) ops.Wait(r.signals + word + s, value);
+  return ops.Enqueue(stream, wait, abort_flag);
 }
 
 // Writes `value` into our slot of word `word` of every other rank.
-Status TellPeers(const PeerReduceBuffers& r, cudaStream_t stream, int word, int32_t value) {
-  return ForEachPeer(r, [&](int to) { return EnqueueWriteFlag(stream, SlotWord(r, word, r.rank, to), value); });
+Status TellPeers(const PeerReduceBuffers& r, WaitMethod wait, cudaStream_t stream, int word, int32_t value) {
+  StepOps ops;
+  for (int to = 0; to < r.world; ++to)
+    if (to != r.rank) ops.Write(SlotWord(r, word, r.rank, to), value);
+  return ops.Enqueue(stream, wait, nullptr);
 }
 
 Status EnqueueCall(const PeerReduceBuffers& r, WaitMethod wait, const volatile int* abort_flag,
@@ -87,7 +112,7 @@ Status EnqueueCall(const PeerReduceBuffers& r, WaitMethod wait, const volatile i
   // 1. Every other rank has finished the previous call: our slot of its recv is free, its
   // counters are zero.
   FO_RETURN_IF_NOT_OK(WaitForPeers(r, wait, abort_flag, stream, kPeerCredit, call - 1));
-  if (all_reduce) FO_RETURN_IF_NOT_OK(PostResultAddress(r, stream, result, call));
+  if (all_reduce) FO_RETURN_IF_NOT_OK(PostResultAddress(r, wait, stream, result, call));
   // 2. One launch over every block, ours last (peer_reduce_args.h).
   SignalingGemmArgs fused = PeerReduceLaunchArgs(r, kind, gemm, result, call);
   fused.abort_flag = abort_flag;  // the GEMM's waits for the others' stores give up too
@@ -95,12 +120,12 @@ Status EnqueueCall(const PeerReduceBuffers& r, WaitMethod wait, const volatile i
   // 3. All-reduce: our mirror stores into the others' results are complete (the stream
   // write's memory barrier orders them before it), and theirs into ours.
   if (all_reduce) {
-    FO_RETURN_IF_NOT_OK(TellPeers(r, stream, kPeerDone, call));
+    FO_RETURN_IF_NOT_OK(TellPeers(r, wait, stream, kPeerDone, call));
     FO_RETURN_IF_NOT_OK(WaitForPeers(r, wait, abort_flag, stream, kPeerDone, call));
   }
   // 4. Our recv is read and our counters complete: reset them, then the others may go on.
   FO_RETURN_IF_CUDA(cudaMemsetAsync(r.signals + kPeerArrived, 0, sizeof(int32_t) * kPeerArrivedWords, stream));
-  return TellPeers(r, stream, kPeerCredit, call);
+  return TellPeers(r, wait, stream, kPeerCredit, call);
 }
 
 // What EnqueueBreakPeers writes into the call-number words every rank waits on with ">=":
