@@ -32,8 +32,8 @@ NCCL_CTAS = 8
 # of separate ranks at once on SMs / world (bench_ring; benchmarks/results/logs/
 # peer_bulk_h200x1, call 4; rounded up). The all-reduce's own block stores into every other
 # rank in the GEMM's last 1 / world, so it grows with the group. Other sizes take the next
-# measured size up. NVLink is not measured: an assumed store bandwidth per direction (H200 NVLink 4: 450 GB/s
-# peak) bounds the bytes each GPU sends.
+# measured size up. NVLink is not measured: an assumed store bandwidth per direction (H200
+# NVLink 4: 450 GB/s peak) bounds the bytes each GPU sends.
 SEQUENCE_OVER_GEMM = {"reduce_scatter": {2: 1.03, 4: 1.06, 8: 1.07},
                       "all_reduce": {2: 1.06, 4: 1.12, 8: 1.22}}
 ASSUMED_LINK_BYTES_PER_S = 3.0e11
