@@ -33,7 +33,7 @@ echo "built $BUILD/overlap_harness"
 pr_objs=()
 for obj in "${objs[@]}"; do
   case "$(basename "$obj")" in
-    signaling_gemm*|peer_reduce.*|stream_wait*|stream_write*|stream_batch*) pr_objs+=("$obj") ;;
+    signaling_gemm*|peer_reduce.*|stream_wait*|stream_write*|stream_batch*|driver_entry*) pr_objs+=("$obj") ;;
   esac
 done
 for prog in peer_reduce_test peer_reduce_2gpu_test; do

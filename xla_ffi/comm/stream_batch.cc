@@ -5,27 +5,15 @@
 
 #include <string>
 
+#include "xla_ffi/comm/driver_entry.h"
+
 namespace flashoverlap {
 namespace {
 
 using BatchMemOpFn = CUresult (*)(CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int);
 
 BatchMemOpFn BatchMemOp() {
-  static BatchMemOpFn fn = [] {
-    void* ptr = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-#if CUDART_VERSION >= 12050
-    cudaError_t err = cudaGetDriverEntryPointByVersion("cuStreamBatchMemOp", &ptr, 12000,
-                                                       cudaEnableDefault, &found);
-#else
-    cudaError_t err = cudaGetDriverEntryPoint("cuStreamBatchMemOp", &ptr, cudaEnableDefault, &found);
-#endif
-    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();  // clear: callers fall back to one operation per word
-      return static_cast<BatchMemOpFn>(nullptr);
-    }
-    return reinterpret_cast<BatchMemOpFn>(ptr);
-  }();
+  static BatchMemOpFn fn = reinterpret_cast<BatchMemOpFn>(DriverEntryPoint("cuStreamBatchMemOp"));
   return fn;
 }
 

@@ -8,6 +8,8 @@
 #include <mutex>
 #include <string>
 
+#include "xla_ffi/comm/driver_entry.h"
+
 namespace flashoverlap {
 namespace {
 
@@ -15,22 +17,7 @@ using WaitValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned i
 
 // Resolved once per process; null when the driver does not offer it.
 WaitValue32Fn WaitValue32() {
-  static WaitValue32Fn fn = [] {
-    void* ptr = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-#if CUDART_VERSION >= 12050
-    cudaError_t err = cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &ptr, 12000,
-                                                       cudaEnableDefault, &found);
-#else
-    cudaError_t err = cudaGetDriverEntryPoint("cuStreamWaitValue32", &ptr, cudaEnableDefault,
-                                              &found);
-#endif
-    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();  // clear: the fallback path is fine
-      return static_cast<WaitValue32Fn>(nullptr);
-    }
-    return reinterpret_cast<WaitValue32Fn>(ptr);
-  }();
+  static WaitValue32Fn fn = reinterpret_cast<WaitValue32Fn>(DriverEntryPoint("cuStreamWaitValue32"));
   return fn;
 }
 

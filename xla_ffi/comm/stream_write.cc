@@ -7,6 +7,8 @@
 #include <cstring>
 #include <string>
 
+#include "xla_ffi/comm/driver_entry.h"
+
 namespace flashoverlap {
 namespace {
 
@@ -14,22 +16,7 @@ using WriteValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned 
 
 // Resolved once per process; null when the driver does not offer it.
 WriteValue32Fn WriteValue32() {
-  static WriteValue32Fn fn = [] {
-    void* ptr = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-#if CUDART_VERSION >= 12050
-    cudaError_t err = cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &ptr, 12000,
-                                                       cudaEnableDefault, &found);
-#else
-    cudaError_t err = cudaGetDriverEntryPoint("cuStreamWriteValue32", &ptr, cudaEnableDefault,
-                                              &found);
-#endif
-    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();  // clear: the kernel fallback is fine
-      return static_cast<WriteValue32Fn>(nullptr);
-    }
-    return reinterpret_cast<WriteValue32Fn>(ptr);
-  }();
+  static WriteValue32Fn fn = reinterpret_cast<WriteValue32Fn>(DriverEntryPoint("cuStreamWriteValue32"));
   return fn;
 }
 
