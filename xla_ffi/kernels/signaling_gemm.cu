@@ -93,8 +93,12 @@ std::string ReadSwitch(const EnvSwitch& sw, bool* alternative) {
 }
 
 const InstanceOps& PickInstance(GemmDType dtype, const GemmTileShape& ts, bool sync_epilogue,
-                                bool transpose_w) {
+                                bool transpose_w, bool several_mirrors) {
   const bool wide = ts.block_n == 256, f16 = dtype == GemmDType::kFloat16;
+  if (several_mirrors && wide && !sync_epilogue) {  // a sync epilogue is refused for mirrors
+    if (transpose_w) return f16 ? SignalingGemmF16Tile128x256OverlapNKPeer() : SignalingGemmBf16Tile128x256OverlapNKPeer();
+    return f16 ? SignalingGemmF16Tile128x256OverlapPeer() : SignalingGemmBf16Tile128x256OverlapPeer();
+  }
   if (transpose_w) {
     if (f16) return wide ? SignalingGemmF16Tile128x256OverlapNK() : SignalingGemmF16Tile128x128OverlapNK();
     return wide ? SignalingGemmBf16Tile128x256OverlapNK() : SignalingGemmBf16Tile128x128OverlapNK();
@@ -345,7 +349,7 @@ cudaError_t PlanLaunch(const SignalingGemmArgs& args, LaunchPlan* plan) {
   if (args.queue != nullptr && (reinterpret_cast<uintptr_t>(args.queue) & 15) != 0)
     return Fail(cudaErrorInvalidValue, "queue must be 16-byte aligned");
   const GemmTileShape ts = ChooseTileShape(args);
-  const InstanceOps& ops = PickInstance(args.dtype, ts, sync_epilogue, args.transpose_w);
+  const InstanceOps& ops = PickInstance(args.dtype, ts, sync_epilogue, args.transpose_w, args.mirror_count > 1);
   if ((args.add_from != nullptr || args.mirror_count > 0 || args.head_groups > 0) && !ops.epilogue_adds)
     return Fail(cudaErrorInvalidValue,
                 "add_from / mirror_slots / head_groups need the overlapped epilogue; FLASHOVERLAP_GEMM_EPILOGUE=sync is set");

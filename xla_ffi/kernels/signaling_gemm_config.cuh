@@ -40,9 +40,13 @@ enum class ConsumerSchedule { kCooperative, kCooperativeOverlap, kPingPong };
 // (K-major: the product is x @ w^T, w read in place; signaling_gemm.h, transpose_w).
 enum class WeightLayout { kKN, kNK };
 
+// kPeerStores_: the instance the launcher picks for launches with several mirrors (peer-store
+// groups of 3 or more, an all-reduce): its copy-out warps store the mirrors by bulk copies
+// (MirrorStagedRows), code that made ptxas spill the copy-out loop's state, which cost every
+// other launch ~0.3%, so the other instances leave it out.
 template <class Element_, int kBlockM, int kBlockN, int kClusterM,
           ConsumerSchedule kSchedule_ = ConsumerSchedule::kCooperative,
-          WeightLayout kWeightLayout_ = WeightLayout::kKN>
+          WeightLayout kWeightLayout_ = WeightLayout::kKN, bool kPeerStores_ = false>
 struct Config {
   using Element = Element_;
   static constexpr int BM = kBlockM, BN = kBlockN, CM = kClusterM, BK = kGemmBlockK;
@@ -91,6 +95,9 @@ struct Config {
       !kOverlapEpilogue || kAddRingFit < 2 ? 0 : (kAddRingFit < 8 ? kAddRingFit : 8);
   static_assert(!kOverlapEpilogue || BN != 256 || kAddRingSlots == 8,
                 "the 128x256 overlapped instances keep their 3 stages and an 8-slot add ring");
+  // Several mirrors by bulk copies (above): the add ring writes the sums back for them.
+  static constexpr bool kBulkMirrors = kPeerStores_ && kOverlapEpilogue && kAddRingSlots > 0;
+  static_assert(!kPeerStores_ || kBulkMirrors, "a peer-stores instance needs the overlapped epilogue's add ring");
   static_assert(kStages + 3 <= kQueueRingSlots, "the leader may run kStages units ahead of its partner");
   // Split tail: one partial tile per CTA (kMmaThreads consumer threads x their accumulators).
   static constexpr size_t kPartialBytes = size_t(BM) * BN * 4;

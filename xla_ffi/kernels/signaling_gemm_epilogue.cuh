@@ -276,6 +276,17 @@ __device__ __forceinline__ void CopyAddRingRows(const typename Cfg::Params& para
   CopyAsyncWait<0>();
 }
 
+// Whether CopyStagedRows leaves a tile's mirrors to MirrorStagedRows: a peer-stores instance
+// (Config::kBulkMirrors), several mirrors, and an own group that adds through the add ring
+// (which then writes the sums back over the staged values). Recomputed where needed rather than returned: a flag live across the copy loops
+// made ptxas spill in the copy-out warps.
+template <class Cfg>
+__device__ __forceinline__ bool MirrorsInBulk(const typename Cfg::Params& params, int group) {
+  return Cfg::kBulkMirrors && params.mirror_count > 1 && group >= params.head_groups &&
+         params.add_from != nullptr && group >= params.add_first_group && params.add_sources == 1 &&
+         !params.add_serial;
+}
+
 // Staged rows [0, rows) (tile rows first_row + i) to `out`, 16 bytes per thread and step, a
 // warp covering contiguous row spans; `thread` of `threads` copying threads. Rows past the
 // tile's valid rows and columns past N are not stored. With add_from (from add_first_group
@@ -303,7 +314,7 @@ __device__ __forceinline__ void CopyStagedRows(const typename Cfg::Params& param
   if (params.mirror_count > 1 && !more_mirrors) mirror = nullptr;  // the peers failed: no mirror stores
   if constexpr (Cfg::kAddRingSlots > 0) {
     if (add && add_ring != nullptr && params.add_sources == 1 && !params.add_serial) {
-      const bool bulk = params.mirror_count > 1 && !head;  // MirrorsInBulk: mirrored after
+      const bool bulk = MirrorsInBulk<Cfg>(params, w.group);  // mirrored after, by the caller
       CopyAddRingRows<Cfg>(params, staged, w, first_row, rows, thread, threads, out,
                            bulk ? nullptr : mirror, bulk, add_ring);
       return;
@@ -322,17 +333,6 @@ __device__ __forceinline__ void CopyStagedRows(const typename Cfg::Params& param
       }
     }
   }
-}
-
-// Whether CopyStagedRows leaves a tile's mirrors to MirrorStagedRows: several mirrors, and an
-// own group that adds through the add ring (which then writes the sums back over the staged
-// values). Recomputed where needed rather than returned: a flag live across the copy loops
-// made ptxas spill in the copy-out warps.
-template <class Cfg>
-__device__ __forceinline__ bool MirrorsInBulk(const typename Cfg::Params& params, int group) {
-  return Cfg::kAddRingSlots > 0 && params.mirror_count > 1 && group >= params.head_groups &&
-         params.add_from != nullptr && group >= params.add_first_group && params.add_sources == 1 &&
-         !params.add_serial;
 }
 
 // Bulk copies (the async proxy, cp.async.bulk) from shared to global memory, one group per

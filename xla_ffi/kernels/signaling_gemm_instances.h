@@ -52,5 +52,11 @@ const InstanceOps& SignalingGemmBf16Tile128x256OverlapNK();  // cluster 2x1
 const InstanceOps& SignalingGemmBf16Tile128x128OverlapNK();  // cluster 1x1
 const InstanceOps& SignalingGemmF16Tile128x256OverlapNK();   // cluster 2x1
 const InstanceOps& SignalingGemmF16Tile128x128OverlapNK();   // cluster 1x1
+// Launches with several mirrors (peer-store groups of 3 or more, all-reduce) on 128x256 tiles:
+// the overlapped instances with the mirrors stored by bulk copies (Config's kPeerStores_).
+const InstanceOps& SignalingGemmBf16Tile128x256OverlapPeer();
+const InstanceOps& SignalingGemmF16Tile128x256OverlapPeer();
+const InstanceOps& SignalingGemmBf16Tile128x256OverlapNKPeer();
+const InstanceOps& SignalingGemmF16Tile128x256OverlapNKPeer();
 
 }  // namespace flashoverlap

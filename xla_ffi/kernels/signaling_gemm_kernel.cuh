@@ -294,10 +294,13 @@ struct Instance {
 
 // Defines the InstanceOps getter declared in signaling_gemm_instances.h.
 #define FO_DEFINE_SIGNALING_GEMM_INSTANCE(NAME, ELEMENT, BM, BN, CM, SCHEDULE, WEIGHT)      \
+  FO_DEFINE_SIGNALING_GEMM_INSTANCE_FOR(NAME, ELEMENT, BM, BN, CM, SCHEDULE, WEIGHT, false)
+// PEER_STORES: Config's kPeerStores_ (the launches with several mirrors).
+#define FO_DEFINE_SIGNALING_GEMM_INSTANCE_FOR(NAME, ELEMENT, BM, BN, CM, SCHEDULE, WEIGHT, PEER_STORES) \
   namespace {                                                                               \
   using NAME##Cfg = ::flashoverlap::sg::Config<ELEMENT, BM, BN, CM,                          \
                                                ::flashoverlap::sg::ConsumerSchedule::SCHEDULE, \
-                                               ::flashoverlap::sg::WeightLayout::WEIGHT>;   \
+                                               ::flashoverlap::sg::WeightLayout::WEIGHT, PEER_STORES>; \
   static_assert(::flashoverlap::sg::AccumulatorLayoutIsCanonical<NAME##Cfg>(),              \
                 "wgmma accumulator layout differs from the one the epilogue assumes");      \
   }                                                                                         \

@@ -1,0 +1,7 @@
+// Instantiation: bf16, tile 128x256, cluster 2x1, overlapped epilogue, for peer-store
+// launches with several mirrors (Config's kPeerStores_: the mirrors by bulk copies).
+#include "signaling_gemm_kernel.cuh"
+
+namespace flashoverlap {
+FO_DEFINE_SIGNALING_GEMM_INSTANCE_FOR(SignalingGemmBf16Tile128x256OverlapPeer, cutlass::bfloat16_t, 128, 256, 2, kCooperativeOverlap, kKN, true)
+}  // namespace flashoverlap
