@@ -28,14 +28,14 @@ NCCL_CTAS = 8
 # group size, as emulated on one GPU (everything but NVLink): 2 from session 19 (the add ring;
 # benchmarks/results/logs/peer_stores_h200x1), 4 and 8 from session 23 (the ring reduction of
 # session 22, the all-reduce's mirrors by bulk copies, a step's word operations in one stream
-# operation), the slowest of a rank that is every rank on all SMs (bench_groups, two runs) and
+# operation), the slowest of a rank that is every rank on all SMs (bench_groups, three runs) and
 # of separate ranks at once on SMs / world (bench_ring; benchmarks/results/logs/
-# peer_bulk_h200x1, call 4; rounded up). The all-reduce's own block stores into every other
+# peer_bulk_h200x1, calls 4 and 5; rounded up). The all-reduce's own block stores into every other
 # rank in the GEMM's last 1 / world, so it grows with the group. Other sizes take the next
 # measured size up. NVLink is not measured: an assumed store bandwidth per direction (H200
 # NVLink 4: 450 GB/s peak) bounds the bytes each GPU sends.
-SEQUENCE_OVER_GEMM = {"reduce_scatter": {2: 1.03, 4: 1.06, 8: 1.07},
-                      "all_reduce": {2: 1.06, 4: 1.12, 8: 1.22}}
+SEQUENCE_OVER_GEMM = {"reduce_scatter": {2: 1.03, 4: 1.09, 8: 1.10},
+                      "all_reduce": {2: 1.06, 4: 1.15, 8: 1.23}}
 ASSUMED_LINK_BYTES_PER_S = 3.0e11
 
 
