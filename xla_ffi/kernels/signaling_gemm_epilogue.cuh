@@ -278,8 +278,8 @@ __device__ __forceinline__ void CopyAddRingRows(const typename Cfg::Params& para
 
 // Whether CopyStagedRows leaves a tile's mirrors to MirrorStagedRows: a peer-stores instance
 // (Config::kBulkMirrors), several mirrors, and an own group that adds through the add ring
-// (which then writes the sums back over the staged values). Recomputed where needed rather than returned: a flag live across the copy loops
-// made ptxas spill in the copy-out warps.
+// (which then writes the sums back over the staged values). Recomputed where needed rather
+// than returned: a flag live across the copy loops made ptxas spill in the copy-out warps.
 template <class Cfg>
 __device__ __forceinline__ bool MirrorsInBulk(const typename Cfg::Params& params, int group) {
   return Cfg::kBulkMirrors && params.mirror_count > 1 && group >= params.head_groups &&
