@@ -153,7 +153,9 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
   point-to-point connections now, once per communicator (every process must ask for it).
   peer_store_bytes > 0 (JAX_FLASHOVERLAP_TRANSPORT=peer): each group's 2 to 8 local ranks also
   get peer-store buffers of at least that many bytes, peer access enabled between every two
-  (xla_ffi/comm/peer_stores.h); single process only.
+  (xla_ffi/comm/peer_stores.h); a group spanning processes (one GPU per process, one host)
+  gets each process's buffer, and every process opens the others' (CUDA IPC handles through
+  JAX's key-value store, after every lowering that asks: collective, like the growth).
   """
   from jax_flashoverlap import _ext
   ext = _ext.ext
@@ -169,15 +171,45 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
   spans_processes = any(len({d.process_index for d in g}) > 1 for g in groups)
   # The processes lowering this program: the mesh's (a pipeline stage's mesh may hold a few).
   processes = sorted({d.process_index for g in groups for d in g})
-  if peer_store_bytes and spans_processes:
-    raise ValueError("jax_flashoverlap: peer stores need every device of each axis group in "
-                     "one process (plan_peer.unavailable)")
+  if peer_store_bytes and spans_processes and any(
+      len({d.process_index for d in g}) < len(g) for g in groups):
+    raise ValueError("jax_flashoverlap: peer stores across processes need one GPU of each axis "
+                     "group per process (plan_peer.unavailable)")
   with _lock:
     cid = _ensure_locked(ext, cid, groups, processes, spans_processes, workspace_bytes,
                          comm_sms, watchdog, peer_to_peer, cta_policy)
     if peer_store_bytes:
       ext.ensure_peer_stores(cid, int(peer_store_bytes))
+      if spans_processes:
+        _connect_peer_stores(ext, cid, groups)
   return cid
+
+
+_peer_exchanges = collections.Counter()
+
+
+def _connect_peer_stores(ext, cid, groups) -> None:
+  """Groups spanning processes: this process's peer-store records (CUDA IPC handles of each
+  member's buffers, xla_ffi/comm/peer_ipc.h) go to the other processes through JAX's key-value
+  store, and each member opens its group's. Every process of the mesh comes here in the same
+  order (it lowers the same programs), so the n-th exchange of one meets the n-th of the others."""
+  import jax
+  from jax_flashoverlap import distributed
+  _peer_exchanges[cid] += 1
+  round_key = f"peer/{cid}/{_creations[cid]}/{_peer_exchanges[cid]}"
+  me = jax.process_index()
+  group_of = {}  # this process's device ordinal -> its group's index
+  for index, group in enumerate(groups):
+    for d in group:
+      if d.process_index == me:
+        group_of[int(d.local_hardware_id)] = index
+  for device, rank, record in ext.export_peer_stores(cid):  # ours first: nobody waits on us
+    distributed.publish(f"{round_key}/{group_of[device]}/{rank}", bytes(record).hex())
+  by_device = {
+      device: [bytes.fromhex(distributed.fetch(f"{round_key}/{index}/{rank}", d.process_index))
+               for rank, d in enumerate(groups[index])]
+      for device, index in group_of.items()}
+  ext.import_peer_stores(cid, by_device)
 
 
 def _ensure_locked(ext, cid, groups, processes, spans_processes, workspace_bytes, comm_sms,

@@ -14,6 +14,7 @@ import hashlib
 import itertools
 import json
 import os
+import socket
 import threading
 
 from jax_flashoverlap import _compat
@@ -120,16 +121,17 @@ def _client():
   return client
 
 
-def share(key: str, owner_process: int, make) -> str:
-  """Process `owner_process` computes `make()` (a str) and publishes it under `key`; the
-  others wait for it (a timeout names the owner)."""
-  import jax
+def publish(key: str, value: str) -> None:
+  """Sets `key` (once per process lifetime: keys are never overwritten) in JAX's key-value
+  store for the other processes to `fetch`."""
+  _client().key_value_set(f"{_PREFIX}/{key}", value)
+
+
+def fetch(key: str, owner_process: int) -> str:
+  """Waits for the value process `owner_process` publishes under `key` (a timeout names the
+  owner)."""
   client = _client()
   full = f"{_PREFIX}/{key}"
-  if owner_process == jax.process_index():
-    value = make()
-    client.key_value_set(full, value)
-    return value
   wait = timeout_ms()
   try:
     return client.blocking_key_value_get(full, wait)
@@ -137,6 +139,49 @@ def share(key: str, owner_process: int, make) -> str:
     raise
   except Exception as err:  # the runtime raises its own error types; name what we waited for
     raise _waited("the shared value", full, err, f"process {owner_process}") from err
+
+
+def share(key: str, owner_process: int, make) -> str:
+  """Process `owner_process` computes `make()` (a str) and publishes it under `key`; the
+  others wait for it (a timeout names the owner)."""
+  import jax
+  _client()
+  if owner_process == jax.process_index():
+    value = make()
+    publish(key, value)
+    return value
+  return fetch(key, owner_process)
+
+
+def _this_host() -> str:
+  """What tells this machine from another: the kernel's boot id (the same for every
+  container of one host), else the host name."""
+  try:
+    with open("/proc/sys/kernel/random/boot_id") as f:
+      boot = f.read().strip()
+  except OSError:
+    boot = ""
+  return f"boot:{boot}" if boot else f"host:{socket.gethostname()}"
+
+
+_hosts = {}  # process -> its _this_host(), as fetched
+
+
+def process_hosts(processes) -> dict:
+  """{process: host identity} for `processes` (each publishes its own once, the first time
+  it asks; processes on one machine have one identity): e.g. whether CUDA IPC can join them."""
+  import jax
+  me = jax.process_index()
+  with _lock:
+    if me not in _hosts:
+      publish(f"host/{me}", _this_host())
+      _hosts[me] = _this_host()
+  for p in _participants(processes):
+    if p not in _hosts:
+      value = fetch(f"host/{p}", p)
+      with _lock:
+        _hosts[p] = value
+  return {p: _hosts[p] for p in _participants(processes)}
 
 
 def _participants(processes) -> list:

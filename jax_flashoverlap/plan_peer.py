@@ -1,6 +1,6 @@
 """Plans of the peer-store transport (JAX_FLASHOVERLAP_TRANSPORT=peer; docs/DESIGN.md, "Peer
 stores"): GEMM + all-reduce / reduce-scatter over the 2 to 8 GPUs of a mesh axis in this
-process, with no NCCL call. Each GPU's GEMM (on every SM) computes the other ranks' blocks of
+process (a reduce-scatter also over one GPU per process of one host), with no NCCL call. Each GPU's GEMM (on every SM) computes the other ranks' blocks of
 rows first, then its own, reducing along a ring as it stores each tile: from the second block
 on it adds the running sum its next rank passed it, and it passes its sums of the other
 blocks on to its previous rank's memory (xla_ffi/comm/peer_reduce.h; docs/DESIGN.md, "Ring
@@ -57,18 +57,31 @@ def problem_unavailable(collective: str, world: int, m: int) -> str | None:
 
 
 def unavailable(collective: str, mesh, axis_name, world: int, m: int) -> str | None:
-  """Why an op cannot take the peer stores (None: it can)."""
+  """Why an op cannot take the peer stores (None: it can). Every process of the mesh gets the
+  same answer (a group spanning processes asks where each process runs, collectively)."""
   why = problem_unavailable(collective, world, m)
   if why is not None:
     return why
   if not comm.mesh_is_local_gpu(mesh):
     return None  # cross-lowering: nothing runs here, the target machine decides nothing else
   groups = comm.axis_groups(mesh, axis_name)
-  if any(len({d.process_index for d in g}) > 1 for g in groups):
-    return ("an axis group spans processes; peer stores need every GPU of each group in one "
-            "process")
-  if any(len({d.local_hardware_id for d in g}) < len(g) for g in groups):
+  if any(len({(d.process_index, d.local_hardware_id) for d in g}) < len(g) for g in groups):
     return "two ranks of an axis group are on one GPU"
+  spanning = [g for g in groups if len({d.process_index for d in g}) > 1]
+  if not spanning:
+    return None
+  if collective == "all_reduce":
+    return ("an axis group spans processes: an all-reduce by peer stores stores into the other "
+            "ranks' results, XLA buffers another process has not mapped (a reduce-scatter "
+            "can: its stores go into buffers of ours)")
+  if any(len({d.process_index for d in g}) < len(g) for g in spanning):
+    return ("an axis group spans processes with several of its GPUs in one process; peer "
+            "stores across processes take one GPU per process")
+  from jax_flashoverlap import distributed
+  hosts = distributed.process_hosts({d.process_index for g in spanning for d in g})
+  if any(len({hosts[d.process_index] for d in g}) > 1 for g in spanning):
+    return ("an axis group spans hosts; peer stores need its GPUs in one machine (NVLink "
+            "stores through CUDA IPC)")
   return None
 
 

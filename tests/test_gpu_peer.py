@@ -221,3 +221,66 @@ def test_peer_stores_refuse_a_group_of_one():
     ref = jax.jit(shard_map(lambda a, b: lax.psum_scatter(U.dot32(a, b), "tp", scatter_dimension=0,
                                                           tiled=True), mesh, IN_SPECS, P("tp", None)))
     assert U.rel_fro(y, ref(x, w)) < U.TOL
+
+
+# Two processes, one GPU each: the reduce-scatter takes the peer stores across them (each
+# process's buffers opened by the other through CUDA IPC, the handles through JAX's key-value
+# store; xla_ffi/comm/peer_ipc.h), over three shapes, the last growing the buffers (8 to 16
+# MiB: the others' re-opened); the all-reduce keeps NCCL there (PeerStoresWarning) and is right too.
+_TWO_PROCESS_SCRIPT = '''
+import re, sys, warnings
+import jax, jax.numpy as jnp, numpy as np
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import jax_flashoverlap as fo
+from jax_flashoverlap import comm, plan_peer
+fo.distributed.initialize()
+assert jax.process_count() == 2 and len(jax.local_devices()) == 1, jax.devices()
+me = jax.process_index()
+mesh = Mesh(np.array(jax.devices()), ("tp",))
+ins = (P(None, "tp"), P("tp", None))
+rng = np.random.default_rng(int(sys.argv[1]))
+put = lambda a, s: jax.make_array_from_callback(
+    a.shape, NamedSharding(mesh, s), lambda i: jnp.asarray(a[i], jnp.bfloat16))
+scatter = lambda y: lax.psum_scatter(y, "tp", scatter_dimension=0, tiled=True)
+cases = [("reduce_scatter", lambda a, b: fo.matmul_reduce_scatter(a, b, "tp"),
+          lambda a, b: scatter(a @ b), P("tp", None), True),
+         ("all_reduce", lambda a, b: fo.matmul_all_reduce(a, b, "tp"),
+          lambda a, b: lax.psum(a @ b, "tp"), P(), False)]
+for name, op, ref, out, peer in cases:
+    f = jax.jit(jax.shard_map(op, mesh=mesh, in_specs=ins, out_specs=out))
+    g = jax.jit(jax.shard_map(ref, mesh=mesh, in_specs=ins, out_specs=out))
+    for m, n, k in [(600, 272, 400), (2048, 1024, 2048), (4096, 4096, 2048)]:
+        for call in range(3):
+            x = rng.standard_normal((m, k), dtype=np.float32)
+            w = rng.standard_normal((k, n), dtype=np.float32) / np.sqrt(k)
+            xs, ws = put(x, ins[0]), put(w, ins[1])
+            if call == 0:
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    text = f.lower(xs, ws).as_text()
+                took_peer = re.search(r"transport\\s*=\\s*1\\b", text) is not None
+                warned = [str(c.message) for c in caught if c.category is plan_peer.PeerStoresWarning]
+                assert took_peer == peer and bool(warned) != peer, (name, took_peer, warned)
+            got = np.asarray(f(xs, ws).addressable_data(0), np.float32)
+            want = np.asarray(g(xs, ws).addressable_data(0), np.float32)
+            # float32 of the bf16 inputs, our rows (the reduce-scatter's block `me`)
+            xb = np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32)
+            wb = np.asarray(jnp.asarray(w, jnp.bfloat16), np.float32)
+            full = xb @ wb
+            exact = full[me * m // 2:(me + 1) * m // 2] if peer else full
+            assert np.all(np.isfinite(got)), (name, m, call)
+            err = np.linalg.norm(got - exact) / np.linalg.norm(exact)
+            err_xla = np.linalg.norm(got - want) / np.linalg.norm(want)
+            assert err < 1e-2 and err_xla < 1e-2, (name, m, n, k, call, err, err_xla)
+    if peer:
+        mine = [c for c in comm.list_communicators() if c["peer_recv_bytes"] > 0]
+        assert len(mine) == 1 and mine[0]["peer_recv_bytes"] >= 2048 * 4096 * 2, mine
+    print(name, "OK", "peer" if peer else "nccl", err, flush=True)
+'''
+
+
+@two_gpus
+def test_reduce_scatter_by_peer_stores_across_two_processes(tmp_path):
+    out = U.launch_two_processes(tmp_path, _TWO_PROCESS_SCRIPT, 1, 11)
+    assert "reduce_scatter OK peer" in out and "all_reduce OK nccl" in out, out[-6000:]

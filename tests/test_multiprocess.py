@@ -102,6 +102,17 @@ COMM_2D_SCRIPT = textwrap.dedent('''
             pass
         def destroy_communicators(self, cid):  # at exit
             pass
+        # Peer stores (xla_ffi/comm/peer_stores.h): a record names its maker (process,
+        # device, rank) and which growth of this process it follows.
+        peer_sizes, imported = [], []
+        def ensure_peer_stores(self, cid, nbytes):
+            self.peer_sizes.append((cid, nbytes))
+        def export_peer_stores(self, cid):
+            return [(dev, rank, bytes([me, dev, rank, len(self.peer_sizes)]) * 8)
+                    for (c, local), _ in self.made.items() if c == cid for rank, dev in local]
+        def import_peer_stores(self, cid, by_device):
+            self.imported.append((cid, {d: [r[:4].hex() for r in recs]
+                                        for d, recs in by_device.items()}))
 
     rec = Recorder()
     _ext.ext = rec
@@ -123,6 +134,22 @@ COMM_2D_SCRIPT = textwrap.dedent('''
                                     cta_policy="zero")
     assert cid != comm.comm_id_for(mesh, "tp", 16) and rec.policies[cid] == 2, rec.policies
     assert rec.policies[comm.comm_id_for(mesh, "tp", 16)] == 0, rec.policies
+    # Peer stores over 'dp' (one GPU of each group per process): each process's records go
+    # through the key-value store; every device gets its group's, in rank order, each round.
+    for round_ in (1, 2):
+        cid = comm.ensure_communicators(mesh, "dp", workspace_bytes=1 << 20, comm_sms=8,
+                                        peer_store_bytes=round_ << 20)
+        got = rec.imported[-1]
+        want = {dev: [bytes([p, dev, p, round_]).hex() for p in (0, 1)] for dev in (0, 1)}
+        assert got == (cid, want), (got, want)
+    assert len(rec.imported) == 2 and rec.peer_sizes == [(cid, 1 << 20), (cid, 2 << 20)]
+    # 'tp' lies inside each process: buffers, no exchange.
+    comm.ensure_communicators(mesh, "tp", workspace_bytes=1 << 20, comm_sms=8,
+                              peer_store_bytes=1 << 20)
+    assert len(rec.imported) == 2 and len(rec.peer_sizes) == 3
+    # Both processes run on this machine: one host identity.
+    hosts = distributed.process_hosts([0, 1])
+    assert len(set(hosts.values())) == 1 and set(hosts) == {0, 1}, hosts
     print("COMM2D OK", flush=True)
 ''')
 

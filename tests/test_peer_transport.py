@@ -4,6 +4,7 @@ the peer-store plan, and what the CUDA lowering emits, checked without a GPU by 
 (tests/test_gpu_collectives.py's peer cases, tests/cuda/peer_reduce_test on one GPU)."""
 import dataclasses
 import re
+import types
 import warnings
 
 import pytest
@@ -14,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 
 from _util import PRIMITIVE_NAMES, custom_call_lines, lower_for_cuda, make_mesh_1d, make_mesh_2d, shard_map
 
-from jax_flashoverlap import _ext, plan as plan_lib, plan_peer
+from jax_flashoverlap import _ext, comm, distributed, plan as plan_lib, plan_peer
 
 TRANSPORT_ENV = "JAX_FLASHOVERLAP_TRANSPORT"
 
@@ -87,6 +88,71 @@ def test_unavailable_names_the_reason(collective, world, m, fragment):
 def test_available_for_two_devices_and_even_rows():
     # A mesh of CPU devices is no local GPU mesh: nothing more to check here (cross-lowering).
     assert plan_peer.unavailable("all_reduce", make_mesh_1d(2), "tp", 2, 4096) is None
+
+
+# ------------------------------------------------------------------ groups spanning processes
+
+def _gpu(process, hw):
+    return types.SimpleNamespace(process_index=process, local_hardware_id=hw)
+
+
+@pytest.fixture
+def gpu_groups(monkeypatch):
+    """plan_peer.unavailable on a GPU mesh of the given axis groups ([(process, GPU ordinal in
+    that process), ...] per group) and the given host of each process."""
+    def use(groups, hosts=None):
+        monkeypatch.setattr(plan_peer.comm, "mesh_is_local_gpu", lambda mesh: True)
+        monkeypatch.setattr(plan_peer.comm, "axis_groups",
+                            lambda mesh, axis: [[_gpu(*d) for d in g] for g in groups])
+        asked = []
+
+        def process_hosts(processes):
+            asked.append(sorted(processes))
+            return {p: (hosts or {}).get(p, "boot:same") for p in processes}
+        monkeypatch.setattr(distributed, "process_hosts", process_hosts)
+        return asked
+    return use
+
+
+def test_one_gpu_per_process_on_one_host_takes_the_reduce_scatter(gpu_groups):
+    # 2 processes x 2 GPUs, the axis across them: each process's GPU 0 and GPU 1 are different
+    # GPUs of their groups (ordinals repeat across processes: not one GPU).
+    asked = gpu_groups([[(0, 0), (1, 0)], [(0, 1), (1, 1)]])
+    assert plan_peer.unavailable("reduce_scatter", "mesh", "dp", 2, 4096) is None
+    assert asked == [[0, 1]]
+
+
+def test_all_reduce_across_processes_keeps_nccl(gpu_groups):
+    gpu_groups([[(0, 0), (1, 0)]])
+    why = plan_peer.unavailable("all_reduce", "mesh", "dp", 2, 4096)
+    assert "spans processes" in why and "results" in why
+
+
+def test_groups_inside_processes_ask_nothing_of_the_others(gpu_groups):
+    asked = gpu_groups([[(0, 0), (0, 1)], [(1, 0), (1, 1)]])
+    for collective in ("all_reduce", "reduce_scatter"):
+        assert plan_peer.unavailable(collective, "mesh", "tp", 2, 4096) is None
+    assert asked == []
+
+
+@pytest.mark.parametrize("groups, hosts, fragment", [
+    ([[(0, 0), (0, 1), (1, 0), (1, 1)]], None, "several of its GPUs in one process"),
+    ([[(0, 0), (1, 0)]], {1: "boot:other"}, "spans hosts"),
+    ([[(0, 0), (0, 0)]], None, "on one GPU"),
+])
+def test_spanning_groups_peer_stores_cannot_take(gpu_groups, groups, hosts, fragment):
+    gpu_groups(groups, hosts)
+    assert fragment in plan_peer.unavailable("reduce_scatter", "mesh", "dp", len(groups[0]), 4096)
+
+
+def test_ensure_refuses_peer_stores_for_several_gpus_per_process_across_processes(monkeypatch):
+    monkeypatch.setattr(_ext, "ext", types.SimpleNamespace())
+    monkeypatch.setattr(comm, "axis_groups",
+                        lambda mesh, axis: [[_gpu(0, 0), _gpu(0, 1), _gpu(1, 0), _gpu(1, 1)]])
+    monkeypatch.setattr(comm, "comm_id_for", lambda *a, **k: 7)
+    with pytest.raises(ValueError, match="one GPU of each axis group per process"):
+        comm.ensure_communicators("mesh", "dp", workspace_bytes=1, comm_sms=0,
+                                  peer_store_bytes=1 << 20)
 
 
 # ------------------------------------------------------------------ the CUDA lowering

@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -118,6 +119,23 @@ void EnsurePeerStores(int64_t comm_id, size_t recv_bytes) {
   RunWithoutGil([&] { return flashoverlap::EnsurePeerStores(comm_id, recv_bytes); });
 }
 
+// [(device, rank, record bytes)] of this process's members of comm_id (groups spanning
+// processes: the records the other processes import; peer_stores.h).
+py::list ExportPeerStores(int64_t comm_id) {
+  std::vector<flashoverlap::PeerStoresRecord> records;
+  RunWithoutGil([&] { return flashoverlap::ExportPeerStores(comm_id, &records); });
+  py::list out;
+  for (const auto& r : records) out.append(py::make_tuple(r.device, r.rank, py::bytes(r.bytes)));
+  return out;
+}
+
+void ImportPeerStores(int64_t comm_id, const std::map<int, std::vector<py::bytes>>& by_device) {
+  std::map<int, std::vector<std::string>> records;
+  for (const auto& [device, list] : by_device)
+    for (const py::bytes& b : list) records[device].push_back(std::string(b));
+  RunWithoutGil([&] { return flashoverlap::ImportPeerStores(comm_id, records); });
+}
+
 void ConnectPeers(int64_t comm_id) {  // blocks until the peers of every group join
   RunWithoutGil([&] { return flashoverlap::ConnectPeers(comm_id); });
 }
@@ -206,8 +224,14 @@ PYBIND11_MODULE(_xla_ffi, m) {
   m.def("ensure_workspace", &EnsureWorkspace, py::arg("comm_id"), py::arg("bytes"),
         "Grows the workspaces of comm_id to at least `bytes`");
   m.def("ensure_peer_stores", &EnsurePeerStores, py::arg("comm_id"), py::arg("recv_bytes"),
-        "Gives comm_id's local pairs peer-store buffers of at least `recv_bytes` each "
-        "(2 ranks, both local; xla_ffi/comm/peer_stores.h)");
+        "Gives comm_id's local members peer-store buffers of at least `recv_bytes` each "
+        "(groups of 2 to 8 ranks, all local or one per process; xla_ffi/comm/peer_stores.h)");
+  m.def("export_peer_stores", &ExportPeerStores, py::arg("comm_id"),
+        "[(device, rank, record bytes)] of this process's peer-store buffers of comm_id, for "
+        "the other processes of groups that span processes (xla_ffi/comm/peer_stores.h)");
+  m.def("import_peer_stores", &ImportPeerStores, py::arg("comm_id"), py::arg("records_by_device"),
+        "Opens, for each local device of comm_id, its group's records (one per rank, in rank "
+        "order) from export_peer_stores of every process");
   m.def("connect_peers", &ConnectPeers, py::arg("comm_id"),
         "Sets up the point-to-point connections of comm_id's local communicators now");
   m.def("destroy_communicators", &DestroyCommunicators, py::arg("comm_id") = 0,

@@ -2,8 +2,9 @@
 # Builds the comm layer's JAX-free test programs from the objects `setup.py build_ext` left in
 # build/obj (xla_ffi/comm and xla_ffi/kernels only: they link no XLA and no Python):
 # tests/cuda/overlap_harness (the overlapped ops without JAX, for compute-sanitizer),
-# tests/cuda/peer_reduce_test and peer_reduce_2gpu_test (the peer-store reduction,
-# xla_ffi/comm/peer_reduce.h: two ranks emulated on one GPU; rank r on GPU r).
+# tests/cuda/peer_reduce_test, peer_reduce_2gpu_test and peer_reduce_ipc_test (the peer-store
+# reduction, xla_ffi/comm/peer_reduce.h: ranks emulated on one GPU; rank r on GPU r; each rank
+# a process of its own, buffers shared by CUDA IPC).
 #   tests/cuda/build_overlap_harness.sh [BUILD_DIR]     (default: .build)
 # Needs python with the nvidia-nccl wheel (headers, libnccl.so.2) and nvcc's CUDA next to it.
 set -euo pipefail
@@ -33,10 +34,10 @@ echo "built $BUILD/overlap_harness"
 pr_objs=()
 for obj in "${objs[@]}"; do
   case "$(basename "$obj")" in
-    signaling_gemm*|peer_reduce.*|stream_wait*|stream_write*|stream_batch*|driver_entry*) pr_objs+=("$obj") ;;
+    signaling_gemm*|peer_reduce.*|peer_ipc*|stream_wait*|stream_write*|stream_batch*|driver_entry*) pr_objs+=("$obj") ;;
   esac
 done
-for prog in peer_reduce_test peer_reduce_2gpu_test; do
+for prog in peer_reduce_test peer_reduce_2gpu_test peer_reduce_ipc_test; do
   "$NVCC" -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -I"$ROOT" -I"$NCCL/include" \
     -c tests/cuda/$prog.cu -o "$BUILD/$prog.o"
   "$NVCC" -o "$BUILD/$prog" "$BUILD/$prog.o" "${pr_objs[@]}" -ldl

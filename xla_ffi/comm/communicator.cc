@@ -422,6 +422,14 @@ Status GrowMemberBuffers(int64_t comm_id, const char* what,
   return grow(comms);
 }
 
+Status WithLocalMembers(int64_t comm_id, const MemberBufferStep& step) {
+  std::lock_guard<std::mutex> admin(AdminMutex());
+  std::vector<Communicator*> comms = LocalMembers(comm_id);
+  if (comms.empty()) return Status::Error("no communicator with comm_id " + std::to_string(comm_id));
+  DeviceScope restore_device;
+  return step(comms);
+}
+
 Status ConnectPeers(int64_t comm_id) {
   std::lock_guard<std::mutex> admin(AdminMutex());
   std::vector<Communicator*> comms = LocalMembers(comm_id);

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "xla_ffi/comm/peer_ipc.h"
 #include "xla_ffi/comm/peer_reduce.h"
 #include "xla_ffi/comm/status.h"
 #include "xla_ffi/comm/stream_wait.h"
@@ -91,6 +92,13 @@ struct Communicator {
   // A peer-store call failed: the others may wait for this call's stores for ever, so every
   // later peer-store call of every member refuses (the process must restart).
   std::atomic<bool> peer_broken{false};
+  // A group spanning processes (one member per process, peer_ipc.h): how many times this
+  // member's recv was allocated (its records' generation), the other ranks' buffers as opened
+  // here, and whether `peer` points at their current generations (calls refuse until then).
+  uint64_t peer_generation = 0;
+  PeerMappings peer_mapped;
+  bool peer_connected = false;
+  bool peer_across_processes = false;
 };
 
 // One local member of a group: its rank in the group and its CUDA device ordinal.
@@ -145,6 +153,10 @@ Status GrowMemberBuffers(int64_t comm_id, const char* what,
 // host-side handshake needs the peer's handler to run at the same time. Collective over the
 // group (every process calls it for its local ranks); once per communicator.
 Status ConnectPeers(int64_t comm_id);
+
+// Runs `step` on the local members of comm_id under the admin mutex (nothing is created,
+// grown or destroyed meanwhile); an error if there are none.
+Status WithLocalMembers(int64_t comm_id, const MemberBufferStep& step);
 
 // Finds this device's communicator; null if none.
 Communicator* FindCommunicator(int64_t comm_id, int device);

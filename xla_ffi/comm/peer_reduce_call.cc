@@ -19,6 +19,11 @@ Status CheckPeerStores(const Communicator& comm, const SignalingGemmArgs& gemm, 
     return Status::Error(std::string(op) + ": an earlier peer-store call of this group " + where +
                          " failed; the other ranks may wait for that call's stores for ever: restart the process");
   }
+  if (!comm.peer_connected) {
+    return Status::Error(std::string(op) + ": the peer-store buffers " + where + " are not "
+                         "connected to the group's other ranks (jax_flashoverlap.comm."
+                         "ensure_communicators connects them when the op is lowered)");
+  }
   const int world = comm.peer.buffers.world;
   const size_t need = static_cast<size_t>(PeerRecvBlocks(world)) * (gemm.m / world) * gemm.n * 2;
   if (comm.peer.buffers.recv == nullptr || comm.peer_recv_bytes < need) {
@@ -39,7 +44,15 @@ Status RunGemmPeerReduce(Communicator& comm, cudaStream_t stream, CollectiveKind
                                        ? PeerReduceKind::kAllReduce
                                        : PeerReduceKind::kReduceScatter;
   Status status = CheckPeerStores(comm, gemm, op);
-  if (!status.ok() && comm.peer_broken) return status;  // broken before: its calls were let go then
+  // Broken before: its calls were let go then. Not connected: the other ranks' words are not
+  // known here (their import failed at lowering, so no program with this call ran there).
+  if (!status.ok() && (comm.peer_broken || !comm.peer_connected)) return status;
+  if (status.ok() && kind == CollectiveKind::kAllReduce && comm.peer_across_processes) {
+    // Its mirror stores go to the others' results, XLA buffers another process has not
+    // mapped (plan_peer.unavailable keeps such all-reduces on the NCCL path).
+    return Status::Error(std::string(op) + ": an all-reduce by peer stores needs every rank of "
+                         "its group in this process; this group spans processes");
+  }
   gemm.queue = comm.gemm_queue;  // ordered on `stream`: one call at a time per communicator
   gemm.counters = nullptr;       // EnqueuePeerReduce sets which counters each group signals
   if (status.ok()) status = StartCall(comm, stream, /*counters=*/0, /*copies=*/false);

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -14,9 +15,11 @@ namespace {
 
 std::string Dev(int device) { return "device " + std::to_string(device); }
 
-// Every rank of a world of 2 to kMaxPeerRanks, all here, each on its own device; or,
-// `loopback`, the one rank of a world of one (peer_stores.h).
-Status CheckGroup(const std::vector<Communicator*>& comms, bool loopback) {
+// Every rank of a world of 2 to kMaxPeerRanks, all here, each on its own device; or one rank
+// of such a group whose other ranks are in other processes (`*spanning`: one GPU per process,
+// peer_ipc.h); or, `loopback`, the one rank of a world of one (peer_stores.h).
+Status CheckGroup(const std::vector<Communicator*>& comms, bool loopback, bool* spanning) {
+  *spanning = false;
   if (loopback) {
     if (comms.size() != 1 || comms[0]->world_size != 1) {
       return Status::Error("peer-store loopback needs a communicator of 1 rank; this process "
@@ -26,10 +29,19 @@ Status CheckGroup(const std::vector<Communicator*>& comms, bool loopback) {
     return Status::Ok();
   }
   const int world = comms[0]->world_size;
-  if (world < 2 || world > kMaxPeerRanks || static_cast<int>(comms.size()) != world) {
+  if (world < 2 || world > kMaxPeerRanks) {
     return Status::Error("peer stores need a group of 2 to " + std::to_string(kMaxPeerRanks) +
-                         " ranks with every device in this process; this process holds " +
-                         std::to_string(comms.size()) + " of a group of " + std::to_string(world));
+                         " ranks; this process holds " + std::to_string(comms.size()) +
+                         " of a group of " + std::to_string(world));
+  }
+  if (comms.size() == 1) {
+    *spanning = true;
+    return Status::Ok();
+  }
+  if (static_cast<int>(comms.size()) != world) {
+    return Status::Error("peer stores need every rank of a group in this process, or one rank per "
+                         "process; this process holds " + std::to_string(comms.size()) +
+                         " of a group of " + std::to_string(world));
   }
   for (size_t i = 0; i < comms.size(); ++i) {
     for (size_t j = 0; j < i; ++j) {
@@ -74,6 +86,7 @@ Status Allocate(Communicator& c, size_t bytes) {
   FO_RETURN_IF_CUDA(cudaMalloc(&recv, bytes));
   c.peer.buffers.recv = recv;
   c.peer_recv_bytes = bytes;
+  ++c.peer_generation;
   FO_RETURN_IF_CUDA(cudaMemset(recv, 0xFF, bytes));
   if (c.peer.buffers.signals == nullptr) {
     int32_t* signals = nullptr;
@@ -98,7 +111,8 @@ Status FreeRecv(Communicator& c) {
 // One group's members (ordered by rank; loopback: its one member, its own peer): their
 // buffers swapped for new ones of `bytes`.
 Status GrowGroup(const std::vector<Communicator*>& comms, size_t bytes, bool loopback) {
-  FO_RETURN_IF_NOT_OK(CheckGroup(comms, loopback));
+  bool spanning = false;
+  FO_RETURN_IF_NOT_OK(CheckGroup(comms, loopback, &spanning));
   for (const Communicator* c : comms) {
     if (c->peer_broken) {
       return Status::Error("an earlier peer-store call of this group failed; restart the process");
@@ -107,7 +121,7 @@ Status GrowGroup(const std::vector<Communicator*>& comms, size_t bytes, bool loo
       return Status::Error("a communicator of this group was aborted by the watchdog; restart the process");
     }
   }
-  if (!loopback) {
+  if (!loopback && !spanning) {
     for (Communicator* c : comms) FO_RETURN_IF_NOT_OK(EnablePeerAccess(*c, comms));
   }
   Status status = Status::Ok();
@@ -125,6 +139,14 @@ Status GrowGroup(const std::vector<Communicator*>& comms, size_t bytes, bool loo
     }
     return status;
   }
+  if (spanning) {  // the other ranks' buffers come with ImportPeerStores
+    Communicator& me = *comms[0];
+    me.peer.buffers.rank = me.rank;
+    me.peer.buffers.world = me.world_size;
+    me.peer_connected = false;
+    me.peer_across_processes = true;
+    return Status::Ok();
+  }
   // Loopback: a group of 2 whose rank 1 is rank 0 itself (its stores land in its own buffers).
   const int world = loopback ? 2 : static_cast<int>(comms.size());
   for (Communicator* me : comms) {
@@ -139,6 +161,7 @@ Status GrowGroup(const std::vector<Communicator*>& comms, size_t bytes, bool loo
     }
     me->peer.wait_method = me->wait_method;
     me->peer.abort_flag = me->abort_flag;
+    me->peer_connected = true;
   }
   return Status::Ok();
 }
@@ -171,6 +194,73 @@ Status Ensure(int64_t comm_id, size_t recv_bytes, bool loopback) {
   return status;
 }
 
+// Rank `rank`'s record for member `c` (its group's size `world`), parsed and checked against
+// c's own: the same size of recv (the processes lowered the same programs), another process.
+Status ParseMemberRecord(const Communicator& c, const std::vector<std::string>& records, int rank,
+                         PeerRecord* r) {
+  const std::string who = "rank " + std::to_string(rank) + " of the group of " + Dev(c.device) +
+                          " (rank " + std::to_string(c.rank) + ")";
+  Status parsed = ParsePeerRecord(records[rank], r);
+  if (!parsed.ok()) return Status::Error(who + ": " + parsed.message);
+  if (rank == c.rank) {
+    if (!MadeHere(*r) || r->generation != c.peer_generation) {
+      return Status::Error(who + ": the record given for this rank is not its current one "
+                           "(generation " + std::to_string(r->generation) + ", current " +
+                           std::to_string(c.peer_generation) + ")");
+    }
+    return Status::Ok();
+  }
+  if (r->recv_bytes != c.peer_recv_bytes) {
+    return Status::Error(who + " has a peer-store buffer of " + std::to_string(r->recv_bytes) +
+                         " bytes, this rank " + std::to_string(c.peer_recv_bytes) +
+                         ": every process must lower the same programs in the same order");
+  }
+  return Status::Ok();
+}
+
+// Member `c` (a group spanning processes) to the other ranks' current buffers.
+Status ConnectMember(Communicator& c, const std::vector<std::string>& records) {
+  const int world = c.world_size;
+  if (static_cast<int>(records.size()) != world) {
+    return Status::Error(Dev(c.device) + ": " + std::to_string(records.size()) +
+                         " peer-store records for a group of " + std::to_string(world));
+  }
+  if (c.peer.buffers.recv == nullptr) {
+    return Status::Error(Dev(c.device) + " has no peer-store buffer to connect (EnsurePeerStores first)");
+  }
+  std::vector<PeerRecord> parsed(world);
+  for (int i = 0; i < world; ++i) {
+    FO_RETURN_IF_NOT_OK(ParseMemberRecord(c, records, i, &parsed[i]));
+    for (int j = 0; j < i; ++j) {
+      if (std::memcmp(parsed[i].device_uuid, parsed[j].device_uuid, 16) == 0) {
+        return Status::Error("peer stores need every rank on its own GPU; ranks " + std::to_string(j) +
+                             " and " + std::to_string(i) + " are both on " + UuidText(parsed[i].device_uuid));
+      }
+    }
+  }
+  c.peer_connected = false;  // until every pointer below is the current one
+  FO_RETURN_IF_CUDA(cudaSetDevice(c.device));
+  PeerReduceBuffers& b = c.peer.buffers;
+  for (int i = 0; i < world; ++i) {
+    if (i == c.rank) {
+      b.peers_recv[i] = const_cast<void*>(b.recv);
+      b.peers_signals[i] = b.signals;
+      c.peer_members[i] = &c;
+      continue;
+    }
+    FO_RETURN_IF_NOT_OK(OpenPeerRecord(parsed[i], i, &c.peer_mapped));
+    b.peers_recv[i] = c.peer_mapped.recv[i];
+    b.peers_signals[i] = c.peer_mapped.signals[i];
+    c.peer_members[i] = nullptr;  // in another process: told by its kPeerFailed word only
+  }
+  b.rank = c.rank;
+  b.world = world;
+  c.peer.wait_method = c.wait_method;
+  c.peer.abort_flag = c.abort_flag;
+  c.peer_connected = true;
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status EnsurePeerStores(int64_t comm_id, size_t recv_bytes) {
@@ -181,6 +271,58 @@ Status EnsurePeerStoresLoopback(int64_t comm_id, size_t recv_bytes) {
   return Ensure(comm_id, recv_bytes, /*loopback=*/true);
 }
 
+Status ExportPeerStores(int64_t comm_id, std::vector<PeerStoresRecord>* records) {
+  records->clear();
+  return WithLocalMembers(comm_id, [records](const std::vector<Communicator*>& comms) {
+    for (const Communicator* c : comms) {
+      if (c->peer.buffers.recv == nullptr) {
+        return Status::Error(Dev(c->device) + " has no peer-store buffer (EnsurePeerStores first)");
+      }
+      PeerStoresRecord r{c->device, c->rank, {}};
+      FO_RETURN_IF_NOT_OK(MakePeerRecord(c->device, c->peer.buffers.recv, c->peer_recv_bytes,
+                                         c->peer.buffers.signals, c->peer_generation, &r.bytes));
+      records->push_back(std::move(r));
+    }
+    return Status::Ok();
+  });
+}
+
+Status ImportPeerStores(int64_t comm_id, const std::map<int, std::vector<std::string>>& by_device) {
+  // Nothing to do when every member already points at the generations these records name.
+  auto needed = [&by_device](const std::vector<Communicator*>& comms) {
+    for (const Communicator* c : comms) {
+      auto found = by_device.find(c->device);
+      if (!c->peer_connected || found == by_device.end()) return true;
+      for (size_t i = 0; i < found->second.size(); ++i) {
+        PeerRecord r;
+        if (static_cast<int>(i) == c->rank) continue;
+        if (!ParsePeerRecord(found->second[i], &r).ok() || i >= static_cast<size_t>(kMaxPeerRanks) ||
+            r.generation != c->peer_mapped.generation[i]) {
+          return true;
+        }
+      }
+    }
+    return false;
+  };
+  Status status = GrowMemberBuffers(
+      comm_id, "opening the other processes' peer-store buffers", needed,
+      [&by_device](const std::vector<Communicator*>& comms) {
+        for (Communicator* c : comms) {
+          auto found = by_device.find(c->device);
+          if (found == by_device.end()) {
+            return Status::Error("no peer-store records for " + Dev(c->device));
+          }
+          if (c->peer_broken) {
+            return Status::Error("an earlier peer-store call of this group failed; restart the process");
+          }
+          FO_RETURN_IF_NOT_OK(ConnectMember(*c, found->second));
+        }
+        return Status::Ok();
+      });
+  if (!status.ok()) status.message = "peer stores (comm_id " + std::to_string(comm_id) + "): " + status.message;
+  return status;
+}
+
 void MarkPeerStoresBroken(Communicator& c) {
   c.peer_broken = true;
   for (Communicator* member : c.peer_members) {
@@ -189,7 +331,10 @@ void MarkPeerStoresBroken(Communicator& c) {
 }
 
 Status FreePeerStores(Communicator& c) {
-  Status status = FreeRecv(c);
+  Status status = ClosePeerMappings(&c.peer_mapped);  // the others' first: ours may go after
+  c.peer_connected = false;
+  Status freed = FreeRecv(c);
+  if (status.ok()) status = freed;
   if (c.peer.buffers.signals != nullptr) {
     Status s = CudaStatus(cudaFree(c.peer.buffers.signals), "cudaFree (peer-store signals)");
     if (status.ok()) status = s;

@@ -1,5 +1,5 @@
 // Peer stores' buffers on a communicator (docs/DESIGN.md, "Peer stores"): for a group of 2 to
-// 8 ranks whose devices are all in this process, each member's `recv` buffer (the next
+// 8 ranks whose devices are all in this process (or one per process, below), each member's `recv` buffer (the next
 // rank's running sums land there, at their block's rows) and its signal words, with peer
 // access enabled between every two members and each member's PeerReduceRank pointing at the
 // others'. Sized at lowering, grown like the workspace (every member's call mutex held, no
@@ -8,6 +8,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "xla_ffi/comm/communicator.h"
 #include "xla_ffi/comm/status.h"
@@ -16,9 +19,29 @@ namespace flashoverlap {
 
 // Gives the local members of comm_id peer-store buffers of at least `recv_bytes` each
 // (PeerRecvBlocks(world) x the rows per block x N x the element size). Needs 2 to
-// kMaxPeerRanks ranks, all local, on distinct devices that can access each other. The signal words survive a
-// growth (they count calls). Errors name the reason; on failure no member keeps a buffer.
+// kMaxPeerRanks ranks, all local, on distinct devices that can access each other, or one local
+// rank of such a group (the others in other processes: ImportPeerStores next). The signal
+// words survive a growth (they count calls). Errors name the reason; on failure no member
+// keeps a buffer.
 Status EnsurePeerStores(int64_t comm_id, size_t recv_bytes);
+
+// A group spanning processes (one rank per process, all on one host; docs/DESIGN.md, "Peer
+// stores across processes"): EnsurePeerStores allocates this process's member's buffers only;
+// its calls refuse until ImportPeerStores has opened every other rank's. Collective: after each
+// EnsurePeerStores every process exports its members' records, hands them to the others (the
+// caller's transport: JAX's key-value store), and imports its groups' records.
+struct PeerStoresRecord {
+  int device;
+  int rank;
+  std::string bytes;  // peer_ipc.h's record
+};
+Status ExportPeerStores(int64_t comm_id, std::vector<PeerStoresRecord>* records);
+
+// Opens, for each local member (by device), its group's records (by rank, its own included):
+// no call in flight meanwhile (GrowMemberBuffers). Checks that every rank is on its own GPU and
+// that the buffers are of one size; closes the buffers a rank replaced. Nothing happens when
+// every member already holds these generations.
+Status ImportPeerStores(int64_t comm_id, const std::map<int, std::vector<std::string>>& records_by_device);
 
 // One GPU's stand-in for a group of 2, for tests (tests/cuda/overlap_harness.cc; not reachable from
 // Python): the one rank of a world-1 communicator made its own peer, its peer stores landing
