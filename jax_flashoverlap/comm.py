@@ -178,25 +178,30 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
   with _lock:
     cid = _ensure_locked(ext, cid, groups, processes, spans_processes, workspace_bytes,
                          comm_sms, watchdog, peer_to_peer, cta_policy)
-    if peer_store_bytes:
+    if peer_store_bytes and spans_processes:
+      _grow_and_connect_peer_stores(ext, cid, groups, processes, int(peer_store_bytes))
+    elif peer_store_bytes:
       ext.ensure_peer_stores(cid, int(peer_store_bytes))
-      if spans_processes:
-        _connect_peer_stores(ext, cid, groups)
   return cid
 
 
 _peer_exchanges = collections.Counter()
 
 
-def _connect_peer_stores(ext, cid, groups) -> None:
-  """Groups spanning processes: this process's peer-store records (CUDA IPC handles of each
-  member's buffers, xla_ffi/comm/peer_ipc.h) go to the other processes through JAX's key-value
-  store, and each member opens its group's. Every process of the mesh comes here in the same
-  order (it lowers the same programs), so the n-th exchange of one meets the n-th of the others."""
+def _grow_and_connect_peer_stores(ext, cid, groups, processes, recv_bytes) -> None:
+  """Groups spanning processes: every process closes its mappings of buffers about to be
+  replaced, then (a barrier: CUDA leaves freeing an exported buffer before its importers close
+  it undefined) grows its own; then its peer-store records (CUDA IPC handles of each member's
+  buffers, xla_ffi/comm/peer_ipc.h) go to the other processes through JAX's key-value store
+  and each member opens its group's. Every process of the mesh comes here in the same order (it
+  lowers the same programs), so the n-th exchange of one meets the n-th of the others."""
   import jax
   from jax_flashoverlap import distributed
   _peer_exchanges[cid] += 1
   round_key = f"peer/{cid}/{_creations[cid]}/{_peer_exchanges[cid]}"
+  ext.release_peer_stores(cid, recv_bytes)
+  distributed.barrier(f"{round_key}/released", processes)
+  ext.ensure_peer_stores(cid, recv_bytes)
   me = jax.process_index()
   group_of = {}  # this process's device ordinal -> its group's index
   for index, group in enumerate(groups):

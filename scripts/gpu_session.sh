@@ -165,7 +165,7 @@ for step in "${steps[@]}"; do
       # load the wait / write kernels up front: fixed in session 21)
       STEP_TIMEOUT=90 run_step pr_spin_check env JAX_FLASHOVERLAP_WAIT=spin .build/peer_reduce_test check --json "$OUT/pr_spin_check.json"
       STEP_TIMEOUT=90 run_step pr_spin_break env JAX_FLASHOVERLAP_WAIT=spin .build/peer_reduce_test break --json "$OUT/pr_spin_break.json" ;;
-    peer)  # the peer-store transport (experimental; 2 GPUs of one process): its GPU tests, the
+    peer)  # the peer-store transport (experimental; 2+ GPUs, one process or one each): its GPU tests, the
       # standalone sequence checks (.build/ from tests/cuda/build_overlap_harness.sh), the
       # bench's ours_peer beside the NCCL path and XLA, and tune --peer into $OUT only
       STEP_TIMEOUT="${STEP_TIMEOUT:-400}" gpu_pytest peer_tests tests/test_gpu_peer.py
@@ -175,7 +175,13 @@ for step in "${steps[@]}"; do
       for pw in 4 8; do  # the whole group where the machine has 4 or 8 GPUs
         [ "$ngpu" -ge "$pw" ] && run_step "peer_reduce_${pw}gpu" .build/peer_reduce_2gpu_test all --world "$pw" --json "$OUT/peer_reduce_${pw}gpu.json"
       done
+      # ranks in processes of their own (CUDA IPC): the sequence, the handler (harness), the ops
+      run_step peer_reduce_ipc .build/peer_reduce_ipc_test check --world "$((ngpu < 8 ? ngpu : 8))" --json "$OUT/peer_reduce_ipc.json"
+      [[ -n "${harness_built:-}" ]] || { run_step harness_build bash tests/cuda/build_overlap_harness.sh && harness_built=1; }
+      run_step hpeer_procs bash tests/cuda/run_overlap_harness.sh none "$OUT/hpeer_procs" --ops pr_rs,pr_ar --calls 4
+      run_step hpeer_procs_odd bash tests/cuda/run_overlap_harness.sh none "$OUT/hpeer_procs_odd" --ops pr_rs --m 320 --n 272 --k 200
       run_step peer_bench python3 -m jax_flashoverlap.bench overlap --world 2 --variants peer --out "$OUT/peer_bench_$TAG.json"
+      run_step peer_bench_procs python3 -m jax_flashoverlap.launch -n 2 --gpus-per-process 1 --timeout 500 -m jax_flashoverlap.bench overlap --variants peer --out "$OUT/peer_bench_procs_$TAG.json"
       run_step peer_tune python3 -m jax_flashoverlap.tune --world 2 --peer ${TUNE_ARGS:-} --out "$OUT/peer_tuned_$TAG.json" --report "$OUT/peer_tune_$TAG.json" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac

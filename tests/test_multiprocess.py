@@ -104,13 +104,17 @@ COMM_2D_SCRIPT = textwrap.dedent('''
             pass
         # Peer stores (xla_ffi/comm/peer_stores.h): a record names its maker (process,
         # device, rank) and which growth of this process it follows.
-        peer_sizes, imported = [], []
+        peer_sizes, imported, peer_steps = [], [], []
+        def release_peer_stores(self, cid, nbytes):
+            self.peer_steps.append("release")
         def ensure_peer_stores(self, cid, nbytes):
             self.peer_sizes.append((cid, nbytes))
+            self.peer_steps.append("ensure")
         def export_peer_stores(self, cid):
             return [(dev, rank, bytes([me, dev, rank, len(self.peer_sizes)]) * 8)
                     for (c, local), _ in self.made.items() if c == cid for rank, dev in local]
         def import_peer_stores(self, cid, by_device):
+            self.peer_steps.append("import")
             self.imported.append((cid, {d: [r[:4].hex() for r in recs]
                                         for d, recs in by_device.items()}))
 
@@ -143,10 +147,12 @@ COMM_2D_SCRIPT = textwrap.dedent('''
         want = {dev: [bytes([p, dev, p, round_]).hex() for p in (0, 1)] for dev in (0, 1)}
         assert got == (cid, want), (got, want)
     assert len(rec.imported) == 2 and rec.peer_sizes == [(cid, 1 << 20), (cid, 2 << 20)]
+    # Mappings closed (then a barrier) before any buffer is replaced, opened after.
+    assert rec.peer_steps == ["release", "ensure", "import"] * 2, rec.peer_steps
     # 'tp' lies inside each process: buffers, no exchange.
     comm.ensure_communicators(mesh, "tp", workspace_bytes=1 << 20, comm_sms=8,
                               peer_store_bytes=1 << 20)
-    assert len(rec.imported) == 2 and len(rec.peer_sizes) == 3
+    assert len(rec.imported) == 2 and len(rec.peer_sizes) == 3 and len(rec.peer_steps) == 7
     # Both processes run on this machine: one host identity.
     hosts = distributed.process_hosts([0, 1])
     assert len(set(hosts.values())) == 1 and set(hosts) == {0, 1}, hosts

@@ -129,6 +129,10 @@ py::list ExportPeerStores(int64_t comm_id) {
   return out;
 }
 
+void ReleasePeerStores(int64_t comm_id, size_t recv_bytes) {
+  RunWithoutGil([&] { return flashoverlap::ReleasePeerStores(comm_id, recv_bytes); });
+}
+
 void ImportPeerStores(int64_t comm_id, const std::map<int, std::vector<py::bytes>>& by_device) {
   std::map<int, std::vector<std::string>> records;
   for (const auto& [device, list] : by_device)
@@ -229,6 +233,9 @@ PYBIND11_MODULE(_xla_ffi, m) {
   m.def("export_peer_stores", &ExportPeerStores, py::arg("comm_id"),
         "[(device, rank, record bytes)] of this process's peer-store buffers of comm_id, for "
         "the other processes of groups that span processes (xla_ffi/comm/peer_stores.h)");
+  m.def("release_peer_stores", &ReleasePeerStores, py::arg("comm_id"), py::arg("recv_bytes"),
+        "Before a growth to recv_bytes of groups spanning processes: closes this process's "
+        "mappings of the other ranks' buffers (every process, then a barrier, then the growth)");
   m.def("import_peer_stores", &ImportPeerStores, py::arg("comm_id"), py::arg("records_by_device"),
         "Opens, for each local device of comm_id, its group's records (one per rank, in rank "
         "order) from export_peer_stores of every process");

@@ -16,7 +16,9 @@
 // which must equal every rank's x bit for bit; pr_rs / pr_ar: the peer-store reduce-scatter /
 // all-reduce at world 1, the rank its own peer (EnsurePeerStoresLoopback: everything of a
 // pair's call but NVLink), block 0 of the result checked, an all-reduce's block 1 still
-// poisoned: nothing but the peer writes it). Prints one line per op and exits 0 only if every element of every
+// poisoned: nothing but the peer writes it; at world > 1 the ranks' processes share their
+// peer-store buffers by CUDA IPC (records through files beside the id file), pr_rs is checked
+// as rs is, and pr_ar must be refused: across processes it keeps NCCL). Prints one line per op and exits 0 only if every element of every
 // call matched and no CUDA / NCCL call failed. --inject: before each op's calls, one call with
 // an injected failure (fault_injection.h) that must fail naming the op, leaving the next fine.
 // --trace 1: tracing on (xla_ffi/comm/trace.h); after each op, one record per successful call
@@ -36,6 +38,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <iterator>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -104,9 +107,9 @@ Options Parse(int argc, char** argv) {
   if (!o.inject.empty() && o.inject != "nccl" && o.inject != "cuda") Fail("--inject: nccl or cuda");
   if (o.grow < 0) Fail("--grow: a count >= 0");
   if (!(o.watchdog >= 0)) Fail("--watchdog: seconds >= 0 (0: off)");
-  if (o.world != 1 && HasPeerOps(o)) {
-    Fail("pr_rs / pr_ar loop peer stores back on one rank: --world 1 only (a pair across "
-         "processes is not built)");
+  if (o.world != 1 && HasPeerOps(o) && o.grow > 0) {
+    Fail("--grow with pr ops: --world 1 only (a group spanning processes grows collectively, "
+         "each growth followed by the exchange JAX's lowering makes; this thread would not)");
   }
   if (o.world < 1 || o.rank < 0 || o.rank >= o.world || o.id_file.empty()) {
     Fail("need --rank R --world N (0 <= R < N) and --id-file PATH");
@@ -187,8 +190,42 @@ constexpr bool kPoisonWorkspace = true;
 bool IsAllGather(const std::string& op) { return op.rfind("ag", 0) == 0; }
 bool IsPeer(const std::string& op) { return op.rfind("pr_", 0) == 0; }
 
-// The peer-store buffer a pr op needs: M / 2 x N bfloat16 (the peer's partial of our rows).
-size_t PeerRecvBytes(const Options& o) { return static_cast<size_t>(o.m / 2) * o.n * 2; }
+// The ranks of a pr op's group: world 1 loops a pair back on one rank.
+int64_t PeerWorld(const Options& o) { return o.world == 1 ? 2 : o.world; }
+
+// The peer-store buffer a pr op needs: PeerRecvBlocks blocks of M / group x N bfloat16 (a
+// pair: the peer's partial of our rows).
+size_t PeerRecvBytes(const Options& o) {
+  const int world = static_cast<int>(PeerWorld(o));
+  return static_cast<size_t>(fo::PeerRecvBlocks(world)) * (o.m / world) * o.n * 2;
+}
+
+// World > 1 (one rank per process): each rank's peer-store record (peer_ipc.h) through a file
+// beside the id file, every rank's opened (what comm._grow_and_connect_peer_stores does
+// through JAX's key-value store).
+void ExchangePeerRecords(const Options& o) {
+  std::vector<fo::PeerStoresRecord> mine;
+  Check(fo::ExportPeerStores(1, &mine), "ExportPeerStores");
+  if (mine.size() != 1) Fail("expected one peer-store record of this rank");
+  auto path = [&o](int r) { return o.id_file + ".peer." + std::to_string(r); };
+  const std::string tmp = path(o.rank) + ".tmp";
+  std::ofstream(tmp, std::ios::binary).write(mine[0].bytes.data(), mine[0].bytes.size());
+  if (std::rename(tmp.c_str(), path(o.rank).c_str()) != 0) Fail("cannot write " + path(o.rank));
+  std::vector<std::string> records(o.world);
+  for (int r = 0; r < o.world; ++r) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(300);
+    for (;;) {
+      std::ifstream in(path(r), std::ios::binary);
+      if (in) {
+        records[r].assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+        break;
+      }
+      if (std::chrono::steady_clock::now() > deadline) Fail("no peer-store record " + path(r) + " after 300 s");
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  Check(fo::ImportPeerStores(1, {{o.device, records}}), "ImportPeerStores");
+}
 
 // One overlapped call of `op` on this rank's buffers.
 fo::Status CallOp(const std::string& op, const Options& o, fo::Communicator& coll,
@@ -230,8 +267,8 @@ fo::Status CallOp(const std::string& op, const Options& o, fo::Communicator& col
                                 op == "ag_ce_g" ? d.gathered : nullptr, kPoisonWorkspace,
                                 "harness_all_gather_collective");
   }
-  if (op == "pr_rs" || op == "pr_ar") {  // peer stores, the rank its own peer (world 1)
-    auto gemm = Gemm(o, d.x, d.w, nullptr, nullptr, 1, Bands(o.m / 2, 3));
+  if (op == "pr_rs" || op == "pr_ar") {  // peer stores (world 1: the rank its own peer)
+    auto gemm = Gemm(o, d.x, d.w, nullptr, nullptr, 1, Bands(o.m / PeerWorld(o), 3));
     gemm.comm_sms = 0;  // as the peer plans have it: no SM is left to communication
     const bool rs = op == "pr_rs";
     return fo::RunGemmPeerReduce(
@@ -282,6 +319,20 @@ int64_t RefusedAfterFailure(const std::string& op, const Options& o, fo::Communi
   return says ? 0 : 1;
 }
 
+// pr_ar with ranks in processes of their own: refused by design (its mirror stores would go
+// into the others' results, which no other process has mapped), naming why, and nothing is
+// broken: a pr_rs after it still runs. Returns 1 if it was not refused so.
+int64_t RefusedAcrossProcesses(const Options& o, fo::Communicator& coll, fo::Communicator& p2p,
+                               fo::Communicator& zero, cudaStream_t stream, const DeviceBuffers& d) {
+  fo::Status refused = CallOp("pr_ar", o, coll, p2p, zero, stream, d);
+  CheckCuda(cudaStreamSynchronize(stream), "synchronize after the refused call");
+  const bool says = !refused.ok() && refused.message.find("spans processes") != std::string::npos &&
+                    !coll.peer_broken;
+  std::printf("rank %d pr_ar across processes: %s  %s\n", o.rank,
+              refused.ok() ? "NOT REFUSED" : refused.message.c_str(), says ? "OK" : "FAIL");
+  return says ? 0 : 1;
+}
+
 // Runs `calls` calls of one op; returns the number of mismatching elements.
 int64_t RunOp(const std::string& op, const Options& o, fo::Communicator& coll,
               fo::Communicator& p2p, fo::Communicator& zero, cudaStream_t stream,
@@ -289,9 +340,12 @@ int64_t RunOp(const std::string& op, const Options& o, fo::Communicator& coll,
   const int64_t rank = o.rank;
   int64_t bad = 0, checked = 0;
   double max_err = 0;
+  if (op == "pr_ar" && o.world > 1) return RefusedAcrossProcesses(o, coll, p2p, zero, stream, d);
   for (int call = 0; call < o.calls; ++call) {
-    // ar_out / ag_* compute what ar / ag do (another buffer, another communicator).
-    const std::string math = op == "ar_out" ? "ar" : IsAllGather(op) ? "ag" : IsPeer(op) ? "pr" : op;
+    // ar_out / ag_* compute what ar / ag do (another buffer, another communicator); pr_rs
+    // what rs does (world 1: the looped-back pair's block 0).
+    const std::string math = op == "ar_out" ? "ar" : IsAllGather(op) ? "ag"
+                             : IsPeer(op) ? (o.world == 1 ? "pr" : "rs") : op;
     const bool gathered = op == "ag_g" || op == "ag_ce_g";
     Problem p = MakeProblem(math, o.m, o.n, o.k, o.world, o.rank, /*seed=*/1000 * call + 17);
     // pr_ar: block 1 of the result is the peer's to write; looped back, nothing does.
@@ -439,7 +493,12 @@ int main(int argc, char** argv) {
   Check(fo::CreateCommunicators(3, ids[2], o.world, local, o.comm_sms, bytes, o.watchdog,
                                 /*peer_to_peer=*/false, /*cta_policy=*/2), "zero-policy comm");
   // Sized before the first call, as the ops' lowering does (comm.ensure_communicators).
-  if (HasPeerOps(o)) Check(fo::EnsurePeerStoresLoopback(1, PeerRecvBytes(o)), "peer stores (loopback)");
+  if (HasPeerOps(o) && o.world == 1) {
+    Check(fo::EnsurePeerStoresLoopback(1, PeerRecvBytes(o)), "peer stores (loopback)");
+  } else if (HasPeerOps(o)) {  // one rank per process: buffers here, the others' opened
+    Check(fo::EnsurePeerStores(1, PeerRecvBytes(o)), "peer stores");
+    ExchangePeerRecords(o);
+  }
   if (o.trace) Check(fo::SetTraceEnabled(true, fo::kDefaultTraceCapacity), "SetTraceEnabled");
   fo::Communicator* coll = fo::FindCommunicator(1, o.device);
   fo::Communicator* p2p = fo::FindCommunicator(2, o.device);

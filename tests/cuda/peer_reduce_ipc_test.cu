@@ -7,9 +7,9 @@
 //   peer_reduce_ipc_test check [--world N] [--json PATH]
 // Per rank: reduce-scatter calls back to back with fresh inputs, results poisoned first, each
 // against float32 and bit for bit against the ring's rounded running sum of every rank's plain
-// GEMM (every process makes every rank's inputs from the same seeds); then every rank replaces
-// its recv with a larger one (a second generation), the others open it (closing the first),
-// and more calls on a larger shape. The parent starts the ranks before touching CUDA, waits for
+// GEMM (every process makes every rank's inputs from the same seeds); then every rank closes
+// its mappings of the others' recv, and (a barrier later) replaces its own with a larger one
+// (a second generation) that the others open, and more calls on a larger shape. The parent starts the ranks before touching CUDA, waits for
 // them (300 s at most, then kills them: FAIL) and exits 1 if any failed. PATH gets ".rank<r>".
 #include <signal.h>
 #include <sys/stat.h>
@@ -214,8 +214,11 @@ int RunRank(int rank, int world, const std::string& dir, const std::string& json
   Barrier(dir, "opened1", rank, world);
   RunCase(me, a, 3, world, s);
   RunCase(me, b, 3, world, s);
-  // Phase 2: every rank's calls done (nothing stores into the old buffers), then larger ones.
+  // Phase 2: every rank's calls done (nothing stores into the old buffers), every rank's
+  // mappings of them closed (an owner's free before that is undefined), then larger ones.
   Barrier(dir, "phase1", rank, world);
+  Must(ClosePeerMappings(&me.mapped, /*keep_signals=*/true), "ClosePeerMappings (recv)");
+  Barrier(dir, "closed", rank, world);
   const Case c{4800, 2048, 1024, EvenBands(4800 / world, 4, 256), GemmDType::kBFloat16};
   me.NewRecv(size_t(PeerRecvBlocks(world)) * (c.m / world) * c.n * 2);
   me.Exchange(dir, world);

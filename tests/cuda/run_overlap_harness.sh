@@ -15,7 +15,7 @@ BIN="${HARNESS_BIN:-$ROOT/.build/overlap_harness}"
 WORLD="${WORLD:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}"
 [[ "$WORLD" -ge 1 ]] || { echo "no GPU found"; exit 2; }
 mkdir -p "$LOGDIR"
-ID="$LOGDIR/nccl_id_$TOOL"; rm -f "$ID"
+ID="$LOGDIR/nccl_id_$TOOL"; rm -f "$ID" "$ID".peer.*
 export NCCL_NVLS_ENABLE=0
 pids=()
 for ((r = 0; r < WORLD; r++)); do

@@ -117,18 +117,23 @@ Status OpenPeerRecord(const PeerRecord& record, int rank, PeerMappings* m) {
   return Status::Ok();
 }
 
-Status ClosePeerMappings(PeerMappings* m) {
+Status ClosePeerMappings(PeerMappings* m, bool keep_signals) {
   Status first = Status::Ok();
-  auto close = [&first](void* p, const char* what) {
+  auto close = [&first](void*& p, const char* what) {
     if (p == nullptr) return;
     Status s = CudaStatus(cudaIpcCloseMemHandle(p), what);
     if (first.ok()) first = s;
+    p = nullptr;
   };
   for (int i = 0; i < kMaxPeerRanks; ++i) {
     close(m->recv[i], "cudaIpcCloseMemHandle (a peer's recv)");
-    close(m->signals[i], "cudaIpcCloseMemHandle (a peer's signal words)");
+    m->generation[i] = 0;
+    if (!keep_signals) {
+      void* signals = m->signals[i];
+      close(signals, "cudaIpcCloseMemHandle (a peer's signal words)");
+      m->signals[i] = nullptr;
+    }
   }
-  *m = PeerMappings{};
   return first;
 }
 

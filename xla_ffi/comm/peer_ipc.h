@@ -59,7 +59,9 @@ struct PeerMappings {
 // The caller has made sure that nothing uses the old recv any more.
 Status OpenPeerRecord(const PeerRecord& record, int rank, PeerMappings* mappings);
 
-// Closes every opened buffer (best effort: goes on past a failure, returns the first).
-Status ClosePeerMappings(PeerMappings* mappings);
+// Closes every opened buffer, or (keep_signals) every recv buffer only: before its owner frees
+// it (CUDA: an exporter's cudaFree before the importers' close is undefined behaviour). Best
+// effort: goes on past a failure, returns the first.
+Status ClosePeerMappings(PeerMappings* mappings, bool keep_signals = false);
 
 }  // namespace flashoverlap

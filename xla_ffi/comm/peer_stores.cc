@@ -31,7 +31,8 @@ Status CheckGroup(const std::vector<Communicator*>& comms, bool loopback, bool* 
   const int world = comms[0]->world_size;
   if (world < 2 || world > kMaxPeerRanks) {
     return Status::Error("peer stores need a group of 2 to " + std::to_string(kMaxPeerRanks) +
-                         " ranks; this process holds " + std::to_string(comms.size()) +
+                         " ranks (all in this process, or one per process); this process holds " +
+                         std::to_string(comms.size()) +
                          " of a group of " + std::to_string(world));
   }
   if (comms.size() == 1) {
@@ -285,6 +286,30 @@ Status ExportPeerStores(int64_t comm_id, std::vector<PeerStoresRecord>* records)
     }
     return Status::Ok();
   });
+}
+
+Status ReleasePeerStores(int64_t comm_id, size_t recv_bytes) {
+  auto will_grow = [recv_bytes](const Communicator* c) {
+    return c->peer_across_processes && c->peer.buffers.recv != nullptr && c->peer_recv_bytes < recv_bytes;
+  };
+  Status status = GrowMemberBuffers(
+      comm_id, "closing the other processes' peer-store buffers before a growth",
+      [will_grow](const std::vector<Communicator*>& comms) {
+        return std::any_of(comms.begin(), comms.end(), will_grow);
+      },
+      [will_grow](const std::vector<Communicator*>& comms) {
+        Status first = Status::Ok();
+        for (Communicator* c : comms) {
+          if (!will_grow(c)) continue;
+          c->peer_connected = false;
+          Status s = CudaStatus(cudaSetDevice(c->device), "cudaSetDevice");
+          if (s.ok()) s = ClosePeerMappings(&c->peer_mapped, /*keep_signals=*/true);
+          if (first.ok()) first = s;
+        }
+        return first;
+      });
+  if (!status.ok()) status.message = "peer stores (comm_id " + std::to_string(comm_id) + "): " + status.message;
+  return status;
 }
 
 Status ImportPeerStores(int64_t comm_id, const std::map<int, std::vector<std::string>>& by_device) {

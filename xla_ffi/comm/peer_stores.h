@@ -37,6 +37,14 @@ struct PeerStoresRecord {
 };
 Status ExportPeerStores(int64_t comm_id, std::vector<PeerStoresRecord>* records);
 
+// Before a growth of such a group (EnsurePeerStores to more than its members hold): closes
+// this process's mappings of the other ranks' recv buffers (no call in flight), so that each
+// owner may free its own once every process has done this (a barrier between the two: CUDA
+// leaves an exporter's free before the importers' close undefined). Calls refuse until
+// ImportPeerStores. Nothing happens where the buffers are large enough (every process of the
+// group decides alike: the same programs lowered in the same order).
+Status ReleasePeerStores(int64_t comm_id, size_t recv_bytes);
+
 // Opens, for each local member (by device), its group's records (by rank, its own included):
 // no call in flight meanwhile (GrowMemberBuffers). Checks that every rank is on its own GPU and
 // that the buffers are of one size; closes the buffers a rank replaced. Nothing happens when
