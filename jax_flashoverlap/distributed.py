@@ -6,6 +6,8 @@
   creates the id and publishes it; the others wait for it (no files, no extra ports).
 * `check_identical` makes every process publish a value (a group plan) and compare it with
   everyone else's, so a mismatch is a clear error on every rank instead of a hang in NCCL.
+* `publish` / `fetch` carry other per-process values (the peer stores' CUDA IPC records,
+  comm.py); `process_hosts` says which processes share a machine.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@
 // its mappings of the others' recv, and (a barrier later) replaces its own with a larger one
 // (a second generation) that the others open, and more calls on a larger shape. The parent starts the ranks before touching CUDA, waits for
 // them (300 s at most, then kills them: FAIL) and exits 1 if any failed. PATH gets ".rank<r>".
+// A rank is this program run again (--child RANK DIR ...), so compute-sanitizer follows it.
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -238,6 +239,15 @@ int RunRank(int rank, int world, const std::string& dir, const std::string& json
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A rank: peer_reduce_ipc_test --child RANK DIR MODE [options] (the parent starts these).
+  if (argc >= 4 && !strcmp(argv[1], "--child")) {
+    const int rank = atoi(argv[2]);
+    const std::string dir = argv[3];
+    std::vector<char*> rest = {argv[0]};
+    for (int i = 4; i < argc; ++i) rest.push_back(argv[i]);
+    const Options o = ParseOptions(int(rest.size()), rest.data());
+    return RunRank(rank, o.world, dir, o.json_path);
+  }
   const Options o = ParseOptions(argc, argv);
   if (o.mode != "check" && o.mode != "all") {
     fprintf(stderr, "unknown mode %s (check)\n", o.mode.c_str());
@@ -251,14 +261,22 @@ int main(int argc, char** argv) {
   const char* dir = mkdtemp(dir_template);
   if (dir == nullptr) { perror("mkdtemp"); return 2; }
   fflush(stdout);
+  // Each rank a program of its own (exec, not only fork: compute-sanitizer and CUDA see a
+  // fresh process, as they would a JAX process per GPU).
   std::vector<pid_t> children;
-  for (int rank = 0; rank < o.world; ++rank) {  // before any CUDA call: each child its own
+  for (int rank = 0; rank < o.world; ++rank) {
     const pid_t pid = fork();
     if (pid < 0) { perror("fork"); return 2; }
     if (pid == 0) {
-      const int rc = RunRank(rank, o.world, dir, o.json_path);
-      fflush(nullptr);  // _exit flushes nothing
-      _exit(rc);
+      std::vector<std::string> args = {argv[0], "--child", std::to_string(rank), dir, "check",
+                                        "--world", std::to_string(o.world)};
+      if (!o.json_path.empty()) args.insert(args.end(), {"--json", o.json_path});
+      std::vector<char*> raw;
+      for (std::string& a : args) raw.push_back(a.data());
+      raw.push_back(nullptr);
+      execv("/proc/self/exe", raw.data());
+      perror("execv");
+      _exit(2);
     }
     children.push_back(pid);
   }
