@@ -11,7 +11,8 @@
 // its mappings of the others' recv, and (a barrier later) replaces its own with a larger one
 // (a second generation) that the others open, and more calls on a larger shape. The parent starts the ranks before touching CUDA, waits for
 // them (300 s at most, then kills them: FAIL) and exits 1 if any failed. PATH gets ".rank<r>".
-// A rank is this program run again (--child RANK DIR ...), so compute-sanitizer follows it.
+// A rank is this program run again (--child RANK DIR ...), under PEER_IPC_WRAP's words if set
+// (a sanitizer per rank).
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -261,21 +262,30 @@ int main(int argc, char** argv) {
   const char* dir = mkdtemp(dir_template);
   if (dir == nullptr) { perror("mkdtemp"); return 2; }
   fflush(stdout);
-  // Each rank a program of its own (exec, not only fork: compute-sanitizer and CUDA see a
-  // fresh process, as they would a JAX process per GPU).
+  // Each rank a program of its own (exec, not only fork: CUDA sees a fresh process, as it
+  // would a JAX process per GPU), run under PEER_IPC_WRAP's words if set (e.g.
+  // "compute-sanitizer --tool memcheck --error-exitcode 9": one sanitizer per rank).
+  char self[4096] = {};
+  if (readlink("/proc/self/exe", self, sizeof self - 1) <= 0) { perror("readlink"); return 2; }
+  std::vector<std::string> wrap;
+  if (const char* w = getenv("PEER_IPC_WRAP")) {
+    std::istringstream words(w);
+    for (std::string word; words >> word;) wrap.push_back(word);
+  }
   std::vector<pid_t> children;
   for (int rank = 0; rank < o.world; ++rank) {
     const pid_t pid = fork();
     if (pid < 0) { perror("fork"); return 2; }
     if (pid == 0) {
-      std::vector<std::string> args = {argv[0], "--child", std::to_string(rank), dir, "check",
-                                        "--world", std::to_string(o.world)};
+      std::vector<std::string> args = wrap;
+      args.insert(args.end(), {self, "--child", std::to_string(rank), dir, "check", "--world",
+                               std::to_string(o.world)});
       if (!o.json_path.empty()) args.insert(args.end(), {"--json", o.json_path});
       std::vector<char*> raw;
       for (std::string& a : args) raw.push_back(a.data());
       raw.push_back(nullptr);
-      execv("/proc/self/exe", raw.data());
-      perror("execv");
+      execvp(raw[0], raw.data());
+      perror("execvp");
       _exit(2);
     }
     children.push_back(pid);
