@@ -304,7 +304,8 @@ GEMM_QUEUE_BYTES = _QUEUE_PARTIALS_OFFSET + SPLIT_PARTIAL_BYTES
 
 
 def op_memory(op: str, x_shape, w_shape, dtype, world: int, *, transpose_w: bool = False,
-              concat_axis: int = 0, transport: str = "nccl") -> dict:
+              concat_axis: int = 0, transport: str = "nccl",
+              across_processes: bool = False) -> dict:
   """Device memory an overlapped call needs beyond its inputs and output, per GPU.
 
   `workspace_bytes`: the communicator's workspace the call uses (shared by every call and op
@@ -322,8 +323,8 @@ def op_memory(op: str, x_shape, w_shape, dtype, world: int, *, transpose_w: bool
   matmul_all_reduce / matmul_reduce_scatter at world sizes 2 to 8): no workspace, and instead
   `peer_recv_bytes`, the buffer each GPU keeps for the running sums its next rank passes it
   along the ring (M / world x N for 2 ranks, M x N for more; grown like the workspace), its
-  signal words counted in
-  `counter_bytes`.
+  signal words counted in `counter_bytes`; an all-reduce `across_processes` (its axis
+  groups one GPU per process) adds its staging area, (world - 1) / world x M x N.
   `peer_recv_bytes` is 0 on the NCCL path.
   """
   import numpy as np
@@ -354,7 +355,8 @@ def op_memory(op: str, x_shape, w_shape, dtype, world: int, *, transpose_w: bool
     raise ValueError(f"op_memory: {op} with transport='peer': {why}")
   return {"workspace_bytes": 0, "counter_bytes": COUNTER_BYTES + PEER_SIGNAL_BYTES,
           "queue_bytes": GEMM_QUEUE_BYTES,
-          "peer_recv_bytes": plan_peer.recv_bytes(m, n, itemsize, world)}
+          "peer_recv_bytes": plan_peer.recv_bytes(
+              m, n, itemsize, world, staged=across_processes and op == "matmul_all_reduce")}
 
 
 def list_communicators() -> list:

@@ -1,6 +1,7 @@
 """Plans of the peer-store transport (JAX_FLASHOVERLAP_TRANSPORT=peer; docs/DESIGN.md, "Peer
 stores"): GEMM + all-reduce / reduce-scatter over the 2 to 8 GPUs of a mesh axis in this
-process (a reduce-scatter also over one GPU per process of one host), with no NCCL call. Each GPU's GEMM (on every SM) computes the other ranks' blocks of
+process, or one GPU per process of one host (the all-reduce then staged: each rank's block
+mirror-stored into the others' staging areas and copied out there), with no NCCL call. Each GPU's GEMM (on every SM) computes the other ranks' blocks of
 rows first, then its own, reducing along a ring as it stores each tile: from the second block
 on it adds the running sum its next rank passed it, and it passes its sums of the other
 blocks on to its previous rank's memory (xla_ffi/comm/peer_reduce.h; docs/DESIGN.md, "Ring
@@ -37,6 +38,10 @@ NCCL_CTAS = 8
 SEQUENCE_OVER_GEMM = {"reduce_scatter": {2: 1.03, 4: 1.09, 8: 1.10},
                       "all_reduce": {2: 1.06, 4: 1.15, 8: 1.23}}
 ASSUMED_LINK_BYTES_PER_S = 3.0e11
+# A device-to-device cudaMemcpyAsync on one H200 with the SMs free, bytes copied per second (a
+# 64 MB copy in 0.035 ms; docs/DESIGN.md, the all-reduce's copy-out): a staged all-reduce
+# (ranks in processes of their own) copies the other ranks' blocks out after its GEMM.
+STAGED_COPY_BYTES_PER_S = 1.9e12
 
 
 class PeerStoresWarning(UserWarning):
@@ -70,10 +75,6 @@ def unavailable(collective: str, mesh, axis_name, world: int, m: int) -> str | N
   spanning = [g for g in groups if len({d.process_index for d in g}) > 1]
   if not spanning:
     return None
-  if collective == "all_reduce":
-    return ("an axis group spans processes: an all-reduce by peer stores stores into the other "
-            "ranks' results, XLA buffers another process has not mapped (a reduce-scatter "
-            "can: its stores go into buffers of ours)")
   if any(len({d.process_index for d in g}) < len(g) for g in spanning):
     return ("an axis group spans processes with several of its GPUs in one process; peer "
             "stores across processes take one GPU per process")
@@ -85,6 +86,14 @@ def unavailable(collective: str, mesh, axis_name, world: int, m: int) -> str | N
   return None
 
 
+def spans_processes(mesh, axis_name) -> bool:
+  """Whether an axis group of a local GPU mesh spans processes (an all-reduce by peer stores
+  is then staged: recv_bytes, plan)."""
+  if not comm.mesh_is_local_gpu(mesh):
+    return False
+  return any(len({d.process_index for d in g}) > 1 for g in comm.axis_groups(mesh, axis_name))
+
+
 def sequence_over_gemm(collective: str, world: int) -> float:
   """SEQUENCE_OVER_GEMM at the smallest measured group size >= world."""
   by_world = SEQUENCE_OVER_GEMM[collective]
@@ -92,12 +101,13 @@ def sequence_over_gemm(collective: str, world: int) -> float:
 
 
 def plan(collective: str, m: int, n: int, k: int, itemsize: int = 2,
-         transpose_w: bool = False, world: int = 2) -> plan_lib.GroupPlan:
+         transpose_w: bool = False, world: int = 2, staged: bool = False) -> plan_lib.GroupPlan:
   """The peer-store plan of x [m, k] @ w [k, n] (per device) over `world` GPUs:
   BANDS_PER_BLOCK bands of each block of m / world rows on the GEMM's cluster-row
   boundaries, comm_sms 0, and the predicted time (the GEMM on all SMs x SEQUENCE_OVER_GEMM,
   at least the bytes each GPU stores into the others over an assumed NVLink bandwidth; not
-  calibrated on 2 GPUs)."""
+  calibrated on 2 GPUs). `staged` (an all-reduce over processes): plus copying the other
+  ranks' blocks out of the staging area after the GEMM (STAGED_COPY_BYTES_PER_S)."""
   rows = m // world
   kern = plan_lib.kernel_geometry(m, n, 0, transpose_w)
   bands = plan_lib.even_bands(rows, BANDS_PER_BLOCK, kern.rows_per_unit)
@@ -106,6 +116,8 @@ def plan(collective: str, m: int, n: int, k: int, itemsize: int = 2,
   # The other ranks' blocks, and for an all-reduce our reduced block once per other rank.
   link_bytes = (world - 1) * rows * n * itemsize * (2 if collective == "all_reduce" else 1)
   predicted = max(gemm * sequence_over_gemm(collective, world), link_bytes / ASSUMED_LINK_BYTES_PER_S)
+  if staged and collective == "all_reduce":
+    predicted += (world - 1) * rows * n * itemsize / STAGED_COPY_BYTES_PER_S
   result = plan_lib.GroupPlan(
       collective, rows, tuple(int(b) for b in bands), 0, overlap=True, predicted_s=predicted,
       baseline_s=plan_lib.baseline_time(collective, m, n, k, world, itemsize),
@@ -125,9 +137,12 @@ def tuned(collective: str, m: int, n: int, k: int, gpu: str | None,
   return plan_lib.plan_from_entry(collective, m, world, entry)
 
 
-def recv_bytes(m: int, n: int, itemsize: int, world: int = 2) -> int:
+def recv_bytes(m: int, n: int, itemsize: int, world: int = 2, staged: bool = False) -> int:
   """Each GPU's buffer for the running sums its next rank passes it along the ring: a block
   of m / world x n for every block but that rank's own, laid out by block (a group of 2: one
-  block; of more: world blocks, one unused; xla_ffi/comm/peer_reduce_args.h, PeerRecvBlocks)."""
-  return (1 if world == 2 else world) * (m // world) * n * itemsize
+  block; of more: world blocks, one unused; xla_ffi/comm/peer_reduce_args.h, PeerRecvBlocks);
+  `staged` (an all-reduce over processes): then the world - 1 other blocks of its staging area
+  (PeerStageBlocks)."""
+  blocks = (1 if world == 2 else world) + (world - 1 if staged else 0)
+  return blocks * (m // world) * n * itemsize
 

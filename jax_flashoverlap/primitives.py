@@ -215,11 +215,13 @@ def _peer_store_lowering(prim, ctx, x, w, collective, mesh, axis_name, world, dt
     raise ValueError(f"jax_flashoverlap: {prim.name}: comm_sms={comm_sms}, but with "
                      f"{_ext.TRANSPORT_ENV}=peer the GEMM runs on every SM (no NCCL kernel "
                      "beside it): leave comm_sms unset (or 0)")
-  plan = tuned or plan_peer.plan(collective, m, n, k, dtype.itemsize, bool(transpose_w), world)
+  staged = collective == "all_reduce" and plan_peer.spans_processes(mesh, axis_name)
+  plan = tuned or plan_peer.plan(collective, m, n, k, dtype.itemsize, bool(transpose_w), world,
+                                 staged=staged)
   comm_id = prepare_communicators(
       prim.name, mesh, axis_name, {"band_rows": list(plan.band_rows), "transport": "peer"},
       plan_peer.NCCL_CTAS, 0, ctx,
-      peer_store_bytes=plan_peer.recv_bytes(m, n, dtype.itemsize, world))
+      peer_store_bytes=plan_peer.recv_bytes(m, n, dtype.itemsize, world, staged=staged))
   attrs = {"in_place": np.int32(0)} if collective == "all_reduce" else {}
   return emit_call(prim, ctx, x, w, comm_id, world, plan.comm_sms, transpose_w,
                    band_rows=np.asarray(plan.band_rows, dtype=np.int32), transport=np.int32(1),

@@ -114,25 +114,46 @@ def gpu_groups(monkeypatch):
     return use
 
 
-def test_one_gpu_per_process_on_one_host_takes_the_reduce_scatter(gpu_groups):
+def test_one_gpu_per_process_on_one_host_takes_the_peer_stores(gpu_groups):
     # 2 processes x 2 GPUs, the axis across them: each process's GPU 0 and GPU 1 are different
     # GPUs of their groups (ordinals repeat across processes: not one GPU).
     asked = gpu_groups([[(0, 0), (1, 0)], [(0, 1), (1, 1)]])
     assert plan_peer.unavailable("reduce_scatter", "mesh", "dp", 2, 4096) is None
     assert asked == [[0, 1]]
+    assert plan_peer.spans_processes("mesh", "dp")
 
 
-def test_all_reduce_across_processes_keeps_nccl(gpu_groups):
+def test_all_reduce_across_processes_is_staged(gpu_groups):
+    """Across processes the all-reduce's mirrors go into each rank's staging area (its recv,
+    after the running sums: the other world - 1 blocks), copied out after the GEMM."""
     gpu_groups([[(0, 0), (1, 0)]])
-    why = plan_peer.unavailable("all_reduce", "mesh", "dp", 2, 4096)
-    assert "spans processes" in why and "results" in why
+    assert plan_peer.unavailable("all_reduce", "mesh", "dp", 2, 4096) is None
+    assert plan_peer.spans_processes("mesh", "dp")
+    m, n, k = 8192, 8192, 4096
+    for world, blocks in [(2, 1), (4, 4), (8, 8)]:
+        rows = m // world
+        assert plan_peer.recv_bytes(m, n, 2, world) == blocks * rows * n * 2
+        assert plan_peer.recv_bytes(m, n, 2, world, staged=True) == (blocks + world - 1) * rows * n * 2
+        plain = plan_peer.plan("all_reduce", m, n, k, world=world)
+        staged = plan_peer.plan("all_reduce", m, n, k, world=world, staged=True)
+        copy_s = (world - 1) * rows * n * 2 / plan_peer.STAGED_COPY_BYTES_PER_S
+        assert staged.predicted_s == pytest.approx(plain.predicted_s + copy_s)
+        assert staged.band_rows == plain.band_rows
+        # the reduce-scatter has nothing to stage
+        assert plan_peer.plan("reduce_scatter", m, n, k, world=world, staged=True).predicted_s == \
+            plan_peer.plan("reduce_scatter", m, n, k, world=world).predicted_s
+    memory = comm.op_memory("matmul_all_reduce", (m, k), (k, n), "bfloat16", 2, transport="peer",
+                            across_processes=True)
+    assert memory["peer_recv_bytes"] == 2 * (m // 2) * n * 2
+    assert comm.op_memory("matmul_reduce_scatter", (m, k), (k, n), "bfloat16", 2, transport="peer",
+                          across_processes=True)["peer_recv_bytes"] == (m // 2) * n * 2
 
 
 def test_groups_inside_processes_ask_nothing_of_the_others(gpu_groups):
     asked = gpu_groups([[(0, 0), (0, 1)], [(1, 0), (1, 1)]])
     for collective in ("all_reduce", "reduce_scatter"):
         assert plan_peer.unavailable(collective, "mesh", "tp", 2, 4096) is None
-    assert asked == []
+    assert asked == [] and not plan_peer.spans_processes("mesh", "tp")
 
 
 @pytest.mark.parametrize("groups, hosts, fragment", [

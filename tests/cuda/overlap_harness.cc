@@ -17,8 +17,8 @@
 // all-reduce at world 1, the rank its own peer (EnsurePeerStoresLoopback: everything of a
 // pair's call but NVLink), block 0 of the result checked, an all-reduce's block 1 still
 // poisoned: nothing but the peer writes it; at world > 1 the ranks' processes share their
-// peer-store buffers by CUDA IPC (records through files beside the id file), pr_rs is checked
-// as rs is, and pr_ar must be refused: across processes it keeps NCCL). Prints one line per op and exits 0 only if every element of every
+// peer-store buffers by CUDA IPC (records through files beside the id file) and pr_rs / pr_ar
+// are checked as rs / ar are (the all-reduce staged: peer_reduce_args.h). Prints one line per op and exits 0 only if every element of every
 // call matched and no CUDA / NCCL call failed. --inject: before each op's calls, one call with
 // an injected failure (fault_injection.h) that must fail naming the op, leaving the next fine.
 // --trace 1: tracing on (xla_ffi/comm/trace.h); after each op, one record per successful call
@@ -194,10 +194,11 @@ bool IsPeer(const std::string& op) { return op.rfind("pr_", 0) == 0; }
 int64_t PeerWorld(const Options& o) { return o.world == 1 ? 2 : o.world; }
 
 // The peer-store buffer a pr op needs: PeerRecvBlocks blocks of M / group x N bfloat16 (a
-// pair: the peer's partial of our rows).
+// pair: the peer's partial of our rows), and across processes the all-reduce's staging area.
 size_t PeerRecvBytes(const Options& o) {
   const int world = static_cast<int>(PeerWorld(o));
-  return static_cast<size_t>(fo::PeerRecvBlocks(world)) * (o.m / world) * o.n * 2;
+  const int blocks = fo::PeerRecvBlocks(world) + (o.world > 1 ? fo::PeerStageBlocks(world) : 0);
+  return static_cast<size_t>(blocks) * (o.m / world) * o.n * 2;
 }
 
 // World > 1 (one rank per process): each rank's peer-store record (peer_ipc.h) through a file
@@ -319,20 +320,6 @@ int64_t RefusedAfterFailure(const std::string& op, const Options& o, fo::Communi
   return says ? 0 : 1;
 }
 
-// pr_ar with ranks in processes of their own: refused by design (its mirror stores would go
-// into the others' results, which no other process has mapped), naming why, and nothing is
-// broken: a pr_rs after it still runs. Returns 1 if it was not refused so.
-int64_t RefusedAcrossProcesses(const Options& o, fo::Communicator& coll, fo::Communicator& p2p,
-                               fo::Communicator& zero, cudaStream_t stream, const DeviceBuffers& d) {
-  fo::Status refused = CallOp("pr_ar", o, coll, p2p, zero, stream, d);
-  CheckCuda(cudaStreamSynchronize(stream), "synchronize after the refused call");
-  const bool says = !refused.ok() && refused.message.find("spans processes") != std::string::npos &&
-                    !coll.peer_broken;
-  std::printf("rank %d pr_ar across processes: %s  %s\n", o.rank,
-              refused.ok() ? "NOT REFUSED" : refused.message.c_str(), says ? "OK" : "FAIL");
-  return says ? 0 : 1;
-}
-
 // Runs `calls` calls of one op; returns the number of mismatching elements.
 int64_t RunOp(const std::string& op, const Options& o, fo::Communicator& coll,
               fo::Communicator& p2p, fo::Communicator& zero, cudaStream_t stream,
@@ -340,16 +327,15 @@ int64_t RunOp(const std::string& op, const Options& o, fo::Communicator& coll,
   const int64_t rank = o.rank;
   int64_t bad = 0, checked = 0;
   double max_err = 0;
-  if (op == "pr_ar" && o.world > 1) return RefusedAcrossProcesses(o, coll, p2p, zero, stream, d);
   for (int call = 0; call < o.calls; ++call) {
-    // ar_out / ag_* compute what ar / ag do (another buffer, another communicator); pr_rs
-    // what rs does (world 1: the looped-back pair's block 0).
+    // ar_out / ag_* compute what ar / ag do (another buffer, another communicator); pr_rs /
+    // pr_ar what rs / ar do (world 1: the looped-back pair's block 0).
     const std::string math = op == "ar_out" ? "ar" : IsAllGather(op) ? "ag"
-                             : IsPeer(op) ? (o.world == 1 ? "pr" : "rs") : op;
+                             : IsPeer(op) ? (o.world == 1 ? "pr" : op.substr(3)) : op;
     const bool gathered = op == "ag_g" || op == "ag_ce_g";
     Problem p = MakeProblem(math, o.m, o.n, o.k, o.world, o.rank, /*seed=*/1000 * call + 17);
     // pr_ar: block 1 of the result is the peer's to write; looped back, nothing does.
-    if (op == "pr_ar") p.expected.resize(2 * p.expected.size(), std::nanf(""));
+    if (op == "pr_ar" && o.world == 1) p.expected.resize(2 * p.expected.size(), std::nanf(""));
     CheckCuda(cudaMemcpy(d.x, p.x.data(), p.x.size() * 2, cudaMemcpyHostToDevice), "copy x");
     CheckCuda(cudaMemcpy(d.w, p.w.data(), p.w.size() * 2, cudaMemcpyHostToDevice), "copy w");
     CheckCuda(cudaMemset(d.out, 0xff, p.expected.size() * 2), "poison out");  // bf16 NaN

@@ -1,15 +1,17 @@
-// The peer-store reduce-scatter with every rank in a process of its own (xla_ffi/comm/
-// peer_ipc.h): each rank's recv buffer and signal words reach the others as CUDA IPC handles
-// (records through files here; JAX's key-value store in the extension), and each rank's GEMM
-// stores into the buffers it opened. Rank r runs on GPU r % (visible GPUs): on one GPU the
-// ranks' processes share it by time slices (slow, but every wait is crossed the same way), on
-// several each stores over NVLink.
+// The peer-store reduce-scatter and all-reduce with every rank in a process of its own
+// (xla_ffi/comm/peer_ipc.h): each rank's recv buffer and signal words reach the others as CUDA
+// IPC handles (records through files here; JAX's key-value store in the extension), and each
+// rank's GEMM stores into the buffers it opened. Rank r runs on GPU r % (visible GPUs): on one
+// GPU the ranks' processes share it by time slices (slow, but every wait is crossed the same
+// way), on several each stores over NVLink.
 //   peer_reduce_ipc_test check [--world N] [--json PATH]
-// Per rank: reduce-scatter calls back to back with fresh inputs, results poisoned first, each
-// against float32 and bit for bit against the ring's rounded running sum of every rank's plain
-// GEMM (every process makes every rank's inputs from the same seeds); then every rank closes
-// its mappings of the others' recv, and (a barrier later) replaces its own with a larger one
-// (a second generation) that the others open, and more calls on a larger shape. The parent starts the ranks before touching CUDA, waits for
+// Per rank: reduce-scatter and all-reduce calls back to back with fresh inputs (the all-reduce
+// staged: each rank mirror-stores its block into the others' staging areas, each copies them
+// out), results poisoned first, each against float32 and bit for bit against the ring's
+// rounded running sum of every rank's plain GEMM (every process makes every rank's inputs from
+// the same seeds); then every rank closes its mappings of the others' recv, and (a barrier
+// later) replaces its own with a larger one (a second generation) that the others open, and
+// more calls on a larger shape. The parent starts the ranks before touching CUDA, waits for
 // them (300 s at most, then kills them: FAIL) and exits 1 if any failed. PATH gets ".rank<r>".
 // A rank is this program run again (--child RANK DIR ...), under PEER_IPC_WRAP's words if set
 // (a sanitizer per rank).
@@ -82,6 +84,7 @@ struct IpcRank {
     CK(cudaSetDevice(device));
     r.buffers.rank = rank;
     r.buffers.world = world;
+    r.buffers.mirror_staged = true;  // the others' results are in their processes
     CK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
     r.wait_method = ChosenWaitMethod(device);
     CK(LoadSpinWaitKernel());  // as EmulatedRank: no lazy load behind a waiting GEMM
@@ -132,10 +135,14 @@ struct IpcRank {
 uint64_t SeedX(int rank, int call) { return 70000 + 1000 * uint64_t(rank) + 7 * uint64_t(call); }
 uint64_t SeedW(int rank) { return 90000 + 1000 * uint64_t(rank); }
 
-// `calls` reduce-scatters of `c` by this rank, then each result checked (Judge's verdict).
-void RunCase(IpcRank& me, const Case& c, int calls, int world, cudaStream_t s) {
+// `calls` reduce-scatters or all-reduces of `c` by this rank, then each result checked
+// (Judge's verdict): our block of the sum (reduce-scatter) or every block (all-reduce, ours
+// computed here, the others' mirror-stored into our staging area by their ranks and copied).
+void RunCase(IpcRank& me, const Case& c, PeerReduceKind kind, int calls, int world, cudaStream_t s) {
+  const bool ar = kind == PeerReduceKind::kAllReduce;
   const int rank = me.r.buffers.rank;
-  const int64_t rows = c.m / world, x_elems = c.m * c.k, w_elems = c.k * c.n, out_elems = rows * c.n;
+  const int64_t rows = c.m / world, x_elems = c.m * c.k, w_elems = c.k * c.n;
+  const int64_t out_rows = ar ? c.m : rows, out_elems = out_rows * c.n;
   std::vector<std::unique_ptr<Buf>> x(world), w(world), result(calls);
   for (int j = 0; j < world; ++j) {
     w[j] = std::make_unique<Buf>(w_elems * 2);
@@ -163,40 +170,49 @@ void RunCase(IpcRank& me, const Case& c, int calls, int world, cudaStream_t s) {
     g.w = w[rank]->p;
     g.queue = me.queue->p;
     g.add_serial = i % 2 == 1;
-    Must(EnqueuePeerReduce(me.r, me.compute, PeerReduceKind::kReduceScatter, g, result[i]->p), "EnqueuePeerReduce");
+    Must(EnqueuePeerReduce(me.r, me.compute, kind, g, result[i]->p), "EnqueuePeerReduce");
     split = split || LastLaunchSplit();
   }
   CK(cudaStreamSynchronize(me.compute));
-  // References of our block: the fp32 sum of every rank's x[block] @ w, and the ring's rounded
-  // running sum of their plain GEMMs (SumRoundedRing's block 0 on the products turned so that
-  // q[i] is rank (i + rank)'s: block `rank`'s order).
+  // References of our rows (reduce-scatter: block `rank`; all-reduce: every block): the fp32
+  // sum of every rank's x[rows] @ w, and the ring's rounded running sum of their plain GEMMs
+  // (SumRoundedRing; a reduce-scatter's one block with the products turned so that q[i] is
+  // rank (i + rank)'s: block `rank`'s order).
+  const int64_t first_row = ar ? 0 : rank * rows;
   Buf ref(out_elems * 4), ref_j(out_elems * 4), exact(out_elems * 2), scratch(kGemmQueueBytes);
   std::vector<std::unique_ptr<Buf>> prod(world);
-  std::vector<void*> turned(world);
+  std::vector<void*> order(world);
   for (int j = 0; j < world; ++j) prod[j] = std::make_unique<Buf>(out_elems * 2);
-  for (int j = 0; j < world; ++j) turned[j] = prod[(j + rank) % world]->p;
+  for (int j = 0; j < world; ++j) order[j] = prod[ar ? j : (j + rank) % world]->p;
   for (int i = 0; i < calls; ++i) {
     for (int j = 0; j < world; ++j) {
       x[j] = std::make_unique<Buf>(x_elems * 2);
       Fill(x[j]->p, x_elems, c.dt, SeedX(j, i), s);
-      const char* block = static_cast<const char*>(x[j]->p) + rank * rows * c.k * 2;
-      Reference(block, w[j]->p, (float*)(j == 0 ? ref.p : ref_j.p), int(rows), int(c.n), int(c.k), c.dt, s);
+      const char* x_rows = static_cast<const char*>(x[j]->p) + first_row * c.k * 2;
+      Reference(x_rows, w[j]->p, (float*)(j == 0 ? ref.p : ref_j.p), int(out_rows), int(c.n), int(c.k), c.dt, s);
       if (j > 0) AddF32<<<1024, 256, 0, s>>>((const float*)ref_j.p, (float*)ref.p, out_elems);
       CK(cudaGetLastError());
-      SignalingGemmArgs g = base;
-      g.x = block;
-      g.w = w[j]->p;
-      g.m = rows;
-      g.out = prod[j]->p;
-      g.queue = scratch.p;
-      MustLaunch(LaunchSignalingGemm(g, s), "plain GEMM");
-      split = split || LastLaunchSplit();
+      for (int64_t b = 0; b < out_rows / rows; ++b) {  // plain GEMMs per block, as the ring has them
+        SignalingGemmArgs g = base;
+        g.x = x_rows + b * rows * c.k * 2;
+        g.w = w[j]->p;
+        g.m = rows;
+        g.out = static_cast<char*>(prod[j]->p) + b * rows * c.n * 2;
+        g.queue = scratch.p;
+        MustLaunch(LaunchSignalingGemm(g, s), "plain GEMM");
+        split = split || LastLaunchSplit();
+      }
     }
-    SumRoundedRingOn(turned, out_elems, exact.p, c.dt, s, /*blocks=*/1);
-    const Verdict v = Compare(result[i]->p, (const float*)ref.p, rows, c.n, c.dt, s, world - 1);
+    SumRoundedRingOn(order, rows * c.n, exact.p, c.dt, s, /*blocks=*/ar ? world : 1);
+    const Verdict v = Compare(result[i]->p, (const float*)ref.p, out_rows, c.n, c.dt, s, world - 1);
     const unsigned long long diff = Different(result[i]->p, exact.p, out_elems, s);
-    Judge(("ipc" + std::to_string(world)).c_str(), false, c, i, rank, v, diff, !split);
+    Judge(("ipc" + std::to_string(world)).c_str(), ar, c, i, rank, v, diff, !split);
   }
+}
+
+// The recv a rank needs for `c`: the running sums' blocks and the staged all-reduce's area.
+size_t RecvBytesFor(const Case& c, int world) {
+  return size_t(PeerRecvBlocks(world) + PeerStageBlocks(world)) * (c.m / world) * c.n * 2;
 }
 
 int RunRank(int rank, int world, const std::string& dir, const std::string& json_path) {
@@ -211,21 +227,24 @@ int RunRank(int rank, int world, const std::string& dir, const std::string& json
   // Phase 1: two shapes on the first buffers.
   const Case a{600, 272, 200, {0, int(600 / world / 3), int(600 / world)}, GemmDType::kFloat16};
   const Case b{2400, 1024, 512, EvenBands(2400 / world, 2, 256), GemmDType::kBFloat16};
-  me.NewRecv(size_t(PeerRecvBlocks(world)) * (b.m / world) * b.n * 2);
+  me.NewRecv(RecvBytesFor(b, world));
   me.Exchange(dir, world);
   Barrier(dir, "opened1", rank, world);
-  RunCase(me, a, 3, world, s);
-  RunCase(me, b, 3, world, s);
+  for (PeerReduceKind kind : {PeerReduceKind::kReduceScatter, PeerReduceKind::kAllReduce}) {
+    RunCase(me, a, kind, 3, world, s);
+    RunCase(me, b, kind, 3, world, s);
+  }
   // Phase 2: every rank's calls done (nothing stores into the old buffers), every rank's
   // mappings of them closed (an owner's free before that is undefined), then larger ones.
   Barrier(dir, "phase1", rank, world);
   Must(ClosePeerMappings(&me.mapped, /*keep_signals=*/true), "ClosePeerMappings (recv)");
   Barrier(dir, "closed", rank, world);
   const Case c{4800, 2048, 1024, EvenBands(4800 / world, 4, 256), GemmDType::kBFloat16};
-  me.NewRecv(size_t(PeerRecvBlocks(world)) * (c.m / world) * c.n * 2);
+  me.NewRecv(RecvBytesFor(c, world));
   me.Exchange(dir, world);
   Barrier(dir, "opened2", rank, world);
-  RunCase(me, c, 2, world, s);
+  RunCase(me, c, PeerReduceKind::kAllReduce, 2, world, s);
+  RunCase(me, c, PeerReduceKind::kReduceScatter, 2, world, s);
   Barrier(dir, "end", rank, world);  // the others' last credits into our words are written
   Must(ClosePeerMappings(&me.mapped), "ClosePeerMappings");
   CK(cudaFree(me.recv));

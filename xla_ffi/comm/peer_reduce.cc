@@ -88,6 +88,38 @@ Status PostResultAddress(const PeerReduceBuffers& r, WaitMethod wait, cudaStream
   return stamps.Enqueue(stream, wait, nullptr);
 }
 
+// Staged (the others' results are in other processes): our own mailbox slot for each other
+// rank <- where our block goes in its staging area, as this process maps it (two words), then
+// the call's stamp; the kernel reads them as it reads posted result addresses.
+Status PostStagingAddresses(const PeerReduceBuffers& r, WaitMethod wait, cudaStream_t stream,
+                            size_t block_bytes, int32_t call) {
+  StepOps addresses, stamps;
+  for (int to = 0; to < r.world; ++to) {
+    if (to == r.rank) continue;
+    const uint64_t address = reinterpret_cast<uintptr_t>(
+        PeerStagedMirrorBase(r.peers_recv[to], r.rank, to, r.world, block_bytes));
+    int32_t* mailbox = r.signals + kPeerMailbox + kPeerMailboxWords * PeerSlot(to, r.rank, r.world);
+    addresses.Write(mailbox, static_cast<int32_t>(address & 0xffffffffu));
+    addresses.Write(mailbox + 1, static_cast<int32_t>(address >> 32));
+    stamps.Write(mailbox + 2, call);
+  }
+  FO_RETURN_IF_NOT_OK(addresses.Enqueue(stream, wait, nullptr));
+  return stamps.Enqueue(stream, wait, nullptr);
+}
+
+// Staged, once every other rank's mirror stores are complete: the other blocks from our
+// staging area (rank order, ours skipped) into the result, around our own block.
+Status CopyStagedBlocks(const PeerReduceBuffers& r, cudaStream_t stream, size_t block_bytes, char* result) {
+  const char* staging = static_cast<const char*>(r.recv) + PeerStageOffset(r.world, block_bytes);
+  const size_t before = r.rank * block_bytes, after = (r.world - 1 - r.rank) * block_bytes;
+  if (before > 0) FO_RETURN_IF_CUDA(cudaMemcpyAsync(result, staging, before, cudaMemcpyDeviceToDevice, stream));
+  if (after > 0) {
+    FO_RETURN_IF_CUDA(cudaMemcpyAsync(result + before + block_bytes, staging + before, after,
+                                      cudaMemcpyDeviceToDevice, stream));
+  }
+  return Status::Ok();
+}
+
 // Waits until every other rank's word `word` (our slot for it) reaches `value`.
 Status WaitForPeers(const PeerReduceBuffers& r, WaitMethod wait, const volatile int* abort_flag,
                     cudaStream_t stream, int word, int32_t value) {
@@ -108,20 +140,27 @@ Status EnqueueCall(const PeerReduceBuffers& r, WaitMethod wait, const volatile i
                    cudaStream_t stream, PeerReduceKind kind, const SignalingGemmArgs& gemm,
                    char* result, int32_t call) {
   const bool all_reduce = kind == PeerReduceKind::kAllReduce;
+  const size_t block_bytes = static_cast<size_t>(gemm.m / r.world) * gemm.n * 2;
 
-  // 1. Every other rank has finished the previous call: our slot of its recv is free, its
-  // counters are zero.
+  // 1. Every other rank has finished the previous call: our slot of its recv is free (and,
+  // staged, its staging area copied out), its counters are zero.
   FO_RETURN_IF_NOT_OK(WaitForPeers(r, wait, abort_flag, stream, kPeerCredit, call - 1));
-  if (all_reduce) FO_RETURN_IF_NOT_OK(PostResultAddress(r, wait, stream, result, call));
+  if (all_reduce && r.mirror_staged) {
+    FO_RETURN_IF_NOT_OK(PostStagingAddresses(r, wait, stream, block_bytes, call));
+  } else if (all_reduce) {
+    FO_RETURN_IF_NOT_OK(PostResultAddress(r, wait, stream, result, call));
+  }
   // 2. One launch over every block, ours last (peer_reduce_args.h).
   SignalingGemmArgs fused = PeerReduceLaunchArgs(r, kind, gemm, result, call);
   fused.abort_flag = abort_flag;  // the GEMM's waits for the others' stores give up too
   FO_RETURN_IF_NOT_OK(GemmLaunchStatus(LaunchSignalingGemm(fused, stream), "signaling GEMM launch"));
   // 3. All-reduce: our mirror stores into the others' results are complete (the stream
   // write's memory barrier orders them before it), and theirs into ours.
+  // Staged: theirs are in our staging area, copied into the result now.
   if (all_reduce) {
     FO_RETURN_IF_NOT_OK(TellPeers(r, wait, stream, kPeerDone, call));
     FO_RETURN_IF_NOT_OK(WaitForPeers(r, wait, abort_flag, stream, kPeerDone, call));
+    if (r.mirror_staged) FO_RETURN_IF_NOT_OK(CopyStagedBlocks(r, stream, block_bytes, result));
   }
   // 4. Our recv is read and our counters complete: reset them, then the others may go on.
   FO_RETURN_IF_CUDA(cudaMemsetAsync(r.signals + kPeerArrived, 0, sizeof(int32_t) * kPeerArrivedWords, stream));

@@ -20,7 +20,9 @@
 //      result; an all-reduce also stores every such tile into every other rank's result
 //      (their addresses from our mailboxes);
 //   3. all-reduce: tell the others our GEMM (its mirror stores) is done, and wait until every
-//      other rank says the same (its rows of our result are complete);
+//      other rank says the same (its rows of our result are complete; staged, i.e. with the
+//      ranks in processes of their own: its rows of our staging area, copied into the result
+//      now: the others' results are not addressable from here, PeerReduceBuffers);
 //   4. reset our counters, then give the others their credit for this call.
 // Every rank must run the same calls in the same order. The GEMM may hold every SM
 // (comm_sms 0): nothing it waits for needs one of this GPU's SMs, because a rank's tiles at

@@ -58,7 +58,13 @@ struct PeerReduceBuffers {
   int32_t* signals = nullptr;
   void* peers_recv[kMaxPeerRanks] = {};
   int32_t* peers_signals[kMaxPeerRanks] = {};
+  // The other ranks' results are not addressable here (they live in other processes,
+  // peer_ipc.h): an all-reduce mirror-stores our block into each rank's staging area (its
+  // recv, after the running sums: PeerStageOffset) and copies the others' blocks from ours
+  // into the result once they are complete (peer_reduce.h, step 3).
+  bool mirror_staged = false;
 };
+
 
 // `base` moved back by `bytes`: the address the kernel adds a row's offset to, for buffers
 // that hold only some rows of the launch's output (never dereferenced outside them).
@@ -74,6 +80,19 @@ T* PeerRowsBase(T* base, size_t bytes) {
 // of r + 1 unused).
 constexpr int PeerRecvFirstBlock(int rank, int world) { return rank == world - 1 ? 1 : 0; }
 constexpr int PeerRecvBlocks(int world) { return world == 2 ? 1 : world; }
+
+// A staged all-reduce's staging area: the world - 1 blocks of the other ranks, in rank order
+// without our own, starting PeerStageOffset bytes into recv.
+constexpr int PeerStageBlocks(int world) { return world - 1; }
+constexpr size_t PeerStageOffset(int world, size_t block_bytes) { return PeerRecvBlocks(world) * block_bytes; }
+
+// The address rank `from` mirror-stores into for rank `to` (staged): the kernel adds our rows'
+// offset in the result (from * block_bytes), so the base is moved back by one block where
+// `from` comes after `to` (its block's place in to's staging area skips to's own).
+inline void* PeerStagedMirrorBase(void* to_recv, int from, int to, int world, size_t block_bytes) {
+  const size_t skip = from > to ? block_bytes : 0;
+  return PeerRowsBase(static_cast<char*>(to_recv) + PeerStageOffset(world, block_bytes), skip);
+}
 
 // The launch: all world row blocks of `gemm` (m = M, layout = the bands of one block), the
 // ranks after ours first, ours last (row rotation), reduced along a ring (docs/DESIGN.md,

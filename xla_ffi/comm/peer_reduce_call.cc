@@ -12,7 +12,8 @@
 namespace flashoverlap {
 namespace {
 
-Status CheckPeerStores(const Communicator& comm, const SignalingGemmArgs& gemm, const char* op) {
+Status CheckPeerStores(const Communicator& comm, const SignalingGemmArgs& gemm, bool all_reduce,
+                       const char* op) {
   const std::string where = "(comm_id " + std::to_string(comm.comm_id) + ", device " +
                             std::to_string(comm.device) + ")";
   if (comm.peer_broken) {
@@ -25,7 +26,9 @@ Status CheckPeerStores(const Communicator& comm, const SignalingGemmArgs& gemm, 
                          "ensure_communicators connects them when the op is lowered)");
   }
   const int world = comm.peer.buffers.world;
-  const size_t need = static_cast<size_t>(PeerRecvBlocks(world)) * (gemm.m / world) * gemm.n * 2;
+  // Staged all-reduce (a group spanning processes): the staging area after the running sums.
+  const int blocks = PeerRecvBlocks(world) + (all_reduce && comm.peer.buffers.mirror_staged ? PeerStageBlocks(world) : 0);
+  const size_t need = static_cast<size_t>(blocks) * (gemm.m / world) * gemm.n * 2;
   if (comm.peer.buffers.recv == nullptr || comm.peer_recv_bytes < need) {
     return Status::Error(std::string(op) + ": peer-store buffer " + where + " has " +
                          std::to_string(comm.peer_recv_bytes) + " bytes, needs " + std::to_string(need) +
@@ -43,16 +46,10 @@ Status RunGemmPeerReduce(Communicator& comm, cudaStream_t stream, CollectiveKind
   const PeerReduceKind peer_kind = kind == CollectiveKind::kAllReduce
                                        ? PeerReduceKind::kAllReduce
                                        : PeerReduceKind::kReduceScatter;
-  Status status = CheckPeerStores(comm, gemm, op);
+  Status status = CheckPeerStores(comm, gemm, kind == CollectiveKind::kAllReduce, op);
   // Broken before: its calls were let go then. Not connected: the other ranks' words are not
   // known here (their import failed at lowering, so no program with this call ran there).
   if (!status.ok() && (comm.peer_broken || !comm.peer_connected)) return status;
-  if (status.ok() && kind == CollectiveKind::kAllReduce && comm.peer_across_processes) {
-    // Its mirror stores go to the others' results, XLA buffers another process has not
-    // mapped (plan_peer.unavailable keeps such all-reduces on the NCCL path).
-    return Status::Error(std::string(op) + ": an all-reduce by peer stores needs every rank of "
-                         "its group in this process; this group spans processes");
-  }
   gemm.queue = comm.gemm_queue;  // ordered on `stream`: one call at a time per communicator
   gemm.counters = nullptr;       // EnqueuePeerReduce sets which counters each group signals
   if (status.ok()) status = StartCall(comm, stream, /*counters=*/0, /*copies=*/false);

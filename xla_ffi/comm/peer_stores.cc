@@ -154,6 +154,7 @@ Status GrowGroup(const std::vector<Communicator*>& comms, size_t bytes, bool loo
     PeerReduceBuffers& b = me->peer.buffers;
     b.rank = me->rank;
     b.world = world;
+    b.mirror_staged = false;
     for (int i = 0; i < world; ++i) {
       Communicator* member = comms[loopback ? 0 : i];
       b.peers_recv[i] = const_cast<void*>(member->peer.buffers.recv);
@@ -256,6 +257,7 @@ Status ConnectMember(Communicator& c, const std::vector<std::string>& records) {
   }
   b.rank = c.rank;
   b.world = world;
+  b.mirror_staged = true;  // the others' results live in their processes
   c.peer.wait_method = c.wait_method;
   c.peer.abort_flag = c.abort_flag;
   c.peer_connected = true;
