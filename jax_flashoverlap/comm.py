@@ -365,8 +365,10 @@ def list_communicators() -> list:
   default, 1 efficiency, 2 zero), workspace_error (why allocating the workspace last failed;
   '' if it did not: such a communicator's calls are refused until a lowering grows it),
   peer_recv_bytes (its peer-store buffer, JAX_FLASHOVERLAP_TRANSPORT=peer; 0: none),
-  peer_broken (a peer-store call of its group failed: the group refuses calls, restart)
-  (empty without the extension)."""
+  peer_broken (a peer-store call of its group failed: the group refuses calls, restart),
+  peer_across_processes (its peer-store group spans processes: buffers shared by CUDA IPC),
+  peer_connected (its peer stores point at every other rank's current buffers; calls refuse
+  until they do) (empty without the extension)."""
   from jax_flashoverlap import _ext
   return [] if _ext.ext is None else list(_ext.ext.list_communicators())
 

@@ -277,6 +277,7 @@ for name, op, ref, out, peer in cases:
     mine = [c for c in comm.list_communicators() if c["peer_recv_bytes"] > 0]
     staged = 2 if name == "all_reduce" else 1  # the staging area's block too
     assert len(mine) == 1 and mine[0]["peer_recv_bytes"] >= staged * 2048 * 4096 * 2, mine
+    assert mine[0]["peer_across_processes"] and mine[0]["peer_connected"], mine
     print(name, "OK", "peer" if peer else "nccl", err, flush=True)
 '''
 

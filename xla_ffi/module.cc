@@ -173,6 +173,8 @@ py::list ListCommunicators() {
     d["workspace_error"] = c.workspace_error;
     d["peer_recv_bytes"] = c.peer_recv_bytes;
     d["peer_broken"] = c.peer_broken;
+    d["peer_across_processes"] = c.peer_across_processes;
+    d["peer_connected"] = c.peer_connected;
     out.append(d);
   }
   return out;

@@ -183,6 +183,8 @@ struct CommunicatorSummary {
   std::string workspace_error;  // why the last workspace allocation failed (none: empty)
   size_t peer_recv_bytes;       // peer stores' recv buffer (0: none)
   bool peer_broken;             // a peer-store call failed: the pair refuses (restart)
+  bool peer_across_processes;   // its peer-store group spans processes (peer_ipc.h)
+  bool peer_connected;          // its peer stores point at every other rank's current buffers
 };
 std::vector<CommunicatorSummary> ListCommunicators();
 
