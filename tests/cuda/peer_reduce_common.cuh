@@ -179,8 +179,9 @@ struct EmulatedRank {
   int device = 0;
   cudaStream_t compute;
   std::unique_ptr<Buf> recv, signals, queue;
-  // world: the group's size (its recv holds PeerRecvBlocks(world) blocks of rows x n).
-  EmulatedRank(int rank, int64_t rows, int64_t n, int on_device = -1, int world = 2) {
+  // world: the group's size (its recv holds PeerRecvBlocks(world) blocks of rows x n, and
+  // extra_blocks more: a staged all-reduce's staging area).
+  EmulatedRank(int rank, int64_t rows, int64_t n, int on_device = -1, int world = 2, int extra_blocks = 0) {
     if (on_device >= 0) CK(cudaSetDevice(on_device));
     CK(cudaGetDevice(&device));
     r.buffers.rank = rank;
@@ -192,7 +193,7 @@ struct EmulatedRank {
     // for the other emulated rank's launch that this thread has not made yet: a deadlock.
     CK(LoadSpinWaitKernel());
     CK(LoadWriteFlagKernel());
-    const size_t bytes = size_t(PeerRecvBlocks(world)) * rows * n * 2;
+    const size_t bytes = size_t(PeerRecvBlocks(world) + extra_blocks) * rows * n * 2;
     recv = std::make_unique<Buf>(bytes);
     signals = std::make_unique<Buf>(sizeof(int32_t) * kPeerSignalWords);
     queue = std::make_unique<Buf>(kGemmQueueBytes);

@@ -5,6 +5,7 @@
 // GPU the ranks' processes share it by time slices (slow, but every wait is crossed the same
 // way), on several each stores over NVLink.
 //   peer_reduce_ipc_test check [--world N] [--json PATH]
+//   peer_reduce_ipc_test bench_staged [--iters N] [--json PATH]  (one process: what staging costs)
 // Per rank: reduce-scatter and all-reduce calls back to back with fresh inputs (the all-reduce
 // staged: each rank mirror-stores its block into the others' staging areas, each copies them
 // out), results poisoned first, each against float32 and bit for bit against the ring's
@@ -256,6 +257,61 @@ int RunRank(int rank, int world, const std::string& dir, const std::string& json
                     json_path.empty() ? "" : json_path + ".rank" + std::to_string(rank), fields);
 }
 
+// What staging costs, on one GPU in one process (no IPC, no time slices): a rank that is its
+// own peer (a pair looped back), per DESIGN.md shape, on every SM: our GEMM alone, the
+// all-reduce as in one process (mirrors into the "other" result), the same staged (mirrors
+// into the staging area, then the copy-out), and the reduce-scatter; interleaved, median of
+// --iters samples of 5 calls. The staged variant's result block 1 is a copy of block 0 (the
+// rank mirrors to itself), which is all a timing needs.
+void BenchStaged(cudaStream_t s, int* counters, int iters) {
+  constexpr int kCallsPerSample = 5;
+  printf("%-18s | %7s %7s %7s %7s | %s\n", "per-GPU M x N x K", "GEMM", "AR", "AR stg", "RS",
+         "over GEMM: AR, AR staged, RS");
+  uint64_t seed = 80000;
+  for (const Shape3& c : kDesignShapes) {
+    const int64_t rows = c.m / 2;
+    Problem p({c.m, c.n, c.k}, GemmDType::kBFloat16, seed += 10, s, /*with_ref=*/false);
+    EmulatedRank plain(0, rows, c.n), staged(0, rows, c.n, -1, 2, PeerStageBlocks(2));
+    plain.PeerWith(plain, 1);
+    staged.PeerWith(staged, 1);
+    staged.r.buffers.mirror_staged = true;
+    Buf result(c.m * c.n * 2);
+    SignalingGemmArgs whole = p.Args(EvenLayout(c.m, 1, 1, 256), 0);
+    whole.counters = counters;
+    auto gemm = [&]() {
+      for (int i = 0; i < kCallsPerSample; ++i) {
+        CK(cudaMemsetAsync(counters, 0, sizeof(int) * kMaxGroups, s));
+        MustLaunch(LaunchSignalingGemm(whole, s), "GEMM");
+      }
+    };
+    auto sequence = [&](EmulatedRank& rank, PeerReduceKind kind) {
+      SignalingGemmArgs seq = p.base;
+      seq.comm_sms = 0;
+      seq.layout = BandLayout(EvenBands(rows, 2, 256));
+      seq.queue = rank.queue->p;
+      return [&, kind, seq]() {
+        for (int i = 0; i < kCallsPerSample; ++i) Must(EnqueuePeerReduce(rank.r, s, kind, seq, result.p), "sequence");
+      };
+    };
+    const std::vector<float> t = TimeInterleaved(
+        {gemm, sequence(plain, PeerReduceKind::kAllReduce), sequence(staged, PeerReduceKind::kAllReduce),
+         sequence(plain, PeerReduceKind::kReduceScatter)}, s, iters);
+    std::vector<double> ms;
+    for (float v : t) ms.push_back(v / kCallsPerSample);
+    char shape[40];
+    snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)c.m, (long long)c.n, (long long)c.k);
+    printf("%-18s | %7.3f %7.3f %7.3f %7.3f | %.3f %.3f %.3f\n", shape, ms[0], ms[1], ms[2], ms[3],
+           ms[1] / ms[0], ms[2] / ms[0], ms[3] / ms[0]);
+    char buf[400];
+    snprintf(buf, sizeof buf,
+             "{\"tag\":\"bench_staged\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"gemm_ms\":%.4f,"
+             "\"all_reduce_ms\":%.4f,\"all_reduce_staged_ms\":%.4f,\"reduce_scatter_ms\":%.4f}",
+             (long long)c.m, (long long)c.n, (long long)c.k, ms[0], ms[1], ms[2], ms[3]);
+    AddJson(buf);
+    fflush(stdout);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -269,8 +325,13 @@ int main(int argc, char** argv) {
     return RunRank(rank, o.world, dir, o.json_path);
   }
   const Options o = ParseOptions(argc, argv);
+  if (o.mode == "bench_staged") {
+    TestDevice d = StartTestDevice();
+    BenchStaged(d.stream, d.counters, o.iters);
+    return FinishTest(d, o.mode, o.json_path);
+  }
   if (o.mode != "check" && o.mode != "all") {
-    fprintf(stderr, "unknown mode %s (check)\n", o.mode.c_str());
+    fprintf(stderr, "unknown mode %s (check, bench_staged)\n", o.mode.c_str());
     return 2;
   }
   if (600 % o.world) {
