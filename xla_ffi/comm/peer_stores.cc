@@ -125,6 +125,15 @@ Status GrowGroup(const std::vector<Communicator*>& comms, size_t bytes, bool loo
   if (!loopback && !spanning) {
     for (Communicator* c : comms) FO_RETURN_IF_NOT_OK(EnablePeerAccess(*c, comms));
   }
+  if (spanning) {  // the others replace theirs now too: this process must hold none of them
+    for (int i = 0; i < kMaxPeerRanks; ++i) {
+      if (comms[0]->peer_mapped.recv[i] != nullptr) {
+        return Status::Error("growing the buffers of a group spanning processes while this process "
+                             "still maps rank " + std::to_string(i) + "'s: ReleasePeerStores on "
+                             "every process first, then a barrier (peer_stores.h)");
+      }
+    }
+  }
   Status status = Status::Ok();
   for (Communicator* c : comms) {
     // No call in flight (GrowMemberBuffers): the old buffer is read by nothing.
