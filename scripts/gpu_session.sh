@@ -3,8 +3,8 @@
 #   bash scripts/gpu_session.sh [STEP ...]   steps: build info tests gpu_tests gpu_k gpu_files mesh_tests gemm_bench
 #     tune overlap_bench overlap_all sweep procs stress fuzz flax_example sanitize_overlap harness
 #     harness_peer sanitize_harness gemm_epilogue transpose_w helpers quickstart
-#     global_view diagnose a2a_tests a2a_bench readme_tests cuda_tests launch_smoke bench_smoke peer peer_spin
-#     peer_groups
+#     global_view diagnose a2a_tests a2a_bench readme_tests cuda_tests launch_smoke bench_smoke peer peer_bench
+#     peer_spin peer_groups
 #     pack (last: one archive of $OUT)
 #     (default: build info tests)
 # Carry: .whl (nvidia-cutlass wheel; the machine has no index) and build/obj (object cache).
@@ -165,9 +165,9 @@ for step in "${steps[@]}"; do
       # load the wait / write kernels up front: fixed in session 21)
       STEP_TIMEOUT=90 run_step pr_spin_check env JAX_FLASHOVERLAP_WAIT=spin .build/peer_reduce_test check --json "$OUT/pr_spin_check.json"
       STEP_TIMEOUT=90 run_step pr_spin_break env JAX_FLASHOVERLAP_WAIT=spin .build/peer_reduce_test break --json "$OUT/pr_spin_break.json" ;;
-    peer)  # the peer-store transport (experimental; 2+ GPUs, one process or one each): its GPU tests, the
-      # standalone sequence checks (.build/ from tests/cuda/build_overlap_harness.sh), the
-      # bench's ours_peer beside the NCCL path and XLA, and tune --peer into $OUT only
+    peer)  # the peer-store transport (experimental; 2+ GPUs, one process or one each): its GPU
+      # tests and the standalone checks (.build/ from tests/cuda/build_overlap_harness.sh); the
+      # timings are peer_bench's (two steps: one device call of 600 s does not hold both)
       STEP_TIMEOUT="${STEP_TIMEOUT:-400}" gpu_pytest peer_tests tests/test_gpu_peer.py
       run_step peer_reduce .build/peer_reduce_test all --json "$OUT/peer_reduce.json"
       run_step peer_reduce_2gpu .build/peer_reduce_2gpu_test all --json "$OUT/peer_reduce_2gpu.json"
@@ -175,11 +175,14 @@ for step in "${steps[@]}"; do
       for pw in 4 8; do  # the whole group where the machine has 4 or 8 GPUs
         [ "$ngpu" -ge "$pw" ] && run_step "peer_reduce_${pw}gpu" .build/peer_reduce_2gpu_test all --world "$pw" --json "$OUT/peer_reduce_${pw}gpu.json"
       done
-      # ranks in processes of their own (CUDA IPC): the sequence, the handler (harness), the ops
+      # ranks in processes of their own (CUDA IPC): the sequence, the handler (harness)
       run_step peer_reduce_ipc .build/peer_reduce_ipc_test check --world "$((ngpu < 8 ? ngpu : 8))" --json "$OUT/peer_reduce_ipc.json"
+      run_step peer_staged .build/peer_reduce_ipc_test bench_staged --json "$OUT/peer_staged.json"
       [[ -n "${harness_built:-}" ]] || { run_step harness_build bash tests/cuda/build_overlap_harness.sh && harness_built=1; }
       run_step hpeer_procs bash tests/cuda/run_overlap_harness.sh none "$OUT/hpeer_procs" --ops pr_rs,pr_ar --calls 4
-      run_step hpeer_procs_odd bash tests/cuda/run_overlap_harness.sh none "$OUT/hpeer_procs_odd" --ops pr_rs --m 320 --n 272 --k 200
+      run_step hpeer_procs_odd bash tests/cuda/run_overlap_harness.sh none "$OUT/hpeer_procs_odd" --ops pr_rs,pr_ar --m 320 --n 272 --k 200 ;;
+    peer_bench)  # the bench's ours_peer beside the NCCL path and XLA (one process, then one per
+      # GPU under the launcher), and tune --peer into $OUT only
       run_step peer_bench python3 -m jax_flashoverlap.bench overlap --world 2 --variants peer --out "$OUT/peer_bench_$TAG.json"
       run_step peer_bench_procs python3 -m jax_flashoverlap.launch -n 2 --gpus-per-process 1 --timeout 500 -m jax_flashoverlap.bench overlap --variants peer --out "$OUT/peer_bench_procs_$TAG.json"
       run_step peer_tune python3 -m jax_flashoverlap.tune --world 2 --peer ${TUNE_ARGS:-} --out "$OUT/peer_tuned_$TAG.json" --report "$OUT/peer_tune_$TAG.json" ;;
