@@ -194,27 +194,35 @@ def _grow_and_connect_peer_stores(ext, cid, groups, processes, recv_bytes) -> No
   it undefined) grows its own; then its peer-store records (CUDA IPC handles of each member's
   buffers, xla_ffi/comm/peer_ipc.h) go to the other processes through JAX's key-value store
   and each member opens its group's. Every process of the mesh comes here in the same order (it
-  lowers the same programs), so the n-th exchange of one meets the n-th of the others."""
+  lowers the same programs), so the n-th exchange of one meets the n-th of the others.
+  Each step fails on every process if it failed on one (distributed.all_succeed): none waits
+  for another that stopped."""
   import jax
   from jax_flashoverlap import distributed
   _peer_exchanges[cid] += 1
   round_key = f"peer/{cid}/{_creations[cid]}/{_peer_exchanges[cid]}"
-  ext.release_peer_stores(cid, recv_bytes)
-  distributed.barrier(f"{round_key}/released", processes)
-  ext.ensure_peer_stores(cid, recv_bytes)
+  what = f"peer stores across processes (comm_id {cid})"
+  distributed.all_succeed(f"{round_key}/released", lambda: ext.release_peer_stores(cid, recv_bytes),
+                          processes, what + ", closing the others' buffers")
+  def grow_and_export():
+    ext.ensure_peer_stores(cid, recv_bytes)
+    return ext.export_peer_stores(cid)
+  records = distributed.all_succeed(f"{round_key}/grown", grow_and_export, processes,
+                                    what + ", allocating")
   me = jax.process_index()
   group_of = {}  # this process's device ordinal -> its group's index
   for index, group in enumerate(groups):
     for d in group:
       if d.process_index == me:
         group_of[int(d.local_hardware_id)] = index
-  for device, rank, record in ext.export_peer_stores(cid):  # ours first: nobody waits on us
+  for device, rank, record in records:  # ours first: nobody waits on us
     distributed.publish(f"{round_key}/{group_of[device]}/{rank}", bytes(record).hex())
   by_device = {
       device: [bytes.fromhex(distributed.fetch(f"{round_key}/{index}/{rank}", d.process_index))
                for rank, d in enumerate(groups[index])]
       for device, index in group_of.items()}
-  ext.import_peer_stores(cid, by_device)
+  distributed.all_succeed(f"{round_key}/opened", lambda: ext.import_peer_stores(cid, by_device),
+                          processes, what + ", opening the others' buffers")
 
 
 def _ensure_locked(ext, cid, groups, processes, spans_processes, workspace_bytes, comm_sms,

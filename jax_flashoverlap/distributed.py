@@ -7,7 +7,8 @@
 * `check_identical` makes every process publish a value (a group plan) and compare it with
   everyone else's, so a mismatch is a clear error on every rank instead of a hang in NCCL.
 * `publish` / `fetch` carry other per-process values (the peer stores' CUDA IPC records,
-  comm.py); `process_hosts` says which processes share a machine.
+  comm.py); `process_hosts` says which processes share a machine; `all_succeed` runs a step
+  on every process and fails it on all of them if it failed on one.
 """
 
 from __future__ import annotations
@@ -153,6 +154,37 @@ def share(key: str, owner_process: int, make) -> str:
     publish(key, value)
     return value
   return fetch(key, owner_process)
+
+
+class CollectiveStepError(RuntimeError):
+  """A step every process takes together failed on at least one of them (`all_succeed`)."""
+
+
+_OK = "ok"
+
+
+def all_succeed(key: str, fn, processes=None, what: str = "a step"):
+  """Runs `fn()` here and lets every process of `processes` (all when None) know whether it
+  succeeded, through the key-value store: if it failed anywhere, every one of them raises
+  CollectiveStepError naming each failed process's error (this one's own chained), so none goes
+  on to wait for a process that stopped. Waits for all of them (a barrier). Returns fn()'s value."""
+  import jax
+  me = jax.process_index()
+  try:
+    value, mine, raised = fn(), _OK, None
+  except Exception as err:  # reported to every process below, then raised here too
+    value, mine, raised = None, f"{type(err).__name__}: {err}", err
+  publish(f"{key}/{me}", mine)
+  failed = {}
+  for p in _participants(processes):
+    got = mine if p == me else fetch(f"{key}/{p}", p)
+    if got != _OK:
+      failed[p] = got
+  if failed:
+    raise CollectiveStepError(
+        f"jax_flashoverlap: {what} failed on " + "; ".join(
+            f"process {p}: {msg}" for p, msg in sorted(failed.items()))) from raised
+  return value
 
 
 def _this_host() -> str:

@@ -113,7 +113,10 @@ COMM_2D_SCRIPT = textwrap.dedent('''
         def export_peer_stores(self, cid):
             return [(dev, rank, bytes([me, dev, rank, len(self.peer_sizes)]) * 8)
                     for (c, local), _ in self.made.items() if c == cid for rank, dev in local]
+        fail_import_on = None
         def import_peer_stores(self, cid, by_device):
+            if self.fail_import_on == me:
+                raise RuntimeError("no GPU here")
             self.peer_steps.append("import")
             self.imported.append((cid, {d: [r[:4].hex() for r in recs]
                                         for d, recs in by_device.items()}))
@@ -152,7 +155,18 @@ COMM_2D_SCRIPT = textwrap.dedent('''
     # 'tp' lies inside each process: buffers, no exchange.
     comm.ensure_communicators(mesh, "tp", workspace_bytes=1 << 20, comm_sms=8,
                               peer_store_bytes=1 << 20)
-    assert len(rec.imported) == 2 and len(rec.peer_sizes) == 3 and len(rec.peer_steps) == 7
+    assert len(rec.imported) == 2 and len(rec.peer_sizes) == 3 and len(rec.peer_steps) == 7, rec.peer_steps
+    # A step that fails on one process fails on both, naming it: neither waits for the other.
+    rec.fail_import_on = 1
+    try:
+        comm.ensure_communicators(mesh, "dp", workspace_bytes=1 << 20, comm_sms=8,
+                                  peer_store_bytes=3 << 20)
+        raise SystemExit("NO ERROR on process %d" % me)
+    except distributed.CollectiveStepError as err:
+        msg = str(err)
+        assert "opening the others' buffers failed on process 1: RuntimeError: no GPU here" in msg, msg
+        assert "process 0:" not in msg, msg
+    rec.fail_import_on = None
     # Both processes run on this machine: one host identity.
     hosts = distributed.process_hosts([0, 1])
     assert len(set(hosts.values())) == 1 and set(hosts) == {0, 1}, hosts
