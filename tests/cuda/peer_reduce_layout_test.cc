@@ -9,8 +9,10 @@
 // our recv, waiting for our counter of the position before and its band, which rank r + 1's
 // head group of that block and band fills with exactly as many tiles; the first block adds
 // nothing; every tile of ours is stored at its row of our result and, for an all-reduce,
-// mirrored at its row of every other rank's result. Addresses are plain numbers here (never
-// dereferenced). Exit code 1 on any failure.
+// mirrored at its row of every other rank's result, or, staged (ranks in processes of their
+// own), at its block's place in every other rank's staging area, which each rank copies into
+// its result around its own block. Addresses are plain numbers here (never dereferenced). Exit
+// code 1 on any failure.
 #include <algorithm>
 #include <cstdio>
 #include <random>
@@ -166,6 +168,20 @@ void CheckCase(int world, int rows, int n, const std::vector<int>& bands, int bm
                      "%s rank %d: row %lld mirrored off its place in rank %d's result", what, r, (long long)x_row,
                      SlotSource(r, slot, world));
             }
+            // Staged (ranks in processes of their own): the address this rank writes into its
+            // own mailbox for rank `to` + the same offset lands at our block's place in to's
+            // staging area, inside it.
+            for (int to = 0; to < world; ++to) {
+              if (to == r) continue;
+              const uintptr_t area = ranks[to].recv + PeerStageOffset(world, block_bytes);
+              const uintptr_t got =
+                  At(PeerStagedMirrorBase(reinterpret_cast<void*>(ranks[to].recv), r, to, world, block_bytes)) +
+                  a.mirror_offset + dst * row_bytes;
+              EXPECT(got == area + PeerStagePosition(r, to) * block_bytes + row_in_block * row_bytes &&
+                         got + row_bytes <= area + PeerStageBlocks(world) * block_bytes,
+                     "%s world %d rank %d: row %lld staged off its place in rank %d's staging area", what, world, r,
+                     (long long)x_row, to);
+            }
           }
         }
       }
@@ -191,6 +207,27 @@ void CheckCase(int world, int rows, int n, const std::vector<int>& bands, int bm
       ++seen[PeerSlot(from, r, world)];
     }
     for (int x : seen) EXPECT(x == 1, "world %d rank %d: slots not one per rank", world, r);
+    // The staged copy-out: every other block once, from its staging position to its place in
+    // the result, never over our own block.
+    if (ar) {
+      PeerStagedCopy copies[2];
+      const int count = PeerStagedCopies(r, world, block_bytes, copies);
+      std::vector<int> copied(world, 0);
+      size_t total = 0;
+      for (int c = 0; c < count; ++c) {
+        total += copies[c].bytes;
+        for (size_t off = 0; off < copies[c].bytes; off += block_bytes) {
+          const int block = int((copies[c].to + off) / block_bytes);
+          EXPECT(block != r && PeerStagePosition(block, r) * block_bytes == copies[c].from + off,
+                 "world %d rank %d: staged copy %d puts position %zu at block %d", world, r, c,
+                 (copies[c].from + off) / block_bytes, block);
+          if (block >= 0 && block < world) ++copied[block];
+        }
+      }
+      for (int b = 0; b < world; ++b)
+        EXPECT(copied[b] == (b == r ? 0 : 1), "world %d rank %d: block %d copied %d times", world, r, b, copied[b]);
+      EXPECT(total == PeerStageBlocks(world) * block_bytes, "world %d rank %d: %zu bytes copied", world, r, total);
+    }
   }
 }
 

@@ -111,10 +111,10 @@ Status PostStagingAddresses(const PeerReduceBuffers& r, WaitMethod wait, cudaStr
 // staging area (rank order, ours skipped) into the result, around our own block.
 Status CopyStagedBlocks(const PeerReduceBuffers& r, cudaStream_t stream, size_t block_bytes, char* result) {
   const char* staging = static_cast<const char*>(r.recv) + PeerStageOffset(r.world, block_bytes);
-  const size_t before = r.rank * block_bytes, after = (r.world - 1 - r.rank) * block_bytes;
-  if (before > 0) FO_RETURN_IF_CUDA(cudaMemcpyAsync(result, staging, before, cudaMemcpyDeviceToDevice, stream));
-  if (after > 0) {
-    FO_RETURN_IF_CUDA(cudaMemcpyAsync(result + before + block_bytes, staging + before, after,
+  PeerStagedCopy copies[2];
+  const int count = PeerStagedCopies(r.rank, r.world, block_bytes, copies);
+  for (int i = 0; i < count; ++i) {
+    FO_RETURN_IF_CUDA(cudaMemcpyAsync(result + copies[i].to, staging + copies[i].from, copies[i].bytes,
                                       cudaMemcpyDeviceToDevice, stream));
   }
   return Status::Ok();

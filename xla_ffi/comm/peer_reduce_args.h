@@ -82,16 +82,32 @@ constexpr int PeerRecvFirstBlock(int rank, int world) { return rank == world - 1
 constexpr int PeerRecvBlocks(int world) { return world == 2 ? 1 : world; }
 
 // A staged all-reduce's staging area: the world - 1 blocks of the other ranks, in rank order
-// without our own, starting PeerStageOffset bytes into recv.
+// without our own, starting PeerStageOffset bytes into recv; block `block` of a rank other
+// than `owner` sits at position PeerStagePosition there.
 constexpr int PeerStageBlocks(int world) { return world - 1; }
 constexpr size_t PeerStageOffset(int world, size_t block_bytes) { return PeerRecvBlocks(world) * block_bytes; }
+constexpr int PeerStagePosition(int block, int owner) { return block < owner ? block : block - 1; }
 
 // The address rank `from` mirror-stores into for rank `to` (staged): the kernel adds our rows'
-// offset in the result (from * block_bytes), so the base is moved back by one block where
-// `from` comes after `to` (its block's place in to's staging area skips to's own).
+// offset in the result (from * block_bytes), so the base is moved back to where block 0 would
+// sit if the staging area held every block at its own place.
 inline void* PeerStagedMirrorBase(void* to_recv, int from, int to, int world, size_t block_bytes) {
-  const size_t skip = from > to ? block_bytes : 0;
-  return PeerRowsBase(static_cast<char*>(to_recv) + PeerStageOffset(world, block_bytes), skip);
+  const size_t back = (from - PeerStagePosition(from, to)) * block_bytes;  // 0 or one block
+  return PeerRowsBase(static_cast<char*>(to_recv) + PeerStageOffset(world, block_bytes), back);
+}
+
+// The staging area's copy into `rank`'s result once complete (byte offsets from the area's
+// start and the result's): the blocks before ours, then those after it (one or two copies).
+struct PeerStagedCopy {
+  size_t from, to, bytes;
+};
+inline int PeerStagedCopies(int rank, int world, size_t block_bytes, PeerStagedCopy copies[2]) {
+  int count = 0;
+  if (rank > 0) copies[count++] = {0, 0, rank * block_bytes};
+  if (rank < world - 1) {
+    copies[count++] = {rank * block_bytes, (rank + 1) * block_bytes, (world - 1 - rank) * block_bytes};
+  }
+  return count;
 }
 
 // The launch: all world row blocks of `gemm` (m = M, layout = the bands of one block), the
