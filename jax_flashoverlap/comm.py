@@ -82,6 +82,16 @@ _ensure_counts = collections.Counter()
 _creations = collections.Counter()
 
 
+def group_spans_processes(group) -> bool:
+  """Whether an axis group's devices (axis_groups) belong to more than one process."""
+  return len({d.process_index for d in group}) > 1
+
+
+def one_device_per_process(group) -> bool:
+  """Whether no two of an axis group's devices belong to one process."""
+  return len({d.process_index for d in group}) == len(group)
+
+
 def mesh_is_local_gpu(mesh) -> bool:
   """True when the mesh's devices are GPUs (this lowering is for this machine)."""
   devices = _compat.mesh_devices(mesh)
@@ -168,11 +178,10 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
   groups = axis_groups(mesh, axis_name)
   if peer_to_peer:  # the peer connection's handshake (ConnectPeers) uses the workspace too
     workspace_bytes = max(int(workspace_bytes), peer_handshake_bytes(len(groups[0])))
-  spans_processes = any(len({d.process_index for d in g}) > 1 for g in groups)
+  spans_processes = any(map(group_spans_processes, groups))
   # The processes lowering this program: the mesh's (a pipeline stage's mesh may hold a few).
   processes = sorted({d.process_index for g in groups for d in g})
-  if peer_store_bytes and spans_processes and any(
-      len({d.process_index for d in g}) < len(g) for g in groups):
+  if peer_store_bytes and spans_processes and not all(map(one_device_per_process, groups)):
     raise ValueError("jax_flashoverlap: peer stores across processes need one GPU of each axis "
                      "group per process (plan_peer.unavailable)")
   with _lock:

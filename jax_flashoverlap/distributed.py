@@ -208,8 +208,8 @@ def process_hosts(processes) -> dict:
   me = jax.process_index()
   with _lock:
     if me not in _hosts:
-      publish(f"host/{me}", _this_host())
       _hosts[me] = _this_host()
+      publish(f"host/{me}", _hosts[me])
   for p in _participants(processes):
     if p not in _hosts:
       value = fetch(f"host/{p}", p)

@@ -1,10 +1,11 @@
 """Plans of the peer-store transport (JAX_FLASHOVERLAP_TRANSPORT=peer; docs/DESIGN.md, "Peer
 stores"): GEMM + all-reduce / reduce-scatter over the 2 to 8 GPUs of a mesh axis in this
 process, or one GPU per process of one host (the all-reduce then staged: each rank's block
-mirror-stored into the others' staging areas and copied out there), with no NCCL call. Each GPU's GEMM (on every SM) computes the other ranks' blocks of
-rows first, then its own, reducing along a ring as it stores each tile: from the second block
-on it adds the running sum its next rank passed it, and it passes its sums of the other
-blocks on to its previous rank's memory (xla_ffi/comm/peer_reduce.h; docs/DESIGN.md, "Ring
+mirror-stored into the others' staging areas and copied out there), with no NCCL call. Each
+GPU's GEMM (on every SM) computes the other ranks' blocks of rows first, then its own,
+reducing along a ring as it stores each tile: from the second block on it adds the running
+sum its next rank passed it, and it passes its sums of the other blocks on to its previous
+rank's memory (xla_ffi/comm/peer_reduce.h; docs/DESIGN.md, "Ring
 reduction"). Nothing of it has run on more than one GPU yet: pairs and larger groups are
 checked on one GPU by emulation.
 
@@ -72,10 +73,10 @@ def unavailable(collective: str, mesh, axis_name, world: int, m: int) -> str | N
   groups = comm.axis_groups(mesh, axis_name)
   if any(len({(d.process_index, d.local_hardware_id) for d in g}) < len(g) for g in groups):
     return "two ranks of an axis group are on one GPU"
-  spanning = [g for g in groups if len({d.process_index for d in g}) > 1]
+  spanning = [g for g in groups if comm.group_spans_processes(g)]
   if not spanning:
     return None
-  if any(len({d.process_index for d in g}) < len(g) for g in spanning):
+  if not all(map(comm.one_device_per_process, spanning)):
     return ("an axis group spans processes with several of its GPUs in one process; peer "
             "stores across processes take one GPU per process")
   from jax_flashoverlap import distributed
@@ -91,7 +92,7 @@ def spans_processes(mesh, axis_name) -> bool:
   is then staged: recv_bytes, plan)."""
   if not comm.mesh_is_local_gpu(mesh):
     return False
-  return any(len({d.process_index for d in g}) > 1 for g in comm.axis_groups(mesh, axis_name))
+  return any(map(comm.group_spans_processes, comm.axis_groups(mesh, axis_name)))
 
 
 def sequence_over_gemm(collective: str, world: int) -> float:

@@ -526,7 +526,7 @@ std::vector<CommunicatorSummary> ListCommunicators() {
                    c->wait_method == WaitMethod::kStreamOp ? "stream_op" : "spin",
                    c->watchdog_seconds, c->aborted.load(), c->peer_to_peer, c->cta_policy,
                    c->workspace_error, c->peer_recv_bytes, c->peer_broken.load(),
-                   c->peer_across_processes, c->peer_connected});
+                   c->peer.buffers.mirror_staged, c->peer_connected});
   }
   return out;
 }

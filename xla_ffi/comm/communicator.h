@@ -92,13 +92,13 @@ struct Communicator {
   // A peer-store call failed: the others may wait for this call's stores for ever, so every
   // later peer-store call of every member refuses (the process must restart).
   std::atomic<bool> peer_broken{false};
-  // A group spanning processes (one member per process, peer_ipc.h): how many times this
-  // member's recv was allocated (its records' generation), the other ranks' buffers as opened
-  // here, and whether `peer` points at their current generations (calls refuse until then).
+  // A group spanning processes (one member per process, peer_ipc.h; peer.buffers.mirror_staged
+  // says so): how many times this member's recv was allocated (its records' generation), the
+  // other ranks' buffers as opened here, and whether `peer` points at their current
+  // generations (calls refuse until then).
   uint64_t peer_generation = 0;
   PeerMappings peer_mapped;
   bool peer_connected = false;
-  bool peer_across_processes = false;
 };
 
 // One local member of a group: its rank in the group and its CUDA device ordinal.

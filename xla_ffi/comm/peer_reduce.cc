@@ -70,35 +70,22 @@ class StepOps {
   int count_ = 0;
 };
 
-// Each other rank's mailbox (our slot there) <- our result's address (two words), then, as a
-// second step, the call's stamp: each stream write is preceded by a memory barrier, so a
-// kernel that reads this call's stamp (acquire) reads this call's address.
-Status PostResultAddress(const PeerReduceBuffers& r, WaitMethod wait, cudaStream_t stream, const void* result,
-                         int32_t call) {
-  const uint64_t address = reinterpret_cast<uintptr_t>(result);
+// The mirror addresses of an all-reduce, then, as a second step, the call's stamps: each
+// stream write is preceded by a memory barrier, so a kernel that reads this call's stamp
+// (acquire) reads this call's address. In one process: each other rank's mailbox (our slot
+// there) <- our result's address. Staged (the others' results are in other processes): our
+// own mailbox slot for each other rank <- where our block goes in its staging area, as this
+// process maps it; the kernel reads both alike.
+Status PostMirrorAddresses(const PeerReduceBuffers& r, WaitMethod wait, cudaStream_t stream, const void* result,
+                           size_t block_bytes, int32_t call) {
   StepOps addresses, stamps;
   for (int to = 0; to < r.world; ++to) {
     if (to == r.rank) continue;
-    int32_t* mailbox = r.peers_signals[to] + kPeerMailbox + kPeerMailboxWords * PeerSlot(r.rank, to, r.world);
-    addresses.Write(mailbox, static_cast<int32_t>(address & 0xffffffffu));
-    addresses.Write(mailbox + 1, static_cast<int32_t>(address >> 32));
-    stamps.Write(mailbox + 2, call);
-  }
-  FO_RETURN_IF_NOT_OK(addresses.Enqueue(stream, wait, nullptr));
-  return stamps.Enqueue(stream, wait, nullptr);
-}
-
-// Staged (the others' results are in other processes): our own mailbox slot for each other
-// rank <- where our block goes in its staging area, as this process maps it (two words), then
-// the call's stamp; the kernel reads them as it reads posted result addresses.
-Status PostStagingAddresses(const PeerReduceBuffers& r, WaitMethod wait, cudaStream_t stream,
-                            size_t block_bytes, int32_t call) {
-  StepOps addresses, stamps;
-  for (int to = 0; to < r.world; ++to) {
-    if (to == r.rank) continue;
-    const uint64_t address = reinterpret_cast<uintptr_t>(
-        PeerStagedMirrorBase(r.peers_recv[to], r.rank, to, r.world, block_bytes));
-    int32_t* mailbox = r.signals + kPeerMailbox + kPeerMailboxWords * PeerSlot(to, r.rank, r.world);
+    const bool staged = r.mirror_staged;
+    const void* target = staged ? PeerStagedMirrorBase(r.peers_recv[to], r.rank, to, r.world, block_bytes) : result;
+    int32_t* mailbox = (staged ? r.signals : r.peers_signals[to]) + kPeerMailbox +
+                       kPeerMailboxWords * (staged ? PeerSlot(to, r.rank, r.world) : PeerSlot(r.rank, to, r.world));
+    const uint64_t address = reinterpret_cast<uintptr_t>(target);
     addresses.Write(mailbox, static_cast<int32_t>(address & 0xffffffffu));
     addresses.Write(mailbox + 1, static_cast<int32_t>(address >> 32));
     stamps.Write(mailbox + 2, call);
@@ -145,11 +132,7 @@ Status EnqueueCall(const PeerReduceBuffers& r, WaitMethod wait, const volatile i
   // 1. Every other rank has finished the previous call: our slot of its recv is free (and,
   // staged, its staging area copied out), its counters are zero.
   FO_RETURN_IF_NOT_OK(WaitForPeers(r, wait, abort_flag, stream, kPeerCredit, call - 1));
-  if (all_reduce && r.mirror_staged) {
-    FO_RETURN_IF_NOT_OK(PostStagingAddresses(r, wait, stream, block_bytes, call));
-  } else if (all_reduce) {
-    FO_RETURN_IF_NOT_OK(PostResultAddress(r, wait, stream, result, call));
-  }
+  if (all_reduce) FO_RETURN_IF_NOT_OK(PostMirrorAddresses(r, wait, stream, result, block_bytes, call));
   // 2. One launch over every block, ours last (peer_reduce_args.h).
   SignalingGemmArgs fused = PeerReduceLaunchArgs(r, kind, gemm, result, call);
   fused.abort_flag = abort_flag;  // the GEMM's waits for the others' stores give up too

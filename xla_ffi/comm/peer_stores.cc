@@ -153,8 +153,8 @@ Status GrowGroup(const std::vector<Communicator*>& comms, size_t bytes, bool loo
     Communicator& me = *comms[0];
     me.peer.buffers.rank = me.rank;
     me.peer.buffers.world = me.world_size;
+    me.peer.buffers.mirror_staged = true;  // the others' results live in their processes
     me.peer_connected = false;
-    me.peer_across_processes = true;
     return Status::Ok();
   }
   // Loopback: a group of 2 whose rank 1 is rank 0 itself (its stores land in its own buffers).
@@ -266,7 +266,6 @@ Status ConnectMember(Communicator& c, const std::vector<std::string>& records) {
   }
   b.rank = c.rank;
   b.world = world;
-  b.mirror_staged = true;  // the others' results live in their processes
   c.peer.wait_method = c.wait_method;
   c.peer.abort_flag = c.abort_flag;
   c.peer_connected = true;
@@ -301,7 +300,7 @@ Status ExportPeerStores(int64_t comm_id, std::vector<PeerStoresRecord>* records)
 
 Status ReleasePeerStores(int64_t comm_id, size_t recv_bytes) {
   auto will_grow = [recv_bytes](const Communicator* c) {
-    return c->peer_across_processes && c->peer.buffers.recv != nullptr && c->peer_recv_bytes < recv_bytes;
+    return c->peer.buffers.mirror_staged && c->peer.buffers.recv != nullptr && c->peer_recv_bytes < recv_bytes;
   };
   Status status = GrowMemberBuffers(
       comm_id, "closing the other processes' peer-store buffers before a growth",
