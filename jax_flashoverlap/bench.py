@@ -339,7 +339,7 @@ def bench_overlap(args) -> dict:
   import jax.numpy as jnp
   from jax.sharding import NamedSharding, PartitionSpec as P
 
-  rows = []
+  rows = RowLog(args)
   for pb in _problems(args):
     collective = pb.collective
     m, n, k, world = pb.m, pb.n, pb.k, pb.world
@@ -517,32 +517,57 @@ def main(argv=None) -> int:
     args.world = resolve_world(parser, args.world)
   _check_shapes(parser, args)
   from jax_flashoverlap import bench_gemm
-  result = {"gemm": bench_gemm.bench_gemm, "overlap": bench_overlap,
-            "sweep": bench_gemm.bench_sweep,
-            "a2a": bench_a2a.bench_a2a}[args.kind](args)
-  result.update({
+  about = {
       "command": "python -m jax_flashoverlap.bench " + " ".join(argv or sys.argv[1:]),
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
       "git_commit": git_commit(),
       "env": {k: v for k, v in os.environ.items() if k.startswith(("JAX_FLASHOVERLAP", "FLASHOVERLAP_", "NCCL_"))},
-      "info": fo.info(),
       "method": f"median of {args.samples} samples, each the mean of {args.calls} "
                 "back-to-back calls, variants interleaved, after 3 warm-up calls",
-  })
+  }
+  if args.out and is_main_process():
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    args.on_row = lambda rows: _write_json(args.out, {"kind": args.kind, "rows": rows,
+                                                      **about, "complete": False})
+  result = {"gemm": bench_gemm.bench_gemm, "overlap": bench_overlap,
+            "sweep": bench_gemm.bench_sweep,
+            "a2a": bench_a2a.bench_a2a}[args.kind](args)
+  result.update(about, info=fo.info(), complete=True)
   failed = any(row.get("failed_value_check") for row in result["rows"])
   if not is_main_process():
     return 1 if failed else 0
   if getattr(args, "plot", None):
     result["plot"] = bench_variants.plot(result, args.plot)
   if args.out:
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-      json.dump(json_safe(result), f, indent=1, default=str, allow_nan=False)
+    _write_json(args.out, result)
   if failed:
     print("jax_flashoverlap.bench: a value check failed (VALUE CHECK FAILED above; "
           "`failed_value_check` in the rows): exit 1", file=sys.stderr, flush=True)
     return 1
   return 0
+
+
+class RowLog(list):
+  """The rows of one bench run. Each append also rewrites --out (main() sets args.on_row; the
+  file says "complete": false until the run ends), so a run cut short, e.g. by a device
+  call's time limit, keeps every row it finished."""
+
+  def __init__(self, args):
+    super().__init__()
+    self._on_row = getattr(args, "on_row", None)
+
+  def append(self, row):
+    super().append(row)
+    if self._on_row is not None:
+      self._on_row(list(self))
+
+
+def _write_json(path, result):
+  """result as strict JSON at path, replaced whole (a reader never sees half a file)."""
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w") as f:
+    json.dump(json_safe(result), f, indent=1, default=str, allow_nan=False)
+  os.replace(tmp, path)
 
 
 def json_safe(value):

@@ -86,7 +86,7 @@ def bench_a2a(args) -> dict:
   world = len(devices)
   dtype = jnp.dtype(args.dtype)
   key = jax.random.key(int(time.time()))
-  rows = []
+  rows = bench.RowLog(args)
   for op in args.ops:
     for m, n, k in args.shapes:
       check_shape(op, m, n, world)

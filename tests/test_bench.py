@@ -247,6 +247,40 @@ def test_json_is_strict_json_when_the_efficiency_is_undefined(tmp_path, monkeypa
     assert row["speedup"] == pytest.approx(1 / 0.9)
 
 
+@pytest.mark.parametrize("kind", ["overlap", "a2a"])
+def test_a_run_cut_short_keeps_the_rows_it_finished(tmp_path, monkeypatch, kind):
+    """A device call has a time limit: the JSON was written only at the end, so a bench cut
+    short there left nothing. Now each finished row rewrites --out ("complete": false until the
+    end). Here the timing of the second problem fails, as a kill would stop it."""
+    from jax_flashoverlap import bench
+    timed = []
+    real = bench.time_variants
+
+    def time_then_fail(variants, **kw):
+        timed.append(1)
+        if len(timed) == 2:
+            raise KeyboardInterrupt("cut")
+        return real(variants, **kw)
+    monkeypatch.setattr(bench, "time_variants", time_then_fail)
+    out = tmp_path / "cut.json"
+    argv = {"overlap": ["overlap", "--collectives", "all_reduce", "reduce_scatter", "--variants",
+                        "--trace", "0"],
+            "a2a": ["a2a", "--ops", "all_to_all", "all_gather"]}[kind]
+    with pytest.raises(KeyboardInterrupt):
+        bench.main([*argv, "--shapes", "64x64x256", "--world", "4", "--samples", "2",
+                    "--calls", "1", "--out", str(out)])
+    d = json.loads(out.read_text())
+    assert d["complete"] is False and d["kind"] == kind and len(d["rows"]) == 1
+    assert d["rows"][0]["times_ms"]["ours"] > 0
+    assert d["git_commit"] and d["command"].startswith("python -m jax_flashoverlap.bench")
+    assert [p.name for p in tmp_path.iterdir()] == ["cut.json"]  # no temporary file left
+    monkeypatch.setattr(bench, "time_variants", real)
+    assert bench.main([*argv, "--shapes", "64x64x256", "--world", "4", "--samples", "2",
+                       "--calls", "1", "--out", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["complete"] is True and len(d["rows"]) == 2 and "info" in d
+
+
 def test_reported_plan_is_the_one_the_op_lowers_with(monkeypatch):
     """bench overlap's row "plan" and benchmarks/trace_op.py's plan line (and the comm_sms of
     its GEMM-alone timing) name the plan the op lowers with. trace_op.py asked the planner
