@@ -25,7 +25,6 @@ summary and writes the counts as JSON. Exit status 1 on any mismatch. `--ops` pi
 """
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -112,7 +111,8 @@ def _check(ours_out, xla_out):
   return float(err), bool(same) and extra_ok, extra_ok
 
 
-def stress_ops(mesh, shapes, calls, seed, ops=OPS):
+def stress_ops(mesh, shapes, calls, seed, ops=OPS, on_op=None):
+  """Each op's counts; on_op(results so far) after each op."""
   n = mesh.size
   results = {}
   for op in ops:
@@ -155,6 +155,8 @@ def stress_ops(mesh, shapes, calls, seed, ops=OPS):
     print(f"{op:19s}: {stats['calls']} calls, {stats['mismatches']} mismatches, "
           f"{stats['bit_identical']} bit-identical, max rel err {stats['max_rel_error']:.1e}, "
           f"{stats['seconds']:.1f} s", flush=True)
+    if on_op is not None:
+      on_op(results)
   return results
 
 
@@ -252,21 +254,24 @@ def main():
   args = ap.parse_args()
   mesh = Mesh(np.array(jax.devices()), (AXIS,))
   print(f"backend={jax.default_backend()} devices={mesh.size} seed={args.seed}", flush=True)
-  report = {"ops": stress_ops(mesh, GPU_SHAPES if gpu else CPU_SHAPES, args.calls, args.seed,
-                             args.ops),
-            "scan_model": scan_model(mesh, args.layers, args.tokens, args.dim, args.ffn,
-                                     args.scan_steps, args.seed),
-            "args": vars(args), "backend": jax.default_backend(),
+  report = {"ops": {}, "scan_model": None, "args": vars(args), "backend": jax.default_backend(),
             "devices": [d.device_kind for d in mesh.devices.flat],
             "git_commit": bench.git_commit(),
             "env": {k: v for k, v in os.environ.items() if k.startswith(("JAX_FLASHOVERLAP",
-                                                                         "NCCL_"))}}
+                                                                         "NCCL_"))},
+            "complete": False}
+
+  def write():  # after each part: a run cut short (a device call's limit) keeps its counts
+    if args.out:
+      bench._write_json(args.out, report)
+  report["ops"] = stress_ops(mesh, GPU_SHAPES if gpu else CPU_SHAPES, args.calls, args.seed,
+                             args.ops, on_op=lambda ops: (report.update(ops=ops), write()))
+  report["scan_model"] = scan_model(mesh, args.layers, args.tokens, args.dim, args.ffn,
+                                    args.scan_steps, args.seed)
   bad = (sum(s["mismatches"] for s in report["ops"].values())
          + report["scan_model"]["mismatches"])
-  report["total_mismatches"] = bad
-  if args.out:
-    with open(args.out, "w") as f:
-      json.dump(report, f, indent=1)
+  report.update(total_mismatches=bad, complete=True)
+  write()
   print("OK: no mismatch" if bad == 0 else f"FAILED: {bad} mismatches", flush=True)
   return 1 if bad else 0
 

@@ -151,7 +151,33 @@ def test_stress_script_checks_every_call(tmp_path):
   ops = ("all_reduce", "reduce_scatter", "all_to_all", "all_gather", "all_gather_gathered")
   assert {op: d["ops"][op]["calls"] for op in ops} == {op: 6 for op in ops}
   assert d["scan_model"]["steps"] == 2 and d["total_mismatches"] == 0
+  assert d["complete"] is True
   assert "OK: no mismatch" in out
+
+
+def test_stress_run_cut_short_keeps_its_counts(tmp_path):
+  """The report is written after each op, not only at the end (a device call's time limit
+  cut the stress run once the script ran five ops): here the scan model fails, as a kill
+  would stop it, and the ops' counts are there with "complete": false."""
+  report = tmp_path / "stress.json"
+  script = tmp_path / "cut.py"
+  script.write_text(
+      "import sys; sys.path.insert(0, 'benchmarks')\n"
+      "import stress\n"
+      "def cut(*a, **k): raise SystemExit(7)\n"
+      "stress.scan_model = cut\n"
+      f"sys.argv = ['stress.py', '--calls', '2', '--ops', 'all_reduce', 'reduce_scatter', "
+      f"'--out', {str(report)!r}]\n"
+      "stress.main()\n")
+  env = dict(repo_env(), JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
+  proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=240)
+  assert proc.returncode == 7, proc.stderr[-3000:]
+  d = json.loads(report.read_text())
+  assert d["complete"] is False and d["scan_model"] is None
+  assert {op: s["calls"] for op, s in d["ops"].items()} == {"all_reduce": 2, "reduce_scatter": 2}
+  assert all(s["mismatches"] == 0 for s in d["ops"].values())
 
 
 def test_stress_check_fails_on_a_wrong_result(tmp_path):
