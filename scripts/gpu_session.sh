@@ -39,7 +39,7 @@ for step in "${steps[@]}"; do
     build) run_step build env JAX_FLASHOVERLAP_BUILD_CUDA=1 python3 setup.py build_ext --inplace || { cat "$OUT/build.log" | tail -40; break; } ;;
     info) run_step info python3 -m jax_flashoverlap.info ;;
     tests) run_step tests python3 -m pytest -q -x -ra tests ;;
-    gpu_tests)  # ~6.5 min on one H200: a longer default limit than the other steps
+    gpu_tests)  # over 440 s on one H200 since session 25 (157 tests): use two gpu_files halves there
       STEP_TIMEOUT="${STEP_TIMEOUT:-560}" gpu_pytest gpu_tests tests ;;
     gpu_k) gpu_pytest gpu_k -k "${PYTEST_K:?set PYTEST_K}" tests ;;
     gpu_files)  # the GPU tests of some files (GPU_FILES): the whole suite outgrows one call on 2+ GPUs
