@@ -272,7 +272,15 @@ def capped_groups(m: int, world: int, num_groups: int) -> int | None:
   return None
 
 
-def _other_variants(pb, args) -> dict:
+def _variant_failed(failures: dict, name: str, err: Exception, what: str) -> None:
+  """Records (and says) a comparison program that raised: the run goes on without it, and
+  exits 1 (as for a failed value check). The experimental ones (peer stores, helpers) may fail
+  where they first meet new hardware; that must not cost the other variants' rows."""
+  failures[name] = f"{type(err).__name__}: {err}"
+  say(f"VARIANT FAILED: {what} {name}: {failures[name]}")
+
+
+def _other_variants(pb, args, failures: dict) -> dict:
   """The comparison programs of bench_variants that run in this process (jitted, compiled)."""
   out = {}
   if "two_chunk" in args.variants:
@@ -293,9 +301,12 @@ def _other_variants(pb, args) -> dict:
   from jax_flashoverlap import plan_peer
   if "peer" in args.variants and pb.world <= plan_peer.MAX_WORLD:  # peer stores: 2 to 8 GPUs
     fn = pb.smap(pb.ours)
-    with bench_variants.overridden_env({bench_variants.TRANSPORT_ENV: "peer"}):
-      fn(*pb.args)  # compiles (lowers) with the peer-store plan
-    out["ours_peer"] = fn
+    try:
+      with bench_variants.overridden_env({bench_variants.TRANSPORT_ENV: "peer"}):
+        fn(*pb.args)  # compiles (lowers) with the peer-store plan
+      out["ours_peer"] = fn
+    except Exception as err:  # noqa: BLE001 (any lowering / run error: recorded, exit 1)
+      _variant_failed(failures, "ours_peer", err, f"{pb.collective} {pb.m}x{pb.n}x{pb.k}")
   return out
 
 
@@ -359,11 +370,15 @@ def bench_overlap(args) -> dict:
     capped = nccl_capped_fn(pb, plan)
     if capped is not None:
       variants["nccl_capped_alone"] = (capped, (y,))
-    errors = {"ours": err32}
+    errors, failures = {"ours": err32}, {}
     own_env = _own_helpers_env()
-    for name, fn in _other_variants(pb, args).items():
-      if not name.endswith("_chain"):  # a chain returns x, not the product
-        errors[name] = relative_error(fn(*pb.args), pb.reference_f32())
+    for name, fn in _other_variants(pb, args, failures).items():
+      try:
+        if not name.endswith("_chain"):  # a chain returns x, not the product
+          errors[name] = relative_error(fn(*pb.args), pb.reference_f32())
+      except Exception as err:  # noqa: BLE001
+        _variant_failed(failures, name, err, f"{collective} {m}x{n}x{k}")
+        continue
       variants[name] = (fn, pb.args)
     bench_variants.pin_env(own_env)  # an EnvPinned variant's check left its own values
     bad = failed_values(errors, f"{collective} {m}x{n}x{k}")
@@ -384,6 +399,7 @@ def bench_overlap(args) -> dict:
            "processes": jax.process_count(), "dtype": str(pb.dtype), "times_ms": t, "speedup": speedup,
            "overlap_efficiency": eff, "rel_error": err, "rel_error_vs_f32": err32,
            "variant_rel_error_vs_f32": errors, "failed_value_check": bad,
+           "variant_failures": failures,
            "speedups": {v: t["xla_dot_collective"] / t[v] for v in t
                         if v not in ("xla_dot", "xla_collective", "nccl_capped_alone")
                         and not v.endswith("_chain")},
@@ -533,7 +549,8 @@ def main(argv=None) -> int:
             "sweep": bench_gemm.bench_sweep,
             "a2a": bench_a2a.bench_a2a}[args.kind](args)
   result.update(about, info=fo.info(), complete=True)
-  failed = any(row.get("failed_value_check") for row in result["rows"])
+  failed = any(row.get("failed_value_check") or row.get("variant_failures")
+               for row in result["rows"])
   if not is_main_process():
     return 1 if failed else 0
   if getattr(args, "plot", None):
@@ -541,8 +558,9 @@ def main(argv=None) -> int:
   if args.out:
     _write_json(args.out, result)
   if failed:
-    print("jax_flashoverlap.bench: a value check failed (VALUE CHECK FAILED above; "
-          "`failed_value_check` in the rows): exit 1", file=sys.stderr, flush=True)
+    print("jax_flashoverlap.bench: a value check or a variant failed (VALUE CHECK FAILED / "
+          "VARIANT FAILED above; `failed_value_check` / `variant_failures` in the rows): "
+          "exit 1", file=sys.stderr, flush=True)
     return 1
   return 0
 

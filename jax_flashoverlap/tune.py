@@ -289,7 +289,14 @@ def tune_problem(pb, args, progress) -> tuple:
   with bench.bench_variants.model_plans_only():
     model_fn(*pb.args)  # compiles with the cost model's plan (no tuned config)
   variants["cost_model_default"] = (model_fn, pb.args)
-  peer = peer_candidate(pb, ref32, errors, variants) if args.peer else None
+  peer, peer_failure = None, None
+  if args.peer:  # experimental: its failure is reported, and costs the NCCL plans nothing
+    try:
+      peer = peer_candidate(pb, ref32, errors, variants)
+    except Exception as err:  # noqa: BLE001 (any lowering / run error of the peer stores)
+      peer_failure = f"{type(err).__name__}: {err}"
+      errors.pop("peer", None)
+      variants.pop("peer", None)
   # The calibration runs again in this round: clocks drift between rounds by several %, so
   # the model is refitted to them here before it predicts the timed plans (its error).
   for name, (_, _, fn) in op_runs.items():
@@ -300,7 +307,12 @@ def tune_problem(pb, args, progress) -> tuple:
   picked = [dataclasses.replace(c, predicted_s=tune_model.predict(
       pb.collective, m, n, world, c.band_rows, c.comm_sms, refit, pb.dtype.itemsize))
       for c in picked]
-  check_values(label, errors, args.max_error)
+  if peer is not None and not errors["peer"] <= args.max_error:  # NaN too
+    peer_failure = f"result off float32 by {errors['peer']:.2e} (> {args.max_error})"
+    peer = None  # never saved; the NCCL plans were checked on their own
+  check_values(label, {v: e for v, e in errors.items() if v != "peer"}, args.max_error)
+  if peer_failure:
+    progress.say(f"{label}: PEER STORES FAILED, not kept: {peer_failure}")
   measured = {c: t[name] for name, c in zip(names, picked)}
   if peer is not None:
     measured[peer] = t["peer"]
@@ -334,10 +346,11 @@ def tune_problem(pb, args, progress) -> tuple:
                     "measured_ms": t[name], "rel_error_vs_f32": errors[name]}
                    for name, c in zip(names, picked)],
          "times_ms": t, "entry": entry, "cta_policy_ms": policy_ms,
-         "peer": None if peer is None else {"band_rows": list(peer.band_rows),
-                                            "predicted_ms": peer.predicted_s * 1e3,
-                                            "measured_ms": t["peer"],
-                                            "rel_error_vs_f32": errors["peer"]},
+         "peer": ({"failed": peer_failure} if peer_failure else
+                  None if peer is None else {"band_rows": list(peer.band_rows),
+                                             "predicted_ms": peer.predicted_s * 1e3,
+                                             "measured_ms": t["peer"],
+                                             "rel_error_vs_f32": errors["peer"]}),
          "cta_policy_round_xla_ms": xla_ms if policy_ms else None,
          # the kept plan is one the model was fitted to: its model error is in-sample
          "kept_is_calibration_plan": best is not None and any(
@@ -506,6 +519,13 @@ def main(argv=None) -> int:
   print(f"wrote {len(entries)} tuned plans to {path}"
         + (f"; model error of the kept plans: max {max(errors):.1%}, mean "
            f"{sum(errors) / len(errors):.1%}" if errors else ""))
+  peer_failed = [f"{r['collective']} {r['m']}x{r['n']}x{r['k']}" for r in rows
+                 if isinstance(r.get("peer"), dict) and "failed" in r["peer"]]
+  if peer_failed:
+    print(f"jax_flashoverlap.tune: the peer stores failed on {len(peer_failed)} problem(s) "
+          f"({', '.join(peer_failed)}; `peer.failed` in the report): their NCCL plans were "
+          "saved, no peer entry: exit 1", file=sys.stderr, flush=True)
+    return 1
   return 0
 
 

@@ -281,6 +281,36 @@ def test_a_run_cut_short_keeps_the_rows_it_finished(tmp_path, monkeypatch, kind)
     assert d["complete"] is True and len(d["rows"]) == 2 and "info" in d
 
 
+def test_a_failing_variant_is_recorded_and_the_rest_timed(tmp_path, monkeypatch, capsys):
+    """The peer stores' lowering or first call raising (new hardware) ended the whole bench;
+    now that variant is said (VARIANT FAILED), recorded in the row, left out of the timing, the
+    other variants and rows are measured, and the run exits 1."""
+    import contextlib
+    from jax_flashoverlap import bench, bench_variants
+    real = bench_variants.overridden_env
+
+    @contextlib.contextmanager
+    def refuse_peer(env):
+        if env.get(bench_variants.TRANSPORT_ENV) == "peer":
+            raise RuntimeError("peer: boom")
+        with real(env):
+            yield
+    monkeypatch.setattr(bench_variants, "overridden_env", refuse_peer)
+    out = tmp_path / "f.json"
+    assert bench.main(["overlap", "--shapes", "64x64x256", "--world", "2", "--variants",
+                       "peer", "two_chunk", "--trace", "0", "--samples", "2", "--calls", "1",
+                       "--out", str(out)]) == 1
+    captured = capsys.readouterr()
+    d = json.loads(out.read_text())
+    assert d["complete"] is True and len(d["rows"]) == 2
+    for row in d["rows"]:
+        assert row["variant_failures"] == {"ours_peer": "RuntimeError: peer: boom"}
+        assert "ours_peer" not in row["times_ms"] and row["times_ms"]["two_chunk"] > 0
+        assert not row["failed_value_check"]
+    assert captured.out.count("VARIANT FAILED: ") == 2
+    assert "`variant_failures` in the rows): exit 1" in captured.err
+
+
 def test_reported_plan_is_the_one_the_op_lowers_with(monkeypatch):
     """bench overlap's row "plan" and benchmarks/trace_op.py's plan line (and the comm_sms of
     its GEMM-alone timing) name the plan the op lowers with. trace_op.py asked the planner

@@ -10,6 +10,8 @@ import pytest
 from jax_flashoverlap import plan as P
 from jax_flashoverlap import tune, tune_model as TM, tuning
 
+from _tune_fakes import fake_gpu_timings, tune_args
+
 
 def test_fit_comm_curve_recovers_latency_and_bandwidth():
     lat, bw, total = 25e-6, 180e9, 128 << 20
@@ -131,8 +133,8 @@ def test_progress_on_a_terminal_keeps_result_lines_apart_and_counts_the_cta_roun
         def isatty(self):
             return True
 
-    _fake_gpu_timings(monkeypatch)
-    term, args = Terminal(), _tune_args()
+    fake_gpu_timings(monkeypatch)
+    term, args = Terminal(), tune_args()
     bar = tune.Progress(2, stream=term)
     real_show, shown = bar.show, []
     monkeypatch.setattr(bar, "show", lambda what: (shown.append((bar.done, what)),
@@ -162,38 +164,12 @@ def test_forced_explicit_bands():
             P.choose_plan("all_reduce", 8192, 8192, 4096, 2)
 
 
-def _fake_gpu_timings(monkeypatch):
-    """tune_problem on CPU devices: the custom-call check, the capped collective and the timings
-    faked (ours 0.5 ms, XLA 1.0 ms, the collective alone slower with more groups); the tuner's
-    own code is real."""
-    from jax_flashoverlap import bench
-    monkeypatch.setattr(bench, "uses_custom_call", lambda fn, args, target: True)
-    monkeypatch.setattr(bench, "nccl_capped_fn", lambda pb, plan: (lambda y: y))
-
-    def ms(name):
-        if name.startswith("coll_"):
-            return 0.2 + 0.01 * int(name.rsplit("_g", 1)[1])
-        return 1.0 if name.startswith(("xla", "gemm")) else 0.5
-
-    monkeypatch.setattr(bench, "time_variants", lambda variants, **kw: {
-        name: {"median_ms": ms(name), "samples_ms": []} for name in variants})
-
-
-def _tune_args(**kw):
-    import types
-    args = dict(world=2, dtype="bfloat16", comm_sms=[8, 16], wave_align=True, calls=1,
-                samples=1, top=2, max_error=0.02, cta_policies=["default", "efficiency"],
-                peer=False)
-    args.update(kw)
-    return types.SimpleNamespace(**args)
-
-
 def test_single_cta_policy_is_timed_and_saved(monkeypatch):
     """`tune --cta-policies zero`: every plan is calibrated and timed under that policy and the
     entry records it (one policy was ignored: default communicators, no cta_policy saved)."""
     import jax
     from jax_flashoverlap import bench
-    _fake_gpu_timings(monkeypatch)
+    fake_gpu_timings(monkeypatch)
     policies, real = [], P.forced
 
     def spy(*a, **kw):
@@ -201,7 +177,7 @@ def test_single_cta_policy_is_timed_and_saved(monkeypatch):
         return real(*a, **kw)
 
     monkeypatch.setattr(P, "forced", spy)
-    args = _tune_args(cta_policies=["zero"])
+    args = tune_args(cta_policies=["zero"])
     pb = bench._TpProblem(args, "all_reduce", (256, 256, 256), jax.random.key(0))
     entry, row = tune.tune_problem(pb, args, tune.Progress(2, stream=io.StringIO()))
     assert policies and set(policies) == {"zero"}
@@ -218,7 +194,7 @@ def test_cta_policy_round_is_compared_with_xla_in_that_round(policy_ms, overlap,
     now timed in that round too, and wins the entry when it is faster there."""
     import jax
     from jax_flashoverlap import bench
-    _fake_gpu_timings(monkeypatch)
+    fake_gpu_timings(monkeypatch)
     rounds = []
 
     def timed(variants, **kw):
@@ -228,7 +204,7 @@ def test_cta_policy_round_is_compared_with_xla_in_that_round(policy_ms, overlap,
                                            else 0.97), "samples_ms": []} for name in variants}
 
     monkeypatch.setattr(bench, "time_variants", timed)
-    args = _tune_args()
+    args = tune_args()
     pb = bench._TpProblem(args, "all_reduce", (256, 256, 256), jax.random.key(0))
     entry, row = tune.tune_problem(pb, args, tune.Progress(2, stream=io.StringIO()))
     assert rounds[-1] == {"default", "efficiency", "xla_dot_collective"}
@@ -241,48 +217,6 @@ def test_cta_policy_round_is_compared_with_xla_in_that_round(policy_ms, overlap,
                             "entries": [entry]})
 
 
-@pytest.mark.parametrize("peer_ms, kept", [(0.3, True), (0.7, False)])
-def test_peer_stores_kept_only_where_fastest(peer_ms, kept, monkeypatch):
-    """tune --peer (world 2): the peer stores are one more timed variant; faster than every
-    NCCL plan (0.5 ms here) and XLA (1.0 ms), the entry says transport peer (comm_sms 0, the
-    bands of one block, no CTA-policy round: no NCCL call); slower, the NCCL plan is kept and
-    its CTA-policy round runs as before. The lowering with the peer stores is faked (CPU)."""
-    import jax
-    from jax_flashoverlap import bench, plan_peer
-    from jax_flashoverlap.tune_model import Candidate
-    _fake_gpu_timings(monkeypatch)
-    rounds = []
-
-    def timed(variants, **kw):
-        rounds.append(set(variants))
-        return {name: {"median_ms": peer_ms if name == "peer" else
-                       (1.0 if name.startswith(("xla", "gemm")) else 0.5), "samples_ms": []}
-                for name in variants}
-
-    monkeypatch.setattr(bench, "time_variants", timed)
-
-    def fake_peer(pb, ref32, errors, variants):
-        errors["peer"] = 1e-3
-        variants["peer"] = (lambda *a: None, pb.args)
-        p = plan_peer.plan(pb.collective, pb.m, pb.n, pb.k // pb.world)
-        return Candidate(0, p.band_rows, p.predicted_s, "peer")
-
-    monkeypatch.setattr(tune, "peer_candidate", fake_peer)
-    args = _tune_args(peer=True)
-    pb = bench._TpProblem(args, "all_reduce", (256, 256, 256), jax.random.key(0))
-    entry, row = tune.tune_problem(pb, args, tune.Progress(2, stream=io.StringIO()))
-    assert "peer" in rounds[1] and row["peer"]["measured_ms"] == peer_ms  # [0]: calibration
-    if kept:
-        assert entry["transport"] == "peer" and entry["comm_sms"] == 0
-        assert entry["band_rows"] == [0, 128] and entry["measured_ms"] == peer_ms
-        assert "cta_policy" not in entry and len(rounds) == 2  # calibration + timing, no CTA round
-    else:
-        assert "transport" not in entry and entry["comm_sms"] > 0 and entry["measured_ms"] == 0.5
-        assert rounds[-1] >= {"default", "efficiency"}
-    assert tuning.validate({"schema": tuning.SCHEMA, "gpu": "NVIDIA H200", "world_size": 2,
-                            "entries": [entry]})
-
-
 def test_tune_problem_refuses_a_shape_it_cannot_calibrate(monkeypatch):
     """M = 30 on 2 GPUs: only 1 group splits M / world, so no collective curve can be fitted and
     the search had no candidate (`min() arg is an empty sequence`, after the calibration's GPU
@@ -291,7 +225,7 @@ def test_tune_problem_refuses_a_shape_it_cannot_calibrate(monkeypatch):
     monkeypatch.setattr(tune, "calibrate", lambda *a, **k: pytest.fail("calibrated anyway"))
     pb = types.SimpleNamespace(collective="all_reduce", m=30, n=256, k=256, world=2)
     with pytest.raises(ValueError, match=r"needs M divisible by 2 \* world = 4 .*got M=30"):
-        tune.tune_problem(pb, _tune_args(), tune.Progress(2, stream=io.StringIO()))
+        tune.tune_problem(pb, tune_args(), tune.Progress(2, stream=io.StringIO()))
     assert tune.calibration_shape_error((32, 256, 256), 2) is None
 
 
@@ -304,7 +238,7 @@ def test_a_nan_result_fails_the_tuners_value_check(op, monkeypatch):
     import numpy as np
     from jax.sharding import Mesh
     from jax_flashoverlap import bench
-    _fake_gpu_timings(monkeypatch)
+    fake_gpu_timings(monkeypatch)
     seen = []
 
     def error(out, ref):  # the second plan's result is NaN, the others are right
@@ -312,7 +246,7 @@ def test_a_nan_result_fails_the_tuners_value_check(op, monkeypatch):
         return math.nan if len(seen) == 2 else 1e-3
 
     monkeypatch.setattr(bench, "relative_error", error)
-    args = _tune_args(cta_policies=["default"], top=3)
+    args = tune_args(cta_policies=["default"], top=3)
     with pytest.raises(RuntimeError, match=r"off float32 by nan .*not saving plans"):
         if op == "all_reduce":
             pb = bench._TpProblem(args, op, (256, 256, 256), jax.random.key(0))
