@@ -232,7 +232,8 @@ def _problems(args):
 def nccl_capped_fn(pb, plan):
   """The communication half of our op alone (no GEMM) on the plan's capped communicator and
   registered workspace: XLA FFI target flashoverlap_collective, timing only (its output is
-  the workspace's stale contents). None where the CUDA path is not available."""
+  the workspace's stale contents). None where the CUDA path is not available, and for a
+  peer-store plan (transport "peer": no NCCL call to compare with)."""
   import jax
   import numpy as np
   from jax.sharding import PartitionSpec as P
@@ -241,7 +242,7 @@ def nccl_capped_fn(pb, plan):
   from jax_flashoverlap import _ext
   target = "flashoverlap_collective"
   groups = capped_groups(pb.m, pb.world, plan.num_groups)
-  if groups is None:  # decided before any communicator is made
+  if groups is None or getattr(plan, "transport", "nccl") != "nccl":  # before any communicator
     return None
   if not fo.comm.mesh_is_local_gpu(pb.mesh) or target not in _ext.available_targets():
     return None
@@ -406,7 +407,7 @@ def bench_overlap(args) -> dict:
            "chain_speedup": (t["xla_chain"] / t["ours_chain"]) if "ours_chain" in t else None,
            "uses_custom_call": custom_call, "xla_windowed": windowed,
            "plan": {"band_rows": list(plan.band_rows), "comm_sms": plan.comm_sms,
-                    "overlap": plan.overlap, "predicted_ms": plan.predicted_s * 1e3,
+                    "overlap": plan.overlap, "transport": getattr(plan, "transport", "nccl"), "predicted_ms": plan.predicted_s * 1e3,
                     "predicted_baseline_ms": plan.baseline_s * 1e3}}
     row["trace"] = traced_calls(ours_fn, pb.args, args.trace) if custom_call else {}
     rows.append(row)
@@ -417,7 +418,8 @@ def bench_overlap(args) -> dict:
           f"dot+coll {t['xla_dot_collective']:.3f} ours {t['ours']:.3f} "
           f"nccl_capped {t.get('nccl_capped_alone', float('nan')):.3f} ms  "
           f"speedup {speedup:.3f}  E {eff:.2f}  err {err:.1e} (f32 {err32:.1e})  "
-          f"groups {plan.num_groups} sms {plan.comm_sms}{path}"
+          f"groups {plan.num_groups} sms {plan.comm_sms}"
+          f"{' peer stores' if getattr(plan, 'transport', 'nccl') == 'peer' else ''}{path}"
           + (f"  chained: xla {t['xla_chain']:.3f} ours {t['ours_chain']:.3f} "
              f"({row['chain_speedup']:.3f}x)" if row["chain_speedup"] else ""))
     for device, medians in sorted(row["trace"].items())[:1]:  # one device's timeline

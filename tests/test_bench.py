@@ -105,6 +105,11 @@ def test_capped_collective_takes_a_layout_its_handler_accepts(monkeypatch):
                              sharding=NamedSharding(pb.mesh, P("tp", None)))
     text = bench.nccl_capped_fn(pb, plan).lower(y).as_text()
     assert "num_groups = 4 : i32" in text and len(made) == 1  # 48 % (5 * 2) != 0; 4 * 2 splits
+    # A peer-store plan (a tuned entry's transport "peer") makes no NCCL call: no capped
+    # collective to compare with, and no communicator made for one (comm_sms 0 would ask NCCL
+    # for an uncapped one).
+    peer_plan = types.SimpleNamespace(comm_sms=0, num_groups=2, transport="peer")
+    assert bench.nccl_capped_fn(pb, peer_plan) is None and len(made) == 1
 
 
 def test_overlap_runs_an_all_reduce_with_m_not_divisible_by_world(tmp_path):
