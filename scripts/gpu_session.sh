@@ -70,7 +70,7 @@ for step in "${steps[@]}"; do
     tune)  # tuned plans for this machine into the package's configs (later steps use them)
       run_step tune python3 -m jax_flashoverlap.tune ${TUNE_ARGS:-} --out "jax_flashoverlap/configs/${TAG/h200x/h200_x}.json" --report "$OUT/tune_$TAG.json"
       cp jax_flashoverlap/configs/*.json "$OUT/" ;;
-    stress) run_step stress python3 benchmarks/stress.py --out "$OUT/stress_$TAG.json" ;;
+    stress) run_step stress python3 benchmarks/stress.py ${STRESS_ARGS:-} --out "$OUT/stress_$TAG.json" ;;
     fuzz)  # random shapes / plans / kernel switches for FUZZ_SECONDS (benchmarks/fuzz.py)
       run_step fuzz python3 benchmarks/fuzz.py --cases 5000 --seconds "${FUZZ_SECONDS:-240}" --out "$OUT/fuzz_$TAG.json" ;;
     flax_example) run_step "flax_example${FLAX_SUFFIX:-}" python3 examples/tp_transformer_block.py --steps 20 ${FLAX_ARGS:-} --json "$OUT/tp_block_$TAG${FLAX_SUFFIX:-}.json" ;;
