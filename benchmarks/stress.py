@@ -43,7 +43,7 @@ from jax import lax  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import jax_flashoverlap as fo  # noqa: E402
-from jax_flashoverlap import bench  # noqa: E402
+from jax_flashoverlap import bench, bench_record  # noqa: E402
 
 AXIS = "tp"
 DTYPE = jnp.bfloat16
@@ -263,7 +263,7 @@ def main():
 
   def write():  # after each part: a run cut short (a device call's limit) keeps its counts
     if args.out:
-      bench._write_json(args.out, report)
+      bench_record.write_json(args.out, report)
   report["ops"] = stress_ops(mesh, GPU_SHAPES if gpu else CPU_SHAPES, args.calls, args.seed,
                              args.ops, on_op=lambda ops: (report.update(ops=ops), write()))
   report["scan_model"] = scan_model(mesh, args.layers, args.tokens, args.dim, args.ffn,

@@ -29,15 +29,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import math
 import os
-import subprocess
 import statistics
 import sys
 import time
 
-from jax_flashoverlap import bench_a2a, bench_variants
+from jax_flashoverlap import bench_a2a, bench_targets, bench_variants
+# git_commit stays importable as bench.git_commit (tune, benchmarks/, their tests)
+from jax_flashoverlap.bench_record import RowLog, git_commit, write_json  # noqa: F401
 
 # Global shapes M x N x K of DESIGN.md; per GPU the GEMM is M x N x K/world.
 DESIGN_SHAPES = ((4096, 8192, 8192), (8192, 8192, 8192), (16384, 8192, 16384),
@@ -410,6 +409,7 @@ def bench_overlap(args) -> dict:
                     "overlap": plan.overlap, "transport": getattr(plan, "transport", "nccl"), "predicted_ms": plan.predicted_s * 1e3,
                     "predicted_baseline_ms": plan.baseline_s * 1e3}}
     row["trace"] = traced_calls(ours_fn, pb.args, args.trace) if custom_call else {}
+    row.update(bench_targets.evaluate_row(row))
     rows.append(row)
     path = "" if custom_call else (
         " (XLA path: " + ("cost-model fallback" if not plan.overlap else "extension not in use")
@@ -426,29 +426,9 @@ def bench_overlap(args) -> dict:
       from jax_flashoverlap import trace
       say(f"  trace, device {device}, median of {medians['calls']} isolated calls:\n    "
           + trace.medians_table(medians).replace("\n", "\n    "))
-  return {"kind": "overlap", "rows": rows}
-
-
-def git_commit(root=None) -> str:
-  """The commit results are recorded against: $JAX_FLASHOVERLAP_GIT_COMMIT when set (the GPU
-  machine gets the working tree beside a git directory that may be older, or none: the
-  caller passes the hash), else git's HEAD of `root` (this checkout), with "+dirty" when the
-  tree differs from it (changed or untracked files: the results are not HEAD's), else
-  "unknown"."""
-  if os.environ.get("JAX_FLASHOVERLAP_GIT_COMMIT"):
-    return os.environ["JAX_FLASHOVERLAP_GIT_COMMIT"]
-  root = root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  try:
-    git = lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True,
-                                    text=True, timeout=10)
-    out = git("rev-parse", "HEAD")
-    commit = out.stdout.strip()
-    if out.returncode != 0 or len(commit) != 40:
-      return "unknown"
-    status = git("status", "--porcelain")
-    return commit + ("+dirty" if status.returncode != 0 or status.stdout.strip() else "")
-  except (OSError, subprocess.SubprocessError):
-    return "unknown"
+  targets = bench_targets.summary(rows)
+  say(bench_targets.summary_line(targets))
+  return {"kind": "overlap", "rows": rows, "targets": targets}
 
 
 def _check_numbers(parser, args) -> None:
@@ -545,7 +525,7 @@ def main(argv=None) -> int:
   }
   if args.out and is_main_process():
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    args.on_row = lambda rows: _write_json(args.out, {"kind": args.kind, "rows": rows,
+    args.on_row = lambda rows: write_json(args.out, {"kind": args.kind, "rows": rows,
                                                       **about, "complete": False})
   result = {"gemm": bench_gemm.bench_gemm, "overlap": bench_overlap,
             "sweep": bench_gemm.bench_sweep,
@@ -558,50 +538,13 @@ def main(argv=None) -> int:
   if getattr(args, "plot", None):
     result["plot"] = bench_variants.plot(result, args.plot)
   if args.out:
-    _write_json(args.out, result)
+    write_json(args.out, result)
   if failed:
     print("jax_flashoverlap.bench: a value check or a variant failed (VALUE CHECK FAILED / "
           "VARIANT FAILED above; `failed_value_check` / `variant_failures` in the rows): "
           "exit 1", file=sys.stderr, flush=True)
     return 1
   return 0
-
-
-class RowLog(list):
-  """The rows of one bench run. Each append also rewrites --out (main() sets args.on_row; the
-  file says "complete": false until the run ends), so a run cut short, e.g. by a device
-  call's time limit, keeps every row it finished."""
-
-  def __init__(self, args):
-    super().__init__()
-    self._on_row = getattr(args, "on_row", None)
-
-  def append(self, row):
-    super().append(row)
-    if self._on_row is not None:
-      self._on_row(list(self))
-
-
-def _write_json(path, result):
-  """result as strict JSON at path, replaced whole (a reader never sees half a file)."""
-  tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w") as f:
-    json.dump(json_safe(result), f, indent=1, default=str, allow_nan=False)
-  os.replace(tmp, path)
-
-
-def json_safe(value):
-  """value with every NaN / infinity as None (JSON null): json.dump wrote them as bare NaN,
-  which is not JSON (JSON.parse, jq and strict parsers refuse the file). Such a value means
-  "undefined", e.g. overlap_efficiency when XLA's dot + collective is no slower than
-  max(dot, collective)."""
-  if isinstance(value, float):
-    return value if math.isfinite(value) else None
-  if isinstance(value, dict):
-    return {k: json_safe(v) for k, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return [json_safe(v) for v in value]
-  return value
 
 
 if __name__ == "__main__":

@@ -80,13 +80,13 @@ def bench_a2a(args) -> dict:
   import numpy as np
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-  from jax_flashoverlap import bench, bench_variants
+  from jax_flashoverlap import bench, bench_record, bench_variants
   devices = jax.devices()[: args.world] if args.world else jax.devices()
   mesh = Mesh(np.array(devices), ("tp",))
   world = len(devices)
   dtype = jnp.dtype(args.dtype)
   key = jax.random.key(int(time.time()))
-  rows = bench.RowLog(args)
+  rows = bench_record.RowLog(args)
   for op in args.ops:
     for m, n, k in args.shapes:
       check_shape(op, m, n, world)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from jax_flashoverlap import bench
+from jax_flashoverlap import bench, bench_record
 
 
 def bench_gemm(args) -> dict:
@@ -15,7 +15,7 @@ def bench_gemm(args) -> dict:
   import jax_flashoverlap as fo
   dtype = jnp.dtype(args.dtype)
   world = args.world
-  rows = bench.RowLog(args)
+  rows = bench_record.RowLog(args)
   key = jax.random.key(int(time.time()))
   for (m, n, k) in args.shapes:
     key, sub = jax.random.split(key)
@@ -79,7 +79,7 @@ def _gemm_line(row):
 def bench_sweep(args) -> dict:
   """Our op under forced plans (comm_sms x num_groups; 0 groups = cost model) vs XLA."""
   import jax_flashoverlap as fo
-  rows = bench.RowLog(args)
+  rows = bench_record.RowLog(args)
   for pb in bench._problems(args):
     collective = pb.collective
     baseline = pb.baseline()

@@ -1,0 +1,99 @@
+"""The issues' speed targets evaluated on bench rows (jax_flashoverlap.bench_targets): each
+verdict computed from the row, None where a target does not apply, and the pair ceilings the
+same numbers docs/DESIGN.md measured."""
+import json
+import pathlib
+import re
+
+import pytest
+
+from jax_flashoverlap import bench_targets as BT
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _row(collective="all_reduce", shape=(8192, 8192, 8192), world=2, speedup=1.5, eff=0.93,
+         ours=1.0, others=None, predicted=1.03, dtype="bfloat16"):
+    m, n, k = shape
+    times = {"xla_dot": 0.7, "xla_collective": 0.6, "xla_dot_collective": ours * speedup,
+             "ours": ours}
+    times.update(others if others is not None else {"two_chunk": 1.2, "ppermute_ring": 1.3})
+    return {"collective": collective, "m": m, "n": n, "k": k, "world": world, "dtype": dtype,
+            "speedup": speedup, "overlap_efficiency": eff, "times_ms": times,
+            "plan": {"predicted_ms": predicted}}
+
+
+def test_a_row_meeting_every_target():
+    out = BT.evaluate_row(_row())
+    assert out["pair_ceiling_e"] == 0.92
+    assert out["targets"] == {t: True for t in BT.TARGETS}
+
+
+@pytest.mark.parametrize("eff, within, at", [(0.93, True, True), (0.85, True, False),
+                                             (0.8, False, False), (float("nan"), False, False)])
+def test_efficiency_against_the_pair_ceiling(eff, within, at):
+    t = BT.evaluate_row(_row(eff=eff))["targets"]
+    assert t["efficiency_within_0.1_of_ceiling"] is within
+    assert t["efficiency_at_ceiling"] is at
+    assert t["efficiency_at_least_0.5"] is (eff >= 0.5)  # NaN: False
+
+
+def test_headline_speedups_and_the_others():
+    t = BT.evaluate_row(_row(speedup=1.3, others={"two_chunk": 1.0}, predicted=1.2))["targets"]
+    assert t["headline_speedup_1.25"] is True and t["headline_speedup_1.4"] is False
+    assert t["ahead_of_every_other_variant"] is False  # a tie is not ahead
+    assert t["model_error_below_10pct"] is False  # 20% off
+    t = BT.evaluate_row(_row(shape=(4096, 8192, 8192), speedup=0.98))["targets"]
+    assert t["headline_speedup_1.25"] is None and t["headline_speedup_1.4"] is None
+    assert t["speedup_at_least_1"] is False
+
+
+def test_targets_that_do_not_apply_are_none():
+    for row in (_row(world=4), _row(dtype="float16")):
+        out = BT.evaluate_row(row)
+        assert out["pair_ceiling_e"] is None and set(out["targets"].values()) == {None}
+    out = BT.evaluate_row(_row(shape=(1024, 1024, 1024), others={}, predicted=None))
+    assert out["pair_ceiling_e"] is None
+    assert out["targets"]["speedup_at_least_1"] is True
+    for t in ("efficiency_within_0.1_of_ceiling", "ahead_of_every_other_variant",
+              "model_error_below_10pct", "headline_speedup_1.4"):
+        assert out["targets"][t] is None  # no ceiling, only XLA timed, no prediction, not 8192^3
+
+
+def test_summary_counts_only_rows_a_target_applies_to():
+    rows = [dict(_row(), **BT.evaluate_row(_row())),
+            dict(_row(eff=0.3), **BT.evaluate_row(_row(eff=0.3))),
+            dict(_row(world=4), **BT.evaluate_row(_row(world=4)))]
+    s = BT.summary(rows)
+    assert s["efficiency_at_least_0.5"] == {"met": 1, "of": 2}
+    assert s["headline_speedup_1.4"] == {"met": 2, "of": 2}
+    line = BT.summary_line(s)
+    assert "efficiency_at_least_0.5 1/2" in line and line.startswith("issue targets")
+    assert "none apply" in BT.summary_line(BT.summary(rows[2:]))
+
+
+def test_ceilings_are_the_ones_design_md_measured():
+    text = (ROOT / "docs" / "DESIGN.md").read_text()
+    found = {}
+    for m, n, k, ar, rs in re.findall(
+            r"^\s+(\d+) x (\d+) x (\d+)\s+[\d.]+ -> [\d.]+ ms, ~?([\d.]+).*?"
+            r"[\d.]+ -> [\d.]+ ms, ~?([\d.]+)", text, flags=re.M):
+        found[("all_reduce", int(m), int(n), int(k))] = float(ar)
+        found[("reduce_scatter", int(m), int(n), int(k))] = float(rs)
+    assert found == BT.PAIR_CEILING_E
+
+
+def test_bench_records_the_targets(tmp_path):
+    """bench overlap (CPU, 2 devices: the verdicts are computed, meaningless there) writes each
+    row's verdicts and the run's summary."""
+    from jax_flashoverlap import bench
+    out = tmp_path / "t.json"
+    assert bench.main(["overlap", "--shapes", "64x64x256", "--world", "2", "--variants",
+                       "two_chunk", "--trace", "0", "--samples", "2", "--calls", "1",
+                       "--out", str(out)]) == 0
+    d = json.loads(out.read_text())
+    for row in d["rows"]:
+        assert row["pair_ceiling_e"] is None and set(row["targets"]) == set(BT.TARGETS)
+        assert row["targets"]["speedup_at_least_1"] is (row["speedup"] >= 1.0)
+    assert d["targets"]["speedup_at_least_1"]["of"] == 2
+    assert d["targets"]["efficiency_within_0.1_of_ceiling"] == {"met": 0, "of": 0}
