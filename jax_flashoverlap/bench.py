@@ -406,7 +406,8 @@ def bench_overlap(args) -> dict:
            "chain_speedup": (t["xla_chain"] / t["ours_chain"]) if "ours_chain" in t else None,
            "uses_custom_call": custom_call, "xla_windowed": windowed,
            "plan": {"band_rows": list(plan.band_rows), "comm_sms": plan.comm_sms,
-                    "overlap": plan.overlap, "transport": getattr(plan, "transport", "nccl"), "predicted_ms": plan.predicted_s * 1e3,
+                    "overlap": plan.overlap, "transport": plan.transport,
+                    "predicted_ms": plan.predicted_s * 1e3,
                     "predicted_baseline_ms": plan.baseline_s * 1e3}}
     row["trace"] = traced_calls(ours_fn, pb.args, args.trace) if custom_call else {}
     row.update(bench_targets.evaluate_row(row))
@@ -419,7 +420,7 @@ def bench_overlap(args) -> dict:
           f"nccl_capped {t.get('nccl_capped_alone', float('nan')):.3f} ms  "
           f"speedup {speedup:.3f}  E {eff:.2f}  err {err:.1e} (f32 {err32:.1e})  "
           f"groups {plan.num_groups} sms {plan.comm_sms}"
-          f"{' peer stores' if getattr(plan, 'transport', 'nccl') == 'peer' else ''}{path}"
+          f"{' peer stores' if plan.transport == 'peer' else ''}{path}"
           + (f"  chained: xla {t['xla_chain']:.3f} ours {t['ours_chain']:.3f} "
              f"({row['chain_speedup']:.3f}x)" if row["chain_speedup"] else ""))
     for device, medians in sorted(row["trace"].items())[:1]:  # one device's timeline

@@ -17,6 +17,8 @@ ceiling, a variant not timed) is None, never counted as met.
 
 from __future__ import annotations
 
+import math
+
 # E of a GEMM and an unrelated collective of its output launched together on two streams
 # (best of 8 / 12 / 16 SMs left free, symmetric windows), 2 x H200, bf16: docs/DESIGN.md,
 # "What communication costs in SMs". Keyed by (collective, global M, N, K). The two values
@@ -40,7 +42,7 @@ TARGETS = ("speedup_at_least_1", "efficiency_at_least_0.5", "headline_speedup_1.
 
 
 def _finite(x) -> bool:
-  return isinstance(x, (int, float)) and x == x and abs(x) != float("inf")
+  return isinstance(x, (int, float)) and math.isfinite(x)
 
 
 def evaluate_row(row: dict) -> dict:
