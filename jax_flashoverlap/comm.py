@@ -184,20 +184,60 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
   if peer_store_bytes and spans_processes and not all(map(one_device_per_process, groups)):
     raise ValueError("jax_flashoverlap: peer stores across processes need one GPU of each axis "
                      "group per process (plan_peer.unavailable)")
+  # Asked before _lock (it runs a small XLA program per GPU); the answer is cached.
+  stage_mirrors = bool(peer_store_bytes) and not peer_results_writable(groups)
   with _lock:
     cid = _ensure_locked(ext, cid, groups, processes, spans_processes, workspace_bytes,
                          comm_sms, watchdog, peer_to_peer, cta_policy)
     if peer_store_bytes and spans_processes:
-      _grow_and_connect_peer_stores(ext, cid, groups, processes, int(peer_store_bytes))
+      _grow_and_connect_peer_stores(ext, cid, groups, processes, int(peer_store_bytes),
+                                    stage_mirrors)
     elif peer_store_bytes:
-      ext.ensure_peer_stores(cid, int(peer_store_bytes))
+      ext.ensure_peer_stores(cid, int(peer_store_bytes), stage_mirrors=stage_mirrors)
   return cid
+
+
+_results_writable = {}  # the groups' device ids -> peer_results_writable's answer
+
+
+def peer_results_writable(groups) -> bool:
+  """Whether, in each axis group whose GPUs are all in this process, every GPU may write the
+  others' XLA buffers: the peer-store all-reduce mirrors each rank's reduced block straight
+  into the other ranks' results. CUDA leaves that to the allocator (legacy memory: peer access;
+  a memory pool or a virtual-memory mapping: its own access list, which XLA's allocator sets or
+  not by version and settings; xla_ffi/comm/peer_access.h), so the driver is asked about a
+  small buffer XLA allocates on each GPU, once per set of groups. False: such a group's
+  all-reduce mirrors into the others' staging areas (our buffers) and each copies them out.
+  Groups spanning processes are not asked (they always stage), nor other processes' groups;
+  without a group of this process's GPUs, True."""
+  import jax
+
+  from jax_flashoverlap import _ext
+  me = jax.process_index()
+  local = [g for g in groups if len(g) > 1 and all(d.process_index == me for d in g)]
+  key = tuple(tuple(int(d.id) for d in g) for g in local)
+  if key not in _results_writable:
+    import numpy as np
+    writable = True
+    with jax.transfer_guard("allow"):  # the probe's few bytes, whatever the caller's guard
+      for group in local:
+        for device in group:
+          probe = jax.device_put(np.zeros(256, np.float32), device)
+          probe.block_until_ready()
+          for other in group:
+            if other.id != device.id:
+              ok, _ = _ext.ext.peer_may_write(probe.unsafe_buffer_pointer(),
+                                              int(other.local_hardware_id))
+              writable = writable and bool(ok)
+    _results_writable[key] = writable
+  return _results_writable[key]
 
 
 _peer_exchanges = collections.Counter()
 
 
-def _grow_and_connect_peer_stores(ext, cid, groups, processes, recv_bytes) -> None:
+def _grow_and_connect_peer_stores(ext, cid, groups, processes, recv_bytes,
+                                  stage_mirrors=False) -> None:
   """Groups spanning processes: every process closes its mappings of buffers about to be
   replaced, then (a barrier: CUDA leaves freeing an exported buffer before its importers close
   it undefined) grows its own; then its peer-store records (CUDA IPC handles of each member's
@@ -214,7 +254,7 @@ def _grow_and_connect_peer_stores(ext, cid, groups, processes, recv_bytes) -> No
   distributed.all_succeed(f"{round_key}/released", lambda: ext.release_peer_stores(cid, recv_bytes),
                           processes, what + ", closing the others' buffers")
   def grow_and_export():
-    ext.ensure_peer_stores(cid, recv_bytes)
+    ext.ensure_peer_stores(cid, recv_bytes, stage_mirrors=stage_mirrors)
     return ext.export_peer_stores(cid)
   records = distributed.all_succeed(f"{round_key}/grown", grow_and_export, processes,
                                     what + ", allocating")
@@ -341,7 +381,9 @@ def op_memory(op: str, x_shape, w_shape, dtype, world: int, *, transpose_w: bool
   `peer_recv_bytes`, the buffer each GPU keeps for the running sums its next rank passes it
   along the ring (M / world x N for 2 ranks, M x N for more; grown like the workspace), its
   signal words counted in `counter_bytes`; an all-reduce `across_processes` (its axis
-  groups one GPU per process) adds its staging area, (world - 1) / world x M x N.
+  groups one GPU per process) adds its staging area, (world - 1) / world x M x N, as does one
+  in a process whose XLA memory the other GPUs may not write (peer_results_writable False:
+  pass across_processes=True for it).
   `peer_recv_bytes` is 0 on the NCCL path.
   """
   import numpy as np
@@ -384,6 +426,8 @@ def list_communicators() -> list:
   peer_recv_bytes (its peer-store buffer, JAX_FLASHOVERLAP_TRANSPORT=peer; 0: none),
   peer_broken (a peer-store call of its group failed: the group refuses calls, restart),
   peer_across_processes (its peer-store group spans processes: buffers shared by CUDA IPC),
+  peer_staged (its all-reduce mirrors into the others' staging areas, copied out there: across
+  processes, or where XLA's memory is not writable by the other GPUs, peer_results_writable),
   peer_connected (its peer stores point at every other rank's current buffers; calls refuse
   until they do) (empty without the extension)."""
   from jax_flashoverlap import _ext

@@ -1,7 +1,8 @@
 """Plans of the peer-store transport (JAX_FLASHOVERLAP_TRANSPORT=peer; docs/DESIGN.md, "Peer
 stores"): GEMM + all-reduce / reduce-scatter over the 2 to 8 GPUs of a mesh axis in this
 process, or one GPU per process of one host (the all-reduce then staged: each rank's block
-mirror-stored into the others' staging areas and copied out there), with no NCCL call. Each
+mirror-stored into the others' staging areas and copied out there; staged in one process too
+where XLA's memory is not writable by the other GPUs: stages_mirrors), with no NCCL call. Each
 GPU's GEMM (on every SM) computes the other ranks' blocks of rows first, then its own,
 reducing along a ring as it stores each tile: from the second block on it adds the running
 sum its next rank passed it, and it passes its sums of the other blocks on to its previous
@@ -87,12 +88,16 @@ def unavailable(collective: str, mesh, axis_name, world: int, m: int) -> str | N
   return None
 
 
-def spans_processes(mesh, axis_name) -> bool:
-  """Whether an axis group of a local GPU mesh spans processes (an all-reduce by peer stores
-  is then staged: recv_bytes, plan)."""
+def stages_mirrors(mesh, axis_name) -> bool:
+  """Whether an all-reduce by peer stores over this axis of a local GPU mesh is staged (each
+  rank's block mirrored into the others' staging areas, copied out there: recv_bytes, plan):
+  where an axis group spans processes (the others' results are in their processes), or where
+  XLA's memory is not writable by the other GPUs of a group (comm.peer_results_writable).
+  False when cross-lowering (no GPU of this machine to ask)."""
   if not comm.mesh_is_local_gpu(mesh):
     return False
-  return any(map(comm.group_spans_processes, comm.axis_groups(mesh, axis_name)))
+  groups = comm.axis_groups(mesh, axis_name)
+  return any(map(comm.group_spans_processes, groups)) or not comm.peer_results_writable(groups)
 
 
 def sequence_over_gemm(collective: str, world: int) -> float:

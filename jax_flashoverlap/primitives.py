@@ -215,7 +215,7 @@ def _peer_store_lowering(prim, ctx, x, w, collective, mesh, axis_name, world, dt
     raise ValueError(f"jax_flashoverlap: {prim.name}: comm_sms={comm_sms}, but with "
                      f"{_ext.TRANSPORT_ENV}=peer the GEMM runs on every SM (no NCCL kernel "
                      "beside it): leave comm_sms unset (or 0)")
-  staged = collective == "all_reduce" and plan_peer.spans_processes(mesh, axis_name)
+  staged = collective == "all_reduce" and plan_peer.stages_mirrors(mesh, axis_name)
   plan = tuned or plan_peer.plan(collective, m, n, k, dtype.itemsize, bool(transpose_w), world,
                                  staged=staged)
   comm_id = prepare_communicators(

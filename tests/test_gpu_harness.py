@@ -23,8 +23,8 @@ def harness(tmp_path_factory):
     return build / "overlap_harness"
 
 
-def run_harness(harness, logdir, *args, world=None):
-    env = dict(os.environ, HARNESS_BIN=str(harness), HARNESS_TIMEOUT="300")
+def run_harness(harness, logdir, *args, world=None, timeout=300):
+    env = dict(os.environ, HARNESS_BIN=str(harness), HARNESS_TIMEOUT=str(timeout))
     if world is not None:
         env["WORLD"] = str(world)
     r = subprocess.run(["bash", "tests/cuda/run_overlap_harness.sh", "none", str(logdir), *args],
@@ -54,10 +54,13 @@ def test_harness_every_op_matches(harness, tmp_path, shape):
     ["--m", "320", "--n", "272", "--k", "200"],
     ["--m", "4096", "--n", "1024", "--k", "256"],  # several waves of tiles per band
     ["--watchdog", "30", "--calls", "3"],           # spin waits reading the abort flag
-], ids=["aligned", "unaligned", "waves", "watchdog"])
+    ["--stage-mirrors", "1", "--calls", "3"],       # the all-reduce staged in one process
+], ids=["aligned", "unaligned", "waves", "watchdog", "staged"])
 def test_harness_peer_loopback_matches(harness, tmp_path, args):
     """Both peer-store ops, one rank its own peer: block 0 of every call right, an
-    all-reduce's block 1 still the poison (nothing but the peer may write it)."""
+    all-reduce's block 1 still the poison (nothing but the peer may write it); staged (as a
+    group in one process whose XLA results the others may not write), block 1 the copy of our
+    own mirror out of the staging area, equal to block 0."""
     rc, out = run_harness(harness, tmp_path, "--ops", "pr_rs,pr_ar", *args, world=1)
     assert rc == 0, out[-6000:]
     lines = ok_lines(out)
@@ -87,3 +90,33 @@ def test_harness_failed_peer_call_breaks_the_pair(harness, tmp_path, kind, op):
     refused = [line for line in out.splitlines() if " next call: " in line]
     assert len(refused) == 1 and refused[0].endswith(" OK"), out[-6000:]
     assert "restart the process" in refused[0], out[-6000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["pr_rs", "pr_ar"])
+def test_harness_watchdog_ends_a_peer_that_never_comes(harness, tmp_path, op):
+    """A peer-store call whose peer never comes (an injected wait that no rank ends): the
+    watchdog reports it after its seconds, naming the op, and its abort ends the call (the
+    waits trap, the stream fails, the process must restart). Until the call's end was ordered
+    after its whole sequence, the watchdog saw every peer-store call end at its start and such
+    a wait went on for ever (here: the harness's 90 s limit)."""
+    rc, out = run_harness(harness, tmp_path, "--inject", "hang", "--ops", op, "--watchdog", "3",
+                          world=1, timeout=90)
+    assert rc == 0, out[-6000:]
+    assert "jax_flashoverlap watchdog: harness_peer_" in out, out[-6000:]
+    assert "has not finished after" in out, out[-6000:]
+    hang = [line for line in out.splitlines() if " hang: " in line]
+    assert len(hang) == 1 and hang[0].endswith(" OK") and "failed after" in hang[0], out[-6000:]
+
+
+@pytest.mark.gpu
+def test_peer_access_tells_the_allocations_apart(harness):
+    """Which memory another GPU may write (xla_ffi/comm/peer_access.h; the peer-store
+    all-reduce mirrors into the others' results only where it may), asked of the driver on one
+    GPU about its own memory: cudaMalloc (legacy) and cudaMallocAsync (pool) writable; virtual
+    memory mappings by their access list (read-write yes; read-only or none no); a host
+    pointer an error; the per-call check refuses the read-only mapping and remembers an
+    allocation once."""
+    r = subprocess.run([str(harness.parent / "peer_access_test")], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and "ALL PASS" in r.stdout, r.stdout + r.stderr

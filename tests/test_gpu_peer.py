@@ -5,6 +5,9 @@ bf16 product, on fresh random inputs with the outputs poisoned first (conftest),
 odd shapes, 200 back-to-back calls, both ops inside lax.scan next to XLA's psum / all_gather,
 and a 2 x 2 mesh where only the 2-GPU axis takes the peer stores. The switch is read at
 lowering: every program here is jitted after it is set."""
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -13,7 +16,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from _util import shard_map
+from _util import repo_env, shard_map
 import _gpu_util as U
 
 pytestmark = U.MARKS
@@ -173,6 +176,23 @@ def test_peer_ops_in_scan_beside_xla_collectives():
 
 
 @two_gpus
+def test_all_reduce_stages_exactly_where_xla_memory_is_not_writable():
+    """In one process the all-reduce mirrors straight into the other GPU's XLA result only where
+    the driver says that GPU may write XLA's memory (comm.peer_results_writable); else the
+    group stages its mirrors (list_communicators' peer_staged). Either way the values are
+    right. Prints which way this machine's XLA went (-s)."""
+    from jax_flashoverlap import comm
+    mesh = _mesh2()
+    writable = comm.peer_results_writable(comm.axis_groups(mesh, "tp"))
+    ours, _, ref32, _ = _programs("all_reduce", mesh)
+    x, w = _inputs(jax.random.key(23), mesh, 2048, 2048, 2048)
+    assert U.rel_fro(ours(x, w), ref32(x, w)) < U.TOL
+    mine = [c for c in comm.list_communicators() if c["peer_recv_bytes"] > 0]
+    assert len(mine) == 2 and all(c["peer_staged"] == (not writable) for c in mine), (writable, mine)
+    print(f"XLA's memory writable by the other GPU: {writable}; all-reduce staged: {not writable}")
+
+
+@two_gpus
 def test_peer_buffers_listed_once_per_device():
     from jax_flashoverlap import comm
     mesh = _mesh2()
@@ -201,6 +221,36 @@ def test_2x2_mesh_peer_axis_of_two():
     w = jax.device_put(U.normal(kw, (4096, 4096), 1 / 64), NamedSharding(mesh, specs[1]))
     assert "transport = 1" in ours.lower(x, w).as_text()
     assert U.rel_fro(ours(x, w), ref(x, w)) < U.TOL
+
+
+# What comm.peer_results_writable asks of each XLA buffer it probes, in a process of its own per
+# allocator setting (read when the client starts).
+_KIND_OF_XLA_BUFFER = """
+import jax, numpy as np
+from jax_flashoverlap import _ext
+x = jax.device_put(np.zeros(256, np.float32), jax.devices()[0])
+x.block_until_ready()
+print("KIND", *_ext.ext.peer_may_write(x.unsafe_buffer_pointer(), 0))
+"""
+
+
+@pytest.mark.parametrize("allocator", [None, "platform", "cuda_async"])
+def test_xla_buffers_are_asked_about_by_kind(allocator):
+    """The driver's answer for a buffer XLA allocated (one GPU: asked about that GPU itself,
+    which may always write it): how it was allocated, under each XLA allocator setting. On 2
+    GPUs that kind decides whether the others were granted access (a pool or a virtual-memory
+    mapping: only if XLA's allocator granted it; else the all-reduce stages its mirrors)."""
+    # Preallocating as by default, but little: this pytest process holds most of the GPU.
+    env = repo_env(XLA_PYTHON_CLIENT_ALLOCATOR=allocator, XLA_PYTHON_CLIENT_MEM_FRACTION="0.05")
+    r = subprocess.run([sys.executable, "-c", _KIND_OF_XLA_BUFFER], env=env, capture_output=True,
+                       text=True, timeout=240)
+    lines = [line for line in r.stdout.splitlines() if line.startswith("KIND ")]
+    assert r.returncode == 0 and len(lines) == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    _, writable, kind = lines[0].split()
+    assert writable == "True" and kind in ("legacy", "pool", "vmm"), lines
+    if allocator == "cuda_async":
+        assert kind == "pool", lines
+    print(f"XLA allocator {allocator or 'default'}: {kind} memory")  # for the GPU run's log
 
 
 def test_peer_stores_refuse_a_group_of_one():

@@ -107,7 +107,12 @@ COMM_2D_SCRIPT = textwrap.dedent('''
         peer_sizes, imported, peer_steps = [], [], []
         def release_peer_stores(self, cid, nbytes):
             self.peer_steps.append("release")
-        def ensure_peer_stores(self, cid, nbytes):
+        def peer_may_write(self, ptr, peer):  # groups inside a process are probed
+            return True, "legacy"
+        def ensure_peer_stores(self, cid, nbytes, stage_mirrors=False):
+            # Groups spanning processes are never probed (they always stage, in C++); those
+            # inside one process found their XLA memory writable here.
+            assert stage_mirrors is False, stage_mirrors
             self.peer_sizes.append((cid, nbytes))
             self.peer_steps.append("ensure")
         def export_peer_stores(self, cid):

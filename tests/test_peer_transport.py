@@ -99,9 +99,11 @@ def _gpu(process, hw):
 @pytest.fixture
 def gpu_groups(monkeypatch):
     """plan_peer.unavailable on a GPU mesh of the given axis groups ([(process, GPU ordinal in
-    that process), ...] per group) and the given host of each process."""
-    def use(groups, hosts=None):
+    that process), ...] per group) and the given host of each process; `writable`: what
+    comm.peer_results_writable answers (XLA's memory writable by the other GPUs)."""
+    def use(groups, hosts=None, writable=True):
         monkeypatch.setattr(plan_peer.comm, "mesh_is_local_gpu", lambda mesh: True)
+        monkeypatch.setattr(plan_peer.comm, "peer_results_writable", lambda groups: writable)
         monkeypatch.setattr(plan_peer.comm, "axis_groups",
                             lambda mesh, axis: [[_gpu(*d) for d in g] for g in groups])
         asked = []
@@ -120,7 +122,7 @@ def test_one_gpu_per_process_on_one_host_takes_the_peer_stores(gpu_groups):
     asked = gpu_groups([[(0, 0), (1, 0)], [(0, 1), (1, 1)]])
     assert plan_peer.unavailable("reduce_scatter", "mesh", "dp", 2, 4096) is None
     assert asked == [[0, 1]]
-    assert plan_peer.spans_processes("mesh", "dp")
+    assert plan_peer.stages_mirrors("mesh", "dp")
 
 
 def test_all_reduce_across_processes_is_staged(gpu_groups):
@@ -128,7 +130,7 @@ def test_all_reduce_across_processes_is_staged(gpu_groups):
     after the running sums: the other world - 1 blocks), copied out after the GEMM."""
     gpu_groups([[(0, 0), (1, 0)]])
     assert plan_peer.unavailable("all_reduce", "mesh", "dp", 2, 4096) is None
-    assert plan_peer.spans_processes("mesh", "dp")
+    assert plan_peer.stages_mirrors("mesh", "dp")
     m, n, k = 8192, 8192, 4096
     for world, blocks in [(2, 1), (4, 4), (8, 8)]:
         rows = m // world
@@ -153,7 +155,24 @@ def test_groups_inside_processes_ask_nothing_of_the_others(gpu_groups):
     asked = gpu_groups([[(0, 0), (0, 1)], [(1, 0), (1, 1)]])
     for collective in ("all_reduce", "reduce_scatter"):
         assert plan_peer.unavailable(collective, "mesh", "tp", 2, 4096) is None
-    assert asked == [] and not plan_peer.spans_processes("mesh", "tp")
+    assert asked == [] and not plan_peer.stages_mirrors("mesh", "tp")
+
+
+def test_groups_inside_processes_stage_where_xla_memory_is_not_writable(gpu_groups):
+    """In one process the all-reduce mirrors straight into the other GPUs' XLA results only
+    where the driver says they may write them (comm.peer_results_writable); else it stages, as
+    across processes."""
+    gpu_groups([[(0, 0), (0, 1)]], writable=False)
+    assert plan_peer.unavailable("all_reduce", "mesh", "tp", 2, 4096) is None
+    assert plan_peer.stages_mirrors("mesh", "tp")
+
+
+def test_cross_lowering_stages_nothing(monkeypatch):
+    """Not this machine's GPUs (cross-lowering): nothing to ask, not staged."""
+    monkeypatch.setattr(plan_peer.comm, "mesh_is_local_gpu", lambda mesh: False)
+    monkeypatch.setattr(plan_peer.comm, "peer_results_writable",
+                        lambda groups: pytest.fail("asked while cross-lowering"))
+    assert not plan_peer.stages_mirrors("mesh", "tp")
 
 
 @pytest.mark.parametrize("groups, hosts, fragment", [

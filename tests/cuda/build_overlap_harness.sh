@@ -4,7 +4,8 @@
 # tests/cuda/overlap_harness (the overlapped ops without JAX, for compute-sanitizer),
 # tests/cuda/peer_reduce_test, peer_reduce_2gpu_test and peer_reduce_ipc_test (the peer-store
 # reduction, xla_ffi/comm/peer_reduce.h: ranks emulated on one GPU; rank r on GPU r; each rank
-# a process of its own, buffers shared by CUDA IPC).
+# a process of its own, buffers shared by CUDA IPC); tests/cuda/peer_access_test (which memory
+# another GPU may write, xla_ffi/comm/peer_access.h, asked of the driver on one GPU).
 #   tests/cuda/build_overlap_harness.sh [BUILD_DIR]     (default: .build)
 # Needs python with the nvidia-nccl wheel (headers, libnccl.so.2) and nvcc's CUDA next to it.
 set -euo pipefail
@@ -43,3 +44,10 @@ for prog in peer_reduce_test peer_reduce_2gpu_test peer_reduce_ipc_test; do
   "$NVCC" -o "$BUILD/$prog" "$BUILD/$prog.o" "${pr_objs[@]}" -ldl
   echo "built $BUILD/$prog"
 done
+"$NVCC" -std=c++17 -O2 -I"$ROOT" -I"$NCCL/include" -c tests/cuda/peer_access_test.cu -o "$BUILD/peer_access_test.o"
+access_objs=()
+for obj in "${objs[@]}"; do
+  case "$(basename "$obj")" in peer_access.*|driver_entry.*) access_objs+=("$obj") ;; esac
+done
+"$NVCC" -o "$BUILD/peer_access_test" "$BUILD/peer_access_test.o" "${access_objs[@]}"
+echo "built $BUILD/peer_access_test"

@@ -5,8 +5,8 @@
 //
 //   overlap_harness --rank R --world N --id-file PATH [--device D]
 //                   [--ops ar,ar_out,rs,a2a,a2a11,ag,ag_ce,ag_g,ag_ce_g,pr_rs,pr_ar]
-//                   [--calls C] [--m M --n N --k K] [--comm-sms S] [--inject nccl|cuda]
-//                   [--trace 1] [--grow G] [--watchdog S]
+//                   [--calls C] [--m M --n N --k K] [--comm-sms S] [--inject nccl|cuda|hang]
+//                   [--trace 1] [--grow G] [--watchdog S] [--stage-mirrors 1]
 //
 // Start one process per rank (tests/cuda/run_overlap_harness.sh does). Rank 0 writes the
 // NCCL unique id to PATH; the others wait for it (at most 300 s). Every call gets fresh
@@ -34,6 +34,15 @@
 // that read its abort flag, a check kernel after each call (xla_ffi/comm/watchdog.h).
 // --inject with pr ops: a failed peer-store call breaks the pair for good (restart, as the
 // handler's error says), so the call after it must be refused naming that; then the op ends.
+// --stage-mirrors 1 (pr ops at world 1): the peer stores made with EnsurePeerStoresLoopback's
+// stage_mirrors, as a group in one process whose XLA results the other GPUs may not write:
+// the all-reduce mirrors into the staging area and copies it out (looped back, our own mirror
+// lands in the one staging slot, copied out as the other rank's block: block 1 of the result
+// must then equal block 0).
+// --inject hang (one pr op, --watchdog S): its first call waits for a peer that never comes
+// (fault_injection.h, kHang); the watchdog must report it after S s and end it (its abort
+// makes the waits trap: the stream fails, the process must restart, so the harness exits
+// there: 0 if the stream failed within S + 30 s).
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -67,8 +76,9 @@ struct Options {
   int rank = -1, world = 0, device = -1, calls = 2, comm_sms = 16, grow = 0;
   double watchdog = 0;
   bool trace = false;
+  bool stage_mirrors = false;  // pr ops at world 1: the all-reduce staged as in one process
   int64_t m = 512, n = 512, k = 512;
-  std::string id_file, ops = "ar,ar_out,rs,a2a,ag,ag_ce,ag_g,ag_ce_g", inject;  // inject: "", "nccl" or "cuda"
+  std::string id_file, ops = "ar,ar_out,rs,a2a,ag,ag_ce,ag_g,ag_ce_g", inject;  // inject: "", "nccl", "cuda" or "hang"
 };
 
 [[noreturn]] void Fail(const std::string& what) {
@@ -100,11 +110,17 @@ Options Parse(int argc, char** argv) {
     else if (key == "--ops") o.ops = value;
     else if (key == "--inject") o.inject = value;
     else if (key == "--trace") o.trace = value == "1";
+    else if (key == "--stage-mirrors") o.stage_mirrors = value == "1";
     else if (key == "--grow") o.grow = std::stoi(value);
     else if (key == "--watchdog") o.watchdog = std::stod(value);
     else Fail("unknown option " + key);
   }
-  if (!o.inject.empty() && o.inject != "nccl" && o.inject != "cuda") Fail("--inject: nccl or cuda");
+  if (!o.inject.empty() && o.inject != "nccl" && o.inject != "cuda" && o.inject != "hang") {
+    Fail("--inject: nccl, cuda or hang");
+  }
+  if (o.inject == "hang" && (o.ops.find(',') != std::string::npos || !HasPeerOps(o) || o.watchdog <= 0)) {
+    Fail("--inject hang: one pr op (--ops pr_rs or pr_ar) and --watchdog S (only the watchdog ends it)");
+  }
   if (o.grow < 0) Fail("--grow: a count >= 0");
   if (!(o.watchdog >= 0)) Fail("--watchdog: seconds >= 0 (0: off)");
   if (o.world != 1 && HasPeerOps(o) && o.grow > 0) {
@@ -197,7 +213,8 @@ int64_t PeerWorld(const Options& o) { return o.world == 1 ? 2 : o.world; }
 // pair: the peer's partial of our rows), and across processes the all-reduce's staging area.
 size_t PeerRecvBytes(const Options& o) {
   const int world = static_cast<int>(PeerWorld(o));
-  const int blocks = fo::PeerRecvBlocks(world) + (o.world > 1 ? fo::PeerStageBlocks(world) : 0);
+  const bool staged = o.world > 1 || o.stage_mirrors;
+  const int blocks = fo::PeerRecvBlocks(world) + (staged ? fo::PeerStageBlocks(world) : 0);
   return static_cast<size_t>(blocks) * (o.m / world) * o.n * 2;
 }
 
@@ -320,6 +337,30 @@ int64_t RefusedAfterFailure(const std::string& op, const Options& o, fo::Communi
   return says ? 0 : 1;
 }
 
+// --inject hang: the call's wait for its peer never ends but by the watchdog, whose abort
+// makes the wait trap: the stream fails, the CUDA context is gone, so the process ends here
+// (0: the stream failed after the watchdog's S s and within S + 30 s).
+[[noreturn]] void HangEndedByWatchdog(const std::string& op, const Options& o, fo::Communicator& coll,
+                                      fo::Communicator& p2p, fo::Communicator& zero,
+                                      cudaStream_t stream, const DeviceBuffers& d) {
+  fo::SetFaultInjection(fo::FaultKind::kHang, 1);
+  const auto start = std::chrono::steady_clock::now();
+  fo::Status s = CallOp(op, o, coll, p2p, zero, stream, d);
+  fo::SetFaultInjection(fo::FaultKind::kNone, 0);
+  if (!s.ok()) {
+    std::printf("rank %d %-5s hang: the call was not enqueued: %s  FAIL\n", o.rank, op.c_str(), s.message.c_str());
+    std::fflush(stdout);
+    std::_Exit(1);
+  }
+  const cudaError_t e = cudaStreamSynchronize(stream);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const bool ok = e != cudaSuccess && seconds >= o.watchdog && seconds < o.watchdog + 30;
+  std::printf("rank %d %-5s hang: the stream %s after %.1f s (%s)  %s\n", o.rank, op.c_str(),
+              e == cudaSuccess ? "finished" : "failed", seconds, cudaGetErrorString(e), ok ? "OK" : "FAIL");
+  std::fflush(stdout);
+  std::_Exit(ok ? 0 : 1);
+}
+
 // Runs `calls` calls of one op; returns the number of mismatching elements.
 int64_t RunOp(const std::string& op, const Options& o, fo::Communicator& coll,
               fo::Communicator& p2p, fo::Communicator& zero, cudaStream_t stream,
@@ -334,12 +375,18 @@ int64_t RunOp(const std::string& op, const Options& o, fo::Communicator& coll,
                              : IsPeer(op) ? (o.world == 1 ? "pr" : op.substr(3)) : op;
     const bool gathered = op == "ag_g" || op == "ag_ce_g";
     Problem p = MakeProblem(math, o.m, o.n, o.k, o.world, o.rank, /*seed=*/1000 * call + 17);
-    // pr_ar: block 1 of the result is the peer's to write; looped back, nothing does.
-    if (op == "pr_ar" && o.world == 1) p.expected.resize(2 * p.expected.size(), std::nanf(""));
+    // pr_ar: block 1 of the result is the peer's to write; looped back, nothing does (staged:
+    // our own mirror, copied out of the staging slot; --stage-mirrors).
+    if (op == "pr_ar" && o.world == 1) {
+      const size_t half = p.expected.size();
+      p.expected.resize(2 * half, std::nanf(""));
+      if (o.stage_mirrors) std::copy(p.expected.begin(), p.expected.begin() + half, p.expected.begin() + half);
+    }
     CheckCuda(cudaMemcpy(d.x, p.x.data(), p.x.size() * 2, cudaMemcpyHostToDevice), "copy x");
     CheckCuda(cudaMemcpy(d.w, p.w.data(), p.w.size() * 2, cudaMemcpyHostToDevice), "copy w");
     CheckCuda(cudaMemset(d.out, 0xff, p.expected.size() * 2), "poison out");  // bf16 NaN
     CheckCuda(cudaMemset(d.gathered, 0xff, o.m * o.k * 2), "poison gathered");
+    if (o.inject == "hang") HangEndedByWatchdog(op, o, coll, p2p, zero, stream, d);
     if (!o.inject.empty()) {  // first an injected failure: it must name the op, then clear
       fo::SetFaultInjection(o.inject == "nccl" ? fo::FaultKind::kNccl : fo::FaultKind::kCuda, 1);
       fo::Status failed = CallOp(op, o, coll, p2p, zero, stream, d);
@@ -439,7 +486,7 @@ class Grower {
         }
       }
       if (peer_ != nullptr) {
-        fo::Status s = fo::EnsurePeerStoresLoopback(1, PeerTarget(step));
+        fo::Status s = fo::EnsurePeerStoresLoopback(1, PeerTarget(step), o_.stage_mirrors);
         if (!s.ok()) {
           status_ = s;
           return;
@@ -480,7 +527,7 @@ int main(int argc, char** argv) {
                                 /*peer_to_peer=*/false, /*cta_policy=*/2), "zero-policy comm");
   // Sized before the first call, as the ops' lowering does (comm.ensure_communicators).
   if (HasPeerOps(o) && o.world == 1) {
-    Check(fo::EnsurePeerStoresLoopback(1, PeerRecvBytes(o)), "peer stores (loopback)");
+    Check(fo::EnsurePeerStoresLoopback(1, PeerRecvBytes(o), o.stage_mirrors), "peer stores (loopback)");
   } else if (HasPeerOps(o)) {  // one rank per process: buffers here, the others' opened
     Check(fo::EnsurePeerStores(1, PeerRecvBytes(o)), "peer stores");
     ExchangePeerRecords(o);

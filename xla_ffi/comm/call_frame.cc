@@ -32,6 +32,12 @@ Status StartCall(Communicator& comm, cudaStream_t stream, int counters, bool cop
   return WatchStart(comm);  // the watchdog times the call from here on the GPU
 }
 
+Status FollowOnCommStream(Communicator& comm, cudaStream_t stream) {
+  FO_RETURN_IF_CUDA(cudaEventRecord(comm.sequence_done, stream));
+  FO_RETURN_IF_CUDA(cudaStreamWaitEvent(comm.stream, comm.sequence_done, 0));
+  return Status::Ok();
+}
+
 Status UseWorkspace(const Communicator& comm, cudaStream_t stream, size_t bytes, bool poison,
                     const char* op, char** workspace) {
   *workspace = static_cast<char*>(comm.workspace);

@@ -29,6 +29,11 @@ Status BeginCall(const Communicator& comm, cudaStream_t stream, const char* op);
 // (and the copy stream when `copies`) after everything queued on `stream` so far.
 Status StartCall(Communicator& comm, cudaStream_t stream, int counters, bool copies);
 
+// A call whose whole sequence runs on `stream` (peer stores: nothing on the comm stream):
+// orders the comm stream after everything queued on `stream` so far, so that the watchdog's
+// abort check and its end of the call (FinishCall) follow the sequence, not only its start.
+Status FollowOnCommStream(Communicator& comm, cudaStream_t stream);
+
 // The communicator's workspace for this call, under comm.call_mutex (EnsureWorkspace swaps it
 // only under that mutex): an error naming `op` unless it holds `bytes` (0: any, even none);
 // with `poison`, filled with NaN bytes on `stream` first (poison.h's test switch), so a GEMM

@@ -210,6 +210,7 @@ Status CreateStreamAndEvents(Communicator& c) {
   FO_RETURN_IF_CUDA(cudaEventCreateWithFlags(&c.gemm_started, cudaEventDisableTiming));
   FO_RETURN_IF_CUDA(cudaEventCreateWithFlags(&c.queue_reset, cudaEventDisableTiming));
   FO_RETURN_IF_CUDA(cudaEventCreateWithFlags(&c.comm_done, cudaEventDisableTiming));
+  FO_RETURN_IF_CUDA(cudaEventCreateWithFlags(&c.sequence_done, cudaEventDisableTiming));
   FO_RETURN_IF_CUDA(cudaEventCreateWithFlags(&c.call_done, cudaEventDisableTiming));
   FO_RETURN_IF_CUDA(cudaStreamCreateWithPriority(&c.copy_stream, cudaStreamNonBlocking, greatest));
   FO_RETURN_IF_CUDA(cudaEventCreateWithFlags(&c.copies_done, cudaEventDisableTiming));
@@ -243,8 +244,8 @@ Status ReleaseOne(Communicator& c, bool abort) {
     if (*s) keep(CudaStatus(cudaStreamDestroy(*s), "cudaStreamDestroy"));
     *s = nullptr;
   }
-  for (cudaEvent_t* e : {&c.gemm_started, &c.queue_reset, &c.comm_done, &c.call_done,
-                         &c.copies_done}) {
+  for (cudaEvent_t* e : {&c.gemm_started, &c.queue_reset, &c.comm_done, &c.sequence_done,
+                         &c.call_done, &c.copies_done}) {
     if (*e) keep(CudaStatus(cudaEventDestroy(*e), "cudaEventDestroy"));
     *e = nullptr;
   }
@@ -521,12 +522,17 @@ std::vector<CommunicatorSummary> ListCommunicators() {
   std::lock_guard<std::mutex> lock(RegistryMutex());
   std::vector<CommunicatorSummary> out;
   for (auto& [key, c] : Registry()) {
+    // Spanning processes: buffers, and no local member object for another rank.
+    bool across = false;
+    for (int i = 0; i < c->world_size && i < kMaxPeerRanks; ++i) {
+      if (i != c->rank && c->peer_members[i] == nullptr && c->peer.buffers.recv != nullptr) across = true;
+    }
     out.push_back({c->comm_id, c->device, c->rank, c->world_size, c->comm_sms,
                    c->workspace_bytes,
                    c->wait_method == WaitMethod::kStreamOp ? "stream_op" : "spin",
                    c->watchdog_seconds, c->aborted.load(), c->peer_to_peer, c->cta_policy,
                    c->workspace_error, c->peer_recv_bytes, c->peer_broken.load(),
-                   c->peer.buffers.mirror_staged, c->peer_connected});
+                   across, c->peer.buffers.mirror_staged, c->peer_connected});
   }
   return out;
 }

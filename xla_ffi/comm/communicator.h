@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "xla_ffi/comm/peer_access.h"
 #include "xla_ffi/comm/peer_ipc.h"
 #include "xla_ffi/comm/peer_reduce.h"
 #include "xla_ffi/comm/status.h"
@@ -47,6 +48,9 @@ struct Communicator {
   cudaEvent_t gemm_started = nullptr;   // compute stream -> comm stream
   cudaEvent_t queue_reset = nullptr;    // the GEMM's queue reset -> its helper launches
   cudaEvent_t comm_done = nullptr;      // comm stream -> compute stream
+  // compute stream -> comm stream, after a call whose whole sequence runs on the compute
+  // stream (peer stores): the watchdog's check and `done` then follow the sequence.
+  cudaEvent_t sequence_done = nullptr;
   // On the compute stream after the last call joined back (FinishCall): once complete, no
   // call of this communicator uses its workspace (quiesce.h).
   cudaEvent_t call_done = nullptr;
@@ -87,6 +91,9 @@ struct Communicator {
   PeerReduceRank peer;
   size_t peer_recv_bytes = 0;
   bool peer_access = false;  // cudaDeviceEnablePeerAccess to every other member done
+  // XLA's allocations found writable by every other member (an all-reduce in this process
+  // mirrors into the others' results: peer_access.h); read and extended under call_mutex.
+  WritableRanges peer_writable_results;
   // The group's members by rank, this one included (communicators are never freed).
   Communicator* peer_members[kMaxPeerRanks] = {};
   // A peer-store call failed: the others may wait for this call's stores for ever, so every
@@ -184,6 +191,7 @@ struct CommunicatorSummary {
   size_t peer_recv_bytes;       // peer stores' recv buffer (0: none)
   bool peer_broken;             // a peer-store call failed: the pair refuses (restart)
   bool peer_across_processes;   // its peer-store group spans processes (peer_ipc.h)
+  bool peer_staged;             // its all-reduce stages its mirrors (peer_stores.h)
   bool peer_connected;          // its peer stores point at every other rank's current buffers
 };
 std::vector<CommunicatorSummary> ListCommunicators();

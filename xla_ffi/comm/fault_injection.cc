@@ -34,12 +34,22 @@ void SetFaultInjection(FaultKind kind, int calls) {
 Status TakeInjectedFault(int device) {
   Armed& s = State();
   std::lock_guard<std::mutex> lock(s.mu);
-  if (s.kind == FaultKind::kNone || s.used[device] >= s.calls) return Status::Ok();
+  if (s.kind == FaultKind::kNone || s.kind == FaultKind::kHang || s.used[device] >= s.calls) {
+    return Status::Ok();
+  }
   ++s.used[device];
   if (s.kind == FaultKind::kNccl) {
     return NcclStatus(ncclRemoteError, "NCCL call (injected fault: comm.inject_faults)");
   }
   return CudaStatus(cudaErrorLaunchFailure, "CUDA call (injected fault: comm.inject_faults)");
+}
+
+bool TakeInjectedHang(int device) {
+  Armed& s = State();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.kind != FaultKind::kHang || s.used[device] >= s.calls) return false;
+  ++s.used[device];
+  return true;
 }
 
 }  // namespace flashoverlap

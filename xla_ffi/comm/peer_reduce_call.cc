@@ -2,12 +2,15 @@
 // frame around EnqueuePeerReduce (peer_reduce.h), as the NCCL path's calls have it (call
 // mutex, ordering after the previous call, watchdog timing, joining back).
 #include <string>
+#include <vector>
 
 #include "xla_ffi/comm/call_frame.h"
 #include "xla_ffi/comm/fault_injection.h"
 #include "xla_ffi/comm/overlap_calls.h"
+#include "xla_ffi/comm/peer_access.h"
 #include "xla_ffi/comm/peer_reduce.h"
 #include "xla_ffi/comm/peer_stores.h"
+#include "xla_ffi/comm/stream_wait.h"
 
 namespace flashoverlap {
 namespace {
@@ -26,7 +29,8 @@ Status CheckPeerStores(const Communicator& comm, const SignalingGemmArgs& gemm, 
                          "ensure_communicators connects them when the op is lowered)");
   }
   const int world = comm.peer.buffers.world;
-  // Staged all-reduce (a group spanning processes): the staging area after the running sums.
+  // Staged all-reduce (across processes, or XLA's memory not writable by the others): the
+  // staging area after the running sums.
   const int blocks = PeerRecvBlocks(world) + (all_reduce && comm.peer.buffers.mirror_staged ? PeerStageBlocks(world) : 0);
   const size_t need = static_cast<size_t>(blocks) * (gemm.m / world) * gemm.n * 2;
   if (comm.peer.buffers.recv == nullptr || comm.peer_recv_bytes < need) {
@@ -35,6 +39,28 @@ Status CheckPeerStores(const Communicator& comm, const SignalingGemmArgs& gemm, 
                          " (jax_flashoverlap.comm.ensure_communicators sizes it when the op is lowered)");
   }
   return Status::Ok();
+}
+
+// An all-reduce of a group in this process that mirrors straight into the others' results:
+// every other member's GPU must be allowed to write ours (XLA's allocator decides;
+// peer_access.h). Checked once per allocation; a result it cannot write is refused here
+// instead of faulting in the other GPU's kernel.
+Status CheckResultWritable(Communicator& comm, const void* result) {
+  std::vector<int> peers;
+  for (int i = 0; i < comm.peer.buffers.world; ++i) {
+    const Communicator* member = comm.peer_members[i];
+    if (member != nullptr && member->device != comm.device) peers.push_back(member->device);
+  }
+  if (peers.empty()) return Status::Ok();  // loopback, or ranks in other processes (staged)
+  return CheckPeersMayWrite(result, peers, &comm.peer_writable_results);
+}
+
+// An injected hang (fault_injection.h): the call waits, as it waits for a peer, for a word
+// no rank writes (the call numbers, even a broken pair's, stay far below).
+Status EnqueueInjectedHang(const PeerReduceRank& peer, cudaStream_t stream) {
+  constexpr int32_t kNeverWritten = 0x7fffffff;
+  return EnqueueWaitGeq(stream, peer.buffers.signals + kPeerCredit, kNeverWritten, peer.wait_method,
+                        peer.abort_flag);
 }
 
 }  // namespace
@@ -52,9 +78,15 @@ Status RunGemmPeerReduce(Communicator& comm, cudaStream_t stream, CollectiveKind
   if (!status.ok() && (comm.peer_broken || !comm.peer_connected)) return status;
   gemm.queue = comm.gemm_queue;  // ordered on `stream`: one call at a time per communicator
   gemm.counters = nullptr;       // EnqueuePeerReduce sets which counters each group signals
+  if (status.ok() && kind == CollectiveKind::kAllReduce && !comm.peer.buffers.mirror_staged) {
+    status = CheckResultWritable(comm, result);
+  }
   if (status.ok()) status = StartCall(comm, stream, /*counters=*/0, /*copies=*/false);
   if (status.ok()) status = TakeInjectedFault(comm.device);
+  if (status.ok() && TakeInjectedHang(comm.device)) status = EnqueueInjectedHang(comm.peer, stream);
   if (status.ok()) status = EnqueuePeerReduce(comm.peer, stream, peer_kind, gemm, result);
+  // Everything above ran on `stream`: the watchdog's end of the call must follow it.
+  if (status.ok()) status = FollowOnCommStream(comm, stream);
   if (!status.ok()) {
     // The others may be in this very call or further on (their host threads ahead of ours),
     // and we may have launched part of ours: let every call of the group end.

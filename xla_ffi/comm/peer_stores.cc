@@ -55,6 +55,21 @@ Status CheckGroup(const std::vector<Communicator*>& comms, bool loopback, bool* 
   return Status::Ok();
 }
 
+// Whether `device` has native atomics on `peer`'s memory: the GEMM counts a group's tiles
+// with atomics in the other GPU's memory (NVLink gives them; PCIe peer-to-peer does not, and
+// counts would be lost: the other rank would wait for ever).
+Status CheckPeerAtomics(int device, int peer, const std::string& peer_name) {
+  int atomics = 0;
+  FO_RETURN_IF_CUDA(cudaDeviceGetP2PAttribute(&atomics, cudaDevP2PAttrNativeAtomicSupported, device, peer));
+  if (atomics != 1) {
+    return Status::Error(Dev(device) + " has no native atomics on the memory of " + peer_name +
+                         " (cudaDevP2PAttrNativeAtomicSupported): peer stores count tiles with "
+                         "atomics in the other GPU's memory, which needs NVLink; use "
+                         "JAX_FLASHOVERLAP_TRANSPORT=nccl");
+  }
+  return Status::Ok();
+}
+
 // `c`'s device may load from and store to every other member's memory (once per member).
 Status EnablePeerAccess(Communicator& c, const std::vector<Communicator*>& comms) {
   if (c.peer_access) return Status::Ok();
@@ -65,9 +80,10 @@ Status EnablePeerAccess(Communicator& c, const std::vector<Communicator*>& comms
     FO_RETURN_IF_CUDA(cudaDeviceCanAccessPeer(&can, c.device, other->device));
     if (!can) {
       return Status::Error(Dev(c.device) + " cannot access the memory of " + Dev(other->device) +
-                           " (cudaDeviceCanAccessPeer): peer stores need peer access (NVLink or "
-                           "PCIe peer-to-peer) between every two ranks of the group");
+                           " (cudaDeviceCanAccessPeer): peer stores need peer access (NVLink) "
+                           "between every two ranks of the group");
     }
+    FO_RETURN_IF_NOT_OK(CheckPeerAtomics(c.device, other->device, Dev(other->device)));
     const cudaError_t e = cudaDeviceEnablePeerAccess(other->device, 0);
     if (e == cudaErrorPeerAccessAlreadyEnabled) {
       cudaGetLastError();  // enabled before (by XLA or the user): what we need
@@ -111,7 +127,7 @@ Status FreeRecv(Communicator& c) {
 
 // One group's members (ordered by rank; loopback: its one member, its own peer): their
 // buffers swapped for new ones of `bytes`.
-Status GrowGroup(const std::vector<Communicator*>& comms, size_t bytes, bool loopback) {
+Status GrowGroup(const std::vector<Communicator*>& comms, size_t bytes, bool loopback, bool stage_mirrors) {
   bool spanning = false;
   FO_RETURN_IF_NOT_OK(CheckGroup(comms, loopback, &spanning));
   for (const Communicator* c : comms) {
@@ -163,7 +179,7 @@ Status GrowGroup(const std::vector<Communicator*>& comms, size_t bytes, bool loo
     PeerReduceBuffers& b = me->peer.buffers;
     b.rank = me->rank;
     b.world = world;
-    b.mirror_staged = false;
+    b.mirror_staged = stage_mirrors;
     for (int i = 0; i < world; ++i) {
       Communicator* member = comms[loopback ? 0 : i];
       b.peers_recv[i] = const_cast<void*>(member->peer.buffers.recv);
@@ -177,29 +193,39 @@ Status GrowGroup(const std::vector<Communicator*>& comms, size_t bytes, bool loo
   return Status::Ok();
 }
 
-// Every group's members (those of comm_id split by group, each ordered by rank).
-Status Grow(const std::vector<Communicator*>& comms, size_t bytes, bool loopback) {
+// comm_id's local members by group (group_serial), each ordered by rank.
+std::map<int64_t, std::vector<Communicator*>> ByGroup(const std::vector<Communicator*>& comms) {
   std::map<int64_t, std::vector<Communicator*>> groups;
   for (Communicator* c : comms) groups[c->group_serial].push_back(c);
   for (auto& [serial, members] : groups) {
     std::sort(members.begin(), members.end(),
               [](const Communicator* a, const Communicator* b) { return a->rank < b->rank; });
-    FO_RETURN_IF_NOT_OK(GrowGroup(members, bytes, loopback));
   }
-  return Status::Ok();
+  return groups;
 }
 
-Status Ensure(int64_t comm_id, size_t recv_bytes, bool loopback) {
-  auto needed = [recv_bytes](const std::vector<Communicator*>& comms) {
-    for (const Communicator* c : comms) {
-      if (c->peer.buffers.recv == nullptr || c->peer_recv_bytes < recv_bytes) return true;
+Status Ensure(int64_t comm_id, size_t recv_bytes, bool loopback, bool stage_mirrors) {
+  // A member needs new buffers if it has none, too few bytes, or the other staging setting
+  // (a group spanning processes, one member here, always stages).
+  auto needed = [recv_bytes, loopback, stage_mirrors](const std::vector<Communicator*>& comms) {
+    for (auto& [serial, members] : ByGroup(comms)) {
+      const bool spanning = !loopback && members.size() == 1;
+      for (const Communicator* c : members) {
+        if (c->peer.buffers.recv == nullptr || c->peer_recv_bytes < recv_bytes ||
+            c->peer.buffers.mirror_staged != (spanning || stage_mirrors))
+          return true;
+      }
     }
     return false;
   };
   Status status = GrowMemberBuffers(
       comm_id, "allocating peer-store buffers", needed,
-      [recv_bytes, loopback](const std::vector<Communicator*>& comms) {
-        return Grow(comms, RoundGrowth(recv_bytes > 0 ? recv_bytes : 1), loopback);
+      [recv_bytes, loopback, stage_mirrors](const std::vector<Communicator*>& comms) {
+        for (auto& [serial, members] : ByGroup(comms)) {
+          FO_RETURN_IF_NOT_OK(GrowGroup(members, RoundGrowth(recv_bytes > 0 ? recv_bytes : 1), loopback,
+                                        stage_mirrors));
+        }
+        return Status::Ok();
       });
   if (!status.ok()) status.message = "peer stores (comm_id " + std::to_string(comm_id) + "): " + status.message;
   return status;
@@ -229,6 +255,21 @@ Status ParseMemberRecord(const Communicator& c, const std::vector<std::string>& 
   return Status::Ok();
 }
 
+// CheckPeerAtomics for a rank of another process, where this process sees its GPU (found by
+// UUID; a process shown only its own GPU, CUDA_VISIBLE_DEVICES, cannot ask and goes on).
+Status CheckPeerAtomicsByUuid(int device, const uint8_t uuid[16]) {
+  int count = 0;
+  FO_RETURN_IF_CUDA(cudaGetDeviceCount(&count));
+  for (int d = 0; d < count; ++d) {
+    cudaDeviceProp prop;
+    FO_RETURN_IF_CUDA(cudaGetDeviceProperties(&prop, d));
+    if (d != device && std::memcmp(&prop.uuid, uuid, 16) == 0) {
+      return CheckPeerAtomics(device, d, "GPU " + UuidText(uuid) + " (another process's rank)");
+    }
+  }
+  return Status::Ok();
+}
+
 // Member `c` (a group spanning processes) to the other ranks' current buffers.
 Status ConnectMember(Communicator& c, const std::vector<std::string>& records) {
   const int world = c.world_size;
@@ -248,6 +289,7 @@ Status ConnectMember(Communicator& c, const std::vector<std::string>& records) {
                              " and " + std::to_string(i) + " are both on " + UuidText(parsed[i].device_uuid));
       }
     }
+    if (i != c.rank) FO_RETURN_IF_NOT_OK(CheckPeerAtomicsByUuid(c.device, parsed[i].device_uuid));
   }
   c.peer_connected = false;  // until every pointer below is the current one
   FO_RETURN_IF_CUDA(cudaSetDevice(c.device));
@@ -274,12 +316,12 @@ Status ConnectMember(Communicator& c, const std::vector<std::string>& records) {
 
 }  // namespace
 
-Status EnsurePeerStores(int64_t comm_id, size_t recv_bytes) {
-  return Ensure(comm_id, recv_bytes, /*loopback=*/false);
+Status EnsurePeerStores(int64_t comm_id, size_t recv_bytes, bool stage_mirrors) {
+  return Ensure(comm_id, recv_bytes, /*loopback=*/false, stage_mirrors);
 }
 
-Status EnsurePeerStoresLoopback(int64_t comm_id, size_t recv_bytes) {
-  return Ensure(comm_id, recv_bytes, /*loopback=*/true);
+Status EnsurePeerStoresLoopback(int64_t comm_id, size_t recv_bytes, bool stage_mirrors) {
+  return Ensure(comm_id, recv_bytes, /*loopback=*/true, stage_mirrors);
 }
 
 Status ExportPeerStores(int64_t comm_id, std::vector<PeerStoresRecord>* records) {

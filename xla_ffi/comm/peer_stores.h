@@ -22,8 +22,13 @@ namespace flashoverlap {
 // kMaxPeerRanks ranks, all local, on distinct devices that can access each other, or one local
 // rank of such a group (the others in other processes: ImportPeerStores next). The signal
 // words survive a growth (they count calls). Errors name the reason; on failure no member
-// keeps a buffer.
-Status EnsurePeerStores(int64_t comm_id, size_t recv_bytes);
+// keeps a buffer. `stage_mirrors`: an all-reduce of a group in this process mirrors its
+// reduced blocks into the others' staging areas (our buffers, so `recv_bytes` must hold them)
+// and each copies them out, instead of storing straight into the others' XLA results: for
+// when XLA's memory is not writable by the other GPUs (peer_access.h; Python asks first,
+// comm.peer_results_writable). A group spanning processes always stages. A member whose
+// buffers were made with the other setting is grown anew.
+Status EnsurePeerStores(int64_t comm_id, size_t recv_bytes, bool stage_mirrors = false);
 
 // A group spanning processes (one rank per process, all on one host; docs/DESIGN.md, "Peer
 // stores across processes"): EnsurePeerStores allocates this process's member's buffers only;
@@ -57,7 +62,7 @@ Status ImportPeerStores(int64_t comm_id, const std::map<int, std::vector<std::st
 // call then runs everything a pair's does but NVLink: the call frame, growth between calls,
 // the watchdog's waits. Its result's block 0 is x[block 0] @ w + x[block 1] @ w; an
 // all-reduce leaves block 1 unwritten (the peer's to write).
-Status EnsurePeerStoresLoopback(int64_t comm_id, size_t recv_bytes);
+Status EnsurePeerStoresLoopback(int64_t comm_id, size_t recv_bytes, bool stage_mirrors = false);
 
 // After a failed peer-store call: every member refuses every later one (peer_broken).
 void MarkPeerStoresBroken(Communicator& c);

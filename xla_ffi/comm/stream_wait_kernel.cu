@@ -15,9 +15,11 @@ __global__ void SpinWaitGeqKernel(const int32_t* counter, int32_t value,
   do {
     // The watchdog gave up on this call: fail loudly rather than run NCCL on a dead comm.
     if (abort_flag != nullptr && *abort_flag != 0) __trap();
-    // Acquire at GPU scope: the GEMM's tile stores, fenced before its atomicAdd, are
-    // visible to whatever this stream runs next.
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+    // Acquire at system scope: the word's writer may be another GPU (the peer stores' credit
+    // and done words), whose stores before it must be visible to whatever this stream runs
+    // next; for our own GEMM's counters (its tile stores fenced before its atomicAdd) GPU
+    // scope would do (a system-scope load per spin; the spin sleeps 200 ns between loads).
+    asm volatile("ld.acquire.sys.global.b32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
     if (seen < value) __nanosleep(200);
   } while (seen < value);
 }

@@ -43,7 +43,8 @@ __device__ __forceinline__ int64_t OutOffset(int dst_row, int row, int col, int 
 // A finished tile's signal, by the one thread that releases it: the barrier before the call
 // ordered its threads' stores before this thread's fence, which orders them all
 // (cumulatively) before the counter increment the waiter acquires. System scope where the
-// counters (and the stores) are another GPU's.
+// counters (and the stores) are another GPU's: the fence and the increment both (a .gpu-scope
+// atomic does not synchronize with another GPU's system-scope acquire).
 // Head groups (signaling_gemm.h) count into their destination's head_counters, the rest
 // into counters from head_groups on.
 template <class Params>
@@ -58,9 +59,13 @@ __device__ __forceinline__ void SignalGroup(const Params& params, int group) {
     counter = params.counters == nullptr ? nullptr : params.counters + (group - params.head_groups);
   }
   if (counter == nullptr) return;
-  if (head || params.signal_system) __threadfence_system();
-  else __threadfence();
-  atomicAdd(counter, 1);
+  if (head || params.signal_system) {
+    __threadfence_system();
+    atomicAdd_system(counter, 1);
+  } else {
+    __threadfence();
+    atomicAdd(counter, 1);
+  }
 }
 
 // One warp's 16 accumulator rows (fragment values [value0, value0 + BN / 2): the warp's rows

@@ -1,0 +1,94 @@
+"""May the peer-store all-reduce mirror straight into the other GPUs' XLA results? CUDA leaves
+that to the allocator (xla_ffi/comm/peer_access.h), so comm.peer_results_writable asks the
+driver about a probe buffer XLA allocates on each GPU, and ensure_communicators has a group
+stage its mirrors where the answer is no. Here the extension is a fake that answers per peer,
+over the CPU's simulated devices (their buffers have addresses too): who is asked about
+what, and what the answer makes the growth do. The driver's own answers run on the GPU
+(tests/test_gpu_peer.py)."""
+import types
+
+import pytest
+
+from _util import make_mesh_1d, make_mesh_2d
+
+from jax_flashoverlap import _ext, comm
+
+
+class _Ext:
+    """The extension's communicator calls, recording the peer-store ones; `writable(peer)`
+    answers peer_may_write."""
+
+    def __init__(self, writable=lambda peer: True):
+        self.writable, self.asked, self.grown, self.made = writable, [], [], set()
+
+    def peer_may_write(self, ptr, peer):
+        self.asked.append((ptr, peer))
+        return self.writable(peer), "vmm"
+
+    def has_communicators(self, cid):
+        return cid in self.made
+
+    def nccl_unique_id(self):
+        return bytes(128)
+
+    def create_communicators(self, cid, uid, world, local, comm_sms, nbytes, watchdog,
+                             peer_to_peer=False, cta_policy=0):
+        self.made.add(cid)
+
+    def ensure_workspace(self, cid, nbytes):
+        pass
+
+    def ensure_peer_stores(self, cid, recv_bytes, stage_mirrors=False):
+        self.grown.append((cid, recv_bytes, stage_mirrors))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_answers(monkeypatch):
+    monkeypatch.setattr(comm, "_results_writable", {})
+
+
+def test_every_gpu_is_asked_about_each_other_gpus_buffer_once(monkeypatch):
+    ext = _Ext()
+    monkeypatch.setattr(_ext, "ext", ext)
+    groups = comm.axis_groups(make_mesh_2d(2, 2), "tp")
+    assert comm.peer_results_writable(groups)
+    expected = [int(o.local_hardware_id) for g in groups for d in g for o in g if o.id != d.id]
+    assert [peer for _, peer in ext.asked] == expected
+    pointers = [ptr for ptr, _ in ext.asked]
+    assert all(isinstance(p, int) and p > 0 for p in pointers)
+    ext.asked.clear()
+    assert comm.peer_results_writable(groups) and ext.asked == []  # cached
+
+
+def test_one_gpu_that_may_not_write_makes_every_group_stage(monkeypatch):
+    groups = comm.axis_groups(make_mesh_1d(4), "tp")
+    barred = int(groups[0][2].local_hardware_id)
+    monkeypatch.setattr(_ext, "ext", _Ext(writable=lambda peer: peer != barred))
+    assert not comm.peer_results_writable(groups)
+
+
+def test_groups_across_processes_and_single_gpus_are_not_asked(monkeypatch):
+    ext = _Ext(writable=lambda peer: pytest.fail("asked"))
+    monkeypatch.setattr(_ext, "ext", ext)
+    gpu = lambda process, hw: types.SimpleNamespace(process_index=process, local_hardware_id=hw,  # noqa: E731
+                                                    id=10 * process + hw)
+    assert comm.peer_results_writable([[gpu(0, 0), gpu(1, 0)], [gpu(0, 1)]])
+    assert ext.asked == []
+
+
+@pytest.mark.parametrize("writable", [True, False])
+def test_ensure_communicators_stages_where_the_others_may_not_write(monkeypatch, writable):
+    ext = _Ext(writable=lambda peer: writable)
+    monkeypatch.setattr(_ext, "ext", ext)
+    mesh = make_mesh_1d(2)
+    cid = comm.ensure_communicators(mesh, "tp", workspace_bytes=1 << 20, comm_sms=8,
+                                    peer_store_bytes=3 << 20)
+    assert ext.grown == [(cid, 3 << 20, not writable)]
+    assert len(ext.asked) == 2
+
+
+def test_no_peer_stores_no_probe(monkeypatch):
+    ext = _Ext(writable=lambda peer: pytest.fail("asked"))
+    monkeypatch.setattr(_ext, "ext", ext)
+    comm.ensure_communicators(make_mesh_1d(2), "tp", workspace_bytes=1 << 20, comm_sms=8)
+    assert ext.asked == [] and ext.grown == []
