@@ -228,6 +228,9 @@ Status CreateStreamAndEvents(Communicator& c) {
   FO_RETURN_IF_CUDA(LoadSpinWaitKernel());
   FO_RETURN_IF_CUDA(LoadWriteFlagKernel());
   FO_RETURN_IF_CUDA(LoadAbortCheckKernel());
+  // The GEMM's instances too: a peer-store call's first GEMM launch can come after a wait
+  // for its peer (signaling_gemm.h, PrepareSignalingGemms).
+  FO_RETURN_IF_CUDA(PrepareSignalingGemms(c.device));
   return Status::Ok();
 }
 

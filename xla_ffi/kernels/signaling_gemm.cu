@@ -406,6 +406,26 @@ cudaError_t PlanLaunch(const SignalingGemmArgs& args, LaunchPlan* plan) {
 
 }  // namespace
 
+cudaError_t PrepareSignalingGemms(int device) {
+  using Getter = const InstanceOps& (*)();
+  static constexpr Getter kAll[] = {
+      SignalingGemmBf16Tile128x256Overlap, SignalingGemmBf16Tile128x128Overlap,
+      SignalingGemmF16Tile128x256Overlap, SignalingGemmF16Tile128x128Overlap,
+      SignalingGemmBf16Tile128x256, SignalingGemmBf16Tile128x128,
+      SignalingGemmF16Tile128x256, SignalingGemmF16Tile128x128,
+      SignalingGemmBf16Tile128x128PingPong, SignalingGemmF16Tile128x128PingPong,
+      SignalingGemmBf16Tile128x256OverlapNK, SignalingGemmBf16Tile128x128OverlapNK,
+      SignalingGemmF16Tile128x256OverlapNK, SignalingGemmF16Tile128x128OverlapNK,
+      SignalingGemmBf16Tile128x256OverlapPeer, SignalingGemmF16Tile128x256OverlapPeer,
+      SignalingGemmBf16Tile128x256OverlapNKPeer, SignalingGemmF16Tile128x256OverlapNKPeer};
+  for (Getter get : kAll) {
+    int clusters = 0;
+    const cudaError_t e = get().prepare(device, &clusters);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
 cudaError_t LaunchSignalingGemm(const SignalingGemmArgs& args, cudaStream_t stream) {
   LaunchPlan plan;
   cudaError_t e = PlanLaunch(args, &plan);

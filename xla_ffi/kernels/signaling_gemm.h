@@ -235,6 +235,14 @@ cudaError_t LaunchSignalingGemm(const SignalingGemmArgs& args, cudaStream_t stre
 cudaError_t LaunchSignalingGemmHelpers(const SignalingGemmArgs& args, int until_group,
                                        cudaStream_t stream);
 
+// Every kernel instance's one-time setup on the current device (`device`: its ordinal) now:
+// the shared-memory opt-in and the occupancy query, which under CUDA's lazy loading also
+// load the instance's module. A module load waits for the kernels running on the device, so
+// a first launch behind a wait that never ends (a peer that never comes) would block the
+// host thread inside the launch, where the watchdog never learns of the call. Communicators
+// call it when they are made (as they load their wait kernels).
+cudaError_t PrepareSignalingGemms(int device);
+
 // Human-readable reason for the last cudaErrorInvalidValue / NotSupported returned by
 // LaunchSignalingGemm on this host thread.
 const char* LastSignalingGemmError();
