@@ -242,3 +242,29 @@ def cuda_include():
     except ImportError:
         pass
     return None
+
+
+# ----------------------------------------------------------------------------- fake extension
+
+class FakeCommExtension:
+    """The extension's communicator calls that ensure_communicators makes, doing nothing but
+    remembering which comm_ids were made (tests replace _ext.ext with a subclass)."""
+
+    def __init__(self):
+        self.made = set()
+
+    def has_communicators(self, cid):
+        return cid in self.made
+
+    def nccl_unique_id(self):
+        return bytes(128)
+
+    def create_communicators(self, cid, uid, world, local, comm_sms, nbytes, watchdog,
+                             peer_to_peer=False, cta_policy=0):
+        self.made.add(cid)
+
+    def ensure_workspace(self, cid, nbytes):
+        pass
+
+    def connect_peers(self, cid):
+        pass

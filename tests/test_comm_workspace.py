@@ -3,29 +3,20 @@ extension's communicator API replaced here by a fake that fails like it does): t
 what to do, and anything else the extension raises passes through unchanged."""
 import pytest
 
-from _util import make_mesh_1d
+from _util import FakeCommExtension, make_mesh_1d
 
 
-class _FailingExtension:
+class _FailingExtension(FakeCommExtension):
   def __init__(self, message):
-    self.message, self.made = message, set()
+    super().__init__()
+    self.message = message
 
-  def has_communicators(self, cid):
-    return cid in self.made
-
-  def nccl_unique_id(self):
-    return bytes(128)
-
-  def create_communicators(self, cid, uid, world, local, comm_sms, nbytes, watchdog,
-                           peer_to_peer=False, cta_policy=0):
+  def create_communicators(self, cid, *args, **kwargs):
     self.made.add(cid)  # a failed workspace keeps the communicators (communicator.h)
     raise RuntimeError(self.message)
 
   def ensure_workspace(self, cid, nbytes):
     raise RuntimeError(self.message)
-
-  def connect_peers(self, cid):
-    pass
 
 
 # What the GPU machine printed when a child process found the GPU taken by its parent's

@@ -9,34 +9,22 @@ import types
 
 import pytest
 
-from _util import make_mesh_1d, make_mesh_2d
+from _util import FakeCommExtension, make_mesh_1d, make_mesh_2d
 
 from jax_flashoverlap import _ext, comm
 
 
-class _Ext:
+class _Ext(FakeCommExtension):
     """The extension's communicator calls, recording the peer-store ones; `writable(peer)`
     answers peer_may_write."""
 
     def __init__(self, writable=lambda peer: True):
-        self.writable, self.asked, self.grown, self.made = writable, [], [], set()
+        super().__init__()
+        self.writable, self.asked, self.grown = writable, [], []
 
     def peer_may_write(self, ptr, peer):
         self.asked.append((ptr, peer))
         return self.writable(peer), "vmm"
-
-    def has_communicators(self, cid):
-        return cid in self.made
-
-    def nccl_unique_id(self):
-        return bytes(128)
-
-    def create_communicators(self, cid, uid, world, local, comm_sms, nbytes, watchdog,
-                             peer_to_peer=False, cta_policy=0):
-        self.made.add(cid)
-
-    def ensure_workspace(self, cid, nbytes):
-        pass
 
     def ensure_peer_stores(self, cid, recv_bytes, stage_mirrors=False):
         self.grown.append((cid, recv_bytes, stage_mirrors))
