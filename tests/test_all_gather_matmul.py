@@ -13,8 +13,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from _util import (DTYPES, DTYPE_IDS, assert_close, assert_rel_fro, custom_call_lines,
-                   lower_for_cuda, make_mesh_1d, make_mesh_2d,
+from _util import (DTYPES, DTYPE_IDS, FakeCommExtension, assert_close, assert_rel_fro,
+                   custom_call_lines, lower_for_cuda, make_mesh_1d, make_mesh_2d,
                    rand, shard_map, upcast)
 
 SPECS = (P("tp", None), P(None, "tp")), P(None, "tp")
@@ -379,19 +379,14 @@ def test_plan_overlaps_only_where_measured_to_win(m, n, k, overlap):
 
 # ------------------------------------------------------------------ communicator setup
 
-class _RecordingExtension:
-    """The extension's communicator API, recording instead of calling NCCL."""
+class _RecordingExtension(FakeCommExtension):
+    """The extension's communicator API, recording workspaces and connections."""
     def __init__(self):
+        super().__init__()
         self.workspace, self.connected = {}, []
 
-    def has_communicators(self, cid):
-        return cid in self.workspace
-
-    def nccl_unique_id(self):
-        return bytes(128)
-
-    def create_communicators(self, cid, uid, world, local, comm_sms, nbytes, watchdog,
-                             peer_to_peer=False, cta_policy=0):
+    def create_communicators(self, cid, uid, world, local, comm_sms, nbytes, *args, **kwargs):
+        super().create_communicators(cid, uid, world, local, comm_sms, nbytes, *args, **kwargs)
         self.workspace[cid] = nbytes
 
     def ensure_workspace(self, cid, nbytes):
