@@ -26,6 +26,7 @@ GEMM_SCHEDULE_ENV = "FLASHOVERLAP_GEMM_SCHEDULE"  # likewise (and plan.kernel_ge
 GEMM_HELPERS_ENV = "FLASHOVERLAP_GEMM_HELPERS"
 ALL_REDUCE_BUFFER_ENV = "JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER"  # read at lowering
 TRANSPORT_ENV = "JAX_FLASHOVERLAP_TRANSPORT"  # read at lowering (transport())
+GRANT_PEER_ACCESS_ENV = "JAX_FLASHOVERLAP_GRANT_PEER_ACCESS"  # read at lowering (grant_peer_access())
 # "spin": spin-kernel waits and flag writes (xla_ffi/comm/stream_wait.cc, stream_write.cc
 # compare it to exactly "spin"; anything else silently keeps the stream memory operations).
 WAIT_ENV = "JAX_FLASHOVERLAP_WAIT"
@@ -219,6 +220,20 @@ def transport() -> str:
                    "'auto' (the default: NCCL unless a tuned config says peer), 'nccl' (NCCL "
                    "calls beside the GEMM) or 'peer' (experimental: peer stores over 2 local "
                    "GPUs)")
+
+
+def grant_peer_access() -> bool:
+  """JAX_FLASHOVERLAP_GRANT_PEER_ACCESS (experimental, off by default): the peer-store
+  all-reduce of GPUs in one process mirrors each rank's reduced block straight into the other
+  ranks' XLA results, which needs each GPU allowed to write the others' XLA memory. XLA's
+  allocator decides that (a virtual-memory mapping or a pool has an access list of its own);
+  where it left the other GPUs out the group stages its mirrors in our buffers and copies them
+  out after the GEMM (a few percent of the GEMM). On, the op instead gives the group's other
+  GPUs read-write access to XLA's allocation (its whole mapping, or its pool), once per
+  allocation, at lowering and at the first call whose result lies in a new one: a change to
+  XLA's memory that XLA does not know of, hence opt-in (docs/DESIGN.md, "What one GPU could
+  not show")."""
+  return env_switch(GRANT_PEER_ACCESS_ENV, False)
 
 
 @functools.lru_cache(maxsize=None)

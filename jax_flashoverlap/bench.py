@@ -532,6 +532,11 @@ def main(argv=None) -> int:
             "sweep": bench_gemm.bench_sweep,
             "a2a": bench_a2a.bench_a2a}[args.kind](args)
   result.update(about, info=fo.info(), complete=True)
+  # Which way the peer-store all-reduce went in this process (staged or not, access granted).
+  result["peer_communicators"] = [
+      {k: c[k] for k in ("comm_id", "device", "rank", "peer_recv_bytes", "peer_staged",
+                         "peer_grants", "peer_across_processes")}
+      for c in fo.comm.list_communicators() if c.get("peer_recv_bytes")]
   failed = any(row.get("failed_value_check") or row.get("variant_failures")
                for row in result["rows"])
   if not is_main_process():

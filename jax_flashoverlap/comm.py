@@ -185,7 +185,8 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
     raise ValueError("jax_flashoverlap: peer stores across processes need one GPU of each axis "
                      "group per process (plan_peer.unavailable)")
   # Asked before _lock (it runs a small XLA program per GPU); the answer is cached.
-  stage_mirrors = bool(peer_store_bytes) and not peer_results_writable(groups)
+  grant = bool(peer_store_bytes) and _ext.grant_peer_access()
+  stage_mirrors = bool(peer_store_bytes) and not peer_results_writable(groups, grant=grant)
   with _lock:
     cid = _ensure_locked(ext, cid, groups, processes, spans_processes, workspace_bytes,
                          comm_sms, watchdog, peer_to_peer, cta_policy)
@@ -193,21 +194,25 @@ def ensure_communicators(mesh, axis_name, *, workspace_bytes: int, comm_sms: int
       _grow_and_connect_peer_stores(ext, cid, groups, processes, int(peer_store_bytes),
                                     stage_mirrors)
     elif peer_store_bytes:
-      ext.ensure_peer_stores(cid, int(peer_store_bytes), stage_mirrors=stage_mirrors)
+      ext.ensure_peer_stores(cid, int(peer_store_bytes), stage_mirrors=stage_mirrors,
+                             grant_results=grant)
   return cid
 
 
-_results_writable = {}  # the groups' device ids -> peer_results_writable's answer
+_results_writable = {}  # (grant, the groups' device ids) -> peer_results_writable's answer
 
 
-def peer_results_writable(groups) -> bool:
+def peer_results_writable(groups, *, grant: bool = False) -> bool:
   """Whether, in each axis group whose GPUs are all in this process, every GPU may write the
   others' XLA buffers: the peer-store all-reduce mirrors each rank's reduced block straight
   into the other ranks' results. CUDA leaves that to the allocator (legacy memory: peer access;
   a memory pool or a virtual-memory mapping: its own access list, which XLA's allocator sets or
   not by version and settings; xla_ffi/comm/peer_access.h), so the driver is asked about a
-  small buffer XLA allocates on each GPU, once per set of groups. False: such a group's
-  all-reduce mirrors into the others' staging areas (our buffers) and each copies them out.
+  small buffer XLA allocates on each GPU, once per set of groups. grant=True
+  (JAX_FLASHOVERLAP_GRANT_PEER_ACCESS): a GPU left out is given access to that buffer's
+  allocation, then asked again; a grant the driver refuses counts as not writable, with a
+  PeerStoresWarning saying why. False: such a group's all-reduce mirrors into the others'
+  staging areas (our buffers) and each copies them out.
   Groups spanning processes are not asked (they always stage), nor other processes' groups;
   without a group of this process's GPUs, True."""
   import jax
@@ -215,7 +220,7 @@ def peer_results_writable(groups) -> bool:
   from jax_flashoverlap import _ext
   me = jax.process_index()
   local = [g for g in groups if len(g) > 1 and all(d.process_index == me for d in g)]
-  key = tuple(tuple(int(d.id) for d in g) for g in local)
+  key = (bool(grant), tuple(tuple(int(d.id) for d in g) for g in local))
   if key not in _results_writable:
     import numpy as np
     writable = True
@@ -224,13 +229,37 @@ def peer_results_writable(groups) -> bool:
         for device in group:
           probe = jax.device_put(np.zeros(256, np.float32), device)
           probe.block_until_ready()
+          ptr = probe.unsafe_buffer_pointer()
           for other in group:
             if other.id != device.id:
-              ok, _ = _ext.ext.peer_may_write(probe.unsafe_buffer_pointer(),
-                                              int(other.local_hardware_id))
+              peer = int(other.local_hardware_id)
+              ok, kind = _ext.ext.peer_may_write(ptr, peer)
+              if not ok and grant:
+                ok = _grant_peer_write(_ext.ext, ptr, device, peer, kind)
               writable = writable and bool(ok)
     _results_writable[key] = writable
   return _results_writable[key]
+
+
+def _grant_peer_write(ext, ptr, device, peer: int, kind: str) -> bool:
+  """Gives GPU `peer` access to the allocation of `device`'s XLA buffer at `ptr`; whether it
+  may write it then (a refusal is a PeerStoresWarning: the group stages)."""
+  import warnings
+
+  from jax_flashoverlap import _ext, plan_peer
+  try:
+    ext.grant_peers_write(ptr, [peer])
+    ok, _ = ext.peer_may_write(ptr, peer)
+  except RuntimeError as e:
+    reason = str(e)
+  else:
+    if ok:
+      return True
+    reason = "the driver accepted the grant, yet the GPU still may not write it"
+  warnings.warn(f"jax_flashoverlap: {_ext.GRANT_PEER_ACCESS_ENV} is on, but GPU {peer} could not be given "
+                f"access to XLA's {kind} memory on {device} ({reason}); the all-reduce stages "
+                "its mirrors instead", plan_peer.PeerStoresWarning, stacklevel=3)
+  return False
 
 
 _peer_exchanges = collections.Counter()

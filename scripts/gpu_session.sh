@@ -199,6 +199,9 @@ for step in "${steps[@]}"; do
     peer_bench)  # the bench's ours_peer beside the NCCL path and XLA (one process, then one per
       # GPU under the launcher), and tune --peer into $OUT only
       run_step peer_bench python3 -m jax_flashoverlap.bench overlap --world 2 --variants peer --out "$OUT/peer_bench_$TAG.json"
+      # the same with the other GPU granted access to XLA's memory (the all-reduce unstaged
+      # where XLA left it out; its JSON's peer_communicators say which way each went)
+      run_step peer_bench_granted env JAX_FLASHOVERLAP_GRANT_PEER_ACCESS=1 python3 -m jax_flashoverlap.bench overlap --world 2 --variants peer --collectives all_reduce --out "$OUT/peer_bench_granted_$TAG.json"
       run_step peer_bench_procs python3 -m jax_flashoverlap.launch -n 2 --gpus-per-process 1 --timeout 500 -m jax_flashoverlap.bench overlap --variants peer --out "$OUT/peer_bench_procs_$TAG.json"
       run_step peer_tune python3 -m jax_flashoverlap.tune --world 2 --peer ${TUNE_ARGS:-} --out "$OUT/peer_tuned_$TAG.json" --report "$OUT/peer_tune_$TAG.json" ;;
     *) echo "unknown step $step"; exit 2 ;;

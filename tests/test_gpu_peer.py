@@ -193,6 +193,26 @@ def test_all_reduce_stages_exactly_where_xla_memory_is_not_writable():
 
 
 @two_gpus
+def test_all_reduce_with_granted_access_mirrors_into_xla_results(monkeypatch):
+    """JAX_FLASHOVERLAP_GRANT_PEER_ACCESS=1: where XLA's allocator left the other GPU out, the
+    op gives it access to XLA's allocation (at lowering the probe's, in the handler each new
+    result's), so the group does not stage; 20 calls with fresh inputs (results in several
+    allocations) right, every communicator granting and unstaged. Prints whether XLA had
+    granted it already (-s)."""
+    from jax_flashoverlap import comm
+    mesh = _mesh2()
+    before = comm.peer_results_writable(comm.axis_groups(mesh, "tp"))
+    monkeypatch.setenv("JAX_FLASHOVERLAP_GRANT_PEER_ACCESS", "1")
+    ours, _, ref32, _ = _programs("all_reduce", mesh)
+    for i in range(20):
+        x, w = _inputs(jax.random.key(100 + i), mesh, 2048, 2048 + 256 * (i % 3), 2048)
+        assert U.rel_fro(ours(x, w), ref32(x, w)) < U.TOL, i
+    mine = [c for c in comm.list_communicators() if c["peer_recv_bytes"] > 0]
+    assert len(mine) == 2 and all(c["peer_grants"] and not c["peer_staged"] for c in mine), mine
+    print(f"XLA's memory writable by the other GPU before any grant: {before}")
+
+
+@two_gpus
 def test_peer_buffers_listed_once_per_device():
     from jax_flashoverlap import comm
     mesh = _mesh2()
@@ -231,6 +251,14 @@ from jax_flashoverlap import _ext
 x = jax.device_put(np.zeros(256, np.float32), jax.devices()[0])
 x.block_until_ready()
 print("KIND", *_ext.ext.peer_may_write(x.unsafe_buffer_pointer(), 0))
+# What JAX_FLASHOVERLAP_GRANT_PEER_ACCESS would do to it, here for the GPU itself (already
+# allowed: a mapping's access list rewritten to what it was), then XLA computing on as before.
+try:
+    print("GRANT", _ext.ext.grant_peers_write(x.unsafe_buffer_pointer(), [0]), "ok")
+except RuntimeError as e:
+    print("GRANT refused", str(e).replace(chr(10), " "))
+y = (x + 1).block_until_ready()
+print("AFTER", bool((np.asarray(y) == 1).all()), *_ext.ext.peer_may_write(x.unsafe_buffer_pointer(), 0))
 """
 
 
@@ -244,13 +272,22 @@ def test_xla_buffers_are_asked_about_by_kind(allocator):
     env = repo_env(XLA_PYTHON_CLIENT_ALLOCATOR=allocator, XLA_PYTHON_CLIENT_MEM_FRACTION="0.05")
     r = subprocess.run([sys.executable, "-c", _KIND_OF_XLA_BUFFER], env=env, capture_output=True,
                        text=True, timeout=240)
-    lines = [line for line in r.stdout.splitlines() if line.startswith("KIND ")]
-    assert r.returncode == 0 and len(lines) == 1, r.stdout[-3000:] + r.stderr[-3000:]
-    _, writable, kind = lines[0].split()
-    assert writable == "True" and kind in ("legacy", "pool", "vmm"), lines
+    said = {line.split()[0]: line for line in r.stdout.splitlines()
+            if line.startswith(("KIND ", "GRANT ", "AFTER "))}
+    assert r.returncode == 0 and len(said) == 3, r.stdout[-3000:] + r.stderr[-3000:]
+    _, writable, kind = said["KIND"].split()
+    assert writable == "True" and kind in ("legacy", "pool", "vmm"), said
     if allocator == "cuda_async":
-        assert kind == "pool", lines
-    print(f"XLA allocator {allocator or 'default'}: {kind} memory")  # for the GPU run's log
+        assert kind == "pool", said
+    # The grant: over a mapping, cuMemSetAccess must take the range the driver reports for it
+    # (one whole mapping); a pool may refuse its own GPU as a "peer" (it always has access).
+    grant = said["GRANT"]
+    if kind == "pool":
+        assert grant == "GRANT pool ok" or "cuMemPoolSetAccess" in grant, said
+    else:
+        assert grant == f"GRANT {kind} ok", said
+    assert said["AFTER"] == f"AFTER True True {kind}", said
+    print(f"XLA allocator {allocator or 'default'}: {kind} memory; {grant}")  # for the GPU run's log
 
 
 def test_peer_stores_refuse_a_group_of_one():

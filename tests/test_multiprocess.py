@@ -109,7 +109,7 @@ COMM_2D_SCRIPT = textwrap.dedent('''
             self.peer_steps.append("release")
         def peer_may_write(self, ptr, peer):  # groups inside a process are probed
             return True, "legacy"
-        def ensure_peer_stores(self, cid, nbytes, stage_mirrors=False):
+        def ensure_peer_stores(self, cid, nbytes, stage_mirrors=False, grant_results=False):
             # Groups spanning processes are never probed (they always stage, in C++); those
             # inside one process found their XLA memory writable here.
             assert stage_mirrors is False, stage_mirrors

@@ -16,18 +16,27 @@ from jax_flashoverlap import _ext, comm
 
 class _Ext(FakeCommExtension):
     """The extension's communicator calls, recording the peer-store ones; `writable(peer)`
-    answers peer_may_write."""
+    answers peer_may_write until grant_peers_write gives that peer access (`grantable(peer)`:
+    the driver accepts; else it raises as the extension does)."""
 
-    def __init__(self, writable=lambda peer: True):
+    def __init__(self, writable=lambda peer: True, grantable=lambda peer: True):
         super().__init__()
-        self.writable, self.asked, self.grown = writable, [], []
+        self.writable, self.grantable = writable, grantable
+        self.asked, self.grown, self.granted = [], [], []
 
     def peer_may_write(self, ptr, peer):
         self.asked.append((ptr, peer))
-        return self.writable(peer), "vmm"
+        return self.writable(peer) or (ptr, peer) in self.granted, "vmm"
 
-    def ensure_peer_stores(self, cid, recv_bytes, stage_mirrors=False):
-        self.grown.append((cid, recv_bytes, stage_mirrors))
+    def grant_peers_write(self, ptr, peers):
+        for peer in peers:
+            if not self.grantable(peer):
+                raise RuntimeError(f"cuMemSetAccess over the mapping failed with CUresult 1 (peer {peer})")
+            self.granted.append((ptr, peer))
+        return "vmm"
+
+    def ensure_peer_stores(self, cid, recv_bytes, stage_mirrors=False, grant_results=False):
+        self.grown.append((cid, recv_bytes, stage_mirrors, grant_results))
 
 
 @pytest.fixture(autouse=True)
@@ -71,8 +80,8 @@ def test_ensure_communicators_stages_where_the_others_may_not_write(monkeypatch,
     mesh = make_mesh_1d(2)
     cid = comm.ensure_communicators(mesh, "tp", workspace_bytes=1 << 20, comm_sms=8,
                                     peer_store_bytes=3 << 20)
-    assert ext.grown == [(cid, 3 << 20, not writable)]
-    assert len(ext.asked) == 2
+    assert ext.grown == [(cid, 3 << 20, not writable, False)]
+    assert len(ext.asked) == 2 and ext.granted == []  # never granted unless asked to
 
 
 def test_no_peer_stores_no_probe(monkeypatch):
@@ -80,3 +89,49 @@ def test_no_peer_stores_no_probe(monkeypatch):
     monkeypatch.setattr(_ext, "ext", ext)
     comm.ensure_communicators(make_mesh_1d(2), "tp", workspace_bytes=1 << 20, comm_sms=8)
     assert ext.asked == [] and ext.grown == []
+
+
+def test_grant_gives_access_where_xla_did_not_and_keeps_the_group_unstaged(monkeypatch):
+    """JAX_FLASHOVERLAP_GRANT_PEER_ACCESS=1: a GPU left out of XLA's access list is given
+    access to the probed buffer's allocation, asked again, and the group mirrors straight into
+    the results (no staging); the communicators are told to grant each new result's
+    allocation too. Only the pairs that were refused are granted."""
+    groups = comm.axis_groups(make_mesh_1d(2), "tp")
+    barred = int(groups[0][1].local_hardware_id)
+    ext = _Ext(writable=lambda peer: peer != barred)
+    monkeypatch.setattr(_ext, "ext", ext)
+    monkeypatch.setenv(_ext.GRANT_PEER_ACCESS_ENV, "1")
+    cid = comm.ensure_communicators(make_mesh_1d(2), "tp", workspace_bytes=1 << 20, comm_sms=8,
+                                    peer_store_bytes=3 << 20)
+    assert [peer for _, peer in ext.granted] == [barred]
+    assert ext.grown == [(cid, 3 << 20, False, True)]
+    # asked, granted, asked again: three questions for the two (device, other) pairs
+    assert [peer for _, peer in ext.asked].count(barred) == 2 and len(ext.asked) == 3
+
+
+def test_a_refused_grant_stages_with_a_warning(monkeypatch):
+    ext = _Ext(writable=lambda peer: False, grantable=lambda peer: False)
+    monkeypatch.setattr(_ext, "ext", ext)
+    monkeypatch.setenv(_ext.GRANT_PEER_ACCESS_ENV, "on")
+    from jax_flashoverlap import plan_peer
+    with pytest.warns(plan_peer.PeerStoresWarning, match="GRANT_PEER_ACCESS is on.*cuMemSetAccess"):
+        cid = comm.ensure_communicators(make_mesh_1d(2), "tp", workspace_bytes=1 << 20,
+                                        comm_sms=8, peer_store_bytes=3 << 20)
+    assert ext.grown == [(cid, 3 << 20, True, True)]
+
+
+def test_grant_answers_are_cached_apart_from_plain_ones(monkeypatch):
+    """The cache is keyed by whether granting was allowed: a plain 'no' must not stand for a
+    later lowering that may grant (nor a granted 'yes' for one that may not)."""
+    groups = comm.axis_groups(make_mesh_1d(2), "tp")
+    monkeypatch.setattr(_ext, "ext", _Ext(writable=lambda peer: False))
+    assert not comm.peer_results_writable(groups)
+    assert comm.peer_results_writable(groups, grant=True)
+
+
+def test_grant_switch_typos_are_errors(monkeypatch):
+    monkeypatch.setattr(_ext, "ext", _Ext())
+    monkeypatch.setenv(_ext.GRANT_PEER_ACCESS_ENV, "maybe")
+    with pytest.raises(ValueError, match="JAX_FLASHOVERLAP_GRANT_PEER_ACCESS='maybe'"):
+        comm.ensure_communicators(make_mesh_1d(2), "tp", workspace_bytes=1 << 20, comm_sms=8,
+                                  peer_store_bytes=3 << 20)

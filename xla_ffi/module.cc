@@ -116,8 +116,10 @@ void EnsureWorkspace(int64_t comm_id, size_t bytes) {
   RunWithoutGil([&] { return flashoverlap::EnsureWorkspace(comm_id, bytes); });
 }
 
-void EnsurePeerStores(int64_t comm_id, size_t recv_bytes, bool stage_mirrors) {
-  RunWithoutGil([&] { return flashoverlap::EnsurePeerStores(comm_id, recv_bytes, stage_mirrors); });
+void EnsurePeerStores(int64_t comm_id, size_t recv_bytes, bool stage_mirrors, bool grant_results) {
+  RunWithoutGil([&] {
+    return flashoverlap::EnsurePeerStores(comm_id, recv_bytes, stage_mirrors, grant_results);
+  });
 }
 
 // (writable, how allocated) of the device memory at `ptr` for GPU `peer` (peer_access.h).
@@ -126,6 +128,13 @@ py::tuple PeerMayWrite(uintptr_t ptr, int peer) {
   std::string kind;
   ThrowIfError(flashoverlap::PeerMayWrite(reinterpret_cast<const void*>(ptr), peer, &writable, &kind));
   return py::make_tuple(writable, kind);
+}
+
+// Gives GPUs `peers` read-write access to the allocation holding `ptr`; its kind (peer_access.h).
+std::string GrantPeersWrite(uintptr_t ptr, const std::vector<int>& peers) {
+  std::string kind;
+  ThrowIfError(flashoverlap::GrantPeersWrite(reinterpret_cast<const void*>(ptr), peers, &kind));
+  return kind;
 }
 
 // [(device, rank, record bytes)] of this process's members of comm_id (groups spanning
@@ -184,6 +193,7 @@ py::list ListCommunicators() {
     d["peer_broken"] = c.peer_broken;
     d["peer_across_processes"] = c.peer_across_processes;
     d["peer_staged"] = c.peer_staged;
+    d["peer_grants"] = c.peer_grants;
     d["peer_connected"] = c.peer_connected;
     out.append(d);
   }
@@ -240,13 +250,17 @@ PYBIND11_MODULE(_xla_ffi, m) {
   m.def("ensure_workspace", &EnsureWorkspace, py::arg("comm_id"), py::arg("bytes"),
         "Grows the workspaces of comm_id to at least `bytes`");
   m.def("ensure_peer_stores", &EnsurePeerStores, py::arg("comm_id"), py::arg("recv_bytes"),
-        py::arg("stage_mirrors") = false,
+        py::arg("stage_mirrors") = false, py::arg("grant_results") = false,
         "Gives comm_id's local members peer-store buffers of at least `recv_bytes` each "
         "(groups of 2 to 8 ranks, all local or one per process; xla_ffi/comm/peer_stores.h); "
-        "stage_mirrors: a group in this process stages its all-reduce's mirrors too");
+        "stage_mirrors: a group in this process stages its all-reduce's mirrors too; "
+        "grant_results: its all-reduce gives the others access to a result they may not write");
   m.def("peer_may_write", &PeerMayWrite, py::arg("ptr"), py::arg("peer"),
         "(writable, kind): whether GPU `peer` may write the device memory at `ptr`, and how "
         "it was allocated ('legacy', 'pool' or 'vmm'; xla_ffi/comm/peer_access.h)");
+  m.def("grant_peers_write", &GrantPeersWrite, py::arg("ptr"), py::arg("peers"),
+        "Gives GPUs `peers` read-write access to the allocation holding the device memory at "
+        "`ptr` (its whole mapping, or its pool); returns how it was allocated (peer_access.h)");
   m.def("export_peer_stores", &ExportPeerStores, py::arg("comm_id"),
         "[(device, rank, record bytes)] of this process's peer-store buffers of comm_id, for "
         "the other processes of groups that span processes (xla_ffi/comm/peer_stores.h)");

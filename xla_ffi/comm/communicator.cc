@@ -535,7 +535,8 @@ std::vector<CommunicatorSummary> ListCommunicators() {
                    c->wait_method == WaitMethod::kStreamOp ? "stream_op" : "spin",
                    c->watchdog_seconds, c->aborted.load(), c->peer_to_peer, c->cta_policy,
                    c->workspace_error, c->peer_recv_bytes, c->peer_broken.load(),
-                   across, c->peer.buffers.mirror_staged, c->peer_connected});
+                   across, c->peer.buffers.mirror_staged, c->peer_grant_results.load(),
+                   c->peer_connected});
   }
   return out;
 }

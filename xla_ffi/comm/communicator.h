@@ -94,6 +94,9 @@ struct Communicator {
   // XLA's allocations found writable by every other member (an all-reduce in this process
   // mirrors into the others' results: peer_access.h); read and extended under call_mutex.
   WritableRanges peer_writable_results;
+  // A result the others may not write is first given them (GrantPeersWrite: the user's
+  // JAX_FLASHOVERLAP_GRANT_PEER_ACCESS, set at lowering by EnsurePeerStores).
+  std::atomic<bool> peer_grant_results{false};
   // The group's members by rank, this one included (communicators are never freed).
   Communicator* peer_members[kMaxPeerRanks] = {};
   // A peer-store call failed: the others may wait for this call's stores for ever, so every
@@ -192,6 +195,7 @@ struct CommunicatorSummary {
   bool peer_broken;             // a peer-store call failed: the pair refuses (restart)
   bool peer_across_processes;   // its peer-store group spans processes (peer_ipc.h)
   bool peer_staged;             // its all-reduce stages its mirrors (peer_stores.h)
+  bool peer_grants;             // it grants the others access to its results (peer_access.h)
   bool peer_connected;          // its peer stores point at every other rank's current buffers
 };
 std::vector<CommunicatorSummary> ListCommunicators();

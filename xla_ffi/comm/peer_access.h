@@ -5,8 +5,9 @@
 // enable between their GPUs; memory pools (cudaMallocAsync, XLA's cuda_async allocator)
 // through the pool's access list; virtual-memory mappings (cuMemCreate + cuMemMap, XLA's own
 // allocator in recent versions) through the mapping's access list, which only the allocator
-// that made it sets. The last two are not ours to change, so where they leave a peer out
-// the all-reduce stages its mirrors in our own buffers instead (peer_stores.h).
+// that made it sets. Where they leave a peer out the all-reduce stages its mirrors in our own
+// buffers instead (peer_stores.h), unless the user lets us grant the peers access to XLA's
+// allocation ourselves (GrantPeersWrite; JAX_FLASHOVERLAP_GRANT_PEER_ACCESS).
 #pragma once
 
 #include <cstdint>
@@ -28,8 +29,17 @@ Status PeerMayWrite(const void* ptr, int peer, bool* writable, std::string* kind
 // allocator hands out results from a few large ones).
 using WritableRanges = std::vector<std::pair<uintptr_t, uintptr_t>>;
 
+// Gives every GPU of `peers` read-write access to the allocation holding `ptr` where its
+// allocator left them out: a virtual-memory mapping's access list (cuMemSetAccess over the
+// mapping cuMemGetAddressRange reports: only that mapping, whole) or a memory pool's
+// (cuMemPoolSetAccess: the whole pool); legacy memory needs nothing (peer access does it).
+// The owner's own access is left as it is. `*kind` as PeerMayWrite.
+Status GrantPeersWrite(const void* ptr, const std::vector<int>& peers, std::string* kind);
+
 // An error unless every GPU of `peers` may write the allocation holding `ptr` (PeerMayWrite),
-// naming the first that may not and what to do; remembers the allocation in `known`.
-Status CheckPeersMayWrite(const void* ptr, const std::vector<int>& peers, WritableRanges* known);
+// naming the first that may not and what to do; remembers the allocation in `known`. With
+// `grant`, a peer left out is first given access (GrantPeersWrite), then asked again.
+Status CheckPeersMayWrite(const void* ptr, const std::vector<int>& peers, WritableRanges* known,
+                          bool grant = false);
 
 }  // namespace flashoverlap

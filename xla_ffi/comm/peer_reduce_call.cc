@@ -42,9 +42,10 @@ Status CheckPeerStores(const Communicator& comm, const SignalingGemmArgs& gemm, 
 }
 
 // An all-reduce of a group in this process that mirrors straight into the others' results:
-// every other member's GPU must be allowed to write ours (XLA's allocator decides;
-// peer_access.h). Checked once per allocation; a result it cannot write is refused here
-// instead of faulting in the other GPU's kernel.
+// every other member's GPU must be allowed to write ours (XLA's allocator decides, or we
+// grant it where the user let us: peer_grant_results; peer_access.h). Checked once per
+// allocation; a result it cannot write is refused here instead of faulting in the other GPU's
+// kernel.
 Status CheckResultWritable(Communicator& comm, const void* result) {
   std::vector<int> peers;
   for (int i = 0; i < comm.peer.buffers.world; ++i) {
@@ -52,7 +53,7 @@ Status CheckResultWritable(Communicator& comm, const void* result) {
     if (member != nullptr && member->device != comm.device) peers.push_back(member->device);
   }
   if (peers.empty()) return Status::Ok();  // loopback, or ranks in other processes (staged)
-  return CheckPeersMayWrite(result, peers, &comm.peer_writable_results);
+  return CheckPeersMayWrite(result, peers, &comm.peer_writable_results, comm.peer_grant_results);
 }
 
 // An injected hang (fault_injection.h): the call waits, as it waits for a peer, for a word

@@ -316,8 +316,13 @@ Status ConnectMember(Communicator& c, const std::vector<std::string>& records) {
 
 }  // namespace
 
-Status EnsurePeerStores(int64_t comm_id, size_t recv_bytes, bool stage_mirrors) {
-  return Ensure(comm_id, recv_bytes, /*loopback=*/false, stage_mirrors);
+Status EnsurePeerStores(int64_t comm_id, size_t recv_bytes, bool stage_mirrors, bool grant_results) {
+  FO_RETURN_IF_NOT_OK(Ensure(comm_id, recv_bytes, /*loopback=*/false, stage_mirrors));
+  // Read by calls without a lock (atomic): only the next result asked about sees the change.
+  return WithLocalMembers(comm_id, [grant_results](const std::vector<Communicator*>& comms) {
+    for (Communicator* c : comms) c->peer_grant_results = grant_results;
+    return Status::Ok();
+  });
 }
 
 Status EnsurePeerStoresLoopback(int64_t comm_id, size_t recv_bytes, bool stage_mirrors) {

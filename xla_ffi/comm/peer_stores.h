@@ -27,8 +27,11 @@ namespace flashoverlap {
 // and each copies them out, instead of storing straight into the others' XLA results: for
 // when XLA's memory is not writable by the other GPUs (peer_access.h; Python asks first,
 // comm.peer_results_writable). A group spanning processes always stages. A member whose
-// buffers were made with the other setting is grown anew.
-Status EnsurePeerStores(int64_t comm_id, size_t recv_bytes, bool stage_mirrors = false);
+// buffers were made with the other setting is grown anew. `grant_results` (the user's
+// JAX_FLASHOVERLAP_GRANT_PEER_ACCESS): an unstaged all-reduce gives the other members access
+// to a result they may not write (GrantPeersWrite) instead of failing the call.
+Status EnsurePeerStores(int64_t comm_id, size_t recv_bytes, bool stage_mirrors = false,
+                        bool grant_results = false);
 
 // A group spanning processes (one rank per process, all on one host; docs/DESIGN.md, "Peer
 // stores across processes"): EnsurePeerStores allocates this process's member's buffers only;
