@@ -229,10 +229,10 @@ def grant_peer_access() -> bool:
   allocator decides that (a virtual-memory mapping or a pool has an access list of its own);
   where it left the other GPUs out the group stages its mirrors in our buffers and copies them
   out after the GEMM (a few percent of the GEMM). On, the op instead gives the group's other
-  GPUs read-write access to XLA's allocation (its whole mapping, or its pool), once per
-  allocation, at lowering and at the first call whose result lies in a new one: a change to
-  XLA's memory that XLA does not know of, hence opt-in (docs/DESIGN.md, "What one GPU could
-  not show")."""
+  GPUs read-write access to XLA's allocation (its whole mapping, or its pool) at lowering and
+  at any call whose result they may not write (each call asks the driver, ~1 us per other
+  GPU): a change to XLA's memory that XLA does not know of, hence opt-in (docs/DESIGN.md,
+  "Granting access to XLA's memory")."""
   return env_switch(GRANT_PEER_ACCESS_ENV, False)
 
 

@@ -7,7 +7,8 @@
 // ask the driver once per allocation (the second lookup of a pointer inside a known one adds
 // nothing). GrantPeersWrite must change exactly the mapping holding its pointer (a read-only
 // mapping becomes writable, its neighbour in the same reservation stays read-only, a write
-// lands), and CheckPeersMayWrite with `grant` take a read-only mapping it refuses without.
+// lands), and CheckPeersMayWrite with `grant` take a read-only mapping it refuses without,
+// at every call (access taken back in between is granted again).
 //   peer_access_test            prints one line per case, exit 0 if all passed
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -123,8 +124,22 @@ void CheckGrant() {
   Expect(!plain.ok() && plain.message.find("GRANT_PEER_ACCESS=1") != std::string::npos && known.empty(),
          "CheckPeersMayWrite, read-only mapping, no grant -> refused, names the switch");
   const fo::Status with_grant = fo::CheckPeersMayWrite(reinterpret_cast<void*>(third), {0}, &known, /*grant=*/true);
-  Expect(with_grant.ok() && known.size() == 1 && known[0].first == third && known[0].second == third + size,
-         "CheckPeersMayWrite, read-only mapping, grant -> granted, its mapping remembered");
+  ExpectKind(reinterpret_cast<void*>(third), "vmm", true, "CheckPeersMayWrite with grant, then");
+  Expect(with_grant.ok() && known.empty(),
+         "CheckPeersMayWrite, read-only mapping, grant -> granted, nothing remembered");
+  // The mapping's access taken back (as if its allocator had mapped the range anew): the next
+  // check with grant must see it and grant again, not trust an earlier answer.
+  using SetAccessFn = CUresult (*)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t);
+  auto set_access = reinterpret_cast<SetAccessFn>(fo::DriverEntryPoint("cuMemSetAccess"));
+  CUmemAccessDesc read_only = {};
+  read_only.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  read_only.location.id = 0;
+  read_only.flags = CU_MEM_ACCESS_FLAGS_PROT_READ;
+  MustDriver(set_access(third, size, &read_only, 1), "cuMemSetAccess (read-only again)");
+  ExpectKind(reinterpret_cast<void*>(third), "vmm", false, "the same mapping, read-only again");
+  const fo::Status again = fo::CheckPeersMayWrite(reinterpret_cast<void*>(third), {0}, &known, /*grant=*/true);
+  ExpectKind(reinterpret_cast<void*>(third), "vmm", true, "CheckPeersMayWrite with grant, again");
+  Expect(again.ok(), "CheckPeersMayWrite with grant, access taken back -> granted again");
 
   // Legacy memory needs no grant (peer access covers it): nothing to do, no error.
   void* legacy = nullptr;

@@ -38,7 +38,9 @@ Status GrantPeersWrite(const void* ptr, const std::vector<int>& peers, std::stri
 
 // An error unless every GPU of `peers` may write the allocation holding `ptr` (PeerMayWrite),
 // naming the first that may not and what to do; remembers the allocation in `known`. With
-// `grant`, a peer left out is first given access (GrantPeersWrite), then asked again.
+// `grant`, a peer left out is first given access (GrantPeersWrite), then asked again, and
+// nothing is remembered: the driver is asked at every call (a grant of ours goes with the
+// mapping, which its allocator may replace).
 Status CheckPeersMayWrite(const void* ptr, const std::vector<int>& peers, WritableRanges* known,
                           bool grant = false);
 

@@ -44,8 +44,8 @@ Status CheckPeerStores(const Communicator& comm, const SignalingGemmArgs& gemm, 
 // An all-reduce of a group in this process that mirrors straight into the others' results:
 // every other member's GPU must be allowed to write ours (XLA's allocator decides, or we
 // grant it where the user let us: peer_grant_results; peer_access.h). Checked once per
-// allocation; a result it cannot write is refused here instead of faulting in the other GPU's
-// kernel.
+// allocation (with grants: every call); a result it cannot write is refused here instead of
+// faulting in the other GPU's kernel.
 Status CheckResultWritable(Communicator& comm, const void* result) {
   std::vector<int> peers;
   for (int i = 0; i < comm.peer.buffers.world; ++i) {
