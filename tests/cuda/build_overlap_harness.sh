@@ -5,7 +5,8 @@
 # tests/cuda/peer_reduce_test, peer_reduce_2gpu_test and peer_reduce_ipc_test (the peer-store
 # reduction, xla_ffi/comm/peer_reduce.h: ranks emulated on one GPU; rank r on GPU r; each rank
 # a process of its own, buffers shared by CUDA IPC); tests/cuda/peer_access_test (which memory
-# another GPU may write, xla_ffi/comm/peer_access.h, asked of the driver on one GPU).
+# another GPU may write, xla_ffi/comm/peer_access.h, asked of the driver on one GPU);
+# tests/cuda/agreement_test (the setup agreement's bound, xla_ffi/comm/agreement.h).
 #   tests/cuda/build_overlap_harness.sh [BUILD_DIR]     (default: .build)
 # Needs python with the nvidia-nccl wheel (headers, libnccl.so.2) and nvcc's CUDA next to it.
 set -euo pipefail
@@ -31,6 +32,12 @@ g++ -o "$BUILD/overlap_harness" "$BUILD/overlap_harness.o" "${objs[@]}" \
   -L"$CUDA/lib64" -lcudart_static -ldl -lrt -lpthread \
   -L"$NCCL/lib" -l:libnccl.so.2 -Wl,-rpath,"$NCCL/lib"
 echo "built $BUILD/overlap_harness"
+g++ -std=c++17 -O2 -Wall -I"$ROOT" -I"$CUDA/include" -I"$NCCL/include" \
+  -c tests/cuda/agreement_test.cc -o "$BUILD/agreement_test.o"
+g++ -o "$BUILD/agreement_test" "$BUILD/agreement_test.o" "${objs[@]}" \
+  -L"$CUDA/lib64" -lcudart_static -ldl -lrt -lpthread \
+  -L"$NCCL/lib" -l:libnccl.so.2 -Wl,-rpath,"$NCCL/lib"
+echo "built $BUILD/agreement_test"
 # The peer-store programs need the kernels and the stream waits / writes only (no NCCL).
 pr_objs=()
 for obj in "${objs[@]}"; do

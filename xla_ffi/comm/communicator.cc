@@ -5,6 +5,7 @@
 #include <memory>
 #include <utility>
 
+#include "xla_ffi/comm/agreement.h"
 #include "xla_ffi/comm/peer_stores.h"
 #include "xla_ffi/comm/quiesce.h"
 #include "xla_ffi/comm/stream_write.h"
@@ -72,14 +73,17 @@ bool AnyAborted(const std::vector<Communicator*>& comms) {
 // buffer is freed all the same; a member whose window could not be deregistered keeps its
 // buffer (NCCL may still map it).
 Status ReleaseWorkspaces(const std::vector<Communicator*>& comms) {
-  for (Communicator* c : comms) {
-    FO_RETURN_IF_CUDA(cudaSetDevice(c->device));
-    FO_RETURN_IF_CUDA(cudaDeviceSynchronize());  // nothing may still use the old buffer
-  }
   Status first = Status::Ok();
   auto keep = [&first](Status s) {
     if (first.ok() && !s.ok()) first = s;
   };
+  // Nothing may still use the old buffers. A device with a sticky error (a trapped kernel)
+  // fails here and is not waited for; the others still are, and everything is freed.
+  for (Communicator* c : comms) {
+    Status s = CudaStatus(cudaSetDevice(c->device), "cudaSetDevice");
+    if (s.ok()) s = CudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    keep(s);
+  }
   std::vector<bool> still_registered(comms.size(), false);
   keep(NcclStatus(ncclGroupStart(), "ncclGroupStart"));
   for (size_t i = 0; i < comms.size(); ++i) {
@@ -100,43 +104,6 @@ Status ReleaseWorkspaces(const std::vector<Communicator*>& comms) {
     c->workspace_bytes = 0;
   }
   return first;
-}
-
-// Whether every rank of every member's group succeeded (`local_ok` here): one ncclMin of an
-// int over each communicator, its counters (idle: no call runs during creation or a growth)
-// as the scratch. A rank that failed alone would otherwise leave its peers waiting in the
-// collective window registration, holding their call mutexes (or, point-to-point, running
-// calls it never joins): now every rank drops its workspace alike. Across processes this
-// relies on every rank reaching it (each one's EnsureWorkspace follows the same barrier).
-Status AgreeAll(const std::vector<Communicator*>& comms, bool local_ok, bool* all_ok) {
-  for (Communicator* c : comms) {
-    FO_RETURN_IF_CUDA(cudaSetDevice(c->device));
-    // The counters' zeroing at creation ran on the legacy stream, which our non-blocking
-    // stream does not follow.
-    FO_RETURN_IF_CUDA(cudaDeviceSynchronize());
-    FO_RETURN_IF_CUDA(cudaMemsetAsync(c->counters, local_ok ? 1 : 0, sizeof(int32_t), c->stream));
-  }
-  FO_RETURN_IF_NCCL(ncclGroupStart());
-  for (Communicator* c : comms) {
-    ncclResult_t res = ncclAllReduce(c->counters, c->counters, 1, ncclInt32, ncclMin, c->comm,
-                                     c->stream);
-    if (res != ncclSuccess) {
-      ncclGroupEnd();
-      return NcclStatus(res, "ncclAllReduce (workspace agreement)");
-    }
-  }
-  FO_RETURN_IF_NCCL(ncclGroupEnd());
-  *all_ok = true;
-  for (Communicator* c : comms) {
-    int32_t agreed = 0;
-    FO_RETURN_IF_CUDA(cudaSetDevice(c->device));
-    FO_RETURN_IF_CUDA(cudaMemcpyAsync(&agreed, c->counters, sizeof(int32_t),
-                                      cudaMemcpyDeviceToHost, c->stream));
-    FO_RETURN_IF_CUDA(cudaMemsetAsync(c->counters, 0, sizeof(int32_t), c->stream));
-    FO_RETURN_IF_CUDA(cudaStreamSynchronize(c->stream));
-    if (agreed == 0) *all_ok = false;
-  }
-  return Status::Ok();
 }
 
 // Collectives: ncclMemAlloc + a symmetric window, for all comms together (registration is
@@ -207,6 +174,9 @@ Status CreateStreamAndEvents(Communicator& c) {
   int least = 0, greatest = 0;
   FO_RETURN_IF_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   FO_RETURN_IF_CUDA(cudaStreamCreateWithPriority(&c.stream, cudaStreamNonBlocking, greatest));
+  // The setup agreement's (AgreeAll) before anything that may fail alone on this rank.
+  FO_RETURN_IF_CUDA(cudaMalloc(&c.counters, sizeof(int32_t) * kMaxGroups));
+  FO_RETURN_IF_CUDA(cudaMemset(c.counters, 0, sizeof(int32_t) * kMaxGroups));
   FO_RETURN_IF_CUDA(cudaEventCreateWithFlags(&c.gemm_started, cudaEventDisableTiming));
   FO_RETURN_IF_CUDA(cudaEventCreateWithFlags(&c.queue_reset, cudaEventDisableTiming));
   FO_RETURN_IF_CUDA(cudaEventCreateWithFlags(&c.comm_done, cudaEventDisableTiming));
@@ -217,8 +187,6 @@ Status CreateStreamAndEvents(Communicator& c) {
   for (cudaEvent_t& e : c.group_reduced) {
     FO_RETURN_IF_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
-  FO_RETURN_IF_CUDA(cudaMalloc(&c.counters, sizeof(int32_t) * kMaxGroups));
-  FO_RETURN_IF_CUDA(cudaMemset(c.counters, 0, sizeof(int32_t) * kMaxGroups));
   FO_RETURN_IF_CUDA(cudaMalloc(&c.gemm_queue, kGemmQueueBytes));
   // Our kernels that wait for (or signal) another stream's work are loaded now: CUDA's lazy
   // loading would load each at its first launch, a load that waits for the kernels running
@@ -261,7 +229,7 @@ Status ReleaseOne(Communicator& c, bool abort) {
   if (c.gemm_queue) keep(CudaStatus(cudaFree(c.gemm_queue), "cudaFree"));
   c.counters = nullptr;
   c.gemm_queue = nullptr;
-  if (c.comm && abort) {
+  if (c.comm && abort && !c.aborted) {
     keep(NcclStatus(ncclCommAbort(c.comm), "ncclCommAbort"));
   } else if (c.comm && !c.aborted) {
     keep(NcclStatus(ncclCommDestroy(c.comm), "ncclCommDestroy"));
@@ -366,15 +334,34 @@ Status CreateCommunicators(int64_t comm_id, const ncclUniqueId& id, int world_si
     }
   }
   Status status = NcclStatus(ncclGroupEnd(), "ncclGroupEnd (ncclCommInitRankConfig)");
+  if (!status.ok()) return Discard(made, status);
   std::vector<Communicator*> members;
-  for (auto& c : made) {
-    if (status.ok()) status = CudaStatus(cudaSetDevice(c->device), "cudaSetDevice");
-    if (status.ok()) status = CreateStreamAndEvents(*c);
+  for (auto& c : made) {  // every member tries (the agreement below needs each one's stream)
+    Status step = CudaStatus(cudaSetDevice(c->device), "cudaSetDevice");
+    if (step.ok()) step = CreateStreamAndEvents(*c);
     c->watchdog_seconds = watchdog_seconds;
-    if (status.ok()) status = InitWatchdog(*c);
+    if (step.ok()) step = InitWatchdog(*c);
     // The watchdog's abort flag is read by the spin kernel (a stream wait cannot be aborted).
     c->wait_method = watchdog_seconds > 0 ? WaitMethod::kSpinKernel : ChosenWaitMethod(c->device);
     members.push_back(c.get());
+    if (status.ok()) status = step;
+  }
+  // Every rank of the group (other processes too) says whether its setup went through before
+  // any keeps its communicators: one that failed here alone would otherwise abort its own and
+  // leave the others in the workspace's agreement. Only impossible without a stream and
+  // counters (then the others wait kAgreeWaitSeconds for it, and abort).
+  const bool can_agree = std::all_of(members.begin(), members.end(), [](const Communicator* c) {
+    return c->stream != nullptr && c->counters != nullptr;
+  });
+  if (can_agree) {
+    cudaGetLastError();  // a failed step is in `status`; the agreement must not see it
+    bool all_ok = false;
+    Status agreed = AgreeAll(members, status.ok(), &all_ok);
+    if (status.ok() && !agreed.ok()) status = agreed;
+    if (status.ok() && !all_ok) {
+      status = Status::Error("another rank of the group could not set up its communicator (its "
+                             "own error names why)");
+    }
   }
   if (!status.ok()) return Discard(made, status);
   // A failed workspace keeps the communicators (valid, without a workspace: their handlers
@@ -402,7 +389,16 @@ Status EnsureWorkspace(int64_t comm_id, size_t bytes) {
       released = Status::Error("a communicator of this group was aborted by the watchdog; "
                                "restart the process");
     }
-    if (!released.ok()) return DropWorkspaces(comms, released);
+    if (!released.ok()) {
+      // The other ranks go on to agree on their new buffers (AllocateWorkspaces): say no
+      // rather than leave them waiting (an aborted member cannot take part; they then wait
+      // kAgreeWaitSeconds and abort theirs).
+      if (!AnyAborted(comms)) {
+        bool all_ok = false;
+        AgreeAll(comms, /*local_ok=*/false, &all_ok);
+      }
+      return DropWorkspaces(comms, released);
+    }
     return AllocateWorkspaces(comms, RoundGrowth(bytes));
   });
 }
@@ -497,7 +493,13 @@ Status DestroyCommunicators(int64_t comm_id) {
     return Status::Error("destroying the communicators of comm_id " + std::to_string(comm_id) +
                          ": " + quiet.message);
   }
-  if (!quiet.ok()) calls = LockMembers(comms);
+  if (!quiet.ok()) {
+    calls = LockMembers(comms);
+    // A member the watchdog aborted leaves the others of its group (this process's included)
+    // with NCCL kernels, or our waits, that may never end: the device synchronization and
+    // frees below would wait for them for ever. Abort every member first.
+    AbortMembers(comms);
+  }
   {
     // Out of the registry first (FindCommunicator: none), kept alive in the graveyard.
     std::lock_guard<std::mutex> lock(RegistryMutex());

@@ -3,10 +3,12 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "xla_ffi/comm/driver_entry.h"
 
@@ -46,6 +48,32 @@ Status EnqueueWaitGeq(cudaStream_t stream, const int32_t* counter, int32_t value
   }
   FO_RETURN_IF_CUDA(LaunchSpinWaitGeq(stream, counter, value, abort_flag));
   return Status::Ok();
+}
+
+Status WaitStreamsIdle(const std::vector<std::pair<int, cudaStream_t>>& streams, double seconds,
+                       bool* timed_out) {
+  *timed_out = false;
+  int previous = 0;
+  FO_RETURN_IF_CUDA(cudaGetDevice(&previous));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  Status status = Status::Ok();
+  for (const auto& [device, stream] : streams) {
+    status = CudaStatus(cudaSetDevice(device), "cudaSetDevice");
+    cudaError_t res = cudaErrorNotReady;
+    while (status.ok() && (res = cudaStreamQuery(stream)) == cudaErrorNotReady) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        *timed_out = true;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (status.ok() && res != cudaSuccess && res != cudaErrorNotReady) {
+      status = CudaStatus(res, "cudaStreamQuery");
+    }
+    if (!status.ok() || *timed_out) break;
+  }
+  Status back = CudaStatus(cudaSetDevice(previous), "cudaSetDevice");
+  return status.ok() ? back : status;
 }
 
 }  // namespace flashoverlap

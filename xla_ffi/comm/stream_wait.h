@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "xla_ffi/comm/status.h"
 
@@ -21,6 +23,14 @@ WaitMethod ChosenWaitMethod(int device);
 // `abort_flag` (the watchdog's, host-mapped) that becomes non-zero makes the wait trap.
 Status EnqueueWaitGeq(cudaStream_t stream, const int32_t* counter, int32_t value,
                       WaitMethod method, const volatile int* abort_flag = nullptr);
+
+// Waits on the host, at most `seconds`, until every (device, stream) has finished its work
+// (cudaStreamQuery polled every millisecond, each stream's device current while asked; the
+// caller's device restored). `*timed_out`: the time ran out with work left, which is then
+// Ok (the caller decides); a stream's own error is returned. Unlike cudaStreamSynchronize it
+// ends when a collective's other ranks never come.
+Status WaitStreamsIdle(const std::vector<std::pair<int, cudaStream_t>>& streams, double seconds,
+                       bool* timed_out);
 
 // The spin kernel's launcher (stream_wait_kernel.cu).
 cudaError_t LaunchSpinWaitGeq(cudaStream_t stream, const int32_t* counter, int32_t value,

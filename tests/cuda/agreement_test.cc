@@ -1,0 +1,111 @@
+// The setup agreement's bound (xla_ffi/comm/agreement.h) and the wait it rests on
+// (WaitStreamsIdle, stream_wait.h), on one GPU. A rank whose setup failed before the
+// agreement never joins it; the others must not wait for ever. One GPU has no other rank, so
+// the missing one is played by a wait queued ahead of the agreement on its stream (a spin
+// kernel on a host word, released by a thread 3 s later): AgreeAll must give up after its
+// bound, name why, and leave the communicator aborted; destroying it must then end. Also:
+// an agreement of a healthy group says yes, one with local_ok false says no.
+//   agreement_test        prints one line per check, exit 0 if all passed
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+
+#include "xla_ffi/comm/agreement.h"
+#include "xla_ffi/comm/communicator.h"
+#include "xla_ffi/comm/stream_wait.h"
+
+namespace fo = flashoverlap;
+
+namespace {
+
+int failures = 0;
+
+void Expect(bool ok, const std::string& what) {
+  std::printf("%-78s %s\n", what.c_str(), ok ? "PASS" : "FAIL");
+  std::fflush(stdout);
+  if (!ok) ++failures;
+}
+
+void Must(bool ok, const std::string& what) {
+  if (!ok) {
+    std::printf("setup failed: %s\n", what.c_str());
+    std::exit(2);
+  }
+}
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+int main() {
+  Must(cudaSetDevice(0) == cudaSuccess, "cudaSetDevice");
+  int32_t* word = nullptr;  // host-mapped: the spin kernel reads it, the host releases it
+  Must(cudaHostAlloc(&word, sizeof(int32_t), cudaHostAllocMapped) == cudaSuccess, "cudaHostAlloc");
+  *reinterpret_cast<volatile int32_t*>(word) = 0;
+  int32_t* on_device = nullptr;
+  Must(cudaHostGetDevicePointer(&on_device, word, 0) == cudaSuccess, "cudaHostGetDevicePointer");
+  auto release = [word] { *reinterpret_cast<volatile int32_t*>(word) = 1; };
+
+  // WaitStreamsIdle: a busy stream times out after its bound, then ends once released.
+  cudaStream_t stream;
+  Must(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess, "stream");
+  Must(fo::EnqueueWaitGeq(stream, on_device, 1, fo::WaitMethod::kSpinKernel).ok(), "spin wait");
+  bool timed_out = false;
+  auto t0 = std::chrono::steady_clock::now();
+  fo::Status s = fo::WaitStreamsIdle({{0, stream}}, 0.5, &timed_out);
+  double took = Since(t0);
+  Expect(s.ok() && timed_out && took >= 0.45 && took < 3,
+         "WaitStreamsIdle, stream held: times out after 0.5 s (" + std::to_string(took) + " s)");
+  release();
+  t0 = std::chrono::steady_clock::now();
+  s = fo::WaitStreamsIdle({{0, stream}}, 10, &timed_out);
+  took = Since(t0);
+  Expect(s.ok() && !timed_out && took < 2, "WaitStreamsIdle, released: idle (" + std::to_string(took) + " s)");
+
+  // A healthy group (one rank) agrees; local_ok false is a no.
+  ncclUniqueId id;
+  Must(ncclGetUniqueId(&id) == ncclSuccess, "ncclGetUniqueId");
+  s = fo::CreateCommunicators(77, id, 1, {{0, 0}}, 8, 0);
+  Must(s.ok(), "CreateCommunicators: " + s.message);
+  fo::Communicator* c = fo::FindCommunicator(77, 0);
+  Must(c != nullptr, "FindCommunicator");
+  bool all_ok = false;
+  s = fo::AgreeAll({c}, true, &all_ok, 10);
+  Expect(s.ok() && all_ok, "AgreeAll, every rank ok -> yes" + (s.ok() ? "" : ": " + s.message));
+  s = fo::AgreeAll({c}, false, &all_ok, 10);
+  Expect(s.ok() && !all_ok, "AgreeAll, this rank failed -> no" + (s.ok() ? "" : ": " + s.message));
+
+  // The rank that never comes: the agreement's work queued behind a wait nobody ends for 3 s.
+  *reinterpret_cast<volatile int32_t*>(word) = 0;
+  Must(fo::EnqueueWaitGeq(c->stream, on_device, 1, fo::WaitMethod::kSpinKernel).ok(), "spin wait (comm)");
+  std::atomic<bool> released{false};
+  std::thread later([&] {
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    release();
+    released = true;
+  });
+  t0 = std::chrono::steady_clock::now();
+  s = fo::AgreeAll({c}, true, &all_ok, 1.0);
+  took = Since(t0);
+  Expect(!s.ok() && s.message.find("did not join the setup agreement within 1 s") != std::string::npos &&
+             !all_ok && c->aborted.load(),
+         "AgreeAll, a rank that never comes -> gives up, aborted (" + std::to_string(took) + " s): " +
+             s.message.substr(0, 60));
+  std::printf("AgreeAll returned %s the wait was released (%.2f s)\n",
+              released.load() ? "after" : "before", took);
+  later.join();
+  t0 = std::chrono::steady_clock::now();
+  s = fo::DestroyCommunicators(77);
+  took = Since(t0);
+  Expect(took < 70 && fo::FindCommunicator(77, 0) == nullptr,
+         "DestroyCommunicators after it ends (" + std::to_string(took) + " s)" + (s.ok() ? "" : ": " + s.message));
+  std::printf("%s (%d failed)\n", failures == 0 ? "ALL PASS" : "FAILURES", failures);
+  return failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,80 @@
+#include "xla_ffi/comm/agreement.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstdio>
+#include <string>
+#include <utility>
+
+#include "xla_ffi/comm/stream_wait.h"
+
+namespace flashoverlap {
+namespace {
+
+std::string Seconds(double s) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", s);
+  return text;
+}
+
+}  // namespace
+
+Status AbortMembers(const std::vector<Communicator*>& comms) {
+  Status first = Status::Ok();
+  for (Communicator* c : comms) {
+    if (c->aborted.exchange(true)) continue;
+    if (c->abort_flag != nullptr) *c->abort_flag = 1;
+    Status s = CudaStatus(cudaSetDevice(c->device), "cudaSetDevice");
+    if (s.ok() && c->comm != nullptr) s = NcclStatus(ncclCommAbort(c->comm), "ncclCommAbort");
+    if (first.ok() && !s.ok()) first = s;
+  }
+  return first;
+}
+
+Status AgreeAll(const std::vector<Communicator*>& comms, bool local_ok, bool* all_ok,
+                double wait_seconds) {
+  *all_ok = false;
+  std::vector<std::pair<int, cudaStream_t>> streams;
+  for (Communicator* c : comms) {
+    FO_RETURN_IF_CUDA(cudaSetDevice(c->device));
+    // The counters' zeroing at creation ran on the legacy stream, which our non-blocking
+    // stream does not follow (only that stream: other work on the device may be anything).
+    FO_RETURN_IF_CUDA(cudaStreamSynchronize(cudaStreamLegacy));
+    FO_RETURN_IF_CUDA(cudaMemsetAsync(c->counters, local_ok ? 1 : 0, sizeof(int32_t), c->stream));
+    streams.emplace_back(c->device, c->stream);
+  }
+  FO_RETURN_IF_NCCL(ncclGroupStart());
+  for (Communicator* c : comms) {
+    ncclResult_t res = ncclAllReduce(c->counters, c->counters, 1, ncclInt32, ncclMin, c->comm,
+                                     c->stream);
+    if (res != ncclSuccess) {
+      ncclGroupEnd();
+      return NcclStatus(res, "ncclAllReduce (setup agreement)");
+    }
+  }
+  FO_RETURN_IF_NCCL(ncclGroupEnd());
+  // Not cudaStreamSynchronize: a rank that failed before this step never joins.
+  bool timed_out = false;
+  FO_RETURN_IF_NOT_OK(WaitStreamsIdle(streams, wait_seconds, &timed_out));
+  if (timed_out) {
+    Status aborted = AbortMembers(comms);
+    return Status::Error("the group's other ranks did not join the setup agreement within " +
+                         Seconds(wait_seconds) + " s (a rank "
+                         "failed before it: its own error names why); this process's members of "
+                         "the group are aborted: restart the processes" +
+                         (aborted.ok() ? "" : " (aborting failed too: " + aborted.message + ")"));
+  }
+  *all_ok = true;
+  for (Communicator* c : comms) {
+    int32_t agreed = 0;
+    FO_RETURN_IF_CUDA(cudaSetDevice(c->device));
+    FO_RETURN_IF_CUDA(cudaMemcpy(&agreed, c->counters, sizeof(int32_t), cudaMemcpyDeviceToHost));
+    FO_RETURN_IF_CUDA(cudaMemsetAsync(c->counters, 0, sizeof(int32_t), c->stream));
+    FO_RETURN_IF_CUDA(cudaStreamSynchronize(c->stream));
+    if (agreed == 0) *all_ok = false;
+  }
+  return Status::Ok();
+}
+
+}  // namespace flashoverlap
