@@ -2,8 +2,9 @@
 // (WaitStreamsIdle, stream_wait.h), on one GPU. A rank whose setup failed before the
 // agreement never joins it; the others must not wait for ever. One GPU has no other rank, so
 // the missing one is played by a wait queued ahead of the agreement on its stream (a spin
-// kernel on a host word, released by a thread 3 s later): AgreeAll must give up after its
-// bound, name why, and leave the communicator aborted; destroying it must then end. Also:
+// kernel on a host word that a thread releases once the communicator is aborted, as NCCL's
+// kernel ends on ncclCommAbort): AgreeAll must give up after its bound, not later, name why,
+// and leave the communicator aborted; destroying it must then end. Also:
 // an agreement of a healthy group says yes, one with local_ok false says no.
 //   agreement_test        prints one line per check, exit 0 if all passed
 #include <cuda_runtime.h>
@@ -82,29 +83,37 @@ int main() {
   s = fo::AgreeAll({c}, false, &all_ok, 10);
   Expect(s.ok() && !all_ok, "AgreeAll, this rank failed -> no" + (s.ok() ? "" : ": " + s.message));
 
-  // The rank that never comes: the agreement's work queued behind a wait nobody ends for 3 s.
+  // The rank that never comes: the agreement's work queued behind a wait that ends only when
+  // the communicator is aborted, as NCCL's kernel waiting for a missing peer ends on
+  // ncclCommAbort (a thread plays that part; ncclCommAbort itself waits for the stream's
+  // queued work). Were the bound not kept, nothing would end the wait until the thread's own
+  // 10 s limit.
   *reinterpret_cast<volatile int32_t*>(word) = 0;
   Must(fo::EnqueueWaitGeq(c->stream, on_device, 1, fo::WaitMethod::kSpinKernel).ok(), "spin wait (comm)");
-  std::atomic<bool> released{false};
-  std::thread later([&] {
-    std::this_thread::sleep_for(std::chrono::seconds(3));
-    release();
-    released = true;
-  });
+  std::atomic<bool> done{false};
+  std::atomic<double> released_after{-1};
   t0 = std::chrono::steady_clock::now();
+  std::thread missing_rank([&] {
+    while (!c->aborted.load() && !done.load() && Since(t0) < 10) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    release();
+    released_after = Since(t0);
+  });
   s = fo::AgreeAll({c}, true, &all_ok, 1.0);
   took = Since(t0);
+  done = true;
+  missing_rank.join();
   Expect(!s.ok() && s.message.find("did not join the setup agreement within 1 s") != std::string::npos &&
-             !all_ok && c->aborted.load(),
-         "AgreeAll, a rank that never comes -> gives up, aborted (" + std::to_string(took) + " s): " +
-             s.message.substr(0, 60));
-  std::printf("AgreeAll returned %s the wait was released (%.2f s)\n",
-              released.load() ? "after" : "before", took);
-  later.join();
+             s.message.find("aborted") != std::string::npos && !all_ok && c->aborted.load(),
+         "AgreeAll, a rank that never comes -> gives up, aborted: " + s.message.substr(0, 60));
+  Expect(took >= 0.95 && took < 2 && released_after.load() >= 0.95 && released_after.load() < 2,
+         "  ... after its 1 s bound, the abort releasing the wait (" + std::to_string(took) +
+             " s; released at " + std::to_string(released_after.load()) + " s)");
   t0 = std::chrono::steady_clock::now();
   s = fo::DestroyCommunicators(77);
   took = Since(t0);
-  Expect(took < 70 && fo::FindCommunicator(77, 0) == nullptr,
+  Expect(took < 5 && fo::FindCommunicator(77, 0) == nullptr,
          "DestroyCommunicators after it ends (" + std::to_string(took) + " s)" + (s.ok() ? "" : ": " + s.message));
   std::printf("%s (%d failed)\n", failures == 0 ? "ALL PASS" : "FAILURES", failures);
   return failures == 0 ? 0 : 1;

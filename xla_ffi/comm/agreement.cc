@@ -44,26 +44,35 @@ Status AgreeAll(const std::vector<Communicator*>& comms, bool local_ok, bool* al
     FO_RETURN_IF_CUDA(cudaMemsetAsync(c->counters, local_ok ? 1 : 0, sizeof(int32_t), c->stream));
     streams.emplace_back(c->device, c->stream);
   }
-  FO_RETURN_IF_NCCL(ncclGroupStart());
+  // From the group start on, a failure here may leave our part of the collective queued or
+  // half-made while the others wait in theirs: abort the members, as on a timeout.
+  auto give_up = [&comms](const std::string& why) {
+    Status aborted = AbortMembers(comms);
+    return Status::Error(why + "; this process's members of the group are aborted: restart "
+                         "the processes" +
+                         (aborted.ok() ? "" : " (aborting failed too: " + aborted.message + ")"));
+  };
+  auto nccl_failed = [&give_up](ncclResult_t res, const char* call) {
+    return give_up(NcclStatus(res, call).message + " (setup agreement)");
+  };
+  ncclResult_t res = ncclGroupStart();
+  if (res != ncclSuccess) return nccl_failed(res, "ncclGroupStart");
   for (Communicator* c : comms) {
-    ncclResult_t res = ncclAllReduce(c->counters, c->counters, 1, ncclInt32, ncclMin, c->comm,
-                                     c->stream);
+    res = ncclAllReduce(c->counters, c->counters, 1, ncclInt32, ncclMin, c->comm, c->stream);
     if (res != ncclSuccess) {
       ncclGroupEnd();
-      return NcclStatus(res, "ncclAllReduce (setup agreement)");
+      return nccl_failed(res, "ncclAllReduce");
     }
   }
-  FO_RETURN_IF_NCCL(ncclGroupEnd());
+  res = ncclGroupEnd();
+  if (res != ncclSuccess) return nccl_failed(res, "ncclGroupEnd");
   // Not cudaStreamSynchronize: a rank that failed before this step never joins.
   bool timed_out = false;
-  FO_RETURN_IF_NOT_OK(WaitStreamsIdle(streams, wait_seconds, &timed_out));
+  Status waited = WaitStreamsIdle(streams, wait_seconds, &timed_out);
+  if (!waited.ok()) return give_up(waited.message + " (setup agreement)");
   if (timed_out) {
-    Status aborted = AbortMembers(comms);
-    return Status::Error("the group's other ranks did not join the setup agreement within " +
-                         Seconds(wait_seconds) + " s (a rank "
-                         "failed before it: its own error names why); this process's members of "
-                         "the group are aborted: restart the processes" +
-                         (aborted.ok() ? "" : " (aborting failed too: " + aborted.message + ")"));
+    return give_up("the group's other ranks did not join the setup agreement within " +
+                   Seconds(wait_seconds) + " s (a rank failed before it: its own error names why)");
   }
   *all_ok = true;
   for (Communicator* c : comms) {

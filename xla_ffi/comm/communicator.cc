@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <memory>
 #include <utility>
 
@@ -62,10 +63,27 @@ Status FreeWorkspaceBuffer(Communicator& c) {
   return NcclStatus(ncclMemFree(c.workspace), "ncclMemFree");
 }
 
+bool IsAborted(const Communicator* c) {
+  return c->aborted.load() || (c->abort_flag != nullptr && *c->abort_flag != 0);
+}
+
 bool AnyAborted(const std::vector<Communicator*>& comms) {
-  return std::any_of(comms.begin(), comms.end(), [](Communicator* c) {
-    return c->aborted.load() || (c->abort_flag != nullptr && *c->abort_flag != 0);
-  });
+  return std::any_of(comms.begin(), comms.end(), IsAborted);
+}
+
+// The members of every group (group_serial) with an aborted member: those whose NCCL kernels,
+// or our waits, may wait for ever for it. A comm_id may hold several groups (one per slice of
+// a 2-D mesh); the healthy ones' calls still end.
+std::vector<Communicator*> MembersOfAbortedGroups(const std::vector<Communicator*>& comms) {
+  std::set<int64_t> broken;
+  for (const Communicator* c : comms) {
+    if (IsAborted(c)) broken.insert(c->group_serial);
+  }
+  std::vector<Communicator*> out;
+  for (Communicator* c : comms) {
+    if (broken.count(c->group_serial) != 0) out.push_back(c);
+  }
+  return out;
 }
 
 // Deregisters and frees every member's workspace once the devices are idle, going on past a
@@ -395,7 +413,8 @@ Status EnsureWorkspace(int64_t comm_id, size_t bytes) {
       // kAgreeWaitSeconds and abort theirs).
       if (!AnyAborted(comms)) {
         bool all_ok = false;
-        AgreeAll(comms, /*local_ok=*/false, &all_ok);
+        Status said = AgreeAll(comms, /*local_ok=*/false, &all_ok);
+        if (!said.ok()) released.message += "; then " + said.message;
       }
       return DropWorkspaces(comms, released);
     }
@@ -493,12 +512,13 @@ Status DestroyCommunicators(int64_t comm_id) {
     return Status::Error("destroying the communicators of comm_id " + std::to_string(comm_id) +
                          ": " + quiet.message);
   }
+  DeviceScope restore_device;  // AbortMembers sets devices too
   if (!quiet.ok()) {
     calls = LockMembers(comms);
     // A member the watchdog aborted leaves the others of its group (this process's included)
     // with NCCL kernels, or our waits, that may never end: the device synchronization and
-    // frees below would wait for them for ever. Abort every member first.
-    AbortMembers(comms);
+    // frees below would wait for them for ever. Abort those groups' members first.
+    AbortMembers(MembersOfAbortedGroups(comms));
   }
   {
     // Out of the registry first (FindCommunicator: none), kept alive in the graveyard.
@@ -513,7 +533,6 @@ Status DestroyCommunicators(int64_t comm_id) {
     }
   }
   for (Communicator* c : comms) c->destroyed = true;  // handlers that found one refuse
-  DeviceScope restore_device;
   Status first_error = ReleaseWorkspaces(comms);
   for (Communicator* c : comms) {
     Status s = ReleaseOne(*c, /*abort=*/false);

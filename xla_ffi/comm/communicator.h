@@ -97,6 +97,8 @@ struct Communicator {
   // A result the others may not write is first given them (GrantPeersWrite: the user's
   // JAX_FLASHOVERLAP_GRANT_PEER_ACCESS, set at lowering by EnsurePeerStores).
   std::atomic<bool> peer_grant_results{false};
+  // Grant mode was on at some call (under call_mutex): peer_writable_results is no longer used.
+  bool peer_results_granted = false;
   // The group's members by rank, this one included (communicators are never freed).
   Communicator* peer_members[kMaxPeerRanks] = {};
   // A peer-store call failed: the others may wait for this call's stores for ever, so every

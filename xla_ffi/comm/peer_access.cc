@@ -178,7 +178,7 @@ Status CheckPeersMayWrite(const void* ptr, const std::vector<int>& peers, Writab
   // A grant of ours lasts as long as the mapping: were XLA to unmap a range and map it again,
   // a remembered range would send the other GPU's stores into memory it may no longer write.
   // So with `grant` every call asks (~1 us per peer) and re-grants what lost access.
-  if (!grant) {
+  if (!grant && known != nullptr) {
     for (const auto& range : *known) {
       if (address >= range.first && address < range.second) return Status::Ok();
     }
@@ -207,7 +207,7 @@ Status CheckPeersMayWrite(const void* ptr, const std::vector<int>& peers, Writab
                                                     "to let this op grant that access"));
     }
   }
-  if (grant) return Status::Ok();
+  if (grant || known == nullptr) return Status::Ok();
   CUdeviceptr base = 0;
   size_t size = 0;
   const CUresult res = Functions().address_range(&base, &size, static_cast<CUdeviceptr>(address));

@@ -37,10 +37,10 @@ using WritableRanges = std::vector<std::pair<uintptr_t, uintptr_t>>;
 Status GrantPeersWrite(const void* ptr, const std::vector<int>& peers, std::string* kind);
 
 // An error unless every GPU of `peers` may write the allocation holding `ptr` (PeerMayWrite),
-// naming the first that may not and what to do; remembers the allocation in `known`. With
-// `grant`, a peer left out is first given access (GrantPeersWrite), then asked again, and
-// nothing is remembered: the driver is asked at every call (a grant of ours goes with the
-// mapping, which its allocator may replace).
+// naming the first that may not and what to do; remembers the allocation in `known` (none:
+// nothing is remembered). With `grant`, a peer left out is first given access
+// (GrantPeersWrite), then asked again, and nothing is remembered: the driver is asked at every
+// call (a grant of ours goes with the mapping, which its allocator may replace).
 Status CheckPeersMayWrite(const void* ptr, const std::vector<int>& peers, WritableRanges* known,
                           bool grant = false);
 

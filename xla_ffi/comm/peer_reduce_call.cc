@@ -53,7 +53,13 @@ Status CheckResultWritable(Communicator& comm, const void* result) {
     if (member != nullptr && member->device != comm.device) peers.push_back(member->device);
   }
   if (peers.empty()) return Status::Ok();  // loopback, or ranks in other processes (staged)
-  return CheckPeersMayWrite(result, peers, &comm.peer_writable_results, comm.peer_grant_results);
+  // Once grant mode was on, never remember: a range writable through our grant would stay
+  // remembered after its allocator mapped it anew, were grant mode then switched off.
+  const bool grant = comm.peer_grant_results;
+  comm.peer_results_granted = comm.peer_results_granted || grant;
+  return CheckPeersMayWrite(result, peers,
+                            comm.peer_results_granted ? nullptr : &comm.peer_writable_results,
+                            grant);
 }
 
 // An injected hang (fault_injection.h): the call waits, as it waits for a peer, for a word
