@@ -107,9 +107,11 @@ int main() {
   Expect(!s.ok() && s.message.find("did not join the setup agreement within 1 s") != std::string::npos &&
              s.message.find("aborted") != std::string::npos && !all_ok && c->aborted.load(),
          "AgreeAll, a rank that never comes -> gives up, aborted: " + s.message.substr(0, 60));
-  Expect(took >= 0.95 && took < 2 && released_after.load() >= 0.95 && released_after.load() < 2,
-         "  ... after its 1 s bound, the abort releasing the wait (" + std::to_string(took) +
-             " s; released at " + std::to_string(released_after.load()) + " s)");
+  // The abort (which releases the wait) must come at the bound, not later; ncclCommAbort then
+  // takes its own time (~1 s recorded on the H200), bounded here loosely.
+  Expect(released_after.load() >= 0.95 && released_after.load() < 1.5 && took < 5,
+         "  ... aborted at its 1 s bound (released at " + std::to_string(released_after.load()) +
+             " s; returned at " + std::to_string(took) + " s)");
   t0 = std::chrono::steady_clock::now();
   s = fo::DestroyCommunicators(77);
   took = Since(t0);
