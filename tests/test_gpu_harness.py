@@ -5,6 +5,7 @@ extension's objects (build/obj). The peer-store calls run on one GPU too, the ra
 peer (EnsurePeerStoresLoopback)."""
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -133,3 +134,21 @@ def test_setup_agreement_gives_up_on_a_rank_that_never_comes(harness):
     r = subprocess.run([str(harness.parent / "agreement_test")], capture_output=True, text=True,
                        timeout=150)
     assert r.returncode == 0 and "ALL PASS" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.gpu
+def test_setup_agreement_exits_when_the_abort_never_ends(harness):
+    """ncclCommAbort can wait for ever (for a kernel of NCCL's waiting on a peer that never
+    comes, as on 2 x H200 with NCCL 2.28, or for work queued before it): the agreement that gave
+    up must then end the process with status 134 and a message within the abort's grace
+    (AbortMembersOrExit), not hang. On one GPU the abort waits for a queued wait nobody
+    releases (exit 3 would mean the abort returned: then NCCL no longer waits for queued work
+    and this test must find another way to hold it)."""
+    t0 = time.monotonic()
+    r = subprocess.run([str(harness.parent / "agreement_test"), "--abort-never-ends"],
+                       capture_output=True, text=True, timeout=90)
+    took = time.monotonic() - t0
+    assert r.returncode == 134, (r.returncode, r.stdout + r.stderr)
+    assert "did not join the setup agreement within 1 s" in r.stderr, r.stderr
+    assert "did not end within 2 s" in r.stderr and "status 134" in r.stderr, r.stderr
+    assert took < 30, took  # 1 s bound + 2 s grace + process start and NCCL init

@@ -7,6 +7,10 @@
 // and leave the communicator aborted; destroying it must then end. Also:
 // an agreement of a healthy group says yes, one with local_ok false says no.
 //   agreement_test        prints one line per check, exit 0 if all passed
+//   agreement_test --abort-never-ends
+//                         the missing rank's wait is never released, so the abort (which
+//                         waits for it) never returns: the process must exit with status 134
+//                         and say why within the abort's 2 s grace (exit 3: AgreeAll returned)
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -45,7 +49,24 @@ double Since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-int main() {
+// The abort that never returns: AbortMembersOrExit must end the process (status 134).
+int AbortNeverEnds(int32_t* on_device) {
+  ncclUniqueId id;
+  Must(ncclGetUniqueId(&id) == ncclSuccess, "ncclGetUniqueId");
+  fo::Status s = fo::CreateCommunicators(78, id, 1, {{0, 0}}, 8, 0);
+  Must(s.ok(), "CreateCommunicators: " + s.message);
+  fo::Communicator* c = fo::FindCommunicator(78, 0);
+  Must(c != nullptr, "FindCommunicator");
+  Must(fo::EnqueueWaitGeq(c->stream, on_device, 1, fo::WaitMethod::kSpinKernel).ok(), "spin wait");
+  bool all_ok = false;
+  std::printf("agreeing with a 1 s bound and a 2 s abort grace\n");
+  std::fflush(stdout);
+  s = fo::AgreeAll({c}, true, &all_ok, 1.0, 2.0);
+  std::printf("AgreeAll returned (the abort ended): %s\n", s.message.c_str());
+  return 3;
+}
+
+int main(int argc, char** argv) {
   Must(cudaSetDevice(0) == cudaSuccess, "cudaSetDevice");
   int32_t* word = nullptr;  // host-mapped: the spin kernel reads it, the host releases it
   Must(cudaHostAlloc(&word, sizeof(int32_t), cudaHostAllocMapped) == cudaSuccess, "cudaHostAlloc");
@@ -53,6 +74,7 @@ int main() {
   int32_t* on_device = nullptr;
   Must(cudaHostGetDevicePointer(&on_device, word, 0) == cudaSuccess, "cudaHostGetDevicePointer");
   auto release = [word] { *reinterpret_cast<volatile int32_t*>(word) = 1; };
+  if (argc > 1 && std::string(argv[1]) == "--abort-never-ends") return AbortNeverEnds(on_device);
 
   // WaitStreamsIdle: a busy stream times out after its bound, then ends once released.
   cudaStream_t stream;

@@ -512,13 +512,16 @@ Status DestroyCommunicators(int64_t comm_id) {
     return Status::Error("destroying the communicators of comm_id " + std::to_string(comm_id) +
                          ": " + quiet.message);
   }
-  DeviceScope restore_device;  // AbortMembers sets devices too
+  Status aborted = Status::Ok();
   if (!quiet.ok()) {
     calls = LockMembers(comms);
     // A member the watchdog aborted leaves the others of its group (this process's included)
     // with NCCL kernels, or our waits, that may never end: the device synchronization and
-    // frees below would wait for them for ever. Abort those groups' members first.
-    AbortMembers(MembersOfAbortedGroups(comms));
+    // frees below would wait for them for ever. Abort those groups' members first (bounded:
+    // an abort that waits for ever for such a kernel ends the process instead).
+    aborted = AbortMembersOrExit(MembersOfAbortedGroups(comms),
+                                 "destroying the communicators of comm_id " +
+                                     std::to_string(comm_id) + " after a watchdog abort");
   }
   {
     // Out of the registry first (FindCommunicator: none), kept alive in the graveyard.
@@ -533,7 +536,10 @@ Status DestroyCommunicators(int64_t comm_id) {
     }
   }
   for (Communicator* c : comms) c->destroyed = true;  // handlers that found one refuse
-  Status first_error = ReleaseWorkspaces(comms);
+  DeviceScope restore_device;
+  Status first_error = aborted;
+  Status released = ReleaseWorkspaces(comms);
+  if (first_error.ok()) first_error = released;
   for (Communicator* c : comms) {
     Status s = ReleaseOne(*c, /*abort=*/false);
     if (first_error.ok() && !s.ok()) first_error = s;
