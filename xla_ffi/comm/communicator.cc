@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <utility>
 
 #include "xla_ffi/comm/agreement.h"
@@ -247,10 +247,9 @@ Status ReleaseOne(Communicator& c, bool abort) {
   if (c.gemm_queue) keep(CudaStatus(cudaFree(c.gemm_queue), "cudaFree"));
   c.counters = nullptr;
   c.gemm_queue = nullptr;
-  if (c.comm && abort && !c.aborted) {
-    keep(NcclStatus(ncclCommAbort(c.comm), "ncclCommAbort"));
-  } else if (c.comm && !c.aborted) {
-    keep(NcclStatus(ncclCommDestroy(c.comm), "ncclCommDestroy"));
+  if (c.comm && !c.aborted) {  // an aborted one is done with (AbortMembers)
+    keep(abort ? NcclStatus(ncclCommAbort(c.comm), "ncclCommAbort")
+               : NcclStatus(ncclCommDestroy(c.comm), "ncclCommDestroy"));
   }
   c.comm = nullptr;
   return first;

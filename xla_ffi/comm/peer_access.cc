@@ -178,8 +178,9 @@ Status CheckPeersMayWrite(const void* ptr, const std::vector<int>& peers, Writab
   // A grant of ours lasts as long as the mapping: were XLA to unmap a range and map it again,
   // a remembered range would send the other GPU's stores into memory it may no longer write.
   // So with `grant` every call asks (~1 us per peer) and re-grants what lost access.
-  if (!grant && known != nullptr) {
-    for (const auto& range : *known) {
+  WritableRanges* remember = grant ? nullptr : known;
+  if (remember != nullptr) {
+    for (const auto& range : *remember) {
       if (address >= range.first && address < range.second) return Status::Ok();
     }
   }
@@ -207,7 +208,7 @@ Status CheckPeersMayWrite(const void* ptr, const std::vector<int>& peers, Writab
                                                     "to let this op grant that access"));
     }
   }
-  if (grant || known == nullptr) return Status::Ok();
+  if (remember == nullptr) return Status::Ok();
   CUdeviceptr base = 0;
   size_t size = 0;
   const CUresult res = Functions().address_range(&base, &size, static_cast<CUdeviceptr>(address));
@@ -215,8 +216,8 @@ Status CheckPeersMayWrite(const void* ptr, const std::vector<int>& peers, Writab
   // Bounded (an allocator that hands out an allocation per result would grow it for ever):
   // past kMaxKnown the oldest is asked about again when next seen.
   constexpr size_t kMaxKnown = 256;
-  if (known->size() >= kMaxKnown) known->erase(known->begin());
-  known->emplace_back(static_cast<uintptr_t>(base), static_cast<uintptr_t>(base) + size);
+  if (remember->size() >= kMaxKnown) remember->erase(remember->begin());
+  remember->emplace_back(static_cast<uintptr_t>(base), static_cast<uintptr_t>(base) + size);
   return Status::Ok();
 }
 

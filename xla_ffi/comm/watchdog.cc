@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "xla_ffi/comm/abort.h"
 #include "xla_ffi/comm/communicator.h"
 
 namespace flashoverlap {
@@ -191,12 +192,11 @@ class Watchdog {
     for (int i = 0; (i < 50 || comm.admin_holds.load()) && !lock.try_lock(); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    if (comm.destroyed.load() || comm.aborted.exchange(true)) return;
-    cudaSetDevice(comm.device);
-    ncclResult_t res = ncclCommAbort(comm.comm);
-    if (res != ncclSuccess) {
-      std::fprintf(stderr, "jax_flashoverlap watchdog: ncclCommAbort failed: %s\n",
-                   ncclGetErrorString(res));
+    if (comm.destroyed.load()) return;
+    // Unbounded here: the loop's grace deadline ends the process if this never returns.
+    Status aborted = AbortMembers({&comm});
+    if (!aborted.ok()) {
+      std::fprintf(stderr, "jax_flashoverlap watchdog: %s\n", aborted.message.c_str());
     }
   }
 
