@@ -130,7 +130,9 @@ def test_setup_agreement_gives_up_on_a_rank_that_never_comes(harness):
     agreement never joins, and the others used to wait for it for ever. On one GPU the missing
     rank is a wait queued ahead of the agreement that ends only on an abort: it must give up
     after its bound (1 s here), not later, name why and leave the communicator aborted, and
-    destroying it must end. Also: a healthy group agrees, a failed rank's no is heard."""
+    destroying it must end. Also: a healthy group agrees, a failed rank's no is heard; the
+    point-to-point handshake (ConnectPeers, same bounded group) connects, and gives up the same
+    way on a peer that never comes."""
     r = subprocess.run([str(harness.parent / "agreement_test")], capture_output=True, text=True,
                        timeout=150)
     assert r.returncode == 0 and "ALL PASS" in r.stdout, r.stdout + r.stderr

@@ -158,7 +158,7 @@ void ImportPeerStores(int64_t comm_id, const std::map<int, std::vector<py::bytes
   RunWithoutGil([&] { return flashoverlap::ImportPeerStores(comm_id, records); });
 }
 
-void ConnectPeers(int64_t comm_id) {  // blocks until the peers of every group join
+void ConnectPeers(int64_t comm_id) {  // waits for the peers of every group (bounded: agreement.h)
   RunWithoutGil([&] { return flashoverlap::ConnectPeers(comm_id); });
 }
 
@@ -271,7 +271,8 @@ PYBIND11_MODULE(_xla_ffi, m) {
         "Opens, for each local device of comm_id, its group's records (one per rank, in rank "
         "order) from export_peer_stores of every process");
   m.def("connect_peers", &ConnectPeers, py::arg("comm_id"),
-        "Sets up the point-to-point connections of comm_id's local communicators now");
+        "Sets up the point-to-point connections of comm_id's local communicators now (a peer "
+        "that never comes: an error after the setup agreement's bound, members aborted)");
   m.def("destroy_communicators", &DestroyCommunicators, py::arg("comm_id") = 0,
         "Destroys the communicators of comm_id (0: all)");
   m.def("has_communicators", &flashoverlap::HasCommunicators, py::arg("comm_id"));

@@ -5,7 +5,9 @@
 // kernel on a host word that a thread releases once the communicator is aborted, as NCCL's
 // kernel ends on ncclCommAbort): AgreeAll must give up after its bound, not later, name why,
 // and leave the communicator aborted; destroying it must then end. Also:
-// an agreement of a healthy group says yes, one with local_ok false says no.
+// an agreement of a healthy group says yes, one with local_ok false says no; ConnectPeers,
+// the point-to-point handshake on the same bounded group, connects, and gives up the same
+// way when a peer never comes.
 //   agreement_test        prints one line per check, exit 0 if all passed
 //   agreement_test --abort-never-ends
 //                         the missing rank's wait is never released, so the abort (which
@@ -139,6 +141,46 @@ int main(int argc, char** argv) {
   took = Since(t0);
   Expect(took < 5 && fo::FindCommunicator(77, 0) == nullptr,
          "DestroyCommunicators after it ends (" + std::to_string(took) + " s)" + (s.ok() ? "" : ": " + s.message));
+
+  // ConnectPeers (the point-to-point ops' handshake at lowering) rests on the same bounded
+  // group: a peer that never comes must not keep it waiting for ever. One rank has no peer to
+  // send to, so its stream held by the same wait plays the missing one.
+  ncclUniqueId p2p_id;
+  Must(ncclGetUniqueId(&p2p_id) == ncclSuccess, "ncclGetUniqueId (p2p)");
+  s = fo::CreateCommunicators(79, p2p_id, 1, {{0, 0}}, 8, 1 << 20, 0, /*peer_to_peer=*/true);
+  Must(s.ok(), "CreateCommunicators (p2p): " + s.message);
+  fo::Communicator* p2p = fo::FindCommunicator(79, 0);
+  Must(p2p != nullptr, "FindCommunicator (p2p)");
+  s = fo::ConnectPeers(79, 10, fo::kAbortGraceSeconds);
+  Expect(s.ok() && p2p->p2p_connected, "ConnectPeers, every peer there -> connected" +
+                                           (s.ok() ? "" : ": " + s.message));
+  p2p->p2p_connected = false;  // ask again, now with the peer missing
+  *reinterpret_cast<volatile int32_t*>(word) = 0;
+  Must(fo::EnqueueWaitGeq(p2p->stream, on_device, 1, fo::WaitMethod::kSpinKernel).ok(), "spin wait (p2p)");
+  done = false;
+  released_after = -1;
+  t0 = std::chrono::steady_clock::now();
+  std::thread missing_peer([&] {
+    while (!p2p->aborted.load() && !done.load() && Since(t0) < 10) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    release();
+    released_after = Since(t0);
+  });
+  s = fo::ConnectPeers(79, 1.0, fo::kAbortGraceSeconds);
+  took = Since(t0);
+  done = true;
+  missing_peer.join();
+  Expect(!s.ok() && s.message.find("did not join the peer connection within 1 s") != std::string::npos &&
+             s.message.find("restart") != std::string::npos && !p2p->p2p_connected && p2p->aborted.load(),
+         "ConnectPeers, a peer that never comes -> gives up, aborted: " + s.message.substr(0, 60));
+  Expect(released_after.load() >= 0.95 && released_after.load() < 1.5 && took < 5,
+         "  ... aborted at its 1 s bound (released at " + std::to_string(released_after.load()) +
+             " s; returned at " + std::to_string(took) + " s)");
+  s = fo::DestroyCommunicators(79);
+  Expect(fo::FindCommunicator(79, 0) == nullptr,
+         "DestroyCommunicators (p2p) after it" + (s.ok() ? "" : ": " + s.message));
+
   std::printf("%s (%d failed)\n", failures == 0 ? "ALL PASS" : "FAILURES", failures);
   return failures == 0 ? 0 : 1;
 }

@@ -20,18 +20,9 @@ std::string Seconds(double s) {
 
 }  // namespace
 
-Status AgreeAll(const std::vector<Communicator*>& comms, bool local_ok, bool* all_ok,
-                double wait_seconds, double abort_grace_seconds) {
-  *all_ok = false;
-  std::vector<std::pair<int, cudaStream_t>> streams;
-  for (Communicator* c : comms) {
-    FO_RETURN_IF_CUDA(cudaSetDevice(c->device));
-    // The counters' zeroing at creation ran on the legacy stream, which our non-blocking
-    // stream does not follow (only that stream: other work on the device may be anything).
-    FO_RETURN_IF_CUDA(cudaStreamSynchronize(cudaStreamLegacy));
-    FO_RETURN_IF_CUDA(cudaMemsetAsync(c->counters, local_ok ? 1 : 0, sizeof(int32_t), c->stream));
-    streams.emplace_back(c->device, c->stream);
-  }
+Status RunBoundedSetupGroup(const std::vector<Communicator*>& comms, const SetupEnqueue& enqueue,
+                            const std::string& what, double wait_seconds,
+                            double abort_grace_seconds) {
   // From the group start on, a failure here may leave our part of the collective queued or
   // half-made while the others wait in theirs: abort the members, as on a timeout.
   auto give_up = [&comms, abort_grace_seconds](const std::string& why) {
@@ -40,28 +31,52 @@ Status AgreeAll(const std::vector<Communicator*>& comms, bool local_ok, bool* al
                          "the processes" +
                          (aborted.ok() ? "" : " (aborting failed too: " + aborted.message + ")"));
   };
-  auto nccl_failed = [&give_up](ncclResult_t res, const char* call) {
-    return give_up(NcclStatus(res, call).message + " (setup agreement)");
+  auto failed = [&give_up, &what](const std::string& message) {
+    return give_up(message + " (" + what + ")");
   };
+  std::vector<std::pair<int, cudaStream_t>> streams;
+  for (Communicator* c : comms) streams.emplace_back(c->device, c->stream);
   ncclResult_t res = ncclGroupStart();
-  if (res != ncclSuccess) return nccl_failed(res, "ncclGroupStart");
+  if (res != ncclSuccess) return failed(NcclStatus(res, "ncclGroupStart").message);
   for (Communicator* c : comms) {
-    res = ncclAllReduce(c->counters, c->counters, 1, ncclInt32, ncclMin, c->comm, c->stream);
-    if (res != ncclSuccess) {
+    Status s = enqueue(*c);
+    if (!s.ok()) {
       ncclGroupEnd();
-      return nccl_failed(res, "ncclAllReduce");
+      return failed(s.message);
     }
   }
   res = ncclGroupEnd();
-  if (res != ncclSuccess) return nccl_failed(res, "ncclGroupEnd");
+  if (res != ncclSuccess) return failed(NcclStatus(res, "ncclGroupEnd").message);
   // Not cudaStreamSynchronize: a rank that failed before this step never joins.
   bool timed_out = false;
   Status waited = WaitStreamsIdle(streams, wait_seconds, &timed_out);
-  if (!waited.ok()) return give_up(waited.message + " (setup agreement)");
+  if (!waited.ok()) return failed(waited.message);
   if (timed_out) {
-    return give_up("the group's other ranks did not join the setup agreement within " +
+    return give_up("the group's other ranks did not join the " + what + " within " +
                    Seconds(wait_seconds) + " s (a rank failed before it: its own error names why)");
   }
+  return Status::Ok();
+}
+
+Status AgreeAll(const std::vector<Communicator*>& comms, bool local_ok, bool* all_ok,
+                double wait_seconds, double abort_grace_seconds) {
+  *all_ok = false;
+  for (Communicator* c : comms) {
+    FO_RETURN_IF_CUDA(cudaSetDevice(c->device));
+    // The counters' zeroing at creation ran on the legacy stream, which our non-blocking
+    // stream does not follow (only that stream: other work on the device may be anything).
+    FO_RETURN_IF_CUDA(cudaStreamSynchronize(cudaStreamLegacy));
+    FO_RETURN_IF_CUDA(cudaMemsetAsync(c->counters, local_ok ? 1 : 0, sizeof(int32_t), c->stream));
+  }
+  Status agreed_all = RunBoundedSetupGroup(
+      comms,
+      [](Communicator& c) {
+        return NcclStatus(
+            ncclAllReduce(c.counters, c.counters, 1, ncclInt32, ncclMin, c.comm, c.stream),
+            "ncclAllReduce");
+      },
+      "setup agreement", wait_seconds, abort_grace_seconds);
+  if (!agreed_all.ok()) return agreed_all;
   *all_ok = true;
   for (Communicator* c : comms) {
     int32_t agreed = 0;

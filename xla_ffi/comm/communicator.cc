@@ -449,6 +449,10 @@ Status WithLocalMembers(int64_t comm_id, const MemberBufferStep& step) {
 }
 
 Status ConnectPeers(int64_t comm_id) {
+  return ConnectPeers(comm_id, kAgreeWaitSeconds, kAbortGraceSeconds);
+}
+
+Status ConnectPeers(int64_t comm_id, double wait_seconds, double abort_grace_seconds) {
   std::lock_guard<std::mutex> admin(AdminMutex());
   std::vector<Communicator*> comms = LocalMembers(comm_id);
   if (comms.empty()) return Status::Error("no communicator with comm_id " + std::to_string(comm_id));
@@ -465,27 +469,22 @@ Status ConnectPeers(int64_t comm_id) {
       return Status::Error("ConnectPeers needs the workspace allocated first");
     }
   }
-  FO_RETURN_IF_NCCL(ncclGroupStart());
-  for (Communicator* c : comms) {
-    int32_t* buf = static_cast<int32_t*>(c->workspace);
-    for (int peer = 0; peer < c->world_size; ++peer) {
-      if (peer == c->rank) continue;
-      ncclResult_t res = ncclSend(buf + peer, 1, ncclInt32, peer, c->comm, c->stream);
-      if (res == ncclSuccess) {
-        res = ncclRecv(buf + c->world_size + peer, 1, ncclInt32, peer, c->comm, c->stream);
-      }
-      if (res != ncclSuccess) {
-        ncclGroupEnd();
-        return NcclStatus(res, "ncclSend/ncclRecv (peer connection)");
-      }
-    }
-  }
-  FO_RETURN_IF_NCCL(ncclGroupEnd());
-  for (Communicator* c : comms) {
-    FO_RETURN_IF_CUDA(cudaSetDevice(c->device));
-    FO_RETURN_IF_CUDA(cudaStreamSynchronize(c->stream));
-    c->p2p_connected = true;
-  }
+  FO_RETURN_IF_NOT_OK(RunBoundedSetupGroup(
+      comms,
+      [](Communicator& c) {
+        int32_t* buf = static_cast<int32_t*>(c.workspace);
+        for (int peer = 0; peer < c.world_size; ++peer) {
+          if (peer == c.rank) continue;
+          ncclResult_t res = ncclSend(buf + peer, 1, ncclInt32, peer, c.comm, c.stream);
+          if (res == ncclSuccess) {
+            res = ncclRecv(buf + c.world_size + peer, 1, ncclInt32, peer, c.comm, c.stream);
+          }
+          if (res != ncclSuccess) return NcclStatus(res, "ncclSend/ncclRecv");
+        }
+        return Status::Ok();
+      },
+      "peer connection", wait_seconds, abort_grace_seconds));
+  for (Communicator* c : comms) c->p2p_connected = true;
   return Status::Ok();
 }
 

@@ -163,8 +163,11 @@ Status GrowMemberBuffers(int64_t comm_id, const char* what,
 // its peers now (one grouped 1-element send/recv to each, from this thread), so the ops that
 // use ncclSend/ncclRecv never make NCCL connect lazily inside a handler, where its blocking
 // host-side handshake needs the peer's handler to run at the same time. Collective over the
-// group (every process calls it for its local ranks); once per communicator.
+// group (every process calls it for its local ranks); once per communicator. Bounded as the
+// setup agreement is (RunBoundedSetupGroup, agreement.h): a peer that never comes gets the
+// members aborted after kAgreeWaitSeconds, and the error says to restart.
 Status ConnectPeers(int64_t comm_id);
+Status ConnectPeers(int64_t comm_id, double wait_seconds, double abort_grace_seconds);
 
 // Runs `step` on the local members of comm_id under the admin mutex (nothing is created,
 // grown or destroyed meanwhile); an error if there are none.
