@@ -35,12 +35,30 @@ def reference_gemm(x, w, *, transpose_w=False):
   return dot(x, w, transpose_w)
 
 
-def reference_gemm_all_reduce(x, w, *, axis_name, transpose_w=False):
-  return lax.psum(dot(x, w, transpose_w), axis_name)
+def reference_gemm_all_reduce(x, w, *, axis_name, transpose_w=False, product=dot):
+  return lax.psum(product(x, w, transpose_w), axis_name)
 
 
-def reference_gemm_reduce_scatter(x, w, *, axis_name, transpose_w=False):
-  return lax.psum_scatter(dot(x, w, transpose_w), axis_name, scatter_dimension=0, tiled=True)
+def reference_gemm_reduce_scatter(x, w, *, axis_name, transpose_w=False, product=dot):
+  return lax.psum_scatter(product(x, w, transpose_w), axis_name, scatter_dimension=0,
+                          tiled=True)
+
+
+def _float32_product(x, w, transpose_w=False):
+  return dot(x, w, transpose_w).astype(jnp.float32)
+
+
+def reduced_in_float32(reference):
+  """`reference` with a bfloat16 product reduced in float32 and rounded back once: the CPU
+  lowering. XLA's CPU compiler does exactly this to a bfloat16 all-reduce / reduce-scatter
+  itself (same bits: tests/test_cpu_reference.py), but inside a partly manual shard_map its
+  own promotion aborts the process (JAX 0.10: "Invalid binary instruction opcode copy");
+  promoting first avoids it. Not on GPUs: NCCL reduces bfloat16 as it is."""
+  def on_cpu(x, w, **params):
+    if jnp.result_type(x, w) != jnp.bfloat16:
+      return reference(x, w, **params)
+    return reference(x, w, product=_float32_product, **params).astype(jnp.bfloat16)
+  return on_cpu
 
 
 # --- primitive construction --------------------------------------------------------------
@@ -51,10 +69,11 @@ _REFERENCES = {}
 
 
 def make_primitive(name, reference, reference_keys=("axis_name", "transpose_w"),
-                   multiple_results=False):
+                   multiple_results=False, cpu_reference=None):
   """A primitive whose output type comes from tracing `reference(x, w, **params)` and whose
   default lowering is that reference; params outside `reference_keys` are tuning knobs the
   reference does not take. multiple_results: the reference returns a tuple of arrays.
+  cpu_reference: the CPU lowering's composition, where it must differ (same values).
   Returns (primitive, reference lowering)."""
   def reference_params(params):
     return {k: v for k, v in params.items() if k in reference_keys}
@@ -76,14 +95,20 @@ def make_primitive(name, reference, reference_keys=("axis_name", "transpose_w"),
       lambda x, w, **params: reference(x, w, **reference_params(params)),
       multiple_results=multiple_results)
   _compat.mlir.register_lowering(prim, lowered_reference)
+  if cpu_reference is not None:
+    _compat.mlir.register_lowering(prim, _compat.mlir.lower_fun(
+        lambda x, w, **params: cpu_reference(x, w, **reference_params(params)),
+        multiple_results=multiple_results), platform="cpu")
   return prim, lowered_reference
 
 
 gemm_p, _gemm_reference_lowering = make_primitive("flashoverlap_gemm", reference_gemm)
 gemm_all_reduce_p, _ar_reference_lowering = make_primitive(
-    "flashoverlap_gemm_all_reduce", reference_gemm_all_reduce)
+    "flashoverlap_gemm_all_reduce", reference_gemm_all_reduce,
+    cpu_reference=reduced_in_float32(reference_gemm_all_reduce))
 gemm_reduce_scatter_p, _rs_reference_lowering = make_primitive(
-    "flashoverlap_gemm_reduce_scatter", reference_gemm_reduce_scatter)
+    "flashoverlap_gemm_reduce_scatter", reference_gemm_reduce_scatter,
+    cpu_reference=reduced_in_float32(reference_gemm_reduce_scatter))
 
 # --- CUDA lowerings ------------------------------------------------------------------------
 

@@ -1,0 +1,90 @@
+"""The CPU lowering of the reducing ops (primitives.reduced_in_float32).
+
+XLA's CPU compiler reduces a bfloat16 all-reduce / reduce-scatter in float32 itself; inside a
+partly manual shard_map (axis_names a subset of the mesh's) that promotion aborts the process
+(JAX 0.10: "Invalid binary instruction opcode copy"). Our CPU lowering promotes first: the
+same bits as XLA's own op where XLA's works, and a result where XLA's would abort.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from _util import DTYPES, DTYPE_IDS, f32, op_fn, rand, shard_map
+
+ROOT = Path(__file__).resolve().parents[1]
+
+on_cpu = pytest.mark.skipif(jax.default_backend() != "cpu",
+                            reason="checks the CPU lowering (on GPUs the ops run the kernels)")
+
+_CASES = {  # name -> (x shape, w shape, x spec, w spec, out spec) on an 8-device 'tp' mesh
+    "all_reduce": ((5, 8 * 40), (8 * 40, 24), P(None, "tp"), P("tp", None), P()),
+    "reduce_scatter": ((8 * 3, 8 * 40), (8 * 40, 32), P(None, "tp"), P("tp", None), P("tp")),
+}
+
+
+@on_cpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("name", list(_CASES))
+def test_same_bits_as_xla(fo, name, dtype, rng):
+    """Eight ranks' partials (each a sum over 40 products, rounded) summed: any other order or
+    precision of the reduction than XLA's shows in the last bits."""
+    from _util import make_mesh_1d
+
+    mesh = make_mesh_1d(8)
+    xs, ws, x_spec, w_spec, out_spec = _CASES[name]
+    x, w = rand(rng, xs, dtype), rand(rng, ws, dtype)
+    op, ref = op_fn(fo, name, "tp")
+    got = jax.jit(shard_map(op, mesh, (x_spec, w_spec), out_spec))(x, w)
+    want = jax.jit(shard_map(ref, mesh, (x_spec, w_spec), out_spec))(x, w)
+    assert got.dtype == want.dtype == dtype
+    np.testing.assert_array_equal(f32(got), f32(want))
+
+
+_PARTLY_MANUAL = textwrap.dedent("""
+    import sys
+    import numpy as np, jax, jax.numpy as jnp
+    from jax.sharding import Mesh, PartitionSpec as P
+    import jax_flashoverlap as fo
+
+    name, dtype = sys.argv[1], jnp.dtype(sys.argv[2])
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("dp", "tp"))
+    rng = np.random.default_rng(7)
+    x = jnp.asarray(rng.standard_normal((8, 4 * 48), np.float32), dtype)
+    w = jnp.asarray(rng.standard_normal((4 * 48, 40), np.float32), dtype)
+    op = {"all_reduce": fo.matmul_all_reduce, "reduce_scatter": fo.matmul_reduce_scatter}[name]
+    out_spec = P() if name == "all_reduce" else P("tp")
+    f = jax.jit(jax.shard_map(lambda a, b: op(a, b, "tp"), mesh=mesh,
+                              in_specs=(P(None, "tp"), P("tp", None)), out_specs=out_spec,
+                              axis_names={"tp"}))
+    got = np.asarray(f(x, w), np.float32)
+    want = np.asarray(x, np.float32) @ np.asarray(w, np.float32)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    err = np.linalg.norm(got - want) / np.linalg.norm(want)
+    print(f"rel_fro {err:.2e}")
+    assert err < 1e-2, err
+    print("OK")
+""")
+
+
+@on_cpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("name", list(_CASES))
+def test_partly_manual_shard_map(name, dtype):
+    """The per-device op with its axis among the shard_map's axis_names (what the global
+    view's error inside such a shard_map tells users to do): right values, in a subprocess,
+    since XLA's failure there aborts the process rather than raising."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", _PARTLY_MANUAL, name, jnp.dtype(dtype).name],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "OK" in proc.stdout, (proc.returncode, proc.stdout,
+                                                          proc.stderr[-3000:])
