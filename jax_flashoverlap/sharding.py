@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 
 import jax
 import numpy as np
@@ -297,10 +298,32 @@ def _partition(reduce, axis_name, sequence_dim, transpose_w, mesh, arg_shapes, r
       return prims.dot(x, w, transpose_w)
     if reduce == "all_reduce":
       return ops.matmul_all_reduce(x, w, k_axis, transpose_w=transpose_w)
-    return ops.matmul_reduce_scatter(x, w, k_axis, transpose_w=transpose_w,
-                                     sequence_dim=sequence_dim)
+    out = ops.matmul_reduce_scatter(x, w, k_axis, transpose_w=transpose_w,
+                                    sequence_dim=sequence_dim)
+    _warn_if_gathered_after(k_axis, mesh, result_shape, sequence_dim)  # once the op took x
+    return out
 
   return mesh, lower, out_sharding, arg_shardings
+
+
+def _warn_if_gathered_after(k_axis, mesh, result_shape, sequence_dim):
+  """The program wants the reduce-scatter's output whole on every device (Shardy's rule
+  cannot shard the output's rows over the contracting axis when x's rows are not sharded
+  over the other mesh axes, README): XLA then all-gathers it after the op, an all-reduce done
+  the slow way. Say how to keep the scattered layout."""
+  if mesh.shape[k_axis] == 1:
+    return
+  sharding = getattr(result_shape, "sharding", None)
+  if sharding is None or not sharding.is_fully_replicated:
+    return
+  spec = ["None"] * len(result_shape.shape)
+  spec[sequence_dim] = repr(k_axis)
+  warnings.warn(
+      f"jax_flashoverlap.row_parallel_matmul: the reduce-scatter's output (shape "
+      f"{tuple(result_shape.shape)}) is wanted replicated, so XLA all-gathers it after the op; "
+      f"constrain it to keep it scattered over {k_axis!r} (jax.lax.with_sharding_constraint("
+      f"y, NamedSharding(mesh, P({', '.join(spec)})))), or use reduce='all_reduce' if every "
+      "device needs all of it", stacklevel=2)
 
 
 def _sdy_rule(reduce, axis_name, sequence_dim, transpose_w, mesh, value_types, result_types):

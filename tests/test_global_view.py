@@ -399,3 +399,40 @@ def test_sequence_dim_over_dp_and_tp(fo, rng, shape, gspmd, constrain):
         got = tuple(out.sharding.spec) + (None,) * (3 - len(out.sharding.spec))
         assert got == tuple(out_spec), out.sharding.spec
         assert colls == ["reduce-scatter"], colls
+
+
+# x's rows not over the other mesh axes (x P(None, tp) on a (dp, tp) mesh): Shardy's rule
+# cannot shard the reduce-scatter's output rows over tp while their dp share is unsharded
+# (README), so the program wants the output replicated and XLA all-gathers it after the op.
+# The partitioner warns with the constraint that keeps it scattered; with it, no warning and
+# one reduce-scatter; x's rows over dp: no warning.
+@pytest.mark.parametrize("case", ["replicated", "constrained", "rows_over_dp"])
+def test_reduce_scatter_wanted_replicated_warns(fo, rng, case):
+    import warnings
+
+    from _util import collectives, make_mesh_2d
+
+    mesh = make_mesh_2d(2, 4)
+    x_spec = P("dp", "tp") if case == "rows_over_dp" else P(None, "tp")
+    x = _put(mesh, rand(rng, (16, 64), jnp.bfloat16), x_spec)
+    w = _put(mesh, rand(rng, (64, 24), jnp.bfloat16, scale=64 ** -0.5), P("tp", None))
+
+    def fn(a, b):
+        y = fo.row_parallel_matmul(a, b, "reduce_scatter", axis_name="tp")
+        if case == "constrained":
+            y = jax.lax.with_sharding_constraint(y, NamedSharding(mesh, P("tp", None)))
+        return y
+
+    f = jax.jit(fn)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out, colls = f(x, w), collectives(f, x, w)
+    said = [str(c.message) for c in caught if "is wanted replicated" in str(c.message)]
+    check_against_refs(out, _xla(x, w), _np(x, w))
+    if case == "replicated":
+        assert said and "P('tp', None)" in said[0] and "reduce='all_reduce'" in said[0], said
+        assert tuple(out.sharding.spec) in ((), (None,), (None, None)), out.sharding.spec
+        assert colls == ["reduce-scatter", "all-gather"], colls
+    else:
+        assert not said, said
+        assert colls == ["reduce-scatter"], colls
