@@ -22,6 +22,7 @@ def info() -> dict:
   """Versions, build, GPU and the path each op takes on this machine (a JSON-able dict)."""
   import jax
   import jaxlib
+  problems = []  # settings that do not parse: reported, not raised (info is for diagnosing)
   gpus = []
   try:
     gpus = [d.device_kind for d in jax.devices("gpu")]
@@ -37,7 +38,7 @@ def info() -> dict:
       "gpu_name": gpus[0] if gpus else None,
       "extension_built": _ext.HAS_CUDA_EXT,
       "extension_error": _ext.EXT_IMPORT_ERROR,
-      "force_reference": _ext.force_reference(),
+      "force_reference": _setting(_ext.force_reference, problems),
       "ffi_targets": sorted(_ext.available_targets()),
   }
   if _ext.ext is not None:
@@ -51,18 +52,37 @@ def info() -> dict:
     out["nccl_version"] = None
   paths = {}
   for op, target in OP_TARGETS.items():
-    use, why = _ext.check_cuda_path(target, gpu_present=bool(gpus))
-    if not gpus:
+    use, why = _setting(lambda: _ext.check_cuda_path(target, gpu_present=bool(gpus)),
+                        problems, (None, None))
+    if use is None:
+      why = f"not decided: {problems[-1]}"
+    elif not gpus:
       use, why = False, f"no GPU: {op} lowers to the reference composition on {jax.default_backend()}"
     paths[op] = {"cuda_custom_call": use, "why": why}
   out["paths"] = paths
+  out["invalid_settings"] = sorted(set(problems))
   return out
 
 
+def _setting(read, problems, invalid=None):
+  """read(), or `invalid` with the ValueError's message (a switch that does not parse, e.g.
+  JAX_FLASHOVERLAP_FORCE_REFERENCE=ture) added to `problems`."""
+  try:
+    return read()
+  except ValueError as err:
+    problems.append(str(err))
+    return invalid if invalid is not None else f"invalid: {err}"
+
+
 def main(argv=None) -> int:
-  json.dump(info(), sys.stdout, indent=2, default=str)
+  """Prints info() as JSON; exit status 1 when a setting does not parse (the ops would raise
+  on it at lowering), after naming it on stderr."""
+  report = info()
+  json.dump(report, sys.stdout, indent=2, default=str)
   sys.stdout.write("\n")
-  return 0
+  for problem in report["invalid_settings"]:
+    sys.stderr.write(f"jax_flashoverlap.info: invalid setting: {problem}\n")
+  return 1 if report["invalid_settings"] else 0
 
 
 if __name__ == "__main__":

@@ -50,6 +50,23 @@ def test_info_is_a_json_able_dict(fo):
     json.dumps(d, default=str)  # printable by the CLI
 
 
+@pytest.mark.parametrize("variable,value", [(FORCE_ENV, "ture"),
+                                            ("FLASHOVERLAP_GEMM_EPILOGUE", "bogus")])
+def test_info_cli_reports_a_setting_that_does_not_parse(variable, value):
+    """A mistyped switch is what `info` is run to find: it prints the whole report, names
+    the variable and its value (in the report and on stderr) and exits 1, no traceback."""
+    r = subprocess.run([sys.executable, "-m", "jax_flashoverlap.info"], cwd=REPO,
+                       env=_env(**{variable: value}), capture_output=True, text=True,
+                       timeout=240)
+    assert r.returncode == 1, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    assert "Traceback" not in r.stderr, r.stderr
+    report = json.loads(r.stdout)
+    assert report["invalid_settings"] and all(variable in p and repr(value) in p
+                                              for p in report["invalid_settings"])
+    assert "invalid setting: " in r.stderr and variable in r.stderr, r.stderr
+    assert report["paths"] and report["jax"] == jax.__version__
+
+
 def test_info_reports_versions(fo):
     d = fo.info()
     values = [v for _, v in _walk(d)]
