@@ -345,12 +345,29 @@ def traced_calls(fn, args, calls: int) -> dict:
   return {d: trace.medians(rs) for d, rs in by_device.items()}
 
 
+# The variants the per-shape line names by themselves; the rest follow it as "others".
+_PRINTED = ("xla_dot", "xla_collective", "xla_dot_collective", "ours", "nccl_capped_alone")
+
+
+def _xla_path_reason(plan) -> str:
+  """Why `ours` ran XLA's composition rather than our custom call."""
+  import jax
+  if jax.default_backend() != "gpu":
+    return f"no GPU, {jax.default_backend()}"
+  return "cost-model fallback" if not plan.overlap else "extension not in use"
+
+
 def bench_overlap(args) -> dict:
   import jax
   import jax.numpy as jnp
   from jax.sharding import NamedSharding, PartitionSpec as P
 
   rows = RowLog(args)
+  if jax.default_backend() != "gpu":
+    say(f"WARNING: no GPU ({jax.default_backend()}): every variant runs XLA's composition "
+        "on simulated devices, so the times, speedups and E below measure nothing of this "
+        "project (a smoke run of the CLI); the GPU-only parts (--trace, nccl_capped, the "
+        "xla_windowed variant) are left out")
   for pb in _problems(args):
     collective = pb.collective
     m, n, k, world = pb.m, pb.n, pb.k, pb.world
@@ -412,15 +429,15 @@ def bench_overlap(args) -> dict:
     row["trace"] = traced_calls(ours_fn, pb.args, args.trace) if custom_call else {}
     row.update(bench_targets.evaluate_row(row))
     rows.append(row)
-    path = "" if custom_call else (
-        " (XLA path: " + ("cost-model fallback" if not plan.overlap else "extension not in use")
-        + ")")
+    path = "" if custom_call else f" (XLA path: {_xla_path_reason(plan)})"
+    others = " ".join(f"{v} {t[v]:.3f}" for v in t if v not in _PRINTED and not v.endswith("_chain"))
     say(f"{collective:14s} {m}x{n}x{k}: dot {t['xla_dot']:.3f} coll {t['xla_collective']:.3f} "
           f"dot+coll {t['xla_dot_collective']:.3f} ours {t['ours']:.3f} "
           f"nccl_capped {t.get('nccl_capped_alone', float('nan')):.3f} ms  "
           f"speedup {speedup:.3f}  E {eff:.2f}  err {err:.1e} (f32 {err32:.1e})  "
           f"groups {plan.num_groups} sms {plan.comm_sms}"
           f"{' peer stores' if plan.transport == 'peer' else ''}{path}"
+          + (f"  others: {others} ms" if others else "")
           + (f"  chained: xla {t['xla_chain']:.3f} ours {t['ours_chain']:.3f} "
              f"({row['chain_speedup']:.3f}x)" if row["chain_speedup"] else ""))
     for device, medians in sorted(row["trace"].items())[:1]:  # one device's timeline

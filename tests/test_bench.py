@@ -43,6 +43,20 @@ def test_overlap_all_variants(tmp_path):
     assert d["plot"] == str(plot) and plot.stat().st_size > 1000
 
 
+def test_overlap_on_cpu_says_what_its_numbers_are(tmp_path):
+    """On CPU every variant is XLA's composition: the run says so first, gives that (not a
+    cost-model fallback) as the reason on each line, and prints every timed variant."""
+    d, out = _run(tmp_path, "overlap", "--shapes", "64x64x256", "--world", "4", "--variants",
+                  "two_chunk", "ppermute_ring")
+    assert out.startswith("WARNING: no GPU (cpu)") and "measure nothing" in out, out[:500]
+    lines = [line for line in out.splitlines() if "64x64x256:" in line]
+    assert len(lines) == 2, out
+    for line, row in zip(lines, d["rows"]):
+        assert "(XLA path: no GPU, cpu)" in line and "cost-model" not in line, line
+        for v in ("two_chunk", "ppermute_ring"):
+            assert f"{v} {row['times_ms'][v]:.3f}" in line, (v, line)
+
+
 def test_overlap_peer_variant_on_groups_of_2_to_8(tmp_path):
     """ours_peer (JAX_FLASHOVERLAP_TRANSPORT=peer at its lowering) is timed where the mesh axis
     has 2 to 8 devices (peer stores take groups of 2 to 8 GPUs of one process)."""
