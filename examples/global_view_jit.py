@@ -66,8 +66,9 @@ def main():
   args = ap.parse_args()
 
   devices = jax.devices()
-  if not 0 <= args.dp <= len(devices):
-    ap.error(f"--dp must be between 0 (default) and the {len(devices)} devices, got {args.dp}")
+  if not 0 <= args.dp <= len(devices) or (args.dp and len(devices) % args.dp):
+    ap.error(f"--dp must be 0 (default) or divide the {len(devices)} devices (the mesh is "
+             f"dp x tp over all of them), got {args.dp}")
   dp = args.dp or (2 if len(devices) >= 4 and len(devices) % 2 == 0 else 1)
   tp = len(devices) // dp
   rows = args.m // dp if args.reduce == "all_reduce" else args.m // (dp * tp)

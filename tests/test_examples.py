@@ -227,7 +227,10 @@ def test_global_view_jit(reduce, spec):
     ("tp_transformer_block.py", ("--ffn", "132"), 1, "ffn/tp whole multiples of 8"),
     ("tp_transformer_block.py", ("--tp", "2", "--dim", "48", "--heads", "16"), 1,
      "an even head dim"),
-    ("global_view_jit.py", ("--dp", "16"), 2, "--dp must be between 0 (default) and the 8"),
+    ("global_view_jit.py", ("--dp", "16"), 2, "--dp must be 0 (default) or divide the 8"),
+    # 3 does not divide 8 (it said "need m divisible by dp", and with --m 240 ran on 6)
+    ("global_view_jit.py", ("--dp", "3", "--m", "240"), 2,
+     "--dp must be 0 (default) or divide the 8 devices"),
     ("quickstart.py", ("--k", "100"), 2, "--k split over the 8 devices a multiple of 8"),
 ])
 def test_examples_reject_bad_arguments(name, args, code, message):
