@@ -469,6 +469,10 @@ class _NNXParallel(nnx.Module):
       kspec, bspec = _logical_specs(self._row, kernel_axes)
       meta.update(eager_sharding=False,
                   **({"sharding_rules": tuple(sharding_rules)} if sharding_rules else {}))
+    if bias is not None and eager and mesh is not None and not tuple(bspec):
+      # Replicated over the mesh given, as under jax.set_mesh (Flax leaves a value annotated
+      # () with mesh= on one device, so each jitted call would copy it over first).
+      bias = jax.device_put(bias, jax.sharding.NamedSharding(mesh, P()))
     self.kernel = nnx.Param(kernel, out_sharding=kspec, **meta)
     self.bias = nnx.Param(bias, out_sharding=bspec, **meta) if use_bias else None
 

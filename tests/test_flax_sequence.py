@@ -153,7 +153,7 @@ def test_row_global_view_on_a_dp_tp_mesh(rng, x_shape, x_spec, reduce, sequence_
   dp kept, the sequence dim scattered over tp. (Flattened to rows, [S, B] over (None, dp)
   came back replicated after gathers.) The mesh given to the NNX layer (mesh=, no
   jax.set_mesh around the jit) does the same: before, the layer named no axis then, and the
-  reduce-scatter's output came back gathered."""
+  reduce-scatter's output came back gathered; its bias is on the mesh too."""
   import contextlib
   mesh = make_mesh_2d(2, 4)
   x = jax.device_put(rand(rng, x_shape, BF16), NamedSharding(mesh, x_spec))
@@ -161,6 +161,8 @@ def test_row_global_view_on_a_dp_tp_mesh(rng, x_shape, x_spec, reduce, sequence_
   with jax.set_mesh(mesh) if mesh_via == "set_mesh" else contextlib.nullcontext():
     model = RowParallelLinear(32, 64, axis_name="tp", reduce=reduce, sequence_dim=sequence_dim,
                               rngs=nnx.Rngs(0), **kwargs)
+    # the bias replicated over the mesh either way (with mesh= Flax left it on one device)
+    assert model.bias[...].sharding == NamedSharding(mesh, P()), model.bias[...].sharding
     _nonzero_bias(model)
     gdef, params = nnx.split(model)
     f = jax.jit(lambda st, x: nnx.merge(gdef, st)(x))
