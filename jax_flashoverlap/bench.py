@@ -487,16 +487,21 @@ def main(argv=None) -> int:
                                    description=__doc__.splitlines()[0])
   sub = parser.add_subparsers(dest="kind", required=True)
   for name in ("gemm", "overlap", "sweep", "a2a"):
-    p = sub.add_parser(name)
+    p = sub.add_parser(name, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--shapes", type=_parse_shape, nargs="+", default=list(DESIGN_SHAPES),
-                   help="global MxNxK shapes (default: DESIGN.md's)")
-    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
-    p.add_argument("--calls", type=int, default=10)
-    p.add_argument("--samples", type=int, default=20)
+                   help="global MxNxK shapes (by default DESIGN.md's table)")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"),
+                   help="dtype of x, w and the output")
+    p.add_argument("--calls", type=int, default=10,
+                   help="back-to-back calls per sample (a sample is their mean time)")
+    p.add_argument("--samples", type=int, default=20,
+                   help="samples per variant, interleaved across variants; the median is "
+                        "reported")
     p.add_argument("--out", help="write results JSON here")
     if name == "gemm":
       p.add_argument("--world", type=int, default=2, help="per-GPU K = K / world")
-      p.add_argument("--comm-sms", type=int, nargs="+", default=[0, 8, 16])
+      p.add_argument("--comm-sms", type=int, nargs="+", default=[0, 8, 16],
+                     help="SMs left free for communication (0: the GEMM on every SM)")
       p.add_argument("--transpose-w", action="store_true",
                      help="w stored [N, K]: ours with transpose_w=True vs XLA's x @ w.T")
     elif name == "a2a":
@@ -512,7 +517,8 @@ def main(argv=None) -> int:
                        help="isolated calls of ours traced per shape (per-group medians in the "
                             "JSON, jax_flashoverlap.trace); 0: none")
       if name == "sweep":
-        p.add_argument("--comm-sms", type=int, nargs="+", default=[4, 8, 16])
+        p.add_argument("--comm-sms", type=int, nargs="+", default=[4, 8, 16],
+                       help="SMs left to NCCL in the forced plans")
         p.add_argument("--groups", type=int, nargs="+", default=[0, 2, 4, 8],
                        help="forced group counts (0: the cost model's plan)")
       p.add_argument("--collectives", nargs="+", default=["all_reduce", "reduce_scatter"],
