@@ -247,6 +247,21 @@ def _row_parallel(x, w, reduce, axis_name, sequence_dim, transpose_w):
   return prims.dot(x, w, transpose_w)
 
 
+def check_per_device_dim(op, name, where, size, mesh, axis):
+  """A dim sharded over `axis` splits into whole multiples of 8 per device (the per-device
+  GEMM's 16-byte rows), said in the global terms the caller used (the per-device op's own
+  error would name only the shard's size)."""
+  if axis is None:
+    return
+  t = int(mesh.shape[axis])
+  align = _validation.ALIGN
+  if size % t or (size // t) % align:
+    per = size // t if size % t == 0 else f"{size / t:g}"
+    raise ValueError(f"{op}: {name}={size} ({where}) sharded over {axis!r} (size {t}) is "
+                     f"{name}={per} per device; the per-device GEMM needs a multiple of {align} "
+                     f"there (global {name} a multiple of {align * t})")
+
+
 def check_scatter(mesh, x_shape, lead, k_axis, reduce, sequence_dim):
   """The reduce-scatter's dim of each shard divides over the contracting axis."""
   if reduce != "reduce_scatter" or k_axis is None:
@@ -285,6 +300,8 @@ def _infer(reduce, axis_name, sequence_dim, transpose_w, mesh, arg_shapes, resul
 def _partition(reduce, axis_name, sequence_dim, transpose_w, mesh, arg_shapes, result_shape):
   x, w = arg_shapes
   lead, k_axis = _layout(mesh, x, w, reduce, axis_name, transpose_w)
+  check_per_device_dim("jax_flashoverlap.row_parallel_matmul", "K", "last dim of x",
+                       x.shape[-1], mesh, k_axis)
   check_scatter(mesh, x.shape, lead, k_axis, reduce, sequence_dim)
   arg_shardings = (NamedSharding(mesh, P(*map(spec_entry, lead), k_axis)),
                    NamedSharding(mesh, P(None, k_axis) if transpose_w else P(k_axis, None)))

@@ -29,7 +29,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jax_flashoverlap import _compat, _validation, ops, primitives as prims
 from jax_flashoverlap.sharding import (_spec_axes, check_global_axis_name,
-                                       check_not_in_shard_map, decode_spec, define_partition,
+                                       check_not_in_shard_map, check_per_device_dim, decode_spec,
+                                       define_partition,
                                        explicit_mesh, pick_axis, run_with_auto_axes,
                                        safe_infer, spec_entry, typed_spec, with_dot_gradient)
 
@@ -108,6 +109,8 @@ def _infer(axis_name, sequence_dim, transpose_w, mesh, arg_shapes, result_shape)
 def _partition(axis_name, sequence_dim, transpose_w, mesh, arg_shapes, result_shape):
   x, w = arg_shapes
   lead, axis, over_axis = _layout(mesh, x, w, axis_name, transpose_w)
+  check_per_device_dim(_OP, "N", "first dim of w" if transpose_w else "last dim of w",
+                       w.shape[0 if transpose_w else 1], mesh, axis)
   gathered = sequence_dim in over_axis
   x_lead = list(lead)
   if gathered:

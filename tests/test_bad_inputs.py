@@ -163,8 +163,9 @@ CASES = [
                                                "each shard (6) to be divisible by the size 4 of "
                                                "axis 'tp'"),
                  id="rp-reduce-scatter-m-not-divisible"),
-    pytest.param(rp_local_k_not_multiple_of_8, raises(JaxRuntimeError, "must be a multiple of 8",
-                                                      "K=5"),
+    pytest.param(rp_local_k_not_multiple_of_8, raises(
+        JaxRuntimeError, "row_parallel_matmul: K=40 (last dim of x) sharded over 'tp' (size 8) "
+        "is K=5 per device", "a multiple of 8", "global K a multiple of 64"),
                  id="rp-local-k-not-multiple-of-8"),
     pytest.param(rp_mesh_mismatch, raises(ValueError, "incompatible devices", "device ids [0, 1, "
                                           "2, 3]", "[4, 5, 6, 7]"), id="rp-mesh-mismatch"),
@@ -177,8 +178,9 @@ CASES = [
     pytest.param(cp_sequence_dim_not_leading, raises(ValueError, "column_parallel_matmul: "
                                                      "sequence_dim=2 is not a leading dim of x "
                                                      "(3-D"), id="cp-sequence-dim-not-leading"),
-    pytest.param(cp_local_n_not_multiple_of_8, raises(JaxRuntimeError, "must be a multiple of 8",
-                                                      "N=5"),
+    pytest.param(cp_local_n_not_multiple_of_8, raises(
+        JaxRuntimeError, "column_parallel_matmul: N=40 (last dim of w) sharded over 'tp' "
+        "(size 8) is N=5 per device", "a multiple of 8", "global N a multiple of 64"),
                  id="cp-local-n-not-multiple-of-8"),
     pytest.param(rp_vmapped_over_w, raises(NotImplementedError, "row_parallel_matmul: jax.vmap "
                                            "over w is not supported", "vmap over x only"),

@@ -263,11 +263,13 @@ def _refusal(r, c, size, D, K, N, rs):
         j = r.randrange(1, t)
         if c.op == "row":
             xs = (4 * t, 8 * j)
-            c["error"] = rf"K \(last dim of x, .*\) must be a multiple of 8, got K={8 * j // t}"
+            c["error"] = (rf"K={8 * j} \(last dim of x\) sharded over '\w+' \(size {t}\) is "
+                          rf"K={8 * j // t} per device; .* a multiple of 8")
         else:
             c["local_n"] = 8 * j
             what = "first" if c.transpose_w else "last"
-            c["error"] = rf"N \({what} dim of w\) must be a multiple of 8, got N={8 * j // t}"
+            c["error"] = (rf"N={8 * j} \({what} dim of w\) sharded over '\w+' \(size {t}\) "
+                          rf"is N={8 * j // t} per device; .* a multiple of 8")
     elif kind == "reduce_name":
         c["reduce"], c["error"] = "psum", r"reduce must be one of"
     elif kind == "rs_indivisible":  # x's scattered dim per shard not divisible by tp
@@ -404,7 +406,8 @@ def test_global_view_fuzz(fo, c):
 def test_reduce_scatter_one_k_per_device_gives_the_ops_error_under_shardy(fo, shape):
     """K == tp (1 per device, refused: docs/errors.md rp-local-k-not-multiple-of-8): Shardy's
     reduce-scatter rule had a size-1 factor kk in x's K (t kk) and lowering failed on an MLIR
-    verifier error ("dim mapping can't have a factor of size 1") instead of the op's own."""
+    verifier error ("dim mapping can't have a factor of size 1") instead of our own error
+    (the partitioner's, in global terms)."""
     mesh = _mesh((8,), ("tp",))
     rng = np.random.default_rng(0)
     x = jax.device_put(rand(rng, shape, jnp.bfloat16),
@@ -412,6 +415,6 @@ def test_reduce_scatter_one_k_per_device_gives_the_ops_error_under_shardy(fo, sh
     w = jax.device_put(rand(rng, (8, 16), jnp.bfloat16), NamedSharding(mesh, P("tp", None)))
     f = jax.jit(lambda a, b: fo.row_parallel_matmul(a, b, "reduce_scatter"))
     with pytest.raises(jax.errors.JaxRuntimeError,
-                       match=r"K \(last dim of x, first dim of w\) must be a multiple of 8, "
-                             r"got K=1"):
+                       match=r"K=8 \(last dim of x\) sharded over 'tp' \(size 8\) is K=1 "
+                             r"per device"):
         with_partitioner(False, f, x, w)
