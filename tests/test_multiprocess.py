@@ -307,6 +307,64 @@ def test_launcher_stops_the_others_when_one_fails(tmp_path):
     assert "process 1 exited with 7" in r.stdout and "process 1 failing" in r.stdout
 
 
+@pytest.mark.parametrize("failure,status,said", [
+    ("sys.exit(3)", 3, "process 1 exited with 3"),
+    ("raise RuntimeError('boom in process 1')", 1, "RuntimeError: boom in process 1"),
+])
+def test_launcher_stops_the_others_when_one_fails_after_initialize(tmp_path, failure, status,
+                                                                     said):
+    """Once jax.distributed is up, a failing process used to sit in JAX's shutdown barrier
+    (waiting for the others, up to 300 s) instead of exiting, so the launcher noticed nothing
+    until its timeout and exited 124, or blamed process 0 when a gloo timeout ended it first.
+    Now (jax_flashoverlap._launch_child) it exits at once with its own status."""
+    import time
+    body = textwrap.dedent(f'''
+        import sys, time
+        import jax, jax_flashoverlap as fo
+        fo.distributed.initialize()
+        if jax.process_index() == 1:
+            print("process 1 failing", flush=True)
+            {failure}
+        time.sleep(120)
+    ''')
+    t0 = time.monotonic()
+    r = _launch(tmp_path, body, "-n", "2", "--timeout", "100", timeout=150)
+    took = time.monotonic() - t0
+    assert r.returncode == status, (r.returncode, r.stdout[-3000:], r.stderr[-3000:])
+    assert "process 1 exited with" in r.stdout and said in r.stdout, r.stdout[-3000:]
+    assert took < 60, took  # not the launcher's 100 s timeout
+
+
+def test_launcher_runs_scripts_and_modules_as_python_does(tmp_path):
+    """Through _launch_child the program still sees what `python script.py` / `python -m`
+    give it: __name__, argv, its own folder on sys.path; a normal end exits 0."""
+    (tmp_path / "helper_mod.py").write_text("VALUE = 41\n")
+    body = textwrap.dedent('''
+        import os, sys
+        import helper_mod  # found next to the script, as with `python script.py`
+        assert __name__ == "__main__", __name__
+        assert sys.argv[1:] == ["--flag", "x"], sys.argv
+        assert os.path.basename(sys.argv[0]) == "script.py", sys.argv
+        print("script ran", helper_mod.VALUE + 1)
+    ''')
+    script = tmp_path / "script.py"
+    script.write_text(body)
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               JAX_PLATFORMS="cpu")
+    r = subprocess.run([sys.executable, "-m", "jax_flashoverlap.launch", "-n", "2",
+                        str(script), "--flag", "x"], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and "script ran 42" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run([sys.executable, "-m", "jax_flashoverlap.launch", "-n", "1", "-m",
+                        "jax_flashoverlap.info"], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and '"jax_flashoverlap":' in r.stdout, r.stdout + r.stderr
+    r = subprocess.run([sys.executable, "-m", "jax_flashoverlap.launch", "-n", "2",
+                        str(tmp_path / "missing.py")], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and "can't open file" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
 def test_launcher_timeout(tmp_path):
     r = _launch(tmp_path, "import time\ntime.sleep(120)\n", "-n", "2", "--timeout", "2",
                 timeout=60)
