@@ -68,6 +68,12 @@ def _env_int(name: str) -> int | None:
                      "integer (it is set by python -m jax_flashoverlap.launch)") from None
 
 
+def launched_processes() -> int:
+  """How many processes the launcher started (JAX_FLASHOVERLAP_NUM_PROCESSES), 1 when none:
+  known before (and without) initialize()."""
+  return _env_int(NUM_PROCESSES_ENV) or 1
+
+
 def _waited(what: str, key: str, err: Exception, source: str = "another process"
             ) -> TimeoutError:
   return TimeoutError(f"jax_flashoverlap: waited {timeout_ms() / 1000:g} s for {what} "

@@ -435,12 +435,15 @@ def main(argv=None) -> int:
     print("jax_flashoverlap.tune: needs GPUs (JAX's backend here is "
           f"{jax.default_backend()!r}); nothing to tune on the reference path", file=sys.stderr)
     return 2
-  if jax.process_count() > 1:  # calibration runs on one process's devices; every process
-    # would write the config: refused rather than half-working
-    parser.error(f"the tuner runs in one process over this machine's GPUs (this is process "
-                 f"{jax.process_index()} of {jax.process_count()}): run it without "
-                 "jax_flashoverlap.launch / jax.distributed; its config serves any process "
-                 "count with the same GPU and world size")
+  from jax_flashoverlap import distributed
+  processes = max(jax.process_count(), distributed.launched_processes())
+  if processes > 1:  # calibration runs on one process's devices; every process would write
+    # the config: refused rather than half-working (under the launcher: before any process
+    # starts jax.distributed, which the tuner never does)
+    parser.error(f"the tuner runs in one process over this machine's GPUs (this is one of "
+                 f"{processes} processes): run it without jax_flashoverlap.launch / "
+                 "jax.distributed; its config serves any process count with the same GPU and "
+                 "world size")
   args.world = bench.resolve_world(parser, args.world)
   from jax_flashoverlap import plan_peer
   if args.peer and not 2 <= args.world <= plan_peer.MAX_WORLD:

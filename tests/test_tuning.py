@@ -363,12 +363,19 @@ def test_tune_cli_keeps_the_problems_tuned_before_a_failure(tmp_path, monkeypatc
     assert rep["complete"] is False and len(rep["rows"]) == 1
 
 
-def test_tune_cli_refuses_several_processes(monkeypatch, capsys):
+@pytest.mark.parametrize("how", ["jax_distributed", "launcher_env"])
+def test_tune_cli_refuses_several_processes(monkeypatch, capsys, how):
     """Under the launcher each process would calibrate on devices it may not own and write the
-    config: a parser error naming how to run it instead."""
+    config: a parser error naming how to run it instead. The tuner never starts
+    jax.distributed itself, so under jax_flashoverlap.launch JAX sees one process: the
+    launcher's own variable must be enough to refuse."""
     import jax
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    if how == "jax_distributed":
+        monkeypatch.setattr(jax, "process_count", lambda: 2)
+    else:
+        assert jax.process_count() == 1
+        monkeypatch.setenv("JAX_FLASHOVERLAP_NUM_PROCESSES", "2")
     monkeypatch.setattr(tune, "tune_problem", lambda *a: pytest.fail("tuned"))
     with pytest.raises(SystemExit) as info:
         tune.main(["--collectives", "all_reduce", "--shapes", "512x512x512", "--world", "2"])
