@@ -218,8 +218,8 @@ def transport() -> str:
     return raw
   raise ValueError(f"jax_flashoverlap: environment variable {TRANSPORT_ENV}={raw!r} must be "
                    "'auto' (the default: NCCL unless a tuned config says peer), 'nccl' (NCCL "
-                   "calls beside the GEMM) or 'peer' (experimental: peer stores over 2 local "
-                   "GPUs)")
+                   "calls beside the GEMM) or 'peer' (experimental: peer stores over groups of 2 "
+                   "to 8 GPUs)")
 
 
 def grant_peer_access() -> bool:

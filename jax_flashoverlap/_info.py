@@ -60,8 +60,42 @@ def info() -> dict:
       use, why = False, f"no GPU: {op} lowers to the reference composition on {jax.default_backend()}"
     paths[op] = {"cuda_custom_call": use, "why": why}
   out["paths"] = paths
+  out["settings"] = _settings(problems)
+  out["tuned_configs"] = _tuned_configs(problems)
   out["invalid_settings"] = sorted(set(problems))
   return out
+
+
+def _settings(problems) -> dict:
+  """Every switch the ops read at lowering or setup, as parsed (each reader validates: a
+  value the ops would refuse is reported here instead)."""
+  from jax_flashoverlap import comm, distributed, trace, tuning
+  readers = {
+      "fallback": _ext.fallback_enabled,
+      "transport": _ext.transport,
+      "all_reduce_in_place": _ext.all_reduce_in_place,
+      "grant_peer_access": _ext.grant_peer_access,
+      "poison_outputs": _ext.poison_outputs,
+      "watchdog_seconds": comm.watchdog_seconds,
+      "kv_timeout_seconds": lambda: distributed.timeout_ms() / 1000,
+      "tuned_configs_on": lambda: _ext.env_switch(tuning.TUNED_ENV, True),
+      "trace_on_first_communicator": lambda: _ext.env_switch(trace.TRACE_ENV, False),
+  }
+  return {name: _setting(read, problems) for name, read in readers.items()}
+
+
+def _tuned_configs(problems) -> dict:
+  """The tuned-config files in effect (shipped, then the user's) and their entries, or the
+  error the first plan lookup would raise (a file that does not validate, a config dir that
+  is not one)."""
+  from jax_flashoverlap import tuning
+  try:
+    files = tuning.config_files()
+    return {"files": [str(f) for f in files], "entries": len(tuning.load_all()),
+            "user_dir": str(tuning.user_config_dir())}
+  except ValueError as err:
+    problems.append(str(err))
+    return {"error": str(err)}
 
 
 def _setting(read, problems, invalid=None):

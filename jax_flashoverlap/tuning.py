@@ -261,6 +261,11 @@ def load_file(path) -> dict:
   return validate(_read_json(path), path)
 
 
+def config_files() -> list:
+  """The config files read, in order (the package's, then the user dir's; later ones win)."""
+  return _files()
+
+
 def _files() -> list:
   files = sorted(PACKAGE_DIR.glob("*.json")) if PACKAGE_DIR.is_dir() else []
   user = user_config_dir()

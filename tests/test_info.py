@@ -50,8 +50,12 @@ def test_info_is_a_json_able_dict(fo):
     json.dumps(d, default=str)  # printable by the CLI
 
 
-@pytest.mark.parametrize("variable,value", [(FORCE_ENV, "ture"),
-                                            ("FLASHOVERLAP_GEMM_EPILOGUE", "bogus")])
+@pytest.mark.parametrize("variable,value", [
+    (FORCE_ENV, "ture"), ("FLASHOVERLAP_GEMM_EPILOGUE", "bogus"),
+    ("JAX_FLASHOVERLAP_TRANSPORT", "nvlink"), ("JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER", "in_place"),
+    ("JAX_FLASHOVERLAP_GRANT_PEER_ACCESS", "maybe"), ("JAX_FLASHOVERLAP_WATCHDOG_S", "soon"),
+    ("JAX_FLASHOVERLAP_TUNED", "fasle"), ("JAX_FLASHOVERLAP_KV_TIMEOUT_S", "abc"),
+    ("FLASHOVERLAP_TRACE", "bogus"), ("JAX_FLASHOVERLAP_CONFIG_DIR", "/no/such/dir")])
 def test_info_cli_reports_a_setting_that_does_not_parse(variable, value):
     """A mistyped switch is what `info` is run to find: it prints the whole report, names
     the variable and its value (in the report and on stderr) and exits 1, no traceback."""
@@ -61,10 +65,25 @@ def test_info_cli_reports_a_setting_that_does_not_parse(variable, value):
     assert r.returncode == 1, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
     assert "Traceback" not in r.stderr, r.stderr
     report = json.loads(r.stdout)
-    assert report["invalid_settings"] and all(variable in p and repr(value) in p
-                                              for p in report["invalid_settings"])
+    assert report["invalid_settings"] and all(
+        variable in p and (repr(value) in p or value in p) for p in report["invalid_settings"]
+    ), report["invalid_settings"]
     assert "invalid setting: " in r.stderr and variable in r.stderr, r.stderr
     assert report["paths"] and report["jax"] == jax.__version__
+
+
+def test_info_reports_settings_and_tuned_configs(fo, tmp_path, monkeypatch):
+    """The parsed value of every switch, and the tuned-config files in effect: the shipped
+    one, then a user dir's (a bad file there is reported, naming it)."""
+    d = fo.info()
+    assert d["settings"]["transport"] == "auto" and d["settings"]["fallback"] is True
+    shipped = d["tuned_configs"]["files"]
+    assert shipped and all(f.endswith(".json") for f in shipped), d["tuned_configs"]
+    monkeypatch.setenv("JAX_FLASHOVERLAP_CONFIG_DIR", str(tmp_path))
+    (tmp_path / "mine.json").write_text("{not json")
+    d = fo.info()
+    assert "mine.json" in d["tuned_configs"]["error"], d["tuned_configs"]
+    assert any("mine.json" in p for p in d["invalid_settings"]), d["invalid_settings"]
 
 
 def test_info_reports_versions(fo):
