@@ -220,6 +220,9 @@ def peer_results_writable(groups, *, grant: bool = False) -> bool:
   from jax_flashoverlap import _ext
   me = jax.process_index()
   local = [g for g in groups if len(g) > 1 and all(d.process_index == me for d in g)]
+  if local and _ext.ext is None:
+    raise RuntimeError("jax_flashoverlap.comm.peer_results_writable: the CUDA extension is "
+                       "not built (only GPUs' memory can be asked)")
   key = (bool(grant), tuple(tuple(int(d.id) for d in g) for g in local))
   if key not in _results_writable:
     import numpy as np

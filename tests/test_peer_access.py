@@ -135,3 +135,13 @@ def test_grant_switch_typos_are_errors(monkeypatch):
     with pytest.raises(ValueError, match="JAX_FLASHOVERLAP_GRANT_PEER_ACCESS='maybe'"):
         comm.ensure_communicators(make_mesh_1d(2), "tp", workspace_bytes=1 << 20, comm_sms=8,
                                   peer_store_bytes=3 << 20)
+
+
+def test_without_the_extension_it_says_so(monkeypatch):
+    """On a machine without the CUDA extension (CPU) there is no driver to ask: a clear
+    error (it was an AttributeError on None), and no question at all for groups of one."""
+    monkeypatch.setattr(_ext, "ext", None)
+    with pytest.raises(RuntimeError, match="peer_results_writable: the CUDA extension is not "
+                                           "built"):
+        comm.peer_results_writable(comm.axis_groups(make_mesh_2d(2, 2), "tp"))
+    assert comm.peer_results_writable(comm.axis_groups(make_mesh_2d(4, 1), "tp"))
