@@ -63,6 +63,11 @@ _lock = threading.Lock()
 _cache: dict = {}
 
 
+# A config file's top level: what the tuner writes ("note": free text, e.g. where the plans
+# were measured).
+TOP_LEVEL_KEYS = frozenset({"schema", "gpu", "world_size", "entries", "note"})
+
+
 class ConfigError(ValueError):
   """A tuned-config file is not valid."""
 
@@ -178,8 +183,14 @@ def validate(data, path="<config>") -> dict:
     _fail(path, "top level must be a JSON object")
   if data.get("schema") != SCHEMA:
     _fail(path, f"'schema' must be {SCHEMA!r}, got {data.get('schema')!r}")
+  unknown = sorted(set(data) - TOP_LEVEL_KEYS)
+  if unknown:  # a misspelt key ("wrold_size") would otherwise just be ignored
+    _fail(path, f"unknown top-level key(s) {', '.join(map(repr, unknown))}; the keys are "
+                f"{', '.join(sorted(TOP_LEVEL_KEYS))}")
+  if not isinstance(data.get("note", ""), str):
+    _fail(path, f"'note' must be a string, got {data.get('note')!r}")
   gpu = data.get("gpu")
-  if not isinstance(gpu, str) or not gpu:
+  if not isinstance(gpu, str) or not gpu.strip():
     _fail(path, f"'gpu' must be the GPU's device_kind (e.g. 'NVIDIA H200'), got {gpu!r}")
   world = _int(path, "top level", data, "world_size", 1, 1 << 16)
   entries = data.get("entries")
@@ -201,7 +212,11 @@ def validate(data, path="<config>") -> dict:
     if e.get("dtype") not in _DTYPES:
       _fail(path, f"{where}: 'dtype' must be one of {_DTYPES}, got {e.get('dtype')!r}")
     m, n, k = (_int(path, where, e, f, 1) for f in ("m", "n", "k"))
-    _int(path, where, e, "comm_sms", 0, MAX_COMM_SMS)
+    sms = _int(path, where, e, "comm_sms", 0, MAX_COMM_SMS)
+    if e["collective"] == "all_gather" and e.get("overlap", True) is True and sms == 0:
+      # its receives run beside the GEMM (all_gather_matmul: comm_sms >= 1); 0 was read as 1
+      _fail(path, f"{where}: an overlapped all_gather entry needs comm_sms >= 1, got 0 (0 "
+                  "only with \"overlap\": false, XLA's composition)")
     _check_plan(path, where, e, world, m)
     if not isinstance(e.get("overlap", True), bool):
       _fail(path, f"{where}: 'overlap' must be true or false")
@@ -215,6 +230,9 @@ def validate(data, path="<config>") -> dict:
     if not isinstance(policy_ms, dict):
       _fail(path, f"{where}: 'cta_policy_ms' must be an object {{policy: ms}}")
     for policy in policy_ms:
+      if policy not in ("default", "efficiency", "zero"):
+        _fail(path, f"{where}: 'cta_policy_ms' keys must be 'default', 'efficiency' or "
+                    f"'zero', got {policy!r}")
       _number(path, f"{where}: cta_policy_ms", policy_ms, policy)
     if not isinstance(e.get("source", ""), str):
       _fail(path, f"{where}: 'source' must be a string, got {e.get('source')!r}")

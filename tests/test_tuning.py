@@ -125,6 +125,18 @@ BAD = {
     "transport_misspelled": [_entry(transport="nvlink")],
     "transport_peer_bands_over_m": [_entry(transport="peer", comm_sms=0)],  # must end at m / 2
     "transport_peer_with_comm_sms": [_entry(transport="peer", band_rows=[0, 512])],
+    # A misspelt top-level key was ignored (so its value, e.g. the world size, was not used).
+    "top_level_key_misspelt": json.dumps({"schema": tuning.SCHEMA, "gpu": H200, "world_size": 2,
+                                          "wrold_size": 4, "entries": []}),
+    "gpu_blank": json.dumps({"schema": tuning.SCHEMA, "gpu": "  ", "world_size": 2,
+                             "entries": []}),
+    "note_not_text": json.dumps({"schema": tuning.SCHEMA, "gpu": H200, "world_size": 2,
+                                 "note": 3, "entries": []}),
+    "cta_policy_ms_unknown_policy": [_entry(cta_policy_ms={"default": 1.0, "bogus": 1.0})],
+    # An overlapped all-gather with comm_sms 0 was read as 1 without a word.
+    "all_gather_overlapped_with_no_sms": [{"collective": "all_gather", "dtype": "bfloat16",
+                                           "m": 512, "n": 512, "k": 256, "comm_sms": 0,
+                                           "chunks": 1, "gather": "p2p", "overlap": True}],
     # At world size 4 a peer entry's bands cover m / 4 = 256 rows, not 512.
     "transport_peer_world_4_bands_over_a_block": json.dumps({"schema": tuning.SCHEMA, "gpu": H200, "world_size": 4,
                                           "entries": [_entry(transport="peer", comm_sms=0,
@@ -144,6 +156,15 @@ def test_bad_config_file_is_an_error_naming_the_file(user_dir, case):
         _write(path, body)
     with pytest.raises(tuning.ConfigError, match=case):
         tuning.lookup(H200, 2, "all_reduce", "bfloat16", 1024, 512, 256)
+
+
+def test_all_gather_entry_of_xla_composition_may_have_no_sms(user_dir):
+    """What tune --ops writes where XLA's composition won (overlap false, comm_sms 0) loads."""
+    _write(user_dir / "ag.json", [{"collective": "all_gather", "dtype": "bfloat16", "m": 512,
+                                   "n": 512, "k": 256, "comm_sms": 0, "chunks": 1,
+                                   "gather": "p2p", "overlap": False}])
+    entry = tuning.lookup(H200, 2, "all_gather", "bfloat16", 512, 512, 256)
+    assert entry is not None and entry["overlap"] is False
 
 
 def test_every_key_the_tuner_writes_is_allowed():
