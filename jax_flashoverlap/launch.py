@@ -220,10 +220,16 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(
       prog="python -m jax_flashoverlap.launch",
       usage="python -m jax_flashoverlap.launch -n N [options] (script.py | -m module) [args...]",
-      description=__doc__.splitlines()[0])
-  parser.add_argument("-n", "--num-processes", type=int, required=True)
-  parser.add_argument("--timeout", type=float, default=600.0, help="seconds (default 600)")
-  parser.add_argument("--gpus-per-process", type=int, default=0)
+      description="Starts N local processes of a script (or -m module) that calls "
+                  "jax_flashoverlap.distributed.initialize(); stops them all when one fails.",
+      allow_abbrev=False)  # `--time 5 script.py` must not take "5" for the program
+  parser.add_argument("-n", "--num-processes", type=int, required=True,
+                      help="processes to start (process ids 0 .. N-1)")
+  parser.add_argument("--timeout", type=float, default=600.0,
+                      help="seconds before every process is stopped (exit 124; default 600)")
+  parser.add_argument("--gpus-per-process", type=int, default=0,
+                      help="K: process i sees GPUs i*K .. (i+1)*K-1 (CUDA_VISIBLE_DEVICES); "
+                           "0 (default): every process sees every GPU")
   options, command = split_command(list(sys.argv[1:] if argv is None else argv))
   args = parser.parse_args(options)
   if args.num_processes < 1:

@@ -385,7 +385,8 @@ def check_output_paths(parser, out, report, gpu: str, world: int, what: str = "-
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m jax_flashoverlap.tune",
-                                   description=__doc__.splitlines()[0])
+                                   description=__doc__.splitlines()[0],
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   parser.add_argument("--shapes", type=bench._parse_shape, nargs="+",
                       default=list(bench.DESIGN_SHAPES), help="global MxNxK shapes")
   parser.add_argument("--collectives", nargs="*", default=["all_reduce", "reduce_scatter"],
@@ -394,7 +395,8 @@ def main(argv=None) -> int:
   parser.add_argument("--ops", nargs="*", default=[], choices=bench_a2a.OPS,
                       help="also tune these all-to-all / all-gather ops (every plan of a "
                            "comm_sms x groups / chunks grid; jax_flashoverlap.tune_a2a)")
-  parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+  parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"),
+                      help="dtype of x, w and the output")
   parser.add_argument("--world", type=int, default=0, help="GPUs in the mesh (0: all)")
   parser.add_argument("--comm-sms", type=int, nargs="+", default=[8, 12, 16],
                       help="SMs left to NCCL to calibrate and search over (each raised, per "
@@ -413,12 +415,14 @@ def main(argv=None) -> int:
                            "beats every NCCL plan and XLA (the entry's transport: peer)")
   parser.add_argument("--top", type=int, default=6,
                       help="candidate plans timed per problem (at least one per comm_sms)")
-  parser.add_argument("--calls", type=int, default=10)
-  parser.add_argument("--samples", type=int, default=10)
+  parser.add_argument("--calls", type=int, default=10,
+                      help="back-to-back calls per timing sample")
+  parser.add_argument("--samples", type=int, default=10,
+                      help="timing samples per candidate (the median is kept)")
   parser.add_argument("--max-error", type=float, default=bench.VALUE_TOLERANCE,
                       help="largest relative error vs float32 accepted from a candidate")
-  parser.add_argument("--out", help="config file to merge into (default: the user config "
-                                    "dir, <gpu>_x<world>.json)")
+  parser.add_argument("--out", help="config file to merge into (None: <gpu>_x<world>.json in "
+                                    "the user config dir)")
   parser.add_argument("--report", help="write every calibration and timing here (JSON)")
   args = parser.parse_args(argv)
   for sms in args.comm_sms:
