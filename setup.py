@@ -31,6 +31,23 @@ EXT_NAME = "jax_flashoverlap._xla_ffi"
 CUDA_ARCH_FLAGS = ["-gencode=arch=compute_90a,code=sm_90a"]
 
 
+def _nvcc_threads() -> int:
+  """JAX_FLASHOVERLAP_NVCC_THREADS: parallel nvcc jobs (default: the CPU count); a value that
+  is not a positive integer is an error naming the variable (it was a bare int() error, or
+  silently 1 for 0 / -3)."""
+  raw = os.environ.get("JAX_FLASHOVERLAP_NVCC_THREADS", "").strip()
+  if not raw:
+    return os.cpu_count() or 2
+  try:
+    threads = int(raw)
+  except ValueError:
+    threads = 0
+  if threads < 1:
+    raise ValueError(f"environment variable JAX_FLASHOVERLAP_NVCC_THREADS={raw!r} must be a "
+                     "positive integer (parallel nvcc jobs; unset: the CPU count)")
+  return threads
+
+
 def _log(msg: str) -> None:
   print(f"[jax_flashoverlap build] {msg}", flush=True)
 
@@ -214,8 +231,8 @@ class CudaBuildExt(build_ext):
         raise RuntimeError(f"ptxas warning in {src.relative_to(ROOT)} (treated as error):\n{out}")
       return f"compiled {src.relative_to(ROOT)}" + (f"\n{out}" if out.strip() else "")
 
-    threads = int(os.environ.get("JAX_FLASHOVERLAP_NVCC_THREADS", os.cpu_count() or 2))
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+    threads = _nvcc_threads()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=threads) as pool:
       for msg in pool.map(compile_one, jobs):
         _log(msg)
 
