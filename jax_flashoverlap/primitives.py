@@ -95,10 +95,15 @@ def make_primitive(name, reference, reference_keys=("axis_name", "transpose_w"),
       lambda x, w, **params: reference(x, w, **reference_params(params)),
       multiple_results=multiple_results)
   _compat.mlir.register_lowering(prim, lowered_reference)
-  if cpu_reference is not None:
-    _compat.mlir.register_lowering(prim, _compat.mlir.lower_fun(
-        lambda x, w, **params: cpu_reference(x, w, **reference_params(params)),
-        multiple_results=multiple_results), platform="cpu")
+  lowered_on_cpu = lowered_reference if cpu_reference is None else _compat.mlir.lower_fun(
+      lambda x, w, **params: cpu_reference(x, w, **reference_params(params)),
+      multiple_results=multiple_results)
+
+  def cpu_lowering(ctx, *args, **params):
+    _ext.check_switches()  # a misspelt switch is an error here too, not first on a GPU
+    return lowered_on_cpu(ctx, *args, **params)
+
+  _compat.mlir.register_lowering(prim, cpu_lowering, platform="cpu")
   return prim, lowered_reference
 
 

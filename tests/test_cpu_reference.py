@@ -88,3 +88,24 @@ def test_partly_manual_shard_map(name, dtype):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "OK" in proc.stdout, (proc.returncode, proc.stdout,
                                                           proc.stderr[-3000:])
+
+
+@on_cpu
+@pytest.mark.parametrize("variable,value", [
+    ("JAX_FLASHOVERLAP_FORCE_REFERENCE", "ture"), ("JAX_FLASHOVERLAP_TRANSPORT", "nvlink"),
+    ("FLASHOVERLAP_GEMM_EPILOGUE", "snyc"), ("JAX_FLASHOVERLAP_WAIT", "spinn")])
+@pytest.mark.parametrize("name", ["all_reduce", "matmul"])
+def test_a_misspelt_switch_is_an_error_on_cpu_too(fo, monkeypatch, rng, name, variable, value):
+    """The CUDA lowering refuses a switch that does not parse; the CPU lowering never read
+    them, so a typo passed silently until the program reached a GPU."""
+    from _util import make_mesh_1d
+
+    monkeypatch.setenv(variable, value)
+    jax.clear_caches()  # switches are read at lowering: a program lowered before is cached
+    mesh = make_mesh_1d(2)
+    x, w = rand(rng, (8, 64), jnp.bfloat16), rand(rng, (64, 16), jnp.bfloat16)
+    op, _ = op_fn(fo, name, "tp")
+    specs = ((P(None, "tp"), P("tp", None)), P()) if name == "all_reduce" else \
+        ((P("tp", None), P()), P("tp", None))
+    with pytest.raises(ValueError, match=f"{variable}={value!r}"):
+        jax.jit(shard_map(op, mesh, *specs))(x, w)
