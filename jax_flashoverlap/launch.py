@@ -10,9 +10,9 @@ signal N, or 124 on timeout). SIGTERM, SIGHUP or SIGINT sent to the launcher sto
 (exit status 128 + the signal's number). Each process runs in a process group of its own:
 stopping it stops what it started too (a data loader, a shell pipeline). The other processes'
 logs are removed after a successful launch and kept (their folder printed) otherwise.
-A process whose program fails exits at once with its status, without the interpreter's exit
-handlers (`jax_flashoverlap._launch_child`): JAX's distributed shutdown would keep it waiting
-for the others, so a failure would have ended only at the timeout.
+A process whose program fails while jax.distributed runs exits at once with its status,
+without the interpreter's exit handlers (`_launch_child.py`): JAX's distributed shutdown would
+keep it waiting for the others, so a failure would have ended only at the timeout.
 With --gpus-per-process K, process i sees GPUs [i*K, (i+1)*K) through CUDA_VISIBLE_DEVICES
 (of the launcher's own CUDA_VISIBLE_DEVICES when it is set: entries i*K .. (i+1)*K-1 of it);
 more GPUs than there are is refused.
@@ -202,6 +202,7 @@ def launch(n: int, command: list, timeout: float, gpus_per_process: int = 0,
 
 
 _VALUE_OPTIONS = ("-n", "--num-processes", "--timeout", "--gpus-per-process")
+CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_launch_child.py")
 
 
 def split_command(argv: list) -> tuple[list, list]:
@@ -247,11 +248,11 @@ def main(argv=None) -> int:
     if gpus is not None and need > len(gpus):
       parser.error(f"-n {args.num_processes} x --gpus-per-process {args.gpus_per_process} "
                    f"needs {need} GPUs, but {source} gives {len(gpus)}")
-  # Through _launch_child: a process whose program fails exits at once (JAX's distributed
+  # Through _launch_child (by its path: the package, and JAX, are not imported before the
+  # program): a process whose program fails while jax.distributed runs exits at once (JAX's
   # shutdown would otherwise keep it waiting for the others, and so the launcher too).
-  return launch(args.num_processes,
-                [sys.executable, "-m", "jax_flashoverlap._launch_child", *command],
-                args.timeout, args.gpus_per_process, gpus)
+  return launch(args.num_processes, [sys.executable, CHILD, *command], args.timeout,
+                args.gpus_per_process, gpus)
 
 
 if __name__ == "__main__":

@@ -318,11 +318,14 @@ def test_launcher_stops_the_others_when_one_fails_after_initialize(tmp_path, fai
     until its timeout and exited 124, or blamed process 0 when a gloo timeout ended it first.
     Now (jax_flashoverlap._launch_child) it exits at once with its own status."""
     import time
+    left = tmp_path / "left_open.txt"
     body = textwrap.dedent(f'''
         import sys, time
         import jax, jax_flashoverlap as fo
         fo.distributed.initialize()
         if jax.process_index() == 1:
+            f = open({str(left)!r}, "w")
+            f.write("buffered")  # the fast exit still flushes open files
             print("process 1 failing", flush=True)
             {failure}
         time.sleep(120)
@@ -333,18 +336,28 @@ def test_launcher_stops_the_others_when_one_fails_after_initialize(tmp_path, fai
     assert r.returncode == status, (r.returncode, r.stdout[-3000:], r.stderr[-3000:])
     assert "process 1 exited with" in r.stdout and said in r.stdout, r.stdout[-3000:]
     assert took < 60, took  # not the launcher's 100 s timeout
+    assert left.read_text() == "buffered"
 
 
 def test_launcher_runs_scripts_and_modules_as_python_does(tmp_path):
     """Through _launch_child the program still sees what `python script.py` / `python -m`
-    give it: __name__, argv, its own folder on sys.path; a normal end exits 0."""
+    give it: __name__, argv, its own folder on sys.path, JAX not imported before it (it may
+    set JAX_* variables first), a real __main__ (a class it defines pickles in an exit
+    handler), its files written at a normal end; a folder app runs; a normal end exits 0."""
     (tmp_path / "helper_mod.py").write_text("VALUE = 41\n")
-    body = textwrap.dedent('''
-        import os, sys
+    out_file = tmp_path / "written.txt"
+    body = textwrap.dedent(f'''
+        import atexit, os, pickle, sys
+        assert "jax" not in sys.modules and "jax_flashoverlap" not in sys.modules
         import helper_mod  # found next to the script, as with `python script.py`
         assert __name__ == "__main__", __name__
         assert sys.argv[1:] == ["--flag", "x"], sys.argv
         assert os.path.basename(sys.argv[0]) == "script.py", sys.argv
+        class Point:
+            pass
+        atexit.register(lambda: print("pickled", len(pickle.dumps(Point())) > 0, flush=True))
+        f = open({str(out_file)!r} + os.environ["JAX_FLASHOVERLAP_PROCESS_ID"], "w")
+        f.write("left unclosed")  # flushed at a normal exit, as by python
         print("script ran", helper_mod.VALUE + 1)
     ''')
     script = tmp_path / "script.py"
@@ -355,6 +368,14 @@ def test_launcher_runs_scripts_and_modules_as_python_does(tmp_path):
                         str(script), "--flag", "x"], cwd=REPO, env=env, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and "script ran 42" in r.stdout, r.stdout + r.stderr
+    assert "pickled True" in r.stdout, r.stdout + r.stderr
+    assert all((tmp_path / f"written.txt{i}").read_text() == "left unclosed" for i in (0, 1))
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "__main__.py").write_text("print('folder app ran')\n")
+    r = subprocess.run([sys.executable, "-m", "jax_flashoverlap.launch", "-n", "1", str(app)],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "folder app ran" in r.stdout, r.stdout + r.stderr
     r = subprocess.run([sys.executable, "-m", "jax_flashoverlap.launch", "-n", "1", "-m",
                         "jax_flashoverlap.info"], cwd=REPO, env=env, capture_output=True,
                        text=True, timeout=120)
