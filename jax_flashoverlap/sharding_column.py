@@ -109,11 +109,11 @@ def _infer(axis_name, sequence_dim, transpose_w, mesh, arg_shapes, result_shape)
 def _partition(axis_name, sequence_dim, transpose_w, mesh, arg_shapes, result_shape):
   x, w = arg_shapes
   lead, axis, over_axis = _layout(mesh, x, w, axis_name, transpose_w)
-  check_per_device_dim(_OP, "N", "first dim of w" if transpose_w else "last dim of w",
-                       w.shape[0 if transpose_w else 1], mesh, axis)
   gathered = sequence_dim in over_axis
   x_lead = list(lead)
-  if gathered:
+  if gathered:  # our op (XLA's local dot, below, takes any N)
+    check_per_device_dim(_OP, "N", "first dim of w" if transpose_w else "last dim of w",
+                         w.shape[0 if transpose_w else 1], mesh, axis)
     # The gather axis is the sequence dim's minor axis: gathering over it leaves each
     # data-parallel block of the sequence whole and in order.
     x_lead[sequence_dim] = lead[sequence_dim] + (axis,)

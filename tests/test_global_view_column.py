@@ -351,3 +351,17 @@ def test_one_row_per_data_parallel_block(fo, rng, mesh_shape, x_spec, out_spec, 
         jax.config.update("jax_use_shardy_partitioner", old)
     assert y.sharding.spec == out_spec and colls == want_colls, (y.sharding.spec, colls)
     assert_close(y, jax.jit(_want)(x, w))
+
+
+def test_local_dot_takes_any_n_per_device(fo, rng):
+    """x's rows not over the gather axis: XLA's local dot, no per-device GEMM of ours, so an N
+    of 5 per device is fine (the multiple-of-8 check belongs to the gathered path only)."""
+    from _util import make_mesh_1d
+
+    mesh = make_mesh_1d(8)
+    x = jax.device_put(rand(rng, (16, 64), jnp.bfloat16), NamedSharding(mesh, P()))
+    w = jax.device_put(rand(rng, (64, 40), jnp.bfloat16), NamedSharding(mesh, P(None, "tp")))
+    out = jax.jit(fo.column_parallel_matmul)(x, w)
+    assert tuple(out.sharding.spec) == (None, "tp"), out.sharding.spec
+    np.testing.assert_array_equal(np.asarray(out, np.float32),
+                                  np.asarray(jax.jit(lambda a, b: a @ b)(x, w), np.float32))
