@@ -142,9 +142,9 @@ def _with_reference_jvp(prim, reference):
 
 _gemm = _with_reference_jvp(prims.gemm_p, prims.reference_gemm)
 _gemm_all_reduce = _with_reference_jvp(prims.gemm_all_reduce_p,
-                                       prims.reference_gemm_all_reduce)
+                                       prims.reference_all_reduce_any_platform)
 _gemm_reduce_scatter = _with_reference_jvp(prims.gemm_reduce_scatter_p,
-                                           prims.reference_gemm_reduce_scatter)
+                                           prims.reference_reduce_scatter_any_platform)
 _gemm_all_to_all = _with_reference_jvp(prims_a2a.gemm_all_to_all_p,
                                        prims_a2a.reference_gemm_all_to_all)
 _all_gather_gemm = _with_reference_jvp(prims_a2a.all_gather_gemm_p,

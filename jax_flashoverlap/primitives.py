@@ -61,6 +61,22 @@ def reduced_in_float32(reference):
   return on_cpu
 
 
+def on_each_platform(reference, cpu_reference):
+  """reference(x, w, **params), computed as cpu_reference in a program lowered for CPU (the
+  branch is chosen at lowering): the ops' derivatives, whose tangent is the reference's own
+  collective, need the CPU lowering's promotion too (reduced_in_float32)."""
+  def run(x, w, **params):
+    return lax.platform_dependent(x, w, cpu=functools.partial(cpu_reference, **params),
+                                  default=functools.partial(reference, **params))
+  return run
+
+
+reference_all_reduce_any_platform = on_each_platform(
+    reference_gemm_all_reduce, reduced_in_float32(reference_gemm_all_reduce))
+reference_reduce_scatter_any_platform = on_each_platform(
+    reference_gemm_reduce_scatter, reduced_in_float32(reference_gemm_reduce_scatter))
+
+
 # --- primitive construction --------------------------------------------------------------
 
 

@@ -55,18 +55,24 @@ _PARTLY_MANUAL = textwrap.dedent("""
     from jax.sharding import Mesh, PartitionSpec as P
     import jax_flashoverlap as fo
 
-    name, dtype = sys.argv[1], jnp.dtype(sys.argv[2])
+    name, dtype, how = sys.argv[1], jnp.dtype(sys.argv[2]), sys.argv[3]
     mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("dp", "tp"))
     rng = np.random.default_rng(7)
-    x = jnp.asarray(rng.standard_normal((8, 4 * 48), np.float32), dtype)
-    w = jnp.asarray(rng.standard_normal((4 * 48, 40), np.float32), dtype)
+    x, dx = (jnp.asarray(rng.standard_normal((8, 4 * 48), np.float32), dtype) for _ in "ab")
+    w, dw = (jnp.asarray(rng.standard_normal((4 * 48, 40), np.float32), dtype) for _ in "ab")
     op = {"all_reduce": fo.matmul_all_reduce, "reduce_scatter": fo.matmul_reduce_scatter}[name]
     out_spec = P() if name == "all_reduce" else P("tp")
-    f = jax.jit(jax.shard_map(lambda a, b: op(a, b, "tp"), mesh=mesh,
-                              in_specs=(P(None, "tp"), P("tp", None)), out_specs=out_spec,
+    if how == "value":
+        body, args = (lambda a, b: op(a, b, "tp")), (x, w)
+    else:  # forward mode: the tangent is the reference's own collective
+        body = lambda a, b, da, db: jax.jvp(lambda u, v: op(u, v, "tp"), (a, b), (da, db))[1]
+        args = (x, w, dx, dw)
+    specs = (P(None, "tp"), P("tp", None))[:2] * (len(args) // 2)
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=out_spec,
                               axis_names={"tp"}))
-    got = np.asarray(f(x, w), np.float32)
-    want = np.asarray(x, np.float32) @ np.asarray(w, np.float32)
+    got = np.asarray(f(*args), np.float32)
+    x32, w32, dx32, dw32 = (np.asarray(a, np.float32) for a in (x, w, dx, dw))
+    want = x32 @ w32 if how == "value" else dx32 @ w32 + x32 @ dw32
     assert got.shape == want.shape, (got.shape, want.shape)
     err = np.linalg.norm(got - want) / np.linalg.norm(want)
     print(f"rel_fro {err:.2e}")
@@ -76,15 +82,18 @@ _PARTLY_MANUAL = textwrap.dedent("""
 
 
 @on_cpu
+@pytest.mark.parametrize("how", ["value", "jvp"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("name", list(_CASES))
-def test_partly_manual_shard_map(name, dtype):
+def test_partly_manual_shard_map(name, dtype, how):
     """The per-device op with its axis among the shard_map's axis_names (what the global
-    view's error inside such a shard_map tells users to do): right values, in a subprocess,
-    since XLA's failure there aborts the process rather than raising."""
+    view's error inside such a shard_map tells users to do): right values, and right
+    tangents (forward mode computes the reference's own collective), in a subprocess, since
+    XLA's failure there aborts the process rather than raising."""
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
                JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", _PARTLY_MANUAL, name, jnp.dtype(dtype).name],
+    proc = subprocess.run([sys.executable, "-c", _PARTLY_MANUAL, name, jnp.dtype(dtype).name,
+                           how],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "OK" in proc.stdout, (proc.returncode, proc.stdout,
                                                           proc.stderr[-3000:])
