@@ -317,30 +317,45 @@ def _partition(reduce, axis_name, sequence_dim, transpose_w, mesh, arg_shapes, r
       return ops.matmul_all_reduce(x, w, k_axis, transpose_w=transpose_w)
     out = ops.matmul_reduce_scatter(x, w, k_axis, transpose_w=transpose_w,
                                     sequence_dim=sequence_dim)
-    _warn_if_gathered_after(k_axis, mesh, result_shape, sequence_dim)  # once the op took x
+    _warn_if_moved_after(k_axis, mesh, out_sharding, result_shape,  # once the op took x
+                         sequence_dim)
     return out
 
   return mesh, lower, out_sharding, arg_shardings
 
 
-def _warn_if_gathered_after(k_axis, mesh, result_shape, sequence_dim):
-  """The program wants the reduce-scatter's output whole on every device (Shardy's rule
-  cannot shard the output's rows over the contracting axis when x's rows are not sharded
-  over the other mesh axes, README): XLA then all-gathers it after the op, an all-reduce done
-  the slow way. Say how to keep the scattered layout."""
-  if mesh.shape[k_axis] == 1:
+def _warn_if_moved_after(k_axis, mesh, produced, result_shape, sequence_dim):
+  """The program wants the reduce-scatter's output laid out so that a device needs rows it
+  did not reduce (x's rows not over the other mesh axes, where Shardy's rule cannot shard the
+  output over the contracting axis, README; or a constraint that asks for it): XLA then moves
+  the output with more collectives after the op. Say so, and how to keep one reduce-scatter."""
+  wanted = getattr(result_shape, "sharding", None)
+  if mesh.shape[k_axis] == 1 or wanted is None or not _needs_data_from_others(
+      produced, wanted, tuple(result_shape.shape)):
     return
-  sharding = getattr(result_shape, "sharding", None)
-  if sharding is None or not sharding.is_fully_replicated:
-    return
-  spec = ["None"] * len(result_shape.shape)
-  spec[sequence_dim] = repr(k_axis)
+  spec = [repr(e) for e in produced.spec]  # the layout the op leaves: no move after it
+  spec += ["None"] * (len(result_shape.shape) - len(spec))
+  whole = ("; use reduce='all_reduce' if every device needs all of it"
+           if wanted.is_fully_replicated else "")
   warnings.warn(
       f"jax_flashoverlap.row_parallel_matmul: the reduce-scatter's output (shape "
-      f"{tuple(result_shape.shape)}) is wanted replicated, so XLA all-gathers it after the op; "
-      f"constrain it to keep it scattered over {k_axis!r} (jax.lax.with_sharding_constraint("
-      f"y, NamedSharding(mesh, P({', '.join(spec)})))), or use reduce='all_reduce' if every "
-      "device needs all of it", stacklevel=2)
+      f"{tuple(result_shape.shape)}) is wanted in a layout ({wanted}) that XLA makes with more "
+      f"collectives after the op (it leaves rows scattered over {k_axis!r}); constrain it "
+      f"(jax.lax.with_sharding_constraint(y, NamedSharding(mesh, P({', '.join(spec)})))) to "
+      f"keep one reduce-scatter{whole}", stacklevel=2)
+
+
+def _needs_data_from_others(produced, wanted, shape) -> bool:
+  """Whether some device's block in `wanted` is not inside its block in `produced` (a local
+  slice is free; anything else is communication)."""
+  have = produced.devices_indices_map(shape)
+  for device, want in wanted.devices_indices_map(shape).items():
+    for w, h, n in zip(want, have[device], shape):
+      w0, w1, _ = w.indices(n)
+      h0, h1, _ = h.indices(n)
+      if w0 < h0 or w1 > h1:
+        return True
+  return False
 
 
 def _sdy_rule(reduce, axis_name, sequence_dim, transpose_w, mesh, value_types, result_types):

@@ -406,7 +406,8 @@ def test_sequence_dim_over_dp_and_tp(fo, rng, shape, gspmd, constrain):
 # (README), so the program wants the output replicated and XLA all-gathers it after the op.
 # The partitioner warns with the constraint that keeps it scattered; with it, no warning and
 # one reduce-scatter; x's rows over dp: no warning.
-@pytest.mark.parametrize("case", ["replicated", "constrained", "rows_over_dp"])
+@pytest.mark.parametrize("case", ["replicated", "constrained", "rows_over_dp",
+                                  "constrained_to_move"])
 def test_reduce_scatter_wanted_replicated_warns(fo, rng, case):
     import warnings
 
@@ -421,18 +422,23 @@ def test_reduce_scatter_wanted_replicated_warns(fo, rng, case):
         y = fo.row_parallel_matmul(a, b, "reduce_scatter", axis_name="tp")
         if case == "constrained":
             y = jax.lax.with_sharding_constraint(y, NamedSharding(mesh, P("tp", None)))
+        if case == "constrained_to_move":  # rows in 8 blocks: most not where they were reduced
+            y = jax.lax.with_sharding_constraint(y, NamedSharding(mesh, P(("dp", "tp"), None)))
         return y
 
     f = jax.jit(fn)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out, colls = f(x, w), collectives(f, x, w)
-    said = [str(c.message) for c in caught if "is wanted replicated" in str(c.message)]
+    said = [str(c.message) for c in caught if "more collectives after the op" in str(c.message)]
     check_against_refs(out, _xla(x, w), _np(x, w))
     if case == "replicated":
         assert said and "P('tp', None)" in said[0] and "reduce='all_reduce'" in said[0], said
         assert tuple(out.sharding.spec) in ((), (None,), (None, None)), out.sharding.spec
         assert colls == ["reduce-scatter", "all-gather"], colls
+    elif case == "constrained_to_move":  # what the user asked for, at a price it names
+        assert said and "P('tp', None)" in said[0] and "all_reduce" not in said[0], said
+        assert colls == ["reduce-scatter", "collective-permute"], colls
     else:
         assert not said, said
         assert colls == ["reduce-scatter"], colls
