@@ -236,19 +236,6 @@ def grant_peer_access() -> bool:
   return env_switch(GRANT_PEER_ACCESS_ENV, False)
 
 
-def check_switches() -> None:
-  """Reads every switch a CUDA lowering reads (a value that does not parse is a ValueError
-  naming the variable). The CPU lowering runs it too, so a misspelt switch shows on the
-  machine where a program is written, not first on the GPU machine."""
-  check_gemm_epilogue()
-  poison_outputs()
-  fallback_enabled()
-  force_reference()
-  transport()
-  all_reduce_in_place()
-  grant_peer_access()
-
-
 @functools.lru_cache(maxsize=None)
 def available_targets() -> frozenset:
   """Names of the FFI targets the built extension provides (empty without it)."""

@@ -90,12 +90,17 @@ def _tuned_configs(problems) -> dict:
   is not one)."""
   from jax_flashoverlap import tuning
   try:
+    on = _ext.env_switch(tuning.TUNED_ENV, True)
+  except ValueError:  # reported with the settings
+    on = True
+  try:
     files = tuning.config_files()
     return {"files": [str(f) for f in files], "entries": len(tuning.load_all()),
-            "user_dir": str(tuning.user_config_dir())}
+            "user_dir": str(tuning.user_config_dir()), "in_use": on}
   except ValueError as err:
-    problems.append(str(err))
-    return {"error": str(err)}
+    if on:  # with JAX_FLASHOVERLAP_TUNED=0 no lookup reads them: shown, not a problem
+      problems.append(str(err))
+    return {"error": str(err), "in_use": on}
 
 
 def _setting(read, problems, invalid=None):

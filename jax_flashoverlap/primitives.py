@@ -15,6 +15,7 @@ primitive lowers to the reference; on CUDA to the FFI target of the same name.
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 
 import jax
@@ -77,6 +78,26 @@ reference_reduce_scatter_any_platform = on_each_platform(
     reference_gemm_reduce_scatter, reduced_in_float32(reference_gemm_reduce_scatter))
 
 
+def check_switches() -> None:
+  """Reads every environment switch the CUDA lowerings read (a value that does not parse is a
+  ValueError naming the variable), whichever op uses it. The CPU lowering runs it too, so a
+  misspelt switch shows on the machine where a program is written, not first on the GPU
+  machine. Tuned-config files are not switches: only their folder's variable is checked."""
+  from jax_flashoverlap import trace, tuning
+  _ext.check_gemm_epilogue()
+  _ext.poison_outputs()
+  _ext.fallback_enabled()
+  _ext.force_reference()
+  _ext.transport()
+  _ext.all_reduce_in_place()
+  _ext.grant_peer_access()
+  _ext.env_switch(tuning.TUNED_ENV, True)
+  _ext.env_switch(trace.TRACE_ENV, False)
+  comm.watchdog_seconds()
+  if os.environ.get(tuning.CONFIG_DIR_ENV):
+    tuning.config_files()  # a folder that is not one is an error (its plans would be lost)
+
+
 # --- primitive construction --------------------------------------------------------------
 
 
@@ -116,7 +137,7 @@ def make_primitive(name, reference, reference_keys=("axis_name", "transpose_w"),
       multiple_results=multiple_results)
 
   def cpu_lowering(ctx, *args, **params):
-    _ext.check_switches()  # a misspelt switch is an error here too, not first on a GPU
+    check_switches()  # a misspelt switch is an error here too, not first on a GPU
     return lowered_on_cpu(ctx, *args, **params)
 
   _compat.mlir.register_lowering(prim, cpu_lowering, platform="cpu")

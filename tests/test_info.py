@@ -84,6 +84,10 @@ def test_info_reports_settings_and_tuned_configs(fo, tmp_path, monkeypatch):
     d = fo.info()
     assert "mine.json" in d["tuned_configs"]["error"], d["tuned_configs"]
     assert any("mine.json" in p for p in d["invalid_settings"]), d["invalid_settings"]
+    monkeypatch.setenv("JAX_FLASHOVERLAP_TUNED", "0")  # no plan lookup reads them then
+    d = fo.info()
+    assert "mine.json" in d["tuned_configs"]["error"] and not d["tuned_configs"]["in_use"]
+    assert not d["invalid_settings"], d["invalid_settings"]
 
 
 def test_info_reports_versions(fo):
