@@ -152,7 +152,9 @@ int main(int argc, char** argv) {
   fo::Communicator* p2p = fo::FindCommunicator(79, 0);
   Must(p2p != nullptr, "FindCommunicator (p2p)");
   s = fo::ConnectPeers(79, 10, fo::kAbortGraceSeconds);
-  Expect(s.ok() && p2p->p2p_connected, "ConnectPeers, every peer there -> connected" +
+  // A group of one sends nothing: this shows the bounded group runs an empty handshake and
+  // marks it done (the 2-rank handshake runs in the harness and the 2-GPU tests).
+  Expect(s.ok() && p2p->p2p_connected, "ConnectPeers, a group of one (no sends) -> connected" +
                                            (s.ok() ? "" : ": " + s.message));
   p2p->p2p_connected = false;  // ask again, now with the peer missing
   *reinterpret_cast<volatile int32_t*>(word) = 0;
@@ -177,6 +179,11 @@ int main(int argc, char** argv) {
   Expect(released_after.load() >= 0.95 && released_after.load() < 1.5 && took < 5,
          "  ... aborted at its 1 s bound (released at " + std::to_string(released_after.load()) +
              " s; returned at " + std::to_string(took) + " s)");
+  // Asked again (another lowering), the aborted communicators are refused, not used (NCCL
+  // freed them in the abort).
+  s = fo::ConnectPeers(79, 1.0, fo::kAbortGraceSeconds);
+  Expect(!s.ok() && s.message.find("were aborted") != std::string::npos,
+         "ConnectPeers again after the abort -> refused: " + s.message.substr(0, 60));
   s = fo::DestroyCommunicators(79);
   Expect(fo::FindCommunicator(79, 0) == nullptr,
          "DestroyCommunicators (p2p) after it" + (s.ok() ? "" : ": " + s.message));

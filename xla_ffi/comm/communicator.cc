@@ -459,6 +459,12 @@ Status ConnectPeers(int64_t comm_id, double wait_seconds, double abort_grace_sec
   if (std::all_of(comms.begin(), comms.end(), [](Communicator* c) { return c->p2p_connected; })) {
     return Status::Ok();
   }
+  if (AnyAborted(comms)) {  // an earlier handshake (or the watchdog) aborted them: freed
+    return Status::Error("ConnectPeers: the communicators of comm_id " +
+                         std::to_string(comm_id) +
+                         " were aborted (an earlier setup step or call failed); restart the "
+                         "process");
+  }
   DeviceScope restore_device;
   for (Communicator* c : comms) {
     if (!c->peer_to_peer) {
