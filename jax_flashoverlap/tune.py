@@ -440,7 +440,10 @@ def main(argv=None) -> int:
           f"{jax.default_backend()!r}); nothing to tune on the reference path", file=sys.stderr)
     return 2
   from jax_flashoverlap import distributed
-  processes = max(jax.process_count(), distributed.launched_processes())
+  try:
+    processes = max(jax.process_count(), distributed.launched_processes())
+  except ValueError as err:  # the launcher's variable set by hand, not an integer
+    parser.error(str(err))
   if processes > 1:  # calibration runs on one process's devices; every process would write
     # the config: refused rather than half-working (under the launcher: before any process
     # starts jax.distributed, which the tuner never does)

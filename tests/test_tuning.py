@@ -384,6 +384,17 @@ def test_tune_cli_keeps_the_problems_tuned_before_a_failure(tmp_path, monkeypatc
     assert rep["complete"] is False and len(rep["rows"]) == 1
 
 
+def test_tune_cli_names_a_launcher_variable_that_is_not_a_number(monkeypatch, capsys):
+    import jax
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setenv("JAX_FLASHOVERLAP_NUM_PROCESSES", "two")
+    monkeypatch.setattr(tune, "tune_problem", lambda *a: pytest.fail("tuned"))
+    with pytest.raises(SystemExit) as info:
+        tune.main(["--collectives", "all_reduce", "--shapes", "512x512x512", "--world", "2"])
+    assert info.value.code == 2
+    assert "JAX_FLASHOVERLAP_NUM_PROCESSES='two' must be an integer" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("how", ["jax_distributed", "launcher_env"])
 def test_tune_cli_refuses_several_processes(monkeypatch, capsys, how):
     """Under the launcher each process would calibrate on devices it may not own and write the
