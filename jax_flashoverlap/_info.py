@@ -69,18 +69,9 @@ def info() -> dict:
 def _settings(problems) -> dict:
   """Every switch the ops read at lowering or setup, as parsed (each reader validates: a
   value the ops would refuse is reported here instead)."""
-  from jax_flashoverlap import comm, distributed, trace, tuning
-  readers = {
-      "fallback": _ext.fallback_enabled,
-      "transport": _ext.transport,
-      "all_reduce_in_place": _ext.all_reduce_in_place,
-      "grant_peer_access": _ext.grant_peer_access,
-      "poison_outputs": _ext.poison_outputs,
-      "watchdog_seconds": comm.watchdog_seconds,
-      "kv_timeout_seconds": lambda: distributed.timeout_ms() / 1000,
-      "tuned_configs_on": lambda: _ext.env_switch(tuning.TUNED_ENV, True),
-      "trace_on_first_communicator": lambda: _ext.env_switch(trace.TRACE_ENV, False),
-  }
+  from jax_flashoverlap import distributed, primitives
+  readers = dict(primitives.switch_readers(),
+                 kv_timeout_seconds=lambda: distributed.timeout_ms() / 1000)
   return {name: _setting(read, problems) for name, read in readers.items()}
 
 

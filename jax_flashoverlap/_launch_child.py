@@ -128,9 +128,10 @@ def _is_zip(path: str) -> bool:
   return zipfile.is_zipfile(path)
 
 
-def _cannot_run(message: str) -> None:
+def _cannot_run(message: str, status: int = 2) -> None:
+  """Python's own way of refusing a program it cannot start."""
   print(f"{sys.executable}: {message}", file=sys.stderr)
-  sys.exit(2)
+  sys.exit(status)
 
 
 def run(argv: list) -> None:
@@ -139,7 +140,7 @@ def run(argv: list) -> None:
   try:
     code, main = _prepare(argv)
   except ImportError as err:  # -m of a module that is not there: Python's message, status 1
-    _cannot_run_status(f"Error while finding module specification for {argv[1]!r} ({err})")
+    _cannot_run(f"Error while finding module specification for {argv[1]!r} ({err})", 1)
   try:
     exec(code, main.__dict__)
   except SystemExit as exit_:
@@ -159,11 +160,6 @@ def run(argv: list) -> None:
     if _jax_distributed_running():
       _exit_now(1)
     sys.exit(1)
-
-
-def _cannot_run_status(message: str) -> None:
-  print(f"{sys.executable}: {message}", file=sys.stderr)
-  sys.exit(1)
 
 
 def _without_this_frame(info):

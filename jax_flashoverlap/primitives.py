@@ -78,22 +78,31 @@ reference_reduce_scatter_any_platform = on_each_platform(
     reference_gemm_reduce_scatter, reduced_in_float32(reference_gemm_reduce_scatter))
 
 
-def check_switches() -> None:
-  """Reads every environment switch the CUDA lowerings read (a value that does not parse is a
-  ValueError naming the variable), whichever op uses it. The CPU lowering runs it too, so a
-  misspelt switch shows on the machine where a program is written, not first on the GPU
-  machine. Tuned-config files are not switches: only their folder's variable is checked."""
+def switch_readers() -> dict:
+  """{name: reader} of every environment switch the CUDA lowerings read, whichever op uses it;
+  each reader returns the parsed value or raises a ValueError naming the variable."""
   from jax_flashoverlap import trace, tuning
-  _ext.check_gemm_epilogue()
-  _ext.poison_outputs()
-  _ext.fallback_enabled()
-  _ext.force_reference()
-  _ext.transport()
-  _ext.all_reduce_in_place()
-  _ext.grant_peer_access()
-  _ext.env_switch(tuning.TUNED_ENV, True)
-  _ext.env_switch(trace.TRACE_ENV, False)
-  comm.watchdog_seconds()
+  return {
+      "force_reference": _ext.force_reference,
+      "fallback": _ext.fallback_enabled,
+      "transport": _ext.transport,
+      "all_reduce_in_place": _ext.all_reduce_in_place,
+      "grant_peer_access": _ext.grant_peer_access,
+      "poison_outputs": _ext.poison_outputs,
+      "gemm_switches": lambda: _ext.check_gemm_epilogue() or "valid",
+      "watchdog_seconds": comm.watchdog_seconds,
+      "tuned_configs_on": lambda: _ext.env_switch(tuning.TUNED_ENV, True),
+      "trace_on_first_communicator": lambda: _ext.env_switch(trace.TRACE_ENV, False),
+  }
+
+
+def check_switches() -> None:
+  """Reads every switch (switch_readers). The CPU lowering runs it too, so a misspelt switch
+  shows on the machine where a program is written, not first on the GPU machine.
+  Tuned-config files are not switches: only their folder's variable is checked."""
+  from jax_flashoverlap import tuning
+  for read in switch_readers().values():
+    read()
   if os.environ.get(tuning.CONFIG_DIR_ENV):
     tuning.config_files()  # a folder that is not one is an error (its plans would be lost)
 

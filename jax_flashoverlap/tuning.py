@@ -281,10 +281,6 @@ def load_file(path) -> dict:
 
 def config_files() -> list:
   """The config files read, in order (the package's, then the user dir's; later ones win)."""
-  return _files()
-
-
-def _files() -> list:
   files = sorted(PACKAGE_DIR.glob("*.json")) if PACKAGE_DIR.is_dir() else []
   user = user_config_dir()
   if user.is_dir():
@@ -309,7 +305,7 @@ def _stamp(path: Path) -> tuple:
 
 def load_all() -> dict:
   """Every entry of every config file (later files win), cached by (path, _stamp)."""
-  files = _files()
+  files = config_files()
   stamp = tuple((str(f), _stamp(f)) for f in files)
   with _lock:
     if _cache.get("stamp") == stamp:
