@@ -155,6 +155,19 @@ def _headers_digest(folder: Path) -> str:
   return h.hexdigest()
 
 
+def kernel_build_digest() -> str:
+  """What a tuned plan's speed depends on: every source and header of the kernels and the
+  overlapped-call sequences (xla_ffi/kernels, xla_ffi/comm), hashed. Baked into the extension
+  (build_info()["kernel_build"]); the tuner records it in each entry, and a lookup of an entry
+  measured on another build warns (jax_flashoverlap.tuning)."""
+  h = hashlib.sha256()
+  for folder in (SRC / "kernels", SRC / "comm"):
+    for p in sorted(folder.rglob("*")):
+      if p.suffix in (".cu", ".cc", ".h", ".cuh"):
+        h.update(str(p.relative_to(ROOT)).encode() + b"\0" + p.read_bytes())
+  return h.hexdigest()[:16]
+
+
 class CudaBuildExt(build_ext):
   """Compiles xla_ffi/ with nvcc (device code) and the host compiler, links one module."""
 
@@ -189,10 +202,14 @@ class CudaBuildExt(build_ext):
     # Kernels include only kernels/ headers: other headers changing does not rebuild them.
     headers_all, headers_kernels = _headers_digest(SRC), _headers_digest(SRC / "kernels")
 
+    # module.cc reports it; as a flag it is in module.cc's object key, so that rebuilds.
+    build_define = f'-DFO_KERNEL_BUILD="{kernel_build_digest()}"'
+
     def command(src: Path, obj: Path) -> list:
       if src.suffix == ".cu":
         return [nvcc, *cu_flags, *inc_flags, "-c", str(src), "-o", str(obj)]
-      return [cxx, *common, *inc_flags, "-c", str(src), "-o", str(obj)]
+      extra = [build_define] if src.name == "module.cc" else []
+      return [cxx, *common, *extra, *inc_flags, "-c", str(src), "-o", str(obj)]
 
     versions = _dependency_versions()
     jobs = []

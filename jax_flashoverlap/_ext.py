@@ -49,6 +49,15 @@ def _load_extension():
 ext, EXT_IMPORT_ERROR = _load_extension()
 HAS_CUDA_EXT = ext is not None
 
+
+def kernel_build() -> str | None:
+  """The built extension's kernel build (setup.py's digest of xla_ffi/kernels and
+  xla_ffi/comm: what a tuned plan's speed depends on), or None without the extension (or one
+  built before it was recorded)."""
+  if ext is None:
+    return None
+  return ext.build_info().get("kernel_build") or None
+
 _lock = threading.Lock()
 _registered = False
 _warned_missing = False

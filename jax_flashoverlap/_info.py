@@ -87,7 +87,11 @@ def _tuned_configs(problems) -> dict:
   try:
     files = tuning.config_files()
     return {"files": [str(f) for f in files], "entries": len(tuning.load_all()),
-            "user_dir": str(tuning.user_config_dir()), "in_use": on}
+            "user_dir": str(tuning.user_config_dir()), "in_use": on,
+            # per file, how many entries were measured on this kernel build ('current'), on
+            # another ('other': used, with a KernelBuildWarning), or do not say ('unrecorded')
+            "kernel_build": _ext.kernel_build(),
+            "entries_by_kernel_build": tuning.kernel_builds_by_file(files)}
   except ValueError as err:
     if on:  # with JAX_FLASHOVERLAP_TUNED=0 no lookup reads them: shown, not a problem
       problems.append(str(err))

@@ -33,7 +33,8 @@ import sys
 import time
 import types
 
-from jax_flashoverlap import bench, bench_a2a, plan as plan_lib, tune_a2a, tune_model, tuning
+from jax_flashoverlap import (_ext, bench, bench_a2a, plan as plan_lib, tune_a2a, tune_model,
+                              tuning)
 
 CALIBRATION_GROUPS = (1, 2, 4, 8)
 # The op itself with even bands, few and many groups: fits the GEMM's slowdown beside NCCL and
@@ -501,12 +502,16 @@ def main(argv=None) -> int:
   def save(entry, row):
     """Each problem's plan (and the report so far) is written as soon as it is tuned: a
     failure in a later problem, or a stopped run, keeps what was measured before it."""
+    build = _ext.kernel_build()
+    if build:  # what the plan was measured on: a later build's lookups warn (tuning.py)
+      entry = dict(entry, kernel=build)
     entries.append(entry)
     rows.append(row)
     path = tuning.write_entries(out, gpu, args.world, [entry])
     if args.report:
       report = {"kind": "tune", "rows": rows, "config": str(path), "gpu": gpu,
                 "world": args.world, "command": command, "git_commit": bench.git_commit(),
+                "kernel_build": _ext.kernel_build(),
                 "complete": len(rows) == len(problems) + len(op_problems),
                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
                     timespec="seconds")}

@@ -15,7 +15,10 @@ peer stores of plan_peer.py, world size 2 to 8, comm_sms 0, band_rows over one b
 rows for both collectives; taken with JAX_FLASHOVERLAP_TRANSPORT unset or auto). Informative: measured_ms / baseline_ms (ours and
 XLA's dot + collective when tuned), predicted_ms and model_error (the tuner's measured cost
 model for the kept plan: predicted / measured - 1), cta_policy_ms (the kept plan's time under
-each policy tried), source (the command that wrote it). Any other key is an error (a typo),
+each policy tried), source (the command that wrote it), kernel (the extension's kernel build
+the plan was measured on, `_ext.kernel_build()`: a lookup of an entry measured on another build
+warns once, KernelBuildWarning, and still uses it, since the plan must not depend on what each
+rank happened to build). Any other key is an error (a typo),
 and so is another collective's (COLLECTIVE_KEYS: band_rows for all but all_gather,
 cta_policy / cta_policy_ms / transport for all_reduce and reduce_scatter, split_axis / concat_axis for
 all_to_all, chunks / gather for all_gather).
@@ -51,7 +54,8 @@ _DTYPES = ("bfloat16", "float16")
 # overlap), another collective's a mix-up that would be ignored.
 _COMMON_KEYS = frozenset((
     "collective", "dtype", "m", "n", "k", "comm_sms", "overlap",
-    "measured_ms", "baseline_ms", "predicted_ms", "model_error", "source"))  # + informative
+    "measured_ms", "baseline_ms", "predicted_ms", "model_error", "source",
+    "kernel"))  # + informative
 _COLLECTIVE_RS_KEYS = _COMMON_KEYS | {"band_rows", "cta_policy", "cta_policy_ms", "transport"}
 COLLECTIVE_KEYS = {
     "all_reduce": _COLLECTIVE_RS_KEYS, "reduce_scatter": _COLLECTIVE_RS_KEYS,
@@ -61,6 +65,8 @@ ENTRY_KEYS = frozenset().union(*COLLECTIVE_KEYS.values())
 
 _lock = threading.Lock()
 _cache: dict = {}
+_warned_builds: set = set()
+_KERNEL_BUILD_CHARS = frozenset("0123456789abcdef")
 
 
 # A config file's top level: what the tuner writes ("note": free text, e.g. where the plans
@@ -70,6 +76,11 @@ TOP_LEVEL_KEYS = frozenset({"schema", "gpu", "world_size", "entries", "note"})
 
 class ConfigError(ValueError):
   """A tuned-config file is not valid."""
+
+
+class KernelBuildWarning(UserWarning):
+  """A tuned plan was measured on another build of the kernels: still valid and used (every
+  rank must pick the same plan), but maybe no longer the fastest."""
 
 
 def user_config_dir() -> Path:
@@ -236,6 +247,10 @@ def validate(data, path="<config>") -> dict:
       _number(path, f"{where}: cta_policy_ms", policy_ms, policy)
     if not isinstance(e.get("source", ""), str):
       _fail(path, f"{where}: 'source' must be a string, got {e.get('source')!r}")
+    build = e.get("kernel", "0")
+    if not (isinstance(build, str) and 0 < len(build) <= 64 and set(build) <= _KERNEL_BUILD_CHARS):
+      _fail(path, f"{where}: 'kernel' must be the kernel build the plan was measured on "
+                  f"(lowercase hex, as build_info()['kernel_build'] gives it), got {build!r}")
     key = (gpu, world) + entry_key(e)
     if key in out:
       _fail(path, f"{where}: duplicate entry for {key[2:]}")
@@ -310,11 +325,40 @@ def load_all() -> dict:
   with _lock:
     if _cache.get("stamp") == stamp:
       return _cache["entries"]
-    entries = {}
+    entries, origins = {}, {}
     for f in files:
-      entries.update(load_file(f))
-    _cache.update(stamp=stamp, entries=entries)
+      loaded = load_file(f)
+      entries.update(loaded)
+      origins.update(dict.fromkeys(loaded, f))
+    _cache.update(stamp=stamp, entries=entries, origins=origins)
     return entries
+
+
+def kernel_build_status(entry: dict, build: str | None) -> str:
+  """'current' (measured on this build), 'other' (on another one), 'unrecorded' (the entry
+  does not say: written before builds were recorded, or by hand) or 'unknown' (no build to
+  compare with: the extension is missing)."""
+  if "kernel" not in entry:
+    return "unrecorded"
+  if not build:
+    return "unknown"
+  return "current" if entry["kernel"] == build else "other"
+
+
+def _warn_if_other_build(key: tuple, entry: dict) -> None:
+  build = _ext.kernel_build()
+  if kernel_build_status(entry, build) != "other" or key in _warned_builds:
+    return
+  _warned_builds.add(key)
+  import warnings
+  _, _, collective, dtype, m, n, k, _ = key
+  path = _cache.get("origins", {}).get(key, "a tuned-config file")
+  warnings.warn(
+      f"jax_flashoverlap: the tuned plan for {collective} {dtype} {m}x{n}x{k} in {path} was "
+      f"measured on kernel build {entry['kernel']}, this extension is build {build}: it is "
+      "still used (correct, and the same on every rank) but may no longer be the fastest. "
+      "Rerun `python -m jax_flashoverlap.tune` for this shape, or set "
+      f"{TUNED_ENV}=0 to use the cost model's plans.", KernelBuildWarning, stacklevel=3)
 
 
 def lookup(gpu: str | None, world: int, collective: str, dtype: str, m: int, n: int, k: int,
@@ -323,7 +367,24 @@ def lookup(gpu: str | None, world: int, collective: str, dtype: str, m: int, n: 
   if not gpu or not _ext.env_switch(TUNED_ENV, True):
     return None
   variant = (split_axis, concat_axis) if collective == "all_to_all" else ()
-  return load_all().get((gpu, world, collective, dtype, m, n, k, variant))
+  key = (gpu, world, collective, dtype, m, n, k, variant)
+  entry = load_all().get(key)
+  if entry is not None:
+    _warn_if_other_build(key, entry)
+  return entry
+
+
+def kernel_builds_by_file(files) -> dict:
+  """{file: {status: entries}} of kernel_build_status against this extension (for info)."""
+  build = _ext.kernel_build()
+  out = {}
+  for f in files:
+    counts = {}
+    for entry in load_file(f).values():
+      status = kernel_build_status(entry, build)
+      counts[status] = counts.get(status, 0) + 1
+    out[str(f)] = counts
+  return out
 
 
 def merge_base(path, gpu: str, world: int) -> dict:

@@ -79,6 +79,10 @@ def test_info_reports_settings_and_tuned_configs(fo, tmp_path, monkeypatch):
     assert d["settings"]["transport"] == "auto" and d["settings"]["fallback"] is True
     shipped = d["tuned_configs"]["files"]
     assert shipped and all(f.endswith(".json") for f in shipped), d["tuned_configs"]
+    by_build = d["tuned_configs"]["entries_by_kernel_build"]
+    assert set(by_build) == set(shipped), by_build
+    assert sum(sum(c.values()) for c in by_build.values()) == d["tuned_configs"]["entries"]
+    assert d["tuned_configs"]["kernel_build"] == (d["build"] or {}).get("kernel_build")
     monkeypatch.setenv("JAX_FLASHOVERLAP_CONFIG_DIR", str(tmp_path))
     (tmp_path / "mine.json").write_text("{not json")
     d = fo.info()

@@ -23,13 +23,13 @@ def test_build_ext_inplace_without_the_cuda_extension(tmp_path):
     assert not list((tmp_path / "jax_flashoverlap").glob("_xla_ffi*"))
 
 
-def _setup_function(name):
+def _setup_function(name, **namespace):
     """One top-level function of setup.py, without running setup() (importing it would)."""
     import ast
     with open(os.path.join(REPO, "setup.py")) as f:
         tree = ast.parse(f.read())
     fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
-    namespace = {"os": os}
+    namespace["os"] = os
     exec(compile(ast.Module([fn], type_ignores=[]), "setup.py", "exec"), namespace)
     return namespace[name]
 
@@ -46,3 +46,30 @@ def test_nvcc_threads_is_a_positive_integer_or_an_error_naming_it(monkeypatch):
         with pytest.raises(ValueError, match=f"JAX_FLASHOVERLAP_NVCC_THREADS={bad!r} must be a "
                                              "positive integer"):
             threads()
+
+
+def test_kernel_build_digest_follows_the_kernels_and_the_call_sequences(tmp_path):
+    """The build a tuned plan records (tuning.py warns on another one): it changes with any
+    source of xla_ffi/kernels or xla_ffi/comm, and not with the FFI handlers' decoding."""
+    import hashlib
+    from pathlib import Path
+    for folder in ("kernels", "comm", "ffi"):
+        shutil.copytree(os.path.join(REPO, "xla_ffi", folder), tmp_path / "xla_ffi" / folder)
+    digest = _setup_function("kernel_build_digest", hashlib=hashlib, ROOT=tmp_path,
+                             SRC=tmp_path / "xla_ffi")
+    first = digest()
+    assert len(first) == 16 and set(first) <= set("0123456789abcdef") and digest() == first
+    ffi = next((tmp_path / "xla_ffi" / "ffi").glob("*.cc"))
+    ffi.write_text(ffi.read_text() + "// a comment\n")
+    assert digest() == first
+    for changed in (next((tmp_path / "xla_ffi" / "kernels").glob("*.cuh")),
+                    next((tmp_path / "xla_ffi" / "comm").glob("*.cc"))):
+        before = digest()
+        changed.write_text(changed.read_text() + "// a comment\n")
+        assert digest() != before, changed
+    # the repository's own build: what the extension built here reports, if it was built
+    from jax_flashoverlap import _ext
+    if _ext.HAS_CUDA_EXT:
+        repo = _setup_function("kernel_build_digest", hashlib=hashlib, ROOT=Path(REPO),
+                               SRC=Path(REPO) / "xla_ffi")
+        assert _ext.kernel_build() in (repo(), None)

@@ -175,6 +175,7 @@ def test_every_key_the_tuner_writes_is_allowed():
     ours = tune.entry_for("all_reduce", "bfloat16", 8192, 8192, 4096, 2,
                           Candidate(16, (0, 4096, 8192), 1e-3, "dp"), 1.05, 1.2)
     ours.update(cta_policy="zero", cta_policy_ms={"default": 1.1, "zero": 1.05})  # tune_problem
+    ours.update(kernel="0123abcd")  # main's save: the kernel build it was measured on
     xla = tune.entry_for("reduce_scatter", "bfloat16", 8192, 8192, 4096, 2, None, 0.0, 1.2)
     gather = tune_a2a.entry_for("all_gather", "bfloat16", 4096, 4096, 8192, 2,
                                 plan_a2a.choose_all_gather_plan(4096, 4096, 8192, 2), 1.0, 1.2)
@@ -466,3 +467,75 @@ def test_tuner_keeps_the_fastest_of_nccl_plans_peer_and_xla():
     assert (e["transport"], e["comm_sms"], e["band_rows"]) == ("peer", 0, [0, 256, 512])
     assert len(tuning.validate({"schema": tuning.SCHEMA, "gpu": H200, "world_size": 2,
                                 "entries": [e]})) == 1
+
+
+# ------------------------------------------------------------------ kernel builds
+
+@pytest.mark.parametrize("bad", [7, "", "XYZ", "ABCDEF", "a" * 65, ["ab"]])
+def test_an_entry_kernel_build_must_be_lowercase_hex(bad, user_dir):
+    path = _write(user_dir / "k.json", [_entry(kernel=bad)])
+    with pytest.raises(tuning.ConfigError, match=r"entries\[0\]: 'kernel' must be the kernel "
+                                                 r"build .* k\.json|k\.json.*'kernel' must be"):
+        tuning.load_file(path)
+
+
+def _fresh_warnings(monkeypatch, build):
+    from jax_flashoverlap import _ext
+    monkeypatch.setattr(_ext, "kernel_build", lambda: build)
+    monkeypatch.setattr(tuning, "_warned_builds", set())
+
+
+@pytest.mark.parametrize("recorded, build, warns", [
+    ("0123abcd", "0123abcd", False),   # measured on this build
+    ("0123abcd", "fedc9876", True),    # on another one
+    (None, "fedc9876", False),         # not recorded: written before builds were, or by hand
+    ("0123abcd", None, False),         # no extension: nothing to compare with
+])
+def test_a_plan_of_another_kernel_build_warns_once_and_is_still_used(
+        recorded, build, warns, user_dir, monkeypatch, recwarn):
+    """Stale plans are named (the file, both builds, what to do), never dropped: every rank must
+    choose from the files alone, whatever each one built."""
+    import warnings
+    _fresh_warnings(monkeypatch, build)
+    kw = {} if recorded is None else dict(kernel=recorded)
+    path = _write(user_dir / "h200_x2.json", [_entry(comm_sms=12, **kw)])
+    warnings.simplefilter("always")
+    for _ in range(3):
+        plan = P.choose_plan("all_reduce", 1024, 512, 256, 2, gpu=H200)
+        assert plan.comm_sms == 12 and plan.band_rows == (0, 512, 1024)  # the tuned plan
+    stale = [w for w in recwarn.list if issubclass(w.category, tuning.KernelBuildWarning)]
+    assert len(stale) == (1 if warns else 0), [str(w.message) for w in recwarn.list]
+    if warns:
+        text = str(stale[0].message)
+        for part in ("all_reduce bfloat16 1024x512x256", str(path), "build 0123abcd",
+                     "build fedc9876", "still used", "jax_flashoverlap.tune",
+                     "JAX_FLASHOVERLAP_TUNED=0"):
+            assert part in text, text
+
+
+def test_kernel_builds_by_file_counts_each_status(user_dir, monkeypatch):
+    _fresh_warnings(monkeypatch, "00aa")
+    path = _write(user_dir / "mixed.json", [
+        _entry(kernel="00aa"), _entry(m=2048, band_rows=[0, 2048], kernel="00bb"),
+        _entry(m=4096, band_rows=[0, 4096])])
+    assert tuning.kernel_builds_by_file([path]) == {
+        str(path): {"current": 1, "other": 1, "unrecorded": 1}}
+
+
+def test_the_tuner_records_the_kernel_build_in_each_entry_and_its_report(tmp_path, monkeypatch):
+    """The whole CLI (GPU backend and timings faked, the tuner's code real)."""
+    import jax
+    from _tune_fakes import fake_gpu_timings
+    from jax_flashoverlap import _ext
+    fake_gpu_timings(monkeypatch)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(_ext, "kernel_build", lambda: "5eed0123abcd4567")
+    out, report = tmp_path / "cfg.json", tmp_path / "report.json"
+    rc = tune.main(["--shapes", "256x256x256", "--world", "2", "--top", "2", "--calls", "1",
+                    "--samples", "1", "--comm-sms", "8", "--cta-policies", "default",
+                    "--out", str(out), "--report", str(report)])
+    assert rc == 0
+    saved = json.loads(out.read_text())["entries"]
+    assert len(saved) == 2 and all(e["kernel"] == "5eed0123abcd4567" for e in saved), saved
+    assert json.loads(report.read_text())["kernel_build"] == "5eed0123abcd4567"
+    tuning.load_file(out)  # and the file it wrote validates

@@ -22,6 +22,11 @@
 
 namespace py = pybind11;
 
+// setup.py's digest of xla_ffi/kernels and xla_ffi/comm (what a tuned plan's speed depends on).
+#ifndef FO_KERNEL_BUILD
+#define FO_KERNEL_BUILD ""
+#endif
+
 namespace {
 
 template <typename Fn>
@@ -45,6 +50,7 @@ py::dict BuildInfo() {
   out["cutlass"] = std::to_string(CUTLASS_MAJOR) + "." + std::to_string(CUTLASS_MINOR) + "." +
                    std::to_string(CUTLASS_PATCH);
   out["cuda_arch"] = "sm_90a";
+  out["kernel_build"] = FO_KERNEL_BUILD;
   return out;
 }
 
