@@ -33,7 +33,9 @@ Sizes are always GLOBAL (the unsharded layer's `in_features` / `out_features`, l
 
 Sharding annotations: NNX params are `nnx.Param(..., out_sharding=spec)` (what
 `nnx.with_partitioning` makes): kernel (axis_name, None) for row, (None, axis_name) for
-column; bias () for row (it is added once, after the reduction), (axis_name,) for column. They
+column; bias (None,) for row (replicated: it is added once, after the reduction; one name per
+dim, as nnx.scan / nnx.vmap's transform_metadata need to add and remove a layer axis),
+(axis_name,) for column. They
 are sharded eagerly when a mesh is known at construction (`mesh=` or `jax.set_mesh`), else only
 annotated. Linen params are `nn.with_partitioning` boxes with the same specs.
 
@@ -203,12 +205,12 @@ class _Config:
     n = self.local_view() or 1
     if self.row:
       return ((self.split(in_features, n), self.out_features), (self.out_features,),
-              (self.axis_name, None), ())
+              (self.axis_name, None), (None,))
     out = self.split(self.out_features, n)
     return (in_features, out), (out,), (None, self.axis_name), (self.axis_name,)
 
 
-def _resolve_logical(layer: str, row: bool, kernel_axes, axis_name, rules=()):
+def _resolve_logical(layer: str, row: bool, kernel_axes, axis_name, rules=(), nnx_layer=True):
   """Mesh axis of the kernel's sharded dim from logical names (`kernel_axes` = names of the
   kernel's (in, out) dims) and the logical axis rules in effect (flax's
   `logical_axis_rules` context, then `rules`). Without kernel_axes: axis_name (default "tp")."""
@@ -226,7 +228,9 @@ def _resolve_logical(layer: str, row: bool, kernel_axes, axis_name, rules=()):
     raise ValueError(f"{layer}: the kernel's {where} dim (logical axis {sharded!r}) must map to "
                      f"one mesh axis through the logical axis rules, got {mesh_axis!r} (rules: "
                      f"{sorted(table.items(), key=str)}); set them with "
-                     "flax.linen.logical_axis_rules(...) or sharding_rules=")
+                     + ("flax.linen.logical_axis_rules(...) or sharding_rules=" if nnx_layer else
+                        "`with flax.linen.logical_axis_rules(...):` around init and apply "
+                        "(the layer resolves them at every call)"))
   if other is not None and table.get(other) is not None:
     raise ValueError(f"{layer}: the kernel's other dim (logical axis {other!r}) maps to mesh "
                      f"axis {table[other]!r}; only the {where} dim may be sharded")
@@ -281,7 +285,7 @@ def _plain_init(layer: str, name: str, init, spec):
 
 def _logical_specs(row: bool, kernel_axes):
   """(kernel, bias) annotations in logical names: the bias follows the output dim."""
-  return tuple(kernel_axes), (() if row else (kernel_axes[1],))
+  return tuple(kernel_axes), ((None,) if row else (kernel_axes[1],))
 
 
 def _mesh_axis_size(axis_name, mesh=None) -> int | None:
@@ -302,16 +306,26 @@ def _forward(cfg: _Config, x, kernel, bias, in_features: int):
           "outside shard_map x and the params are global arrays")
   expect = tuple(cfg.shapes(in_features)[0])
   if not n and _compat.manual_axis_names():
+    manual = tuple(_compat.manual_axis_names())
+    if cfg.axis_name not in (_compat.mesh_axis_names() or (cfg.axis_name,)):
+      raise ValueError(
+          f"{cfg.layer}: called inside jax.shard_map manual over {manual}, whose mesh has no "
+          f"axis {cfg.axis_name!r} (its axes: {_compat.mesh_axis_names()}): build the layer "
+          f"with the axis its kernel is sharded over, e.g. axis_name={manual[0]!r}")
     raise ValueError(
-        f"{cfg.layer}: called inside jax.shard_map manual over "
-        f"{tuple(_compat.manual_axis_names())} but not over its axis {cfg.axis_name!r}: add "
-        f"{cfg.axis_name!r} to the shard_map's axis_names (the layer then works on the local "
-        "shards), or call it outside shard_map (global view under jax.jit)")
+        f"{cfg.layer}: called inside jax.shard_map manual over {manual} but not over its axis "
+        f"{cfg.axis_name!r}: add {cfg.axis_name!r} to the shard_map's axis_names (the layer "
+        "then works on the local shards), or call it outside shard_map (global view under "
+        "jax.jit)")
   cfg.check_aligned(in_features, n or cfg.mesh_axis_size())
   if x.ndim < 1 or x.shape[-1] != expect[0] or tuple(kernel.shape) != expect:
     raise ValueError(f"{cfg.layer}: x {tuple(x.shape)} and kernel {tuple(kernel.shape)} do not "
                      f"match: expected x [..., {expect[0]}] and kernel {expect}; {view}")
   squeeze = x.ndim == 1
+  if squeeze and cfg.row and cfg.reduce == "reduce_scatter" and (n or cfg.mesh_axis_size() or 1) > 1:
+    raise ValueError(f"{cfg.layer}: reduce='reduce_scatter' scatters x's rows over axis "
+                     f"{cfg.axis_name!r}, and x of shape {tuple(x.shape)} has none: pass x of "
+                     "rank >= 2 ([rows, in_features]) or use reduce='all_reduce'")
   x = (x[None] if squeeze else x).astype(cfg.dtype)
   w = kernel.astype(cfg.dtype)
   y = _row(cfg, x, w) if cfg.row else _column(cfg, x, w)
@@ -324,6 +338,10 @@ def _row(cfg: _Config, x, w):
   n = cfg.local_view()
   lead = x.shape[:-1]
   if not n:  # global view: x as it is, its leading dims' sharding kept
+    if cfg.reduce == "reduce_scatter":  # at trace time (the partitioner's error is INTERNAL)
+      dim = _validation.check_sequence_dim(cfg.layer, cfg.sequence_dim, x.ndim)
+      sharding.check_scatter_size(cfg.layer, x.shape, cfg.reduce, dim, cfg.axis_name,
+                                  cfg.mesh_axis_size())
     return sharding.row_parallel_matmul(x, w, cfg.reduce, _jit_axis(cfg),
                                         sequence_dim=cfg.sequence_dim)
   if cfg.reduce == "all_reduce":
@@ -541,7 +559,8 @@ class _LinenParallel(nn.Module):
   @nn.compact
   def __call__(self, x):
     layer = type(self).__name__
-    axis_name = _resolve_logical(layer, self._row, self.kernel_axes, self.axis_name)
+    axis_name = _resolve_logical(layer, self._row, self.kernel_axes, self.axis_name,
+                                 nnx_layer=False)
     cfg = _Config(layer, self._row, None, self.features, axis_name, self.reduce, self.dtype,
                   self.param_dtype, self.overlap_backward, self.sequence_parallel,
                   self.sequence_dim)

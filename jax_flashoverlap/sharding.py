@@ -51,6 +51,8 @@ def row_parallel_matmul(x, w, reduce: str = "all_reduce", axis_name=None, *,
   sequence_dim = _validation.check_sequence_dim(op, sequence_dim, len(x.shape))
   check_not_in_shard_map(op, f"matmul_{reduce}")
   check_global_axis_name(op, axis_name)
+  if axis_name is not None:  # a mesh in context gives its size: the error at trace time
+    check_scatter_size(op, x.shape, reduce, sequence_dim, axis_name, _context_axis_size(axis_name))
   call = lambda x, w: _row_parallel_ad(x, w, reduce, axis_name, sequence_dim, transpose_w)
   mesh = explicit_mesh(x, w)
   if mesh is None:
@@ -260,6 +262,26 @@ def check_per_device_dim(op, name, where, size, mesh, axis):
     raise ValueError(f"{op}: {name}={size} ({where}) sharded over {axis!r} (size {t}) is "
                      f"{name}={per} per device; the per-device GEMM needs a multiple of {align} "
                      f"there (global {name} a multiple of {align * t})")
+
+
+def _context_axis_size(axis_name) -> int | None:
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or axis_name not in mesh.axis_names:
+    return None
+  return int(mesh.shape[axis_name])
+
+
+def check_scatter_size(op, x_shape, reduce, sequence_dim, axis_name, axis_size):
+  """The reduce-scatter's dim of x (global) divides over the contracting axis (its size when
+  known): what check_scatter asks of each shard, checked at trace time, where the partitioner
+  would raise it at compile time inside an INTERNAL error."""
+  if reduce != "reduce_scatter" or not axis_size or x_shape[sequence_dim] % axis_size == 0:
+    return
+  what = "the rows" if len(x_shape) == 2 else f"dim {sequence_dim} (the sequence_dim)"
+  hint = ("" if len(x_shape) == 2 else
+          "; sequence_dim names the leading dim of x to scatter (e.g. 1 for [B, S, K])")
+  raise ValueError(f"{op}: reduce_scatter needs {what} of x (shape {tuple(x_shape)}) to be "
+                   f"divisible by the size {axis_size} of axis {axis_name!r}{hint}")
 
 
 def check_scatter(mesh, x_shape, lead, k_axis, reduce, sequence_dim):

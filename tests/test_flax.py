@@ -247,7 +247,7 @@ def test_nnx_logical_axes_resolve_to_the_mesh_axis_and_match_explicit(rng):
     gdef, state = nnx.split(row)
     assert state["kernel"].get_metadata()["out_sharding"] == ("mlp", "embed")
     specs = nnx.get_partition_spec(state)
-  assert specs["kernel"].get_value() == P("tp", None) and specs["bias"].get_value() == P()
+  assert specs["kernel"].get_value() == P("tp", None) and specs["bias"].get_value() == P(None)
   explicit = RowParallelLinear(64, 32, axis_name="tp", rngs=nnx.Rngs(0))
   egdef, estate = nnx.split(explicit)
   run = lambda g, st, sp: jax.jit(shard_map(lambda s, x: nnx.merge(g, s)(x), mesh,

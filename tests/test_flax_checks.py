@@ -178,3 +178,88 @@ def test_inits_wrapped_with_partitioning_are_unwrapped():
   with pytest.raises(ValueError, match="ColumnParallelDense: kernel_init is wrapped with"):
     ColumnParallelDense(32, kernel_init=nn.with_partitioning(init, ("tp", None))).init(
         jax.random.key(0), x)
+
+
+# -------------------------------------------------- a user's review (session 30)
+
+def _auto_mesh(n):
+  return jax.make_mesh((n,), ("tp",), axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def test_nnx_scan_over_stacked_row_layers_with_bias(rng):
+  """NNX's scan-over-layers recipe (nnx.vmap to stack, nnx.scan to run, transform_metadata):
+  the row bias was annotated () and nnx.scan failed removing the layer axis nnx.vmap had not
+  added (IndexError in flax's spmd.remove_field); as (None,) it runs, equal to the layers one
+  by one."""
+  mesh = _auto_mesh(4)
+  meta = {"transform_metadata": {nnx.PARTITION_NAME: None}}
+  x = jnp.asarray(rng.standard_normal((16, 64)), BF16)
+  with jax.set_mesh(mesh):
+    make = nnx.vmap(lambda r: RowParallelLinear(64, 64, bias_init=_nonzero_bias_init, rngs=r),
+                    in_axes=0, out_axes=0, **meta)
+    stack = nnx.split_rngs(splits=3)(make)(nnx.Rngs(0))
+
+    def run(s, x):
+      return nnx.scan(lambda x, layer: (layer(x), None), in_axes=(nnx.Carry, 0),
+                      out_axes=(nnx.Carry, 0), **meta)(x, s)[0]
+    y = nnx.jit(run)(stack, x)
+    kernel, bias = np.asarray(stack.kernel[...], np.float32), np.asarray(stack.bias[...], np.float32)
+  want = np.asarray(x, np.float32)
+  for i in range(3):  # the layers one by one, in float32 on the bf16-rounded params
+    want = want @ np.asarray(jnp.asarray(kernel[i], BF16), np.float32) + np.asarray(
+        jnp.asarray(bias[i], BF16), np.float32)
+  np.testing.assert_allclose(np.asarray(y, np.float32), want, rtol=5e-2, atol=5e-2)
+  assert np.linalg.norm(np.asarray(y, np.float32) - want) <= 2e-2 * np.linalg.norm(want)
+
+
+@pytest.mark.parametrize("shape, sequence_dim", [((2, 7, 64), 0), ((1, 7, 64), 1)])
+def test_global_reduce_scatter_that_does_not_divide_is_a_trace_time_error(shape, sequence_dim):
+  """Under plain jit the row layer's reduce-scatter dim must divide over the axis: a ValueError
+  naming the layer and the shape at trace time (it was the partitioner's INTERNAL error at
+  compile time)."""
+  with jax.set_mesh(_auto_mesh(8)):
+    layer = RowParallelLinear(64, 64, reduce="reduce_scatter", sequence_dim=sequence_dim,
+                              rngs=nnx.Rngs(0))
+    import re
+    with pytest.raises(ValueError, match=re.escape(
+        f"RowParallelLinear: reduce_scatter needs dim {sequence_dim} (the sequence_dim) of x "
+        f"(shape {shape}) to be divisible by the size 8 of axis 'tp'")):
+      nnx.jit(lambda l, x: l(x))(layer, jnp.ones(shape, BF16))
+
+
+def test_row_parallel_matmul_scatter_size_is_checked_at_trace_time():
+  from jax_flashoverlap import row_parallel_matmul
+  with jax.set_mesh(_auto_mesh(8)):
+    with pytest.raises(ValueError, match=r"row_parallel_matmul: reduce_scatter needs the rows "
+                                         r"of x \(shape \(12, 64\)\) to be divisible by the size 8"):
+      jax.jit(lambda x, w: row_parallel_matmul(x, w, "reduce_scatter", "tp"))(
+          jnp.ones((12, 64), BF16), jnp.ones((64, 32), BF16))
+
+
+def test_rank1_x_cannot_be_scattered():
+  mesh = make_mesh_1d(8)
+  layer = RowParallelLinear(64, 64, reduce="reduce_scatter", rngs=nnx.Rngs(0))
+  g, state = nnx.split(layer)
+  fn = shard_map(lambda s, x: nnx.merge(g, s)(x), mesh,
+                 (nnx.get_partition_spec(state), P("tp")), P("tp"))
+  with pytest.raises(ValueError, match=r"RowParallelLinear: reduce='reduce_scatter' scatters x's "
+                                       r"rows over axis 'tp', and x of shape \(8,\) has none"):
+    jax.jit(fn)(state, jnp.ones((64,), BF16))
+
+
+def test_linen_logical_rules_error_gives_linen_advice():
+  with pytest.raises(ValueError, match="around init and apply") as err:
+    RowParallelDense(64, kernel_axes=("mlp", "embed")).init(jax.random.key(0),
+                                                            jnp.ones((8, 128), BF16))
+  assert "sharding_rules=" not in str(err.value)  # an NNX argument: linen layers refuse it
+  with pytest.raises(ValueError, match=r"or sharding_rules="):
+    RowParallelLinear(128, 64, kernel_axes=("mlp", "embed"), rngs=nnx.Rngs(0))
+
+
+def test_shard_map_over_a_mesh_without_the_layers_axis_names_the_axis_to_use():
+  mesh = make_mesh_1d(8, "model")
+  layer = RowParallelLinear(64, 64, rngs=nnx.Rngs(0))
+  g, state = nnx.split(layer)
+  fn = shard_map(lambda s, x: nnx.merge(g, s)(x), mesh, (P(), P(None, "model")), P())
+  with pytest.raises(ValueError, match=r"whose mesh has no axis 'tp' .*axis_name='model'"):
+    jax.jit(fn)(state, jnp.ones((16, 64), BF16))

@@ -162,7 +162,7 @@ def test_row_global_view_on_a_dp_tp_mesh(rng, x_shape, x_spec, reduce, sequence_
     model = RowParallelLinear(32, 64, axis_name="tp", reduce=reduce, sequence_dim=sequence_dim,
                               rngs=nnx.Rngs(0), **kwargs)
     # the bias replicated over the mesh either way (with mesh= Flax left it on one device)
-    assert model.bias[...].sharding == NamedSharding(mesh, P()), model.bias[...].sharding
+    assert model.bias[...].sharding == NamedSharding(mesh, P(None)), model.bias[...].sharding
     _nonzero_bias(model)
     gdef, params = nnx.split(model)
     f = jax.jit(lambda st, x: nnx.merge(gdef, st)(x))
