@@ -94,7 +94,9 @@ def child(args) -> None:
 
   from jax_flashoverlap import bench_variants, distributed
   distributed.initialize()  # from the launcher's environment
-  result = {"backend": jax.default_backend(), "windowed_flags": args.windowed, "programs": {}}
+  from jax_flashoverlap import bench
+  result = {"backend": jax.default_backend(), "windowed_flags": args.windowed, "programs": {},
+            "git_commit": bench.git_commit()}
   for collective in ("all_reduce", "reduce_scatter"):
     inputs, programs = _programs(collective, args.m, args.n, args.k)
     for name, fn in programs.items():

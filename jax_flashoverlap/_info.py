@@ -111,6 +111,14 @@ def _setting(read, problems, invalid=None):
 def main(argv=None) -> int:
   """Prints info() as JSON; exit status 1 when a setting does not parse (the ops would raise
   on it at lowering), after naming it on stderr."""
+  import argparse
+  parser = argparse.ArgumentParser(
+      prog="python -m jax_flashoverlap.info", allow_abbrev=False,
+      description="Prints, as JSON, what is installed (versions, the CUDA extension's build and "
+                  "kernel build, NCCL, the GPUs), which path each op takes here and why, every "
+                  "switch as parsed and the tuned-config files in effect. Exit status 1 when a "
+                  "setting does not parse (named on stderr). Takes no options.")
+  parser.parse_args(argv)  # --help; any other argument is an error, not silently ignored
   report = info()
   json.dump(report, sys.stdout, indent=2, default=str)
   sys.stdout.write("\n")

@@ -403,8 +403,12 @@ def main(argv=None) -> int:
                       help="SMs left to NCCL to calibrate and search over (each raised, per "
                            "shape, to the most that cost the GEMM no extra wave; see "
                            "--no-wave-align)")
+  # default SUPPRESS, the value from set_defaults: the help then shows no "(default: True)"
+  # for a flag that is off unless given
+  parser.set_defaults(wave_align=True)
   parser.add_argument("--no-wave-align", dest="wave_align", action="store_false",
-                      help="tune exactly the --comm-sms values given")
+                      default=argparse.SUPPRESS,
+                      help="tune exactly the --comm-sms values given (without it they are raised)")
   parser.add_argument("--cta-policies", nargs="+", default=["default", "efficiency"],
                       choices=("default", "efficiency", "zero"),
                       help="the communicator's ncclConfig_t.CTAPolicy values the kept plan is "

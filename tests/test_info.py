@@ -360,3 +360,16 @@ def test_queue_bytes_match_the_kernel_header():
   ring_offset = 16 + flags * 4
   partials_offset = (ring_offset + clusters * slots * 8 + 255) // 256 * 256
   assert comm.GEMM_QUEUE_BYTES == partials_offset + 66 * 2 * 128 * 256 * 4
+
+
+def test_info_cli_help_and_unknown_options():
+    """`info --help` describes it (it printed the whole report); an option it does not take
+    is an error (it was ignored)."""
+    from jax_flashoverlap import _info
+    import pytest
+    with pytest.raises(SystemExit) as done:
+        _info.main(["--help"])
+    assert done.value.code == 0
+    with pytest.raises(SystemExit) as done:
+        _info.main(["--json"])
+    assert done.value.code == 2

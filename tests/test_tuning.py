@@ -539,3 +539,26 @@ def test_the_tuner_records_the_kernel_build_in_each_entry_and_its_report(tmp_pat
     assert len(saved) == 2 and all(e["kernel"] == "5eed0123abcd4567" for e in saved), saved
     assert json.loads(report.read_text())["kernel_build"] == "5eed0123abcd4567"
     tuning.load_file(out)  # and the file it wrote validates
+
+
+@pytest.mark.parametrize("flag, wave_align", [([], True), (["--no-wave-align"], False)])
+def test_no_wave_align_is_off_unless_given_and_its_help_shows_no_default(flag, wave_align, tmp_path,
+                                                                        monkeypatch, capsys):
+    import jax
+
+    class Stop(Exception):
+        pass
+
+    def capture(pb, args, progress):
+        raise Stop(args.wave_align)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(tune, "tune_problem", capture)
+    with pytest.raises(Stop) as got:
+        tune.main(["--shapes", "256x256x256", "--world", "2", "--out", str(tmp_path / "c.json")]
+                  + flag)
+    assert got.value.args == (wave_align,)
+    with pytest.raises(SystemExit):
+        tune.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--no-wave-align tune exactly the --comm-sms values given (without it they are " \
+           "raised) --cta-policies" in text, text
