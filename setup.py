@@ -155,12 +155,14 @@ def _headers_digest(folder: Path) -> str:
   return h.hexdigest()
 
 
-def kernel_build_digest() -> str:
-  """What a tuned plan's speed depends on: every source and header of the kernels and the
-  overlapped-call sequences (xla_ffi/kernels, xla_ffi/comm), hashed. Baked into the extension
-  (build_info()["kernel_build"]); the tuner records it in each entry, and a lookup of an entry
-  measured on another build warns (jax_flashoverlap.tuning)."""
-  h = hashlib.sha256()
+def kernel_build_digest(toolchain: str = "") -> str:
+  """What a tuned plan's speed depends on in the build: every source and header of the kernels
+  and the overlapped-call sequences (xla_ffi/kernels, xla_ffi/comm: all of them, the error
+  paths' too, so any edit there counts), and `toolchain` (the device code's flags and the
+  CUTLASS version: what the kernels' object keys hold). Baked into the extension (build_info()["kernel_build"]); the tuner
+  records it in each entry, and a lookup of an entry measured on another build warns
+  (jax_flashoverlap.tuning). NCCL is loaded at run time: info() reports its version."""
+  h = hashlib.sha256(toolchain.encode() + b"\0")
   for folder in (SRC / "kernels", SRC / "comm"):
     for p in sorted(folder.rglob("*")):
       if p.suffix in (".cu", ".cc", ".h", ".cuh"):
@@ -202,8 +204,12 @@ class CudaBuildExt(build_ext):
     # Kernels include only kernels/ headers: other headers changing does not rebuild them.
     headers_all, headers_kernels = _headers_digest(SRC), _headers_digest(SRC / "kernels")
 
-    # module.cc reports it; as a flag it is in module.cc's object key, so that rebuilds.
-    build_define = f'-DFO_KERNEL_BUILD="{kernel_build_digest()}"'
+    versions = _dependency_versions()
+    # module.cc reports it; as a flag it is in module.cc's object key, so that rebuilds. The
+    # toolchain as the kernels' object keys see it (their flags, CUTLASS), so a digest matches
+    # the objects in use wherever they were compiled (build/ carried to the GPU machine).
+    toolchain = " ".join([*cu_flags, versions["cutlass"]])
+    build_define = f'-DFO_KERNEL_BUILD="{kernel_build_digest(toolchain)}"'
 
     def command(src: Path, obj: Path) -> list:
       if src.suffix == ".cu":
@@ -211,7 +217,6 @@ class CudaBuildExt(build_ext):
       extra = [build_define] if src.name == "module.cc" else []
       return [cxx, *common, *extra, *inc_flags, "-c", str(src), "-o", str(obj)]
 
-    versions = _dependency_versions()
     jobs = []
     for src in _sources():
       flags = [c for c in command(src, Path("OBJ"))[1:] if not str(c).startswith("-I")]

@@ -88,8 +88,10 @@ def _tuned_configs(problems) -> dict:
     files = tuning.config_files()
     return {"files": [str(f) for f in files], "entries": len(tuning.load_all()),
             "user_dir": str(tuning.user_config_dir()), "in_use": on,
-            # per file, how many entries were measured on this kernel build ('current'), on
-            # another ('other': used, with a KernelBuildWarning), or do not say ('unrecorded')
+            # per file (its own entries, overridden ones included), how many were measured on
+            # this kernel build ('current'), on another ('other': used, with a
+            # KernelBuildWarning), do not say ('unrecorded'), or cannot be compared: no
+            # extension ('unknown')
             "kernel_build": _ext.kernel_build(),
             "entries_by_kernel_build": tuning.kernel_builds_by_file(files)}
   except ValueError as err:

@@ -338,10 +338,11 @@ def _row(cfg: _Config, x, w):
   n = cfg.local_view()
   lead = x.shape[:-1]
   if not n:  # global view: x as it is, its leading dims' sharding kept
-    if cfg.reduce == "reduce_scatter":  # at trace time (the partitioner's error is INTERNAL)
+    if cfg.reduce == "reduce_scatter":  # at trace time (the partitioner's error is INTERNAL);
+      # the mesh in context only: the arrays may live on another mesh than the NNX mesh= one
       dim = _validation.check_sequence_dim(cfg.layer, cfg.sequence_dim, x.ndim)
       sharding.check_scatter_size(cfg.layer, x.shape, cfg.reduce, dim, cfg.axis_name,
-                                  cfg.mesh_axis_size())
+                                  _mesh_axis_size(cfg.axis_name))
     return sharding.row_parallel_matmul(x, w, cfg.reduce, _jit_axis(cfg),
                                         sequence_dim=cfg.sequence_dim)
   if cfg.reduce == "all_reduce":

@@ -346,19 +346,23 @@ def kernel_build_status(entry: dict, build: str | None) -> str:
 
 
 def _warn_if_other_build(key: tuple, entry: dict) -> None:
+  """Once per (problem, file, recorded build): a rewritten or another file's stale entry is
+  named again. Marked after the warning, so one raised as an error (-W error) raises at every
+  lookup, as it would on every rank."""
   build = _ext.kernel_build()
-  if kernel_build_status(entry, build) != "other" or key in _warned_builds:
+  path = _cache.get("origins", {}).get(key, "a tuned-config file")
+  seen = (key, str(path), entry.get("kernel"))
+  if kernel_build_status(entry, build) != "other" or seen in _warned_builds:
     return
-  _warned_builds.add(key)
   import warnings
   _, _, collective, dtype, m, n, k, _ = key
-  path = _cache.get("origins", {}).get(key, "a tuned-config file")
   warnings.warn(
       f"jax_flashoverlap: the tuned plan for {collective} {dtype} {m}x{n}x{k} in {path} was "
       f"measured on kernel build {entry['kernel']}, this extension is build {build}: it is "
       "still used (correct, and the same on every rank) but may no longer be the fastest. "
       "Rerun `python -m jax_flashoverlap.tune` for this shape, or set "
       f"{TUNED_ENV}=0 to use the cost model's plans.", KernelBuildWarning, stacklevel=3)
+  _warned_builds.add(seen)
 
 
 def lookup(gpu: str | None, world: int, collective: str, dtype: str, m: int, n: int, k: int,
@@ -375,7 +379,8 @@ def lookup(gpu: str | None, world: int, collective: str, dtype: str, m: int, n: 
 
 
 def kernel_builds_by_file(files) -> dict:
-  """{file: {status: entries}} of kernel_build_status against this extension (for info)."""
+  """{file: {status: entries}} of kernel_build_status against this extension (for info); each
+  file's own entries, those a later file overrides included."""
   build = _ext.kernel_build()
   out = {}
   for f in files:

@@ -263,3 +263,23 @@ def test_shard_map_over_a_mesh_without_the_layers_axis_names_the_axis_to_use():
   fn = shard_map(lambda s, x: nnx.merge(g, s)(x), mesh, (P(), P(None, "model")), P())
   with pytest.raises(ValueError, match=r"whose mesh has no axis 'tp' .*axis_name='model'"):
     jax.jit(fn)(state, jnp.ones((16, 64), BF16))
+
+
+@pytest.mark.filterwarnings("ignore:jax_flashoverlap.row_parallel_matmul. the reduce-scatter")
+def test_nnx_layer_made_with_one_mesh_runs_on_another_without_a_mesh_in_context(rng):
+  """The trace-time reduce-scatter check takes the mesh in context only: a layer built with
+  mesh= (tp = 8) whose state was moved to a (dp 2, tp 4) mesh, called under jit without
+  jax.set_mesh, runs (12 rows divide over tp = 4) with XLA's values."""
+  from jax.sharding import NamedSharding
+  layer = RowParallelLinear(64, 32, reduce="reduce_scatter", mesh=_auto_mesh(8),
+                            bias_init=_nonzero_bias_init, rngs=nnx.Rngs(0))
+  g, state = nnx.split(layer)
+  mesh = jax.make_mesh((2, 4), ("dp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  state = jax.tree.map(lambda a, s: jax.device_put(a, NamedSharding(mesh, s)), state,
+                       nnx.get_partition_spec(state))
+  x = jax.device_put(jnp.asarray(rng.standard_normal((12, 64)), BF16),
+                     NamedSharding(mesh, P(None, "tp")))
+  y = jax.jit(lambda s, x: nnx.merge(g, s)(x))(state, x)
+  want = (np.asarray(x, np.float32) @ np.asarray(state["kernel"][...].astype(BF16), np.float32)
+          + np.asarray(state["bias"][...].astype(BF16), np.float32))
+  assert np.linalg.norm(np.asarray(y, np.float32) - want) <= 1e-2 * np.linalg.norm(want)

@@ -75,6 +75,7 @@ def test_info_cli_reports_a_setting_that_does_not_parse(variable, value):
 def test_info_reports_settings_and_tuned_configs(fo, tmp_path, monkeypatch):
     """The parsed value of every switch, and the tuned-config files in effect: the shipped
     one, then a user dir's (a bad file there is reported, naming it)."""
+    monkeypatch.setenv("JAX_FLASHOVERLAP_CONFIG_DIR", str(tmp_path))  # not the developer's own
     d = fo.info()
     assert d["settings"]["transport"] == "auto" and d["settings"]["fallback"] is True
     shipped = d["tuned_configs"]["files"]

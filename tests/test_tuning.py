@@ -562,3 +562,42 @@ def test_no_wave_align_is_off_unless_given_and_its_help_shows_no_default(flag, w
     text = " ".join(capsys.readouterr().out.split())
     assert "--no-wave-align tune exactly the --comm-sms values given (without it they are " \
            "raised) --cta-policies" in text, text
+
+
+def test_a_rewritten_or_other_files_stale_entry_is_named_again(user_dir, monkeypatch, recwarn):
+    """Warned once per (problem, file, recorded build): a file rewritten with another stale
+    build, or the entry now from another file, warns again (it was once per problem)."""
+    import warnings
+    _fresh_warnings(monkeypatch, "cccc")
+    warnings.simplefilter("always")
+
+    def stale_warnings():
+        P.choose_plan("all_reduce", 1024, 512, 256, 2, gpu=H200)
+        P.choose_plan("all_reduce", 1024, 512, 256, 2, gpu=H200)
+        got = [str(w.message) for w in recwarn.list
+               if issubclass(w.category, tuning.KernelBuildWarning)]
+        recwarn.clear()
+        return got
+    a = user_dir / "a.json"
+    _write(a, [_entry(kernel="aaaa")])
+    assert len(stale_warnings()) == 1
+    _write(a, [_entry(kernel="bbbb", comm_sms=20)])
+    os.utime(a, ns=(1, 1))  # a changed stamp even within the clock's tick
+    got = stale_warnings()
+    assert len(got) == 1 and "build bbbb" in got[0], got
+    a.unlink()
+    _write(user_dir / "z.json", [_entry(kernel="dddd")])
+    got = stale_warnings()
+    assert len(got) == 1 and "z.json" in got[0] and "build dddd" in got[0], got
+
+
+def test_a_stale_warning_raised_as_an_error_raises_at_every_lookup(user_dir, monkeypatch):
+    """Under -W error the lookup fails every time (it failed once, then silently passed)."""
+    import warnings
+    _fresh_warnings(monkeypatch, "cccc")
+    _write(user_dir / "a.json", [_entry(kernel="aaaa")])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            with pytest.raises(tuning.KernelBuildWarning):
+                P.choose_plan("all_reduce", 1024, 512, 256, 2, gpu=H200)
