@@ -278,8 +278,10 @@ def _refusal(r, c, size, D, K, N, rs):
             xs = (3, K)
         else:
             xs, x_spec, c["sequence_dim"] = (2, 3, K), (None, None, "tp"), 1
-        c["error"] = r"reduce_scatter needs .* of each shard \(\d+\) to be divisible by the " \
-                     r"size \d+ of axis 'tp'"
+        # at trace time when the axis size is known there (axis_name under a mesh), else
+        # from the partitioner
+        c["error"] = r"reduce_scatter needs .* of (each shard \(\d+\)|x \(shape \([\d, ]+\)\)) " \
+                     r"to be divisible by the size \d+ of axis 'tp'"
     elif kind == "two_axes":  # the op's dim over two mesh axes and no axis_name
         c["axis_name"] = None
         both = tuple(names) if len(names) == 2 else (big[0], "tp")
