@@ -444,10 +444,12 @@ _row_scatter_matmul = _overlapped_dx(
 
 
 def _jit_axis(cfg: _Config):
-  # Name the contracting axis when the mesh is known (in context, or the NNX layer's mesh=:
-  # Shardy then infers the reduce-scatter layout on meshes of several axes); else
-  # row_parallel_matmul takes it from x's sharding.
-  return cfg.axis_name if cfg.mesh_axis_size() is not None else None
+  # The contracting axis, named: Shardy then infers the reduce-scatter layout on meshes of
+  # several axes. The layer's params are sharded over it, so it is known even with no mesh in
+  # context (linen applied under plain jit to sharded arrays; before, it was left for
+  # row_parallel_matmul to take from x's sharding, and such a reduce-scatter came back
+  # gathered over the axis, with a warning).
+  return cfg.axis_name
 
 
 # ----------------------------------------------------------------------------- Flax NNX

@@ -283,3 +283,27 @@ def test_nnx_layer_made_with_one_mesh_runs_on_another_without_a_mesh_in_context(
   want = (np.asarray(x, np.float32) @ np.asarray(state["kernel"][...].astype(BF16), np.float32)
           + np.asarray(state["bias"][...].astype(BF16), np.float32))
   assert np.linalg.norm(np.asarray(y, np.float32) - want) <= 1e-2 * np.linalg.norm(want)
+
+
+def test_linen_reduce_scatter_under_plain_jit_without_a_mesh_in_context_keeps_its_layout(rng):
+  """linen applied under jax.jit to arrays sharded on a (dp, tp) mesh, no jax.set_mesh: the
+  layer names its axis, so the reduce-scatter's output stays scattered over (dp, tp) with no
+  warning (it came back P('dp'): gathered over tp after the op, with a layout warning)."""
+  import warnings
+  from jax.sharding import NamedSharding
+  mesh = jax.make_mesh((2, 4), ("dp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  layer = RowParallelDense(64, reduce="reduce_scatter", bias_init=_nonzero_bias_init)
+  x = jnp.asarray(rng.standard_normal((16, 128)), BF16)
+  variables = layer.init(jax.random.key(0), x)
+  specs = nn.get_partition_spec(variables)
+  params = jax.device_put(nn.meta.unbox(variables),
+                          jax.tree.map(lambda s: NamedSharding(mesh, s), specs))
+  xs = jax.device_put(x, NamedSharding(mesh, P("dp", "tp")))
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")  # no layout warning
+    y = jax.jit(layer.apply)(params, xs)
+  p = params["params"]
+  want = (np.asarray(x, np.float32) @ np.asarray(p["kernel"].astype(BF16), np.float32)
+          + np.asarray(p["bias"].astype(BF16), np.float32))
+  assert np.linalg.norm(np.asarray(y, np.float32) - want) <= 1e-2 * np.linalg.norm(want)
+  assert y.sharding.is_equivalent_to(NamedSharding(mesh, P(("dp", "tp"))), 2), y.sharding
