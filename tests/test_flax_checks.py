@@ -307,3 +307,32 @@ def test_linen_reduce_scatter_under_plain_jit_without_a_mesh_in_context_keeps_it
           + np.asarray(p["bias"].astype(BF16), np.float32))
   assert np.linalg.norm(np.asarray(y, np.float32) - want) <= 1e-2 * np.linalg.norm(want)
   assert y.sharding.is_equivalent_to(NamedSharding(mesh, P(("dp", "tp"))), 2), y.sharding
+
+
+def test_linen_sequence_parallel_mlp_under_plain_jit_without_a_mesh_in_context(rng):
+  """column (sequence_parallel) -> gelu -> row (reduce_scatter), linen, applied under jax.jit
+  to arrays on a (dp, tp) mesh with no jax.set_mesh: one all-gather and one reduce-scatter,
+  the ops' own, output (dp, tp); before the layers named their axis only with a mesh in
+  context it compiled to 7 all-gathers and a replicated output."""
+  from _util import collectives
+  from jax.sharding import NamedSharding
+
+  class MLP(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      h = ColumnParallelDense(256, sequence_parallel=True, bias_init=_nonzero_bias_init)(x)
+      return RowParallelDense(128, reduce="reduce_scatter", bias_init=_nonzero_bias_init)(
+          jax.nn.gelu(h))
+  mesh = jax.make_mesh((2, 4), ("dp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  model = MLP()
+  x = jnp.asarray(rng.standard_normal((32, 128)), BF16)
+  variables = model.init(jax.random.key(0), x)
+  params = jax.device_put(nn.meta.unbox(variables), jax.tree.map(
+      lambda s: NamedSharding(mesh, s), nn.get_partition_spec(variables)))
+  xs = jax.device_put(x, NamedSharding(mesh, P(("dp", "tp"))))
+  apply = jax.jit(model.apply)
+  y = apply(params, xs)
+  assert sorted(collectives(apply, params, xs)) == ["all-gather", "reduce-scatter"]
+  assert y.sharding.is_equivalent_to(NamedSharding(mesh, P(("dp", "tp"))), 2), y.sharding
+  want = np.asarray(jax.jit(model.apply)(nn.meta.unbox(variables), x), np.float32)  # 1 device
+  assert np.linalg.norm(np.asarray(y, np.float32) - want) <= 1e-2 * np.linalg.norm(want)
