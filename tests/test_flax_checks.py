@@ -336,3 +336,20 @@ def test_linen_sequence_parallel_mlp_under_plain_jit_without_a_mesh_in_context(r
   assert y.sharding.is_equivalent_to(NamedSharding(mesh, P(("dp", "tp"))), 2), y.sharding
   want = np.asarray(jax.jit(model.apply)(nn.meta.unbox(variables), x), np.float32)  # 1 device
   assert np.linalg.norm(np.asarray(y, np.float32) - want) <= 1e-2 * np.linalg.norm(want)
+
+
+def test_layer_applied_to_params_sharded_over_another_axis_names_both(rng):
+  """The layer names its axis (default 'tp') to the global view: params sharded by hand over
+  another mesh axis ('model'), no mesh in context, are an error naming the axis and the mesh's
+  axes (raised in the partitioner: no mesh is known at trace time), not a silent inference."""
+  from jax.sharding import NamedSharding
+  mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  layer = RowParallelDense(64)
+  x = jnp.asarray(rng.standard_normal((16, 128)), BF16)
+  params = nn.meta.unbox(layer.init(jax.random.key(0), x))
+  params = jax.device_put(params, {"params": {"kernel": NamedSharding(mesh, P("model", None)),
+                                              "bias": NamedSharding(mesh, P())}})
+  xs = jax.device_put(x, NamedSharding(mesh, P("data", "model")))
+  with pytest.raises(jax.errors.JaxRuntimeError,
+                     match=r"axis_name 'tp' is not an axis of the mesh \('data', 'model'\)"):
+    jax.jit(layer.apply)(params, xs)
