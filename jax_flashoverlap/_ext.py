@@ -50,6 +50,7 @@ ext, EXT_IMPORT_ERROR = _load_extension()
 HAS_CUDA_EXT = ext is not None
 
 
+@functools.cache  # fixed for the process; read at every tuned-plan lookup
 def kernel_build() -> str | None:
   """The built extension's kernel build (setup.py's digest of xla_ffi/kernels and
   xla_ffi/comm: what a tuned plan's speed depends on), or None without the extension (or one

@@ -150,7 +150,7 @@ class _Config:
     if not jnp.issubdtype(jnp.dtype(self.param_dtype), jnp.floating):
       raise TypeError(f"{self.layer}: param_dtype must be a floating dtype, "
                       f"got {self.param_dtype!r}")
-    n = _mesh_axis_size(self.axis_name, mesh)
+    n = sharding.mesh_axis_size(self.axis_name, mesh)
     if n is not None:
       self.split(self.in_features if self.row else self.out_features, n)
     self.check_aligned(self.in_features, n)
@@ -191,7 +191,7 @@ class _Config:
 
   def mesh_axis_size(self) -> int | None:
     """The axis' size in the mesh in context, else in the construction mesh; None if unknown."""
-    size = _mesh_axis_size(self.axis_name)
+    size = sharding.mesh_axis_size(self.axis_name)
     return size if size is not None else dict(self.mesh_shape).get(self.axis_name)
 
   def local_view(self) -> int | None:
@@ -288,15 +288,6 @@ def _logical_specs(row: bool, kernel_axes):
   return tuple(kernel_axes), ((None,) if row else (kernel_axes[1],))
 
 
-def _mesh_axis_size(axis_name, mesh=None) -> int | None:
-  """Size of the mesh axis in `mesh` (e.g. an NNX layer's mesh=), else in the mesh in
-  context; None when unknown."""
-  mesh = mesh if mesh is not None else jax.sharding.get_abstract_mesh()
-  if mesh is None or getattr(mesh, "empty", True) or axis_name not in mesh.axis_names:
-    return None
-  return int(mesh.shape[axis_name])
-
-
 def _forward(cfg: _Config, x, kernel, bias, in_features: int):
   """The layer's forward for both NNX and linen; `kernel` / `bias` in param_dtype."""
   x = jnp.asarray(x)
@@ -342,8 +333,10 @@ def _row(cfg: _Config, x, w):
       # the mesh in context only: the arrays may live on another mesh than the NNX mesh= one
       dim = _validation.check_sequence_dim(cfg.layer, cfg.sequence_dim, x.ndim)
       sharding.check_scatter_size(cfg.layer, x.shape, cfg.reduce, dim, cfg.axis_name,
-                                  _mesh_axis_size(cfg.axis_name))
-    return sharding.row_parallel_matmul(x, w, cfg.reduce, _jit_axis(cfg),
+                                  sharding.mesh_axis_size(cfg.axis_name))
+    # The axis named even with no mesh in context (linen applied under plain jit to sharded
+    # arrays): Shardy then infers the reduce-scatter's layout on meshes of several axes.
+    return sharding.row_parallel_matmul(x, w, cfg.reduce, cfg.axis_name,
                                         sequence_dim=cfg.sequence_dim)
   if cfg.reduce == "all_reduce":
     return ops.matmul_all_reduce(x, w, cfg.axis_name)
@@ -376,7 +369,7 @@ def _column(cfg: _Config, x, w):
       return _sequence_parallel_matmul(x, w, axis, cfg.sequence_dim)
     return ops.all_gather_matmul(x, w, axis, sequence_dim=cfg.sequence_dim)
   if cfg.sequence_parallel:  # global view: x's sequence dim sharded over the axis, or not
-    return sharding_column.column_parallel_matmul(x, w, _jit_axis(cfg),
+    return sharding_column.column_parallel_matmul(x, w, cfg.axis_name,
                                                   sequence_dim=cfg.sequence_dim)
   if cfg.overlap_backward and axis in _compat.varying_axes(w) and \
       axis not in _compat.varying_axes(x):
@@ -443,15 +436,6 @@ _row_scatter_matmul = _overlapped_dx(
     _with_sequence_dim(ops.all_gather_matmul, transpose_w=True), gathers_dy=True)
 
 
-def _jit_axis(cfg: _Config):
-  # The contracting axis, named: Shardy then infers the reduce-scatter layout on meshes of
-  # several axes. The layer's params are sharded over it, so it is known even with no mesh in
-  # context (linen applied under plain jit to sharded arrays; before, it was left for
-  # row_parallel_matmul to take from x's sharding, and such a reduce-scatter came back
-  # gathered over the axis, with a warning).
-  return cfg.axis_name
-
-
 # ----------------------------------------------------------------------------- Flax NNX
 
 class _NNXParallel(nnx.Module):
@@ -472,7 +456,7 @@ class _NNXParallel(nnx.Module):
     kshape, bshape, kspec, bspec = self.cfg.shapes(in_features)
     # Sharded now when a mesh is known (and the params are global); else only annotated.
     eager = self.cfg.local_view() is None and (mesh is not None or
-                                               _mesh_axis_size(axis_name) is not None)
+                                               sharding.mesh_axis_size(axis_name) is not None)
     meta = dict(eager_sharding=eager, **({"mesh": mesh} if mesh is not None else {}))
     # what a with_partitioning box around an initializer may name: the layer's annotations
     kbox, bbox = ((kspec, bspec) if kernel_axes is None
@@ -570,7 +554,7 @@ class _LinenParallel(nn.Module):
     cfg.check()
     k = jnp.shape(x)[-1]  # the view's input size: local inside shard_map for the row layer
     in_features = k * (cfg.local_view() or 1) if self._row else k
-    n = _mesh_axis_size(axis_name)
+    n = sharding.mesh_axis_size(axis_name)
     if self._row and not cfg.local_view() and n is not None:
       cfg.split(in_features, n)  # global view: the input dim is sharded over the axis
     kshape, bshape, kspec, bspec = cfg.shapes(in_features)

@@ -52,7 +52,7 @@ def row_parallel_matmul(x, w, reduce: str = "all_reduce", axis_name=None, *,
   check_not_in_shard_map(op, f"matmul_{reduce}")
   check_global_axis_name(op, axis_name)
   if axis_name is not None:  # a mesh in context gives its size: the error at trace time
-    check_scatter_size(op, x.shape, reduce, sequence_dim, axis_name, _context_axis_size(axis_name))
+    check_scatter_size(op, x.shape, reduce, sequence_dim, axis_name, mesh_axis_size(axis_name))
   call = lambda x, w: _row_parallel_ad(x, w, reduce, axis_name, sequence_dim, transpose_w)
   mesh = explicit_mesh(x, w)
   if mesh is None:
@@ -264,9 +264,11 @@ def check_per_device_dim(op, name, where, size, mesh, axis):
                      f"there (global {name} a multiple of {align * t})")
 
 
-def _context_axis_size(axis_name) -> int | None:
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or axis_name not in mesh.axis_names:
+def mesh_axis_size(axis_name, mesh=None) -> int | None:
+  """Size of the mesh axis in `mesh` (e.g. an NNX layer's mesh=), else in the mesh in
+  context; None when unknown."""
+  mesh = mesh if mesh is not None else jax.sharding.get_abstract_mesh()
+  if mesh is None or getattr(mesh, "empty", True) or axis_name not in mesh.axis_names:
     return None
   return int(mesh.shape[axis_name])
 

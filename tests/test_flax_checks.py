@@ -182,8 +182,9 @@ def test_inits_wrapped_with_partitioning_are_unwrapped():
 
 # -------------------------------------------------- a user's review (session 30)
 
-def _auto_mesh(n):
-  return jax.make_mesh((n,), ("tp",), axis_types=(jax.sharding.AxisType.Auto,))
+def _auto_mesh(shape, names=("tp",)):
+  shape = (shape,) if isinstance(shape, int) else shape
+  return jax.make_mesh(shape, names, axis_types=(jax.sharding.AxisType.Auto,) * len(shape))
 
 
 def test_nnx_scan_over_stacked_row_layers_with_bias(rng):
@@ -274,7 +275,7 @@ def test_nnx_layer_made_with_one_mesh_runs_on_another_without_a_mesh_in_context(
   layer = RowParallelLinear(64, 32, reduce="reduce_scatter", mesh=_auto_mesh(8),
                             bias_init=_nonzero_bias_init, rngs=nnx.Rngs(0))
   g, state = nnx.split(layer)
-  mesh = jax.make_mesh((2, 4), ("dp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  mesh = _auto_mesh((2, 4), ("dp", "tp"))
   state = jax.tree.map(lambda a, s: jax.device_put(a, NamedSharding(mesh, s)), state,
                        nnx.get_partition_spec(state))
   x = jax.device_put(jnp.asarray(rng.standard_normal((12, 64)), BF16),
@@ -291,7 +292,7 @@ def test_linen_reduce_scatter_under_plain_jit_without_a_mesh_in_context_keeps_it
   warning (it came back P('dp'): gathered over tp after the op, with a layout warning)."""
   import warnings
   from jax.sharding import NamedSharding
-  mesh = jax.make_mesh((2, 4), ("dp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  mesh = _auto_mesh((2, 4), ("dp", "tp"))
   layer = RowParallelDense(64, reduce="reduce_scatter", bias_init=_nonzero_bias_init)
   x = jnp.asarray(rng.standard_normal((16, 128)), BF16)
   variables = layer.init(jax.random.key(0), x)
@@ -323,7 +324,7 @@ def test_linen_sequence_parallel_mlp_under_plain_jit_without_a_mesh_in_context(r
       h = ColumnParallelDense(256, sequence_parallel=True, bias_init=_nonzero_bias_init)(x)
       return RowParallelDense(128, reduce="reduce_scatter", bias_init=_nonzero_bias_init)(
           jax.nn.gelu(h))
-  mesh = jax.make_mesh((2, 4), ("dp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  mesh = _auto_mesh((2, 4), ("dp", "tp"))
   model = MLP()
   x = jnp.asarray(rng.standard_normal((32, 128)), BF16)
   variables = model.init(jax.random.key(0), x)
@@ -343,7 +344,7 @@ def test_layer_applied_to_params_sharded_over_another_axis_names_both(rng):
   another mesh axis ('model'), no mesh in context, are an error naming the axis and the mesh's
   axes (raised in the partitioner: no mesh is known at trace time), not a silent inference."""
   from jax.sharding import NamedSharding
-  mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  mesh = _auto_mesh((2, 4), ("data", "model"))
   layer = RowParallelDense(64)
   x = jnp.asarray(rng.standard_normal((16, 128)), BF16)
   params = nn.meta.unbox(layer.init(jax.random.key(0), x))

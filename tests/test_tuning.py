@@ -385,14 +385,19 @@ def test_tune_cli_keeps_the_problems_tuned_before_a_failure(tmp_path, monkeypatc
     assert rep["complete"] is False and len(rep["rows"]) == 1
 
 
-def test_tune_cli_names_a_launcher_variable_that_is_not_a_number(monkeypatch, capsys):
+def _tune_refused(monkeypatch):
+    """tune.main's exit status on a GPU backend (faked) where it must stop before tuning."""
     import jax
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    monkeypatch.setenv("JAX_FLASHOVERLAP_NUM_PROCESSES", "two")
     monkeypatch.setattr(tune, "tune_problem", lambda *a: pytest.fail("tuned"))
     with pytest.raises(SystemExit) as info:
         tune.main(["--collectives", "all_reduce", "--shapes", "512x512x512", "--world", "2"])
-    assert info.value.code == 2
+    return info.value.code
+
+
+def test_tune_cli_names_a_launcher_variable_that_is_not_a_number(monkeypatch, capsys):
+    monkeypatch.setenv("JAX_FLASHOVERLAP_NUM_PROCESSES", "two")
+    assert _tune_refused(monkeypatch) == 2
     assert "JAX_FLASHOVERLAP_NUM_PROCESSES='two' must be an integer" in capsys.readouterr().err
 
 
@@ -403,16 +408,12 @@ def test_tune_cli_refuses_several_processes(monkeypatch, capsys, how):
     jax.distributed itself, so under jax_flashoverlap.launch JAX sees one process: the
     launcher's own variable must be enough to refuse."""
     import jax
-    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     if how == "jax_distributed":
         monkeypatch.setattr(jax, "process_count", lambda: 2)
     else:
         assert jax.process_count() == 1
         monkeypatch.setenv("JAX_FLASHOVERLAP_NUM_PROCESSES", "2")
-    monkeypatch.setattr(tune, "tune_problem", lambda *a: pytest.fail("tuned"))
-    with pytest.raises(SystemExit) as info:
-        tune.main(["--collectives", "all_reduce", "--shapes", "512x512x512", "--world", "2"])
-    assert info.value.code == 2
+    assert _tune_refused(monkeypatch) == 2
     assert "runs in one process" in capsys.readouterr().err
 
 
