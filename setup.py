@@ -170,6 +170,18 @@ def kernel_build_digest(toolchain: str = "") -> str:
   return h.hexdigest()[:16]
 
 
+def object_key(src: Path, flags: list, headers: str, deps: str) -> str:
+  """An object's cache key: what it depends on (its source, the headers' digest, the flags,
+  `deps`: dependency versions), not where things are: include dirs are dropped and the source
+  is named relative to the checkout, so objects built in one checkout or on one machine are
+  reused in another (build/ carried to the GPU machine)."""
+  where = str(src)
+  flags = [str(src.relative_to(ROOT)) if str(c) == where else str(c)
+           for c in flags if not str(c).startswith("-I")]
+  return hashlib.sha256(src.read_bytes() + headers.encode() + " ".join(flags).encode() +
+                        deps.encode()).hexdigest()[:20]
+
+
 class CudaBuildExt(build_ext):
   """Compiles xla_ffi/ with nvcc (device code) and the host compiler, links one module."""
 
@@ -219,17 +231,13 @@ class CudaBuildExt(build_ext):
 
     jobs = []
     for src in _sources():
-      flags = [c for c in command(src, Path("OBJ"))[1:] if not str(c).startswith("-I")]
-      # Key: what the object depends on, not where things are installed, so objects built
-      # on one machine are reused on another (build/ carried to the GPU machine).
       deps = versions["cutlass"] if src.suffix == ".cu" else versions["jax"]
       if src.name == "module.cc":
         deps += sys.version
       if "kernels" not in src.parts:  # kernels/ does not include NCCL
         deps += versions["nccl"]
       headers = headers_kernels if "kernels" in src.parts else headers_all
-      key = hashlib.sha256(src.read_bytes() + headers.encode() + " ".join(flags).encode() +
-                           deps.encode()).hexdigest()[:20]
+      key = object_key(src, command(src, Path("OBJ"))[1:], headers, deps)
       obj = obj_dir / f"{src.stem}.{key}.o"
       jobs.append((src, obj, command(src, obj)))
 

@@ -72,3 +72,27 @@ def test_kernel_build_digest_follows_the_kernels_and_the_call_sequences(tmp_path
     if _ext.kernel_build() is not None:
         build = _ext.kernel_build()
         assert len(build) == 16 and set(build) <= set("0123456789abcdef"), build
+
+
+def test_object_keys_do_not_depend_on_where_the_checkout_is(tmp_path):
+    """The object cache (build/obj) is carried between checkouts and machines: the same source,
+    headers, flags and versions give the same key wherever the checkout is (the key held the
+    source's absolute path, so another checkout recompiled everything), and any of them
+    changing gives another key."""
+    import hashlib
+    from pathlib import Path
+    keys = {}
+    for where in ("a/checkout", "b/elsewhere"):
+        root = tmp_path / where
+        src = root / "xla_ffi" / "kernels" / "gemm.cu"
+        src.parent.mkdir(parents=True)
+        src.write_text("__global__ void k() {}\n")
+        key = _setup_function("object_key", hashlib=hashlib, ROOT=root, Path=Path)
+        flags = ["-O3", f"-I{root}/include", "-c", str(src), "-o", "OBJ"]
+        keys[where] = key(src, flags, "headers", "cutlass-4.2")
+        assert key(src, [*flags, "-DX"], "headers", "cutlass-4.2") != keys[where]
+        assert key(src, flags, "other headers", "cutlass-4.2") != keys[where]
+        assert key(src, flags, "headers", "cutlass-4.3") != keys[where]
+        src.write_text("__global__ void k() { }\n")
+        assert key(src, flags, "headers", "cutlass-4.2") != keys[where]
+    assert keys["a/checkout"] == keys["b/elsewhere"]
