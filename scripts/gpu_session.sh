@@ -8,16 +8,22 @@
 #     pack (last: one archive of $OUT)
 #     (default: build info tests)
 # Carry: .whl (nvidia-cutlass wheel; the machine has no index) and build/obj (object cache).
+# Environment it reads: OUT (logs; default /tmp/fo_out), TAG (result names; default h200xN),
+# STEP_TIMEOUT (seconds per step; 400, the pytest steps 560), GPU_PART (1..3, gpu_part),
+# GPU_FILES / GPU_FILES_SUFFIX (gpu_files), PYTEST_K (gpu_k), and extra arguments per step:
+# TUNE_ARGS, OVERLAP_ARGS, SWEEP_ARGS, PROCS_ARGS, STRESS_ARGS, FLAX_ARGS / FLAX_SUFFIX,
+# TW_ARGS (transpose_w), FUZZ_SECONDS (240), HARNESS_SAN_OPS (sanitize_harness),
+# DIAGNOSE_OPS (diagnose), CUBLAS_LIB (gemm_epilogue, transpose_w: found under /usr, /opt).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/fo_out}"; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 # The GPU tests in three parts (step gpu_part, GPU_PART=1..3): the whole suite outgrew one
-# device call (over 440 s on one GPU in session 25, where 83 of its 157 tests skip). Every
+# device call (over 440 s on one GPU; in session 30, 85 of its 168 tests skipped there). Every
 # tests/test_gpu*.py is in exactly one part (tests/test_session_script.py checks).
 GPU_PARTS=(
   "tests/test_gpu.py tests/test_gpu_mesh.py tests/test_gpu_global_view.py tests/test_gpu_examples.py tests/test_gpu_large.py tests/test_gpu_in_place.py"
-  "tests/test_gpu_a2a.py tests/test_gpu_gathered.py tests/test_gpu_transpose_w.py tests/test_gpu_cta_policy.py tests/test_gpu_trace.py"
+  "tests/test_gpu_a2a.py tests/test_gpu_gathered.py tests/test_gpu_transpose_w.py tests/test_gpu_cta_policy.py tests/test_gpu_trace.py tests/test_gpu_switch_checks.py"
   "tests/test_gpu_peer.py tests/test_gpu_faults.py tests/test_gpu_watchdog.py tests/test_gpu_threads.py tests/test_gpu_harness.py tests/test_gpu_fuzz.py"
 )
 steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(build info tests)
@@ -52,7 +58,7 @@ for step in "${steps[@]}"; do
     build) run_step build env JAX_FLASHOVERLAP_BUILD_CUDA=1 python3 setup.py build_ext --inplace || { cat "$OUT/build.log" | tail -40; break; } ;;
     info) run_step info python3 -m jax_flashoverlap.info ;;
     tests) run_step tests python3 -m pytest -q -x -ra tests ;;
-    gpu_tests)  # over 440 s on one H200 since session 25 (157 tests): gpu_part runs it in parts
+    gpu_tests)  # over 440 s on one H200 (168 tests in session 30): gpu_part runs it in parts
       STEP_TIMEOUT="${STEP_TIMEOUT:-560}" gpu_pytest gpu_tests tests ;;
     gpu_k) gpu_pytest gpu_k -k "${PYTEST_K:?set PYTEST_K}" tests ;;
     gpu_part)  # part GPU_PART (1..3, checked above) of GPU_PARTS

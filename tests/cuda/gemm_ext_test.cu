@@ -4,7 +4,7 @@
 //   flags    : input flags: blocks of x arrive late from a second stream (copy + flag write
 //              after a delay); rows not yet arrived hold NaNs, so a tile that loads before its
 //              flag shows up as non-finite output. Stale flag values must not pass.
-//   api      : bad extension arguments are rejected with a message
+//   api      : bad extension arguments and launcher variables are rejected with a message
 //   all      : everything (default)
 // Options: --json PATH. Exit code 1 if any check failed.
 #include "gemm_test_common.cuh"
@@ -257,6 +257,25 @@ void Api(cudaStream_t s) {
   if (!strstr(LastSignalingGemmError(), "several mirrors")) {
     ++g_failures;
     printf("api      the refusal names the mirrors: '%s' FAIL\n", LastSignalingGemmError());
+  }
+  // The launcher's integer variables are read at every launch: a word or a value out of
+  // range is refused naming the variable (atoi once read SERPENTINE=true as 0: off).
+  const struct { const char* var; const char* value; cudaError_t want; } env_cases[] = {
+      {"FLASHOVERLAP_GEMM_SERPENTINE", "true", cudaErrorInvalidValue},
+      {"FLASHOVERLAP_GEMM_PANEL", "0", cudaErrorInvalidValue},
+      {"FLASHOVERLAP_GEMM_PANEL", "8x", cudaErrorInvalidValue},
+      {"FLASHOVERLAP_GEMM_TILE", "64", cudaErrorInvalidValue},
+      {"FLASHOVERLAP_GEMM_LOG", "2", cudaErrorInvalidValue},
+      {"FLASHOVERLAP_GEMM_PANEL", " 4 ", cudaSuccess},
+      {"FLASHOVERLAP_GEMM_SERPENTINE", "", cudaSuccess}};
+  for (const auto& e : env_cases) {
+    setenv(e.var, e.value, 1);
+    expect((std::string(e.var) + "='" + e.value + "'").c_str(), a, e.want);
+    if (e.want != cudaSuccess && !strstr(LastSignalingGemmError(), e.var)) {
+      ++g_failures;
+      printf("api      the refusal names %s: '%s' FAIL\n", e.var, LastSignalingGemmError());
+    }
+    unsetenv(e.var);
   }
   CK(cudaStreamSynchronize(s));
 }

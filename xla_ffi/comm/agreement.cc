@@ -41,7 +41,7 @@ Status RunBoundedSetupGroup(const std::vector<Communicator*>& comms, const Setup
   for (Communicator* c : comms) {
     Status s = enqueue(*c);
     if (!s.ok()) {
-      ncclGroupEnd();
+      ncclGroupEnd();  // closes the group only: `s` is the error, and the members are aborted
       return failed(s.message);
     }
   }

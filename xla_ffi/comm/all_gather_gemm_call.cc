@@ -69,7 +69,7 @@ Status EnqueueExchange(Communicator& comm, const char* x, char* gathered, int64_
                        comm.comm, comm.stream);
       }
       if (res != ncclSuccess) {
-        ncclGroupEnd();
+        ncclGroupEnd();  // closes the group only: `res` is the error reported
         return NcclStatus(res, "ncclSend/ncclRecv");
       }
       FO_RETURN_IF_NCCL(ncclGroupEnd());

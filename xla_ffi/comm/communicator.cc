@@ -36,14 +36,20 @@ std::map<Key, std::unique_ptr<Communicator>>& Registry() {
   return *registry;
 }
 
-// Restores the calling thread's current device on scope exit.
+// Restores the calling thread's current device on scope exit. Best effort (a destructor has
+// no one to tell): a device it could not read is left alone rather than set to 0, and a
+// failed restore leaves no stale error behind for the thread's next CUDA call to report.
 class DeviceScope {
  public:
-  DeviceScope() { cudaGetDevice(&previous_); }
-  ~DeviceScope() { cudaSetDevice(previous_); }
+  DeviceScope() {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+  }
+  ~DeviceScope() {
+    if (previous_ >= 0 && cudaSetDevice(previous_) != cudaSuccess) cudaGetLastError();
+  }
 
  private:
-  int previous_ = 0;
+  int previous_ = -1;
 };
 
 std::vector<Communicator*> LocalMembers(int64_t comm_id) {
@@ -153,7 +159,7 @@ Status AllocateAndRegister(const std::vector<Communicator*>& comms, size_t bytes
       ncclResult_t res = ncclCommWindowRegister(c->comm, c->workspace, bytes, &c->window,
                                                 NCCL_WIN_COLL_SYMMETRIC);
       if (res != ncclSuccess) {
-        ncclGroupEnd();
+        ncclGroupEnd();  // closes the group only: `res` is the error (DropWorkspaces follows)
         return NcclStatus(res, "ncclCommWindowRegister");
       }
     }
@@ -281,9 +287,9 @@ std::vector<std::unique_ptr<Communicator>>& Graveyard() {
 Status Discard(std::vector<std::unique_ptr<Communicator>>& made, Status failure) {
   for (auto& c : made) {
     if (c->workspace != nullptr) DropWorkspaces({c.get()}, failure);
-    ReleaseOne(*c, /*abort=*/true);
+    ReleaseOne(*c, /*abort=*/true);  // best effort: `failure` is what the caller reports
   }
-  cudaGetLastError();
+  cudaGetLastError();  // and no stale error of the cleanup stays behind
   return failure;
 }
 
@@ -300,11 +306,24 @@ Status CreateCommunicators(int64_t comm_id, const ncclUniqueId& id, int world_si
                          std::to_string(cta_policy));
   }
   if (!(watchdog_seconds >= 0)) return Status::Error("watchdog_seconds must be >= 0");
+  if (comm_sms < 0) return Status::Error("comm_sms must be >= 0, got " + std::to_string(comm_sms));
+  bool spin_wait = false;  // a typo fails here; ChosenWaitMethod acts on the value below
+  FO_RETURN_IF_NOT_OK(ReadWaitEnv(&spin_wait));
   if (local.empty()) return Status::Error("no local ranks given");
-  for (const LocalRank& lr : local) {
+  for (size_t i = 0; i < local.size(); ++i) {
+    const LocalRank& lr = local[i];
     if (lr.rank < 0 || lr.rank >= world_size) {
       return Status::Error("rank " + std::to_string(lr.rank) + " outside [0, " +
                            std::to_string(world_size) + ")");
+    }
+    // One member per device and rank: the registry holds one per (comm_id, device), and a
+    // second would replace (and free) the first while NCCL still uses it.
+    for (size_t j = 0; j < i; ++j) {
+      if (local[j].device == lr.device || local[j].rank == lr.rank) {
+        return Status::Error("local ranks " + std::to_string(local[j].rank) + " and " +
+                             std::to_string(lr.rank) + " repeat a device or rank (device " +
+                             std::to_string(lr.device) + ")");
+      }
     }
     if (FindCommunicator(comm_id, lr.device) != nullptr) {
       return Status::Error("a communicator for comm_id " + std::to_string(comm_id) +
@@ -345,7 +364,7 @@ Status CreateCommunicators(int64_t comm_id, const ncclUniqueId& id, int world_si
                            : ncclInvalidArgument;
     made.push_back(std::move(c));
     if (res != ncclSuccess) {
-      ncclGroupEnd();
+      ncclGroupEnd();  // closes the group only: `err` / `res` is the error reported
       return Discard(made, err != cudaSuccess ? CudaStatus(err, "cudaSetDevice")
                                               : NcclStatus(res, "ncclCommInitRankConfig"));
     }

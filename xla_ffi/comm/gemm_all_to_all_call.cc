@@ -50,7 +50,7 @@ Status EnqueueExchange(Communicator& comm, const AllToAllShape& s, int64_t b0, i
                      comm.comm, comm.stream);
     }
     if (res != ncclSuccess) {
-      ncclGroupEnd();
+      ncclGroupEnd();  // closes the group only: `res` is the error reported
       return NcclStatus(res, "ncclSend/ncclRecv");
     }
   }

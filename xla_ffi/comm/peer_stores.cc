@@ -106,10 +106,15 @@ Status Allocate(Communicator& c, size_t bytes) {
   ++c.peer_generation;
   FO_RETURN_IF_CUDA(cudaMemset(recv, 0xFF, bytes));
   if (c.peer.buffers.signals == nullptr) {
+    // Kept only once zeroed: they are allocated once and never zeroed again (they count calls).
     int32_t* signals = nullptr;
     FO_RETURN_IF_CUDA(cudaMalloc(&signals, sizeof(int32_t) * kPeerSignalWords));
+    const cudaError_t zeroed = cudaMemset(signals, 0, sizeof(int32_t) * kPeerSignalWords);
+    if (zeroed != cudaSuccess) {
+      cudaFree(signals);  // best effort: `zeroed` is the error reported
+      return CudaStatus(zeroed, "cudaMemset (peer-store signals)");
+    }
     c.peer.buffers.signals = signals;
-    FO_RETURN_IF_CUDA(cudaMemset(signals, 0, sizeof(int32_t) * kPeerSignalWords));
   }
   FO_RETURN_IF_CUDA(cudaDeviceSynchronize());
   return Status::Ok();
@@ -159,10 +164,11 @@ Status GrowGroup(const std::vector<Communicator*>& comms, size_t bytes, bool loo
     if (status.ok()) status = Allocate(*c, bytes);
   }
   if (!status.ok()) {  // all or nothing: no member keeps a buffer another lacks
-    for (Communicator* c : comms) {
+    for (Communicator* c : comms) {  // best effort: `status` is the error reported
       cudaSetDevice(c->device);
-      FreeRecv(*c);
+      FreeRecv(*c);  // drops the buffer's pointer whatever cudaFree says
     }
+    cudaGetLastError();  // no stale error of the cleanup stays behind
     return status;
   }
   if (spanning) {  // the other ranks' buffers come with ImportPeerStores

@@ -25,9 +25,17 @@ WaitValue32Fn WaitValue32() {
 
 }  // namespace
 
-WaitMethod ChosenWaitMethod(int device) {
+Status ReadWaitEnv(bool* spin) {
   const char* env = std::getenv("JAX_FLASHOVERLAP_WAIT");
-  if (env != nullptr && std::strcmp(env, "spin") == 0) return WaitMethod::kSpinKernel;
+  *spin = env != nullptr && std::strcmp(env, "spin") == 0;
+  if (env == nullptr || *env == '\0' || *spin) return Status::Ok();
+  return Status::Error(std::string("JAX_FLASHOVERLAP_WAIT='") + env +
+                       "' must be 'spin' (spin-kernel waits and flag writes) or unset");
+}
+
+WaitMethod ChosenWaitMethod(int device) {
+  bool spin = false;
+  if (ReadWaitEnv(&spin).ok() && spin) return WaitMethod::kSpinKernel;
   if (WaitValue32() == nullptr) return WaitMethod::kSpinKernel;
   // Stream memory operations are always enabled since CUDA 12 (the device attribute that
   // gated them is deprecated); seen working on H200 (DESIGN.md, "Communicators").

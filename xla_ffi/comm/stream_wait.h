@@ -15,8 +15,13 @@ namespace flashoverlap {
 
 enum class WaitMethod : int { kStreamOp = 0, kSpinKernel = 1 };
 
-// Method from JAX_FLASHOVERLAP_WAIT ("stream_op" default, or "spin"); kSpinKernel when the
-// driver entry point or the device attribute is missing.
+// JAX_FLASHOVERLAP_WAIT: unset or empty (stream memory operations) or "spin" (*spin); any
+// other value is an error naming the variable (a typo must not silently keep the default).
+// Checked when communicators are made (CreateCommunicators).
+Status ReadWaitEnv(bool* spin);
+
+// Method from JAX_FLASHOVERLAP_WAIT (ReadWaitEnv; stream operations unless "spin");
+// kSpinKernel when the driver entry point or the device attribute is missing.
 WaitMethod ChosenWaitMethod(int device);
 
 // Enqueues on `stream`: wait until *counter >= value. With the spin kernel, a non-null

@@ -89,11 +89,14 @@ class Watchdog {
     return Status::Ok();
   }
 
-  // Drops the calls of a communicator that is being destroyed.
+  // Drops the calls of a communicator that is being destroyed; their events go back to the
+  // spares (the device outlives the communicator), not leaked at every destroy.
   void Forget(const Communicator* comm) {
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t i = 0; i < calls_.size();) {
       if (calls_[i].comm == comm) {
+        spare_.push_back({comm->device, calls_[i].started});
+        spare_.push_back({comm->device, calls_[i].done});
         calls_.erase(calls_.begin() + i);
       } else {
         ++i;
@@ -111,7 +114,8 @@ class Watchdog {
         const Clock::time_point now = Clock::now();
         for (size_t i = 0; i < calls_.size();) {
           WatchedCall& call = calls_[i];
-          cudaSetDevice(call.comm->device);
+          // Best effort (nobody to tell here): an event is queried on any device all the same.
+          if (cudaSetDevice(call.comm->device) != cudaSuccess) cudaGetLastError();
           cudaError_t state = cudaEventQuery(call.done);
           if (state == cudaErrorNotReady && !call.running) {
             // Not timed while the GPU has not reached the call: work queued before it (the

@@ -4,6 +4,9 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <cstdio>
@@ -58,11 +61,24 @@ cudaError_t GetDeviceInfo(int* device, DeviceInfo* info) {
   return cudaSuccess;
 }
 
-// Optional integer override from the environment (tuning and tests only).
-int EnvInt(const char* name, int fallback) {
+// Optional integer override from the environment (tuning and tests only): unset or empty is
+// `fallback`. Anything but an integer in [lo, hi] (blanks around it allowed, as
+// _ext.check_kernel_integers) is `fallback` too, and with `error`, an error naming the variable
+// there (atoi read a word as 0: SERPENTINE=true meant off).
+int EnvInt(const char* name, int fallback, int lo = INT_MIN, int hi = INT_MAX,
+           std::string* error = nullptr) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
-  return std::atoi(v);
+  char* end = nullptr;
+  errno = 0;
+  const long value = std::strtol(v, &end, 10);
+  const bool digits = end != v && std::isdigit(static_cast<unsigned char>(end[-1]));
+  while (std::isspace(static_cast<unsigned char>(*end))) ++end;
+  if (digits && *end == '\0' && errno == 0 && value >= lo && value <= hi) return int(value);
+  if (error != nullptr && error->empty())
+    *error = std::string(name) + "='" + v + "' must be an integer in [" + std::to_string(lo) + ", " +
+             std::to_string(hi) + "]";
+  return fallback;
 }
 
 // Two-valued switches from the environment, for comparison runs: unset, empty or `usual`
@@ -267,7 +283,7 @@ GemmTileShape ChooseTileShape(const SignalingGemmArgs& args) {
   if (ReadSwitch(kScheduleSwitch, &pingpong).empty() && pingpong && !args.transpose_w)
     wide = GemmTileShape{128, 128, 2};
   GemmTileShape narrow{128, 128, 1};
-  const int forced = EnvInt("FLASHOVERLAP_GEMM_TILE", 0);
+  const int forced = EnvInt("FLASHOVERLAP_GEMM_TILE", 0);  // other values: PlanLaunch refuses
   if (forced == 256) return wide;
   if (forced == 128) return narrow;
   int device = 0;
@@ -346,6 +362,17 @@ cudaError_t PlanLaunch(const SignalingGemmArgs& args, LaunchPlan* plan) {
                                    ReadSwitch(kScheduleSwitch, &pingpong)}) {
     if (!error.empty()) return Fail(cudaErrorInvalidValue, error);
   }
+  // The integer variables, as _ext.check_kernel_integers accepts them (read at every launch:
+  // set after lowering, or in a C++ harness, a typo must not silently pick another setting).
+  std::string env_error;
+  const int tile = EnvInt("FLASHOVERLAP_GEMM_TILE", 0, 0, 256, &env_error);
+  if (env_error.empty() && tile != 0 && tile != 128 && tile != 256)
+    env_error = std::string("FLASHOVERLAP_GEMM_TILE='") + std::getenv("FLASHOVERLAP_GEMM_TILE") +
+                "' must be 0, 128 or 256";
+  const int panel = EnvInt("FLASHOVERLAP_GEMM_PANEL", 8, 1, 1024, &env_error);
+  const bool serpentine = EnvInt("FLASHOVERLAP_GEMM_SERPENTINE", 1, 0, 1, &env_error) != 0;
+  EnvInt("FLASHOVERLAP_GEMM_LOG", 0, 0, 1, &env_error);
+  if (!env_error.empty()) return Fail(cudaErrorInvalidValue, env_error);
   if (args.queue != nullptr && (reinterpret_cast<uintptr_t>(args.queue) & 15) != 0)
     return Fail(cudaErrorInvalidValue, "queue must be 16-byte aligned");
   const GemmTileShape ts = ChooseTileShape(args);
@@ -370,9 +397,8 @@ cudaError_t PlanLaunch(const SignalingGemmArgs& args, LaunchPlan* plan) {
   s.cluster_m = ts.cluster_m;
   s.n_tiles = int(CeilDiv64(args.n, ts.block_n));
   // 8 cluster rows x ~8 column tiles per wave of ~66 units: about square, see tile_schedule.h.
-  s.panel = EnvInt("FLASHOVERLAP_GEMM_PANEL", 8);
-  if (s.panel < 1) s.panel = 1;
-  s.serpentine = EnvInt("FLASHOVERLAP_GEMM_SERPENTINE", 1) != 0;
+  s.panel = panel;
+  s.serpentine = serpentine;
   for (int g = 0; g <= s.num_groups; ++g) s.band_rows[g] = args.layout.band_rows[g];
   s.row_rotation = args.row_rotation;
   s.k_tiles = int(CeilDiv64(args.k, kGemmBlockK));
