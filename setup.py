@@ -53,10 +53,14 @@ def _log(msg: str) -> None:
 
 
 def _build_mode() -> str:
-  mode = os.environ.get("JAX_FLASHOVERLAP_BUILD_CUDA", "auto").strip().lower()
-  if mode not in ("auto", "1", "0", "on", "off", "true", "false"):
-    raise SystemExit(f"JAX_FLASHOVERLAP_BUILD_CUDA must be auto, 1 or 0, got {mode!r}")
-  return {"on": "1", "true": "1", "off": "0", "false": "0"}.get(mode, mode)
+  # Unset or empty is the default, as for every other switch; the on/off words are theirs too.
+  mode = (os.environ.get("JAX_FLASHOVERLAP_BUILD_CUDA") or "auto").strip().lower() or "auto"
+  words = {"1": "1", "on": "1", "true": "1", "yes": "1", "0": "0", "off": "0", "false": "0",
+           "no": "0", "auto": "auto"}
+  if mode not in words:
+    raise SystemExit("JAX_FLASHOVERLAP_BUILD_CUDA must be auto, 1 (on / true / yes) or 0 "
+                     f"(off / false / no), got {mode!r}")
+  return words[mode]
 
 
 def _find_nvcc() -> str | None:

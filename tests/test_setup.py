@@ -96,3 +96,21 @@ def test_object_keys_do_not_depend_on_where_the_checkout_is(tmp_path):
         src.write_text("__global__ void k() { }\n")
         assert key(src, flags, "headers", "cutlass-4.2") != keys[where]
     assert keys["a/checkout"] == keys["b/elsewhere"]
+
+
+def test_build_mode_reads_the_switch_words_and_empty_as_the_default(monkeypatch):
+    """JAX_FLASHOVERLAP_BUILD_CUDA takes the words every other switch takes, and unset or empty
+    is auto (empty stopped setup.py with an error); a typo is an error naming the variable."""
+    import pytest
+    mode = _setup_function("_build_mode")
+    for value, want in [(None, "auto"), ("", "auto"), ("  ", "auto"), ("AUTO", "auto"),
+                        ("1", "1"), ("yes", "1"), ("On", "1"), ("0", "0"), ("no", "0"),
+                        ("false", "0")]:
+        if value is None:
+            monkeypatch.delenv("JAX_FLASHOVERLAP_BUILD_CUDA", raising=False)
+        else:
+            monkeypatch.setenv("JAX_FLASHOVERLAP_BUILD_CUDA", value)
+        assert mode() == want, value
+    monkeypatch.setenv("JAX_FLASHOVERLAP_BUILD_CUDA", "ye")
+    with pytest.raises(SystemExit, match="JAX_FLASHOVERLAP_BUILD_CUDA must be auto, 1 .* got 'ye'"):
+        mode()
