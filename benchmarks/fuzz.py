@@ -342,7 +342,7 @@ def fuzz(mesh, cases: int, seed: int, ops=OPS, switches_per_case: int = 2, log=p
 
 def main():
   gpu = jax.default_backend() == "gpu"
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
   ap.add_argument("--cases", type=int, default=120)
   ap.add_argument("--seed", type=int, default=int(time.time()))
   ap.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS))

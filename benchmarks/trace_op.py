@@ -20,7 +20,7 @@ import types
 
 def main(argv=None) -> int:
   from jax_flashoverlap import bench
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
   parser.add_argument("--collective", default="all_reduce",
                       choices=("all_reduce", "reduce_scatter"))
   parser.add_argument("--shape", type=bench._parse_shape, default=(8192, 8192, 8192),

@@ -4,8 +4,9 @@ those). Used by benchmarks/profile_gemms.sh.
 
     python benchmarks/xla_dot_profile.py MxNxK
 """
+import argparse
 import ctypes
-import sys
+import re
 
 import jax
 import jax.numpy as jnp
@@ -34,5 +35,14 @@ def main(shape: str) -> None:
     print("cuProfilerStop", cuda.cuProfilerStop())
 
 
+def _shape(text: str) -> str:
+    if not re.fullmatch(r"[1-9]\d*x[1-9]\d*x[1-9]\d*", text):
+        raise argparse.ArgumentTypeError(f"shape must be MxNxK with positive integers, got {text!r}")
+    return text
+
+
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "8192x8192x4096")
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser.add_argument("shape", nargs="?", type=_shape, default="8192x8192x4096",
+                        help="the dot's M x N x K (default: %(default)s)")
+    main(parser.parse_args().shape)
