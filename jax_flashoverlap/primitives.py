@@ -107,6 +107,15 @@ def check_switches() -> None:
     tuning.config_files()  # a folder that is not one is an error (its plans would be lost)
 
 
+def cuda_path(target: str) -> tuple[bool, str]:
+  """Every CUDA lowering's first step: all switches read (a typo is an error whichever path
+  this op then takes: the fallback to XLA's composition read none of the ones it skips, so
+  a misspelt transport passed where the CPU lowering refused it), then whether to emit the
+  custom call (_ext.check_cuda_path)."""
+  check_switches()
+  return _ext.check_cuda_path(target)
+
+
 # --- primitive construction --------------------------------------------------------------
 
 
@@ -215,7 +224,7 @@ def check_sm_count(name, comm_sms, sms=None):
 
 
 def _gemm_cuda_lowering(ctx, x, w, *, comm_sms, transpose_w):
-  use_cuda, _ = _ext.check_cuda_path(gemm_p.name)
+  use_cuda, _ = cuda_path(gemm_p.name)
   if use_cuda:
     (m, k), n = ctx.avals_in[0].shape, ctx.avals_in[1].shape[0 if transpose_w else 1]
     use_cuda = not too_large(gemm_p.name, m, n, k, _ext.fallback_enabled())
@@ -229,7 +238,7 @@ def _gemm_cuda_lowering(ctx, x, w, *, comm_sms, transpose_w):
 
 def _collective_cuda_lowering(prim, reference_lowering, collective):
   def lowering(ctx, x, w, *, axis_name, comm_sms, transpose_w):
-    use_cuda, _ = _ext.check_cuda_path(prim.name)
+    use_cuda, _ = cuda_path(prim.name)
     if not use_cuda:
       publish_decision(prim.name, ctx, {"overlap": False})
       return reference_lowering(ctx, x, w, axis_name=axis_name, transpose_w=transpose_w)

@@ -21,8 +21,8 @@ import numpy as np
 from jax import lax
 
 from jax_flashoverlap import _compat, _ext, comm, plan_a2a
-from jax_flashoverlap.primitives import (dot, emit_call, empty_batch, keep_reference,
-                                         lowering_problem, make_primitive,
+from jax_flashoverlap.primitives import (cuda_path, dot, emit_call, empty_batch,
+                                         keep_reference, lowering_problem, make_primitive,
                                          prepare_communicators, publish_decision)
 
 # --- reference compositions (also the CPU lowering) --------------------------------------
@@ -67,7 +67,7 @@ def _a2a_cuda_lowering(ctx, x, w, *, axis_name, split_axis, concat_axis, comm_sm
   reference = functools.partial(_a2a_reference_lowering, ctx, x, w, axis_name=axis_name,
                                 split_axis=split_axis, concat_axis=concat_axis,
                                 transpose_w=transpose_w)
-  use_cuda, _ = _ext.check_cuda_path(prim.name)
+  use_cuda, _ = cuda_path(prim.name)
   if not use_cuda:
     publish_decision(prim.name, ctx, {"overlap": False})
     return reference()
@@ -94,7 +94,7 @@ def _ag_cuda_lowering(ctx, x, w, *, axis_name, comm_sms, transpose_w, return_gat
   prim = all_gather_gemm_p
   reference = functools.partial(_ag_reference_lowering, ctx, x, w, axis_name=axis_name,
                                 transpose_w=transpose_w, return_gathered=return_gathered)
-  use_cuda, _ = _ext.check_cuda_path(prim.name)
+  use_cuda, _ = cuda_path(prim.name)
   if not use_cuda:
     publish_decision(prim.name, ctx, {"overlap": False})
     return reference()

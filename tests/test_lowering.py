@@ -425,3 +425,37 @@ def test_a_gpu_with_other_than_132_sms(fo, no_fallback, monkeypatch, name):
     with warnings.catch_warnings():
         warnings.simplefilter("error", primitives.SMCountWarning)
         lower_for_cuda(*program(120))
+
+
+@pytest.mark.parametrize("variable,value", [
+    ("JAX_FLASHOVERLAP_TRANSPORT", "pear"), ("JAX_FLASHOVERLAP_WATCHDOG_S", "x"),
+    ("JAX_FLASHOVERLAP_TUNED", "nah"), ("FLASHOVERLAP_TRACE", "maybe"),
+    ("JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER", "out"), ("JAX_FLASHOVERLAP_GRANT_PEER_ACCESS", "y")])
+@pytest.mark.parametrize("name", OPS)
+def test_a_misspelt_switch_is_an_error_in_every_cuda_lowering(fo, monkeypatch, name, variable,
+                                                              value):
+    """Every CUDA lowering reads every switch, as the CPU lowering does: at a small shape the
+    op falls back to XLA's composition and read none of these, so a typo passed silently
+    (and the same program on CPU refused it)."""
+    monkeypatch.setenv(variable, value)
+    jax.clear_caches()
+    f, args = _program(fo, name, make_mesh_1d(4))
+    with pytest.raises(ValueError, match=rf"{variable}.*{re.escape(repr(value))}"):
+        lower_for_cuda(f, args)
+
+
+def test_a_misspelt_switch_is_an_error_in_the_other_ops_cuda_lowerings(fo, monkeypatch):
+    """The same for the all-to-all and the all-gather (primitives_a2a.py)."""
+    monkeypatch.setenv("JAX_FLASHOVERLAP_TRANSPORT", "pear")
+    jax.clear_caches()
+    mesh = make_mesh_1d(4)
+    x, w = jax.ShapeDtypeStruct((64, 32), jnp.bfloat16), jax.ShapeDtypeStruct((32, 64), jnp.bfloat16)
+    programs = [
+        shard_map(lambda a, b: fo.matmul_all_to_all(a, b, "tp"), mesh,
+                  (P("tp", None), P()), P("tp", None)),
+        shard_map(lambda a, b: fo.all_gather_matmul(a, b, "tp"), mesh,
+                  (P("tp", None), P(None, "tp")), P(None, "tp")),
+    ]
+    for f in programs:
+        with pytest.raises(ValueError, match="JAX_FLASHOVERLAP_TRANSPORT.*'pear'"):
+            lower_for_cuda(f, (x, w))
