@@ -71,7 +71,9 @@ def _settings(problems) -> dict:
   value the ops would refuse is reported here instead)."""
   from jax_flashoverlap import distributed, primitives
   readers = dict(primitives.switch_readers(),
-                 kv_timeout_seconds=lambda: distributed.timeout_ms() / 1000)
+                 kv_timeout_seconds=lambda: distributed.timeout_ms() / 1000,
+                 # the launcher's variables, as initialize() would take them (None: unset)
+                 launch=distributed.launch_settings)
   return {name: _setting(read, problems) for name, read in readers.items()}
 
 

@@ -93,7 +93,19 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   import jax
   if _compat.distributed_client() is not None:
     return
-  values = {  # (argument, variable) -> value; an empty variable counts as unset
+  launch = launch_settings(coordinator_address, num_processes, process_id)
+  if launch is None or launch["num_processes"] == 1:
+    return
+  jax.distributed.initialize(**launch, **kwargs)
+
+
+def launch_settings(coordinator_address: str | None = None, num_processes: int | None = None,
+                    process_id: int | None = None) -> dict | None:
+  """{coordinator_address, num_processes, process_id}: each argument, else its launcher
+  variable (an empty one counts as unset); None when none is given. Checked as initialize()
+  needs them (it and `python -m jax_flashoverlap.info` read them here): a ValueError naming
+  what is wrong."""
+  values = {  # (argument, variable) -> value
       ("coordinator_address", COORDINATOR_ENV):
           coordinator_address or os.environ.get(COORDINATOR_ENV, "").strip() or None,
       ("num_processes", NUM_PROCESSES_ENV):
@@ -102,23 +114,21 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
           _env_int(PROCESS_ID_ENV) if process_id is None else process_id}
   missing = [f"{arg} ({env})" for (arg, env), v in values.items() if v is None]
   if len(missing) == len(values):
-    return
+    return None
   if missing:
     given = [f"{arg} ({env})" for (arg, env), v in values.items() if v is not None]
     raise ValueError(f"jax_flashoverlap.distributed.initialize: {', '.join(given)} given but "
                      f"not {', '.join(missing)}: give all three (python -m "
                      "jax_flashoverlap.launch sets them) or none (one process)")
-  coordinator_address, num_processes, process_id = values.values()
-  if num_processes < 1:
+  launch = {arg: v for (arg, _), v in values.items()}
+  if launch["num_processes"] < 1:
     raise ValueError(f"jax_flashoverlap.distributed.initialize: num_processes "
-                     f"({NUM_PROCESSES_ENV}) must be >= 1, got {num_processes}")
-  if not 0 <= process_id < num_processes:
+                     f"({NUM_PROCESSES_ENV}) must be >= 1, got {launch['num_processes']}")
+  if not 0 <= launch["process_id"] < launch["num_processes"]:
     raise ValueError(f"jax_flashoverlap.distributed.initialize: process_id ({PROCESS_ID_ENV}) "
-                     f"must be in [0, {num_processes}) (num_processes), got {process_id}")
-  if num_processes == 1:
-    return
-  jax.distributed.initialize(coordinator_address=coordinator_address,
-                             num_processes=num_processes, process_id=process_id, **kwargs)
+                     f"must be in [0, {launch['num_processes']}) (num_processes), got "
+                     f"{launch['process_id']}")
+  return launch
 
 
 def _client():

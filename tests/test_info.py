@@ -55,7 +55,8 @@ def test_info_is_a_json_able_dict(fo):
     ("JAX_FLASHOVERLAP_TRANSPORT", "nvlink"), ("JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER", "in_place"),
     ("JAX_FLASHOVERLAP_GRANT_PEER_ACCESS", "maybe"), ("JAX_FLASHOVERLAP_WATCHDOG_S", "soon"),
     ("JAX_FLASHOVERLAP_TUNED", "fasle"), ("JAX_FLASHOVERLAP_KV_TIMEOUT_S", "abc"),
-    ("FLASHOVERLAP_TRACE", "bogus"), ("JAX_FLASHOVERLAP_CONFIG_DIR", "/no/such/dir")])
+    ("FLASHOVERLAP_TRACE", "bogus"), ("JAX_FLASHOVERLAP_CONFIG_DIR", "/no/such/dir"),
+    ("JAX_FLASHOVERLAP_NUM_PROCESSES", "two")])
 def test_info_cli_reports_a_setting_that_does_not_parse(variable, value):
     """A mistyped switch is what `info` is run to find: it prints the whole report, names
     the variable and its value (in the report and on stderr) and exits 1, no traceback."""
@@ -70,6 +71,31 @@ def test_info_cli_reports_a_setting_that_does_not_parse(variable, value):
     ), report["invalid_settings"]
     assert "invalid setting: " in r.stderr and variable in r.stderr, r.stderr
     assert report["paths"] and report["jax"] == jax.__version__
+
+
+def test_info_reports_the_launchers_variables_as_initialize_takes_them(fo, monkeypatch):
+    """The launcher's three variables (distributed.initialize reads them): unset is None,
+    all three are reported parsed, some without the others are reported invalid (info
+    exited 0 while initialize() raised)."""
+    names = ("JAX_FLASHOVERLAP_COORDINATOR", "JAX_FLASHOVERLAP_NUM_PROCESSES",
+             "JAX_FLASHOVERLAP_PROCESS_ID")
+    for name in names:
+        monkeypatch.delenv(name, raising=False)
+    d = fo.info()
+    assert d["settings"]["launch"] is None and not d["invalid_settings"], d["settings"]
+    for name, value in zip(names, ("localhost:1234", " 2 ", "1")):
+        monkeypatch.setenv(name, value)
+    d = fo.info()
+    assert d["settings"]["launch"] == {"coordinator_address": "localhost:1234",
+                                       "num_processes": 2, "process_id": 1}, d["settings"]
+    monkeypatch.setenv("JAX_FLASHOVERLAP_PROCESS_ID", "2")
+    d = fo.info()
+    assert any("process_id (JAX_FLASHOVERLAP_PROCESS_ID) must be in [0, 2)" in p
+               for p in d["invalid_settings"]), d["invalid_settings"]
+    monkeypatch.delenv("JAX_FLASHOVERLAP_COORDINATOR")
+    d = fo.info()
+    assert any("not coordinator_address (JAX_FLASHOVERLAP_COORDINATOR)" in p
+               for p in d["invalid_settings"]), d["invalid_settings"]
 
 
 def test_info_reports_settings_and_tuned_configs(fo, tmp_path, monkeypatch):
