@@ -27,8 +27,9 @@ GEMM_HELPERS_ENV = "FLASHOVERLAP_GEMM_HELPERS"
 ALL_REDUCE_BUFFER_ENV = "JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER"  # read at lowering
 TRANSPORT_ENV = "JAX_FLASHOVERLAP_TRANSPORT"  # read at lowering (transport())
 GRANT_PEER_ACCESS_ENV = "JAX_FLASHOVERLAP_GRANT_PEER_ACCESS"  # read at lowering (grant_peer_access())
-# "spin": spin-kernel waits and flag writes (xla_ffi/comm/stream_wait.cc, stream_write.cc
-# compare it to exactly "spin"; anything else silently keeps the stream memory operations).
+# "spin": spin-kernel waits and flag writes (xla_ffi/comm/stream_wait.cc, stream_write.cc);
+# unset or empty: stream memory operations. Anything else: an error at lowering
+# (check_kernel_integers) and at communicator creation (ReadWaitEnv).
 WAIT_ENV = "JAX_FLASHOVERLAP_WAIT"
 # "1" (tests): every custom call fills its outputs (and its communicator's workspace) with NaN
 # before it runs, so an element it leaves unwritten shows (read at lowering).
@@ -137,14 +138,18 @@ def check_gemm_epilogue() -> None:
 
 def check_kernel_integers() -> None:
   """The launcher's integer variables (_GEMM_INTEGERS) hold an accepted integer, and
-  JAX_FLASHOVERLAP_WAIT is unset or 'spin'. The C++ reads the integers with atoi, so a word
-  would silently be 0 ('true' or 'on' turned the serpentine order *off*) and an integer out
-  of range silently another setting: an error here, at lowering."""
+  JAX_FLASHOVERLAP_WAIT is unset or 'spin'. The launcher refuses anything else at every launch
+  (PlanLaunch; communicator creation for the wait) and says why; checked here too, so a typo is
+  an error at lowering, naming the variable, not a failed call. (The C++ once read the integers
+  with atoi: 'true' turned the serpentine order *off*.)"""
   for env, accepted, meaning in _GEMM_INTEGERS:
     raw = os.environ.get(env)
     if raw is None or raw == "":  # EnvInt: unset or empty is the default
       continue
-    value = int(raw) if re.fullmatch(r"\s*[+-]?\d{1,10}\s*", raw) else None
+    # ASCII digits and spaces, as the launcher's strtol / isdigit: re's \d also took other
+    # scripts' digits ('\u0661' passed here as 1, and every launch refused it: a failed call at
+    # run time instead of this error at lowering)
+    value = int(raw) if re.fullmatch(r"\s*[+-]?\d{1,10}\s*", raw, re.ASCII) else None
     if value not in accepted:
       raise ValueError(f"jax_flashoverlap: environment variable {env}={raw!r} must be "
                        f"{meaning} (the kernel reads an integer: a word would count as 0)")
@@ -155,7 +160,7 @@ def check_kernel_integers() -> None:
                      "stream memory operations)")
 
 
-# signaling_gemm.cu EnvInt (std::atoi): (variable, accepted integers, what they mean).
+# signaling_gemm.cu EnvInt / PlanLaunch: (variable, accepted integers, what they mean).
 _GEMM_INTEGERS = (
     ("FLASHOVERLAP_GEMM_SERPENTINE", (0, 1),
      "0 (every panel walks its column tiles left to right) or 1 (the default: serpentine)"),
@@ -214,13 +219,14 @@ def transport() -> str:
   """JAX_FLASHOVERLAP_TRANSPORT: how matmul_all_reduce / matmul_reduce_scatter move data.
 
   nccl: one NCCL call per group on a second stream, on the SMs the GEMM leaves free. peer
-  (experimental; docs/DESIGN.md, "Peer stores", "Ring reduction"): over 2 to 8 GPUs of this
-  process, the GEMM reduces along a ring as it stores each tile, adding the running sum its
-  next rank passed it and passing the new sum to its previous rank's memory, its own rows last
-  (no NCCL, every SM computing); ops it cannot take (more than 8 devices, an axis
-  group across processes, M not a multiple of the world size) keep the NCCL path, with a
-  PeerStoresWarning. auto (unset: the default):
-  NCCL, unless a tuned config entry for the op says peer (jax_flashoverlap.tuning)."""
+  (experimental; docs/DESIGN.md, "Peer stores", "Ring reduction"): over 2 to 8 GPUs of one
+  host (all in this process, or one per process through CUDA IPC), the GEMM reduces along a
+  ring as it stores each tile, adding the running sum its next rank passed it and passing the
+  new sum to its previous rank's memory, its own rows last (no NCCL, every SM computing); ops
+  it cannot take (more than 8 devices, an axis group across hosts or with several of its GPUs
+  in one of several processes, M not a multiple of the world size; plan_peer.unavailable)
+  keep the NCCL path, with a PeerStoresWarning. auto (unset: the default): NCCL, unless a
+  tuned config entry for the op says peer (jax_flashoverlap.tuning)."""
   raw = os.environ.get(TRANSPORT_ENV)
   if raw in (None, ""):
     return "auto"

@@ -469,6 +469,30 @@ def _check_numbers(parser, args) -> None:
     parser.error(f"--trace must be >= 0, got {args.trace}")
 
 
+def _check_output_paths(parser, args) -> None:
+  """--out (rewritten after every row) and --plot (drawn at the end) can be written, checked
+  before any device work: a directory, or a folder that cannot be made or written, was a
+  traceback after the first row's (or, for --plot, the whole run's) measurements."""
+  for option, path in (("--out", args.out), ("--plot", getattr(args, "plot", None))):
+    if not path:
+      continue
+    path = os.path.abspath(path)
+    parent = os.path.dirname(path)
+    if os.path.isdir(path):
+      parser.error(f"{option} {path}: cannot write there (a directory)")
+    try:
+      os.makedirs(parent, exist_ok=True)
+    except OSError as err:
+      existing = parent
+      while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+      parser.error(f"{option} {path}: cannot write there (" + (
+          f"{existing} is not a directory" if not os.path.isdir(existing) else str(err)) + ")")
+    if not os.access(parent, os.W_OK):
+      parser.error(f"{option} {path}: cannot write there ({parent} is not a writable "
+                   "directory)")
+
+
 def _check_shapes(parser, args) -> None:
   """Every --shapes value splits over the mesh as the subcommand's ops need."""
   try:
@@ -525,6 +549,7 @@ def main(argv=None) -> int:
                      choices=("all_reduce", "reduce_scatter"))
   args = parser.parse_args(argv)
   _check_numbers(parser, args)
+  _check_output_paths(parser, args)
   import jax_flashoverlap as fo
   fo.distributed.initialize()  # no-op unless started by jax_flashoverlap.launch
   import jax

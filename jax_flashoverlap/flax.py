@@ -147,7 +147,11 @@ class _Config:
       raise TypeError(f"{self.layer}: dtype={self.dtype!r} is not supported: the "
                       "jax_flashoverlap ops support only bfloat16 and float16 (params may be "
                       "float32 through param_dtype; they are cast to dtype for the op)")
-    if not jnp.issubdtype(jnp.dtype(self.param_dtype), jnp.floating):
+    try:
+      param_dtype = jnp.dtype(self.param_dtype)
+    except TypeError:  # was numpy's bare "data type 'foo' not understood"
+      param_dtype = None
+    if param_dtype is None or not jnp.issubdtype(param_dtype, jnp.floating):
       raise TypeError(f"{self.layer}: param_dtype must be a floating dtype, "
                       f"got {self.param_dtype!r}")
     n = sharding.mesh_axis_size(self.axis_name, mesh)
@@ -448,6 +452,14 @@ class _NNXParallel(nnx.Module):
                sequence_parallel: bool = False, sequence_dim: int = 0, kernel_axes=None,
                sharding_rules=(), rngs: nnx.Rngs):
     layer = type(self).__name__
+    if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
+      # was an AttributeError ('str' object has no attribute 'shape'), or for an AbstractMesh
+      # JAX's TypeError about the params' device_put
+      raise TypeError(f"{layer}: mesh must be a jax.sharding.Mesh (the devices the params are "
+                      f"put on) or None, got {type(mesh).__name__}" +
+                      (": an AbstractMesh has no devices; pass the concrete Mesh it came from, or "
+                       "build the layer under jax.set_mesh with that Mesh"
+                       if isinstance(mesh, jax.sharding.AbstractMesh) else ""))
     axis_name = _resolve_logical(layer, self._row, kernel_axes, axis_name, sharding_rules)
     self.cfg = _Config(layer, self._row, in_features, out_features, axis_name, reduce, dtype,
                        param_dtype, overlap_backward, sequence_parallel, sequence_dim,
@@ -552,7 +564,12 @@ class _LinenParallel(nn.Module):
                   self.param_dtype, self.overlap_backward, self.sequence_parallel,
                   self.sequence_dim)
     cfg.check()
-    k = jnp.shape(x)[-1]  # the view's input size: local inside shard_map for the row layer
+    shape = tuple(jnp.shape(x))
+    if not shape or shape[-1] < 1:  # was an IndexError (rank 0) or, from the kernel's
+      # lecun_normal init, a ZeroDivisionError (no features); the NNX layers check in_features
+      raise ValueError(f"{layer}: in_features comes from the last dim of x [..., in_features] "
+                       f"and must be a positive int; x has shape {shape}")
+    k = shape[-1]  # the view's input size: local inside shard_map for the row layer
     in_features = k * (cfg.local_view() or 1) if self._row else k
     n = sharding.mesh_axis_size(axis_name)
     if self._row and not cfg.local_view() and n is not None:

@@ -28,6 +28,8 @@ import numbers
 import os
 import threading
 
+import numpy as np
+
 from jax_flashoverlap.plan_search import MAX_GROUPS, best_cuts
 
 # M, N and K must stay below this (signaling_gemm.cu LaunchSignalingGemm: 32-bit TMA
@@ -447,6 +449,12 @@ def forced(num_groups: int | None = None, comm_sms: int | None = None, overlap: 
   if num_groups is not None and band_rows is not None:
     raise ValueError("forced(): give num_groups or band_rows, not both")
   check_forced(num_groups=num_groups, comm_sms=comm_sms)
+  check_forced_overlap(overlap)
+  if band_rows is not None and (isinstance(band_rows, (str, bytes)) or not all(
+      isinstance(b, numbers.Integral) and not isinstance(b, bool) for b in band_rows)):
+    # int(b) truncated 10.7 to 10 (and read True as 1) without a word
+    raise TypeError(f"forced(): band_rows must be a sequence of ints (row boundaries in one "
+                    f"rank block), got {band_rows!r}")
   bands = None if band_rows is None else tuple(int(b) for b in band_rows)
   return _override.active((num_groups, comm_sms, overlap, bands, cta_policy))
 
@@ -464,6 +472,13 @@ def check_forced(**values) -> None:
     low, high = bounds[name]
     if not low <= value <= high:
       raise ValueError(f"forced(): {name} must be in [{low}, {high}], got {value}")
+
+
+def check_forced_overlap(overlap) -> None:
+  """forced()'s overlap: a real bool. A truthy string ("false", "no") overlapped, silently."""
+  if not isinstance(overlap, (bool, np.bool_)):
+    raise TypeError(f"forced(): overlap must be a bool (False: XLA's dot + collective), got "
+                    f"{overlap!r}")
 
 
 def is_forced() -> bool:

@@ -275,6 +275,7 @@ def forced(num_groups: int | None = None, comm_sms: int | None = None, overlap: 
   `chunks` and `gather` ("p2p" | "collective", all-gather), `comm_sms`, or overlap=False
   (XLA's composition)."""
   plan_lib.check_forced(num_groups=num_groups, comm_sms=comm_sms, chunks=chunks)
+  plan_lib.check_forced_overlap(overlap)
   if gather is not None and gather not in GATHERS:
     raise ValueError(f"forced(): gather must be one of {GATHERS}, got {gather!r}")
   return _override.active((num_groups, comm_sms, overlap, chunks, gather))

@@ -522,3 +522,30 @@ def linen_dtype_int8(t):
     fl = _linen()
     fl.RowParallelDense(16, dtype=jnp.int8).init(jax.random.key(0), jnp.ones((4, 32), BF16))
 
+
+def linen_x_rank0(t):
+    # in_features comes from x's last dim: was an IndexError (jnp.shape(x)[-1])
+    fl = _linen()
+    fl.RowParallelDense(16).init(jax.random.key(0), jnp.ones((), BF16))
+
+
+def linen_x_no_features(t):
+    # x [4, 0]: was a ZeroDivisionError from the kernel's lecun_normal init (fan_in 0)
+    fl = _linen()
+    fl.ColumnParallelDense(16).init(jax.random.key(0), jnp.ones((4, 0), BF16))
+
+
+def nnx_mesh_not_a_mesh(t):
+    nnx, fl = _nnx()
+    fl.RowParallelLinear(32, 16, mesh="tp", rngs=nnx.Rngs(0))  # was an AttributeError
+
+
+def nnx_mesh_abstract(t):
+    # was JAX's TypeError about the params' device_put ("must be a NamedSharding ...")
+    nnx, fl = _nnx()
+    fl.RowParallelLinear(32, 16, mesh=make_mesh_1d(4).abstract_mesh, rngs=nnx.Rngs(0))
+
+
+def nnx_param_dtype_not_a_dtype(t):
+    nnx, fl = _nnx()
+    fl.RowParallelLinear(32, 16, param_dtype="flaot32", rngs=nnx.Rngs(0))  # numpy's bare error

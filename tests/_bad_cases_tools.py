@@ -188,6 +188,27 @@ cli_bench_overlap_unknown_variant = bench_cli("overlap", "--shapes", "64x64x64",
                                               "two-chunk")
 
 
+def cli_bench_out_a_directory(t):
+    # was written only after the first row was measured: IsADirectoryError, a traceback
+    return run_cli("jax_flashoverlap.bench", "gemm", "--shapes", "64x64x64", "--samples", "1",
+                   "--calls", "1", "--comm-sms", "0", "--out", str(t.tmp_path))
+
+
+def cli_bench_out_under_a_file(t):
+    (t.tmp_path / "a_file").write_text("")
+    return run_cli("jax_flashoverlap.bench", "gemm", "--shapes", "64x64x64", "--out",
+                   str(t.tmp_path / "a_file" / "run" / "out.json"))
+
+
+def cli_bench_plot_a_directory(t):
+    # --plot was drawn after every row was measured, before the final --out: a traceback
+    # there (IsADirectoryError) left --out "complete": false. (A directory named without a
+    # suffix got `<dir>.png` from matplotlib; refused now too.)
+    (t.tmp_path / "plots.png").mkdir()
+    return run_cli("jax_flashoverlap.bench", "overlap", "--shapes", "64x64x64", "--samples", "1",
+                   "--calls", "1", "--plot", str(t.tmp_path / "plots.png"))
+
+
 def cli_tune_without_gpu(t):
     return run_cli("jax_flashoverlap.tune", "--shapes", "256x256x256")
 
@@ -440,9 +461,32 @@ env_gemm_helpers_word = lowering_with_env(_ext.GEMM_HELPERS_ENV, "1")  # the cal
 env_poison_outputs_typo = lowering_with_env(_ext.POISON_OUTPUTS_ENV, "nan")
 env_gemm_serpentine_word = lowering_with_env("FLASHOVERLAP_GEMM_SERPENTINE", "true")  # atoi: 0
 env_gemm_panel_zero = lowering_with_env("FLASHOVERLAP_GEMM_PANEL", "0")  # was clamped to 1
+# an Arabic-Indic digit one: re's \d and int() took it as 1 at lowering; the launcher refuses
+# it at every launch (a failed call on the GPU instead of an error at lowering)
+env_gemm_serpentine_non_ascii_digit = lowering_with_env("FLASHOVERLAP_GEMM_SERPENTINE", "\u0661")
 env_gemm_tile_other = lowering_with_env("FLASHOVERLAP_GEMM_TILE", "64")  # was ignored
 env_wait_typo = lowering_with_env(_ext.WAIT_ENV, "spinn")  # was the stream-op default
 env_transport_typo = lowering_with_env(_ext.TRANSPORT_ENV, "nvlink")
 
 
 # ----------------------------------------------------------------------------- the table
+
+
+# ----------------------------------------------------------------------------- plan overrides
+
+def plan_forced_overlap_not_bool(t):
+    # a truthy string: choose_plan's plan had overlap='false', and the op overlapped
+    with plan_lib.forced(overlap="false"):
+        pass
+
+
+def plan_forced_a2a_overlap_not_bool(t):
+    from jax_flashoverlap import plan_a2a
+    with plan_a2a.forced(overlap="no"):
+        pass
+
+
+def plan_forced_band_rows_not_ints(t):
+    # int(b) made the band boundary 10.7 row 10, silently
+    with plan_lib.forced(band_rows=(0, 10.7, 64)):
+        pass

@@ -272,6 +272,22 @@ CASES = [
                  id="linen-axis-not-in-mesh"),
     pytest.param(linen_dtype_int8, raises(TypeError, "RowParallelDense: dtype=",
                                           "only bfloat16 and float16"), id="linen-dtype-int8"),
+    pytest.param(linen_x_rank0, raises(ValueError, "RowParallelDense: in_features comes from "
+                                       "the last dim of x [..., in_features] and must be a "
+                                       "positive int; x has shape ()"), id="linen-x-rank-0"),
+    pytest.param(linen_x_no_features, raises(ValueError, "ColumnParallelDense: in_features comes "
+                                             "from the last dim of x", "x has shape (4, 0)"),
+                 id="linen-x-no-features"),
+    pytest.param(nnx_mesh_not_a_mesh, raises(TypeError, "RowParallelLinear: mesh must be a "
+                                             "jax.sharding.Mesh", "or None, got str"),
+                 id="nnx-mesh-not-a-mesh"),
+    pytest.param(nnx_mesh_abstract, raises(TypeError, "RowParallelLinear: mesh must be a "
+                                           "jax.sharding.Mesh", "got AbstractMesh: an "
+                                           "AbstractMesh has no devices"),
+                 id="nnx-mesh-abstract"),
+    pytest.param(nnx_param_dtype_not_a_dtype, raises(TypeError, "RowParallelLinear: param_dtype "
+                                                     "must be a floating dtype, got 'flaot32'"),
+                 id="nnx-param-dtype-not-a-dtype"),
     # --- tuned-config files ---
     pytest.param(cfg_not_json, raises(CFG, "plans.json", "not JSON"), id="config-not-json"),
     pytest.param(cfg_top_level_not_object, raises(CFG, "plans.json", "top level must be a JSON "
@@ -374,6 +390,15 @@ CASES = [
                                                           "invalid choice: 'two-chunk'",
                                                           "two_chunk"),
                  id="cli-bench-overlap-unknown-variant"),
+    pytest.param(cli_bench_out_a_directory, exits(2, "--out ", ": cannot write there (a "
+                                                  "directory)", max_s=40),
+                 id="cli-bench-out-a-directory"),
+    pytest.param(cli_bench_out_under_a_file, exits(2, "--out ", "cannot write there (",
+                                                   "a_file is not a directory)", max_s=40),
+                 id="cli-bench-out-under-a-file"),
+    pytest.param(cli_bench_plot_a_directory, exits(2, "--plot ", ": cannot write there (a "
+                                                   "directory)", max_s=40),
+                 id="cli-bench-plot-a-directory"),
     pytest.param(cli_tune_without_gpu, exits(2, "needs GPUs", "'cpu'"),
                  id="cli-tune-without-gpu"),
     pytest.param(cli_tune_max_error("nan"), exits(2, "--max-error must be a finite number > 0",
@@ -478,6 +503,20 @@ CASES = [
     pytest.param(env_gemm_serpentine_word, raises(ValueError, "FLASHOVERLAP_GEMM_SERPENTINE='true'",
                                                   "must be 0 (", "or 1 (", "reads an integer"),
                  id="env-gemm-serpentine-word"),
+    pytest.param(env_gemm_serpentine_non_ascii_digit,
+                 raises(ValueError, "FLASHOVERLAP_GEMM_SERPENTINE='\u0661'", "must be 0 (",
+                        "reads an integer"), id="env-gemm-serpentine-non-ascii-digit"),
+    # --- plan overrides (jax_flashoverlap.plan.forced / plan_a2a.forced; tuning, benchmarks) ---
+    pytest.param(plan_forced_overlap_not_bool, raises(TypeError, "forced(): overlap must be a "
+                                                      "bool (False: XLA's dot + collective), "
+                                                      "got 'false'"),
+                 id="plan-forced-overlap-not-bool"),
+    pytest.param(plan_forced_a2a_overlap_not_bool, raises(TypeError, "forced(): overlap must be "
+                                                          "a bool", "got 'no'"),
+                 id="plan-forced-a2a-overlap-not-bool"),
+    pytest.param(plan_forced_band_rows_not_ints, raises(TypeError, "forced(): band_rows must be a "
+                                                        "sequence of ints", "(0, 10.7, 64)"),
+                 id="plan-forced-band-rows-not-ints"),
     pytest.param(env_gemm_panel_zero, raises(ValueError, "FLASHOVERLAP_GEMM_PANEL='0'",
                                              "must be an integer in [1, 1024]"),
                  id="env-gemm-panel-zero"),
