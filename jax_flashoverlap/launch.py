@@ -15,7 +15,7 @@ without the interpreter's exit handlers (`_launch_child.py`): JAX's distributed 
 keep it waiting for the others, so a failure would have ended only at the timeout.
 With --gpus-per-process K, process i sees GPUs [i*K, (i+1)*K) through CUDA_VISIBLE_DEVICES
 (of the launcher's own CUDA_VISIBLE_DEVICES when it is set: entries i*K .. (i+1)*K-1 of it);
-more GPUs than there are is refused.
+more GPUs than there are is refused, and so are more than MAX_PROCESSES (256) processes.
 """
 
 from __future__ import annotations
@@ -67,6 +67,11 @@ def visible_gpus() -> tuple[list | None, str]:
     return None, ""
   gpus = [line for line in lines if line.startswith("GPU ")]
   return [str(g) for g in range(len(gpus))], f"nvidia-smi -L ({len(gpus)} GPUs)"
+
+
+# Every process is a JAX runtime on this one machine: -n 100000 (a typo) started processes
+# until the machine or the timeout gave out. A node has at most 8-16 GPUs.
+MAX_PROCESSES = 256
 
 
 def _env(i: int, n: int, coordinator: str, gpus_per_process: int, gpus=None) -> dict:
@@ -233,8 +238,9 @@ def main(argv=None) -> int:
                            "0 (default): every process sees every GPU")
   options, command = split_command(list(sys.argv[1:] if argv is None else argv))
   args = parser.parse_args(options)
-  if args.num_processes < 1:
-    parser.error(f"-n must be >= 1, got {args.num_processes}")
+  if not 1 <= args.num_processes <= MAX_PROCESSES:
+    parser.error(f"-n must be in [1, {MAX_PROCESSES}] (processes on this machine), got "
+                 f"{args.num_processes}")
   if not args.timeout > 0:
     parser.error(f"--timeout must be a positive number of seconds, got {args.timeout}")
   if args.gpus_per_process < 0:

@@ -224,6 +224,12 @@ def cli_launch_n0(t):
     return run_cli("jax_flashoverlap.launch", "-n", "0", str(script))
 
 
+def cli_launch_n_huge(t):
+    script = t.tmp_path / "ok.py"
+    script.write_text("print('never started')\n")
+    return run_cli("jax_flashoverlap.launch", "-n", "100000", str(script))
+
+
 def cli_launch_negative_timeout(t):
     script = t.tmp_path / "ok.py"
     script.write_text("print('never started')\n")

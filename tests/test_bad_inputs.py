@@ -405,7 +405,9 @@ CASES = [
                                                   "got nan"), id="cli-tune-max-error-nan"),
     pytest.param(cli_tune_max_error("-1"), exits(2, "--max-error must be a finite number > 0",
                                                  "got -1.0"), id="cli-tune-max-error-negative"),
-    pytest.param(cli_launch_n0, exits(2, "-n must be >= 1"), id="cli-launch-n-0"),
+    pytest.param(cli_launch_n0, exits(2, "-n must be in [1, 256]"), id="cli-launch-n-0"),
+    pytest.param(cli_launch_n_huge, exits(2, "-n must be in [1, 256] (processes on this machine), "
+                                          "got 100000"), id="cli-launch-n-huge"),
     pytest.param(cli_launch_negative_timeout, exits(2, "--timeout must be a positive number of "
                                                     "seconds", "-1"),
                  id="cli-launch-negative-timeout"),
