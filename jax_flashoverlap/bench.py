@@ -546,7 +546,8 @@ def main(argv=None) -> int:
         p.add_argument("--groups", type=int, nargs="+", default=[0, 2, 4, 8],
                        help="forced group counts (0: the cost model's plan)")
       p.add_argument("--collectives", nargs="+", default=["all_reduce", "reduce_scatter"],
-                     choices=("all_reduce", "reduce_scatter"))
+                     choices=("all_reduce", "reduce_scatter"),
+                     help="the ops measured at each shape (default: both)")
   args = parser.parse_args(argv)
   _check_numbers(parser, args)
   _check_output_paths(parser, args)

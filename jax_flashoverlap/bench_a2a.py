@@ -138,4 +138,5 @@ def bench_a2a(args) -> dict:
 
 def add_arguments(p) -> None:
   p.add_argument("--world", type=int, default=0, help="GPUs in the mesh (0: all)")
-  p.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
+  p.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS,
+                 help="the ops measured at each shape (default: all of them)")
