@@ -171,6 +171,11 @@ void Judge(const char* tag, bool ar, const Case& c, int call, int rank, const Ve
 // Whether the last signaling-GEMM launch cut its last units' K loops (Judge).
 bool LastLaunchSplit() { return LastSignalingGemmLaunch().split_units > 0; }
 
+// --first-call N: every emulated rank starts as if N calls had run (its call count and the
+// call-number words the others wait on), so a few calls cross a wrap (2147483645: the third
+// call's number is INT32_MIN; peer_reduce.h's numbers wrap past 2^31).
+inline uint32_t g_first_call = 0;
+
 // One rank: its stream, buffers and the sequence's state, on `device` (-1: the current one;
 // peer_reduce_test emulates both ranks on one GPU, peer_reduce_2gpu_test puts rank r on GPU r).
 // Leaves `device` current.
@@ -199,6 +204,13 @@ struct EmulatedRank {
     queue = std::make_unique<Buf>(kGemmQueueBytes);
     CK(cudaMemset(recv->p, 0xFF, bytes));  // NaN: a partial read before it arrived shows
     CK(cudaMemset(signals->p, 0, sizeof(int32_t) * kPeerSignalWords));
+    if (g_first_call != 0) {  // the others' credit and done words, as after that many calls
+      r.calls = g_first_call;
+      std::vector<int32_t> words(2 * kMaxPeerRanks, static_cast<int32_t>(g_first_call));
+      static_assert(kPeerDone == kPeerCredit + kMaxPeerRanks, "credit and done words adjoin");
+      CK(cudaMemcpy(static_cast<int32_t*>(signals->p) + kPeerCredit, words.data(),
+                    words.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    }
     r.buffers.recv = recv->p;
     r.buffers.signals = (int32_t*)signals->p;
   }
@@ -325,8 +337,9 @@ void CheckCase(const Case& c, PeerReduceKind kind, int calls, int comm_sms, cuda
   fflush(stdout);
 }
 
-// A program's arguments: MODE [--json PATH] [--iters N] [--world N] (default mode "all", 15
-// iterations, world 2: peer_reduce_2gpu_test's group size); exits 2 on anything else.
+// A program's arguments: MODE [--json PATH] [--iters N] [--world N] [--first-call N] (default
+// mode "all", 15 iterations, world 2: peer_reduce_2gpu_test's group size, first call 0);
+// exits 2 on anything else.
 struct Options {
   std::string mode = "all", json_path;
   int iters = 15;
@@ -339,6 +352,7 @@ Options ParseOptions(int argc, char** argv) {
     if (!strcmp(argv[i], "--json") && i + 1 < argc) o.json_path = argv[++i];
     else if (!strcmp(argv[i], "--iters") && i + 1 < argc) o.iters = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--world") && i + 1 < argc) o.world = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--first-call") && i + 1 < argc) g_first_call = strtoul(argv[++i], nullptr, 10);
     else { fprintf(stderr, "unknown option %s\n", argv[i]); exit(2); }
   }
   if (o.iters < 1) { fprintf(stderr, "bad --iters\n"); exit(2); }

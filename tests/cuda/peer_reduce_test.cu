@@ -54,7 +54,9 @@
 //                               still wait after 1 s without it, end within 10 s of it with no
 //                               CUDA error, and the GPU must stay usable (a plain GEMM after
 //                               it right); reduce-scatter and all-reduce
-// Options: --json PATH, --iters N (bench, default 15). Exit code 1 if a check failed.
+// Options: --json PATH, --iters N (bench, default 15), --first-call N (every rank starts as if
+// N calls had run: 2147483645 makes check's and break's calls cross the wrap of the call
+// numbers). Exit code 1 if a check failed.
 #include "peer_reduce_common.cuh"
 
 namespace {

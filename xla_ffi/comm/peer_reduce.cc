@@ -123,6 +123,11 @@ Status TellPeers(const PeerReduceBuffers& r, WaitMethod wait, cudaStream_t strea
   return ops.Enqueue(stream, wait, nullptr);
 }
 
+// Call numbers wrap (uint32 counts, compared cyclically: stream_wait.h); no signed overflow.
+int32_t CallBefore(int32_t call) {
+  return static_cast<int32_t>(static_cast<uint32_t>(call) - 1u);
+}
+
 Status EnqueueCall(const PeerReduceBuffers& r, WaitMethod wait, const volatile int* abort_flag,
                    cudaStream_t stream, PeerReduceKind kind, const SignalingGemmArgs& gemm,
                    char* result, int32_t call) {
@@ -131,7 +136,7 @@ Status EnqueueCall(const PeerReduceBuffers& r, WaitMethod wait, const volatile i
 
   // 1. Every other rank has finished the previous call: our slot of its recv is free (and,
   // staged, its staging area copied out), its counters are zero.
-  FO_RETURN_IF_NOT_OK(WaitForPeers(r, wait, abort_flag, stream, kPeerCredit, call - 1));
+  FO_RETURN_IF_NOT_OK(WaitForPeers(r, wait, abort_flag, stream, kPeerCredit, CallBefore(call)));
   if (all_reduce) FO_RETURN_IF_NOT_OK(PostMirrorAddresses(r, wait, stream, result, block_bytes, call));
   // 2. One launch over every block, ours last (peer_reduce_args.h).
   SignalingGemmArgs fused = PeerReduceLaunchArgs(r, kind, gemm, result, call);
@@ -150,21 +155,24 @@ Status EnqueueCall(const PeerReduceBuffers& r, WaitMethod wait, const volatile i
   return TellPeers(r, wait, stream, kPeerCredit, call);
 }
 
-// What EnqueueBreakPeers writes into the call-number words every rank waits on with ">=":
-// past any call a rank will make.
-constexpr int32_t kBrokenCallNumber = 1 << 30;
+// How far past this rank's last call EnqueueBreakPeers puts the call-number words every rank
+// waits on with a cyclic ">=": ahead of any call the others have enqueued (ranks are at most
+// a few calls apart), wherever the numbers are. A fixed 2^30 stopped releasing them once the
+// calls passed 2^30 (a hang instead of the break's error).
+constexpr uint32_t kBrokenCallsAhead = 1u << 30;
 
 }  // namespace
 
 Status EnqueueBreakPeers(const PeerReduceRank& rank, cudaStream_t stream) {
   const PeerReduceBuffers& r = rank.buffers;
+  const int32_t broken = static_cast<int32_t>(rank.calls + kBrokenCallsAhead);
   for (int i = 0; i < r.world; ++i) {
     int32_t* signals = i == r.rank ? r.signals : r.peers_signals[i];
     if (signals == nullptr) continue;  // no group set up: nothing waits
     FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, signals + kPeerFailed, 1));
     for (int s = 0; s < r.world - 1; ++s) {
-      FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, signals + kPeerCredit + s, kBrokenCallNumber));
-      FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, signals + kPeerDone + s, kBrokenCallNumber));
+      FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, signals + kPeerCredit + s, broken));
+      FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, signals + kPeerDone + s, broken));
     }
   }
   return Status::Ok();

@@ -24,7 +24,9 @@ Status ReadWaitEnv(bool* spin);
 // kSpinKernel when the driver entry point or the device attribute is missing.
 WaitMethod ChosenWaitMethod(int device);
 
-// Enqueues on `stream`: wait until *counter >= value. With the spin kernel, a non-null
+// Enqueues on `stream`: wait until *counter >= value, cyclically ((int32)(*counter - value)
+// >= 0, as cuStreamWaitValue32's GEQ; the spin kernel compares the same way), so call
+// numbers may wrap. With the spin kernel, a non-null
 // `abort_flag` (the watchdog's, host-mapped) that becomes non-zero makes the wait trap.
 Status EnqueueWaitGeq(cudaStream_t stream, const int32_t* counter, int32_t value,
                       WaitMethod method, const volatile int* abort_flag = nullptr);

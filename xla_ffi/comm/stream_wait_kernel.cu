@@ -9,6 +9,13 @@
 namespace flashoverlap {
 namespace {
 
+// "Reached" is cyclic, as cuStreamWaitValue32's GEQ: (int32)(seen - value) >= 0. The peer
+// stores' call numbers count every call of a communicator and wrap past 2^31: a plain
+// `seen < value` let every wait of the call after the wrap pass at once (wrong data).
+__device__ __forceinline__ bool Before(int32_t seen, int32_t value) {
+  return static_cast<int32_t>(static_cast<uint32_t>(seen) - static_cast<uint32_t>(value)) < 0;
+}
+
 __global__ void SpinWaitGeqKernel(const int32_t* counter, int32_t value,
                                   const volatile int* abort_flag) {
   int32_t seen;
@@ -20,8 +27,8 @@ __global__ void SpinWaitGeqKernel(const int32_t* counter, int32_t value,
     // next; for our own GEMM's counters (its tile stores fenced before its atomicAdd) GPU
     // scope would do (a system-scope load per spin; the spin sleeps 200 ns between loads).
     asm volatile("ld.acquire.sys.global.b32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
-    if (seen < value) __nanosleep(200);
-  } while (seen < value);
+    if (Before(seen, value)) __nanosleep(200);
+  } while (Before(seen, value));
 }
 
 }  // namespace
