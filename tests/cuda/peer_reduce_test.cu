@@ -47,6 +47,9 @@
 //                               the host sets the abort flag (host-mapped, as the watchdog's),
 //                               fail (trap) within 10 s instead of waiting for ever. Leaves the
 //                               CUDA context unusable: run alone, last
+//   peer_reduce_test wait_wrap: the stream waits across the wrap of int32 (both methods): a
+//                               word at INT32_MAX must keep a wait for INT32_MIN waiting
+//                               until written, one at INT32_MIN + 5 must pass INT32_MAX - 5
 //   peer_reduce_test break    : a rank whose call failed: two ranks emulated on one GPU (half
 //                               of the SMs each), call 1 by both, then rank 0's calls 2 and 3
 //                               while rank 1 breaks the pair (EnqueueBreakPeers, what the
@@ -318,6 +321,46 @@ void Bench(cudaStream_t s, int* counters, int iters) {
 
 // Exits the process (its CUDA context is gone after the trap): 0 if the wait gave up as it
 // should, 1 if not.
+// ------------------------------------------------------------------ wait_wrap
+
+// EnqueueWaitGeq across the wrap of int32, both methods: a word at INT32_MAX has not reached
+// INT32_MIN (the next number), so the wait must still run after 200 ms (`seen < value` let it
+// pass at once: the spin kernel did, the stream operation never did), and must end once the
+// word is written; a word at INT32_MIN + 5 has reached INT32_MAX - 5 (no wait).
+void WaitWrap() {
+  cudaStream_t waiter, writer;
+  CK(cudaStreamCreateWithFlags(&waiter, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&writer, cudaStreamNonBlocking));
+  CK(LoadSpinWaitKernel());  // loaded now: a lazy load later would wait for the spinning one
+  Buf word(sizeof(int32_t));
+  const int32_t kMax = INT32_MAX, kMin = INT32_MIN, kAhead = INT32_MIN + 5;
+  for (WaitMethod method : {WaitMethod::kStreamOp, WaitMethod::kSpinKernel}) {
+    const char* name = method == WaitMethod::kStreamOp ? "stream op" : "spin kernel";
+    CK(cudaMemcpy(word.p, &kMax, sizeof kMax, cudaMemcpyHostToDevice));
+    Must(EnqueueWaitGeq(waiter, static_cast<const int32_t*>(word.p), kMin, method), "wait");
+    usleep(200000);
+    const bool waiting = cudaStreamQuery(waiter) == cudaErrorNotReady;
+    CK(cudaMemcpyAsync(word.p, &kMin, sizeof kMin, cudaMemcpyHostToDevice, writer));
+    CK(cudaStreamSynchronize(writer));
+    int waited_ms = 0;
+    const cudaError_t end = WaitStream(waiter, 5000, &waited_ms);
+    CK(cudaMemcpy(word.p, &kAhead, sizeof kAhead, cudaMemcpyHostToDevice));
+    Must(EnqueueWaitGeq(waiter, static_cast<const int32_t*>(word.p), kMax - 5, method), "wait");
+    int passed_ms = 0;
+    const cudaError_t passed = WaitStream(waiter, 5000, &passed_ms);
+    const bool pass = waiting && end == cudaSuccess && passed == cudaSuccess && passed_ms < 1000;
+    if (!pass) ++g_failures;
+    printf("wait_wrap %-11s INT32_MAX vs INT32_MIN still waiting after 200 ms: %s, ended %d ms after "
+           "the write (%s); INT32_MIN+5 vs INT32_MAX-5 passed in %d ms (%s)  %s\n", name,
+           waiting ? "yes" : "NO", waited_ms, cudaGetErrorName(end), passed_ms,
+           cudaGetErrorName(passed), pass ? "PASS" : "FAIL");
+    fflush(stdout);
+    if (end == cudaErrorNotReady || passed == cudaErrorNotReady) _exit(1);  // a stuck stream
+  }
+  CK(cudaStreamDestroy(waiter));
+  CK(cudaStreamDestroy(writer));
+}
+
 [[noreturn]] void Abort(cudaStream_t s, const std::string& json_path) {
   int* flag = nullptr;
   CK(cudaHostAlloc(&flag, sizeof(int), cudaHostAllocMapped));
@@ -509,6 +552,7 @@ int main(int argc, char** argv) {
   }
   TestDevice d = StartTestDevice();
   if (o.mode == "abort") Abort(d.stream, o.json_path);
+  if (o.mode == "wait_wrap" || o.mode == "all") WaitWrap();
   if (o.mode == "flags" || o.mode == "all") Flags(d.counters, d.stream, 20);
   if (o.mode == "sanitize") Flags(d.counters, d.stream, 2000);
   if (o.mode == "check" || o.mode == "all") Check(/*small=*/false, d.stream);
