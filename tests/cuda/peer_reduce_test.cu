@@ -544,9 +544,9 @@ void BenchRing(cudaStream_t s, int iters) {
 int main(int argc, char** argv) {
   const Options o = ParseOptions(argc, argv);
   const std::vector<std::string> modes = {"flags", "check", "groups", "bench", "bench_groups", "bench_ring",
-                                          "sanitize", "abort", "break", "all"};
+                                          "sanitize", "abort", "break", "wait_wrap", "all"};
   if (std::find(modes.begin(), modes.end(), o.mode) == modes.end()) {
-    fprintf(stderr, "unknown mode '%s' (flags, check, groups, bench, bench_groups, bench_ring, sanitize, abort, break, all)\n",
+    fprintf(stderr, "unknown mode '%s' (flags, check, groups, bench, bench_groups, bench_ring, sanitize, abort, break, wait_wrap, all)\n",
             o.mode.c_str());
     return 2;
   }
