@@ -162,6 +162,10 @@ def test_forced_explicit_bands():
     with P.forced(band_rows=(0, 512, 4096)):  # does not end at the block's rows
         with pytest.raises(ValueError, match="must start at 0 and end at 8192"):
             P.choose_plan("all_reduce", 8192, 8192, 4096, 2)
+    # any iterable of ints, read once (a generator was consumed by the int check and the
+    # plan got no bands at all)
+    with P.forced(band_rows=(b for b in bands), comm_sms=12):
+        assert P.choose_plan("all_reduce", 8192, 8192, 4096, 2).band_rows == bands
 
 
 def test_single_cta_policy_is_timed_and_saved(monkeypatch):
