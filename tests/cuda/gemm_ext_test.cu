@@ -265,6 +265,7 @@ void Api(cudaStream_t s) {
       {"FLASHOVERLAP_GEMM_PANEL", "0", cudaErrorInvalidValue},
       {"FLASHOVERLAP_GEMM_PANEL", "8x", cudaErrorInvalidValue},
       {"FLASHOVERLAP_GEMM_TILE", "64", cudaErrorInvalidValue},
+      {"FLASHOVERLAP_GEMM_TILE", "300", cudaErrorInvalidValue},
       {"FLASHOVERLAP_GEMM_LOG", "2", cudaErrorInvalidValue},
       {"FLASHOVERLAP_GEMM_PANEL", " 4 ", cudaSuccess},
       {"FLASHOVERLAP_GEMM_SERPENTINE", "", cudaSuccess}};
@@ -274,6 +275,12 @@ void Api(cudaStream_t s) {
     if (e.want != cudaSuccess && !strstr(LastSignalingGemmError(), e.var)) {
       ++g_failures;
       printf("api      the refusal names %s: '%s' FAIL\n", e.var, LastSignalingGemmError());
+    }
+    // TILE: the values it takes, not a range ('300' was "an integer in [0, 256]")
+    if (e.want != cudaSuccess && !strcmp(e.var, "FLASHOVERLAP_GEMM_TILE") &&
+        !strstr(LastSignalingGemmError(), "must be 0, 128 or 256")) {
+      ++g_failures;
+      printf("api      the refusal lists TILE's values: '%s' FAIL\n", LastSignalingGemmError());
     }
     unsetenv(e.var);
   }

@@ -317,10 +317,6 @@ void Bench(cudaStream_t s, int* counters, int iters) {
   }
 }
 
-// ------------------------------------------------------------------ abort (a peer that never comes)
-
-// Exits the process (its CUDA context is gone after the trap): 0 if the wait gave up as it
-// should, 1 if not.
 // ------------------------------------------------------------------ wait_wrap
 
 // EnqueueWaitGeq across the wrap of int32, both methods: a word at INT32_MAX has not reached
@@ -361,6 +357,10 @@ void WaitWrap() {
   CK(cudaStreamDestroy(writer));
 }
 
+// ------------------------------------------------------------------ abort (a peer that never comes)
+
+// Exits the process (its CUDA context is gone after the trap): 0 if the wait gave up as it
+// should, 1 if not.
 [[noreturn]] void Abort(cudaStream_t s, const std::string& json_path) {
   int* flag = nullptr;
   CK(cudaHostAlloc(&flag, sizeof(int), cudaHostAllocMapped));

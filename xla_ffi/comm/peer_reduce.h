@@ -65,8 +65,8 @@ Status EnqueuePeerReduce(PeerReduceRank& rank, cudaStream_t stream, PeerReduceKi
 // After a failed call of this rank (enqueued in part or not at all): lets every call of the
 // group that is enqueued or will be, on any GPU, end instead of waiting for the others for
 // ever. Stream writes on `stream` set every rank's kPeerFailed word (the GEMM's waits for the
-// others then end, nothing more is mirrored) and their credit and done words past any call
-// number (the stream waits pass). Those calls' results are wrong: only for a group that
+// others then end, nothing more is mirrored) and their credit and done words 2^30 past this
+// rank's calls, cyclically ahead of any call the others have enqueued (the stream waits pass). Those calls' results are wrong: only for a group that
 // makes no more calls (MarkPeerStoresBroken) inside a program that fails as a whole (one
 // process: XLA's execution returns our error). Needs no SM on any GPU; nothing waits on the
 // host.

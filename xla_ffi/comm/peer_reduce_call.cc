@@ -62,11 +62,14 @@ Status CheckResultWritable(Communicator& comm, const void* result) {
                             grant);
 }
 
-// An injected hang (fault_injection.h): the call waits, as it waits for a peer, for a word
-// no rank writes (the call numbers, even a broken pair's, stay far below).
+// An injected hang (fault_injection.h): the call waits, as it waits for a peer, for a number
+// no rank writes: 3 * 2^29 past this rank's calls, ahead of the others' call numbers (a few
+// calls apart) and of a break's (2^30 past its rank's calls). The wait is cyclic and the
+// numbers wrap (stream_wait.h): a fixed INT32_MAX was released by a break once the calls
+// passed 2^30, and by the call numbers themselves at 2^31.
 Status EnqueueInjectedHang(const PeerReduceRank& peer, cudaStream_t stream) {
-  constexpr int32_t kNeverWritten = 0x7fffffff;
-  return EnqueueWaitGeq(stream, peer.buffers.signals + kPeerCredit, kNeverWritten, peer.wait_method,
+  const int32_t never_written = static_cast<int32_t>(peer.calls + (3u << 29));
+  return EnqueueWaitGeq(stream, peer.buffers.signals + kPeerCredit, never_written, peer.wait_method,
                         peer.abort_flag);
 }
 

@@ -364,9 +364,10 @@ cudaError_t PlanLaunch(const SignalingGemmArgs& args, LaunchPlan* plan) {
   }
   // The integer variables, as _ext.check_kernel_integers accepts them (read at every launch:
   // set after lowering, or in a C++ harness, a typo must not silently pick another setting).
+  // TILE's own message for every refusal ("an integer in [0, 256]" said 200 would do).
   std::string env_error;
   const int tile = EnvInt("FLASHOVERLAP_GEMM_TILE", 0, 0, 256, &env_error);
-  if (env_error.empty() && tile != 0 && tile != 128 && tile != 256)
+  if (!env_error.empty() || (tile != 0 && tile != 128 && tile != 256))
     env_error = std::string("FLASHOVERLAP_GEMM_TILE='") + std::getenv("FLASHOVERLAP_GEMM_TILE") +
                 "' must be 0, 128 or 256";
   const int panel = EnvInt("FLASHOVERLAP_GEMM_PANEL", 8, 1, 1024, &env_error);
