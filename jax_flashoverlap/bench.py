@@ -34,7 +34,7 @@ import statistics
 import sys
 import time
 
-from jax_flashoverlap import bench_a2a, bench_targets, bench_variants
+from jax_flashoverlap import bench_a2a, bench_args, bench_targets, bench_variants
 # git_commit stays importable as bench.git_commit (tune, benchmarks/, their tests)
 from jax_flashoverlap.bench_record import RowLog, git_commit, write_json  # noqa: F401
 
@@ -449,50 +449,6 @@ def bench_overlap(args) -> dict:
   return {"kind": "overlap", "rows": rows, "targets": targets}
 
 
-def _check_numbers(parser, args) -> None:
-  """Numbers the benchmarks divide by or pass to the ops, as parser errors (exit 2) naming the
-  option, before any device work (they were tracebacks: --samples 0, --world 0, ...)."""
-  from jax_flashoverlap.plan import MAX_COMM_SMS, MAX_GROUPS
-  for name in ("calls", "samples"):
-    if getattr(args, name) < 1:
-      parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-  if args.kind == "gemm" and args.world < 1:
-    parser.error(f"--world must be >= 1 (per-GPU K = K / world), got {args.world}")
-  for sms in getattr(args, "comm_sms", ()):
-    if not 0 <= sms <= MAX_COMM_SMS:
-      parser.error(f"--comm-sms values must be in [0, {MAX_COMM_SMS}], got {sms}")
-  for groups in getattr(args, "groups", ()):
-    if not 0 <= groups <= MAX_GROUPS:
-      parser.error(f"--groups values must be in [0, {MAX_GROUPS}] (0: the cost model's), "
-                   f"got {groups}")
-  if getattr(args, "trace", 0) < 0:
-    parser.error(f"--trace must be >= 0, got {args.trace}")
-
-
-def _check_output_paths(parser, args) -> None:
-  """--out (rewritten after every row) and --plot (drawn at the end) can be written, checked
-  before any device work: a directory, or a folder that cannot be made or written, was a
-  traceback after the first row's (or, for --plot, the whole run's) measurements."""
-  for option, path in (("--out", args.out), ("--plot", getattr(args, "plot", None))):
-    if not path:
-      continue
-    path = os.path.abspath(path)
-    parent = os.path.dirname(path)
-    if os.path.isdir(path):
-      parser.error(f"{option} {path}: cannot write there (a directory)")
-    try:
-      os.makedirs(parent, exist_ok=True)
-    except OSError as err:
-      existing = parent
-      while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-      parser.error(f"{option} {path}: cannot write there (" + (
-          f"{existing} is not a directory" if not os.path.isdir(existing) else str(err)) + ")")
-    if not os.access(parent, os.W_OK):
-      parser.error(f"{option} {path}: cannot write there ({parent} is not a writable "
-                   "directory)")
-
-
 def _check_shapes(parser, args) -> None:
   """Every --shapes value splits over the mesh as the subcommand's ops need."""
   try:
@@ -549,8 +505,8 @@ def main(argv=None) -> int:
                      choices=("all_reduce", "reduce_scatter"),
                      help="the ops measured at each shape (default: both)")
   args = parser.parse_args(argv)
-  _check_numbers(parser, args)
-  _check_output_paths(parser, args)
+  bench_args.check_numbers(parser, args)
+  bench_args.check_output_paths(parser, args)
   import jax_flashoverlap as fo
   fo.distributed.initialize()  # no-op unless started by jax_flashoverlap.launch
   import jax

@@ -71,6 +71,9 @@ from flax import nnx
 from flax.core import spmd as _flax_spmd
 
 from jax_flashoverlap import _compat, _validation, ops, sharding, sharding_column
+from jax_flashoverlap.layer_backward import column_matmul as _column_matmul
+from jax_flashoverlap.layer_backward import row_scatter_matmul as _row_scatter_matmul
+from jax_flashoverlap.layer_backward import sequence_parallel_matmul as _sequence_parallel_matmul
 
 __all__ = ["RowParallelLinear", "ColumnParallelLinear", "RowParallelDense",
            "ColumnParallelDense", "REDUCTIONS"]
@@ -379,65 +382,6 @@ def _column(cfg: _Config, x, w):
       axis not in _compat.varying_axes(x):
     return _column_matmul(x, w, axis, 0)
   return jnp.matmul(x, w)
-
-
-def _overlapped_dx(forward, dw_reference, dx_op, gathers_dy=False):
-  """forward(x, w, axis, sequence_dim) whose backward computes dx with our op `dx_op(dy, w,
-  axis, sequence_dim)` (dy @ w.T and its collective, the kernel w [in, out/n] read in place
-  as the [N, K] weight) and dw exactly as XLA's own backward of `dw_reference(x, w, axis,
-  sequence_dim)`. gathers_dy: dx_op is all_gather_matmul, whose gathered dy (returned with
-  dx, no second gather) is the cotangent of dw_reference."""
-  @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-  def call(x, w, axis_name, sequence_dim):
-    return forward(x, w, axis_name, sequence_dim)
-
-  def fwd(x, w, axis_name, sequence_dim):
-    return forward(x, w, axis_name, sequence_dim), (x, w)
-
-  def bwd(axis_name, sequence_dim, res, dy):
-    x, w = res
-    if gathers_dy:
-      dx, dy = dx_op(dy, w, axis_name, sequence_dim, return_gathered=True)
-    else:
-      dx = dx_op(dy, w, axis_name, sequence_dim)
-    _, w_vjp = jax.vjp(lambda w: dw_reference(x, w, axis_name, sequence_dim), w)
-    (dw,) = w_vjp(dy)
-    return dx.astype(x.dtype), dw
-
-  call.defvjp(fwd, bwd)
-  return call
-
-
-def _local_matmul(x, w, axis_name, sequence_dim):
-  return jnp.matmul(x, w)
-
-
-def _gathered_matmul(x, w, axis_name, sequence_dim):
-  return jnp.matmul(lax.all_gather(x, axis_name, axis=sequence_dim, tiled=True), w)
-
-
-def _with_sequence_dim(op, **fixed):
-  """op(a, w, axis, sequence_dim=..., **fixed) as f(a, w, axis, sequence_dim, **more)."""
-  return lambda a, w, axis_name, dim, **more: op(a, w, axis_name, sequence_dim=dim, **fixed,
-                                                 **more)
-
-
-# x replicated, kernel sharded on out: dx = psum(dy @ w.T) is matmul_all_reduce.
-_column_matmul = _overlapped_dx(
-    _local_matmul, _local_matmul,
-    lambda dy, w, axis_name, _: ops.matmul_all_reduce(dy, w, axis_name, transpose_w=True))
-# Sequence parallelism: the forward is all_gather_matmul, and its backward's dx =
-# psum_scatter(dy @ w.T) over the sequence is matmul_reduce_scatter, overlapped like the
-# forward (Megatron's sequence-parallel layer in both directions); dw = all_gather(x).T @ dy.
-_sequence_parallel_matmul = _overlapped_dx(
-    _with_sequence_dim(ops.all_gather_matmul), _gathered_matmul,
-    _with_sequence_dim(ops.matmul_reduce_scatter, transpose_w=True))
-# The row layer's reduce-scatter (x [S, ..., in/n] -> [S/n, ..., out]): its backward's dx =
-# all_gather(dy) @ w.T is all_gather_matmul, which also returns all_gather(dy) for
-# dw = x.T @ all_gather(dy), XLA's local dot: dy is gathered once, as in XLA's backward.
-_row_scatter_matmul = _overlapped_dx(
-    _with_sequence_dim(ops.matmul_reduce_scatter), _local_matmul,
-    _with_sequence_dim(ops.all_gather_matmul, transpose_w=True), gathers_dy=True)
 
 
 # ----------------------------------------------------------------------------- Flax NNX

@@ -508,6 +508,15 @@ CASES = [
     pytest.param(env_gemm_serpentine_non_ascii_digit,
                  raises(ValueError, "FLASHOVERLAP_GEMM_SERPENTINE='\u0661'", "must be 0 (",
                         "reads an integer"), id="env-gemm-serpentine-non-ascii-digit"),
+    pytest.param(env_gemm_panel_zero, raises(ValueError, "FLASHOVERLAP_GEMM_PANEL='0'",
+                                             "must be an integer in [1, 1024]"),
+                 id="env-gemm-panel-zero"),
+    pytest.param(env_gemm_tile_other, raises(ValueError, "FLASHOVERLAP_GEMM_TILE='64'",
+                                             "must be 128 or 256"),
+                 id="env-gemm-tile-other"),
+    pytest.param(env_wait_typo, raises(ValueError, "JAX_FLASHOVERLAP_WAIT='spinn'",
+                                       "must be 'spin'"),
+                 id="env-wait-typo"),
     # --- plan overrides (jax_flashoverlap.plan.forced / plan_a2a.forced; tuning, benchmarks) ---
     pytest.param(plan_forced_overlap_not_bool, raises(TypeError, "forced(): overlap must be a "
                                                       "bool (False: XLA's dot + collective), "
@@ -519,15 +528,6 @@ CASES = [
     pytest.param(plan_forced_band_rows_not_ints, raises(TypeError, "forced(): band_rows must be a "
                                                         "sequence of ints", "(0, 10.7, 64)"),
                  id="plan-forced-band-rows-not-ints"),
-    pytest.param(env_gemm_panel_zero, raises(ValueError, "FLASHOVERLAP_GEMM_PANEL='0'",
-                                             "must be an integer in [1, 1024]"),
-                 id="env-gemm-panel-zero"),
-    pytest.param(env_gemm_tile_other, raises(ValueError, "FLASHOVERLAP_GEMM_TILE='64'",
-                                             "must be 128 or 256"),
-                 id="env-gemm-tile-other"),
-    pytest.param(env_wait_typo, raises(ValueError, "JAX_FLASHOVERLAP_WAIT='spinn'",
-                                       "must be 'spin'"),
-                 id="env-wait-typo"),
 ]
 
 CUSTOM_CALLS = ("flashoverlap_gemm_all_reduce", "flashoverlap_gemm_reduce_scatter")
