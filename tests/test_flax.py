@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from _util import assert_close, f32, make_mesh_1d, make_mesh_2d, rand, shard_map
+from _util import assert_close, assert_rel_fro, f32, make_mesh_1d, make_mesh_2d, rand, shard_map
 
 flax = pytest.importorskip("flax")
 from flax import nnx  # noqa: E402
@@ -122,6 +122,11 @@ def test_column_backward_all_reduce_is_ours_only_under_check_vma(check_vma, rng)
 
 
 def test_nnx_constructed_inside_shard_map_has_local_shapes(rng):
+  """Layers made inside the body get local shapes, and compute what the same layers made
+  outside (global params, the same rngs) compute: each device holds its own block of the
+  params (test_flax_checks.py checks the blocks), so the row layer's all-reduce and the
+  column layer's column blocks give the global product. A shape check alone passed with
+  any values (the same block on every device, a missing all-reduce)."""
   mesh = make_mesh_1d(4)
   x = rand(rng, (8, 64), BF16)
 
@@ -133,6 +138,11 @@ def test_nnx_constructed_inside_shard_map_has_local_shapes(rng):
     return col(row(x))
   y = jax.jit(shard_map(body, mesh, P(None, "tp"), P(None, "tp")))(x)
   assert y.shape == (8, 64) and y.dtype == BF16
+  row = RowParallelLinear(64, 32, rngs=nnx.Rngs(0))
+  col = ColumnParallelLinear(32, 64, rngs=nnx.Rngs(0))
+  p32 = lambda a: f32(jnp.asarray(a, BF16))  # noqa: E731  (float32 on the bf16-rounded value)
+  h = p32(f32(x) @ p32(row.kernel[...]) + p32(row.bias[...]))
+  assert_rel_fro(y, h @ p32(col.kernel[...]) + p32(col.bias[...]))
 
 
 # ----------------------------------------------------------------------------- NNX, global view

@@ -111,6 +111,29 @@ def test_a_wrong_op_fails(fuzz, monkeypatch):
   assert failure["case"]["op"] == "all_reduce" and failure["calls"][0]["bad_blocks"] >= 1
 
 
+def test_right_values_without_our_custom_call_fail_on_a_gpu(fuzz, monkeypatch):
+  # On the GPU machine a case whose compiled program lacks our custom call ran XLA's own
+  # dot + collective: its values are right, and it must still fail, or the GPU fuzz test
+  # would pass on the reference path. On CPU every program is XLA's, so with the backend
+  # reported as "gpu" (to fuzz.py alone) every case must fail on that ground alone.
+  class _OnGpu:
+    def __getattr__(self, name):
+      return getattr(jax, name)
+
+    @staticmethod
+    def default_backend():
+      return "gpu"
+
+  monkeypatch.setattr(fuzz, "jax", _OnGpu())
+  lines = []
+  report = fuzz.fuzz(_mesh(), cases=4, seed=5, ops=("all_reduce", "matmul"), large=48,
+                     max_flops=1 << 16, log=lines.append)
+  assert report["total_failed"] == 4, report
+  for failure in report["failures"]:
+    assert failure["custom_call"] is False and failure["calls"] == [], failure
+  assert sum("(not our custom call)" in line for line in lines) == 4, lines
+
+
 def test_a_launch_error_is_a_failure_not_a_crash(fuzz, monkeypatch):
   def broken(x, w, **kw):
     return jax.pure_callback(_raise, jax.ShapeDtypeStruct((x.shape[0], w.shape[-1]), x.dtype))
