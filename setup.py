@@ -150,10 +150,12 @@ def _sources() -> list:
   return sorted(p for p in SRC.rglob("*") if p.suffix in (".cu", ".cc"))
 
 
-def _headers_digest(folder: Path) -> str:
+def _tree_digest(folder: Path, suffixes=(".h", ".cuh", ".hpp", ".inl")) -> str:
+  """Digest of the files under `folder` with these suffixes (by default the headers), each
+  named relative to the checkout."""
   h = hashlib.sha256()
   for p in sorted(folder.rglob("*")):
-    if p.suffix in (".h", ".cuh", ".hpp", ".inl"):
+    if p.suffix in suffixes:
       h.update(str(p.relative_to(ROOT)).encode())
       h.update(p.read_bytes())
   return h.hexdigest()
@@ -168,9 +170,7 @@ def kernel_build_digest(toolchain: str = "") -> str:
   (jax_flashoverlap.tuning). NCCL is loaded at run time: info() reports its version."""
   h = hashlib.sha256(toolchain.encode() + b"\0")
   for folder in (SRC / "kernels", SRC / "comm"):
-    for p in sorted(folder.rglob("*")):
-      if p.suffix in (".cu", ".cc", ".h", ".cuh"):
-        h.update(str(p.relative_to(ROOT)).encode() + b"\0" + p.read_bytes())
+    h.update(_tree_digest(folder, (".cu", ".cc", ".h", ".cuh")).encode())
   return h.hexdigest()[:16]
 
 
@@ -218,7 +218,7 @@ class CudaBuildExt(build_ext):
     obj_dir = ROOT / "build" / "obj"
     obj_dir.mkdir(parents=True, exist_ok=True)
     # Kernels include only kernels/ headers: other headers changing does not rebuild them.
-    headers_all, headers_kernels = _headers_digest(SRC), _headers_digest(SRC / "kernels")
+    headers_all, headers_kernels = _tree_digest(SRC), _tree_digest(SRC / "kernels")
 
     versions = _dependency_versions()
     # module.cc reports it; as a flag it is in module.cc's object key, so that rebuilds. The

@@ -450,14 +450,16 @@ def forced(num_groups: int | None = None, comm_sms: int | None = None, overlap: 
     raise ValueError("forced(): give num_groups or band_rows, not both")
   check_forced(num_groups=num_groups, comm_sms=comm_sms)
   check_forced_overlap(overlap)
-  if band_rows is not None and not isinstance(band_rows, (str, bytes)):
-    band_rows = tuple(band_rows)  # read once: an iterator checked below would then be empty
-  if band_rows is not None and (isinstance(band_rows, (str, bytes)) or not all(
-      isinstance(b, numbers.Integral) and not isinstance(b, bool) for b in band_rows)):
-    # int(b) truncated 10.7 to 10 (and read True as 1) without a word
-    raise TypeError(f"forced(): band_rows must be a sequence of ints (row boundaries in one "
-                    f"rank block), got {band_rows!r}")
-  bands = None if band_rows is None else tuple(int(b) for b in band_rows)
+  bands = None
+  if band_rows is not None:
+    # read once (an iterator would be empty after the check); int(b) truncated 10.7 to 10
+    # (and read True as 1) without a word
+    bands = None if isinstance(band_rows, (str, bytes)) else tuple(band_rows)
+    if bands is None or not all(isinstance(b, numbers.Integral) and not isinstance(b, bool)
+                                for b in bands):
+      raise TypeError(f"forced(): band_rows must be a sequence of ints (row boundaries in one "
+                      f"rank block), got {band_rows!r}")
+    bands = tuple(int(b) for b in bands)
   return _override.active((num_groups, comm_sms, overlap, bands, cta_policy))
 
 

@@ -54,8 +54,10 @@ def test_kernel_build_digest_follows_the_kernels_and_the_call_sequences(tmp_path
     import hashlib
     for folder in ("kernels", "comm", "ffi"):
         shutil.copytree(os.path.join(REPO, "xla_ffi", folder), tmp_path / "xla_ffi" / folder)
+    from pathlib import Path
+    tree = _setup_function("_tree_digest", hashlib=hashlib, ROOT=tmp_path, Path=Path)
     digest = _setup_function("kernel_build_digest", hashlib=hashlib, ROOT=tmp_path,
-                             SRC=tmp_path / "xla_ffi")
+                             SRC=tmp_path / "xla_ffi", _tree_digest=tree)
     first = digest()
     assert len(first) == 16 and set(first) <= set("0123456789abcdef") and digest() == first
     assert digest("-O3 cutlass-4.2.0.0") != digest("-O0 cutlass-4.2.0.0") != first  # toolchain
