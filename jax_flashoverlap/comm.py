@@ -452,7 +452,9 @@ def op_memory(op: str, x_shape, w_shape, dtype, world: int, *, transpose_w: bool
 
 def list_communicators() -> list:
   """This process's communicators: comm_id, device, rank, world_size, comm_sms,
-  workspace_bytes, wait_method, watchdog_seconds, aborted, peer_to_peer, cta_policy (0
+  workspace_bytes, wait_method ('stream_op' or 'spin': how its calls wait for the GEMM's
+  signals), write_method ('stream_op' or 'kernel': how they write flags; both chosen when the
+  communicator is made, JAX_FLASHOVERLAP_WAIT), watchdog_seconds, aborted, peer_to_peer, cta_policy (0
   default, 1 efficiency, 2 zero), workspace_error (why allocating the workspace last failed;
   '' if it did not: such a communicator's calls are refused until a lowering grows it),
   peer_recv_bytes (its peer-store buffer, JAX_FLASHOVERLAP_TRANSPORT=peer; 0: none),

@@ -86,3 +86,30 @@ def test_communicator_setup_refuses_a_misspelt_wait_then_works(monkeypatch):
     finally:
         _ext.ext.destroy_communicators(_COMM_ID)
     assert not _ext.ext.has_communicators(_COMM_ID)
+
+
+@pytest.mark.parametrize("wait,expected", [
+    (None, ("stream_op", "stream_op")), ("spin", ("spin", "kernel"))])
+def test_wait_and_write_methods_are_chosen_when_the_communicator_is_made(monkeypatch, wait,
+                                                                         expected):
+    """Both follow JAX_FLASHOVERLAP_WAIT at creation and keep to it: the flag writes read the
+    variable again at every call, so a value set later changed them mid-run (and a typo went
+    unchecked there)."""
+    from jax_flashoverlap import _ext
+
+    def methods():
+        mine = [c for c in _ext.ext.list_communicators() if c["comm_id"] == _COMM_ID]
+        assert len(mine) == 1, mine
+        return mine[0]["wait_method"], mine[0]["write_method"]
+
+    if wait is None:
+        monkeypatch.delenv("JAX_FLASHOVERLAP_WAIT", raising=False)
+    else:
+        monkeypatch.setenv("JAX_FLASHOVERLAP_WAIT", wait)
+    _create()
+    try:
+        assert methods() == expected
+        monkeypatch.setenv("JAX_FLASHOVERLAP_WAIT", "spin" if wait is None else "")
+        assert methods() == expected
+    finally:
+        _ext.ext.destroy_communicators(_COMM_ID)

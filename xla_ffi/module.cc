@@ -190,6 +190,7 @@ py::list ListCommunicators() {
     d["comm_sms"] = c.comm_sms;
     d["workspace_bytes"] = c.workspace_bytes;
     d["wait_method"] = c.wait_method;
+    d["write_method"] = c.write_method;
     d["watchdog_seconds"] = c.watchdog_seconds;
     d["aborted"] = c.aborted;
     d["peer_to_peer"] = c.peer_to_peer;

@@ -255,7 +255,8 @@ fo::Status CallOp(const std::string& op, const Options& o, fo::Communicator& col
     // ar_out: in place on the output (JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER=output); null: the
     // communicator's workspace.
     void* gemm_out = op == "ar_out" ? d.out : nullptr;
-    auto gemm = Gemm(o, d.x, d.w, gemm_out, coll.counters, rs ? o.world : 1,
+    // Counters null: the call sets the communicator's under its lock (overlap_calls.h).
+    auto gemm = Gemm(o, d.x, d.w, gemm_out, nullptr, rs ? o.world : 1,
                      Bands(rs ? o.m / world : o.m, 3));
     return fo::RunGemmCollective(
         coll, stream, rs ? fo::CollectiveKind::kReduceScatter : fo::CollectiveKind::kAllReduce,
@@ -265,7 +266,7 @@ fo::Status CallOp(const std::string& op, const Options& o, fo::Communicator& col
     const int split = op == "a2a" ? 0 : 1;
     fo::AllToAllShape shape{o.m, o.n, world, split == 0 ? o.m / world : o.m,
                             split == 0 ? o.n : o.n / world, split, split};
-    auto gemm = Gemm(o, d.x, d.w, nullptr, p2p.counters, split == 0 ? o.world : 1,
+    auto gemm = Gemm(o, d.x, d.w, nullptr, nullptr, split == 0 ? o.world : 1,
                      Bands(shape.rows, 3));
     gemm.out_col_block = split == 1 ? static_cast<int>(shape.cols) : 0;
     return fo::RunGemmAllToAll(p2p, stream, shape, gemm, d.out, kPoisonWorkspace,

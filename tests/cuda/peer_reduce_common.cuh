@@ -193,6 +193,7 @@ struct EmulatedRank {
     r.buffers.world = world;
     CK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
     r.wait_method = ChosenWaitMethod(device);
+    r.write_method = ChosenWriteMethod();
     // As a communicator does (communicator.cc): with spin waits, the wait and write kernels'
     // lazy loads at their first launch would wait for the GEMM already running, which waits
     // for the other emulated rank's launch that this thread has not made yet: a deadlock.

@@ -88,6 +88,7 @@ struct IpcRank {
     r.buffers.mirror_staged = true;  // the others' results are in their processes
     CK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
     r.wait_method = ChosenWaitMethod(device);
+    r.write_method = ChosenWriteMethod();
     CK(LoadSpinWaitKernel());  // as EmulatedRank: no lazy load behind a waiting GEMM
     CK(LoadWriteFlagKernel());
     signals = std::make_unique<Buf>(sizeof(int32_t) * kPeerSignalWords);

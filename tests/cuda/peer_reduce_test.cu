@@ -50,6 +50,9 @@
 //   peer_reduce_test wait_wrap: the stream waits across the wrap of int32 (both methods): a
 //                               word at INT32_MAX must keep a wait for INT32_MIN waiting
 //                               until written, one at INT32_MIN + 5 must pass INT32_MAX - 5
+//   peer_reduce_test write_methods: flag writes by each method land after the work before
+//                               them, and JAX_FLASHOVERLAP_WAIT picks the method
+//                               (stream_word_checks.cuh)
 //   peer_reduce_test break    : a rank whose call failed: two ranks emulated on one GPU (half
 //                               of the SMs each), call 1 by both, then rank 0's calls 2 and 3
 //                               while rank 1 breaks the pair (EnqueueBreakPeers, what the
@@ -61,6 +64,7 @@
 // N calls had run: 2147483645 makes check's and break's calls cross the wrap of the call
 // numbers). Exit code 1 if a check failed.
 #include "peer_reduce_common.cuh"
+#include "stream_word_checks.cuh"
 
 namespace {
 
@@ -95,7 +99,7 @@ Verdict LatePartials(bool with_counters, int64_t delay_ns, int* counters, cudaSt
   usleep(useconds_t(delay_ns / 1000));
   CK(cudaMemcpyAsync(landing.p, partial.p, elems * 2, cudaMemcpyDeviceToDevice, side));
   for (int g = 0; g < a.layout.num_groups; ++g)
-    Must(EnqueueWriteFlag(side, (int32_t*)arrived.p + g, int32_t(TilesInGroup(a, g))), "counter write");
+    Must(EnqueueWriteFlag(side, (int32_t*)arrived.p + g, int32_t(TilesInGroup(a, g)), ChosenWriteMethod()), "counter write");
   CK(cudaStreamSynchronize(side));
   CK(cudaStreamSynchronize(s));
   return Compare(a.out, (const float*)p.ref.p, sh.m, sh.n, dt, s);
@@ -317,46 +321,6 @@ void Bench(cudaStream_t s, int* counters, int iters) {
   }
 }
 
-// ------------------------------------------------------------------ wait_wrap
-
-// EnqueueWaitGeq across the wrap of int32, both methods: a word at INT32_MAX has not reached
-// INT32_MIN (the next number), so the wait must still run after 200 ms (`seen < value` let it
-// pass at once: the spin kernel did, the stream operation never did), and must end once the
-// word is written; a word at INT32_MIN + 5 has reached INT32_MAX - 5 (no wait).
-void WaitWrap() {
-  cudaStream_t waiter, writer;
-  CK(cudaStreamCreateWithFlags(&waiter, cudaStreamNonBlocking));
-  CK(cudaStreamCreateWithFlags(&writer, cudaStreamNonBlocking));
-  CK(LoadSpinWaitKernel());  // loaded now: a lazy load later would wait for the spinning one
-  Buf word(sizeof(int32_t));
-  const int32_t kMax = INT32_MAX, kMin = INT32_MIN, kAhead = INT32_MIN + 5;
-  for (WaitMethod method : {WaitMethod::kStreamOp, WaitMethod::kSpinKernel}) {
-    const char* name = method == WaitMethod::kStreamOp ? "stream op" : "spin kernel";
-    CK(cudaMemcpy(word.p, &kMax, sizeof kMax, cudaMemcpyHostToDevice));
-    Must(EnqueueWaitGeq(waiter, static_cast<const int32_t*>(word.p), kMin, method), "wait");
-    usleep(200000);
-    const bool waiting = cudaStreamQuery(waiter) == cudaErrorNotReady;
-    CK(cudaMemcpyAsync(word.p, &kMin, sizeof kMin, cudaMemcpyHostToDevice, writer));
-    CK(cudaStreamSynchronize(writer));
-    int waited_ms = 0;
-    const cudaError_t end = WaitStream(waiter, 5000, &waited_ms);
-    CK(cudaMemcpy(word.p, &kAhead, sizeof kAhead, cudaMemcpyHostToDevice));
-    Must(EnqueueWaitGeq(waiter, static_cast<const int32_t*>(word.p), kMax - 5, method), "wait");
-    int passed_ms = 0;
-    const cudaError_t passed = WaitStream(waiter, 5000, &passed_ms);
-    const bool pass = waiting && end == cudaSuccess && passed == cudaSuccess && passed_ms < 1000;
-    if (!pass) ++g_failures;
-    printf("wait_wrap %-11s INT32_MAX vs INT32_MIN still waiting after 200 ms: %s, ended %d ms after "
-           "the write (%s); INT32_MIN+5 vs INT32_MAX-5 passed in %d ms (%s)  %s\n", name,
-           waiting ? "yes" : "NO", waited_ms, cudaGetErrorName(end), passed_ms,
-           cudaGetErrorName(passed), pass ? "PASS" : "FAIL");
-    fflush(stdout);
-    if (end == cudaErrorNotReady || passed == cudaErrorNotReady) _exit(1);  // a stuck stream
-  }
-  CK(cudaStreamDestroy(waiter));
-  CK(cudaStreamDestroy(writer));
-}
-
 // ------------------------------------------------------------------ abort (a peer that never comes)
 
 // Exits the process (its CUDA context is gone after the trap): 0 if the wait gave up as it
@@ -544,15 +508,17 @@ void BenchRing(cudaStream_t s, int iters) {
 int main(int argc, char** argv) {
   const Options o = ParseOptions(argc, argv);
   const std::vector<std::string> modes = {"flags", "check", "groups", "bench", "bench_groups", "bench_ring",
-                                          "sanitize", "abort", "break", "wait_wrap", "all"};
+                                          "sanitize", "abort", "break", "wait_wrap", "write_methods", "all"};
   if (std::find(modes.begin(), modes.end(), o.mode) == modes.end()) {
-    fprintf(stderr, "unknown mode '%s' (flags, check, groups, bench, bench_groups, bench_ring, sanitize, abort, break, wait_wrap, all)\n",
+    fprintf(stderr, "unknown mode '%s' (flags, check, groups, bench, bench_groups, bench_ring, sanitize, abort, break, "
+                    "wait_wrap, write_methods, all)\n",
             o.mode.c_str());
     return 2;
   }
   TestDevice d = StartTestDevice();
   if (o.mode == "abort") Abort(d.stream, o.json_path);
   if (o.mode == "wait_wrap" || o.mode == "all") WaitWrap();
+  if (o.mode == "write_methods" || o.mode == "all") WriteMethods();
   if (o.mode == "flags" || o.mode == "all") Flags(d.counters, d.stream, 20);
   if (o.mode == "sanitize") Flags(d.counters, d.stream, 2000);
   if (o.mode == "check" || o.mode == "all") Check(/*small=*/false, d.stream);

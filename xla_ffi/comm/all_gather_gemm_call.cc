@@ -73,7 +73,7 @@ Status EnqueueExchange(Communicator& comm, const char* x, char* gathered, int64_
         return NcclStatus(res, "ncclSend/ncclRecv");
       }
       FO_RETURN_IF_NCCL(ncclGroupEnd());
-      FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(comm.stream, comm.counters + src * chunks + c, value));
+      FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(comm.stream, comm.counters + src * chunks + c, value, comm.write_method));
     }
   }
   return Status::Ok();
@@ -87,7 +87,7 @@ Status EnqueueCollectiveGather(Communicator& comm, char* gathered, int64_t rows,
   FO_RETURN_IF_NCCL(ncclAllGather(gathered + comm.rank * count * 2, gathered, count, dtype,
                                   comm.comm, comm.stream));
   for (int s = 0; s < comm.world_size; ++s) {
-    if (s != comm.rank) FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(comm.stream, comm.counters + s, value));
+    if (s != comm.rank) FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(comm.stream, comm.counters + s, value, comm.write_method));
   }
   return Status::Ok();
 }
@@ -142,7 +142,7 @@ Status RunAllGatherGemm(Communicator& comm, cudaStream_t stream, const void* x, 
     status = CopyLocalBlock(stream, gathered + rank * block_bytes, x, block_bytes);
   }
   for (int c = 0; c < chunks && status.ok(); ++c) {
-    status = EnqueueWriteFlag(stream, comm.counters + rank * chunks + c, value);
+    status = EnqueueWriteFlag(stream, comm.counters + rank * chunks + c, value, comm.write_method);
   }
   if (status.ok()) {
     // Nothing follows the GEMM: no signal (counters null); it waits on the input flags.

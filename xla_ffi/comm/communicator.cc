@@ -379,6 +379,7 @@ Status CreateCommunicators(int64_t comm_id, const ncclUniqueId& id, int world_si
     if (step.ok()) step = InitWatchdog(*c);
     // The watchdog's abort flag is read by the spin kernel (a stream wait cannot be aborted).
     c->wait_method = watchdog_seconds > 0 ? WaitMethod::kSpinKernel : ChosenWaitMethod(c->device);
+    c->write_method = ChosenWriteMethod();
     members.push_back(c.get());
     if (status.ok()) status = step;
   }
@@ -583,6 +584,7 @@ std::vector<CommunicatorSummary> ListCommunicators() {
     out.push_back({c->comm_id, c->device, c->rank, c->world_size, c->comm_sms,
                    c->workspace_bytes,
                    c->wait_method == WaitMethod::kStreamOp ? "stream_op" : "spin",
+                   c->write_method == WriteMethod::kStreamOp ? "stream_op" : "kernel",
                    c->watchdog_seconds, c->aborted.load(), c->peer_to_peer, c->cta_policy,
                    c->workspace_error, c->peer_recv_bytes, c->peer_broken.load(),
                    across, c->peer.buffers.mirror_staged, c->peer_grant_results.load(),

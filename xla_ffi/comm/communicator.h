@@ -24,6 +24,7 @@
 #include "xla_ffi/comm/peer_reduce.h"
 #include "xla_ffi/comm/status.h"
 #include "xla_ffi/comm/stream_wait.h"
+#include "xla_ffi/comm/stream_write.h"
 #include "xla_ffi/kernels/signaling_gemm.h"
 
 namespace flashoverlap {
@@ -69,6 +70,7 @@ struct Communicator {
   ncclWindow_t window = nullptr;
   std::string workspace_error;          // why the last allocation failed (none: empty)
   WaitMethod wait_method = WaitMethod::kStreamOp;
+  WriteMethod write_method = WriteMethod::kStreamOp;  // flag writes (all-gather, peer stores)
   std::mutex call_mutex;                // one overlapped call at a time per communicator
   // Watchdog (watchdog.h): off when watchdog_seconds == 0.
   double watchdog_seconds = 0;
@@ -191,6 +193,7 @@ struct CommunicatorSummary {
   int device, rank, world_size, comm_sms;
   size_t workspace_bytes;
   std::string wait_method;
+  std::string write_method;
   double watchdog_seconds;
   bool aborted;
   bool peer_to_peer;

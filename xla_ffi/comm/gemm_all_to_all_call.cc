@@ -101,6 +101,7 @@ Status RunGemmAllToAll(Communicator& comm, cudaStream_t stream, const AllToAllSh
                        const char* op) {
   std::lock_guard<std::mutex> lock(comm.call_mutex);
   FO_RETURN_IF_NOT_OK(BeginCall(comm, stream, op));
+  gemm.counters = comm.counters;  // read under the lock: a destroy clears it (overlap_calls.h)
   // The GEMM's output, then (concat 1) the staging half.
   const size_t y_bytes = static_cast<size_t>(shape.m) * shape.n * 2;
   char* workspace = nullptr;

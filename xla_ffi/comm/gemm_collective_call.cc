@@ -58,6 +58,7 @@ Status RunGemmCollective(Communicator& comm, cudaStream_t stream, CollectiveKind
                          const char* op) {
   std::lock_guard<std::mutex> lock(comm.call_mutex);
   FO_RETURN_IF_NOT_OK(BeginCall(comm, stream, op));
+  gemm.counters = comm.counters;  // read under the lock: a destroy clears it (overlap_calls.h)
   // gemm.out == result: the GEMM writes `result` itself, an all-reduce in place on XLA's
   // output (no workspace, no copies). A reduce-scatter's result is smaller than the GEMM's
   // output: never in place.

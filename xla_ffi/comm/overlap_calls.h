@@ -24,7 +24,9 @@ enum class CollectiveKind { kAllReduce, kReduceScatter };
 
 // GEMM + all-reduce / reduce-scatter (gemm_collective_call.cc). With gemm.out null, `gemm`
 // writes into comm.workspace in the group layout (num_blocks = world size for a
-// reduce-scatter) and signals comm.counters; `result` is [M, N] (all-reduce) or
+// reduce-scatter). It signals comm.counters: the call sets gemm.counters under the
+// communicator's call mutex (whatever the caller gave; a destroy on another thread clears
+// them, and BeginCall then refuses the call); `result` is [M, N] (all-reduce) or
 // [M / world, N] (reduce-scatter). An all-reduce whose gemm.out is `result` runs in place
 // there (no workspace, no copies).
 Status RunGemmCollective(Communicator& comm, cudaStream_t stream, CollectiveKind kind,
@@ -54,7 +56,7 @@ struct AllToAllShape {
 };
 // GEMM + all-to-all (gemm_all_to_all_call.cc). `gemm` writes into comm.workspace (its out is
 // set here; split 0: reduce-scatter group layout; split 1: column-blocked) and signals
-// comm.counters; a concat-1 result is staged in the workspace's second half.
+// comm.counters (set here, as RunGemmCollective does); a concat-1 result is staged in the workspace's second half.
 Status RunGemmAllToAll(Communicator& comm, cudaStream_t stream, const AllToAllShape& shape,
                        SignalingGemmArgs gemm, void* result, bool poison_workspace,
                        const char* op);

@@ -48,16 +48,22 @@ int32_t* SlotWord(const PeerReduceBuffers& r, int word, int from, int to) {
 // The word operations of one step (waits for, or writes into, every other rank's word),
 // enqueued as one stream operation (stream_batch.h) where the waits are stream operations,
 // else one at a time (spin kernels, which the watchdog's abort flag reaches).
+struct WordMethods {
+  WaitMethod wait;
+  WriteMethod write;
+};
+
 class StepOps {
  public:
   void Wait(int32_t* word, int32_t value) { Add(StreamWordOp{StreamWordOp::kWaitGeq, word, value}); }
   void Write(int32_t* word, int32_t value) { Add(StreamWordOp{StreamWordOp::kWrite, word, value}); }
-  Status Enqueue(cudaStream_t stream, WaitMethod wait, const volatile int* abort_flag) const {
-    if (wait == WaitMethod::kStreamOp && HaveStreamBatch()) return EnqueueStreamBatch(stream, ops_, count_);
+  Status Enqueue(cudaStream_t stream, const WordMethods& how, const volatile int* abort_flag) const {
+    if (how.wait == WaitMethod::kStreamOp && HaveStreamBatch()) return EnqueueStreamBatch(stream, ops_, count_);
     for (int i = 0; i < count_; ++i) {
       const StreamWordOp& op = ops_[i];
-      FO_RETURN_IF_NOT_OK(op.kind == StreamWordOp::kWaitGeq ? EnqueueWaitGeq(stream, op.word, op.value, wait, abort_flag)
-                                                            : EnqueueWriteFlag(stream, op.word, op.value));
+      FO_RETURN_IF_NOT_OK(op.kind == StreamWordOp::kWaitGeq
+                              ? EnqueueWaitGeq(stream, op.word, op.value, how.wait, abort_flag)
+                              : EnqueueWriteFlag(stream, op.word, op.value, how.write));
     }
     return Status::Ok();
   }
@@ -76,7 +82,7 @@ class StepOps {
 // there) <- our result's address. Staged (the others' results are in other processes): our
 // own mailbox slot for each other rank <- where our block goes in its staging area, as this
 // process maps it; the kernel reads both alike.
-Status PostMirrorAddresses(const PeerReduceBuffers& r, WaitMethod wait, cudaStream_t stream, const void* result,
+Status PostMirrorAddresses(const PeerReduceBuffers& r, const WordMethods& how, cudaStream_t stream, const void* result,
                            size_t block_bytes, int32_t call) {
   StepOps addresses, stamps;
   for (int to = 0; to < r.world; ++to) {
@@ -90,8 +96,8 @@ Status PostMirrorAddresses(const PeerReduceBuffers& r, WaitMethod wait, cudaStre
     addresses.Write(mailbox + 1, static_cast<int32_t>(address >> 32));
     stamps.Write(mailbox + 2, call);
   }
-  FO_RETURN_IF_NOT_OK(addresses.Enqueue(stream, wait, nullptr));
-  return stamps.Enqueue(stream, wait, nullptr);
+  FO_RETURN_IF_NOT_OK(addresses.Enqueue(stream, how, nullptr));
+  return stamps.Enqueue(stream, how, nullptr);
 }
 
 // Staged, once every other rank's mirror stores are complete: the other blocks from our
@@ -108,19 +114,19 @@ Status CopyStagedBlocks(const PeerReduceBuffers& r, cudaStream_t stream, size_t 
 }
 
 // Waits until every other rank's word `word` (our slot for it) reaches `value`.
-Status WaitForPeers(const PeerReduceBuffers& r, WaitMethod wait, const volatile int* abort_flag,
+Status WaitForPeers(const PeerReduceBuffers& r, const WordMethods& how, const volatile int* abort_flag,
                     cudaStream_t stream, int word, int32_t value) {
   StepOps ops;
   for (int s = 0; s < r.world - 1; ++s) ops.Wait(r.signals + word + s, value);
-  return ops.Enqueue(stream, wait, abort_flag);
+  return ops.Enqueue(stream, how, abort_flag);
 }
 
 // Writes `value` into our slot of word `word` of every other rank.
-Status TellPeers(const PeerReduceBuffers& r, WaitMethod wait, cudaStream_t stream, int word, int32_t value) {
+Status TellPeers(const PeerReduceBuffers& r, const WordMethods& how, cudaStream_t stream, int word, int32_t value) {
   StepOps ops;
   for (int to = 0; to < r.world; ++to)
     if (to != r.rank) ops.Write(SlotWord(r, word, r.rank, to), value);
-  return ops.Enqueue(stream, wait, nullptr);
+  return ops.Enqueue(stream, how, nullptr);
 }
 
 // Call numbers wrap (uint32 counts, compared cyclically: stream_wait.h); no signed overflow.
@@ -128,7 +134,7 @@ int32_t CallBefore(int32_t call) {
   return static_cast<int32_t>(static_cast<uint32_t>(call) - 1u);
 }
 
-Status EnqueueCall(const PeerReduceBuffers& r, WaitMethod wait, const volatile int* abort_flag,
+Status EnqueueCall(const PeerReduceBuffers& r, const WordMethods& how, const volatile int* abort_flag,
                    cudaStream_t stream, PeerReduceKind kind, const SignalingGemmArgs& gemm,
                    char* result, int32_t call) {
   const bool all_reduce = kind == PeerReduceKind::kAllReduce;
@@ -136,8 +142,8 @@ Status EnqueueCall(const PeerReduceBuffers& r, WaitMethod wait, const volatile i
 
   // 1. Every other rank has finished the previous call: our slot of its recv is free (and,
   // staged, its staging area copied out), its counters are zero.
-  FO_RETURN_IF_NOT_OK(WaitForPeers(r, wait, abort_flag, stream, kPeerCredit, CallBefore(call)));
-  if (all_reduce) FO_RETURN_IF_NOT_OK(PostMirrorAddresses(r, wait, stream, result, block_bytes, call));
+  FO_RETURN_IF_NOT_OK(WaitForPeers(r, how, abort_flag, stream, kPeerCredit, CallBefore(call)));
+  if (all_reduce) FO_RETURN_IF_NOT_OK(PostMirrorAddresses(r, how, stream, result, block_bytes, call));
   // 2. One launch over every block, ours last (peer_reduce_args.h).
   SignalingGemmArgs fused = PeerReduceLaunchArgs(r, kind, gemm, result, call);
   fused.abort_flag = abort_flag;  // the GEMM's waits for the others' stores give up too
@@ -146,13 +152,13 @@ Status EnqueueCall(const PeerReduceBuffers& r, WaitMethod wait, const volatile i
   // write's memory barrier orders them before it), and theirs into ours.
   // Staged: theirs are in our staging area, copied into the result now.
   if (all_reduce) {
-    FO_RETURN_IF_NOT_OK(TellPeers(r, wait, stream, kPeerDone, call));
-    FO_RETURN_IF_NOT_OK(WaitForPeers(r, wait, abort_flag, stream, kPeerDone, call));
+    FO_RETURN_IF_NOT_OK(TellPeers(r, how, stream, kPeerDone, call));
+    FO_RETURN_IF_NOT_OK(WaitForPeers(r, how, abort_flag, stream, kPeerDone, call));
     if (r.mirror_staged) FO_RETURN_IF_NOT_OK(CopyStagedBlocks(r, stream, block_bytes, result));
   }
   // 4. Our recv is read and our counters complete: reset them, then the others may go on.
   FO_RETURN_IF_CUDA(cudaMemsetAsync(r.signals + kPeerArrived, 0, sizeof(int32_t) * kPeerArrivedWords, stream));
-  return TellPeers(r, wait, stream, kPeerCredit, call);
+  return TellPeers(r, how, stream, kPeerCredit, call);
 }
 
 // How far past this rank's last call EnqueueBreakPeers puts the call-number words every rank
@@ -169,10 +175,10 @@ Status EnqueueBreakPeers(const PeerReduceRank& rank, cudaStream_t stream) {
   for (int i = 0; i < r.world; ++i) {
     int32_t* signals = i == r.rank ? r.signals : r.peers_signals[i];
     if (signals == nullptr) continue;  // no group set up: nothing waits
-    FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, signals + kPeerFailed, 1));
+    FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, signals + kPeerFailed, 1, rank.write_method));
     for (int s = 0; s < r.world - 1; ++s) {
-      FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, signals + kPeerCredit + s, broken));
-      FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, signals + kPeerDone + s, broken));
+      FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, signals + kPeerCredit + s, broken, rank.write_method));
+      FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, signals + kPeerDone + s, broken, rank.write_method));
     }
   }
   return Status::Ok();
@@ -182,7 +188,7 @@ Status EnqueuePeerReduce(PeerReduceRank& rank, cudaStream_t stream, PeerReduceKi
                          SignalingGemmArgs gemm, void* result) {
   FO_RETURN_IF_NOT_OK(CheckArgs(rank.buffers, gemm, result));
   const int32_t call = static_cast<int32_t>(++rank.calls);
-  Status status = EnqueueCall(rank.buffers, rank.wait_method, rank.abort_flag, stream, kind, gemm,
+  Status status = EnqueueCall(rank.buffers, {rank.wait_method, rank.write_method}, rank.abort_flag, stream, kind, gemm,
                               static_cast<char*>(result), call);
   if (!status.ok()) {
     status.message = "peer reduce (rank " + std::to_string(rank.buffers.rank) + "): " + status.message;

@@ -36,6 +36,7 @@
 #include "xla_ffi/comm/peer_reduce_args.h"
 #include "xla_ffi/comm/status.h"
 #include "xla_ffi/comm/stream_wait.h"
+#include "xla_ffi/comm/stream_write.h"
 #include "xla_ffi/kernels/signaling_gemm.h"
 
 namespace flashoverlap {
@@ -45,6 +46,7 @@ namespace flashoverlap {
 struct PeerReduceRank {
   PeerReduceBuffers buffers;
   WaitMethod wait_method = WaitMethod::kStreamOp;
+  WriteMethod write_method = WriteMethod::kStreamOp;  // the communicator's (stream_write.h)
   // The watchdog's flag: once set, the spin-kernel waits (stream_wait.h) and the GEMM's own
   // waits for the others' stores (SignalingGemmArgs::abort_flag) trap instead of waiting for
   // ever (the process must then restart). Stream memory-operation waits do not read it.

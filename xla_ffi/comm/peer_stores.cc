@@ -193,6 +193,7 @@ Status GrowGroup(const std::vector<Communicator*>& comms, size_t bytes, bool loo
       me->peer_members[i] = member;
     }
     me->peer.wait_method = me->wait_method;
+    me->peer.write_method = me->write_method;
     me->peer.abort_flag = me->abort_flag;
     me->peer_connected = true;
   }
@@ -315,6 +316,7 @@ Status ConnectMember(Communicator& c, const std::vector<std::string>& records) {
   b.rank = c.rank;
   b.world = world;
   c.peer.wait_method = c.wait_method;
+  c.peer.write_method = c.write_method;
   c.peer.abort_flag = c.abort_flag;
   c.peer_connected = true;
   return Status::Ok();

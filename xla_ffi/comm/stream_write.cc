@@ -3,11 +3,10 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "xla_ffi/comm/driver_entry.h"
+#include "xla_ffi/comm/stream_wait.h"
 
 namespace flashoverlap {
 namespace {
@@ -20,15 +19,16 @@ WriteValue32Fn WriteValue32() {
   return fn;
 }
 
-bool UseKernel() {
-  const char* env = std::getenv("JAX_FLASHOVERLAP_WAIT");
-  return (env != nullptr && std::strcmp(env, "spin") == 0) || WriteValue32() == nullptr;
-}
-
 }  // namespace
 
-Status EnqueueWriteFlag(cudaStream_t stream, int32_t* flag, int32_t value) {
-  if (UseKernel()) {
+WriteMethod ChosenWriteMethod() {
+  bool spin = false;
+  if (ReadWaitEnv(&spin).ok() && spin) return WriteMethod::kKernel;
+  return WriteValue32() == nullptr ? WriteMethod::kKernel : WriteMethod::kStreamOp;
+}
+
+Status EnqueueWriteFlag(cudaStream_t stream, int32_t* flag, int32_t value, WriteMethod method) {
+  if (method == WriteMethod::kKernel || WriteValue32() == nullptr) {
     FO_RETURN_IF_CUDA(LaunchWriteFlagKernel(stream, flag, value));
     return Status::Ok();
   }

@@ -12,10 +12,18 @@
 
 namespace flashoverlap {
 
+// How a flag is written: a stream memory operation or the one-thread kernel.
+enum class WriteMethod : int { kStreamOp = 0, kKernel = 1 };
+
+// The kernel when JAX_FLASHOVERLAP_WAIT=spin (an unknown value counts as unset here: creation
+// refuses it, ReadWaitEnv) or when the driver lacks cuStreamWriteValue32. Chosen once, when a
+// communicator is made, like its wait method: a switch changed later does not reach its calls.
+WriteMethod ChosenWriteMethod();
+
 // Enqueues on `stream`: *flag = value, after (and ordered after the memory effects of)
-// everything queued on `stream` before it. Uses the kernel when JAX_FLASHOVERLAP_WAIT=spin
-// or when the driver lacks cuStreamWriteValue32.
-Status EnqueueWriteFlag(cudaStream_t stream, int32_t* flag, int32_t value);
+// everything queued on `stream` before it, by `method` (kStreamOp falls back to the kernel
+// when the driver lacks the stream operation).
+Status EnqueueWriteFlag(cudaStream_t stream, int32_t* flag, int32_t value, WriteMethod method);
 
 // The fallback kernel's launcher (stream_write_kernel.cu).
 cudaError_t LaunchWriteFlagKernel(cudaStream_t stream, int32_t* flag, int32_t value);

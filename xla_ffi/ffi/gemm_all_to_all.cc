@@ -83,7 +83,7 @@ ffi::Error GemmAllToAllImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
   const int groups = static_cast<int>(band_rows.size()) - 1;
   // out: the workspace, taken by the call under its lock.
   SignalingGemmArgs gemm =
-      GemmArgs(x.untyped_data(), s.m, w, transpose_w, nullptr, comm->counters, comm_sms);
+      GemmArgs(x.untyped_data(), s.m, w, transpose_w, nullptr, /*counters=*/nullptr, comm_sms);
   gemm.layout.num_blocks = s.split == 0 ? static_cast<int>(s.world) : 1;
   gemm.layout.num_groups = groups;
   for (int g = 0; g <= groups; ++g) gemm.layout.band_rows[g] = band_rows[g];

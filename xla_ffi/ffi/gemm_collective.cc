@@ -87,7 +87,7 @@ ffi::Error GemmCollective(Collective kind, cudaStream_t stream, int32_t device, 
   const int groups = static_cast<int>(band_rows.size()) - 1;
   SignalingGemmArgs gemm =
       GemmArgs(x.untyped_data(), x.dimensions()[0], w, transpose_w,
-               in_place ? out->untyped_data() : nullptr, comm->counters, comm_sms);
+               in_place ? out->untyped_data() : nullptr, /*counters=*/nullptr, comm_sms);
   // Peer stores: the bands of one block (EnqueuePeerReduce lays out both blocks).
   const bool rank_blocks = kind == Collective::kReduceScatter && transport == kNccl;
   gemm.layout.num_blocks = rank_blocks ? world_size : 1;
