@@ -111,6 +111,24 @@ def test_harness_watchdog_ends_a_peer_that_never_comes(harness, tmp_path, op):
 
 
 @pytest.mark.gpu
+def test_harness_watchdog_aborts_only_with_the_call_mutex(harness, tmp_path):
+    """ncclCommAbort frees the communicator, so the watchdog aborts only holding its call
+    mutex: a handler blocked while holding it (its launch behind a queue of hung work, or in
+    NCCL's enqueue) would otherwise go on into NCCL with a freed communicator. It once went
+    ahead after 1 s. Here the harness holds the mutex for 5 s while a call hangs (watchdog
+    2 s): no abort until it lets go, then at once; the hung call still fails (the flag, raised
+    first, traps its wait)."""
+    rc, out = run_harness(harness, tmp_path, "--inject", "hang", "--ops", "pr_rs", "--watchdog",
+                          "2", "--hold-mutex", "5", world=1, timeout=90)
+    assert rc == 0, out[-6000:]
+    hold = [line for line in out.splitlines() if " hold: " in line]
+    assert len(hold) == 1 and hold[0].endswith(" OK"), out[-6000:]
+    assert "held 5.0 s: no; after: yes" in hold[0], hold[0]
+    hang = [line for line in out.splitlines() if " hang: " in line]
+    assert len(hang) == 1 and hang[0].endswith(" OK") and "failed after" in hang[0], out[-6000:]
+
+
+@pytest.mark.gpu
 def test_peer_access_tells_the_allocations_apart(harness):
     """Which memory another GPU may write (xla_ffi/comm/peer_access.h; the peer-store
     all-reduce mirrors into the others' results only where it may), asked of the driver on one

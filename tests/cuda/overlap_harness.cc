@@ -6,7 +6,7 @@
 //   overlap_harness --rank R --world N --id-file PATH [--device D]
 //                   [--ops ar,ar_out,rs,a2a,a2a11,ag,ag_ce,ag_g,ag_ce_g,pr_rs,pr_ar]
 //                   [--calls C] [--m M --n N --k K] [--comm-sms S] [--inject nccl|cuda|hang]
-//                   [--trace 1] [--grow G] [--watchdog S] [--stage-mirrors 1]
+//                   [--trace 1] [--grow G] [--watchdog S] [--stage-mirrors 1] [--hold-mutex H]
 //
 // Start one process per rank (tests/cuda/run_overlap_harness.sh does). Rank 0 writes the
 // NCCL unique id to PATH; the others wait for it (at most 300 s). Every call gets fresh
@@ -42,7 +42,9 @@
 // --inject hang (one pr op, --watchdog S): its first call waits for a peer that never comes
 // (fault_injection.h, kHang); the watchdog must report it after S s and end it (its abort
 // makes the waits trap: the stream fails, the process must restart, so the harness exits
-// there: 0 if the stream failed within S + 30 s).
+// there: 0 if the stream failed within S + 30 s). --hold-mutex H (with it): meanwhile this
+// thread holds the communicator's call mutex for H s, as a handler blocked while enqueueing
+// would: the watchdog must not abort (ncclCommAbort) until it is let go, then must at once.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -54,6 +56,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <atomic>
 #include <string>
 #include <thread>
@@ -74,7 +77,7 @@ namespace {
 
 struct Options {
   int rank = -1, world = 0, device = -1, calls = 2, comm_sms = 16, grow = 0;
-  double watchdog = 0;
+  double watchdog = 0, hold_mutex = 0;
   bool trace = false;
   bool stage_mirrors = false;  // pr ops at world 1: the all-reduce staged as in one process
   int64_t m = 512, n = 512, k = 512;
@@ -113,6 +116,7 @@ Options Parse(int argc, char** argv) {
     else if (key == "--stage-mirrors") o.stage_mirrors = value == "1";
     else if (key == "--grow") o.grow = std::stoi(value);
     else if (key == "--watchdog") o.watchdog = std::stod(value);
+    else if (key == "--hold-mutex") o.hold_mutex = std::stod(value);
     else Fail("unknown option " + key);
   }
   if (!o.inject.empty() && o.inject != "nccl" && o.inject != "cuda" && o.inject != "hang") {
@@ -120,6 +124,9 @@ Options Parse(int argc, char** argv) {
   }
   if (o.inject == "hang" && (o.ops.find(',') != std::string::npos || !HasPeerOps(o) || o.watchdog <= 0)) {
     Fail("--inject hang: one pr op (--ops pr_rs or pr_ar) and --watchdog S (only the watchdog ends it)");
+  }
+  if (o.hold_mutex != 0 && !(o.inject == "hang" && o.hold_mutex > o.watchdog + 2)) {
+    Fail("--hold-mutex H: with --inject hang, H > the watchdog's S + 2");
   }
   if (o.grow < 0) Fail("--grow: a count >= 0");
   if (!(o.watchdog >= 0)) Fail("--watchdog: seconds >= 0 (0: off)");
@@ -353,9 +360,26 @@ int64_t RefusedAfterFailure(const std::string& op, const Options& o, fo::Communi
     std::fflush(stdout);
     std::_Exit(1);
   }
+  bool held_ok = true;
+  if (o.hold_mutex > 0) {  // the abort must wait for the mutex: ncclCommAbort frees the comm
+    std::unique_lock<std::mutex> lock(coll.call_mutex);
+    std::this_thread::sleep_for(std::chrono::duration<double>(o.hold_mutex));
+    const bool aborted_while_held = coll.aborted.load();
+    lock.unlock();
+    const auto released = std::chrono::steady_clock::now();
+    while (!coll.aborted.load() && std::chrono::steady_clock::now() - released < std::chrono::seconds(5)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    const double after = std::chrono::duration<double>(std::chrono::steady_clock::now() - released).count();
+    held_ok = !aborted_while_held && coll.aborted.load();
+    std::printf("rank %d %-5s hold: aborted while its call mutex was held %.1f s: %s; after: %s (%.2f s)  %s\n",
+                o.rank, op.c_str(), o.hold_mutex, aborted_while_held ? "YES" : "no",
+                coll.aborted.load() ? "yes" : "NO", after, held_ok ? "OK" : "FAIL");
+    std::fflush(stdout);
+  }
   const cudaError_t e = cudaStreamSynchronize(stream);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const bool ok = e != cudaSuccess && seconds >= o.watchdog && seconds < o.watchdog + 30;
+  const bool ok = held_ok && e != cudaSuccess && seconds >= o.watchdog && seconds < o.watchdog + 30 + o.hold_mutex;
   std::printf("rank %d %-5s hang: the stream %s after %.1f s (%s)  %s\n", o.rank, op.c_str(),
               e == cudaSuccess ? "finished" : "failed", seconds, cudaGetErrorString(e), ok ? "OK" : "FAIL");
   std::fflush(stdout);

@@ -70,7 +70,7 @@ Status FreeWorkspaceBuffer(Communicator& c) {
 }
 
 bool IsAborted(const Communicator* c) {
-  return c->aborted.load() || (c->abort_flag != nullptr && *c->abort_flag != 0);
+  return c->aborted.load() || AbortFlagRaised(c->abort_flag);
 }
 
 bool AnyAborted(const std::vector<Communicator*>& comms) {
@@ -261,21 +261,6 @@ Status ReleaseOne(Communicator& c, bool abort) {
   return first;
 }
 
-// Marks members held by EnsureWorkspace / DestroyCommunicators while in scope: the watchdog's
-// abort waits for their mutexes instead of going ahead after its usual second (watchdog.cc).
-class AdminHold {
- public:
-  explicit AdminHold(const std::vector<Communicator*>& comms) : comms_(comms) {
-    for (Communicator* c : comms_) c->admin_holds = true;
-  }
-  ~AdminHold() {
-    for (Communicator* c : comms_) c->admin_holds = false;
-  }
-
- private:
-  const std::vector<Communicator*>& comms_;
-};
-
 // Destroyed communicators, kept (communicator.h: `destroyed`); small, and made a few times per
 // process at most.
 std::vector<std::unique_ptr<Communicator>>& Graveyard() {
@@ -448,7 +433,6 @@ Status GrowMemberBuffers(int64_t comm_id, const char* what,
   std::vector<Communicator*> comms = LocalMembers(comm_id);
   if (comms.empty()) return Status::Error("no communicator with comm_id " + std::to_string(comm_id));
   if (!needed(comms)) return Status::Ok();
-  AdminHold hold(comms);
   // No call in flight and none starting until the new buffers are in place (quiesce.h).
   CallLocks calls;
   Status quiet = QuiesceMembers(comms, kGrowWaitSeconds, &calls);
@@ -473,45 +457,46 @@ Status ConnectPeers(int64_t comm_id) {
 }
 
 Status ConnectPeers(int64_t comm_id, double wait_seconds, double abort_grace_seconds) {
-  std::lock_guard<std::mutex> admin(AdminMutex());
-  std::vector<Communicator*> comms = LocalMembers(comm_id);
-  if (comms.empty()) return Status::Error("no communicator with comm_id " + std::to_string(comm_id));
-  if (std::all_of(comms.begin(), comms.end(), [](Communicator* c) { return c->p2p_connected; })) {
-    return Status::Ok();
-  }
-  if (AnyAborted(comms)) {  // an earlier handshake (or the watchdog) aborted them: freed
-    return Status::Error("ConnectPeers: the communicators of comm_id " +
-                         std::to_string(comm_id) +
-                         " were aborted (an earlier setup step or call failed); restart the "
-                         "process");
-  }
-  DeviceScope restore_device;
-  for (Communicator* c : comms) {
-    if (!c->peer_to_peer) {
-      return Status::Error("ConnectPeers: comm_id " + std::to_string(comm_id) +
-                           " was created for collectives, not point-to-point");
+  auto unconnected = [](const std::vector<Communicator*>& comms) {
+    return !std::all_of(comms.begin(), comms.end(), [](Communicator* c) { return c->p2p_connected; });
+  };
+  // As a growth: every member's call mutex, no call in flight. A compiled program still
+  // running on another thread (one that found these members after a destroy and a new
+  // lowering made them again) would otherwise send on the same communicators and streams as
+  // the handshake, from two threads at once.
+  auto connect = [comm_id, wait_seconds, abort_grace_seconds](const std::vector<Communicator*>& comms) {
+    if (AnyAborted(comms)) {  // an earlier handshake (or the watchdog) aborted them: freed
+      return Status::Error("ConnectPeers: the communicators of comm_id " + std::to_string(comm_id) +
+                           " were aborted (an earlier setup step or call failed); restart the process");
     }
-    if (c->workspace == nullptr || c->workspace_bytes < 2 * sizeof(int32_t) * c->world_size) {
-      return Status::Error("ConnectPeers needs the workspace allocated first");
+    for (Communicator* c : comms) {
+      if (!c->peer_to_peer) {
+        return Status::Error("ConnectPeers: comm_id " + std::to_string(comm_id) +
+                             " was created for collectives, not point-to-point");
+      }
+      if (c->workspace == nullptr || c->workspace_bytes < 2 * sizeof(int32_t) * c->world_size) {
+        return Status::Error("ConnectPeers needs the workspace allocated first");
+      }
     }
-  }
-  FO_RETURN_IF_NOT_OK(RunBoundedSetupGroup(
-      comms,
-      [](Communicator& c) {
-        int32_t* buf = static_cast<int32_t*>(c.workspace);
-        for (int peer = 0; peer < c.world_size; ++peer) {
-          if (peer == c.rank) continue;
-          ncclResult_t res = ncclSend(buf + peer, 1, ncclInt32, peer, c.comm, c.stream);
-          if (res == ncclSuccess) {
-            res = ncclRecv(buf + c.world_size + peer, 1, ncclInt32, peer, c.comm, c.stream);
+    FO_RETURN_IF_NOT_OK(RunBoundedSetupGroup(
+        comms,
+        [](Communicator& c) {
+          int32_t* buf = static_cast<int32_t*>(c.workspace);
+          for (int peer = 0; peer < c.world_size; ++peer) {
+            if (peer == c.rank) continue;
+            ncclResult_t res = ncclSend(buf + peer, 1, ncclInt32, peer, c.comm, c.stream);
+            if (res == ncclSuccess) {
+              res = ncclRecv(buf + c.world_size + peer, 1, ncclInt32, peer, c.comm, c.stream);
+            }
+            if (res != ncclSuccess) return NcclStatus(res, "ncclSend/ncclRecv");
           }
-          if (res != ncclSuccess) return NcclStatus(res, "ncclSend/ncclRecv");
-        }
-        return Status::Ok();
-      },
-      "peer connection", wait_seconds, abort_grace_seconds));
-  for (Communicator* c : comms) c->p2p_connected = true;
-  return Status::Ok();
+          return Status::Ok();
+        },
+        "peer connection", wait_seconds, abort_grace_seconds));
+    for (Communicator* c : comms) c->p2p_connected = true;
+    return Status::Ok();
+  };
+  return GrowMemberBuffers(comm_id, "connecting the peers", unconnected, connect);
 }
 
 Communicator* FindCommunicator(int64_t comm_id, int device) {
@@ -526,7 +511,6 @@ Status DestroyCommunicators(int64_t comm_id) {
   std::lock_guard<std::mutex> admin(AdminMutex());
   std::vector<Communicator*> comms = LocalMembers(comm_id);
   if (comms.empty()) return Status::Ok();
-  AdminHold hold(comms);
   // No call in flight and none starting while what calls use is freed (quiesce.h). After a
   // watchdog abort calls may never drain; NCCL's kernels were let go, so the device
   // synchronization in ReleaseWorkspaces ends: only the mutexes are needed then.

@@ -77,15 +77,11 @@ struct Communicator {
   volatile int* abort_flag = nullptr;   // host-mapped; set by the watchdog, read by kernels
   cudaEvent_t watch_started = nullptr;  // the current call's start (WatchStart .. WatchCall)
   std::atomic<bool> aborted{false};     // ncclCommAbort'ed: `comm` is gone
-  // EnsureWorkspace (swapping the workspace, window registration included) or
-  // DestroyCommunicators holds call_mutex: the watchdog's abort waits for it instead of going
-  // ahead after its usual second.
-  std::atomic<bool> admin_holds{false};
   // DestroyCommunicators released what this communicator owned. The object itself is kept
   // (never freed): a handler that found it just before may still lock call_mutex, and then
   // refuses (BeginCall); a watchdog abort that fired just before returns.
   std::atomic<bool> destroyed{false};
-  bool p2p_connected = false;           // ConnectPeers done
+  bool p2p_connected = false;           // ConnectPeers done (set under every member's call_mutex)
   // Peer stores (peer_stores.h; every rank of the group in this process): this member's recv
   // buffer (peer_recv_bytes) and signal words, and the other members', in `peer`. Read by a
   // call only under call_mutex; swapped only as the workspace is (every member's call_mutex,
@@ -165,7 +161,8 @@ Status GrowMemberBuffers(int64_t comm_id, const char* what,
 // its peers now (one grouped 1-element send/recv to each, from this thread), so the ops that
 // use ncclSend/ncclRecv never make NCCL connect lazily inside a handler, where its blocking
 // host-side handshake needs the peer's handler to run at the same time. Collective over the
-// group (every process calls it for its local ranks); once per communicator. Bounded as the
+// group (every process calls it for its local ranks); once per communicator. Holds the
+// members as a growth does (GrowMemberBuffers: no call in flight meanwhile). Bounded as the
 // setup agreement is (RunBoundedSetupGroup, agreement.h): a peer that never comes gets the
 // members aborted after kAgreeWaitSeconds, and the error says to restart.
 Status ConnectPeers(int64_t comm_id);

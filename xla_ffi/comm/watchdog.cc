@@ -185,17 +185,16 @@ class Watchdog {
 
   // Sets the flag the spin-wait and check kernels read, then lets NCCL's kernels go.
   static void Abort(Communicator& comm) {
-    *comm.abort_flag = 1;
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    // Not while a handler is enqueueing on this communicator (it returns quickly), nor while a
-    // workspace growth or a destroy holds it (it may be registering a window on this comm, or
-    // releasing it): a growth sees the flag set above and gives up while it still waits for
-    // calls (quiesce.cc); a destroy goes on without waiting for calls, and then nothing is
-    // left to abort.
-    std::unique_lock<std::mutex> lock(comm.call_mutex, std::defer_lock);
-    for (int i = 0; (i < 50 || comm.admin_holds.load()) && !lock.try_lock(); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+    RaiseAbortFlag(comm.abort_flag);
+    // ncclCommAbort frees the communicator: only with its call mutex (AbortMembers' contract),
+    // never while a handler is in NCCL on it, nor while a growth or a destroy holds it (a
+    // growth sees the flag and gives up while it waits for calls, quiesce.cc; a destroy
+    // aborts the group itself, and then nothing is left to do). It once went ahead after
+    // 1 s: a handler blocked while holding the mutex (its launch behind a full queue, or in
+    // NCCL's enqueue) then went on with a freed communicator. A blocked handler lets go once
+    // the flag traps the spin waits it queues behind; if only an NCCL kernel hangs, the
+    // loop's grace deadline ends the process (status 134) with its message.
+    std::lock_guard<std::mutex> lock(comm.call_mutex);
     if (comm.destroyed.load()) return;
     // Unbounded here: the loop's grace deadline ends the process if this never returns.
     Status aborted = AbortMembers({&comm});

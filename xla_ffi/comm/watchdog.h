@@ -52,6 +52,16 @@ Status WatchCall(Communicator& comm, const char* op);
 // A call that failed before WatchCall: its start event goes back to the spares.
 void WatchAbandon(Communicator& comm);
 
+// Host side: the flag is set by the watchdog's and the aborts' threads and read by the admin
+// ones (quiesce, destroy): atomic accesses (a plain volatile one across threads is a data
+// race). The device reads it as volatile (host-mapped memory).
+inline void RaiseAbortFlag(volatile int* flag) {
+  __atomic_store_n(const_cast<int*>(flag), 1, __ATOMIC_SEQ_CST);
+}
+inline bool AbortFlagRaised(const volatile int* flag) {
+  return flag != nullptr && __atomic_load_n(const_cast<const int*>(flag), __ATOMIC_SEQ_CST) != 0;
+}
+
 // Device side (watchdog_kernel.cu): traps when *abort_flag != 0.
 cudaError_t LaunchAbortCheck(cudaStream_t stream, const volatile int* abort_flag);
 // Loads it on the current device now (as LoadSpinWaitKernel, stream_wait.h).
