@@ -92,9 +92,11 @@ def test_communicator_setup_refuses_a_misspelt_wait_then_works(monkeypatch):
     (None, ("stream_op", "stream_op")), ("spin", ("spin", "kernel"))])
 def test_wait_and_write_methods_are_chosen_when_the_communicator_is_made(monkeypatch, wait,
                                                                          expected):
-    """Both follow JAX_FLASHOVERLAP_WAIT at creation and keep to it: the flag writes read the
-    variable again at every call, so a value set later changed them mid-run (and a typo went
-    unchecked there)."""
+    """Both follow JAX_FLASHOVERLAP_WAIT when the communicator is made (the flag writes used
+    to read it at every call: a value set later changed them mid-run, a typo unchecked). This
+    checks what creation stored and reports; that the calls use the stored methods is the
+    code's structure (EnqueueWriteFlag takes the method), and peer_reduce_test write_methods
+    checks ChosenWriteMethod and both methods' writes."""
     from jax_flashoverlap import _ext
 
     def methods():

@@ -457,18 +457,20 @@ Status ConnectPeers(int64_t comm_id) {
 }
 
 Status ConnectPeers(int64_t comm_id, double wait_seconds, double abort_grace_seconds) {
-  auto unconnected = [](const std::vector<Communicator*>& comms) {
-    return !std::all_of(comms.begin(), comms.end(), [](Communicator* c) { return c->p2p_connected; });
-  };
   // As a growth: every member's call mutex, no call in flight. A compiled program still
   // running on another thread (one that found these members after a destroy and a new
   // lowering made them again) would otherwise send on the same communicators and streams as
-  // the handshake, from two threads at once.
+  // the handshake, from two threads at once. Unconnected members an earlier handshake (or the
+  // watchdog) aborted are refused (NCCL freed them), asked under the admin mutex before the
+  // quiesce, which would refuse them naming the watchdog only.
+  bool refuse_aborted = false;
+  auto unconnected = [&refuse_aborted](const std::vector<Communicator*>& comms) {
+    const bool needed =
+        !std::all_of(comms.begin(), comms.end(), [](Communicator* c) { return c->p2p_connected; });
+    refuse_aborted = needed && AnyAborted(comms);
+    return needed && !refuse_aborted;
+  };
   auto connect = [comm_id, wait_seconds, abort_grace_seconds](const std::vector<Communicator*>& comms) {
-    if (AnyAborted(comms)) {  // an earlier handshake (or the watchdog) aborted them: freed
-      return Status::Error("ConnectPeers: the communicators of comm_id " + std::to_string(comm_id) +
-                           " were aborted (an earlier setup step or call failed); restart the process");
-    }
     for (Communicator* c : comms) {
       if (!c->peer_to_peer) {
         return Status::Error("ConnectPeers: comm_id " + std::to_string(comm_id) +
@@ -496,7 +498,12 @@ Status ConnectPeers(int64_t comm_id, double wait_seconds, double abort_grace_sec
     for (Communicator* c : comms) c->p2p_connected = true;
     return Status::Ok();
   };
-  return GrowMemberBuffers(comm_id, "connecting the peers", unconnected, connect);
+  Status status = GrowMemberBuffers(comm_id, "connecting the peers", unconnected, connect);
+  if (status.ok() && refuse_aborted) {
+    return Status::Error("ConnectPeers: the communicators of comm_id " + std::to_string(comm_id) +
+                         " were aborted (an earlier setup step or call failed); restart the process");
+  }
+  return status;
 }
 
 Communicator* FindCommunicator(int64_t comm_id, int device) {

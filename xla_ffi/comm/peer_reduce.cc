@@ -45,14 +45,17 @@ int32_t* SlotWord(const PeerReduceBuffers& r, int word, int from, int to) {
   return r.peers_signals[to] + word + PeerSlot(from, to, r.world);
 }
 
-// The word operations of one step (waits for, or writes into, every other rank's word),
-// enqueued as one stream operation (stream_batch.h) where the waits are stream operations,
-// else one at a time (spin kernels, which the watchdog's abort flag reaches).
+// How a rank waits for and writes its words (chosen when its communicator was made).
 struct WordMethods {
   WaitMethod wait;
   WriteMethod write;
 };
 
+// The word operations of one step (waits for, or writes into, every other rank's word),
+// enqueued as one stream operation (stream_batch.h) where the waits are stream operations
+// (its writes too: the write method is then the stream operation as well, as both follow
+// JAX_FLASHOVERLAP_WAIT), else one at a time (spin kernels, which the watchdog's abort flag
+// reaches, and writes by the write method).
 class StepOps {
  public:
   void Wait(int32_t* word, int32_t value) { Add(StreamWordOp{StreamWordOp::kWaitGeq, word, value}); }

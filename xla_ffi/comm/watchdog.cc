@@ -193,8 +193,24 @@ class Watchdog {
     // 1 s: a handler blocked while holding the mutex (its launch behind a full queue, or in
     // NCCL's enqueue) then went on with a freed communicator. A blocked handler lets go once
     // the flag traps the spin waits it queues behind; if only an NCCL kernel hangs, the
-    // loop's grace deadline ends the process (status 134) with its message.
-    std::lock_guard<std::mutex> lock(comm.call_mutex);
+    // loop's grace deadline ends the process (status 134) with its message. A handler blocked
+    // on the host while holding it (in NCCL's enqueue) is past that deadline (its trapped call
+    // left the watch list): the wait is bounded the same way.
+    std::unique_lock<std::mutex> lock(comm.call_mutex, std::defer_lock);
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(kExitGraceSeconds));
+    while (!lock.try_lock()) {
+      if (Clock::now() > deadline) {
+        std::fprintf(stderr,
+                     "jax_flashoverlap watchdog: could not abort comm_id %lld on device %d: its "
+                     "call mutex stayed held for %.0f s (a call blocked while enqueueing, or a "
+                     "setup step); exiting the process (status 134) instead of hanging.\n",
+                     static_cast<long long>(comm.comm_id), comm.device, kExitGraceSeconds);
+        std::fflush(stderr);
+        std::_Exit(134);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
     if (comm.destroyed.load()) return;
     // Unbounded here: the loop's grace deadline ends the process if this never returns.
     Status aborted = AbortMembers({&comm});
