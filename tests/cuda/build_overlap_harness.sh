@@ -26,6 +26,8 @@ for src in xla_ffi/comm/*.cc xla_ffi/comm/*.cu xla_ffi/kernels/*.cu; do
   [[ ${#found[@]} -eq 1 ]] || { echo "several objects for $stem in build/obj"; exit 1; }
   objs+=("${found[0]}")
 done
+# The link lists, for programs built against a changed copy of one object (tests/cuda/mutants).
+printf '%s\n' "${objs[@]}" > "$BUILD/overlap_harness.objs"
 g++ -std=c++17 -O2 -Wall -I"$ROOT" -I"$CUDA/include" -I"$NCCL/include" \
   -c tests/cuda/overlap_harness.cc -o "$BUILD/overlap_harness.o"
 g++ -o "$BUILD/overlap_harness" "$BUILD/overlap_harness.o" "${objs[@]}" \
@@ -45,6 +47,7 @@ for obj in "${objs[@]}"; do
     signaling_gemm*|peer_reduce.*|peer_ipc*|stream_wait*|stream_write*|stream_batch*|driver_entry*) pr_objs+=("$obj") ;;
   esac
 done
+printf '%s\n' "${pr_objs[@]}" > "$BUILD/peer_reduce.objs"
 for prog in peer_reduce_test peer_reduce_2gpu_test peer_reduce_ipc_test; do
   "$NVCC" -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -I"$ROOT" -I"$NCCL/include" \
     -c tests/cuda/$prog.cu -o "$BUILD/$prog.o"

@@ -17,7 +17,7 @@ Status AbortMembers(const std::vector<Communicator*>& comms) {
   Status first = Status::Ok();
   for (Communicator* c : comms) {
     if (c->aborted.exchange(true)) continue;
-    if (c->abort_flag != nullptr) RaiseAbortFlag(c->abort_flag);
+    RaiseAbortFlag(c->abort_flag);
     Status s = CudaStatus(cudaSetDevice(c->device), "cudaSetDevice");
     if (s.ok() && c->comm != nullptr) s = NcclStatus(ncclCommAbort(c->comm), "ncclCommAbort");
     if (first.ok() && !s.ok()) first = s;

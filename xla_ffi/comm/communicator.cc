@@ -69,10 +69,6 @@ Status FreeWorkspaceBuffer(Communicator& c) {
   return NcclStatus(ncclMemFree(c.workspace), "ncclMemFree");
 }
 
-bool IsAborted(const Communicator* c) {
-  return c->aborted.load() || AbortFlagRaised(c->abort_flag);
-}
-
 bool AnyAborted(const std::vector<Communicator*>& comms) {
   return std::any_of(comms.begin(), comms.end(), IsAborted);
 }

@@ -17,7 +17,7 @@ Status AllIdle(const std::vector<Communicator*>& comms, bool* idle, int* busy_de
   *idle = true;
   for (Communicator* c : comms) {
     // The flag: the watchdog is aborting it (Abort sets it first, then waits for the mutex).
-    if (c->aborted.load() || AbortFlagRaised(c->abort_flag)) {
+    if (IsAborted(c)) {
       return Status::Error("a communicator of this group was aborted by the watchdog; "
                            "restart the process");
     }

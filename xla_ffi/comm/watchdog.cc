@@ -187,15 +187,12 @@ class Watchdog {
   static void Abort(Communicator& comm) {
     RaiseAbortFlag(comm.abort_flag);
     // ncclCommAbort frees the communicator: only with its call mutex (AbortMembers' contract),
-    // never while a handler is in NCCL on it, nor while a growth or a destroy holds it (a
-    // growth sees the flag and gives up while it waits for calls, quiesce.cc; a destroy
-    // aborts the group itself, and then nothing is left to do). It once went ahead after
-    // 1 s: a handler blocked while holding the mutex (its launch behind a full queue, or in
-    // NCCL's enqueue) then went on with a freed communicator. A blocked handler lets go once
-    // the flag traps the spin waits it queues behind; if only an NCCL kernel hangs, the
-    // loop's grace deadline ends the process (status 134) with its message. A handler blocked
-    // on the host while holding it (in NCCL's enqueue) is past that deadline (its trapped call
-    // left the watch list): the wait is bounded the same way.
+    // never while a handler is in NCCL on it or a growth / destroy holds it (a growth sees the
+    // flag and gives up, quiesce.cc; a destroy aborts the group itself). It once went ahead
+    // after 1 s, and a handler blocked while holding the mutex then went on with a freed
+    // communicator. Such a handler usually lets go once the flag traps the spin waits it
+    // queues behind; one blocked on the host (in NCCL's enqueue) may not, and its trapped
+    // call has left the watch list and the loop's deadline: this wait has its own, the same.
     std::unique_lock<std::mutex> lock(comm.call_mutex, std::defer_lock);
     const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                              std::chrono::duration<double>(kExitGraceSeconds));
@@ -244,6 +241,8 @@ Status FreeWatchdog(Communicator& comm) {
   WatchAbandon(comm);
   return Status::Ok();
 }
+
+bool IsAborted(const Communicator* c) { return c->aborted.load() || AbortFlagRaised(c->abort_flag); }
 
 Status CheckNotAborted(const Communicator& comm, const char* op) {
   if (!comm.aborted) return Status::Ok();

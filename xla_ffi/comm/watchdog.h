@@ -56,11 +56,13 @@ void WatchAbandon(Communicator& comm);
 // ones (quiesce, destroy): atomic accesses (a plain volatile one across threads is a data
 // race). The device reads it as volatile (host-mapped memory).
 inline void RaiseAbortFlag(volatile int* flag) {
-  __atomic_store_n(const_cast<int*>(flag), 1, __ATOMIC_SEQ_CST);
+  if (flag != nullptr) __atomic_store_n(const_cast<int*>(flag), 1, __ATOMIC_SEQ_CST);
 }
 inline bool AbortFlagRaised(const volatile int* flag) {
   return flag != nullptr && __atomic_load_n(const_cast<const int*>(flag), __ATOMIC_SEQ_CST) != 0;
 }
+// Aborted, or being aborted (the flag is raised first, then the call mutex awaited).
+bool IsAborted(const Communicator* c);
 
 // Device side (watchdog_kernel.cu): traps when *abort_flag != 0.
 cudaError_t LaunchAbortCheck(cudaStream_t stream, const volatile int* abort_flag);
