@@ -81,3 +81,11 @@ def mesh4():
 def mesh2d():
     """2-D mesh (dp=2, tp=4); collectives run over 'tp' only."""
     return make_mesh_2d(2, 4)
+
+
+@pytest.fixture
+def user_dir(tmp_path, monkeypatch):
+    """The tuned-config folder (JAX_FLASHOVERLAP_CONFIG_DIR's variable) is the test's own."""
+    from jax_flashoverlap import tuning
+    monkeypatch.setenv(tuning.CONFIG_DIR_ENV, str(tmp_path))
+    return tmp_path
