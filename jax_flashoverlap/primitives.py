@@ -99,11 +99,13 @@ def switch_readers() -> dict:
 def check_switches() -> None:
   """Reads every switch (switch_readers). The CPU lowering runs it too, so a misspelt switch
   shows on the machine where a program is written, not first on the GPU machine.
-  Tuned-config files are not switches: only their folder's variable is checked."""
+  Tuned-config files are not switches: only their folder's variable is checked, and only
+  while tuned plans are on (JAX_FLASHOVERLAP_TUNED=0 reads no config)."""
   from jax_flashoverlap import tuning
-  for read in switch_readers().values():
+  readers = switch_readers()
+  for read in readers.values():
     read()
-  if os.environ.get(tuning.CONFIG_DIR_ENV):
+  if os.environ.get(tuning.CONFIG_DIR_ENV) and readers["tuned_configs_on"]():
     tuning.config_files()  # a folder that is not one is an error (its plans would be lost)
 
 

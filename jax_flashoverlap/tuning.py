@@ -274,6 +274,10 @@ def _unique_keys(pairs):
 
 
 def _read_json(path: Path):
+  if path.exists() and not path.is_file() and not path.is_dir():  # a directory: OSError below
+    # a FIFO (or a device) named *.json would block the read, or never end
+    raise ConfigError(f"jax_flashoverlap: cannot read tuned-config file {path}: not a "
+                      "regular file")
   try:
     text = path.read_text(encoding="utf-8")
   except OSError as err:
@@ -287,6 +291,8 @@ def _read_json(path: Path):
   except _DuplicateKey as err:
     _fail(path, f"duplicate key {err.args[0]!r} in a JSON object (one value would silently "
                 "win)")
+  except (ValueError, RecursionError) as err:  # nested past the parser's depth, an integer
+    _fail(path, f"not JSON that can be read ({type(err).__name__}: {err})")  # of > 4300 digits
 
 
 def load_file(path) -> dict:
@@ -295,11 +301,15 @@ def load_file(path) -> dict:
 
 
 def config_files() -> list:
-  """The config files read, in order (the package's, then the user dir's; later ones win)."""
-  files = sorted(PACKAGE_DIR.glob("*.json")) if PACKAGE_DIR.is_dir() else []
+  """The config files read, in order (the package's, then the user dir's; later ones win).
+  Hidden files are not configs: an editor's lock or backup (Emacs' `.#plans.json`, a broken
+  link while the file is open; macOS's `._plans.json`) must not break every lookup."""
+  def found(folder):
+    return sorted(f for f in folder.glob("*.json") if not f.name.startswith("."))
+  files = found(PACKAGE_DIR) if PACKAGE_DIR.is_dir() else []
   user = user_config_dir()
   if user.is_dir():
-    files += sorted(user.glob("*.json"))
+    files += found(user)
   elif os.environ.get(CONFIG_DIR_ENV):  # set on purpose: a typo must not drop its plans
     raise ConfigError(f"jax_flashoverlap: environment variable {CONFIG_DIR_ENV}="
                       f"{os.environ[CONFIG_DIR_ENV]!r} must be a directory of tuned-config "

@@ -127,6 +127,26 @@ def cfg_broken_symlink(t):
     _tuned_lookup()
 
 
+def cfg_nested_too_deep(t):
+    # json recursed past Python's limit: a RecursionError naming no file, and
+    # `python -m jax_flashoverlap.info` died of it
+    _config(t, raw="[" * 100000 + "]" * 100000)
+
+
+def cfg_integer_too_long(t):
+    # int() refuses a number of more than 4300 digits: a ValueError naming no file
+    text = json.dumps(dict(schema=tuning.SCHEMA, gpu=H200, world_size=2, entries=[_entry()]))
+    _config(t, raw=text.replace('"comm_sms": 16', '"measured_ms": ' + "9" * 5000
+                                + ', "comm_sms": 16'))
+
+
+def cfg_fifo(t):
+    """A FIFO named *.json in the config dir: reading it blocked every lookup (and `info`)."""
+    t.monkeypatch.setenv(tuning.CONFIG_DIR_ENV, str(t.tmp_path))
+    os.mkfifo(t.tmp_path / "plans.json")
+    _tuned_lookup()
+
+
 def _tuned_lookup():
     tuning._cache.clear()
     return tuning.lookup(H200, 2, "all_reduce", "bfloat16", 1024, 512, 256)

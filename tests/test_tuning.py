@@ -390,3 +390,25 @@ def test_a_stale_warning_raised_as_an_error_raises_at_every_lookup(user_dir, mon
         for _ in range(2):
             with pytest.raises(tuning.KernelBuildWarning):
                 P.choose_plan("all_reduce", 1024, 512, 256, 2, gpu=H200)
+
+
+def test_hidden_files_in_the_config_dir_are_not_configs(user_dir):
+    """An editor's lock (Emacs' `.#plans.json`, a dangling link while the file is open) or
+    macOS's `._plans.json` beside a config broke every lookup: they are not read."""
+    _write(user_dir / "plans.json", [_entry(comm_sms=8)])
+    (user_dir / ".#plans.json").symlink_to("root@host.4242:1733350000")
+    (user_dir / "._plans.json").write_bytes(b"\x00\x05\x16\x07\x00\x02\x00\x00")
+    assert [f for f in tuning.config_files() if f.parent == user_dir] == [user_dir / "plans.json"]
+    assert tuning.lookup(H200, 2, "all_reduce", "bfloat16", 1024, 512, 256)["comm_sms"] == 8
+
+
+def test_the_config_dir_is_checked_at_lowering_only_while_tuned_plans_are_on(tmp_path,
+                                                                              monkeypatch):
+    """JAX_FLASHOVERLAP_TUNED=0 reads no config (README; `info` says so too), yet a lowering
+    still refused a JAX_FLASHOVERLAP_CONFIG_DIR that is not a folder."""
+    from _bad_cases_common import cuda_lowering_text
+    monkeypatch.setenv(tuning.CONFIG_DIR_ENV, str(tmp_path / "missing"))
+    with pytest.raises(tuning.ConfigError, match="must be a directory"):
+        cuda_lowering_text()
+    monkeypatch.setenv(tuning.TUNED_ENV, "0")
+    assert "stablehlo" in cuda_lowering_text()
