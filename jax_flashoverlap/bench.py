@@ -357,17 +357,23 @@ def _xla_path_reason(plan) -> str:
   return "cost-model fallback" if not plan.overlap else "extension not in use"
 
 
+def warn_if_no_gpu(left_out: str) -> None:
+  """The banner of a run without a GPU, where `ours` is XLA's composition."""
+  import jax
+  if jax.default_backend() != "gpu":
+    say(f"WARNING: no GPU ({jax.default_backend()}): every variant runs XLA's composition "
+        "on simulated devices, so the times, speedups and E below measure nothing of this "
+        f"project (a smoke run of the CLI); {left_out}")
+
+
 def bench_overlap(args) -> dict:
   import jax
   import jax.numpy as jnp
   from jax.sharding import NamedSharding, PartitionSpec as P
 
   rows = RowLog(args)
-  if jax.default_backend() != "gpu":
-    say(f"WARNING: no GPU ({jax.default_backend()}): every variant runs XLA's composition "
-        "on simulated devices, so the times, speedups and E below measure nothing of this "
-        "project (a smoke run of the CLI); the GPU-only parts (--trace, nccl_capped, the "
-        "xla_windowed variant) are left out")
+  warn_if_no_gpu("the GPU-only parts (--trace, nccl_capped, the xla_windowed variant) are "
+                 "left out")
   for pb in _problems(args):
     collective = pb.collective
     m, n, k, world = pb.m, pb.n, pb.k, pb.world
@@ -445,7 +451,8 @@ def bench_overlap(args) -> dict:
       say(f"  trace, device {device}, median of {medians['calls']} isolated calls:\n    "
           + trace.medians_table(medians).replace("\n", "\n    "))
   targets = bench_targets.summary(rows)
-  say(bench_targets.summary_line(targets))
+  say(bench_targets.summary_line(targets) + ("" if jax.default_backend() == "gpu" else
+                                             " (no GPU: a smoke run, these say nothing)"))
   return {"kind": "overlap", "rows": rows, "targets": targets}
 
 
@@ -492,7 +499,7 @@ def main(argv=None) -> int:
         p.add_argument("--variants", nargs="*", choices=bench_variants.VARIANTS,
                        default=list(bench_variants.VARIANTS),
                        help="comparison programs (jax_flashoverlap.bench_variants)")
-        p.add_argument("--plot", help="write a PNG of the speedups here (needs matplotlib)")
+        p.add_argument("--plot", help="draw the speedups here (needs matplotlib; PNG, or the format its suffix names)")
         p.add_argument("--trace", type=int, default=5,
                        help="isolated calls of ours traced per shape (per-group medians in the "
                             "JSON, jax_flashoverlap.trace); 0: none")
@@ -508,7 +515,11 @@ def main(argv=None) -> int:
   bench_args.check_numbers(parser, args)
   bench_args.check_output_paths(parser, args)
   import jax_flashoverlap as fo
-  fo.distributed.initialize()  # no-op unless started by jax_flashoverlap.launch
+  try:  # no-op unless started by jax_flashoverlap.launch
+    fo.distributed.launch_settings()  # the launcher's variables set by hand, and wrong
+  except ValueError as err:
+    parser.error(str(err))
+  fo.distributed.initialize()
   import jax
   if args.kind == "gemm" and jax.process_count() > 1:
     parser.error("gemm runs on one GPU in one process; launch it without jax_flashoverlap.launch")

@@ -87,6 +87,7 @@ def bench_a2a(args) -> dict:
   dtype = jnp.dtype(args.dtype)
   key = jax.random.key(int(time.time()))
   rows = bench_record.RowLog(args)
+  bench.warn_if_no_gpu("the GPU-only xla_windowed variant is left out")
   for op in args.ops:
     for m, n, k in args.shapes:
       check_shape(op, m, n, world)

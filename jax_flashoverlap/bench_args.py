@@ -28,23 +28,55 @@ def check_numbers(parser, args) -> None:
 
 def check_output_paths(parser, args) -> None:
   """--out (rewritten after every row) and --plot (drawn at the end) can be written, checked
-  before any device work: a directory, or a folder that cannot be made or written, was a
-  traceback after the first row's (or, for --plot, the whole run's) measurements."""
-  for option, path in (("--out", args.out), ("--plot", getattr(args, "plot", None))):
+  before any device work: a directory, a folder that cannot be made or written, or a plot
+  format matplotlib cannot draw was a traceback after the first row's (or, for --plot, the
+  whole run's) measurements. A --plot without a suffix gets '.png' (matplotlib's default,
+  which it added without saying so); an existing device or FIFO (/dev/stdout) is written
+  through, so only it must be writable."""
+  for option in ("--out", "--plot"):
+    path = getattr(args, option[2:], None)
     if not path:
       continue
-    path = os.path.abspath(path)
-    parent = os.path.dirname(path)
-    if os.path.isdir(path):
-      parser.error(f"{option} {path}: cannot write there (a directory)")
-    try:
-      os.makedirs(parent, exist_ok=True)
-    except OSError as err:
-      existing = parent
-      while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-      parser.error(f"{option} {path}: cannot write there (" + (
-          f"{existing} is not a directory" if not os.path.isdir(existing) else str(err)) + ")")
-    if not os.access(parent, os.W_OK):
-      parser.error(f"{option} {path}: cannot write there ({parent} is not a writable "
-                   "directory)")
+    if option == "--plot":
+      path = args.plot = _plot_path(parser, path)
+    if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):
+      if not os.access(path, os.W_OK):
+        parser.error(f"{option} {path}: cannot write there (not writable)")
+      continue
+    check_writable(parser, option, os.path.realpath(path))  # a link's target gets written
+
+
+def check_writable(parser, option: str, path: str) -> None:
+  """A regular file at `path` can be written (its folder made if missing), else a parser
+  error naming `option` (exit 2)."""
+  parent = os.path.dirname(path)
+  if os.path.isdir(path):
+    parser.error(f"{option} {path}: cannot write there (a directory)")
+  try:
+    os.makedirs(parent, exist_ok=True)
+  except OSError as err:
+    existing = parent
+    while not os.path.exists(existing):
+      existing = os.path.dirname(existing)
+    parser.error(f"{option} {path}: cannot write there (" + (
+        f"{existing} is not a directory" if not os.path.isdir(existing) else str(err)) + ")")
+  if not os.access(parent, os.W_OK):
+    parser.error(f"{option} {path}: cannot write there ({parent} is not a writable "
+                 "directory)")
+
+
+def _plot_path(parser, path: str) -> str:
+  suffix = os.path.splitext(path)[1][1:].lower()
+  if os.path.isdir(path):  # not made into <dir>.png
+    parser.error(f"--plot {os.path.abspath(path)}: cannot write there (a directory)")
+  if not suffix:
+    return path + ".png"
+  try:
+    from matplotlib.figure import Figure
+  except ImportError:  # no plot is drawn (the run says so): nothing to check
+    return path
+  formats = Figure().canvas.get_supported_filetypes()
+  if suffix not in formats:
+    parser.error(f"--plot {path}: matplotlib cannot write '.{suffix}' files; use one of "
+                 + ", ".join("." + f for f in sorted(formats)))
+  return path

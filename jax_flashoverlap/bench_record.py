@@ -47,11 +47,23 @@ class RowLog(list):
 
 
 def write_json(path, result):
-  """result as strict JSON at path, replaced whole (a reader never sees half a file)."""
+  """result as strict JSON at path, replaced whole (a reader never sees half a file). A link
+  is followed (its target replaced, the link kept); a device or FIFO (/dev/stdout) is written
+  to, not replaced by a regular file."""
+  text = json.dumps(json_safe(result), indent=1, default=str, allow_nan=False)
+  if os.path.exists(path) and not os.path.isfile(path):  # (exists, isfile: links followed)
+    with open(path, "w") as f:
+      f.write(text + "\n")
+    return
+  path = os.path.realpath(path)
   tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w") as f:
-    json.dump(json_safe(result), f, indent=1, default=str, allow_nan=False)
-  os.replace(tmp, path)
+  try:
+    with open(tmp, "w") as f:
+      f.write(text)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):  # a failed write leaves no stray file beside the target
+      os.remove(tmp)
 
 
 def json_safe(value):

@@ -212,10 +212,13 @@ CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_launch_child.
 
 def split_command(argv: list) -> tuple[list, list]:
   """(launcher options, command): the command starts at `-m` or at the first token that is
-  neither an option nor an option's value, so the program's own options pass through."""
+  neither an option nor an option's value, so the program's own options pass through; or
+  after `--`, as argparse would have it."""
   i = 0
   while i < len(argv):
     tok = argv[i]
+    if tok == "--":
+      return argv[:i], argv[i + 1:]
     if tok == "-m" or not tok.startswith("-"):
       return argv[:i], argv[i:]
     i += 2 if tok in _VALUE_OPTIONS else 1

@@ -49,6 +49,8 @@ def test_overlap_on_cpu_says_what_its_numbers_are(tmp_path):
     d, out = _run(tmp_path, "overlap", "--shapes", "64x64x256", "--world", "4", "--variants",
                   "two_chunk", "ppermute_ring")
     assert out.startswith("WARNING: no GPU (cpu)") and "measure nothing" in out, out[:500]
+    # the targets' tally too (it read as if they were met)
+    assert "issue targets (#4, #5)" in out and "(no GPU: a smoke run, these say nothing)" in out
     lines = [line for line in out.splitlines() if "64x64x256:" in line]
     assert len(lines) == 2, out
     for line, row in zip(lines, d["rows"]):
@@ -161,6 +163,7 @@ def test_a2a_bench_rows_for_every_op(tmp_path):
         assert r["rel_error"] == 0.0 and r["rel_error_vs_f32"] < 1e-2, r
         assert r["uses_custom_call"] is False and r["world"] == 4  # CPU: reference path
     assert stdout.count("(ours = XLA's composition)") == 3
+    assert stdout.startswith("WARNING: no GPU (cpu)") and "measure nothing" in stdout
 
 
 def test_a2a_bench_rejects_shapes_that_do_not_split():
@@ -513,3 +516,40 @@ def test_git_commit_says_dirty_when_the_tree_is_not_heads(tmp_path, monkeypatch)
     assert bench.git_commit(tmp_path / "nowhere") == "abc123"
     monkeypatch.delenv("JAX_FLASHOVERLAP_GIT_COMMIT")
     assert bench.git_commit(tmp_path / "nowhere") == "unknown"
+
+
+def test_json_out_follows_links_and_writes_through_fifos(tmp_path):
+    """--out replaced a link by a file (the link's target left stale) and a FIFO or device
+    (/dev/stdout, /dev/null as root) by a regular file."""
+    import threading
+    from jax_flashoverlap import bench_record
+    target = tmp_path / "real.json"
+    target.write_text("{}")
+    (tmp_path / "link.json").symlink_to(target)
+    bench_record.write_json(tmp_path / "link.json", {"a": float("nan"), "b": 1})
+    assert (tmp_path / "link.json").is_symlink()
+    assert json.loads(target.read_text()) == {"a": None, "b": 1}
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    bench_record.write_json(fifo, {"c": 2})
+    reader.join(timeout=30)
+    assert fifo.is_fifo() and json.loads(got[0]) == {"c": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo.json", "link.json", "real.json"]
+
+
+@pytest.mark.parametrize("given, kept", [("plot", "plot.png"), ("plot.svg", "plot.svg")])
+def test_plot_path_gets_png_without_a_suffix(tmp_path, given, kept):
+    """matplotlib added '.png' to a suffixless --plot while the JSON recorded the path given."""
+    import argparse
+    from jax_flashoverlap import bench_args
+    pytest.importorskip("matplotlib")
+    args = argparse.Namespace(out=None, plot=str(tmp_path / given))
+    bench_args.check_output_paths(argparse.ArgumentParser(), args)
+    assert args.plot == str(tmp_path / kept)
+    (tmp_path / "plots").mkdir()
+    args.plot = str(tmp_path / "plots")  # a folder is refused, not made into plots.png
+    with pytest.raises(SystemExit):
+        bench_args.check_output_paths(argparse.ArgumentParser(), args)

@@ -283,3 +283,13 @@ def test_launcher_keeps_the_coordinator_port_reserved(tmp_path):
     r = _launch(tmp_path, PORT_SCRIPT, "-n", "2", "--timeout", "100", timeout=150)
     out = r.stdout + r.stderr
     assert r.returncode == 0 and "PORT OK" in out, out[-6000:]
+
+
+def test_launcher_takes_double_dash_before_the_program():
+    """`launch -n 2 -- script.py --flag` was "unrecognized arguments: --"."""
+    from jax_flashoverlap.launch import split_command
+    assert split_command(["-n", "2", "--", "app.py", "--x", "1"]) == (["-n", "2"],
+                                                                      ["app.py", "--x", "1"])
+    assert split_command(["-n", "2", "--", "-m", "mod", "--"]) == (["-n", "2"],
+                                                                   ["-m", "mod", "--"])
+    assert split_command(["-n", "2", "app.py", "--", "x"]) == (["-n", "2"], ["app.py", "--", "x"])
