@@ -28,7 +28,6 @@ the seed.
 import argparse
 import contextlib
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -45,7 +44,7 @@ from jax import lax  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import jax_flashoverlap as fo  # noqa: E402
-from jax_flashoverlap import bench  # noqa: E402
+from jax_flashoverlap import bench, bench_args, bench_record  # noqa: E402
 from jax_flashoverlap import plan as plan_lib, plan_a2a  # noqa: E402
 
 AXIS = "tp"
@@ -364,7 +363,14 @@ def main():
   if args.large < 64 or args.max_flops < 64 ** 3:  # room for a problem of each op
     ap.error(f"--large must be >= 64 and --max-flops >= {64 ** 3}, got {args.large} and "
              f"{args.max_flops}")
+  if args.seconds is not None and not args.seconds >= 0:  # NaN too (0: one case)
+    ap.error(f"--seconds must be a number >= 0, got {args.seconds}")
+  if not 0 <= args.seed < 2 ** 32:
+    ap.error(f"--seed must be in [0, 2**32), got {args.seed}")
+  bench_args.check_output_paths(ap, args)
   mesh = Mesh(np.array(jax.devices()), (AXIS,))
+  if mesh.size == 1 and set(args.ops) <= {"all_to_all", "all_gather"}:
+    ap.error(f"--ops {' '.join(args.ops)}: these ops need 2 or more devices, this run has 1")
   print(f"backend={jax.default_backend()} devices={mesh.size} seed={args.seed}", flush=True)
   report = fuzz(mesh, args.cases, args.seed, args.ops, args.switches_per_case,
                 log=lambda s: print(s, flush=True), large=args.large, max_flops=args.max_flops,
@@ -372,9 +378,8 @@ def main():
   report.update(args=vars(args), backend=jax.default_backend(),
                 devices=[d.device_kind for d in mesh.devices.flat],
                 git_commit=bench.git_commit())
-  if args.out:
-    with open(args.out, "w") as f:
-      json.dump(report, f, indent=1)
+  if args.out:  # strict JSON: a failed call's error is NaN, written as null
+    bench_record.write_json(args.out, report)
   for op, s in report["ops"].items():
     print(f"{op:15s} {s['cases']:4d} cases {s['calls']:5d} calls {s['failed']:3d} failed")
   bad = report["total_failed"]

@@ -43,7 +43,7 @@ from jax import lax  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import jax_flashoverlap as fo  # noqa: E402
-from jax_flashoverlap import bench, bench_record  # noqa: E402
+from jax_flashoverlap import bench, bench_args, bench_record  # noqa: E402
 
 AXIS = "tp"
 DTYPE = jnp.bfloat16
@@ -160,38 +160,53 @@ def stress_ops(mesh, shapes, calls, seed, ops=OPS, on_op=None):
   return results
 
 
+SCAN_SPECS = (P(None, None, AXIS), P(None, AXIS, None), P(None, AXIS, None))
+
+
+def scan_layer(impl):
+  """One layer of the scan model (x [T, D] replicated over tp): a = gelu(x @ w1)
+  (column-parallel, [T, F/n]); y = matmul_all_reduce(a, w2); z =
+  all_gather(matmul_reduce_scatter(a, w3)); a psum'd norm; x <- x + 0.5 * (y + z) / norm. The
+  reference ('xla') uses psum / psum_scatter instead of our ops."""
+  def body(x, p):
+    w1, w2, w3 = p
+    a = jax.nn.gelu(x @ w1)
+    if impl == "fo":
+      y = fo.matmul_all_reduce(a, w2, AXIS)
+      z = fo.matmul_reduce_scatter(a, w3, AXIS)
+    else:
+      y = lax.psum(a @ w2, AXIS)
+      z = lax.psum_scatter(a @ w3, AXIS, scatter_dimension=0, tiled=True)
+    z = lax.all_gather(z, AXIS, tiled=True)  # XLA's own collective, in the same program
+    norm = jnp.sqrt(lax.psum(jnp.sum(jnp.square(a.astype(jnp.float32))), AXIS) / a.size
+                    / lax.axis_size(AXIS))
+    x = x + (0.5 * (y + z).astype(jnp.float32) / (norm + 1.0)).astype(x.dtype)
+    return x, None
+  return body
+
+
+def scan_program(mesh, impl):
+  """The scan model over stacked layers' params, jitted, x donated."""
+  def f(params, x):
+    out, _ = lax.scan(scan_layer(impl), x, params)
+    return out
+  # check_vma=False: all_gather's result is typed device-varying though its values agree.
+  return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(SCAN_SPECS, P()), out_specs=P(),
+                               check_vma=False), donate_argnums=(1,))
+
+
+def check_scan_shapes(mesh, layers, tokens, dim, ffn) -> None:
+  """Traces the scan model at these sizes: an op's own error (a size it cannot take) before
+  part 1 runs, not after it."""
+  sds = lambda *shape: jax.ShapeDtypeStruct(shape, DTYPE)
+  params = (sds(layers, dim, ffn), sds(layers, ffn, dim), sds(layers, ffn, dim))
+  scan_program(mesh, "fo").trace(params, sds(tokens, dim))
+
+
 def scan_model(mesh, layers, tokens, dim, ffn, steps, seed):
-  """Per layer (x [T, D] replicated over tp): a = gelu(x @ w1) (column-parallel, [T, F/n]);
-  y = matmul_all_reduce(a, w2); z = all_gather(matmul_reduce_scatter(a, w3)); a psum'd norm;
-  x <- x + 0.5 * (y + z) / norm. The reference uses psum / psum_scatter instead of our ops."""
-  n = mesh.size
-
-  def layer(impl):
-    def body(x, p):
-      w1, w2, w3 = p
-      a = jax.nn.gelu(x @ w1)
-      if impl == "fo":
-        y = fo.matmul_all_reduce(a, w2, AXIS)
-        z = fo.matmul_reduce_scatter(a, w3, AXIS)
-      else:
-        y = lax.psum(a @ w2, AXIS)
-        z = lax.psum_scatter(a @ w3, AXIS, scatter_dimension=0, tiled=True)
-      z = lax.all_gather(z, AXIS, tiled=True)  # XLA's own collective, in the same program
-      norm = jnp.sqrt(lax.psum(jnp.sum(jnp.square(a.astype(jnp.float32))), AXIS) / a.size / n)
-      x = x + (0.5 * (y + z).astype(jnp.float32) / (norm + 1.0)).astype(x.dtype)
-      return x, None
-    return body
-
-  specs = (P(None, None, AXIS), P(None, AXIS, None), P(None, AXIS, None))
-
-  def model(impl):
-    def f(params, x):
-      out, _ = lax.scan(layer(impl), x, params)
-      return out
-    # check_vma=False: all_gather's result is typed device-varying though its values agree.
-    return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(specs, P()), out_specs=P(),
-                                 check_vma=False), donate_argnums=(1,))
-
+  """`steps` steps of the scan model (scan_layer), ours against XLA's and float32's."""
+  model = lambda impl: scan_program(mesh, impl)
+  specs = SCAN_SPECS
   key = jax.random.key(seed)
   k1, k2, k3 = jax.random.split(key, 3)
   scale = lambda k, shape, fan_in: (jax.random.normal(k, shape) / np.sqrt(fan_in)).astype(DTYPE)
@@ -252,7 +267,18 @@ def main():
                   help="the ops of part 1 (default: all)")
   ap.add_argument("--out", help="write the counts as JSON here")
   args = ap.parse_args()
+  for name in ("calls", "scan_steps", "layers", "tokens", "dim", "ffn"):
+    if getattr(args, name) < 1:  # zero work would print "OK: no mismatch"
+      ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+  if not 0 <= args.seed < 2 ** 32:
+    ap.error(f"--seed must be in [0, 2**32), got {args.seed}")
+  bench_args.check_output_paths(ap, args)
   mesh = Mesh(np.array(jax.devices()), (AXIS,))
+  try:
+    check_scan_shapes(mesh, args.layers, args.tokens, args.dim, args.ffn)
+  except (ValueError, TypeError) as err:
+    ap.error(f"--tokens {args.tokens} --dim {args.dim} --ffn {args.ffn} on {mesh.size} "
+             f"devices: {err}")
   print(f"backend={jax.default_backend()} devices={mesh.size} seed={args.seed}", flush=True)
   report = {"ops": {}, "scan_model": None, "args": vars(args), "backend": jax.default_backend(),
             "devices": [d.device_kind for d in mesh.devices.flat],

@@ -36,6 +36,10 @@ import numpy as np, jax, jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P
 import jax_flashoverlap as fo
 from jax_flashoverlap import _ext
+if jax.default_backend() != "gpu" or _ext.ext is None:
+    print("NEEDS GPU: JAX's backend is %r, extension loaded: %s"
+          % (jax.default_backend(), _ext.ext is not None), flush=True)
+    sys.exit(3)
 _ext.register_targets()
 os.environ["JAX_FLASHOVERLAP_FALLBACK"] = "0"
 case = sys.argv[1]
@@ -136,10 +140,16 @@ EXPECTED = {
 }
 
 
+class NeedsGPU(Exception):
+    pass
+
+
 def run_case(case):
     """(ok, report lines) of one case in a child process."""
     r = subprocess.run([sys.executable, "-c", CHILD, case], capture_output=True, text=True,
                        timeout=240)
+    if r.returncode == 3 and r.stdout.startswith("NEEDS GPU"):
+        raise NeedsGPU(r.stdout.strip())
     lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
     results = [ln for ln in r.stdout.splitlines() if ln.split(" ")[0] in ("finite", "nan",
                                                                           "raised")]
@@ -155,9 +165,22 @@ def run_case(case):
 
 def main():
     cases = sys.argv[1:] or list(EXPECTED)
+    if set(cases) & {"-h", "--help"}:
+        print(__doc__)
+        return 0
+    unknown = [c for c in cases if c not in EXPECTED]
+    if unknown:  # before any child runs (a typo was a KeyError after the first case)
+        print(f"diagnose_ffi_error.py: unknown case(s) {', '.join(unknown)}; the cases: "
+              + ", ".join(EXPECTED), file=sys.stderr)
+        return 2
     bad = 0
     for case in cases:
-        ok, report = run_case(case)
+        try:
+            ok, report = run_case(case)
+        except NeedsGPU as err:
+            print(f"diagnose_ffi_error.py: runs our FFI handlers on a GPU ({err})",
+                  file=sys.stderr)
+            return 2
         bad += not ok
         print("\n".join(report), flush=True)
     print(f"{len(cases) - bad} of {len(cases)} cases as expected")

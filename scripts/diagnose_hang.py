@@ -64,10 +64,20 @@ def _threads(pid: int) -> None:
         print(f"  thread {tid:>7} {name:<20} wchan={wchan}")
 
 
+def _wait_seconds(text: str) -> float:
+    """--wait: finite and > 5 s (the child dumps its stacks 5 s before the deadline)."""
+    import math
+    value = float(text)
+    if not math.isfinite(value) or value <= 5:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 5, got {text!r}")
+    return value
+
+
 def main() -> int:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("op", choices=("a2a", "a2a_cols", "ag", "ar"))
-    p.add_argument("--wait", type=float, default=45)
+    p.add_argument("--wait", type=_wait_seconds, default=45,
+                   help="seconds before the child counts as hung (default 45)")
     args = p.parse_args()
     env = dict(os.environ, NCCL_DEBUG=os.environ.get("NCCL_DEBUG", "INFO"),
                NCCL_DEBUG_SUBSYS=os.environ.get("NCCL_DEBUG_SUBSYS", "INIT,P2P"),
@@ -75,26 +85,32 @@ def main() -> int:
                PYTHONUNBUFFERED="1")
     child = subprocess.Popen([sys.executable, "-c", CHILD % {"dump": int(args.wait) - 5}, args.op],
                              env=env)
-    t0 = time.time()
-    while child.poll() is None and time.time() - t0 < args.wait:
-        time.sleep(0.5)
-    if child.poll() is not None:
-        print(f"[diagnose] {args.op}: child exited {child.returncode} after {time.time() - t0:.1f} s")
-        return child.returncode
-    print(f"[diagnose] {args.op}: still running after {args.wait:.0f} s", flush=True)
-    subprocess.run(["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used",
-                    "--format=csv"])
-    _threads(child.pid)
-    if shutil.which("gdb"):
-        subprocess.run(["gdb", "-p", str(child.pid), "-batch", "-ex", "thread apply all bt 25"],
-                       timeout=60)
-    else:
-        print("[diagnose] no gdb on this machine")
-    sys.stdout.flush()
-    child.kill()
-    child.wait()
-    return 124
-
+    try:  # the child never outlives this script, whatever fails below
+        t0 = time.time()
+        while child.poll() is None and time.time() - t0 < args.wait:
+            time.sleep(0.5)
+        if child.poll() is not None:
+            print(f"[diagnose] {args.op}: child exited {child.returncode} after "
+                  f"{time.time() - t0:.1f} s")
+            return child.returncode
+        print(f"[diagnose] {args.op}: still running after {args.wait:.0f} s", flush=True)
+        if shutil.which("nvidia-smi"):
+            subprocess.run(["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used",
+                            "--format=csv"], timeout=60)
+        else:
+            print("[diagnose] no nvidia-smi on this machine: GPU utilisation not shown")
+        _threads(child.pid)
+        if shutil.which("gdb"):
+            subprocess.run(["gdb", "-p", str(child.pid), "-batch", "-ex", "thread apply all bt 25"],
+                           timeout=60)
+        else:
+            print("[diagnose] no gdb on this machine")
+        sys.stdout.flush()
+        return 124
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait()
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -8,11 +8,14 @@ first call's waits began only after its GEMM until the communicator loaded them 
     JAX_FLASHOVERLAP_FALLBACK=0 JAX_FLASHOVERLAP_WAIT=spin FLASHOVERLAP_TRACE=1 \
       python3 scripts/first_call_overlap.py      (optionally CUDA_MODULE_LOADING=EAGER)
 """
-import os, json
+import os, json, sys
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 import jax_flashoverlap as fo
-from jax_flashoverlap import plan, trace
+from jax_flashoverlap import _ext, plan, trace
+if jax.default_backend() != "gpu" or not _ext.env_switch(trace.TRACE_ENV, False):
+    sys.exit("first_call_overlap.py: needs a GPU and FLASHOVERLAP_TRACE=1 (backend here: "
+             f"{jax.default_backend()!r}; off GPU the op is XLA's and leaves no trace records)")
 mesh = Mesh(np.array(jax.devices()[:1]), ("tp",))
 f = jax.jit(jax.shard_map(lambda x, w: fo.matmul_all_reduce(x, w, "tp"), mesh=mesh,
                           in_specs=(P(None, "tp"), P("tp", None)), out_specs=P()))
@@ -25,6 +28,9 @@ for i in range(4):
     with plan.forced(num_groups=8, comm_sms=16):  # the first call lowers here; then cached
         f(x, w).block_until_ready()
     recs = trace.read()
+    if not recs:
+        sys.exit("first_call_overlap.py: the call left no trace record: it took XLA's path "
+                 "(set JAX_FLASHOVERLAP_FALLBACK=0)")
     r = recs[-1]
     rows.append(dict(call=i, records=len(recs), gemm_done_ms=round(r["gemm_done_ms"], 3),
                      ready0_ms=round(r["ready_ms"][0], 3), groups=len(r["ready_ms"]),

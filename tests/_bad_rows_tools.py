@@ -10,6 +10,7 @@ from jax_flashoverlap import _ext
 from _bad_cases_common import *  # noqa: F401,F403  (expectations, helpers, imports)
 from _bad_cases_api import *  # noqa: F401,F403
 from _bad_cases_tools import *  # noqa: F401,F403
+from _bad_cases_scripts import *  # noqa: F401,F403
 
 CFG = tuning.ConfigError
 
@@ -67,6 +68,16 @@ TOOL_ROWS = [
     pytest.param(cfg_broken_symlink, raises(CFG, "cannot read tuned-config file",
                                             "plans.json", "No such file"),
                  id="config-broken-symlink"),
+    pytest.param(cfg_nested_too_deep, raises(CFG, "invalid tuned-config file", "plans.json",
+                                             "not JSON that can be read (RecursionError"),
+                 id="config-nested-too-deep"),
+    pytest.param(cfg_integer_too_long, raises(CFG, "invalid tuned-config file", "plans.json",
+                                              "not JSON that can be read (ValueError",
+                                              "4300 digits"),
+                 id="config-integer-of-5000-digits"),
+    pytest.param(cfg_fifo, raises(CFG, "cannot read tuned-config file", "plans.json",
+                                  "not a regular file"),
+                 id="config-a-fifo"),
     pytest.param(cfg_bad_file_at_lowering, raises(CFG, "plans.json", "comm_sms", "500"),
                  id="config-bad-file-fails-the-plan-choice"),
     pytest.param(cfg_merge_into_non_json, raises(CFG, "plans.json", "not JSON"),
@@ -142,6 +153,45 @@ TOOL_ROWS = [
                  id="cli-launch-child-exits-3"),
     pytest.param(cli_launch_timeout, exits(124, "timeout after 5 s", max_s=40),
                  id="cli-launch-timeout"),
+    pytest.param(cli_bench_plot_unknown_format, exits(2, "--plot ", "matplotlib cannot write "
+                                                      "'.xyz' files; use one of", ".png",
+                                                      max_s=40),
+                 id="cli-bench-plot-unknown-format"),
+    pytest.param(cli_bench_launcher_variables_partial, exits(2, "num_processes "
+                                                             "(JAX_FLASHOVERLAP_NUM_PROCESSES) "
+                                                             "given but not", "give all three"),
+                 id="cli-bench-launcher-variables-partial"),
+    pytest.param(cli_stress_zero_calls, exits(2, "--calls must be >= 1, got 0"),
+                 id="cli-stress-zero-calls"),
+    pytest.param(cli_stress_dim_not_multiple_of_8, exits(2, "--dim 60", "must be a multiple of "
+                                                         "8", max_s=60),
+                 id="cli-stress-dim-not-multiple-of-8"),
+    pytest.param(cli_stress_out_a_directory, exits(2, "--out ", "cannot write there (a "
+                                                   "directory)"),
+                 id="cli-stress-out-a-directory"),
+    pytest.param(cli_stress_seed_too_large, exits(2, "--seed must be in [0, 2**32)"),
+                 id="cli-stress-seed-too-large"),
+    pytest.param(cli_fuzz_ops_need_two_devices, exits(2, "--ops all_to_all all_gather: these "
+                                                      "ops need 2 or more devices"),
+                 id="cli-fuzz-ops-need-two-devices"),
+    pytest.param(cli_fuzz_seconds_nan, exits(2, "--seconds must be a number >= 0, got nan"),
+                 id="cli-fuzz-seconds-nan"),
+    pytest.param(cli_diagnose_hang_wait_infinite, exits(2, "--wait: must be a finite number of "
+                                                        "seconds > 5, got 'inf'"),
+                 id="cli-diagnose-hang-wait-infinite"),
+    pytest.param(cli_diagnose_hang_without_nvidia_smi, exits(124, "still running after 6 s",
+                                                             "no nvidia-smi on this machine",
+                                                             max_s=60),
+                 id="cli-diagnose-hang-without-nvidia-smi"),
+    pytest.param(cli_diagnose_ffi_unknown_case, exits(2, "unknown case(s) nope; the cases: "
+                                                      "bad_attr_first"),
+                 id="cli-diagnose-ffi-unknown-case"),
+    pytest.param(cli_diagnose_ffi_without_gpu, exits(2, "runs our FFI handlers on a GPU",
+                                                     "'cpu'"),
+                 id="cli-diagnose-ffi-without-gpu"),
+    pytest.param(cli_first_call_overlap_without_gpu, exits(1, "needs a GPU and "
+                                                           "FLASHOVERLAP_TRACE=1", "'cpu'"),
+                 id="cli-first-call-overlap-without-gpu"),
     # --- several processes ---
     pytest.param(dist_plan_mismatch_two_processes, exits(0, "process 0: DistributedMismatchError",
                                                          "the group plan differs between "
