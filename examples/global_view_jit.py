@@ -46,7 +46,7 @@ def timed(fn, *args, iters):
   for _ in range(iters):
     out = fn(*args)
   jax.block_until_ready(out)
-  return out, (time.perf_counter() - start) / max(iters, 1) * 1e3
+  return out, (time.perf_counter() - start) / iters * 1e3
 
 
 def rel_err(out, ref):
@@ -72,8 +72,8 @@ def main():
   dp = args.dp or (2 if len(devices) >= 4 and len(devices) % 2 == 0 else 1)
   tp = len(devices) // dp
   rows = args.m // dp if args.reduce == "all_reduce" else args.m // (dp * tp)
-  if min(args.m, args.d, args.f) < 1 or args.iters < 0:
-    ap.error("--m, --d and --f must be at least 1 and --iters at least 0")
+  if min(args.m, args.d, args.f, args.iters) < 1:  # --iters 0 printed times of nothing
+    ap.error("--m, --d, --f and --iters must be at least 1")
   if args.m % (dp if args.reduce == "all_reduce" else dp * tp) or args.d % 8 or \
       args.f % tp or (args.f // tp) % 8 or rows < 1:
     ap.error(f"need m divisible by dp (reduce_scatter: by dp * tp), d a multiple of 8 and f "

@@ -106,7 +106,9 @@ class Block(nnx.Module):
     self.attn_norm = nnx.RMSNorm(dim, dtype=DTYPE, rngs=rngs)
     # Fused projections, as in most Llama implementations: one q|k|v and one gate|up layer.
     # Each device's output shard holds its heads' q, k, v (and its slice of gate, up) side by
-    # side, so a local split recovers them.
+    # side, so a local split recovers them. Which kernel columns are q, k or v thus depends on
+    # the tp size: the same weights are another network at another --tp (a checkpoint moved
+    # between tp sizes must permute these columns).
     self.wqkv = col(dim, 3 * dim, rngs)
     self.wo = row(dim, dim, rngs)
     self.mlp_norm = nnx.RMSNorm(dim, dtype=DTYPE, rngs=rngs)
