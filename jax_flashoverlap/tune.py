@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import json
 import math
 import os
 import pathlib
@@ -519,8 +518,7 @@ def main(argv=None) -> int:
                 "complete": len(rows) == len(problems) + len(op_problems),
                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
                     timespec="seconds")}
-      with open(args.report, "w") as f:
-        json.dump(report, f, indent=1, default=str)
+      bench.write_json(args.report, report)  # strict JSON (a failed candidate's NaN: null)
     return path
 
   path = out
