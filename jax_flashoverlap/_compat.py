@@ -15,7 +15,7 @@ try:
 except ImportError:  # pragma: no cover - very old JAX
   from jax.core import Primitive  # type: ignore
 
-from jax.interpreters import batching, mlir  # noqa: F401  (re-exported)
+from jax.interpreters import ad, batching, mlir  # noqa: F401  (re-exported)
 
 from jax._src import api_util as _api_util
 from jax._src.interpreters import partial_eval as _pe
@@ -43,6 +43,30 @@ def abstract_eval_fun(fun, *avals):
   """
   debug = _api_util.debug_info("jax_flashoverlap", fun, avals, {})
   return _pe.abstract_eval_fun(fun, *avals, debug_info=debug)
+
+
+def define_transpose(prim, rule) -> None:
+  """rule(cotangents, x, w, **params) -> (ct_x, ct_w): prim's transpose; the operand being
+  transposed is an UndefinedPrimal (is_undefined_primal), the other a value."""
+  ad.primitive_transposes[prim] = rule
+
+
+def is_undefined_primal(x) -> bool:
+  return ad.is_undefined_primal(x)
+
+
+def instantiate_zeros(ct):
+  """A cotangent as an array (a symbolic zero made a zero array)."""
+  return ad.instantiate_zeros(ct)
+
+
+def aval_struct(aval):
+  """A ShapeDtypeStruct of an aval, with its sharding and shard_map varying-axes type (what
+  jax.linear_transpose needs to trace a function of it inside a check_vma shard_map)."""
+  mat = getattr(aval, "manual_axis_type", None)
+  extra = {"manual_axis_type": mat} if mat is not None else {}
+  return jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=getattr(aval, "sharding", None),
+                              **extra)
 
 
 def varying_axes(x) -> frozenset:

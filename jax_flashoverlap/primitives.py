@@ -161,7 +161,33 @@ def make_primitive(name, reference, reference_keys=("axis_name", "transpose_w"),
     return lowered_on_cpu(ctx, *args, **params)
 
   _compat.mlir.register_lowering(prim, cpu_lowering, platform="cpu")
+  _compat.define_transpose(prim, functools.partial(transpose_by_reference, prim))
   return prim, lowered_reference
+
+
+def transpose_by_reference(prim, cotangents, x, w, **params):
+  """prim's transpose rule. Each op is linear in x for a fixed w and in w for a fixed x (a
+  GEMM, then a linear collective), with its reference composition's values: so its transpose
+  is the reference's, which jax.linear_transpose derives. JAX transposes (rather than
+  differentiates) in jax.linear_transpose and custom_linear_solve (the gradients through
+  jax.scipy.sparse.linalg's solvers); jax.grad goes through the ops' custom_jvp (ops.py)."""
+  reference, reference_params = _REFERENCES[prim]
+  ref = reference_params(params)
+  x_unknown, w_unknown = _compat.is_undefined_primal(x), _compat.is_undefined_primal(w)
+  if x_unknown and w_unknown:
+    raise NotImplementedError(
+        f"jax_flashoverlap: {prim.name} is linear in x and in w separately, not in both at "
+        "once (x @ w is bilinear): transpose it in one of them, the other fixed")
+  if prim.multiple_results:
+    cotangents = tuple(_compat.instantiate_zeros(ct) for ct in cotangents)
+  else:
+    cotangents = _compat.instantiate_zeros(cotangents)
+  if x_unknown:
+    fn, unknown = (lambda a: reference(a, w, **ref)), x
+  else:
+    fn, unknown = (lambda b: reference(x, b, **ref)), w
+  (ct,) = jax.linear_transpose(fn, _compat.aval_struct(unknown.aval))(cotangents)
+  return (ct, None) if x_unknown else (None, ct)
 
 
 gemm_p, _gemm_reference_lowering = make_primitive("flashoverlap_gemm", reference_gemm)
