@@ -25,6 +25,12 @@ def _shape_dtype(op, name, value):
   dtype = getattr(value, "dtype", None)
   if shape is None or dtype is None:
     raise TypeError(f"{op}: {name} must be an array, got {type(value).__name__}")
+  symbolic = [str(d) for d in shape if not isinstance(d, (int, np.integer))]
+  if symbolic:  # jax.export's shape polymorphism: the plan and the kernels need the sizes
+    raise ValueError(f"{op}: {name} has symbolic dimension(s) {', '.join(symbolic)} (shape "
+                     f"{tuple(str(d) for d in shape)}); jax_flashoverlap's ops need static "
+                     "shapes: export with concrete shapes (jax.export without "
+                     "symbolic_shape)")
   return tuple(shape), jnp.dtype(dtype)
 
 

@@ -27,6 +27,29 @@ def op_x_rank1(t):
     trace_op("all_reduce", sds((64,)), sds((64, 32)), x_spec=P("tp"))
 
 
+def _export_with_symbolic_rows(fn, mesh, x_spec, w_spec):
+    """jax.export of fn(x, w) with x's rows a symbolic dimension 'b' (shape polymorphism)."""
+    from jax import export
+    (b,) = export.symbolic_shape("b")
+    args = (jax.ShapeDtypeStruct((b, 64), BF16, sharding=NamedSharding(mesh, x_spec)),
+            jax.ShapeDtypeStruct((64, 32), BF16, sharding=NamedSharding(mesh, w_spec)))
+    export.export(jax.jit(fn))(*args)
+
+
+def op_symbolic_dimension(t):
+    # int() of the symbolic dim: JAX's InconclusiveDimensionOperation, naming no op
+    mesh = make_mesh_1d(4)
+    _export_with_symbolic_rows(shard_map(lambda a, b: fo.matmul_all_reduce(a, b, "tp"), mesh,
+                                         (P(None, "tp"), P("tp", None)), P()),
+                               mesh, P(None, "tp"), P("tp", None))
+
+
+def rp_symbolic_dimension(t):
+    mesh = make_mesh_1d(4)
+    _export_with_symbolic_rows(lambda a, b: fo.row_parallel_matmul(a, b), mesh, P(None, "tp"),
+                               P("tp", None))
+
+
 def op_w_rank3(t):
     trace_op("all_reduce", sds((8, 64)), sds((64, 32, 8)), w_spec=P("tp", None, None))
 

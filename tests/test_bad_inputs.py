@@ -54,6 +54,12 @@ CASES = [
                  id="op-x-rank-1"),
     pytest.param(op_w_rank3, raises(ValueError, "w must be a 2-D weight [K, N]", "(16, 32, 8)"),
                  id="op-w-rank-3"),
+    pytest.param(op_symbolic_dimension, raises(ValueError, "matmul_all_reduce: x has symbolic "
+                                               "dimension(s) b", "need static shapes"),
+                 id="op-symbolic-dimension"),
+    pytest.param(rp_symbolic_dimension, raises(ValueError, "row_parallel_matmul: x has symbolic "
+                                               "dimension(s) b", "need static shapes"),
+                 id="rp-symbolic-dimension"),
     pytest.param(op_rs_x_rank1, raises(ValueError, "matmul_reduce_scatter",
                                        "x must have at least 2 dims [..., K]", "(16,)"),
                  id="op-reduce-scatter-x-rank-1"),
