@@ -143,6 +143,15 @@ def _manual_axes():
   return tuple(manual) + getattr(_partitioner, "axes", ())
 
 
+def is_manual_axis(name) -> bool:
+  """Whether `name` is bound here as a manual mesh axis (shard_map, pmap, a global view's
+  partitioner), which the per-device view needs; a vmap axis of the same name is not."""
+  if name not in _compat.bound_axis_names():
+    return False
+  manual = _manual_axes()
+  return manual is None or name in manual
+
+
 def check_axis_name(op: str, axis_name) -> int:
   """Checks every axis in `axis_name` is a bound, manual mesh axis of the enclosing
   shard_map; returns the group size. A vmap axis name is bound too, but the ops' collectives

@@ -202,8 +202,9 @@ class _Config:
     return size if size is not None else dict(self.mesh_shape).get(self.axis_name)
 
   def local_view(self) -> int | None:
-    """The axis size when running per-device (inside shard_map over axis_name), else None."""
-    if self.axis_name in _compat.bound_axis_names():
+    """The axis size when running per-device (inside shard_map over axis_name), else None
+    (also under a jax.vmap whose axis_name is the same: that is not a mesh axis)."""
+    if _validation.is_manual_axis(self.axis_name):
       return _compat.axis_size(self.axis_name)
     return None
 

@@ -354,3 +354,23 @@ def test_layer_applied_to_params_sharded_over_another_axis_names_both(rng):
   with pytest.raises(jax.errors.JaxRuntimeError,
                      match=r"axis_name 'tp' is not an axis of the mesh \('data', 'model'\)"):
     jax.jit(layer.apply)(params, xs)
+
+
+@pytest.mark.parametrize("layer", ["nnx_row", "nnx_column", "linen_row"])
+def test_a_vmap_axis_named_like_the_layers_axis_is_not_the_mesh_axis(layer, rng):
+  """Under jax.vmap(axis_name='tp') outside any shard_map, the layer took the vmap axis for its
+  tensor-parallel one (the per-device view): 'in_features=64 is not divisible by the size 3
+  of mesh axis tp'. It is the global view there, as under any other vmap name."""
+  x = jnp.asarray(rng.standard_normal((3, 8, 64)), BF16)
+  if layer == "linen_row":
+    module = RowParallelDense(32)
+    params = module.init(jax.random.key(0), x[0])
+    call = lambda a: module.apply(params, a)  # noqa: E731
+  else:
+    cls = RowParallelLinear if layer == "nnx_row" else ColumnParallelLinear
+    module = cls(64, 32, rngs=nnx.Rngs(0))
+    call = lambda a: module(a)  # noqa: E731
+  want = jax.vmap(call, axis_name="batch")(x)
+  got = jax.vmap(call, axis_name="tp")(x)
+  assert got.shape == want.shape == (3, 8, 32)
+  np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
