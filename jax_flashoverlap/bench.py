@@ -41,6 +41,10 @@ from jax_flashoverlap.bench_record import RowLog, git_commit, write_json  # noqa
 # Global shapes M x N x K of DESIGN.md; per GPU the GEMM is M x N x K/world.
 DESIGN_SHAPES = ((4096, 8192, 8192), (8192, 8192, 8192), (16384, 8192, 16384),
                  (8192, 28672, 8192), (8192, 8192, 28672))
+# Without a GPU, where every variant is XLA's composition on simulated devices (a smoke run),
+# DESIGN.md's shapes took minutes per variant: a small one splits over 1 to 8 devices for
+# every subcommand.
+NO_GPU_SHAPES = ((256, 256, 512),)
 
 
 def _parse_shape(text):
@@ -475,8 +479,9 @@ def main(argv=None) -> int:
   sub = parser.add_subparsers(dest="kind", required=True)
   for name in ("gemm", "overlap", "sweep", "a2a"):
     p = sub.add_parser(name, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--shapes", type=_parse_shape, nargs="+", default=list(DESIGN_SHAPES),
-                   help="global MxNxK shapes (by default DESIGN.md's table)")
+    p.add_argument("--shapes", type=_parse_shape, nargs="+", default=argparse.SUPPRESS,
+                   help="global MxNxK shapes (default: DESIGN.md's table on GPUs, "
+                        f"{' '.join('x'.join(map(str, s)) for s in NO_GPU_SHAPES)} without one)")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"),
                    help="dtype of x, w and the output")
     p.add_argument("--calls", type=int, default=10,
@@ -528,6 +533,13 @@ def main(argv=None) -> int:
           f"{jax.default_backend()!r}); off GPU every forced plan lowers to XLA's dot + "
           "collective", file=sys.stderr)
     return 2
+  if not hasattr(args, "shapes"):
+    on_gpu = jax.default_backend() == "gpu"
+    args.shapes = list(DESIGN_SHAPES if on_gpu else NO_GPU_SHAPES)
+    if not on_gpu:
+      say(f"no GPU ({jax.default_backend()}): --shapes defaults to "
+          f"{' '.join('x'.join(map(str, s)) for s in NO_GPU_SHAPES)} (DESIGN.md's take minutes "
+          "per variant here; name them with --shapes)")
   if args.kind != "gemm":  # gemm's --world only divides K
     args.world = resolve_world(parser, args.world)
   _check_shapes(parser, args)

@@ -553,3 +553,11 @@ def test_plot_path_gets_png_without_a_suffix(tmp_path, given, kept):
     args.plot = str(tmp_path / "plots")  # a folder is refused, not made into plots.png
     with pytest.raises(SystemExit):
         bench_args.check_output_paths(argparse.ArgumentParser(), args)
+
+
+def test_without_a_gpu_the_default_shape_is_small_and_said(tmp_path):
+    """DESIGN.md's shapes (the GPU default) took minutes per variant on CPU devices, with no
+    output after the banner: a smoke run of a small shape instead, and the run says so."""
+    d, out = _run(tmp_path, "gemm", "--comm-sms", "0")
+    assert [(r["m"], r["n"], r["global_k"]) for r in d["rows"]] == [(256, 256, 512)]
+    assert "no GPU (cpu): --shapes defaults to 256x256x512" in out, out[:500]
