@@ -89,3 +89,12 @@ def user_dir(tmp_path, monkeypatch):
     from jax_flashoverlap import tuning
     monkeypatch.setenv(tuning.CONFIG_DIR_ENV, str(tmp_path))
     return tmp_path
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _subprocess_tmpdir(tmp_path_factory):
+    """Subprocesses' temporary files go under pytest's own folder (kept for its last 3 runs):
+    the launcher keeps a failed launch's logs in a temporary folder, and the tests that fail
+    launches on purpose left hundreds of them in /tmp."""
+    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("subprocess_tmp"))
+    yield
