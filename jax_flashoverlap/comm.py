@@ -325,17 +325,17 @@ def _ensure_locked(ext, cid, groups, processes, spans_processes, workspace_bytes
   me = jax.process_index()
   _creations[cid] += 1
   generation = _creations[cid]
-  _register_atexit()  # before creating: a failed workspace keeps the communicators
+  _register_atexit()  # before creating: the communicators made are destroyed at exit
   if spans_processes:
     # Every process must reach NCCL's init (which blocks until all ranks join): one that
     # never comes is a timeout error here (JAX_FLASHOVERLAP_KV_TIMEOUT_S), not a hang.
     distributed.barrier(f"preinit/{cid}/{generation}", processes)
-  # Groups in one fixed order on every process: NCCL init blocks until a group's ranks join.
-  for index, group in enumerate(groups):
+
+  def create(index, group):
     local = [(rank, int(d.local_hardware_id)) for rank, d in enumerate(group)
              if d.process_index == me]
     if not local:
-      continue
+      return
     if len(local) == len(group):
       unique_id = ext.nccl_unique_id()
     else:  # rank 0's process makes the id; it reaches the others through JAX's KV store
@@ -346,11 +346,43 @@ def _ensure_locked(ext, cid, groups, processes, spans_processes, workspace_bytes
       ext.create_communicators(cid, unique_id, len(group), local, int(comm_sms),
                                int(workspace_bytes), watchdog, peer_to_peer=peer_to_peer,
                                cta_policy=cta_policy_code(cta_policy))
+
+  # Groups in one fixed order on every process: NCCL init blocks until a group's ranks join.
+  # All or nothing: a group that fails leaves none of this comm_id's communicators here (the
+  # next lowering makes them all; finding some made, it made none of the rest). Across
+  # processes every process learns of a group's failure before any goes on to the next
+  # group's init, which would block for ever on a peer that stopped (NCCL init has no
+  # timeout).
+  try:
+    for index, group in enumerate(groups):
+      if spans_processes:
+        distributed.all_succeed(f"create/{cid}/{generation}/{index}",
+                                lambda index=index, group=group: create(index, group),
+                                processes,
+                                f"creating the communicators of comm_id {cid} (axis group "
+                                f"{index})")
+      else:
+        create(index, group)
+  except Exception as err:
+    _discard_communicators(ext, cid, err)
+    raise
   if spans_processes:
     distributed.barrier(f"init/{cid}/{generation}", processes)
   if peer_to_peer:
     ext.connect_peers(cid)
   return cid
+
+
+def _discard_communicators(ext, cid, err) -> None:
+  """After a failed creation: this process's communicators of `cid` destroyed (a failed
+  workspace keeps its group's in the extension, communicator.h), so the state is none of
+  them, not some. A failure of that is added to `err`, the error reported."""
+  try:
+    ext.destroy_communicators(cid)
+  except Exception as destroy_err:  # noqa: BLE001
+    note = f"jax_flashoverlap: then destroying comm_id {cid}'s communicators failed: {destroy_err}"
+    if hasattr(err, "add_note"):
+      err.add_note(note)
 
 
 _ALLOCATORS = ("ncclMemAlloc", "cudaMalloc")  # how the workspace is allocated (communicator.cc)
@@ -475,7 +507,9 @@ def destroy_communicators() -> None:
   is in flight and holds new ones off, then frees what calls use; calls still running then
   are a RuntimeError naming the comm_id, nothing freed (after a watchdog abort it frees what
   it can). Later calls of an already compiled program are refused; a new lowering makes the
-  communicators again (docs/errors.md, "Hang protection")."""
+  communicators again (docs/errors.md, "Hang protection"). JAX caches a jitted function's
+  program per function and shapes: `jax.clear_caches()` after this makes the next call of
+  the same function lower again."""
   from jax_flashoverlap import _ext
   if _ext.ext is not None:
     _ext.ext.destroy_communicators(0)

@@ -7,16 +7,23 @@ from _util import FakeCommExtension, make_mesh_1d
 
 
 class _FailingExtension(FakeCommExtension):
-  def __init__(self, message):
+  """Creation fails (unless `create_ok`) as a failed workspace does: the group's communicators
+  stay registered (communicator.h) and the error is raised; growth fails the same way."""
+  def __init__(self, message, create_ok=False):
     super().__init__()
-    self.message = message
+    self.message, self.create_ok, self.destroyed = message, create_ok, []
 
   def create_communicators(self, cid, *args, **kwargs):
-    self.made.add(cid)  # a failed workspace keeps the communicators (communicator.h)
-    raise RuntimeError(self.message)
+    self.made.add(cid)
+    if not self.create_ok:
+      raise RuntimeError(self.message)
 
   def ensure_workspace(self, cid, nbytes):
     raise RuntimeError(self.message)
+
+  def destroy_communicators(self, cid):
+    self.destroyed.append(cid)
+    self.made.discard(cid)
 
 
 # What the GPU machine printed when a child process found the GPU taken by its parent's
@@ -33,10 +40,12 @@ NCCL_OOM = ("NCCL error in ncclMemAlloc(&c->workspace, bytes): unhandled cuda er
 def test_failed_workspace_says_what_to_do_at_creation_and_growth(monkeypatch, peer_to_peer,
                                                                   message):
   from jax_flashoverlap import _ext, comm
-  fake = _FailingExtension(message)
-  monkeypatch.setattr(_ext, "ext", fake)
   mesh = make_mesh_1d(4)
-  for attempt in ("create", "grow"):  # the second call finds the communicators made
+  for attempt in ("create", "grow"):  # growth: the communicators made, the workspace not
+    monkeypatch.setattr(_ext, "ext", _FailingExtension(message, create_ok=attempt == "grow"))
+    if attempt == "grow":
+      comm.ensure_communicators(mesh, "tp", workspace_bytes=1 << 20, comm_sms=8,
+                                peer_to_peer=peer_to_peer)
     with pytest.raises(RuntimeError) as err:
       comm.ensure_communicators(mesh, "tp", workspace_bytes=3 << 30, comm_sms=8,
                                 peer_to_peer=peer_to_peer)
@@ -52,3 +61,40 @@ def test_other_extension_errors_pass_unchanged(monkeypatch):
   with pytest.raises(RuntimeError) as err:
     comm.ensure_communicators(make_mesh_1d(4), "tp", workspace_bytes=1 << 20, comm_sms=8)
   assert str(err.value) == "NCCL error in ncclCommInitRankConfig: x"
+
+
+class _SecondGroupFails(FakeCommExtension):
+  """Communicators per (comm_id, device); the creation of the second group of the first
+  lowering fails as a failed workspace does (its communicators stay, the error is raised)."""
+  def __init__(self):
+    super().__init__()
+    self.devices, self.creations = {}, 0
+
+  def has_communicators(self, cid):
+    return bool(self.devices.get(cid))
+
+  def create_communicators(self, cid, uid, world, local, *args, **kwargs):
+    self.creations += 1
+    self.devices.setdefault(cid, set()).update(device for _, device in local)
+    if self.creations == 2:
+      raise RuntimeError("NCCL error in ncclMemAlloc(&c->workspace, bytes): out of memory")
+
+  def destroy_communicators(self, cid):
+    self.devices.pop(cid, None)
+
+
+def test_a_group_that_fails_leaves_no_communicator_of_its_comm_id(monkeypatch):
+  """2 x 2 mesh, communicators over 'tp': two groups. The second failed; the first's stayed,
+  so the next lowering found "the" communicators and never made the second group's: its
+  devices' calls were refused ("no communicator") until destroy_communicators. Now a failure
+  leaves none, and the next lowering makes every group."""
+  from jax_flashoverlap import _ext, comm
+  from _util import make_mesh_2d
+  fake = _SecondGroupFails()
+  monkeypatch.setattr(_ext, "ext", fake)
+  mesh = make_mesh_2d(2, 2)
+  with pytest.raises(RuntimeError, match="ncclMemAlloc"):
+    comm.ensure_communicators(mesh, "tp", workspace_bytes=1 << 20, comm_sms=8)
+  assert not any(fake.devices.values()), fake.devices
+  cid = comm.ensure_communicators(mesh, "tp", workspace_bytes=1 << 20, comm_sms=8)
+  assert fake.devices[cid] == {int(d.local_hardware_id) for d in mesh.devices.flat}

@@ -382,3 +382,48 @@ def test_communicators_made_again_after_destroy_get_a_new_id(tmp_path):
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-6000:]
     assert "RECREATE OK" in out, out[-6000:]
+
+
+# 3 processes x 2 devices, a (2, 3) mesh, communicators over 'dp': groups g0 = [p0, p1],
+# g1 = [p0, p2], g2 = [p1, p2]. g1's creation fails on its members (as a workspace failure
+# does, agreed by the group's ranks). Before, p1 went on into g2's (blocking, timeout-less)
+# NCCL init, whose other member p2 had already stopped: every process must stop at g1.
+GROUP_FAILS_SCRIPT = PRELUDE + RECORDER + textwrap.dedent('''
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 3), ("dp", "tp"))
+    groups = comm.axis_groups(mesh, "dp")
+    assert [[d.process_index for d in g] for g in groups] == [[0, 1], [0, 2], [1, 2]]
+
+    class FailingGroup1(Recorder):
+        def create_communicators(self, cid, uid, world, local, *args, **kwargs):
+            index = next(i for i, g in enumerate(groups)
+                         if {(r, int(g[r].local_hardware_id)) for r in range(len(g))
+                             if g[r].process_index == me} == set(local))
+            with open(os.path.join(os.path.dirname(__file__), f"created{me}.txt"), "a") as f:
+                f.write(f"{index}\\n")
+            if index == 1:
+                raise RuntimeError("NCCL error in ncclMemAlloc: out of memory")
+            super().create_communicators(cid, uid, world, local, *args, **kwargs)
+
+    _ext.ext = rec = FailingGroup1()
+    start = time.monotonic()
+    try:
+        comm.ensure_communicators(mesh, "dp", workspace_bytes=1 << 20, comm_sms=16)
+        raise SystemExit(f"process {me}: no error")
+    except distributed.CollectiveStepError as err:
+        assert "(axis group 1) failed on process 0" in str(err), str(err)
+    assert time.monotonic() - start < 15, "a process waited"
+    assert not rec.made, rec.made  # none of the comm_id's communicators left here
+    with open(os.path.join(os.path.dirname(__file__), f"p{me}.txt"), "w") as fh:
+        fh.write("STOPPED AT GROUP 1")
+''')
+
+
+def test_a_failed_group_stops_every_process_before_the_next_groups_init(tmp_path):
+    r = _launch(tmp_path, GROUP_FAILS_SCRIPT, "-n", "3", "--timeout", "150", timeout=200)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-6000:]
+    for me in (0, 1, 2):
+        assert (tmp_path / f"p{me}.txt").read_text() == "STOPPED AT GROUP 1", out[-6000:]
+    # no process created a group after the failed one (p1 is in g0 and g2 only)
+    created = {me: (tmp_path / f"created{me}.txt").read_text().split() for me in (0, 1, 2)}
+    assert created == {0: ["0", "1"], 1: ["0"], 2: ["1"]}, created

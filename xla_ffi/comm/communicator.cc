@@ -383,7 +383,8 @@ Status CreateCommunicators(int64_t comm_id, const ncclUniqueId& id, int world_si
   }
   if (!status.ok()) return Discard(made, status);
   // A failed workspace keeps the communicators (valid, without a workspace: their handlers
-  // refuse, naming the error), so the next lowering only retries the workspace.
+  // refuse, naming the error); EnsureWorkspace may retry it. jax_flashoverlap.comm destroys
+  // them instead, so that a comm_id's groups are all made or none (its next lowering).
   if (workspace_bytes > 0) status = AllocateWorkspaces(members, RoundGrowth(workspace_bytes));
   std::lock_guard<std::mutex> lock(RegistryMutex());
   for (auto& c : made) {

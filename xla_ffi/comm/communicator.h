@@ -122,7 +122,8 @@ struct LocalRank {
 // workspace of `workspace_bytes` each (peer_to_peer: ops using ncclSend/ncclRecv, whose
 // workspace is not registered with NCCL). Fails if (comm_id, device) already exists. A
 // failure before the workspace leaves nothing behind (the NCCL communicators are aborted);
-// a failed workspace keeps the communicators without one (EnsureWorkspace retries).
+// a failed workspace keeps the communicators without one (EnsureWorkspace can retry;
+// jax_flashoverlap.comm destroys them: a comm_id's groups all made or none).
 // watchdog_seconds > 0 turns the watchdog on for these communicators (watchdog.h).
 // cta_policy: ncclConfig_t.CTAPolicy (0 default, 1 efficiency, 2 zero; NCCL >= 2.27).
 Status CreateCommunicators(int64_t comm_id, const ncclUniqueId& id, int world_size,
