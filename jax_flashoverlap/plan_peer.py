@@ -80,6 +80,9 @@ def unavailable(collective: str, mesh, axis_name, world: int, m: int) -> str | N
   if not all(map(comm.one_device_per_process, spanning)):
     return ("an axis group spans processes with several of its GPUs in one process; peer "
             "stores across processes take one GPU per process")
+  if len(spanning) < len(groups):  # their buffers are exchanged across processes, by group
+    return ("some axis groups span processes and others are inside one; peer stores across "
+            "processes take one GPU of every group per process")
   from jax_flashoverlap import distributed
   hosts = distributed.process_hosts({d.process_index for g in spanning for d in g})
   if any(len({hosts[d.process_index] for d in g}) > 1 for g in spanning):

@@ -151,6 +151,16 @@ def test_all_reduce_across_processes_is_staged(gpu_groups):
                           across_processes=True)["peer_recv_bytes"] == (m // 2) * n * 2
 
 
+def test_groups_partly_inside_a_process_and_partly_across_take_nccl(gpu_groups):
+    """3 processes x 2 GPUs: one group inside process 0, two with one GPU per process. The
+    planner took the peer stores (it checked the spanning groups only) and the lowering then
+    raised comm's ValueError ("one GPU of each axis group per process") instead of keeping
+    the NCCL path, as an op the peer stores cannot take does."""
+    gpu_groups([[(0, 0), (0, 1)], [(1, 0), (2, 0)], [(1, 1), (2, 1)]])
+    why = plan_peer.unavailable("reduce_scatter", "mesh", "tp", 2, 4096)
+    assert why and "others are inside one" in why, why
+
+
 def test_groups_inside_processes_ask_nothing_of_the_others(gpu_groups):
     asked = gpu_groups([[(0, 0), (0, 1)], [(1, 0), (1, 1)]])
     for collective in ("all_reduce", "reduce_scatter"):
