@@ -214,13 +214,20 @@ def plan_time(collective: str, m: int, n: int, k: int, world: int, band_rows, co
   p = profile
   kern = kernel_geometry(m, n, comm_sms, transpose_w)
   unit_time = 2.0 * kern.block_m * kern.block_n * k / p.sm_flops * p.interference
-  tail = 0.0
-  if collective == "all_reduce" and not p.all_reduce_in_place:  # the last group's copy
-    tail = (band_rows[-1] - band_rows[-2]) * n * itemsize / p.copy_bandwidth
+  tail = last_group_tail(collective, n, itemsize, p)
   return pipeline_time(
       band_rows, gemm_end_fn(collective, m, n, world, comm_sms, unit_time, k, transpose_w),
       lambda r0, r1: _comm_time(collective, _group_bytes(collective, r0, r1, n, world, itemsize),
-                                world, p, comm_sms)) + tail
+                                world, p, comm_sms)) + (tail(*band_rows[-2:]) if tail else 0.0)
+
+
+def last_group_tail(collective: str, n: int, itemsize: int, p):
+  """(r0, r1) -> the time after the last group's communication that nothing hides: the
+  all-reduce's copy of that group's rows out of the workspace (none in place); None when
+  there is none."""
+  if collective == "all_reduce" and not p.all_reduce_in_place:
+    return lambda r0, r1: (r1 - r0) * n * itemsize / p.copy_bandwidth
+  return None
 
 
 def pipeline_time(band_rows, gemm_end, comm_time) -> float:
@@ -410,7 +417,8 @@ def _best_bands(collective, m, n, k, world, itemsize, p, comm_sms, transpose_w) 
       rows, kern.rows_per_unit,
       gemm_end_fn(collective, m, n, world, comm_sms, unit_time, k, transpose_w),
       lambda r0, r1: _comm_time(collective, _group_bytes(collective, r0, r1, n, world, itemsize),
-                                world, p, comm_sms))
+                                world, p, comm_sms),
+      tail=last_group_tail(collective, n, itemsize, p))
   predicted = plan_time(collective, m, n, k, world, band_rows, comm_sms, itemsize, p,
                         transpose_w)
   baseline = baseline_time(collective, m, n, k, world, itemsize, p)

@@ -141,8 +141,13 @@ def a2a_plan_time(m, n, k, world, split_axis, concat_axis, band_rows, comm_sms, 
     comm_end = max(gemm_end, comm_end) + p.comm_latency + (
         (world - 1) * (b1 - b0) * cols * itemsize / bw)
   if concat_axis == 1:  # the last group's 2-D copies are exposed
-    comm_end += world * (band_rows[-1] - band_rows[-2]) * cols * itemsize / p.copy_bandwidth
+    comm_end += _copy_tail(world, cols, itemsize, p)(*band_rows[-2:])
   return comm_end
+
+
+def _copy_tail(world, cols, itemsize, p):
+  """(r0, r1) -> the last group's 2-D copies with concat_axis=1, which nothing hides."""
+  return lambda r0, r1: world * (r1 - r0) * cols * itemsize / p.copy_bandwidth
 
 
 def _best_a2a(m, n, k, world, split_axis, concat_axis, itemsize, p, comm_sms,
@@ -154,7 +159,8 @@ def _best_a2a(m, n, k, world, split_axis, concat_axis, itemsize, p, comm_sms,
   bw = _busbw(p.p2p_bw, comm_sms)
   band_rows = plan_lib.best_cuts(
       rows, step, lambda r: math.ceil(blocks * math.ceil(r / step) * n_tiles / grid) * unit,
-      lambda r0, r1: p.comm_latency + (world - 1) * (r1 - r0) * cols * itemsize / bw)
+      lambda r0, r1: p.comm_latency + (world - 1) * (r1 - r0) * cols * itemsize / bw,
+      tail=_copy_tail(world, cols, itemsize, p) if concat_axis == 1 else None)
   predicted = a2a_plan_time(m, n, k, world, split_axis, concat_axis, band_rows, comm_sms,
                             itemsize, p, transpose_w)
   baseline = a2a_baseline(m, n, k, world, itemsize, p)
