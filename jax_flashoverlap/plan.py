@@ -453,7 +453,9 @@ def forced(num_groups: int | None = None, comm_sms: int | None = None, overlap: 
   """Within this context, ops *lowered* here use `num_groups` even row bands (aligned to the
   kernel's cluster rows) or exactly `band_rows` (boundaries in one rank block's rows), and/or
   `comm_sms` and the communicator's `cta_policy`, instead of the cost model's plan;
-  overlap=False forces XLA's dot + collective. For tuning: jit-compile inside the context."""
+  overlap=False forces XLA's dot + collective. A forced plan is an NCCL plan: it takes the
+  NCCL path also where JAX_FLASHOVERLAP_TRANSPORT asks for the peer stores (which it used to
+  ignore, overlap=False included). For tuning: jit-compile inside the context."""
   if num_groups is not None and band_rows is not None:
     raise ValueError("forced(): give num_groups or band_rows, not both")
   check_forced(num_groups=num_groups, comm_sms=comm_sms)

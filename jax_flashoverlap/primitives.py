@@ -277,7 +277,7 @@ def _collective_cuda_lowering(prim, reference_lowering, collective):
       publish_decision(prim.name, ctx, {"overlap": False})
       return reference_lowering(ctx, x, w, axis_name=axis_name, transpose_w=transpose_w)
     transport = _ext.transport()
-    if transport != "nccl":
+    if transport != "nccl" and not plan_lib.is_forced():  # a forced plan is an NCCL plan
       lowered = _peer_store_lowering(prim, ctx, x, w, collective, mesh, axis_name, world, dtype,
                                      (m, n, k), comm_sms, transpose_w, transport)
       if lowered is not None:

@@ -254,6 +254,24 @@ def test_peer_lowering_emits_the_peer_plan(fo, no_fallback, monkeypatch, collect
 
 
 @pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter"])
+def test_a_forced_plan_takes_the_nccl_path_under_transport_peer(fo, no_fallback, monkeypatch,
+                                                                 collective):
+    """plan.forced(...) under JAX_FLASHOVERLAP_TRANSPORT=peer emitted the peer-store call with
+    plan_peer's bands, its bands, comm_sms and overlap=False ignored (a tuner run in that
+    environment would have saved NCCL entries timed on the peer stores)."""
+    from jax_flashoverlap import plan as plan_lib
+    monkeypatch.setenv(TRANSPORT_ENV, "peer")
+    mesh = make_mesh_1d(2)
+    rows = 4096 if collective == "all_reduce" else 2048
+    with plan_lib.forced(band_rows=(0, 256, rows), comm_sms=16):
+        transport, comm_sms, bands, line = _attrs(fo, collective, mesh)
+    assert (transport, comm_sms, bands) == (0, 16, (0, 256, rows)), line
+    with plan_lib.forced(overlap=False):
+        f, args = _program(fo, collective, mesh)
+        assert not custom_call_lines(lower_for_cuda(f, args), PRIMITIVE_NAMES[collective])
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter"])
 @pytest.mark.parametrize("env", [None, "auto", "nccl"])
 def test_default_lowering_is_nccl(fo, no_fallback, monkeypatch, collective, env):
     """Unset (auto) with no tuned peer entry, or nccl: the NCCL path."""
