@@ -349,7 +349,10 @@ def choose_all_gather_plan(rows, n, k, world, itemsize=2, comm_sms=None, gpu=Non
                                  transpose_w)
   if override is None:
     return plan
-  _, _, overlap, chunks, gather = override
+  _, forced_sms, overlap, chunks, gather = override
+  if forced_sms == 0 and comm_sms is None and overlap:  # was read as 1 without a word
+    raise ValueError("forced comm_sms=0: the all-gather's overlapped call needs comm_sms >= 1 "
+                     "(all_gather_matmul's own check); force 1 or more")
   gather = gather or plan.gather
   if gather == "collective":
     if chunks not in (None, 1):

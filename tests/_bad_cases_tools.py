@@ -516,3 +516,11 @@ def plan_forced_band_rows_not_ints(t):
     # int(b) made the band boundary 10.7 row 10, silently
     with plan_lib.forced(band_rows=(0, 10.7, 64)):
         pass
+
+
+def plan_forced_all_gather_comm_sms_0(t):
+    # check_forced takes 0 (the all-to-all's NCCL keeps its own CTAs); the all-gather's plan
+    # read it as 1 without a word
+    from jax_flashoverlap import plan_a2a
+    with plan_a2a.forced(comm_sms=0):
+        plan_a2a.choose_all_gather_plan(4096, 8192, 4096, 2)

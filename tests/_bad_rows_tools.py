@@ -304,4 +304,8 @@ TOOL_ROWS = [
     pytest.param(plan_forced_band_rows_not_ints, raises(TypeError, "forced(): band_rows must be a "
                                                         "sequence of ints", "(0, 10.7, 64)"),
                  id="plan-forced-band-rows-not-ints"),
+    pytest.param(plan_forced_all_gather_comm_sms_0, raises(ValueError, "forced comm_sms=0: the "
+                                                           "all-gather's overlapped call needs "
+                                                           "comm_sms >= 1"),
+                 id="plan-forced-all-gather-comm-sms-0"),
 ]
