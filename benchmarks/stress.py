@@ -288,8 +288,8 @@ def main():
             "complete": False}
 
   def write():  # after each part: a run cut short (a device call's limit) keeps its counts
-    if args.out:
-      bench_record.write_json(args.out, report)
+    if args.out and (report["complete"] or not bench_record.is_stream(args.out)):
+      bench_record.write_json(args.out, report)  # (a stream: once, at the end)
   report["ops"] = stress_ops(mesh, GPU_SHAPES if gpu else CPU_SHAPES, args.calls, args.seed,
                              args.ops, on_op=lambda ops: (report.update(ops=ops), write()))
   report["scan_model"] = scan_model(mesh, args.layers, args.tokens, args.dim, args.ffn,

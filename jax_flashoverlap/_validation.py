@@ -149,7 +149,10 @@ def is_manual_axis(name) -> bool:
   if name not in _compat.bound_axis_names():
     return False
   manual = _manual_axes()
-  return manual is None or name in manual
+  if manual is not None:
+    return name in manual
+  mesh_axes = _compat.mesh_axis_names()  # this JAX does not say: as check_axis_name
+  return mesh_axes is None or name in mesh_axes
 
 
 def check_axis_name(op: str, axis_name) -> int:

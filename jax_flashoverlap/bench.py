@@ -36,7 +36,7 @@ import time
 
 from jax_flashoverlap import bench_a2a, bench_args, bench_targets, bench_variants
 # git_commit stays importable as bench.git_commit (tune, benchmarks/, their tests)
-from jax_flashoverlap.bench_record import RowLog, git_commit, write_json  # noqa: F401
+from jax_flashoverlap.bench_record import RowLog, git_commit, is_stream, write_json  # noqa: F401
 
 # Global shapes M x N x K of DESIGN.md; per GPU the GEMM is M x N x K/world.
 DESIGN_SHAPES = ((4096, 8192, 8192), (8192, 8192, 8192), (16384, 8192, 16384),
@@ -552,7 +552,8 @@ def main(argv=None) -> int:
       "method": f"median of {args.samples} samples, each the mean of {args.calls} "
                 "back-to-back calls, variants interleaved, after 3 warm-up calls",
   }
-  if args.out and is_main_process():
+  if args.out and is_main_process() and not is_stream(args.out):
+    # rewritten after every row (a run cut short keeps its rows); a stream gets the end only
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     args.on_row = lambda rows: write_json(args.out, {"kind": args.kind, "rows": rows,
                                                       **about, "complete": False})

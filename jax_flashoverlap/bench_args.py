@@ -31,15 +31,18 @@ def check_output_paths(parser, args) -> None:
   before any device work: a directory, a folder that cannot be made or written, or a plot
   format matplotlib cannot draw was a traceback after the first row's (or, for --plot, the
   whole run's) measurements. A --plot without a suffix gets '.png' (matplotlib's default,
-  which it added without saying so); an existing device or FIFO (/dev/stdout) is written
-  through, so only it must be writable."""
+  which it added without saying so); an --out stream (/dev/stdout, a FIFO: is_stream) is
+  written through, so only it must be writable.""" 
   for option in ("--out", "--plot"):
     path = getattr(args, option[2:], None)
     if not path:
       continue
     if option == "--plot":
       path = args.plot = _plot_path(parser, path)
-    if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):
+    from jax_flashoverlap.bench_record import is_stream
+    if is_stream(path):  # /dev/stdout, a FIFO: written through, once at the end
+      if option == "--plot":
+        parser.error(f"--plot {path}: a plot is a file, not a stream")
       if not os.access(path, os.W_OK):
         parser.error(f"{option} {path}: cannot write there (not writable)")
       continue

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import subprocess
+import sys
 
 
 def git_commit(root=None) -> str:
@@ -46,13 +47,46 @@ class RowLog(list):
       self._on_row(list(self))
 
 
+def is_stream(path) -> bool:
+  """Whether `path` names a stream rather than a file: anything under /dev or /proc
+  (/dev/stdout, /dev/null, /proc/self/fd/N: what they lead to may be a regular file, a
+  redirected log, which must not be replaced), or an existing FIFO, device or socket."""
+  path = os.path.abspath(path)
+  if path.startswith(("/dev/", "/proc/")):
+    return True
+  return os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path)
+
+
+def _own_fd(path):
+  """The file descriptor a path names in this process (/dev/stdout, /dev/stderr, /dev/fd/N,
+  /proc/self/fd/N), else None. Opened anew, such a path gets its own offset: into a
+  redirected log it overwrote what the process printed meanwhile."""
+  path = os.path.abspath(path)
+  named = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
+  if path in named:
+    return named[path]
+  for prefix in ("/dev/fd/", "/proc/self/fd/", f"/proc/{os.getpid()}/fd/"):
+    if path.startswith(prefix) and path[len(prefix):].isdigit():
+      return int(path[len(prefix):])
+  return None
+
+
 def write_json(path, result):
-  """result as strict JSON at path, replaced whole (a reader never sees half a file). A link
-  is followed (its target replaced, the link kept); a device or FIFO (/dev/stdout) is written
-  to, not replaced by a regular file."""
+  """result as strict JSON at path, replaced whole (a reader never sees half a file); a link
+  is followed (its target replaced, the link kept). A stream (is_stream) is appended to: a
+  FIFO, /dev/null, /dev/stdout, also when stdout is redirected to a file (replacing that file
+  lost the log); writers of a stream write once, at the end (is_stream)."""
   text = json.dumps(json_safe(result), indent=1, default=str, allow_nan=False)
-  if os.path.exists(path) and not os.path.isfile(path):  # (exists, isfile: links followed)
-    with open(path, "w") as f:
+  fd = _own_fd(path)
+  if fd is not None:  # this process's stdout / stderr / fd N: written at its own offset
+    sys.stdout.flush()
+    sys.stderr.flush()
+    data = (text + "\n").encode()
+    while data:
+      data = data[os.write(fd, data):]
+    return
+  if is_stream(path):
+    with open(path, "a") as f:
       f.write(text + "\n")
     return
   path = os.path.realpath(path)

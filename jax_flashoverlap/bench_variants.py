@@ -157,9 +157,11 @@ class EnvPinned:
 
 
 def model_plans_only():
-  """Lowerings inside ignore tuned configs (jax_flashoverlap.tuning): the cost model decides."""
+  """Lowerings inside take the cost model's NCCL plan: no tuned config
+  (jax_flashoverlap.tuning), and the NCCL transport whatever JAX_FLASHOVERLAP_TRANSPORT says
+  (under `peer` the variant timed the peer stores while reporting the model's NCCL plan)."""
   from jax_flashoverlap import tuning
-  return overridden_env({tuning.TUNED_ENV: "0"})
+  return overridden_env({tuning.TUNED_ENV: "0", TRANSPORT_ENV: "nccl"})
 
 
 def xla_windowed(pb, calls: int, samples: int):

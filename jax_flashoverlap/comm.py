@@ -348,11 +348,10 @@ def _ensure_locked(ext, cid, groups, processes, spans_processes, workspace_bytes
                                cta_policy=cta_policy_code(cta_policy))
 
   # Groups in one fixed order on every process: NCCL init blocks until a group's ranks join.
-  # All or nothing: a group that fails leaves none of this comm_id's communicators here (the
-  # next lowering makes them all; finding some made, it made none of the rest). Across
-  # processes every process learns of a group's failure before any goes on to the next
-  # group's init, which would block for ever on a peer that stopped (NCCL init has no
-  # timeout).
+  # All or nothing: a failure leaves none of this comm_id's communicators here (the next
+  # lowering makes them all; finding some made, it made none of the rest). Across processes
+  # every process learns of a group's failure before any goes on to the next group's init,
+  # which would block for ever on a peer that stopped (NCCL init has no timeout).
   try:
     for index, group in enumerate(groups):
       if spans_processes:
@@ -363,13 +362,17 @@ def _ensure_locked(ext, cid, groups, processes, spans_processes, workspace_bytes
                                 f"{index})")
       else:
         create(index, group)
+    if spans_processes:
+      distributed.barrier(f"init/{cid}/{generation}", processes)
+    if peer_to_peer:
+      ext.connect_peers(cid)
+  except TimeoutError:
+    # A process that never came: destroying communicators shared with it could wait for it
+    # (ncclCommDestroy), before this error is even reported. Kept; restart the processes.
+    raise
   except Exception as err:
     _discard_communicators(ext, cid, err)
     raise
-  if spans_processes:
-    distributed.barrier(f"init/{cid}/{generation}", processes)
-  if peer_to_peer:
-    ext.connect_peers(cid)
   return cid
 
 

@@ -56,7 +56,6 @@ dim for row layers, the output dim for column layers. The other dim must map to 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import operator
 import typing as tp
 
@@ -132,8 +131,7 @@ class _Config:
                           "sequence_parallel=True (it names the dim that is gathered)"))
     mesh = mesh if mesh is not None else jax.sharding.get_abstract_mesh()
     names = () if mesh is None or getattr(mesh, "empty", False) else tuple(mesh.axis_names)
-    if names and self.axis_name not in names and \
-        self.axis_name not in _compat.bound_axis_names():
+    if names and self.axis_name not in names and not _validation.is_manual_axis(self.axis_name):
       raise ValueError(f"{self.layer}: axis_name {self.axis_name!r} is not an axis of the "
                        f"mesh {names}")
     if self.row and self.reduce not in REDUCTIONS:

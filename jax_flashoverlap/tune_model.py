@@ -109,9 +109,18 @@ def predict(collective: str, m: int, n: int, world: int, band_rows, comm_sms: in
   t = plan_lib.pipeline_time(
       band_rows, plan_lib.gemm_end_fn(collective, m, n, world, comm_sms, unit, cal.k),
       lambda r0, r1: curve.time(blocks * (r1 - r0) * n * itemsize))
-  if collective == "all_reduce":  # the last group's copy to the output is exposed
-    t += (band_rows[-1] - band_rows[-2]) * n * itemsize / cal.copy_bandwidth
+  tail = copy_tail(collective, n, itemsize, cal)
+  if tail is not None:
+    t += tail(*band_rows[-2:])
   return t + (len(band_rows) - 1) * cal.group_overhead_s.get(comm_sms, 0.0)
+
+
+def copy_tail(collective: str, n: int, itemsize: int, cal):
+  """(r0, r1) -> the all-reduce's last group's copy to the output, which nothing hides (the
+  search minimizes it with the rest: plan_search.best_cuts' tail); None for the others."""
+  if collective == "all_reduce":
+    return lambda r0, r1: (r1 - r0) * n * itemsize / cal.copy_bandwidth
+  return None
 
 
 def fit_op_runs(collective: str, m: int, n: int, world: int, comm_sms: int, runs,
@@ -174,11 +183,13 @@ class Candidate:
     return len(self.band_rows) - 1
 
 
-def best_cuts_by_count(rows: int, step: int, gemm_end, comm_time, max_groups: int) -> dict:
+def best_cuts_by_count(rows: int, step: int, gemm_end, comm_time, max_groups: int,
+                       tail=None) -> dict:
   """{G: band_rows} minimizing the pipeline's end for each group count G <= max_groups
   (plan_search.cuts_by_count): with a fixed cost per group, the best plan overall is one of these."""
   return {g: bands for g, (_, bands) in
-          plan_search.cuts_by_count(rows, step, gemm_end, comm_time, max_groups).items()}
+          plan_search.cuts_by_count(rows, step, gemm_end, comm_time, max_groups,
+                                    tail=tail).items()}
 
 
 def _compositions(rows: int, step: int):
@@ -210,8 +221,10 @@ def candidates(collective: str, m: int, n: int, world: int, cal: Calibration,
     curve = cal.comm[sms]
     gemm_end = plan_lib.gemm_end_fn(collective, m, n, world, sms, unit, cal.k)
     comm_time = lambda r0, r1, c=curve: c.time(blocks * (r1 - r0) * n * itemsize)
-    add(sms, plan_lib.best_cuts(rows, step, gemm_end, comm_time), "dp")
-    for g, bands in best_cuts_by_count(rows, step, gemm_end, comm_time, MAX_DP_GROUPS).items():
+    tail = copy_tail(collective, n, itemsize, cal)
+    add(sms, plan_lib.best_cuts(rows, step, gemm_end, comm_time, tail=tail), "dp")
+    for g, bands in best_cuts_by_count(rows, step, gemm_end, comm_time, MAX_DP_GROUPS,
+                                       tail=tail).items():
       add(sms, bands, f"dp{g}")
     for g in range(1, MAX_EVEN + 1):
       add(sms, plan_lib.even_bands(rows, g, step), f"even{g}")

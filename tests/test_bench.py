@@ -561,3 +561,34 @@ def test_without_a_gpu_the_default_shape_is_small_and_said(tmp_path):
     d, out = _run(tmp_path, "gemm", "--comm-sms", "0")
     assert [(r["m"], r["n"], r["global_k"]) for r in d["rows"]] == [(256, 256, 512)]
     assert "no GPU (cpu): --shapes defaults to 256x256x512" in out, out[:500]
+
+
+def test_json_out_to_a_redirected_stdout_keeps_the_log(tmp_path):
+    """--out /dev/stdout with stdout redirected to a file: the file was replaced (what the
+    process printed after it lost), or, opened anew, overwritten at its own offset."""
+    log = tmp_path / "run.log"
+    code = ("from jax_flashoverlap import bench_record as b\n"
+            "print('before', flush=True)\n"
+            "b.write_json('/dev/stdout', {'row': 1})\n"
+            "print('between', flush=True)\n"
+            "b.write_json('/proc/self/fd/1', {'row': 2})\n"
+            "print('after')\n")
+    with open(log, "w") as f:
+        subprocess.run([sys.executable, "-c", code], cwd=REPO, stdout=f, check=True,
+                       env=dict(os.environ, PYTHONPATH=REPO))
+    text = log.read_text()
+    assert [line for line in text.splitlines() if line in ("before", "between", "after")] == [
+        "before", "between", "after"], text
+    assert text.index('"row": 1') < text.index("between") < text.index('"row": 2'), text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.log"]
+
+
+def test_a_stream_out_gets_one_document_at_the_end(tmp_path):
+    """--out rewrites the file after every row; a stream got one document per row."""
+    r = subprocess.run([sys.executable, "-m", "jax_flashoverlap.bench", "gemm", "--shapes",
+                        "64x64x64", "128x64x64", "--comm-sms", "0", "--samples", "2", "--calls",
+                        "1", "--out", "/dev/stdout"], cwd=REPO, capture_output=True, text=True,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count('"kind": "gemm"') == 1, r.stdout[-3000:]
+    assert '"complete": true' in r.stdout

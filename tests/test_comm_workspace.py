@@ -98,3 +98,27 @@ def test_a_group_that_fails_leaves_no_communicator_of_its_comm_id(monkeypatch):
   assert not any(fake.devices.values()), fake.devices
   cid = comm.ensure_communicators(mesh, "tp", workspace_bytes=1 << 20, comm_sms=8)
   assert fake.devices[cid] == {int(d.local_hardware_id) for d in mesh.devices.flat}
+
+
+class _ConnectFails(_SecondGroupFails):
+  def __init__(self, error):
+    super().__init__()
+    self.creations, self.error = -100, error  # creation never fails
+
+  def connect_peers(self, cid):
+    raise self.error
+
+
+@pytest.mark.parametrize("error, kept", [
+    (RuntimeError("the group's other ranks did not join the peer connection"), False),
+    # a process that never came: destroying communicators shared with it could wait for it
+    (TimeoutError("jax_flashoverlap: waited 300 s for process 1"), True),
+])
+def test_a_failed_peer_connection_leaves_none_unless_a_peer_never_came(monkeypatch, error, kept):
+  from jax_flashoverlap import _ext, comm
+  fake = _ConnectFails(error)
+  monkeypatch.setattr(_ext, "ext", fake)
+  with pytest.raises(type(error)):
+    comm.ensure_communicators(make_mesh_1d(4), "tp", workspace_bytes=1 << 20, comm_sms=8,
+                              peer_to_peer=True)
+  assert bool(any(fake.devices.values())) == kept, fake.devices

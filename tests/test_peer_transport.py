@@ -271,6 +271,20 @@ def test_a_forced_plan_takes_the_nccl_path_under_transport_peer(fo, no_fallback,
         assert not custom_call_lines(lower_for_cuda(f, args), PRIMITIVE_NAMES[collective])
 
 
+def test_the_cost_model_variant_is_the_nccl_plan_under_transport_peer(fo, no_fallback,
+                                                                      monkeypatch):
+    """The bench's ours_model and the tuner's cost_model_default lower inside
+    model_plans_only(): under JAX_FLASHOVERLAP_TRANSPORT=peer they timed the peer stores while
+    reporting the cost model's NCCL plan."""
+    from jax_flashoverlap import bench_variants, plan
+    monkeypatch.setenv(TRANSPORT_ENV, "peer")
+    with bench_variants.model_plans_only():
+        transport, comm_sms, bands, line = _attrs(fo, "reduce_scatter", make_mesh_1d(2))
+    assert transport == 0, line
+    want = plan.default_plan("reduce_scatter", 4096, 8192, 4096, 2)
+    assert (comm_sms, bands) == (want.comm_sms, want.band_rows), line
+
+
 @pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter"])
 @pytest.mark.parametrize("env", [None, "auto", "nccl"])
 def test_default_lowering_is_nccl(fo, no_fallback, monkeypatch, collective, env):

@@ -57,8 +57,9 @@ def test_predict_matches_the_cost_model_under_its_own_calibration(collective, sh
                 P.plan_time(collective, m, n, k, 2, bands, sms), rel=1e-12)
 
 
-def test_candidates_are_sorted_and_the_dp_plan_is_the_best_found():
-    m, n, k = 8192, 8192, 4096
+@pytest.mark.parametrize("m, n, k", [(8192, 8192, 4096),
+                                     (8192, 8192, 1024)])  # small K: the copy-out's tail matters
+def test_candidates_are_sorted_and_the_dp_plan_is_the_best_found(m, n, k):
     cal = _calibration_from_profile("all_reduce", m, n, k, 2, (8, 16))
     cands = TM.candidates("all_reduce", m, n, 2, cal)
     times = [c.predicted_s for c in cands]
@@ -70,6 +71,12 @@ def test_candidates_are_sorted_and_the_dp_plan_is_the_best_found():
         dp = next(c for c in cands if c.comm_sms == sms and c.how == "dp")
         evens = [c for c in cands if c.comm_sms == sms and c.how.startswith("even")]
         assert evens and all(dp.predicted_s <= c.predicted_s + 1e-15 for c in evens)
+        # nor does one more cut in its last band (the all-reduce's copy-out is part of the
+        # search: without it the dp plan kept one large last band whose copy predict charges)
+        step = P.cut_step(m, n, sms)
+        for cut in range(dp.band_rows[-2] + step, m, step):
+            bands = dp.band_rows[:-1] + (cut, m)
+            assert dp.predicted_s <= TM.predict("all_reduce", m, n, 2, bands, sms, cal) + 1e-15
 
 
 def test_small_problems_are_searched_exhaustively():
