@@ -15,8 +15,8 @@
 # TW_ARGS (transpose_w), FUZZ_SECONDS (240), HARNESS_SAN_OPS (sanitize_harness),
 # DIAGNOSE_OPS (diagnose), CUBLAS_LIB (gemm_epilogue, transpose_w: found under /usr, /opt).
 set -uo pipefail
+OUT="${OUT:-/tmp/fo_out}"; mkdir -p "$OUT" && OUT="$(cd "$OUT" && pwd)"  # a relative OUT: the caller's
 cd "$(dirname "$0")/.."
-OUT="${OUT:-/tmp/fo_out}"; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 # The GPU tests in three parts (step gpu_part, GPU_PART=1..3): the whole suite outgrew one
 # device call (over 440 s on one GPU; in session 30, 85 of its 168 tests skipped there). Every
@@ -27,10 +27,21 @@ GPU_PARTS=(
   "tests/test_gpu_peer.py tests/test_gpu_faults.py tests/test_gpu_watchdog.py tests/test_gpu_threads.py tests/test_gpu_harness.py tests/test_gpu_fuzz.py"
 )
 steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(build info tests)
-for step in "${steps[@]}"; do  # arguments checked before any setup
+KNOWN_STEPS=" build info tests gpu_tests gpu_k gpu_part gpu_files mesh_tests gemm_bench
+  overlap_bench sweep overlap_all procs tune stress fuzz flax_example sanitize_overlap harness
+  harness_peer sanitize_harness gemm_epilogue transpose_w helpers quickstart launch_smoke
+  bench_smoke global_view a2a_tests diagnose a2a_bench readme_tests pack cuda_tests peer_groups
+  peer_spin peer peer_bench "
+for step in "${steps[@]}"; do  # arguments checked before any setup (and before any step runs)
+  if [[ ! " $(echo $KNOWN_STEPS) " == *" $step "* ]]; then
+    echo "unknown step $step; the steps:$(echo $KNOWN_STEPS | sed 's/^/ /')"; exit 2
+  fi
   if [[ "$step" == gpu_part && ! "${GPU_PART:-}" =~ ^[1-3]$ ]]; then
     echo "gpu_part: set GPU_PART=1, 2 or 3"; exit 2
   fi
+  if [[ "$step" == gpu_k && -z "${PYTEST_K:-}" ]]; then echo "gpu_k: set PYTEST_K"; exit 2; fi
+  if [[ "$step" == gpu_files && -z "${GPU_FILES:-}" ]]; then echo "gpu_files: set GPU_FILES"; exit 2; fi
+  if [[ "$step" == pack && "$step" != "${steps[-1]}" ]]; then echo "pack: must be the last step"; exit 2; fi
 done
 # Result files are named after the machine: h200x2, h200x4, ... (override with TAG=...).
 TAG="${TAG:-h200x$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}"
@@ -175,8 +186,18 @@ for step in "${steps[@]}"; do
       for op in ${DIAGNOSE_OPS:-ar a2a ag}; do run_step "diagnose_$op" python3 scripts/diagnose_hang.py "$op" --wait 45; done ;;
     a2a_bench) run_step a2a_bench env JAX_FLASHOVERLAP_WATCHDOG_S=20 python3 -m jax_flashoverlap.bench a2a --out "$OUT/a2a_$TAG.json" ;;
     readme_tests) run_step readme_tests bash -c "bash scripts/setup_env.sh && .venv/bin/python -m pytest -q" ;;
-    pack)  # the device tool returns at most 8 files: everything in one archive
-      (cd "$OUT" && tar -czf "session_$(date +%H%M%S).tgz" --exclude='*.tgz' . && find . -mindepth 1 ! -name '*.tgz' -delete) ;;
+    pack)  # the device tool returns at most 8 files: everything in one archive. Written
+      # beside $OUT first: inside it, tar read its own growing archive ("file changed as we
+      # read it", exit 1) and the files were never deleted.
+      printf '%s\n' "${summary[@]}" > "$OUT/summary.txt"  # (archived with the logs)
+      packed="$(mktemp "${TMPDIR:-/tmp}/fo_pack.XXXXXX")"
+      if tar -czf "$packed" -C "$OUT" --exclude='*.tgz' . && \
+          find "$OUT" -mindepth 1 ! -name '*.tgz' -delete && \
+          mv "$packed" "$OUT/session_$(date +%H%M%S).tgz"; then
+        summary+=("$(printf '%-14s rc=0' pack)")
+      else
+        summary+=("$(printf '%-14s rc=1   (files left unpacked in %s)' pack "$OUT")"); rm -f "$packed"
+      fi ;;
     cuda_tests) run_step cuda_tests bash tests/cuda/run_gpu.sh ;;
     peer_groups)  # one GPU is enough: groups of 3, 4 and 8 ranks emulated on it (each rank's GEMMs on
       # SMs / world), every result against float32 and the ring's rounded running sum bit for bit
@@ -214,3 +235,6 @@ for step in "${steps[@]}"; do
   esac
 done
 echo "==== summary"; printf '%s\n' "${summary[@]}"
+# Exit 1 when a step failed (each step's rc is in the summary; the device scripts read it).
+printf '%s\n' "${summary[@]}" | grep -Eqv ' rc=0( |$)' && exit 1
+exit 0

@@ -30,3 +30,47 @@ def test_gpu_part_refuses_a_part_it_does_not_have(tmp_path):
                        env={"PATH": "/usr/bin:/bin", "GPU_PART": "4", "OUT": str(tmp_path)},
                        capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 2 and "gpu_part: set GPU_PART=1, 2 or 3" in r.stdout
+
+
+def _session(tmp_path, *steps, **env):
+    return subprocess.run(["bash", str(ROOT / "scripts" / "gpu_session.sh"), *steps],
+                          env={"PATH": "/usr/bin:/bin", "OUT": "out", **env},
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+
+def test_steps_and_their_variables_are_checked_before_any_step_runs(tmp_path):
+    """An unknown step, or gpu_k / gpu_files without their variable, stopped the script only
+    when reached, after the setup and every step before it had run."""
+    for steps, env, said in [(("info", "bogus"), {}, "unknown step bogus; the steps: build"),
+                             (("info", "gpu_k"), {}, "gpu_k: set PYTEST_K"),
+                             (("info", "gpu_files"), {}, "gpu_files: set GPU_FILES"),
+                             (("pack", "info"), {}, "pack: must be the last step")]:
+        r = _session(tmp_path, *steps, **env)
+        assert r.returncode == 2 and said in r.stdout, (steps, r.stdout, r.stderr)
+        assert not (tmp_path / "out" / "info.log").exists()  # nothing ran
+
+
+def test_a_failed_step_fails_the_script_and_a_relative_out_is_the_callers(tmp_path):
+    """The summary said rc=4 but the script exited 0; OUT=out was made under the repository
+    (the script cds there first)."""
+    r = _session(tmp_path, "gpu_files", GPU_FILES="tests/no_such_file.py")
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert (tmp_path / "out" / "gpu_files.log").exists() and not (ROOT / "out").exists()
+    assert "gpu_files      rc=" in r.stdout and "gpu_files      rc=0 " not in r.stdout
+
+
+def test_pack_leaves_one_archive_of_everything(tmp_path):
+    """tar wrote its archive into the folder it read ('file changed as we read it', exit 1,
+    with subfolders present), so the files were never deleted and the device tool, which
+    returns 8 files at most, lost the rest."""
+    import tarfile
+    out = tmp_path / "out"
+    (out / "sanitize").mkdir(parents=True)
+    (out / "sanitize" / "memcheck.log").write_text("ERROR SUMMARY: 0 errors\n" * 2000)
+    (out / "a.log").write_text("a\n")
+    r = _session(tmp_path, "pack")
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    left = [p.name for p in out.iterdir()]
+    assert len(left) == 1 and left[0].startswith("session_") and left[0].endswith(".tgz"), left
+    names = tarfile.open(out / left[0]).getnames()
+    assert {"./a.log", "./sanitize/memcheck.log", "./summary.txt"} <= set(names), names
