@@ -19,15 +19,18 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jax_flashoverlap import ops
+from jax_flashoverlap import _compat, ops
 
 
-def overlapped_dx(forward, dw_reference, dx_op, gathers_dy=False):
+def overlapped_dx(forward, dw_reference, dx_op, gathers_dy=False, reference=None):
   """forward(x, w, axis, sequence_dim) whose backward computes dx with our op `dx_op(dy, w,
   axis, sequence_dim)` (dy @ w.T and its collective, the kernel w [in, out/n] read in place
   as the [N, K] weight) and dw exactly as XLA's own backward of `dw_reference(x, w, axis,
   sequence_dim)`. gathers_dy: dx_op is all_gather_matmul, whose gathered dy (returned with
-  dx, no second gather) is the cotangent of dw_reference."""
+  dx, no second gather) is the cotangent of dw_reference. reference (default dw_reference):
+  forward's plain composition, whose own backward serves where dy has no rows (the ops
+  refuse empty operands)."""
+  reference = reference or dw_reference
   @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
   def call(x, w, axis_name, sequence_dim):
     return forward(x, w, axis_name, sequence_dim)
@@ -37,6 +40,9 @@ def overlapped_dx(forward, dw_reference, dx_op, gathers_dy=False):
 
   def bwd(axis_name, sequence_dim, res, dy):
     x, w = res
+    if 0 in dy.shape:  # no rows: nothing to overlap, and the ops refuse empty operands
+      _, vjp = jax.vjp(lambda x, w: reference(x, w, axis_name, sequence_dim), x, w)
+      return vjp(dy)
     if gathers_dy:
       dx, dy = dx_op(dy, w, axis_name, sequence_dim, return_gathered=True)
     else:
@@ -64,9 +70,25 @@ def _with_sequence_dim(op, **fixed):
 
 
 # x replicated, kernel sharded on out: dx = psum(dy @ w.T) is matmul_all_reduce.
-column_matmul = overlapped_dx(
+_column_matmul = overlapped_dx(
     _local_matmul, _local_matmul,
     lambda dy, w, axis_name, _: ops.matmul_all_reduce(dy, w, axis_name, transpose_w=True))
+
+
+def column_matmul(x, w, axis_name, sequence_dim=0):
+  """x @ w for x replicated over `axis_name` and w sharded on its out dim, its dx one
+  matmul_all_reduce. That typing must be known: inside a check_vma=True shard_map, x
+  invariant and w varying over the axis. Under check_vma=False JAX itself sums a replicated
+  input's cotangent over the axis at the shard_map's boundary, so an all-reduced dx would be
+  counted axis-size times: refused there, naming what to use instead."""
+  varying_w, varying_x = _compat.varying_axes(w), _compat.varying_axes(x)
+  if axis_name not in varying_w or axis_name in varying_x:
+    raise ValueError(
+        f"jax_flashoverlap column_matmul: needs x invariant and w varying over "
+        f"{axis_name!r} (a check_vma=True shard_map); x varies over {sorted(varying_x)}, w over "
+        f"{sorted(varying_w)}. Elsewhere (check_vma=False: JAX sums a replicated input's "
+        f"gradient at the boundary itself) use x @ w")
+  return _column_matmul(x, w, axis_name, sequence_dim)
 # Sequence parallelism: the forward is all_gather_matmul, and its backward's dx =
 # psum_scatter(dy @ w.T) over the sequence is matmul_reduce_scatter, overlapped like the
 # forward (Megatron's sequence-parallel layer in both directions); dw = all_gather(x).T @ dy.
@@ -78,4 +100,6 @@ sequence_parallel_matmul = overlapped_dx(
 # dw = x.T @ all_gather(dy), XLA's local dot: dy is gathered once, as in XLA's backward.
 row_scatter_matmul = overlapped_dx(
     _with_sequence_dim(ops.matmul_reduce_scatter), _local_matmul,
-    _with_sequence_dim(ops.all_gather_matmul, transpose_w=True), gathers_dy=True)
+    _with_sequence_dim(ops.all_gather_matmul, transpose_w=True), gathers_dy=True,
+    reference=lambda x, w, axis_name, dim: lax.psum_scatter(
+        jnp.matmul(x, w), axis_name, scatter_dimension=dim, tiled=True))

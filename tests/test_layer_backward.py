@@ -1,0 +1,57 @@
+"""jax_flashoverlap.layer_backward used directly (the Flax layers' overlap_backward=True
+matmuls): where column_matmul's overlapped dx would be wrong it refuses, and inputs without
+rows differentiate as their plain compositions do (values and gradients elsewhere:
+tests/test_flax*.py)."""
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from _util import assert_close, make_mesh_1d
+from jax_flashoverlap import layer_backward as lb
+
+BF16 = jnp.bfloat16
+N = 4
+
+
+def _grads(fn, in_specs, out_spec, x, w, check_vma=True):
+    f = jax.shard_map(fn, mesh=make_mesh_1d(N), in_specs=in_specs, out_specs=out_spec,
+                      check_vma=check_vma)
+    loss = lambda a, b: jnp.sum(jnp.sin(f(a, b).astype(jnp.float32)))  # noqa: E731
+    return jax.jit(jax.grad(loss, argnums=(0, 1)))(x, w)
+
+
+def test_column_matmul_refuses_check_vma_false():
+    """With check_vma=False shard_map sums a replicated x's gradient over the axis itself, so
+    the all-reduced dx came out axis-size (here 4) times too large, silently."""
+    x, w = jnp.ones((8, 32), BF16), jnp.ones((32, 16 * N), BF16)
+    specs = ((P(), P(None, "tp")), P(None, "tp"))
+    with pytest.raises(ValueError, match="column_matmul: needs x invariant and w varying over "
+                                         "'tp'.*use x @ w"):
+        _grads(lambda a, b: lb.column_matmul(a, b, "tp"), *specs, x, w, check_vma=False)
+
+
+def test_column_matmul_gradients_equal_the_plain_matmuls(rng):
+    x = jnp.asarray(rng.standard_normal((8, 32)), BF16)
+    w = jnp.asarray(rng.standard_normal((32, 16 * N)), BF16)
+    specs = ((P(), P(None, "tp")), P(None, "tp"))
+    ours = _grads(lambda a, b: lb.column_matmul(a, b, "tp"), *specs, x, w)
+    ref = _grads(lambda a, b: a @ b, *specs, x, w)
+    for got, want in zip(ours, ref):
+        assert_close(got, want)
+
+
+def test_a_column_input_without_rows_differentiates_as_the_plain_matmul(rng):
+    """The forward (a local matmul) took it; the backward's matmul_all_reduce refused dy ("x
+    must not be empty"), also through ColumnParallelLinear(overlap_backward=True). (The other
+    two functions' forwards are our ops, which refuse empty operands up front.)"""
+    specs = ((P(), P(None, "tp")), P(None, "tp"))
+    x = jnp.zeros((0, 32), BF16)
+    w = jnp.asarray(rng.standard_normal((32, 16 * N)), BF16)
+    got = _grads(lambda a, b: lb.column_matmul(a, b, "tp"), *specs, x, w)
+    want = _grads(lambda a, b: a @ b, *specs, x, w)
+    for g, r in zip(got, want):
+        assert g.shape == r.shape and g.dtype == r.dtype
+        np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(r, np.float32))
