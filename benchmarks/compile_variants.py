@@ -19,7 +19,6 @@ Needs no GPU on CPU either (2 CPU processes): then the programs are XLA:CPU's.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -104,10 +103,9 @@ def child(args) -> None:
       result["programs"][f"{collective}/{name}"] = {
           "schedule": schedule(hlo), "windowed_loop": bench_variants.has_windowed_loop(hlo)}
   if jax.process_index() == 0:
-    text = json.dumps(result, indent=1)
     if args.json:
-      with open(args.json, "w") as f:
-        f.write(text + "\n")
+      from jax_flashoverlap import bench_record
+      bench_record.write_json(args.json, result)
     for key, value in result["programs"].items():
       print(f"{key} (windowed loop: {value['windowed_loop']}):\n  " + " ".join(value["schedule"]))
   jax.distributed.shutdown()
@@ -121,7 +119,15 @@ def main() -> int:
   parser.add_argument("--windowed", action="store_true", help="add XLA's windowed-einsum flags")
   parser.add_argument("--json")
   args = parser.parse_args()
-  from jax_flashoverlap import bench_variants, distributed, launch
+  from jax_flashoverlap import bench_args, bench_variants, distributed, launch
+  # Checked here, before two processes start (a bad one was a child's traceback after them).
+  for name in ("m", "n", "k"):
+    value = getattr(args, name)
+    if value < 1 or value % 16:  # split over 2 devices into multiples of 8 (K, N; M scattered)
+      parser.error(f"--{name} must be a positive multiple of 16 (split over the 2 processes' "
+                   f"devices into multiples of 8), got {value}")
+  if args.json:
+    bench_args.check_writable(parser, "--json", os.path.realpath(args.json))
   if os.environ.get(distributed.PROCESS_ID_ENV) is not None:
     child(args)
     return 0

@@ -13,7 +13,6 @@ while a thread samples the SM clock and board power through NVML (pynvml) every 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import threading
 import time
@@ -55,23 +54,31 @@ class ClockSampler:
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--shapes", nargs="+", default=["8192x8192x4096", "16384x8192x8192"],
-                      help="per-device MxNxK")
+  from jax_flashoverlap import bench, bench_args
+  parser.add_argument("--shapes", nargs="+", type=bench._parse_shape,
+                      default=[(8192, 8192, 4096), (16384, 8192, 8192)], help="per-device MxNxK")
   parser.add_argument("--calls", type=int, default=10)
   parser.add_argument("--samples", type=int, default=10)
   parser.add_argument("--out")
   args = parser.parse_args()
+  for name in ("calls", "samples"):  # checked before any work (--calls 0 failed at the end)
+    if getattr(args, name) < 1:
+      parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+  bench_args.check_output_paths(parser, args)
 
   import jax
   import jax.numpy as jnp
 
   import jax_flashoverlap as fo
-  from jax_flashoverlap import bench
+  if jax.default_backend() != "gpu":  # it compares our kernel with XLA's on one GPU
+    parser.error(f"needs a GPU (JAX's backend here is {jax.default_backend()!r}; off GPU "
+                 "fo.matmul is XLA's dot, nothing to compare)")
 
   rows = []
   with ClockSampler() as clock:
     for shape in args.shapes:
-      m, n, k = (int(v) for v in shape.split("x"))
+      m, n, k = shape
+      shape = f"{m}x{n}x{k}"  # as recorded before (a string)
       key = jax.random.key(0)
       inputs = {}
       for dist in ("normal", "uniform"):
@@ -122,9 +129,8 @@ def main() -> None:
               f"{row['tflops']:5.0f} TF/s  {row['sm_mhz_median']} MHz  {row['watts_median']} W",
               flush=True)
   if args.out:
-    with open(args.out, "w") as f:
-      json.dump({"kind": "gemm_in_jax", "device": jax.devices()[0].device_kind,
-                 "git_commit": bench.git_commit(), "rows": rows}, f, indent=1)
+    bench.write_json(args.out, {"kind": "gemm_in_jax", "device": jax.devices()[0].device_kind,
+                                "git_commit": bench.git_commit(), "rows": rows})
 
 
 if __name__ == "__main__":

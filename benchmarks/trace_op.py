@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 import types
 
@@ -32,6 +31,12 @@ def main(argv=None) -> int:
   parser.add_argument("--calls", type=int, default=20)
   parser.add_argument("--out")
   args = parser.parse_args(argv)
+  from jax_flashoverlap import bench_args
+  if args.calls < 1:
+    parser.error(f"--calls must be >= 1, got {args.calls}")
+  if args.groups is not None and args.groups < 1:
+    parser.error(f"--groups must be >= 1 (leave it out for the op's own plan), got {args.groups}")
+  bench_args.check_output_paths(parser, args)
   import jax
 
   import jax_flashoverlap as fo
@@ -39,6 +44,7 @@ def main(argv=None) -> int:
   if jax.default_backend() != "gpu":
     print("trace_op.py needs GPUs", file=sys.stderr)
     return 2
+  args.world = bench.resolve_world(parser, args.world)  # -3 sliced the devices; 20 used 8
   pb = bench._TpProblem(types.SimpleNamespace(world=args.world, dtype=args.dtype),
                         args.collective, args.shape, jax.random.key(0))
   fn = pb.smap(pb.ours)
@@ -74,8 +80,7 @@ def main(argv=None) -> int:
     print(f"device {d}, median of {s['calls']} isolated calls:")
     print(trace.medians_table(s))
   if args.out:
-    with open(args.out, "w") as f:
-      json.dump(result, f, indent=1)
+    bench.write_json(args.out, result)
   return 0
 
 

@@ -45,4 +45,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("shape", nargs="?", type=_shape, default="8192x8192x4096",
                         help="the dot's M x N x K (default: %(default)s)")
-    main(parser.parse_args().shape)
+    shape = parser.parse_args().shape
+    if jax.default_backend() != "gpu":  # it drives CUDA's profiler API (libcuda)
+        parser.error(f"needs a GPU (JAX's backend here is {jax.default_backend()!r})")
+    main(shape)

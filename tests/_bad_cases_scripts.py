@@ -117,3 +117,43 @@ def cli_diagnose_ffi_without_gpu(t):
 def cli_first_call_overlap_without_gpu(t):
     # computed for ~20 s, then IndexError: no trace records off GPU
     return run_script("scripts/first_call_overlap.py")
+
+
+def cli_gemm_in_jax_calls_0(t):
+    # UnboundLocalError after every shape was measured
+    return run_script("benchmarks/gemm_in_jax.py", "--calls", "0")
+
+
+def cli_gemm_in_jax_without_gpu(t):
+    # ran its GPU-sized GEMMs on the CPU for minutes, then wrote "device": "cpu"
+    return run_script("benchmarks/gemm_in_jax.py", "--shapes", "64x64x64")
+
+
+def cli_xla_dot_profile_without_gpu(t):
+    # compiled and ran the dot, then OSError: libcuda.so.1
+    return run_script("benchmarks/xla_dot_profile.py", "64x64x64")
+
+
+def cli_compile_variants_m_not_splittable(t):
+    # a child's traceback after both processes had started
+    return run_script("benchmarks/compile_variants.py", "--m", "63")
+
+
+def cli_trace_op_calls_0(t):
+    return run_script("benchmarks/trace_op.py", "--calls", "0")
+
+
+def _bash(script, *args, **env):
+    full = dict(cli_env(), **env)
+    return subprocess.run(["/bin/bash", os.path.join(REPO, script), *args], cwd=REPO, env=full,
+                          capture_output=True, text=True, timeout=60)
+
+
+def cli_profile_gemms_without_arguments(t):
+    # "$1: unbound variable"; without ncu it wrote a file named '*.txt' and went on
+    return _bash("benchmarks/profile_gemms.sh")
+
+
+def cli_ncu_ab_without_ncu(t):
+    # printed 16 empty result rows and exited 0
+    return _bash("benchmarks/ncu_ab.sh", OUT=str(t.tmp_path), PATH=str(t.tmp_path))  # no ncu

@@ -192,6 +192,24 @@ TOOL_ROWS = [
     pytest.param(cli_first_call_overlap_without_gpu, exits(1, "needs a GPU and "
                                                            "FLASHOVERLAP_TRACE=1", "'cpu'"),
                  id="cli-first-call-overlap-without-gpu"),
+    pytest.param(cli_gemm_in_jax_calls_0, exits(2, "--calls must be >= 1, got 0"),
+                 id="cli-gemm-in-jax-calls-0"),
+    pytest.param(cli_gemm_in_jax_without_gpu, exits(2, "gemm_in_jax.py: error: needs a GPU",
+                                                    "'cpu'"),
+                 id="cli-gemm-in-jax-without-gpu"),
+    pytest.param(cli_xla_dot_profile_without_gpu, exits(2, "xla_dot_profile.py: error: needs a "
+                                                        "GPU"),
+                 id="cli-xla-dot-profile-without-gpu"),
+    pytest.param(cli_compile_variants_m_not_splittable, exits(2, "--m must be a positive "
+                                                              "multiple of 16", "got 63"),
+                 id="cli-compile-variants-m-not-splittable"),
+    pytest.param(cli_trace_op_calls_0, exits(2, "--calls must be >= 1, got 0"),
+                 id="cli-trace-op-calls-0"),
+    pytest.param(cli_profile_gemms_without_arguments, exits(2, "usage: "
+                                                            "benchmarks/profile_gemms.sh OUT_DIR"),
+                 id="cli-profile-gemms-without-arguments"),
+    pytest.param(cli_ncu_ab_without_ncu, exits(2, "needs Nsight Compute's ncu on PATH"),
+                 id="cli-ncu-ab-without-ncu"),
     # --- several processes ---
     pytest.param(dist_plan_mismatch_two_processes, exits(0, "process 0: DistributedMismatchError",
                                                          "the group plan differs between "
