@@ -121,11 +121,12 @@ def main() -> int:
   args = parser.parse_args()
   from jax_flashoverlap import bench_args, bench_variants, distributed, launch
   # Checked here, before two processes start (a bad one was a child's traceback after them).
-  for name in ("m", "n", "k"):
+  # Only XLA's programs are compiled: M (reduce-scattered) and K (split) over the 2 ranks.
+  for name, even in (("m", True), ("n", False), ("k", True)):
     value = getattr(args, name)
-    if value < 1 or value % 16:  # split over 2 devices into multiples of 8 (K, N; M scattered)
-      parser.error(f"--{name} must be a positive multiple of 16 (split over the 2 processes' "
-                   f"devices into multiples of 8), got {value}")
+    if value < 1 or (even and value % 2):
+      parser.error(f"--{name} must be a positive " + ("even number (split over the 2 "
+                   "processes)" if even else "number") + f", got {value}")
   if args.json:
     bench_args.check_writable(parser, "--json", os.path.realpath(args.json))
   if os.environ.get(distributed.PROCESS_ID_ENV) is not None:

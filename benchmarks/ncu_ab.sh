@@ -6,18 +6,20 @@
 # "gemm_test gemm_test@FLASHOVERLAP_GEMM_SCHEDULE=pingpong" (one binary, two kernels).
 # (binaries under .build/; `gemm_test profile` launches the kernel 5 times, the 3rd is read)
 set -u
+: "${OUT:?set OUT (the results go to \$OUT/ab)}"
+SHAPES="${SHAPES:-8192x8192x4096:0 8192x8192x4096:16 8192x28672x4096:0 4096x8192x4096:0}"
 command -v ncu >/dev/null || { echo "needs Nsight Compute's ncu on PATH" >&2; exit 2; }
 for b in ${BINS:-gemm_test_base gemm_test}; do  # every binary there before anything runs
   [ -x ".build/${b%%@*}" ] || { echo "no .build/${b%%@*} (BINS entry '$b'; run from the repository root)" >&2; exit 2; }
 done
-for S in ${SHAPES:-8192x8192x4096:0}; do
+for S in $SHAPES; do
   [[ "$S" =~ ^[1-9][0-9]*x[1-9][0-9]*x[1-9][0-9]*:[0-9]+$ ]] || { echo "SHAPES entries are MxNxK:COMM, got '$S'" >&2; exit 2; }
 done
 P=$OUT/ab; mkdir -p "$P"
 # EXTRA_METRICS=",name,...": more metrics after those three (printed in ncu's order).
 M="--metrics gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed${EXTRA_METRICS:-}"
 echo "shape comm binary: duration (us or ms), SM clock (GHz), tensor pipe busy (%)${EXTRA_METRICS:-}" | tee -a "$P/ab.txt"
-for S in ${SHAPES:-8192x8192x4096:0 8192x8192x4096:16 8192x28672x4096:0 4096x8192x4096:0}; do
+for S in $SHAPES; do
   sh=${S%%:*}; c=${S##*:}
   for rep in 1 2; do
     for b in ${BINS:-gemm_test_base gemm_test}; do

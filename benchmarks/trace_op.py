@@ -36,6 +36,8 @@ def main(argv=None) -> int:
     parser.error(f"--calls must be >= 1, got {args.calls}")
   if args.groups is not None and args.groups < 1:
     parser.error(f"--groups must be >= 1 (leave it out for the op's own plan), got {args.groups}")
+  if args.comm_sms is not None and args.comm_sms < 0:
+    parser.error(f"--comm-sms must be >= 0, got {args.comm_sms}")
   bench_args.check_output_paths(parser, args)
   import jax
 
@@ -45,6 +47,10 @@ def main(argv=None) -> int:
     print("trace_op.py needs GPUs", file=sys.stderr)
     return 2
   args.world = bench.resolve_world(parser, args.world)  # -3 sliced the devices; 20 used 8
+  try:
+    bench.check_tp_shape(args.shape, args.world, (args.collective,))
+  except ValueError as err:
+    parser.error(str(err).replace("--shapes", "--shape", 1))
   pb = bench._TpProblem(types.SimpleNamespace(world=args.world, dtype=args.dtype),
                         args.collective, args.shape, jax.random.key(0))
   fn = pb.smap(pb.ours)

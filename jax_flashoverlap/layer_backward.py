@@ -40,7 +40,8 @@ def overlapped_dx(forward, dw_reference, dx_op, gathers_dy=False, reference=None
 
   def bwd(axis_name, sequence_dim, res, dy):
     x, w = res
-    if 0 in dy.shape:  # no rows: nothing to overlap, and the ops refuse empty operands
+    if 0 in dy.shape or 0 in x.shape or 0 in w.shape:  # nothing to overlap; the ops
+      # refuse empty operands
       _, vjp = jax.vjp(lambda x, w: reference(x, w, axis_name, sequence_dim), x, w)
       return vjp(dy)
     if gathers_dy:
@@ -82,7 +83,10 @@ def column_matmul(x, w, axis_name, sequence_dim=0):
   input's cotangent over the axis at the shard_map's boundary, so an all-reduced dx would be
   counted axis-size times: refused there, naming what to use instead."""
   varying_w, varying_x = _compat.varying_axes(w), _compat.varying_axes(x)
-  if axis_name not in varying_w or axis_name in varying_x:
+  axes = set(axis_name) if isinstance(axis_name, (tuple, list)) else {axis_name}
+  if isinstance(axis_name, list):
+    axis_name = tuple(axis_name)  # hashable: a custom_vjp's static argument
+  if not axes <= varying_w or axes & varying_x:
     raise ValueError(
         f"jax_flashoverlap column_matmul: needs x invariant and w varying over "
         f"{axis_name!r} (a check_vma=True shard_map); x varies over {sorted(varying_x)}, w over "

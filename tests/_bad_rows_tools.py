@@ -200,8 +200,8 @@ TOOL_ROWS = [
     pytest.param(cli_xla_dot_profile_without_gpu, exits(2, "xla_dot_profile.py: error: needs a "
                                                         "GPU"),
                  id="cli-xla-dot-profile-without-gpu"),
-    pytest.param(cli_compile_variants_m_not_splittable, exits(2, "--m must be a positive "
-                                                              "multiple of 16", "got 63"),
+    pytest.param(cli_compile_variants_m_not_splittable, exits(2, "--m must be a positive even "
+                                                              "number", "got 63"),
                  id="cli-compile-variants-m-not-splittable"),
     pytest.param(cli_trace_op_calls_0, exits(2, "--calls must be >= 1, got 0"),
                  id="cli-trace-op-calls-0"),

@@ -55,3 +55,22 @@ def test_a_column_input_without_rows_differentiates_as_the_plain_matmul(rng):
     for g, r in zip(got, want):
         assert g.shape == r.shape and g.dtype == r.dtype
         np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(r, np.float32))
+
+
+@pytest.mark.parametrize("axes", [("dp", "tp"), ["dp", "tp"]], ids=["tuple", "list"])
+def test_column_matmul_over_two_axes(axes, rng):
+    """A tuple of axes (as the ops take) was refused ('x varies over [], w over ['dp',
+    'tp']'), a list raised 'unhashable type'."""
+    from _util import make_mesh_2d
+    mesh = make_mesh_2d(2, 4)
+    x = jnp.asarray(rng.standard_normal((8, 32)), BF16)
+    w = jnp.asarray(rng.standard_normal((32, 8 * 8)), BF16)
+    specs = dict(mesh=mesh, in_specs=(P(), P(None, ("dp", "tp"))), out_specs=P(None, ("dp", "tp")))
+    grads = {}
+    for name, fn in (("ours", lambda a, b: lb.column_matmul(a, b, axes)), ("ref", jnp.matmul)):
+        f = jax.shard_map(fn, **specs)
+        loss = lambda a, b: jnp.sum(jnp.sin(f(a, b).astype(jnp.float32)))  # noqa: E731,B023
+        grads[name] = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, w)
+    for got, want in zip(grads["ours"], grads["ref"]):
+        assert_close(got, want)
+

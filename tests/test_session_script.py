@@ -33,9 +33,28 @@ def test_gpu_part_refuses_a_part_it_does_not_have(tmp_path):
 
 
 def _session(tmp_path, *steps, **env):
-    return subprocess.run(["bash", str(ROOT / "scripts" / "gpu_session.sh"), *steps],
+    """The script copied into a repository root of its own (no .whl/ to install, no out/ of
+    the developer's to trip over), run from tmp_path/caller with OUT=out (relative)."""
+    import shutil
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / "scripts" / "gpu_session.sh", repo / "scripts")
+    caller = tmp_path / "caller"
+    caller.mkdir(exist_ok=True)
+    return subprocess.run(["bash", str(repo / "scripts" / "gpu_session.sh"), *steps],
                           env={"PATH": "/usr/bin:/bin", "OUT": "out", **env},
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=120, cwd=caller)
+
+
+def test_every_step_the_script_runs_is_a_known_step_and_back():
+    """KNOWN_STEPS (checked before any setup) and the case labels that run them agree."""
+    import re
+    script = (ROOT / "scripts" / "gpu_session.sh").read_text()
+    known = script[script.index('KNOWN_STEPS="') + 13:]
+    known = set(known[:known.index('"')].split())
+    body = script[script.index('  case "$step" in'):]
+    labels = set(re.findall(r"^    ([a-z_0-9]+)\)", body, re.M))
+    assert known == labels, (known ^ labels)
 
 
 def test_steps_and_their_variables_are_checked_before_any_step_runs(tmp_path):
@@ -47,7 +66,7 @@ def test_steps_and_their_variables_are_checked_before_any_step_runs(tmp_path):
                              (("pack", "info"), {}, "pack: must be the last step")]:
         r = _session(tmp_path, *steps, **env)
         assert r.returncode == 2 and said in r.stdout, (steps, r.stdout, r.stderr)
-        assert not (tmp_path / "out" / "info.log").exists()  # nothing ran
+        assert not (tmp_path / "caller" / "out" / "info.log").exists()  # nothing ran
 
 
 def test_a_failed_step_fails_the_script_and_a_relative_out_is_the_callers(tmp_path):
@@ -55,7 +74,8 @@ def test_a_failed_step_fails_the_script_and_a_relative_out_is_the_callers(tmp_pa
     (the script cds there first)."""
     r = _session(tmp_path, "gpu_files", GPU_FILES="tests/no_such_file.py")
     assert r.returncode == 1, (r.stdout, r.stderr)
-    assert (tmp_path / "out" / "gpu_files.log").exists() and not (ROOT / "out").exists()
+    assert (tmp_path / "caller" / "out" / "gpu_files.log").exists()
+    assert not (tmp_path / "repo" / "out").exists()
     assert "gpu_files      rc=" in r.stdout and "gpu_files      rc=0 " not in r.stdout
 
 
@@ -64,7 +84,7 @@ def test_pack_leaves_one_archive_of_everything(tmp_path):
     with subfolders present), so the files were never deleted and the device tool, which
     returns 8 files at most, lost the rest."""
     import tarfile
-    out = tmp_path / "out"
+    out = tmp_path / "caller" / "out"
     (out / "sanitize").mkdir(parents=True)
     (out / "sanitize" / "memcheck.log").write_text("ERROR SUMMARY: 0 errors\n" * 2000)
     (out / "a.log").write_text("a\n")
@@ -74,3 +94,19 @@ def test_pack_leaves_one_archive_of_everything(tmp_path):
     assert len(left) == 1 and left[0].startswith("session_") and left[0].endswith(".tgz"), left
     names = tarfile.open(out / left[0]).getnames()
     assert {"./a.log", "./sanitize/memcheck.log", "./summary.txt"} <= set(names), names
+
+
+def test_pack_never_loses_the_archive_when_some_files_stay(tmp_path):
+    """An old .tgz in a subfolder (not archived, not deleted) kept its folder, find failed,
+    and the first fixed version then removed the archive it had written: every result gone."""
+    import tarfile
+    out = tmp_path / "caller" / "out"
+    (out / "sub").mkdir(parents=True)
+    (out / "sub" / "old.tgz").write_bytes(b"x")
+    (out / "sub" / "b.log").write_text("b\n")
+    (out / "a.log").write_text("a\n")
+    r = _session(tmp_path, "pack")
+    archives = list(out.glob("session_*.tgz"))
+    assert len(archives) == 1, (r.stdout, list(out.rglob("*")))
+    assert {"./a.log", "./sub/b.log"} <= set(tarfile.open(archives[0]).getnames())
+    assert "some files could not be deleted" in r.stdout and r.returncode == 0, r.stdout

@@ -61,3 +61,7 @@ fi
 say "==== summary ===="
 for k in smoke correctness signal bench schedule ext memcheck racecheck synccheck ext_memcheck; do say "$k: rc=${RC[$k]:-not run}"; done
 grep -E "FAIL|ERROR SUMMARY|RACECHECK SUMMARY|SYNCCHECK|failure\(s\)|^signal" "$LOG" | tail -40; sed -n "/==== bench/,/failure/p" "$LOG" | tail -45
+# Exit 1 when a step that ran failed (the summary above says which): `cuda_tests` in
+# scripts/gpu_session.sh reads this status; it was the last command's (a grep's), 0.
+for k in "${!RC[@]}"; do [[ "${RC[$k]}" -eq 0 ]] || exit 1; done
+exit 0
