@@ -19,6 +19,7 @@ turns it on when the first communicator is made. Not traced: all_gather_matmul.
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 TRACE_ENV = "FLASHOVERLAP_TRACE"
 DEFAULT_CAPACITY = 256
@@ -50,6 +51,22 @@ def enable(capacity: int = DEFAULT_CAPACITY) -> None:
   _check_capacity(capacity)
   _extension("enable").set_trace(True, capacity)
   _capacity, _env_read = capacity, True
+  _warn_if_nothing_is_traced()
+
+
+_warned_backends = set()
+
+
+def _warn_if_nothing_is_traced() -> None:
+  """Off GPU the ops run XLA's composition: tracing is on and records nothing (read() stays
+  empty without a word); said once per backend."""
+  import jax
+  backend = jax.default_backend()
+  if backend != "gpu" and backend not in _warned_backends:
+    _warned_backends.add(backend)
+    warnings.warn(f"jax_flashoverlap.trace: JAX's backend here is {backend!r}, where every op "
+                  "runs XLA's composition: no call is traced (only our CUDA calls are)",
+                  RuntimeWarning, stacklevel=3)
 
 
 def disable() -> None:
@@ -62,7 +79,8 @@ def disable() -> None:
 
 
 def available() -> bool:
-  """Whether tracing can be turned on here (the CUDA extension is loaded)."""
+  """Whether tracing can be turned on here (the CUDA extension is loaded); calls are recorded
+  on GPUs only (enable() warns elsewhere)."""
   from jax_flashoverlap import _ext
   return _ext.ext is not None
 

@@ -291,3 +291,12 @@ def test_bench_traced_calls_groups_medians_by_device(monkeypatch):
     assert bench.traced_calls(fn, ("x",), 0) == {}
     monkeypatch.setattr(trace, "available", lambda: False)
     assert bench.traced_calls(fn, ("x",), 3) == {}
+
+
+def test_enable_off_gpu_says_nothing_will_be_recorded(fake, monkeypatch):
+    """With the extension built but JAX on the CPU, tracing was on and read() stayed empty
+    without a word."""
+    monkeypatch.setattr(trace, "_warned_backends", set())
+    with pytest.warns(RuntimeWarning, match="backend here is 'cpu'.*no call is traced"):
+        trace.enable(8)
+    assert fake.on
