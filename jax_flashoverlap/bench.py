@@ -222,6 +222,21 @@ def lowered_plan(pb):
                               dtype=pb.dtype.name, in_place=in_place)
 
 
+def plan_source(pb) -> str:
+  """Where lowered_plan's plan (and its predicted time) comes from: "tuned" (a config entry:
+  its predicted time is the tuner's measurement, no model prediction), "forced" or
+  "cost_model"."""
+  from jax_flashoverlap import _ext, comm, plan as plan_lib, tuning
+  if plan_lib.is_forced():
+    return "forced"
+  in_place = pb.collective == "all_reduce" and _ext.all_reduce_in_place()
+  entry = None if in_place else tuning.lookup(
+      comm.mesh_gpu_name(pb.mesh), pb.world, pb.collective, pb.dtype.name, pb.m, pb.n,
+      pb.k // pb.world)
+  return "tuned" if entry is not None and entry.get("transport", "nccl") == "nccl" else \
+      "cost_model"
+
+
 def _problems(args):
   """A _TpProblem with fresh random inputs for each (collective, shape) of the arguments."""
   import jax
@@ -435,7 +450,11 @@ def bench_overlap(args) -> dict:
            "plan": {"band_rows": list(plan.band_rows), "comm_sms": plan.comm_sms,
                     "overlap": plan.overlap, "transport": plan.transport,
                     "predicted_ms": plan.predicted_s * 1e3,
-                    "predicted_baseline_ms": plan.baseline_s * 1e3}}
+                    "predicted_baseline_ms": plan.baseline_s * 1e3,
+                    # what `ours` ran: the plan, or (the fallback) XLA's composition
+                    "predicted_ours_ms": (plan.predicted_s if custom_call
+                                          else plan.baseline_s) * 1e3,
+                    "source": plan_source(pb)}}
     row["trace"] = traced_calls(ours_fn, pb.args, args.trace) if custom_call else {}
     row.update(bench_targets.evaluate_row(row))
     rows.append(row)
