@@ -80,7 +80,7 @@ def bench_a2a(args) -> dict:
   import numpy as np
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-  from jax_flashoverlap import bench, bench_record, bench_variants
+  from jax_flashoverlap import bench, bench_record, bench_targets, bench_variants
   devices = jax.devices()[: args.world] if args.world else jax.devices()
   mesh = Mesh(np.array(devices), ("tp",))
   world = len(devices)
@@ -129,12 +129,16 @@ def bench_a2a(args) -> dict:
              "xla_windowed": windowed}
       if "xla_windowed" in t:
         row["windowed_speedup"] = t["xla_composition"] / t["xla_windowed"]
+      row.update(bench_targets.evaluate_a2a_row(row))
       rows.append(row)
       bench.say(f"{op:18s} {m}x{n}x{k}: dot {t['xla_dot']:.3f} coll {t['xla_collective']:.3f} "
                 f"xla {t['xla_composition']:.3f} ours {t['ours']:.3f} ms  speedup "
                 f"{row['speedup']:.3f}  E {row['overlap_efficiency']:.2f}  err {err:.1e} "
                 f"(f32 {err32:.1e})" + ("" if custom_call else "  (ours = XLA's composition)"))
-  return {"kind": "a2a", "rows": rows}
+  targets = bench_targets.summary(rows, bench_targets.A2A_TARGETS)
+  bench.say(bench_targets.summary_line(targets, "#9") + (
+      "" if jax.default_backend() == "gpu" else " (no GPU: a smoke run, these say nothing)"))
+  return {"kind": "a2a", "rows": rows, "targets": targets}
 
 
 def add_arguments(p) -> None:

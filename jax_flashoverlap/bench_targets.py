@@ -81,17 +81,33 @@ def evaluate_row(row: dict) -> dict:
   return out
 
 
-def summary(rows: list) -> dict:
+# Issue #9 (matmul_all_to_all, all_gather_matmul; bench a2a): on 2 GPUs, bf16.
+A2A_TARGETS = ("speedup_at_least_1", "efficiency_at_least_0.5")
+
+
+def evaluate_a2a_row(row: dict) -> dict:
+  """{"targets": {target: True / False / None}} for one `bench a2a` row (speedup over XLA's
+  composition, E); a row whose own values failed meets none."""
+  verdict = {t: None for t in A2A_TARGETS}
+  if row.get("world") == 2 and row.get("dtype") == "bfloat16":
+    speedup, eff = row["speedup"], row["overlap_efficiency"]
+    bad = "ours" in (row.get("failed_value_check") or ())
+    verdict["speedup_at_least_1"] = not bad and _finite(speedup) and speedup >= 1.0
+    verdict["efficiency_at_least_0.5"] = not bad and _finite(eff) and eff >= 0.5
+  return {"targets": verdict}
+
+
+def summary(rows: list, targets=TARGETS) -> dict:
   """{target: {"met": n, "of": applicable rows}} over the rows' evaluations."""
   result = {}
-  for target in TARGETS:
+  for target in targets:
     verdicts = [r["targets"][target] for r in rows
                 if r.get("targets", {}).get(target) is not None]
     result[target] = {"met": sum(verdicts), "of": len(verdicts)}
   return result
 
 
-def summary_line(summ: dict) -> str:
+def summary_line(summ: dict, issues: str = "#4, #5") -> str:
   parts = [f"{t} {v['met']}/{v['of']}" for t, v in summ.items() if v["of"]]
-  return ("issue targets (#4, #5): " + ", ".join(parts)) if parts else (
-      "issue targets (#4, #5): none apply (2 GPUs, bfloat16)")
+  return (f"issue targets ({issues}): " + ", ".join(parts)) if parts else (
+      f"issue targets ({issues}): none apply (2 GPUs, bfloat16)")

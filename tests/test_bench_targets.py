@@ -127,3 +127,17 @@ def test_wrong_values_meet_no_target():
 
 def test_an_efficiency_exactly_0_1_below_the_ceiling_is_within():
     assert BT.evaluate_row(_row(eff=0.82))["targets"]["efficiency_within_0.1_of_ceiling"]
+
+
+def test_the_all_to_all_and_all_gather_targets():
+    """#9: speedup >= 1 and E >= 0.5 on 2 GPUs in bf16 (bench a2a judged none of them)."""
+    row = {"op": "all_gather", "world": 2, "dtype": "bfloat16", "speedup": 1.2,
+           "overlap_efficiency": 0.4, "failed_value_check": {}}
+    assert BT.evaluate_a2a_row(row)["targets"] == {"speedup_at_least_1": True,
+                                                   "efficiency_at_least_0.5": False}
+    row["failed_value_check"] = {"ours": 0.3}
+    assert set(BT.evaluate_a2a_row(row)["targets"].values()) == {False}
+    assert set(BT.evaluate_a2a_row(dict(row, world=4))["targets"].values()) == {None}
+    rows = [dict(row, **BT.evaluate_a2a_row(dict(row, failed_value_check={})))]
+    assert BT.summary_line(BT.summary(rows, BT.A2A_TARGETS), "#9") == (
+        "issue targets (#9): speedup_at_least_1 1/1, efficiency_at_least_0.5 0/1")
