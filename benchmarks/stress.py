@@ -205,17 +205,15 @@ def check_scan_shapes(mesh, layers, tokens, dim, ffn) -> None:
 
 def scan_model(mesh, layers, tokens, dim, ffn, steps, seed):
   """`steps` steps of the scan model (scan_layer), ours against XLA's and float32's."""
-  model = lambda impl: scan_program(mesh, impl)
-  specs = SCAN_SPECS
   key = jax.random.key(seed)
   k1, k2, k3 = jax.random.split(key, 3)
   scale = lambda k, shape, fan_in: (jax.random.normal(k, shape) / np.sqrt(fan_in)).astype(DTYPE)
   params = (scale(k1, (layers, dim, ffn), dim), scale(k2, (layers, ffn, dim), ffn),
             scale(k3, (layers, ffn, dim), ffn))
-  params = jax.device_put(params, tuple(NamedSharding(mesh, s) for s in specs))
+  params = jax.device_put(params, tuple(NamedSharding(mesh, s) for s in SCAN_SPECS))
   make_x = jax.jit(lambda k: jax.random.normal(k, (tokens, dim), jnp.float32).astype(DTYPE),
                    out_shardings=NamedSharding(mesh, P()))
-  fns = {impl: model(impl) for impl in ("fo", "xla")}
+  fns = {impl: scan_program(mesh, impl) for impl in ("fo", "xla")}
   params32 = jax.tree.map(lambda a: a.astype(jnp.float32), params)
   stats = {"layers": layers, "tokens": tokens, "dim": dim, "ffn": ffn, "steps": 0,
            "mismatches": 0, "bit_identical": 0, "max_rel_error": 0.0,

@@ -222,20 +222,6 @@ def lowered_plan(pb):
                               dtype=pb.dtype.name, in_place=in_place)
 
 
-def plan_source(pb) -> str:
-  """Where lowered_plan's plan (and its predicted time) comes from: "tuned" (a config entry:
-  its predicted time is the tuner's measurement, no model prediction), "forced" or
-  "cost_model"."""
-  from jax_flashoverlap import _ext, comm, plan as plan_lib, tuning
-  if plan_lib.is_forced():
-    return "forced"
-  in_place = pb.collective == "all_reduce" and _ext.all_reduce_in_place()
-  entry = None if in_place else tuning.lookup(
-      comm.mesh_gpu_name(pb.mesh), pb.world, pb.collective, pb.dtype.name, pb.m, pb.n,
-      pb.k // pb.world)
-  return "tuned" if entry is not None and entry.get("transport", "nccl") == "nccl" else \
-      "cost_model"
-
 
 def _problems(args):
   """A _TpProblem with fresh random inputs for each (collective, shape) of the arguments."""
@@ -385,6 +371,13 @@ def warn_if_no_gpu(left_out: str) -> None:
         f"project (a smoke run of the CLI); {left_out}")
 
 
+def say_targets(targets: dict, issues: str = "#4, #5") -> None:
+  """The targets' summary line; off GPU it says the verdicts measure nothing."""
+  import jax
+  say(bench_targets.summary_line(targets, issues) + (
+      "" if jax.default_backend() == "gpu" else " (no GPU: a smoke run, these say nothing)"))
+
+
 def bench_overlap(args) -> dict:
   import jax
   import jax.numpy as jnp
@@ -454,7 +447,7 @@ def bench_overlap(args) -> dict:
                     # what `ours` ran: the plan, or (the fallback) XLA's composition
                     "predicted_ours_ms": (plan.predicted_s if custom_call
                                           else plan.baseline_s) * 1e3,
-                    "source": plan_source(pb)}}
+                    "source": plan.source}}
     row["trace"] = traced_calls(ours_fn, pb.args, args.trace) if custom_call else {}
     row.update(bench_targets.evaluate_row(row))
     rows.append(row)
@@ -474,8 +467,7 @@ def bench_overlap(args) -> dict:
       say(f"  trace, device {device}, median of {medians['calls']} isolated calls:\n    "
           + trace.medians_table(medians).replace("\n", "\n    "))
   targets = bench_targets.summary(rows)
-  say(bench_targets.summary_line(targets) + ("" if jax.default_backend() == "gpu" else
-                                             " (no GPU: a smoke run, these say nothing)"))
+  say_targets(targets)
   return {"kind": "overlap", "rows": rows, "targets": targets}
 
 

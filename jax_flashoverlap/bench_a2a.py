@@ -136,8 +136,7 @@ def bench_a2a(args) -> dict:
                 f"{row['speedup']:.3f}  E {row['overlap_efficiency']:.2f}  err {err:.1e} "
                 f"(f32 {err32:.1e})" + ("" if custom_call else "  (ours = XLA's composition)"))
   targets = bench_targets.summary(rows, bench_targets.A2A_TARGETS)
-  bench.say(bench_targets.summary_line(targets, "#9") + (
-      "" if jax.default_backend() == "gpu" else " (no GPU: a smoke run, these say nothing)"))
+  bench.say_targets(targets, "#9")
   return {"kind": "a2a", "rows": rows, "targets": targets}
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+from jax_flashoverlap.bench_record import is_stream
+
 
 def check_numbers(parser, args) -> None:
   """Numbers the benchmarks divide by or pass to the ops, as parser errors (exit 2) naming the
@@ -32,14 +34,13 @@ def check_output_paths(parser, args) -> None:
   format matplotlib cannot draw was a traceback after the first row's (or, for --plot, the
   whole run's) measurements. A --plot without a suffix gets '.png' (matplotlib's default,
   which it added without saying so); an --out stream (/dev/stdout, a FIFO: is_stream) is
-  written through, so only it must be writable.""" 
+  written through, so only it must be writable."""
   for option in ("--out", "--plot"):
     path = getattr(args, option[2:], None)
     if not path:
       continue
     if option == "--plot":
       path = args.plot = _plot_path(parser, path)
-    from jax_flashoverlap.bench_record import is_stream
     if is_stream(path):  # /dev/stdout, a FIFO: written through, once at the end
       if option == "--plot":
         parser.error(f"--plot {path}: a plot is a file, not a stream")

@@ -108,6 +108,9 @@ class GroupPlan:
   # "nccl", or "peer" (plan_peer.py: band_rows are the bands of one rank's block of
   # M / world rows for both collectives; comm_sms 0, the GEMM on every SM)
   transport: str = "nccl"
+  # Where the plan (and predicted_s) comes from: "cost_model", "tuned" (a config entry: its
+  # predicted_s is the tuner's measurement) or "forced". Not part of the plan's identity.
+  source: str = dataclasses.field(default="cost_model", compare=False)
 
   @property
   def num_groups(self) -> int:
@@ -214,19 +217,20 @@ def plan_time(collective: str, m: int, n: int, k: int, world: int, band_rows, co
   p = profile
   kern = kernel_geometry(m, n, comm_sms, transpose_w)
   unit_time = 2.0 * kern.block_m * kern.block_n * k / p.sm_flops * p.interference
-  tail = last_group_tail(collective, n, itemsize, p)
+  tail = last_group_tail(collective, n, itemsize, p.copy_bandwidth, p.all_reduce_in_place)
   return pipeline_time(
       band_rows, gemm_end_fn(collective, m, n, world, comm_sms, unit_time, k, transpose_w),
       lambda r0, r1: _comm_time(collective, _group_bytes(collective, r0, r1, n, world, itemsize),
                                 world, p, comm_sms)) + (tail(*band_rows[-2:]) if tail else 0.0)
 
 
-def last_group_tail(collective: str, n: int, itemsize: int, p):
+def last_group_tail(collective: str, n: int, itemsize: int, copy_bandwidth: float,
+                    in_place: bool = False):
   """(r0, r1) -> the time after the last group's communication that nothing hides: the
   all-reduce's copy of that group's rows out of the workspace (none in place); None when
-  there is none."""
-  if collective == "all_reduce" and not p.all_reduce_in_place:
-    return lambda r0, r1: (r1 - r0) * n * itemsize / p.copy_bandwidth
+  there is none. The cost model's and the tuner's (its measured copy bandwidth)."""
+  if collective == "all_reduce" and not in_place:
+    return lambda r0, r1: (r1 - r0) * n * itemsize / copy_bandwidth
   return None
 
 
@@ -418,7 +422,7 @@ def _best_bands(collective, m, n, k, world, itemsize, p, comm_sms, transpose_w) 
       gemm_end_fn(collective, m, n, world, comm_sms, unit_time, k, transpose_w),
       lambda r0, r1: _comm_time(collective, _group_bytes(collective, r0, r1, n, world, itemsize),
                                 world, p, comm_sms),
-      tail=last_group_tail(collective, n, itemsize, p))
+      tail=last_group_tail(collective, n, itemsize, p.copy_bandwidth, p.all_reduce_in_place))
   predicted = plan_time(collective, m, n, k, world, band_rows, comm_sms, itemsize, p,
                         transpose_w)
   baseline = baseline_time(collective, m, n, k, world, itemsize, p)
@@ -507,7 +511,7 @@ def plan_from_entry(collective: str, m: int, world: int, entry: dict) -> GroupPl
   plan = GroupPlan(collective, m // blocks, tuple(entry["band_rows"]), entry["comm_sms"],
                    entry.get("overlap", True),
                    entry.get("measured_ms", 0.0) / 1e3, entry.get("baseline_ms", 0.0) / 1e3,
-                   entry.get("cta_policy", "default"), transport)
+                   entry.get("cta_policy", "default"), transport, source="tuned")
   plan.validate(world)
   return plan
 
@@ -546,7 +550,7 @@ def choose_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: i
   if bands is not None:
     plan = dataclasses.replace(plan, band_rows=bands, predicted_s=plan_time(
         collective, m, n, k, world, bands, plan.comm_sms, itemsize, profile, transpose_w))
-  plan = dataclasses.replace(plan, overlap=forced_overlap)
+  plan = dataclasses.replace(plan, overlap=forced_overlap, source="forced")
   if forced_policy is not None:
     plan = dataclasses.replace(plan, cta_policy=forced_policy)
   plan.validate()

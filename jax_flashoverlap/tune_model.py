@@ -109,18 +109,10 @@ def predict(collective: str, m: int, n: int, world: int, band_rows, comm_sms: in
   t = plan_lib.pipeline_time(
       band_rows, plan_lib.gemm_end_fn(collective, m, n, world, comm_sms, unit, cal.k),
       lambda r0, r1: curve.time(blocks * (r1 - r0) * n * itemsize))
-  tail = copy_tail(collective, n, itemsize, cal)
-  if tail is not None:
+  tail = plan_lib.last_group_tail(collective, n, itemsize, cal.copy_bandwidth)
+  if tail is not None:  # the last group's copy to the output is exposed
     t += tail(*band_rows[-2:])
   return t + (len(band_rows) - 1) * cal.group_overhead_s.get(comm_sms, 0.0)
-
-
-def copy_tail(collective: str, n: int, itemsize: int, cal):
-  """(r0, r1) -> the all-reduce's last group's copy to the output, which nothing hides (the
-  search minimizes it with the rest: plan_search.best_cuts' tail); None for the others."""
-  if collective == "all_reduce":
-    return lambda r0, r1: (r1 - r0) * n * itemsize / cal.copy_bandwidth
-  return None
 
 
 def fit_op_runs(collective: str, m: int, n: int, world: int, comm_sms: int, runs,
@@ -221,7 +213,7 @@ def candidates(collective: str, m: int, n: int, world: int, cal: Calibration,
     curve = cal.comm[sms]
     gemm_end = plan_lib.gemm_end_fn(collective, m, n, world, sms, unit, cal.k)
     comm_time = lambda r0, r1, c=curve: c.time(blocks * (r1 - r0) * n * itemsize)
-    tail = copy_tail(collective, n, itemsize, cal)
+    tail = plan_lib.last_group_tail(collective, n, itemsize, cal.copy_bandwidth)
     add(sms, plan_lib.best_cuts(rows, step, gemm_end, comm_time, tail=tail), "dp")
     for g, bands in best_cuts_by_count(rows, step, gemm_end, comm_time, MAX_DP_GROUPS,
                                        tail=tail).items():

@@ -4,14 +4,9 @@ from __future__ import annotations
 
 from jax_flashoverlap import _compat, _ext  # noqa: F401
 from _bad_cases_common import *  # noqa: F401,F403  (the table's shared helpers)
+from _tuning_util import entry as _entry
 
 # ----------------------------------------------------------------------------- tuned configs
-
-def _entry(**kw):
-    e = dict(collective="all_reduce", dtype="bfloat16", m=1024, n=512, k=256, comm_sms=16,
-             band_rows=[0, 512, 1024])
-    e.update(kw)
-    return e
 
 
 def _config(t, body=None, *, raw=None, name="plans.json", **top):
