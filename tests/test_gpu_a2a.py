@@ -137,7 +137,7 @@ def test_collective_all_gather_matmul_vs_xla(M, N, K, comm_sms):
             kx, kw = jax.random.split(key)
             x, w = _normal(kx, (M, K)), _normal(kw, (K, N), K ** -0.5)
             errs.append(_rel_fro(ours(x, w), ref32(x, w)))
-    assert max(errs) < TOL, errs
+    assert all(e < TOL for e in errs), errs  # max() would skip a NaN (an unwritten tile)
     assert len(set(np.round(errs, 8))) > 1, "identical errors: the inputs were not fresh"
 
 

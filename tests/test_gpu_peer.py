@@ -136,8 +136,9 @@ def test_peer_stress_200_calls_fresh_inputs(kind):
         y, r = ours(x, w), ref32(x, w)
         return jnp.linalg.norm(y.astype(jnp.float32) - r) / jnp.linalg.norm(r)
 
-    errs = np.asarray(jax.device_get(jnp.stack([step(key) for key in
-                                                jax.random.split(jax.random.key(11), 200)])))
+    keys = jax.random.split(jax.random.key(11), 200)
+    _assert_peer_lowering(step, (keys[0],), kind)  # else NCCL's or XLA's path passes as well
+    errs = np.asarray(jax.device_get(jnp.stack([step(key) for key in keys])))
     assert np.all(np.isfinite(errs)), errs
     assert errs.max() < U.TOL, f"worst call {errs.argmax()}: {errs.max():.3e}"
     assert len(set(np.round(errs, 8))) > 1, "all errors identical: inputs were not fresh"
@@ -168,8 +169,8 @@ def test_peer_ops_in_scan_beside_xla_collectives():
     run = {o: jax.jit(shard_map(body(o), mesh, specs, P(None, "tp"))) for o in (True, False)}
     xs = jax.device_put(x, NamedSharding(mesh, specs[0]))
     wsd = jax.device_put(ws, NamedSharding(mesh, specs[1]))
-    text = run[True].lower(xs, wsd).as_text()
-    assert "transport = 1" in text and "@flashoverlap_gemm_reduce_scatter" in text
+    for kind in ("all_reduce", "reduce_scatter"):  # each op's call, not one of them
+        _assert_peer_lowering(run[True], (xs, wsd), kind)
     got, want = run[True](xs, wsd), run[False](xs, wsd)
     assert bool(jnp.all(jnp.isfinite(got)))
     assert U.rel_fro(got, want) < 3 * U.TOL
@@ -186,6 +187,7 @@ def test_all_reduce_stages_exactly_where_xla_memory_is_not_writable():
     writable = comm.peer_results_writable(comm.axis_groups(mesh, "tp"))
     ours, _, ref32, _ = _programs("all_reduce", mesh)
     x, w = _inputs(jax.random.key(23), mesh, 2048, 2048, 2048)
+    _assert_peer_lowering(ours, (x, w), "all_reduce")  # the registry holds earlier tests' too
     assert U.rel_fro(ours(x, w), ref32(x, w)) < U.TOL
     mine = [c for c in comm.list_communicators() if c["peer_recv_bytes"] > 0]
     assert len(mine) == 2 and all(c["peer_staged"] == (not writable) for c in mine), (writable, mine)
@@ -206,6 +208,8 @@ def test_all_reduce_with_granted_access_mirrors_into_xla_results(monkeypatch):
     ours, _, ref32, _ = _programs("all_reduce", mesh)
     for i in range(20):
         x, w = _inputs(jax.random.key(100 + i), mesh, 2048, 2048 + 256 * (i % 3), 2048)
+        if i < 3:  # each shape's program takes the peer stores
+            _assert_peer_lowering(ours, (x, w), "all_reduce")
         assert U.rel_fro(ours(x, w), ref32(x, w)) < U.TOL, i
     mine = [c for c in comm.list_communicators() if c["peer_recv_bytes"] > 0]
     assert len(mine) == 2 and all(c["peer_grants"] and not c["peer_staged"] for c in mine), mine
@@ -219,6 +223,7 @@ def test_peer_buffers_listed_once_per_device():
     ours, _, ref32, _ = _programs("reduce_scatter", mesh)
     m, n, k = 2048, 2048, 2048
     x, w = _inputs(jax.random.key(21), mesh, m, n, k)
+    _assert_peer_lowering(ours, (x, w), "reduce_scatter")  # the registry holds earlier tests' too
     assert U.rel_fro(ours(x, w), ref32(x, w)) < U.TOL
     mine = [c for c in comm.list_communicators() if c["peer_recv_bytes"] > 0]
     assert sorted(c["rank"] for c in mine) == [0, 1], mine
@@ -305,6 +310,7 @@ def test_peer_stores_refuse_a_group_of_one():
     x, w = _inputs(jax.random.key(2), mesh, 512, 1024, 1024)
     with pytest.warns(plan_peer.PeerStoresWarning, match="has 1 devices"):
         y = f(x, w)
+    U.assert_custom_call(f, (x, w), "flashoverlap_gemm_reduce_scatter")  # NCCL's, not XLA's
     ref = jax.jit(shard_map(lambda a, b: lax.psum_scatter(U.dot32(a, b), "tp", scatter_dimension=0,
                                                           tiled=True), mesh, IN_SPECS, P("tp", None)))
     assert U.rel_fro(y, ref(x, w)) < U.TOL

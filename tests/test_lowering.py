@@ -116,7 +116,7 @@ def _auto_abstract_mesh(sizes, names):
 _cuda_text, _custom_call_lines = lower_for_cuda, custom_call_lines
 
 
-def _check_cuda_lowering(text, name, per_device_out):
+def _check_cuda_lowering(text, name, per_device_out, world):
     target = PRIMITIVE_NAMES[name]
     lines = _custom_call_lines(text, target)
     assert lines, f"no custom_call to {target} in CUDA lowering:\n{text}"
@@ -125,6 +125,9 @@ def _check_cuda_lowering(text, name, per_device_out):
                 + (["comm_id"] if name != "matmul" else []))
     for attr in required:
         assert re.search(rf"\b{attr}\b", call), f"attribute {attr} missing from:\n{call}"
+    if name != "matmul":  # the ranks of the reduced axis, not of the whole mesh
+        found = re.findall(r"\bworld_size\s*=\s*(\d+)", call)
+        assert found == [str(world)] * len(lines), f"world_size {found} != {world}:\n{call}"
     M, N = per_device_out
     assert f"tensor<{M}x{N}xbf16>" in call, f"per-device result {M}x{N}xbf16 not in:\n{call}"
 
@@ -143,7 +146,7 @@ def test_cuda_lowering_cpu_mesh(fo, no_fallback, name):
     mesh = make_mesh_1d(4)
     f, args = _program(fo, name, mesh, size=LARGE)
     text = _cuda_text(f, args)
-    _check_cuda_lowering(text, name, _per_device_out(name, 4, args))
+    _check_cuda_lowering(text, name, _per_device_out(name, 4, args), 4)
 
 
 @pytest.mark.parametrize("name", OPS)
@@ -153,7 +156,7 @@ def test_cuda_lowering_default_settings_two_devices(fo, monkeypatch, name):
     monkeypatch.delenv("JAX_FLASHOVERLAP_FORCE_REFERENCE", raising=False)
     size = dict(M=4096, K_local=4096, N=8192)
     f, args = _program(fo, name, make_mesh_1d(2), size=size)
-    _check_cuda_lowering(_cuda_text(f, args), name, _per_device_out(name, 2, args))
+    _check_cuda_lowering(_cuda_text(f, args), name, _per_device_out(name, 2, args), 2)
 
 
 @pytest.mark.parametrize("name", OPS)
@@ -161,7 +164,7 @@ def test_cuda_lowering_abstract_mesh(fo, no_fallback, name):
     mesh = _auto_abstract_mesh((4,), ("tp",))
     f, args = _program(fo, name, mesh, size=LARGE)
     text = _cuda_text(f, args)
-    _check_cuda_lowering(text, name, _per_device_out(name, 4, args))
+    _check_cuda_lowering(text, name, _per_device_out(name, 4, args), 4)
 
 
 @pytest.mark.parametrize("name", ["all_reduce", "reduce_scatter"])
@@ -171,7 +174,7 @@ def test_cuda_lowering_2d_mesh(fo, no_fallback, name):
     f, args = _program(fo, name, mesh, tp_only_2d=True, size=LARGE)
     text = _cuda_text(f, args)
     M, N = args[0].shape[0] // 2, args[1].shape[1]
-    _check_cuda_lowering(text, name, (M // 4 if name == "reduce_scatter" else M, N))
+    _check_cuda_lowering(text, name, (M // 4 if name == "reduce_scatter" else M, N), 4)
 
 
 def test_cuda_lowering_distinct_comm_ids_per_axis(fo, no_fallback):
