@@ -26,6 +26,7 @@ kernels with Llama-3-8B-like layer sizes.
 
 import argparse
 import json
+import os
 import time
 
 import _devices  # examples/_devices.py (this script's folder is on sys.path)
@@ -193,8 +194,10 @@ def main():
   ap.add_argument("--sequence-parallel", action="store_true",
                   help="Megatron sequence parallelism: tokens sharded over tp between layers "
                   "(all_gather_matmul / matmul_reduce_scatter)")
-  ap.add_argument("--json", help="write step times, losses and the row-parallel ops' own "
-                  "times (ours vs XLA dot + psum at this model's shapes) to this file")
+  ap.add_argument("--json", help="write step times, losses and the GEMM + collective pairs' "
+                  "own times (ours vs XLA's dot + collective at this model's shapes: the "
+                  "row-parallel ones, and with --sequence-parallel / --overlap-backward the "
+                  "column layers' and the backward's too) to this file")
   args = ap.parse_args()
 
   if not 0 <= args.tp <= len(jax.devices()):
@@ -202,6 +205,16 @@ def main():
              f"got {args.tp}")
   if min(args.steps, args.batch, args.seq, args.dim, args.heads, args.ffn, args.layers) < 1:
     ap.error("--steps, --batch, --seq, --dim, --heads, --ffn and --layers must be at least 1")
+  if not (np.isfinite(args.lr) and np.isfinite(args.rtol) and args.rtol >= 0):
+    ap.error(f"--lr must be finite and --rtol finite and >= 0, got --lr {args.lr} "
+             f"--rtol {args.rtol}")
+  if args.json and args.steps < 2:  # the median step would be step 0, compile included
+    ap.error("--json needs --steps >= 2 (step 0 includes compiling; the report's median "
+             "step is over steps 1..)")
+  if args.json and (os.path.isdir(args.json) or
+                    not os.path.isdir(os.path.dirname(os.path.abspath(args.json)))):
+    ap.error(f"--json {args.json}: not a file in an existing folder (checked before "
+             "training, not after it)")
   devices = jax.devices()[:args.tp or None]
   tp = len(devices)
   mesh = Mesh(np.array(devices), (AXIS,))
@@ -258,16 +271,25 @@ def main():
       run[1:] = [params, opt_state]
       loss[impl] = l
     rel = abs(loss["fo"] - loss["xla"]) / max(abs(loss["xla"]), 1e-12)
-    worst = max(worst, rel)
+    worst = worst_of(worst, rel)  # a NaN (a loss NaN or inf) is kept: never an "OK"
     history.append({"step": i, "loss": loss, "ms": ms})
     print(f"step {i:3d}  loss fo {loss['fo']:.6f}  xla {loss['xla']:.6f}  rel diff {rel:.1e}  "
           f"time fo {ms['fo']:9.2f} ms  xla {ms['xla']:9.2f} ms"
           + ("  (includes compile)" if i == 0 else ""))
-  if not np.isfinite(worst) or worst > args.rtol:
+  if not np.isfinite(worst):
+    raise SystemExit(f"FAILED: a loss is not finite (NaN or inf: the relative difference is "
+                     f"{worst}); the two runs cannot be compared (diverged? lower --lr)")
+  if worst > args.rtol:
     raise SystemExit(f"FAILED: losses differ by {worst:.2e} (relative) > {args.rtol}")
   print(f"OK: losses match (max relative difference {worst:.1e})")
   if args.json:
     write_report(args, mesh, history, worst)
+
+
+def worst_of(a, b):
+  """The larger difference; NaN if either is (Python's max(0.1, nan) is 0.1: a step whose
+  losses were NaN made the run print "OK: losses match")."""
+  return float("nan") if a != a or b != b else max(a, b)
 
 
 def _op_pairs(args):
@@ -352,8 +374,11 @@ def row_parallel_op_times(args, mesh):
 
 def write_report(args, mesh, history, worst):
   """Step times (median over steps 1.., step 0 compiles) and what the overlap should save: the
-  time difference of the block's GEMM + all-reduce pairs, ours vs XLA's, x layers."""
-  steady = history[1:] or history
+  time difference of the block's GEMM + collective pairs (`_op_pairs`), ours vs XLA's, x
+  layers. The pairs are under "row_parallel_ops" (the key of earlier reports; with
+  --sequence-parallel or --overlap-backward it holds the column layers' and the backward's
+  pairs too)."""
+  steady = history[1:]  # --json needs --steps >= 2
   med = {impl: float(np.median([h["ms"][impl] for h in steady])) for impl in ("fo", "xla")}
   ops = row_parallel_op_times(args, mesh)
   expected = args.layers * sum(o["xla_ms"] - o["fo_ms"] for o in ops.values())
@@ -367,7 +392,8 @@ def write_report(args, mesh, history, worst):
     json.dump(report, f, indent=1, default=str)
   print(f"median step: fo {med['fo']:.2f} ms, xla {med['xla']:.2f} ms (xla/fo "
         f"{report['step_ratio_xla_over_fo']:.3f}); saving {report['step_saving_ms']:.2f} ms, "
-        f"expected from the row-parallel ops {expected:.2f} ms")
+        f"expected from the ops' own times ({', '.join(ops)}; x {args.layers} layers) "
+        f"{expected:.2f} ms")
 
 
 if __name__ == "__main__":

@@ -34,9 +34,10 @@ def _shape_dtype(op, name, value):
   return tuple(shape), jnp.dtype(dtype)
 
 
-def check_operands(op: str, x, w, *, x_rank: str = ">=2", transpose_w: bool = False) -> tuple:
-  """Validates x [..., K] (or exactly [M, K] when x_rank == "2") and w [K, N] (or [N, K]
-  when transpose_w).
+def check_operands(op: str, x, w, *, x_rank: str = ">=2", transpose_w: bool = False,
+                   x_rank_why: str = "") -> tuple:
+  """Validates x [..., K] (or exactly [M, K] when x_rank == "2", the message then adding
+  x_rank_why) and w [K, N] (or [N, K] when transpose_w).
 
   Returns (m, k, n) with m the product of x's leading dims.
   """
@@ -54,7 +55,7 @@ def check_operands(op: str, x, w, *, x_rank: str = ">=2", transpose_w: bool = Fa
   if len(ws) != 2:
     raise ValueError(f"{op}: w must be a 2-D weight {layout}, got shape {ws}")
   if x_rank == "2" and len(xs) != 2:
-    raise ValueError(f"{op}: x must be 2-D [M, K], got shape {xs}")
+    raise ValueError(f"{op}: x must be 2-D [M, K]{x_rank_why}, got shape {xs}")
   if len(xs) < 2:
     raise ValueError(f"{op}: x must have at least 2 dims [..., K], got shape {xs}")
   n, k = ws if transpose_w else ws[::-1]

@@ -184,8 +184,12 @@ def matmul_all_to_all(x, w, axis_name, *, split_axis: int = 0, concat_axis: int 
                                                                          concat_axis)
   transpose_w = _validation.check_transpose_w(op, transpose_w)
   rowwise = split_axis == 0 and concat_axis == 0
-  _, k, n = _validation.check_operands(op, x, w, x_rank=">=2" if rowwise else "2",
-                                       transpose_w=transpose_w)
+  # Only (0, 0) takes x [..., K] (its rows the flattened leading dims); say why the others
+  # do not, as the op takes [..., K] elsewhere (the message named no split / concat axis).
+  _, k, n = _validation.check_operands(
+      op, x, w, x_rank=">=2" if rowwise else "2", transpose_w=transpose_w,
+      x_rank_why=(f" with split_axis={split_axis}, concat_axis={concat_axis} (only "
+                  "split_axis=concat_axis=0 takes x [..., K])"))
   world = _validation.check_axis_name(op, axis_name)
   _validation.check_comm_sms(op, comm_sms)
   if split_axis == 0 and x.shape[0] % world:

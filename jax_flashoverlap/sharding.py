@@ -372,14 +372,25 @@ def _warn_if_moved_after(k_axis, mesh, produced, result_shape, sequence_dim):
 def _needs_data_from_others(produced, wanted, shape) -> bool:
   """Whether some device's block in `wanted` is not inside its block in `produced` (a local
   slice is free; anything else is communication)."""
-  have = produced.devices_indices_map(shape)
-  for device, want in wanted.devices_indices_map(shape).items():
-    for w, h, n in zip(want, have[device], shape):
-      w0, w1, _ = w.indices(n)
-      h0, h1, _ = h.indices(n)
-      if w0 < h0 or w1 > h1:
+  have = _blocks(produced, shape)
+  for device, want in _blocks(wanted, shape).items():
+    for (w0, w1), (h0, h1) in zip(want, have[device]):
+      if w1 > w0 and (w0 < h0 or w1 > h1):
         return True
   return False
+
+
+def _blocks(sharding, shape) -> dict:
+  """Each device's block of `shape` under `sharding`, as (start, stop) per dim, uneven
+  layouts included: a dim its tiles do not divide is padded by XLA to whole blocks of
+  ceil(size / tiles), the last ones partly or wholly empty (`devices_indices_map` raises
+  IndivisibleError there, which failed the whole partitioner with JAX's INTERNAL error)."""
+  probe = sharding.devices_indices_map((len(sharding.device_set),) * len(shape))
+  tiles = [len({index[i].start or 0 for index in probe.values()}) for i in range(len(shape))]
+  padded = tuple(t * -(-n // t) for t, n in zip(tiles, shape))
+  return {device: tuple((min(s.indices(p)[0], n), min(s.indices(p)[1], n))
+                        for s, p, n in zip(index, padded, shape))
+          for device, index in sharding.devices_indices_map(padded).items()}
 
 
 def _sdy_rule(reduce, axis_name, sequence_dim, transpose_w, mesh, value_types, result_types):

@@ -269,3 +269,16 @@ def test_plan_is_valid_and_deterministic(split, m, n, k, world):
     assert p.comm_sms in plan_a2a._comm_sms_candidates(m, n, plan_a2a.DEFAULT_PROFILE)
     assert 8 <= p.comm_sms <= 16
     assert p.predicted_s > 0 and p.baseline_s > 0
+
+
+@pytest.mark.parametrize("split,concat", [(1, 0), (0, 1), (1, 1)], ids=AXES_IDS[1:])
+def test_columns_need_2d_x_says_which_axes(fo, split, concat):
+    """The op takes x [..., K] for (0, 0) only; the error for the other axes said just "x must
+    be 2-D [M, K]", naming neither split_axis / concat_axis nor the (0, 0) that takes x of rank 3."""
+    body = lambda a, b: fo.matmul_all_to_all(a, b, "tp", split_axis=split, concat_axis=concat)
+    f = shard_map(body, make_mesh_1d(4), (P("tp", None, None), P()), P("tp", None, None))
+    want = (rf"x must be 2-D \[M, K\] with split_axis={split}, concat_axis={concat} \(only "
+            r"split_axis=concat_axis=0 takes x \[\.\.\., K\]\), got shape \(4, 2, 16\)")
+    with pytest.raises(ValueError, match=want):
+        jax.jit(f).trace(jax.ShapeDtypeStruct((16, 2, 16), jnp.bfloat16),
+                         jax.ShapeDtypeStruct((16, 32), jnp.bfloat16))

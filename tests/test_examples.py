@@ -247,3 +247,78 @@ def test_examples_reject_bad_arguments(name, args, code, message):
   assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
   assert message in proc.stdout + proc.stderr, proc.stderr
   assert "Traceback" not in proc.stderr and "OK" not in proc.stdout
+
+
+def _run_example_raw(name, *args):
+  """(returncode, stdout, stderr) of an example on 8 simulated CPU devices."""
+  env = repo_env()
+  env["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=8 "
+                      "--xla_backend_optimization_level=0")
+  env.setdefault("JAX_PLATFORMS", "cpu")
+  proc = subprocess.run([sys.executable, str(ROOT / "examples" / name), *args], cwd=ROOT,
+                        env=env, capture_output=True, text=True, timeout=240)
+  return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_tp_block_diverged_losses_fail_instead_of_ok():
+  """--lr 1e30 makes both runs' losses NaN from step 1 on: the relative difference is NaN,
+  which max() dropped, and the example printed "OK: losses match" (the check that our layers
+  agree with XLA's passed on NaN losses, as it would on a NaN from our op)."""
+  pytest.importorskip("flax")
+  code, out, err = _run_example_raw(
+      "tp_transformer_block.py", "--lr", "1e30", "--steps", "2", "--layers", "1", "--batch",
+      "2", "--seq", "16", "--dim", "64", "--heads", "8", "--ffn", "128")
+  assert "loss fo nan" in out, out  # the premise: the run diverged
+  assert code == 1 and "OK" not in out, (code, out, err)
+  assert "FAILED: a loss is not finite" in err, err
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--lr", "nan"), "--lr must be finite"),
+    (("--rtol", "-1"), "--rtol finite and >= 0"),  # always FAILED after the whole run
+    (("--json", "/nonexistent_folder/report.json"), "not a file in an existing folder"),
+    # the report's "median step" was step 0's time, compile included
+    (("--json", "{tmp}/report.json", "--steps", "1"), "--json needs --steps >= 2"),
+])
+def test_tp_block_rejects_bad_float_flags_and_json_path_before_training(args, message,
+                                                                         tmp_path):
+  """Before: --lr nan trained NaNs, --rtol -1 failed every run after training, a --json in a
+  missing folder raised FileNotFoundError's traceback after the whole run, and --json with
+  --steps 1 reported step 0 (compile included) as the median step."""
+  pytest.importorskip("flax")
+  args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+  code, out, err = _run_example_raw("tp_transformer_block.py", *args)
+  assert code == 2 and message in err, (code, out, err)
+  assert "Traceback" not in err and "step" not in out
+
+
+def test_global_view_jit_fails_on_a_nan_error(monkeypatch, capsys):
+  """A NaN relative error (an op returning NaN) must fail the example: max() over the three
+  errors dropped a NaN that was not first, and `NaN >= 1e-2` is False, so it printed "OK"."""
+  pytest.importorskip("flax")
+  import jax.numpy as jnp
+  example = load_example("global_view_jit.py", monkeypatch)
+  nan = lambda h, w, **kw: (h @ w) * jnp.nan  # laid out as XLA's dot
+  monkeypatch.setattr(example.fo, "row_parallel_matmul", nan)  # the first of the three MLPs
+  monkeypatch.setattr(sys, "argv", ["global_view_jit.py", "--m", "64", "--d", "64", "--f",
+                                    "128", "--iters", "1"])
+  with pytest.raises(SystemExit, match="FAILED: relative error nan"):
+    example.main()
+  assert not capsys.readouterr().out.rstrip().endswith("OK")
+
+
+def test_tp_block_report_line_names_every_pair_it_sums(tmp_path):
+  """The saving the report expects sums every GEMM + collective pair it timed: with
+  --sequence-parallel the column layers' all-gathers too. The line said "expected from the
+  row-parallel ops" whatever it summed."""
+  pytest.importorskip("flax")
+  code, out, err = _run_example_raw(
+      "tp_transformer_block.py", "--steps", "2", "--layers", "1", "--batch", "2", "--seq", "16",
+      "--dim", "64", "--heads", "8", "--ffn", "128", "--sequence-parallel", "--json",
+      str(tmp_path / "sp.json"))
+  assert code == 0, (out, err)
+  d = json.loads((tmp_path / "sp.json").read_text())
+  assert set(d["row_parallel_ops"]) == {"attention_out", "mlp_down", "qkv", "gate_up"}
+  assert "row-parallel ops" not in out, out
+  assert ("expected from the ops' own times (attention_out, mlp_down, qkv, gate_up; x 1 "
+          "layers)") in out, out

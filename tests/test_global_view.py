@@ -442,3 +442,34 @@ def test_reduce_scatter_wanted_replicated_warns(fo, rng, case):
     else:
         assert not said, said
         assert colls == ["reduce-scatter"], colls
+
+
+# x's rows that the data-parallel axis does not divide (10 rows over dp=4, a layout XLA pads:
+# blocks of 3, 3, 3, 1): the reduce-scatter's partitioner compared the layout the program
+# wants (P(dp, None), uneven) with the op's through devices_indices_map, which raises
+# IndivisibleError there, and the whole compile failed with JAX's `INTERNAL: custom_partitioner:
+# ... IndivisibleError` (XLA's own x @ w takes the layout). Now: XLA's values and the warning.
+@pytest.mark.parametrize("rows", [10, 6, 18])
+def test_reduce_scatter_rows_uneven_over_dp_give_xla_values(fo, rng, rows):
+    import warnings
+
+    from _util import make_mesh_2d
+
+    mesh = make_mesh_2d(4, 2)
+    x = rand(rng, (rows, 32), jnp.bfloat16)
+    w = rand(rng, (32, 16), jnp.bfloat16, scale=32 ** -0.5)
+
+    @jax.jit
+    def f(a, b):
+        a = jax.lax.with_sharding_constraint(a, NamedSharding(mesh, P("dp", "tp")))
+        b = jax.lax.with_sharding_constraint(b, NamedSharding(mesh, P("tp", None)))
+        return fo.row_parallel_matmul(a, b, "reduce_scatter", axis_name="tp")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the layout warning (the output is wanted over dp)
+        out = f(x, w)
+        grads = jax.grad(lambda a, b: jnp.sum(jnp.sin(f(a, b).astype(jnp.float32))), (0, 1))(x, w)
+    check_against_refs(out, _xla(x, w), _np(x, w))
+    want = jax.grad(lambda a, b: jnp.sum(jnp.sin((a @ b).astype(jnp.float32))), (0, 1))(x, w)
+    for got, ref in zip(grads, want):
+        assert_rel_fro(got, f32(ref))
