@@ -110,4 +110,5 @@ def summary(rows: list, targets=TARGETS) -> dict:
 def summary_line(summ: dict, issues: str = "#4, #5") -> str:
   parts = [f"{t} {v['met']}/{v['of']}" for t, v in summ.items() if v["of"]]
   return (f"issue targets ({issues}): " + ", ".join(parts)) if parts else (
-      f"issue targets ({issues}): none apply (2 GPUs, bfloat16)")
+      f"issue targets ({issues}): none apply to this run (they are judged on 2 GPUs, bfloat16, "
+      "only)")
