@@ -132,6 +132,13 @@ def failed_values(errors: dict, what: str) -> dict:
   return bad
 
 
+def worst_error(errors) -> float:
+  """The largest of the errors, NaN if any is (Python's max() drops a NaN it meets second):
+  for the summary lines, which must not print a small error beside a failed value check."""
+  errors = list(errors)
+  return next((e for e in errors if e != e), max(errors, default=float("nan")))
+
+
 def _drop_failed(variants: dict, bad: dict, keep=("ours",)) -> None:
   """Leaves the wrong variants out of the timing, except `keep` (timed, flagged)."""
   for v in bad:

@@ -69,8 +69,8 @@ def bench_gemm(args) -> dict:
 
 def _gemm_line(row):
   ratios = " ".join(f"{v}={r:.3f}" for v, r in row["ratio_xla_over_ours"].items())
-  errs = max(row["rel_error"].values())
-  errs32 = max(row["rel_error_vs_f32"].values())
+  errs = bench.worst_error(row["rel_error"].values())
+  errs32 = bench.worst_error(row["rel_error_vs_f32"].values())
   return (f"{row['m']}x{row['n']}x{row['k']}: xla {row['times_ms']['xla_dot']:.3f} ms  "
           f"xla/ours {ratios}  max rel err vs XLA {errs:.1e}, vs f32 {errs32:.1e}")
 
@@ -109,5 +109,5 @@ def bench_sweep(args) -> dict:
     bench.say(f"{collective:14s} {pb.m}x{pb.n}x{pb.k}: xla {t['xla_dot_collective']:.3f} ms | " +
           " ".join(f"{v}={t[v]:.3f}" for v in t if v != "xla_dot_collective") +
           f" | best {best} x{row['best_speedup']:.3f} | max err vs f32 "
-          f"{max(errors.values()):.1e}")
+          f"{bench.worst_error(errors.values()):.1e}")
   return {"kind": "sweep", "rows": rows}

@@ -2,6 +2,7 @@
 verdict computed from the row, None where a target does not apply, and the pair ceilings the
 same numbers docs/DESIGN.md measured."""
 import json
+import math
 import pathlib
 import re
 
@@ -141,3 +142,16 @@ def test_the_all_to_all_and_all_gather_targets():
     rows = [dict(row, **BT.evaluate_a2a_row(dict(row, failed_value_check={})))]
     assert BT.summary_line(BT.summary(rows, BT.A2A_TARGETS), "#9") == (
         "issue targets (#9): speedup_at_least_1 1/1, efficiency_at_least_0.5 0/1")
+
+
+def test_summary_lines_show_a_nan_error_not_a_smaller_one():
+    """The gemm / sweep lines print the worst error; max() over [1e-3, nan] gives 1e-3, which
+    beside a failed value check read as a small error."""
+    from jax_flashoverlap import bench, bench_gemm
+    assert math.isnan(bench.worst_error([1e-3, float("nan"), 2e-3]))
+    assert bench.worst_error([1e-3, 4e-3, 2e-3]) == 4e-3
+    row = {"m": 8, "n": 8, "k": 8, "times_ms": {"xla_dot": 1.0},
+           "ratio_xla_over_ours": {"ours_sms0": 1.0},
+           "rel_error": {"ours_sms0": 1e-3, "ours_sms8": float("nan")},
+           "rel_error_vs_f32": {"ours_sms0": 1e-3, "ours_sms8": 2e-3}}
+    assert "max rel err vs XLA nan, vs f32 2.0e-03" in bench_gemm._gemm_line(row)
