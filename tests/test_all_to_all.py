@@ -6,7 +6,6 @@ cross-lowering (no GPU needed).
 """
 import re
 
-import numpy as np
 import pytest
 
 import jax

@@ -14,8 +14,6 @@ import ast
 import subprocess
 import sys
 
-import pytest
-
 from _util import REPO, repo_env
 import _gpu_util as U
 
