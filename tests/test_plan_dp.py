@@ -1,6 +1,7 @@
 """The group plan's dynamic programming (plan_search.best_cuts, cuts_by_count) against scalar
 reference implementations written here, and the default plan where the 64-group cap binds
 (large M: the search used to drop the extensions past the cap and return far worse plans)."""
+import dataclasses
 import math
 import random
 
@@ -200,3 +201,52 @@ def test_the_all_to_all_plan_counts_its_concat_axis_1_copies():
   plan = A.choose_a2a_plan(m, n, k, world, 0, 1)
   assert plan.predicted_s <= A.a2a_plan_time(m, n, k, world, 0, 1, (0, 512, 4864, 4878),
                                              plan.comm_sms) * (1 + 1e-9)
+
+
+def test_bus_bandwidth_below_the_first_calibrated_cta_count_is_proportional():
+  """Fewer CTAs than the table's first point run proportionally slower (a cap of 4 is half
+  the 8-CTA bandwidth), not as fast as 8: the model would otherwise pick starved caps."""
+  table = ((8, 240e9), (16, 300e9))
+  assert P._busbw(table, 4) == pytest.approx(120e9)
+  assert P._busbw(table, 8) == pytest.approx(240e9)
+  assert P._busbw(table, 12) == pytest.approx(270e9)
+  assert P._busbw(table, 64) == pytest.approx(300e9)
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter"])
+def test_baseline_uses_xlas_bandwidth_of_its_own_collective(collective):
+  """XLA's dot + all-reduce / reduce-scatter (the baseline the plan must beat), each at its
+  own bus bandwidth: the reduce-scatter's is not the all-reduce's."""
+  m, n, k, world = 8192, 8192, 4096, 4
+  p = P.MachineProfile(xla_all_reduce_busbw=100e9, xla_reduce_scatter_busbw=400e9)
+  gemm = 2.0 * m * n * k / (p.sm_flops * P.NUM_SMS)
+  nbytes = m * n * 2
+  wire = (nbytes * 2 * (world - 1) / world / 100e9 if collective == "all_reduce"
+          else nbytes * (world - 1) / world / 400e9)
+  assert P.baseline_time(collective, m, n, k, world, 2, p) == pytest.approx(
+      gemm + p.comm_latency + wire, rel=1e-12)
+
+
+@pytest.mark.parametrize("collective, in_place, charged", [
+    ("all_reduce", False, True), ("all_reduce", True, False), ("reduce_scatter", False, False)])
+def test_plan_time_charges_the_last_bands_copy_out_only_from_the_workspace(
+    collective, in_place, charged):
+  """plan_time (the predicted_s the fallback compares) adds the all-reduce's last copy out of
+  the workspace (last band's bytes / copy bandwidth); in place on XLA's output, or for a
+  reduce-scatter, there is none."""
+  m, n, k, world, bands = 8192, 8192, 4096, 2, (0, 2048, 6144, 8192)
+  base = P.MachineProfile(all_reduce_in_place=in_place)
+  slow = dataclasses.replace(base, copy_bandwidth=1e11)
+  fast = dataclasses.replace(base, copy_bandwidth=1e30)
+  extra = (P.plan_time(collective, m, n, k, world, bands, 16, profile=slow)
+           - P.plan_time(collective, m, n, k, world, bands, 16, profile=fast))
+  want = (8192 - 6144) * n * 2 / 1e11 if charged else 0.0
+  assert extra == pytest.approx(want, rel=1e-9, abs=1e-15)
+
+
+@pytest.mark.parametrize("units", [1025, 1500, 2047, 2048, 5000])
+def test_cut_grid_stays_within_max_cuts(units):
+  """Past MAX_CUTS units the step coarsens enough to stay within MAX_CUTS candidate cuts (the
+  DP's cost grows as their square): a floor instead of a ceiling left up to 2x as many."""
+  cuts = S.cut_grid(units * 128, 128)
+  assert len(cuts) - 1 <= S.MAX_CUTS and cuts[0] == 0 and cuts[-1] == units * 128

@@ -185,3 +185,22 @@ def test_tuner_raises_each_comm_sms_to_its_wave_aligned_value():
         assert len(got) == len(set(got)) and got == sorted(got)
         assert all(P.gemm_waves(m, n, s) == P.gemm_waves(m, n, c)
                    for s, c in zip(got, [8, 12, 16]))
+
+
+def test_wide_tiles_from_exactly_one_full_wave():
+  """ChooseTileShape (signaling_gemm.cu) takes the 128x256 clusters once the wide tiles fill
+  one wave, `wide_tiles >= usable`: at exactly one wave the model must agree (the plan's cut
+  step and waves follow the shape)."""
+  usable = P.NUM_SMS - 8                       # 124
+  n = 512                                      # 2 wide tiles per 128 rows
+  m = 128 * usable // 2                        # wide_tiles == usable
+  assert P.kernel_geometry(m, n, 8) == P.KernelGeometry(128, 256, 2, usable // 2)
+  assert P.kernel_geometry(m - 128, n, 8) == P.KernelGeometry(128, 128, 1, usable)
+
+
+def test_wave_aligned_comm_sms_never_passes_the_most_sms_a_call_may_leave():
+  """Raising comm_sms stops at the GEMM's last 2-SM cluster (MAX_COMM_SMS), whatever limit is
+  asked (tune --comm-sms 128 asks up to 136): 3 wide tiles take 3 waves on one cluster from
+  129 SMs left to 130; at 131 the grid would be empty (and the plan invalid)."""
+  assert P.wave_aligned_comm_sms(128, 768, 129, 200) == P.MAX_COMM_SMS
+  assert P.wave_aligned_comm_sms(128, 768, 129, 129) == 129

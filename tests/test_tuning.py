@@ -61,6 +61,26 @@ def test_forced_override_and_explicit_comm_sms():
     assert P.choose_plan("all_reduce", 8192, 8192, 4096, 2, comm_sms=8).comm_sms == 8
 
 
+def test_forced_cta_policy_reaches_the_plan():
+    """forced(cta_policy=...) sets the communicator's CTA policy of the plans lowered inside
+    (tuning's CTA-policy round times each policy through it); outside, the plan's own."""
+    with P.forced(cta_policy="zero"):
+        plan = P.choose_plan("all_reduce", 8192, 8192, 4096, 2)
+    assert plan.cta_policy == "zero" and plan.source == "forced"
+    with P.forced(num_groups=2, cta_policy="efficiency"):
+        assert P.choose_plan("reduce_scatter", 8192, 8192, 4096, 2).cta_policy == "efficiency"
+    assert P.choose_plan("all_reduce", 8192, 8192, 4096, 2).cta_policy == "default"
+
+
+def test_in_place_does_not_skip_a_reduce_scatters_tuned_plan(user_dir):
+    """in_place is the all-reduce's (on XLA's output, which tuned plans were not measured
+    with); a reduce-scatter asked with it still takes its tuned entry."""
+    _write(user_dir / "rs.json", [_entry(collective="reduce_scatter", band_rows=[0, 256, 512],
+                                         comm_sms=12)])
+    plan = P.choose_plan("reduce_scatter", 1024, 512, 256, 2, gpu=H200, in_place=True)
+    assert plan.source == "tuned" and plan.band_rows == (0, 256, 512) and plan.comm_sms == 12
+
+
 def test_shipped_h200_config_is_valid_and_used(user_dir):
     shipped = sorted(tuning.PACKAGE_DIR.glob("*.json"))
     assert shipped, "no package-shipped config"
@@ -90,6 +110,8 @@ BAD = {
     "bands_not_ending_at_rows": [_entry(band_rows=[0, 512, 1000])],
     "bands_not_increasing": [_entry(band_rows=[0, 512, 512, 1024])],
     "too_many_groups": [_entry(band_rows=list(range(0, 1025, 8)))],
+    # 65 groups, one over the kernel's kMaxGroups counters (a bound off by one let it load).
+    "one_group_over_the_cap": [_entry(band_rows=list(range(0, 513, 8)) + [1024])],
     "comm_sms_out_of_range": [_entry(comm_sms=200)],
     "bad_collective": [_entry(collective="all_sum")],
     "bad_dtype": [_entry(dtype="float32")],
@@ -136,6 +158,15 @@ def test_bad_config_file_is_an_error_naming_the_file(user_dir, case):
         _write(path, body)
     with pytest.raises(tuning.ConfigError, match=case):
         tuning.lookup(H200, 2, "all_reduce", "bfloat16", 1024, 512, 256)
+
+
+def test_an_entry_of_exactly_max_groups_loads(user_dir):
+    """64 groups (kMaxGroups) is the largest plan: it loads, one more does not (BAD)."""
+    bands = list(range(0, 505, 8)) + [1024]
+    assert len(bands) - 1 == P.MAX_GROUPS
+    _write(user_dir / "cap.json", [_entry(band_rows=bands)])
+    plan = P.choose_plan("all_reduce", 1024, 512, 256, 2, gpu=H200)
+    assert plan.num_groups == P.MAX_GROUPS and plan.source == "tuned"
 
 
 def test_all_gather_entry_of_xla_composition_may_have_no_sms(user_dir):
@@ -254,6 +285,10 @@ def test_a_rewrite_within_one_clock_tick_is_seen(user_dir):
     (dict(transport="peer", comm_sms=0, band_rows=[0, 512]), 4, "must start at 0 and end at 256"),
     (dict(transport="peer", comm_sms=0, band_rows=[0, 32]), 32,
      "transport 'peer' needs world_size 2 to 8, the file is for 32"),
+    # The peer launch runs every rank block's bands: 8 blocks x 9 bands = 72 counters > 64,
+    # although 9 bands alone are within MAX_GROUPS.
+    (dict(transport="peer", comm_sms=0, band_rows=list(range(0, 65, 8)) + [128]), 8,
+     "at most 8 bands per block at world size 8 (got 9)"),
 ])
 def test_peer_entries_are_checked(user_dir, entry, world, message):
     _write(user_dir / "peer.json", [_entry(**entry)], world_size=world)
