@@ -303,6 +303,18 @@ def test_forced_chunks(fo, monkeypatch):
         assert not _calls(_cuda_text(fo, 2, (2048, 4096), (4096, 4096)))
 
 
+def test_forced_comm_sms_and_chunks_reach_the_plans():
+    """forced(comm_sms=...) sets both ops' plans (neither default here is 12), and forced
+    chunks past the kernel's 64 flags (2 ranks x 64) are refused, not lowered."""
+    from jax_flashoverlap import plan_a2a
+    with plan_a2a.forced(comm_sms=12):
+        assert plan_a2a.choose_a2a_plan(4096, 8192, 4096, 2, 0, 0).comm_sms == 12
+        assert plan_a2a.choose_all_gather_plan(4096, 8192, 8192, 2).comm_sms == 12
+    with plan_a2a.forced(chunks=64):
+        with pytest.raises(ValueError, match=r"world \* chunks must be <= 64"):
+            plan_a2a.choose_all_gather_plan(4096, 8192, 8192, 2)
+
+
 def test_forced_collective_gather_uses_its_own_communicators(fo, monkeypatch):
     """The collective gather lowers with chunks 1 onto a collective CTA-policy-ZERO
     communicator: another comm_id than the point-to-point one of the same comm_sms."""
@@ -357,13 +369,22 @@ def test_cpu_lowering_is_reference(fo):
 # ------------------------------------------------------------------ plan
 
 @pytest.mark.parametrize("rows,n,k,world", [(2048, 4096, 8192, 2), (4096, 14336, 4096, 2),
-                                            (1000, 1024, 256, 4), (512, 8192, 8192, 8)])
+                                            (1000, 1024, 256, 4), (512, 8192, 8192, 8),
+                                            # 4 chunks would not divide the rows
+                                            (4098, 16384, 16384, 2)])
 def test_plan_is_valid_and_deterministic(rows, n, k, world):
     from jax_flashoverlap import plan_a2a
     p = plan_a2a.choose_all_gather_plan(rows, n, k, world)
     assert p == plan_a2a.choose_all_gather_plan(rows, n, k, world)
     assert rows % p.chunks == 0 and world * p.chunks <= 64
     assert p.comm_sms >= 1 and p.predicted_s > 0 and p.baseline_s > 0
+
+
+def test_more_ranks_than_the_kernels_flags_are_not_supported():
+    """One flag per row block: 64 ranks are the most (kMaxGroups); 65 take XLA's path."""
+    from jax_flashoverlap import plan_a2a
+    assert plan_a2a.all_gather_supported(8, 64, 64) is None
+    assert plan_a2a.all_gather_supported(8, 64, 65) == "more than 64 ranks"
 
 
 @pytest.mark.parametrize("m,n,k,overlap", [

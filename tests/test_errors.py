@@ -205,3 +205,17 @@ def test_inject_faults_without_extension_says_so(fo, monkeypatch):
     monkeypatch.setattr(_ext, "ext", None)
     with pytest.raises(RuntimeError, match="inject_faults: the CUDA extension is not built"):
         fo.comm.inject_faults("nccl", 1)
+
+
+def test_a_global_views_partitioner_axes_do_not_outlive_it(fo):
+    """partitioner_axes (the global views' per-device lowering) counts the mesh axes as
+    manual only inside it: afterwards a vmap axis of the same name is refused again, here and
+    not by JAX later with a bare error."""
+    from jax_flashoverlap import _validation
+    with _validation.partitioner_axes(("tp",)):
+        with _validation.partitioner_axes(("dp",)):
+            pass
+    w = jnp.ones((16, 8), jnp.bfloat16)
+    f = jax.vmap(lambda a: fo.matmul_all_reduce(a, w, axis_name="tp"), axis_name="tp")
+    with pytest.raises(fo.AxisNameError, match="no jax.shard_map encloses this call"):
+        jax.make_jaxpr(f)(jnp.ones((2, 8, 16), jnp.bfloat16))

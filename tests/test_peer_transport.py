@@ -449,3 +449,13 @@ def test_tuned_peer_entry_off_with_the_tuned_switch(fo, no_fallback, monkeypatch
     monkeypatch.delenv(TRANSPORT_ENV, raising=False)
     monkeypatch.setenv("JAX_FLASHOVERLAP_TUNED", "0")
     assert _attrs(fo, "reduce_scatter", make_mesh_1d(2))[0] == 0
+
+
+def test_a_link_bound_peer_plan_is_its_stored_bytes_over_the_link():
+    """With a short K the stores bound the predicted time: the reduce-scatter stores the other
+    ranks' blocks, the all-reduce also its reduced block into each of them (twice the bytes)."""
+    m, n, k, world = 8192, 8192, 64, 4
+    for collective, times in (("reduce_scatter", 1), ("all_reduce", 2)):
+        p = plan_peer.plan(collective, m, n, k, world=world)
+        assert p.predicted_s == pytest.approx(
+            times * (world - 1) * (m // world) * n * 2 / plan_peer.ASSUMED_LINK_BYTES_PER_S)

@@ -250,3 +250,23 @@ def test_cut_grid_stays_within_max_cuts(units):
   DP's cost grows as their square): a floor instead of a ceiling left up to 2x as many."""
   cuts = S.cut_grid(units * 128, 128)
   assert len(cuts) - 1 <= S.MAX_CUTS and cuts[0] == 0 and cuts[-1] == units * 128
+
+
+@pytest.mark.parametrize("split,concat", [(0, 0), (0, 1), (1, 0), (1, 1)])
+def test_the_all_to_all_plan_time_of_one_group_by_hand(split, concat):
+  """a2a_plan_time (every plan's predicted_s, the fall-back decision's input) of a one-group
+  plan, by hand: split_axis 0 is world row blocks of M / world x N (all of them GEMM work
+  before the group leaves), split_axis 1 one block of M x N / world columns; concat_axis 1
+  adds the last group's exposed 2-D copies."""
+  from jax_flashoverlap import plan_a2a as A
+  m, n, k, world, sms, p = 4096, 8192, 4096, 4, 16, A.DEFAULT_PROFILE
+  blocks, rows, cols = {0: (world, m // world, n), 1: (1, m, n // world)}[split]
+  assert A.a2a_shape(m, n, world, split) == (blocks, rows, cols)
+  step, block_n, grid = A._kernel(m, n, sms)
+  units = blocks * math.ceil(rows / step) * math.ceil(n / block_n)
+  want = (math.ceil(units / grid) * A._unit_time(k, step, block_n, p) + p.comm_latency
+          + (world - 1) * rows * cols * 2 / A._busbw(p.p2p_bw, sms))
+  if concat == 1:
+    want += world * rows * cols * 2 / p.copy_bandwidth
+  got = A.a2a_plan_time(m, n, k, world, split, concat, (0, rows), sms)
+  assert got == pytest.approx(want, rel=1e-12)

@@ -29,6 +29,9 @@ def test_fit_comm_curve_clamps_negative_latency_and_needs_two_group_counts():
     assert curve.latency_s == 0.0 and curve.bytes_per_s > 0
     with pytest.raises(ValueError, match="two or more group counts"):
         TM.fit_comm_curve([(2, total, 1e-3), (2, total, 1.1e-3)])
+    # times that do not grow at all (a broken timer): this error, not a ZeroDivisionError
+    with pytest.raises(ValueError, match="do not grow with bytes"):
+        TM.fit_comm_curve([(1, total, 0.0), (2, 2 * total, 0.0)])
 
 
 def _calibration_from_profile(collective, m, n, k, world, sms_list, p=P.DEFAULT_PROFILE):

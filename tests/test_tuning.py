@@ -130,6 +130,9 @@ BAD = {
     # A misspelt top-level key was ignored (so its value, e.g. the world size, was not used).
     "top_level_key_misspelt": json.dumps({"schema": tuning.SCHEMA, "gpu": H200, "world_size": 2,
                                           "wrold_size": 4, "entries": []}),
+    # world_size 0 loaded (a reduce-scatter entry then divided by zero, naming no file).
+    "world_size_zero": json.dumps({"schema": tuning.SCHEMA, "gpu": H200, "world_size": 0,
+                                   "entries": []}),
     "gpu_blank": json.dumps({"schema": tuning.SCHEMA, "gpu": "  ", "world_size": 2,
                              "entries": []}),
     "note_not_text": json.dumps({"schema": tuning.SCHEMA, "gpu": H200, "world_size": 2,
@@ -302,8 +305,10 @@ def test_peer_entry_is_taken_only_where_peer_is_allowed(user_dir):
     path's choose_plan skips it for the cost model's NCCL plan."""
     from jax_flashoverlap import plan_peer
     _write(user_dir / "peer.json", [_entry(transport="peer", comm_sms=0, band_rows=[0, 256, 512],
-                                           measured_ms=0.5, baseline_ms=0.8)])
-    assert plan_peer.tuned("reduce_scatter", 1024, 512, 256, H200) is None  # no entry for it
+                                           measured_ms=0.5, baseline_ms=0.8),
+                                    _entry(collective="reduce_scatter", band_rows=[0, 256, 512])])
+    # the reduce-scatter's entry is an NCCL plan: not the peer path's
+    assert plan_peer.tuned("reduce_scatter", 1024, 512, 256, H200) is None
     peer = plan_peer.tuned("all_reduce", 1024, 512, 256, H200)
     assert (peer.transport, peer.rows_per_block, peer.band_rows, peer.comm_sms) == (
         "peer", 512, (0, 256, 512), 0)
@@ -447,3 +452,60 @@ def test_the_config_dir_is_checked_at_lowering_only_while_tuned_plans_are_on(tmp
         cuda_lowering_text()
     monkeypatch.setenv(tuning.TUNED_ENV, "0")
     assert "stablehlo" in cuda_lowering_text()
+
+
+_A2A = dict(collective="all_to_all", dtype="bfloat16", m=1024, n=512, k=256, comm_sms=16,
+            band_rows=[0, 512], split_axis=0, concat_axis=0)
+_GATHER = dict(collective="all_gather", dtype="bfloat16", m=512, n=512, k=256, comm_sms=16,
+               chunks=1, gather="p2p")
+
+
+@pytest.mark.parametrize("entry, message", [
+    (dict(_A2A, split_axis=2), "'split_axis'=2 outside [0, 1]"),
+    (dict(_A2A, m=1025), "m=1025 is not divisible by world_size 2 (split_axis 0)"),
+    (dict(_GATHER, chunks=64), "world_size * chunks must be <= 64"),
+    (dict(_GATHER, chunks=2, gather="collective"), "chunks must be 1, got 2"),
+])
+def test_all_to_all_and_all_gather_entries_are_checked(user_dir, entry, message):
+    """An all-to-all / all-gather entry the ops could not run (an axis other than 0 / 1, rows
+    that do not split over the ranks, more chunk counters than the kernel has, chunks with
+    the whole-block collective gather) is an error naming the file, as on every rank."""
+    path = _write(user_dir / "a2a.json", [entry])
+    with pytest.raises(tuning.ConfigError, match=re.escape(str(path))) as err:
+        tuning.lookup(H200, 2, "all_reduce", "bfloat16", 1024, 512, 256)
+    assert message in str(err.value)
+
+
+def test_all_to_all_entries_are_keyed_by_their_axes(user_dir):
+    """One shape's all-to-all may be tuned once per (split_axis, concat_axis): both entries
+    load, and each variant gets its own plan (not a 'duplicate entry' error, not the other's)."""
+    from jax_flashoverlap import plan_a2a
+    _write(user_dir / "a2a.json", [_A2A, dict(_A2A, split_axis=1, concat_axis=1, comm_sms=8,
+                                                  band_rows=[0, 512, 1024])])
+    plan = plan_a2a.choose_a2a_plan(1024, 512, 256, 2, 0, 0, gpu=H200)
+    assert plan.band_rows == (0, 512) and plan.comm_sms == 16
+    plan = plan_a2a.choose_a2a_plan(1024, 512, 256, 2, 1, 1, gpu=H200)
+    assert plan.band_rows == (0, 512, 1024) and plan.comm_sms == 8
+    assert tuning.lookup(H200, 2, "all_to_all", "bfloat16", 1024, 512, 256, 1, 0) is None
+
+
+def test_the_user_config_dir_wins_over_the_shipped_configs(user_dir):
+    """The user's entry for a shape the package ships a plan for replaces it (README: the
+    user dir's entries win), whatever the files' names."""
+    shipped = tuning.lookup(H200, 2, "all_reduce", "bfloat16", 8192, 8192, 4096)
+    assert shipped is not None and shipped["comm_sms"] != 12
+    _write(user_dir / "a.json", [_entry(m=8192, n=8192, k=4096, comm_sms=12,
+                                        band_rows=[0, 4096, 8192])])
+    assert tuning.lookup(H200, 2, "all_reduce", "bfloat16", 8192, 8192, 4096)["comm_sms"] == 12
+    plan = P.choose_plan("all_reduce", 8192, 8192, 4096, 2, gpu=H200)
+    assert plan.source == "tuned" and plan.band_rows == (0, 4096, 8192) and plan.comm_sms == 12
+
+
+def test_write_entries_refuses_a_file_of_another_world_size(user_dir):
+    """Plans measured on 4 GPUs merged into a 2-GPU file would be taken at world size 2."""
+    path = user_dir / "t.json"
+    tuning.write_entries(path, H200, 2, [_entry()])
+    with pytest.raises(tuning.ConfigError, match=re.escape(f"{path} holds plans for {H200} x 2, "
+                                                           f"not {H200} x 4")):
+        tuning.write_entries(path, H200, 4, [_entry(comm_sms=8)])
+    assert tuning.load_file(path)[(H200, 2) + tuning.entry_key(_entry())]["comm_sms"] == 16
