@@ -459,3 +459,19 @@ def test_a_link_bound_peer_plan_is_its_stored_bytes_over_the_link():
         p = plan_peer.plan(collective, m, n, k, world=world)
         assert p.predicted_s == pytest.approx(
             times * (world - 1) * (m // world) * n * 2 / plan_peer.ASSUMED_LINK_BYTES_PER_S)
+
+
+def test_a_compute_bound_peer_plan_is_the_gemm_with_its_split_tail_times_the_sequence():
+    """With a long K the GEMM bounds the predicted time: its waves on all SMs with K's split
+    tail (plan.gemm_waves given k: 15.52 waves at 8192 x 8192, not 16 whole ones) times the
+    measured sequence-over-GEMM factor."""
+    m, n, k = 8192, 8192, 4096
+    waves = plan_lib.gemm_waves(m, n, 0, k)
+    assert waves != plan_lib.gemm_waves(m, n, 0)  # the premise: the split tail counts here
+    kern = plan_lib.kernel_geometry(m, n, 0)
+    unit = 2.0 * kern.block_m * kern.block_n * k / plan_lib.DEFAULT_PROFILE.sm_flops
+    for collective in ("reduce_scatter", "all_reduce"):
+        p = plan_peer.plan(collective, m, n, k)
+        gemm_bound = waves * unit * plan_peer.sequence_over_gemm(collective, 2)
+        assert gemm_bound > (m // 2) * n * 2 * 2 / plan_peer.ASSUMED_LINK_BYTES_PER_S
+        assert p.predicted_s == pytest.approx(gemm_bound, rel=1e-12)

@@ -507,3 +507,72 @@ def test_dp_by_count_is_the_best_plan_of_each_group_count():
     cands = TM.candidates("all_reduce", m, n, 2, costly)
     brute = min(TM.predict("all_reduce", m, n, 2, b, 8, costly) for b in everything)
     assert cands[0].predicted_s == pytest.approx(brute, rel=1e-12)
+
+
+def test_slowdown_of_a_comm_sms_not_fitted_is_the_default_profiles():
+    """fit_op_runs fills the slowdown per comm_sms; one never fitted takes the cost model's
+    default (a GEMM beside NCCL a little slower), not 1.0 (as fast as alone)."""
+    curve = TM.CommCurve(5e-6, 1e11)
+    cal = TM.Calibration({8: 1e-5, 16: 1e-5}, {8: curve, 16: curve}, interference={8: 1.3})
+    assert P.DEFAULT_PROFILE.interference != 1.0  # the premise: the two differ
+    assert cal.slowdown(8) == 1.3
+    assert cal.slowdown(16) == P.DEFAULT_PROFILE.interference
+    assert TM.Calibration({8: 1e-5}, {8: curve}, interference=1.2).slowdown(16) == 1.2
+
+
+def test_wave_time_counts_the_split_tail_given_k():
+    """8192 x 8192 on all SMs: 16 waves of whole units, fewer with K = 4096's split tail; the
+    time per wave is the GEMM's over the waves the kernel really runs."""
+    assert P.gemm_waves(8192, 8192, 0) == 16
+    waves = P.gemm_waves(8192, 8192, 0, 4096)
+    assert waves < 16
+    assert TM.wave_time(1.0, 8192, 8192, 0) == 1 / 16
+    assert TM.wave_time(1.0, 8192, 8192, 0, k=4096) == pytest.approx(1 / waves, rel=1e-12)
+
+
+def test_candidates_hold_every_even_split_up_to_max_even():
+    m, n, k = 8192, 8192, 4096  # 32 work units: searched by the DP, not exhaustively
+    cal = _calibration_from_profile("all_reduce", m, n, k, 2, (8,))
+    found = {c.band_rows for c in TM.candidates("all_reduce", m, n, 2, cal)}
+    step = P.cut_step(m, n, 8)
+    assert m // step - 1 > TM.EXHAUSTIVE_CUTS
+    for g in range(1, TM.MAX_EVEN + 1):
+        assert tuple(P.even_bands(m, g, step)) in found, g
+
+
+@pytest.mark.parametrize("units, exhaustive", [(TM.EXHAUSTIVE_CUTS + 1, True),
+                                               (TM.EXHAUSTIVE_CUTS + 2, False)])
+def test_every_composition_is_a_candidate_up_to_exhaustive_cuts_boundaries(units, exhaustive):
+    n, k = 8192, 2048
+    m = 256 * units
+    assert P.cut_step(m, n, 8) == 256
+    cal = _calibration_from_profile("all_reduce", m, n, k, 2, (8,))
+    cands = TM.candidates("all_reduce", m, n, 2, cal)
+    assert (len(cands) == 2 ** (units - 1)) == exhaustive, len(cands)
+    assert any(c.how == "exhaustive" for c in cands) == exhaustive
+
+
+def test_candidates_cut_on_the_work_units_of_their_own_comm_sms():
+    """1024 x 4096 is 128 wide tiles: on all 132 SMs the kernel runs 128-row units, with 8
+    SMs left to NCCL (124) 2-CTA clusters of 256 rows; a plan at comm_sms 8 cuts on 256."""
+    m, n, k = 1024, 4096, 4096
+    assert (P.cut_step(m, n, 0), P.cut_step(m, n, 8)) == (128, 256)  # the premise
+    cal = _calibration_from_profile("all_reduce", m, n, k, 2, (8,))
+    cands = TM.candidates("all_reduce", m, n, 2, cal)
+    assert len(cands) == 2 ** 3  # 4 units of 256 rows: every composition
+    assert all(b % 256 == 0 for c in cands for b in c.band_rows)
+
+
+def test_the_best_plan_of_every_group_count_charges_the_copy_out():
+    """The DP's best plan of each group count minimizes the time predict gives, the
+    all-reduce's copy-out of its last group included: moving its last cut never helps."""
+    m, n, k = 8192, 8192, 1024  # small K: the copy-out matters; 32 units, no exhaustive search
+    cal = _calibration_from_profile("all_reduce", m, n, k, 2, (8,))
+    cands = TM.candidates("all_reduce", m, n, 2, cal)
+    step = P.cut_step(m, n, 8)
+    for g in range(2, TM.MAX_DP_GROUPS + 1):
+        best = min((c for c in cands if c.num_groups == g), key=lambda c: c.predicted_s)
+        for cut in range(best.band_rows[-3] + step, m, step):
+            bands = best.band_rows[:-2] + (cut, m)
+            assert best.predicted_s <= TM.predict("all_reduce", m, n, 2, bands, 8, cal) + 1e-15, (
+                g, best.band_rows, bands)
