@@ -94,53 +94,63 @@ def test_tp_block_pair_programs_return_the_same_outputs(monkeypatch):
                                  rtol=2e-2, atol=2e-2)
 
 
-def test_tp_transformer_block(tmp_path):
+BLOCK_SIZES = ("--layers", "1", "--batch", "2", "--seq", "16", "--dim", "64", "--heads", "8",
+               "--ffn", "128")
+
+
+@pytest.fixture(scope="module")
+def replicated_block_run(tmp_path_factory):
+  """(stdout, report) of the transformer example, replicated layout, backward overlapped, 3
+  steps: run once, read by the tests below (each run is ~15 s of CI)."""
   pytest.importorskip("flax")
-  steps = 3
-  report = tmp_path / "tp.json"
-  out = run_example("tp_transformer_block.py", "--steps", str(steps), "--layers", "1",
-                    "--batch", "2", "--seq", "16", "--dim", "64", "--heads", "8", "--ffn", "128",
+  report = tmp_path_factory.mktemp("tp_block") / "tp.json"
+  out = run_example("tp_transformer_block.py", "--steps", "3", *BLOCK_SIZES,
                     "--overlap-backward", "--json", str(report))
+  return out, json.loads(report.read_text())
+
+
+def test_tp_transformer_block(replicated_block_run):
+  out, d = replicated_block_run
   losses = re.findall(r"loss fo (\S+)\s+xla (\S+)", out)
-  assert len(losses) == steps, out
+  assert len(losses) == 3, out
   for fo_loss, xla_loss in losses:
     a, b = float(fo_loss), float(xla_loss)
     assert abs(a - b) <= 1e-2 * abs(b), out
   assert float(losses[-1][0]) < float(losses[0][0]), f"loss did not go down:\n{out}"
   assert re.search(r"time fo\s+\S+ ms\s+xla\s+\S+ ms", out)
   assert "OK: losses match" in out
-  d = json.loads(report.read_text())
-  assert len(d["steps"]) == steps and d["tp"] == 8
+  assert len(d["steps"]) == 3 and d["tp"] == 8
   assert set(d["row_parallel_ops"]) == {"attention_out", "mlp_down", "qkv_dx", "gate_up_dx"}
   assert all(o["xla_ms"] > 0 and o["fo_ms"] > 0 for o in d["row_parallel_ops"].values())
   assert d["median_step_ms"]["fo"] > 0 and d["median_step_ms"]["xla"] > 0
 
 
-def test_tp_transformer_block_sequence_parallel(tmp_path):
+def test_tp_transformer_block_sequence_parallel(tmp_path, replicated_block_run):
   """--sequence-parallel --overlap-backward: the same model with the tokens sharded between
   layers (all_gather_matmul / matmul_reduce_scatter, both directions overlapped); its losses
   equal XLA's all_gather / psum_scatter model's and, the model being the same, those of the
-  replicated layout; the report times every forward and backward pair."""
-  pytest.importorskip("flax")
-  common = ("--steps", "2", "--layers", "1", "--batch", "2", "--seq", "16", "--dim", "64",
-            "--heads", "8", "--ffn", "128")
+  replicated layout; the report times every forward and backward pair, and its saving line
+  names every pair it sums (it said "expected from the row-parallel ops" whatever it summed:
+  here the column layers' all-gathers too)."""
   report = tmp_path / "sp.json"
-  out = run_example("tp_transformer_block.py", *common, "--sequence-parallel",
-                    "--overlap-backward", "--json", str(report))
+  out = run_example("tp_transformer_block.py", "--steps", "2", *BLOCK_SIZES,
+                    "--sequence-parallel", "--overlap-backward", "--json", str(report))
   assert "sequence_parallel" in out and "OK: losses match" in out, out
-  replicated = run_example("tp_transformer_block.py", *common)
+  replicated, _ = replicated_block_run
   sp_losses = [float(a) for a, _ in re.findall(r"loss fo (\S+)\s+xla (\S+)", out)]
   rep_losses = [float(a) for a, _ in re.findall(r"loss fo (\S+)\s+xla (\S+)", replicated)]
-  assert len(sp_losses) == len(rep_losses) == 2
-  for a, b in zip(sp_losses, rep_losses):
+  assert len(sp_losses) == 2 and len(rep_losses) == 3
+  for a, b in zip(sp_losses, rep_losses):  # the same seed: the same first two steps
     assert abs(a - b) <= 1e-3 * abs(b), (sp_losses, rep_losses)
   d = json.loads(report.read_text())
-  assert set(d["row_parallel_ops"]) == {"attention_out", "mlp_down", "qkv", "gate_up",
-                                        "attention_out_dx", "mlp_down_dx", "qkv_dx",
-                                        "gate_up_dx"}
+  ops = list(d["row_parallel_ops"])
+  assert set(ops) == {"attention_out", "mlp_down", "qkv", "gate_up", "attention_out_dx",
+                      "mlp_down_dx", "qkv_dx", "gate_up_dx"}
   assert {o["collective"] for o in d["row_parallel_ops"].values()} == {"reduce_scatter",
                                                                       "all_gather"}
   assert all(o["xla_ms"] > 0 and o["fo_ms"] > 0 for o in d["row_parallel_ops"].values())
+  assert "row-parallel ops" not in out, out
+  assert f"expected from the ops' own times ({', '.join(ops)}; x 1 layers)" in out, out
 
 
 def test_stress_script_checks_every_call(tmp_path):
@@ -305,20 +315,3 @@ def test_global_view_jit_fails_on_a_nan_error(monkeypatch, capsys):
   with pytest.raises(SystemExit, match="FAILED: relative error nan"):
     example.main()
   assert not capsys.readouterr().out.rstrip().endswith("OK")
-
-
-def test_tp_block_report_line_names_every_pair_it_sums(tmp_path):
-  """The saving the report expects sums every GEMM + collective pair it timed: with
-  --sequence-parallel the column layers' all-gathers too. The line said "expected from the
-  row-parallel ops" whatever it summed."""
-  pytest.importorskip("flax")
-  code, out, err = _run_example_raw(
-      "tp_transformer_block.py", "--steps", "2", "--layers", "1", "--batch", "2", "--seq", "16",
-      "--dim", "64", "--heads", "8", "--ffn", "128", "--sequence-parallel", "--json",
-      str(tmp_path / "sp.json"))
-  assert code == 0, (out, err)
-  d = json.loads((tmp_path / "sp.json").read_text())
-  assert set(d["row_parallel_ops"]) == {"attention_out", "mlp_down", "qkv", "gate_up"}
-  assert "row-parallel ops" not in out, out
-  assert ("expected from the ops' own times (attention_out, mlp_down, qkv, gate_up; x 1 "
-          "layers)") in out, out
