@@ -57,11 +57,16 @@ def test_every_gpu_is_asked_about_each_other_gpus_buffer_once(monkeypatch):
     assert comm.peer_results_writable(groups) and ext.asked == []  # cached
 
 
-def test_one_gpu_that_may_not_write_makes_every_group_stage(monkeypatch):
+@pytest.mark.parametrize("rank", [0, 2])
+def test_one_gpu_that_may_not_write_makes_every_group_stage(monkeypatch, rank):
+    """Rank 0 barred: its 'no's come first and the pairs asked after it all say yes; the
+    answer is still no."""
     groups = comm.axis_groups(make_mesh_1d(4), "tp")
-    barred = int(groups[0][2].local_hardware_id)
-    monkeypatch.setattr(_ext, "ext", _Ext(writable=lambda peer: peer != barred))
+    barred = int(groups[0][rank].local_hardware_id)
+    ext = _Ext(writable=lambda peer: peer != barred)
+    monkeypatch.setattr(_ext, "ext", ext)
     assert not comm.peer_results_writable(groups)
+    assert [peer for _, peer in ext.asked].count(barred) == 3
 
 
 def test_groups_across_processes_and_single_gpus_are_not_asked(monkeypatch):
