@@ -188,7 +188,7 @@ for step in "${steps[@]}"; do
     diagnose)  # one call of each #9 op (and the all-reduce as a control): where a hang blocks
       for op in ${DIAGNOSE_OPS:-ar a2a ag}; do run_step "diagnose_$op" python3 scripts/diagnose_hang.py "$op" --wait 45; done ;;
     a2a_bench) run_step a2a_bench env JAX_FLASHOVERLAP_WATCHDOG_S=20 python3 -m jax_flashoverlap.bench a2a --out "$OUT/a2a_$TAG.json" ;;
-    readme_tests) run_step readme_tests bash -c "bash scripts/setup_env.sh && .venv/bin/python -m pytest -q" ;;
+    readme_tests) run_step readme_tests bash -c "bash scripts/setup_env.sh && bash scripts/run_tests.sh" ;;
     pack)  # the device tool returns at most 8 files: everything in one archive. Written
       # beside $OUT first: inside it, tar read its own growing archive ("file changed as we
       # read it", exit 1) and the files were never deleted.

@@ -48,6 +48,11 @@ have matplotlib || need+=(matplotlib)
   || need+=(nvidia-nccl-cu13)
 have cutlass_library || need+=(nvidia-cutlass)
 have setuptools || need+=(setuptools)
+# pytest-xdist: the parallel test workers of a machine without a GPU (scripts/run_tests.sh);
+# a GPU machine runs its tests one at a time, and may have no index to install from.
+if ! have xdist && ! { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; }; then
+  need+=(pytest-xdist)
+fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "[setup_env] installing: ${need[*]}"
   pip_install "${need[@]}"

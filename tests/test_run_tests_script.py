@@ -1,0 +1,70 @@
+"""scripts/run_tests.sh, the README's test command: workers without a GPU, none with one, the
+count switch checked, pytest's arguments passed on. Run against a fake venv python that
+prints what it was asked to run, and a fake nvidia-smi, so no pytest runs inside pytest."""
+import os
+import pathlib
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _run(tmp_path, *args, gpu, xdist=True, workers=None):
+  """(returncode, stdout, stderr) of run_tests.sh with a fake venv and a fake nvidia-smi
+  (gpu: lists one GPU; else fails, as without a driver)."""
+  venv_bin = tmp_path / "venv" / "bin"
+  venv_bin.mkdir(parents=True)
+  (venv_bin / "python").write_text(
+      "#!/bin/bash\n"
+      f'if [ "$1" = -c ]; then exit {0 if xdist else 1}; fi\n'
+      'echo "python $*"\n')
+  tools = tmp_path / "tools"
+  tools.mkdir()
+  (tools / "nvidia-smi").write_text(
+      "#!/bin/bash\n" + ("echo 'GPU 0: NVIDIA H200 (UUID: GPU-0)'\n" if gpu else "exit 9\n"))
+  for f in (venv_bin / "python", tools / "nvidia-smi"):
+    f.chmod(0o755)
+  env = {"PATH": f"{tools}:/usr/bin:/bin", "VENV": str(tmp_path / "venv")}
+  if workers is not None:
+    env["JAX_FLASHOVERLAP_TEST_WORKERS"] = workers
+  r = subprocess.run(["bash", str(ROOT / "scripts" / "run_tests.sh"), *args], env=env,
+                     capture_output=True, text=True, timeout=60)
+  return r.returncode, r.stdout.strip(), r.stderr.strip()
+
+
+def test_without_a_gpu_one_worker_per_core(tmp_path):
+  cores = len(os.sched_getaffinity(0))  # what nproc counts
+  code, out, _ = _run(tmp_path, "-k", "plan", gpu=False)
+  assert code == 0
+  if cores > 1:
+    assert out == f"python -m pytest -q -n {cores} --dist loadfile -k plan"
+  else:
+    assert out == "python -m pytest -q -k plan"
+
+
+def test_with_a_gpu_one_test_at_a_time(tmp_path):
+  assert _run(tmp_path, "tests/test_gpu.py", gpu=True) == (
+      0, "python -m pytest -q tests/test_gpu.py", "")
+
+
+@pytest.mark.parametrize("workers, expected", [
+    ("3", "python -m pytest -q -n 3 --dist loadfile -x"),
+    ("1", "python -m pytest -q -x"),
+    ("0", "python -m pytest -q -x"),
+])
+def test_the_worker_count_switch_wins(tmp_path, workers, expected):
+  assert _run(tmp_path, "-x", gpu=True, workers=workers) == (0, expected, "")
+
+
+def test_without_xdist_the_tests_still_run_and_say_why(tmp_path):
+  code, out, err = _run(tmp_path, gpu=False, xdist=False, workers="2")
+  assert (code, out) == (0, "python -m pytest -q")
+  assert err == "run_tests: pytest-xdist is not installed: running the tests one at a time"
+
+
+@pytest.mark.parametrize("workers", ["two", "-1", "2.5", " "])
+def test_a_bad_worker_count_is_refused(tmp_path, workers):
+  code, out, err = _run(tmp_path, gpu=False, workers=workers)
+  assert (code, out) == (2, "")
+  assert err == f"run_tests: JAX_FLASHOVERLAP_TEST_WORKERS={workers} must be a count >= 0"
