@@ -229,6 +229,14 @@ def repo_env(**changes):
     return env
 
 
+def set_env(monkeypatch, name: str, value) -> None:
+    """A switch's value for this test: set, or unset where value is None."""
+    if value is None:
+        monkeypatch.delenv(name, raising=False)
+    else:
+        monkeypatch.setenv(name, value)
+
+
 def cuda_include():
     """The CUDA headers' include folder (a CUDA install or the pip wheel), or None."""
     for base in (os.environ.get("CUDA_HOME"), "/usr/local/cuda", "/usr/cuda", "/opt/cuda"):

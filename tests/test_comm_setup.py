@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from jax.sharding import AbstractMesh, Mesh
 
-from _util import FakeCommExtension, make_mesh_1d, make_mesh_2d
+from _util import FakeCommExtension, make_mesh_1d, make_mesh_2d, set_env
 
 from jax_flashoverlap import _ext, comm, distributed
 
@@ -106,10 +106,7 @@ def test_a_gpu_mesh_is_local_and_named_by_its_device_kind(platform):
                                           ("false", 0.0), ("0", 0.0), ("0.0", 0.0),
                                           (" 2.5 ", 2.5), ("600", 600.0)])
 def test_watchdog_seconds(monkeypatch, raw, seconds):
-  if raw is None:
-    monkeypatch.delenv(comm.WATCHDOG_ENV, raising=False)
-  else:
-    monkeypatch.setenv(comm.WATCHDOG_ENV, raw)
+  set_env(monkeypatch, comm.WATCHDOG_ENV, raw)
   assert comm.watchdog_seconds() == seconds
 
 

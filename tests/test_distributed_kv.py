@@ -9,6 +9,8 @@ import json
 import jax
 import pytest
 
+from _util import set_env
+
 from jax_flashoverlap import _compat, distributed
 
 
@@ -54,10 +56,7 @@ def kv(monkeypatch):
 def test_timeout_ms(monkeypatch, raw, ms):
   """Unset: 300 s; a fraction of a millisecond is 1 ms (0 would not wait at all); the largest
   the store's int takes is allowed."""
-  if raw is None:
-    monkeypatch.delenv(distributed.TIMEOUT_ENV, raising=False)
-  else:
-    monkeypatch.setenv(distributed.TIMEOUT_ENV, raw)
+  set_env(monkeypatch, distributed.TIMEOUT_ENV, raw)
   assert distributed.timeout_ms() == ms
 
 
@@ -71,10 +70,7 @@ def test_timeout_ms_refuses_what_the_store_cannot_wait(monkeypatch, raw):
 
 @pytest.mark.parametrize("raw, n", [(None, 1), (" ", 1), ("3", 3)])
 def test_launched_processes(monkeypatch, raw, n):
-  if raw is None:
-    monkeypatch.delenv(distributed.NUM_PROCESSES_ENV, raising=False)
-  else:
-    monkeypatch.setenv(distributed.NUM_PROCESSES_ENV, raw)
+  set_env(monkeypatch, distributed.NUM_PROCESSES_ENV, raw)
   assert distributed.launched_processes() == n
 
 

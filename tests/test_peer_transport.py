@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from _util import PRIMITIVE_NAMES, custom_call_lines, lower_for_cuda, make_mesh_1d, make_mesh_2d, shard_map
+from _util import PRIMITIVE_NAMES, custom_call_lines, lower_for_cuda, make_mesh_1d, make_mesh_2d, set_env, shard_map
 
 from jax_flashoverlap import _ext, comm, distributed, plan as plan_lib, plan_peer
 
@@ -25,10 +25,7 @@ TRANSPORT_ENV = "JAX_FLASHOVERLAP_TRANSPORT"
 @pytest.mark.parametrize("raw, expected", [(None, "auto"), ("", "auto"), ("auto", "auto"),
                                            ("nccl", "nccl"), ("peer", "peer")])
 def test_transport_switch_values(monkeypatch, raw, expected):
-    if raw is None:
-        monkeypatch.delenv(TRANSPORT_ENV, raising=False)
-    else:
-        monkeypatch.setenv(TRANSPORT_ENV, raw)
+    set_env(monkeypatch, TRANSPORT_ENV, raw)
     assert _ext.transport() == expected
 
 
