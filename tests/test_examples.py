@@ -101,7 +101,7 @@ BLOCK_SIZES = ("--layers", "1", "--batch", "2", "--seq", "16", "--dim", "64", "-
 @pytest.fixture(scope="module")
 def replicated_block_run(tmp_path_factory):
   """(stdout, report) of the transformer example, replicated layout, backward overlapped, 3
-  steps: run once, read by the tests below (each run is ~15 s of CI)."""
+  steps: run once (per test worker), read by the tests below (each run is ~15 s of CI)."""
   pytest.importorskip("flax")
   report = tmp_path_factory.mktemp("tp_block") / "tp.json"
   out = run_example("tp_transformer_block.py", "--steps", "3", *BLOCK_SIZES,

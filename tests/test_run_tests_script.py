@@ -38,7 +38,7 @@ def test_without_a_gpu_one_worker_per_core(tmp_path):
   code, out, _ = _run(tmp_path, "-k", "plan", gpu=False)
   assert code == 0
   if cores > 1:
-    assert out == f"python -m pytest -q -n {cores} --dist loadfile -k plan"
+    assert out == f"python -m pytest -q -n {cores} -k plan"
   else:
     assert out == "python -m pytest -q -k plan"
 
@@ -49,7 +49,7 @@ def test_with_a_gpu_one_test_at_a_time(tmp_path):
 
 
 @pytest.mark.parametrize("workers, expected", [
-    ("3", "python -m pytest -q -n 3 --dist loadfile -x"),
+    ("3", "python -m pytest -q -n 3 -x"),
     ("1", "python -m pytest -q -x"),
     ("0", "python -m pytest -q -x"),
 ])
