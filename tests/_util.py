@@ -10,7 +10,7 @@ import pytest
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh
 
 DTYPES = [jnp.bfloat16, jnp.float16]
 DTYPE_IDS = ["bf16", "f16"]
