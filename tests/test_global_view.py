@@ -13,7 +13,8 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from _util import (DTYPES, DTYPE_IDS, VMAPS, all_spec_axes, assert_close, assert_rel_fro,
-                   check_against_refs, f32, make_mesh_1d, rand, spec_axes, upcast)
+                   check_against_refs, collectives, f32, make_mesh_1d, rand, spec_axes, upcast,
+                   with_partitioner)
 
 
 def _put(mesh, a, spec):
@@ -112,6 +113,55 @@ def test_global_view_1d(fo, tp_mesh, reduce, transpose_w, rng):
         assert "all-gather" not in hlo and "all-to-all" not in hlo, hlo
     check_against_refs(out, _xla(x, w, transpose_w), _np(x, w, transpose_w))
     _check_out_sharding(out, reduce, dp=False)
+
+
+@pytest.mark.parametrize("gspmd", [False, True], ids=["shardy", "gspmd"])
+@pytest.mark.parametrize("transpose_w", [False, True], ids=["w_kn", "w_nk"])
+def test_k_sharded_on_w_only_picks_w_axis(fo, mesh4, transpose_w, gspmd, rng):
+    """x replicated, w's K over tp (its first dim, or its last with transpose_w): the
+    contracting axis is w's, so the reduce-scatter's output rows come out over it."""
+    x = _put(mesh4, rand(rng, (12, 64), jnp.bfloat16), P())
+    w = _put(mesh4, rand(rng, (24, 64) if transpose_w else (64, 24), jnp.bfloat16,
+                           scale=64 ** -0.5), P(None, "tp") if transpose_w else P("tp", None))
+    f = jax.jit(lambda a, b: fo.row_parallel_matmul(a, b, "reduce_scatter",
+                                                    transpose_w=transpose_w))
+    out = with_partitioner(gspmd, lambda: f(x, w))
+    assert out.shape == (12, 24), out.shape
+    check_against_refs(out, _xla(x, w, transpose_w), _np(x, w, transpose_w))
+    _check_out_sharding(out, "reduce_scatter", dp=False)
+
+
+@pytest.mark.parametrize("gspmd", [False, True], ids=["shardy", "gspmd"])
+@pytest.mark.parametrize("reduce", ["all_reduce", "reduce_scatter"])
+def test_k_not_sharded_is_a_local_dot_keeping_the_rows(fo, reduce, gspmd, rng):
+    """K sharded nowhere: no contracting axis, nothing to reduce (or scatter): XLA's local dot,
+    x's rows keep their data-parallel axis and nothing moves."""
+    from _util import make_mesh_2d
+
+    mesh = make_mesh_2d(2, 4)
+    x = _put(mesh, rand(rng, (16, 64), jnp.bfloat16), P("dp", None))
+    w = _put(mesh, rand(rng, (64, 24), jnp.bfloat16, scale=64 ** -0.5), P())
+    f = jax.jit(lambda a, b: fo.row_parallel_matmul(a, b, reduce))
+    out, colls = with_partitioner(gspmd, lambda: (f(x, w), collectives(f, x, w)))
+    assert tuple(out.sharding.spec) + (None,) * (2 - len(out.sharding.spec)) == ("dp", None)
+    assert colls == [], colls
+    check_against_refs(out, _xla(x, w), _np(x, w))
+
+
+@pytest.mark.parametrize("dp", [False, True], ids=["tp", "dp_tp"])
+def test_all_reduce_rows_a_multiple_of_the_mesh_stay_whole(fo, dp, rng):
+    """all_reduce with M a multiple of dp * tp (where the reduce-scatter's rule would split
+    the rows): the output is replicated over tp, after one all-reduce and nothing else."""
+    from _util import make_mesh_2d
+
+    mesh = make_mesh_2d(2, 4) if dp else make_mesh_1d(4)
+    x = _put(mesh, rand(rng, (16, 64), jnp.bfloat16), P("dp", "tp") if dp else P(None, "tp"))
+    w = _put(mesh, rand(rng, (64, 24), jnp.bfloat16, scale=64 ** -0.5), P("tp", None))
+    f = jax.jit(lambda a, b: fo.row_parallel_matmul(a, b, "all_reduce", "tp"))
+    out, colls = f(x, w), collectives(f, x, w)
+    assert colls == ["all-reduce"], colls
+    _check_out_sharding(out, "all_reduce", dp=dp)
+    check_against_refs(out, _xla(x, w), _np(x, w))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -302,6 +352,9 @@ _LEADING_DIMS = [
     ((4, 16, 64), P("dp", None, "tp"), "reduce_scatter", -1, P("dp", "tp", None)),
     ((2, 4, 8, 64), P(None, "dp", None, "tp"), "reduce_scatter", 2, P(None, "dp", "tp", None)),
     ((8, 2, 64), P(None, "dp", "tp"), "reduce_scatter", 0, P("tp", "dp", None)),  # S == 2 * tp
+    ((4, 2, 64), P(None, "dp", "tp"), "reduce_scatter", 0, P("tp", "dp", None)),  # S == tp
+    # S (dim 1) whole on each device, B over dp: S / tp = 3, S / (dp * tp) would not divide
+    ((4, 12, 64), P("dp", None, "tp"), "reduce_scatter", 1, P("dp", "tp", None)),
 ]
 
 
@@ -359,20 +412,46 @@ def test_leading_dims_grads(fo, rng):
         assert_close(g, r)
 
 
-def test_leading_dims_scatter_dim_not_divisible_names_sequence_dim(fo, rng):
+@pytest.mark.parametrize("shape,x_spec,local", [
+    ((4, 16, 64), P("dp", None, "tp"), 2),
+    ((6, 4, 64), P(None, "dp", "tp"), 6),  # S itself not a multiple of tp (Shardy's rule too)
+], ids=["B-over-dp", "S-6"])
+def test_leading_dims_scatter_dim_not_divisible_names_sequence_dim(fo, rng, shape, x_spec,
+                                                                  local):
     """[B, S, K] with B = 2 per device: the default sequence_dim 0 cannot be scattered over
     tp = 4; the error says so and points at sequence_dim."""
     from _util import make_mesh_2d
 
     mesh = make_mesh_2d(2, 4)
-    x = _put(mesh, rand(rng, (4, 16, 64), jnp.bfloat16), P("dp", None, "tp"))
+    x = _put(mesh, rand(rng, shape, jnp.bfloat16), x_spec)
     w = _put(mesh, rand(rng, (64, 32), jnp.bfloat16), P("tp", None))
     with pytest.raises(jax.errors.JaxRuntimeError,
                        match=r"reduce_scatter needs dim 0 \(the sequence_dim\) of each shard "
-                             r"\(2\) to be divisible by the size 4 of axis 'tp'; sequence_dim "
-                             r"names the leading dim of x to scatter"):
+                             rf"\({local}\) to be divisible by the size 4 of axis 'tp'; "
+                             r"sequence_dim names the leading dim of x to scatter"):
         jax.jit(lambda a, b: fo.row_parallel_matmul(a, b, "reduce_scatter", "tp"))(x, w)
 
+
+@pytest.mark.parametrize("shape,sequence_dim,what", [
+    ((6, 64), 0, r"the rows of x \(shape \(6, 64\)\)"),
+    ((8, 6, 64), 1, r"dim 1 \(the sequence_dim\) of x \(shape \(8, 6, 64\)\)"),
+], ids=["rows", "sequence_dim_1"])
+def test_scatter_dim_not_divisible_is_caught_at_trace_time_under_set_mesh(fo, shape,
+                                                                          sequence_dim, what):
+    """axis_name and a mesh in context (jax.set_mesh): the mesh gives the axis' size at trace
+    time, so the error comes from tracing, before XLA partitions anything (the partitioner
+    would raise it only at compile time, inside JAX's runtime error)."""
+    from _util import make_mesh_2d
+
+    sds = lambda s: jax.ShapeDtypeStruct(s, jnp.bfloat16)  # noqa: E731
+    f = jax.jit(lambda a, b: fo.row_parallel_matmul(a, b, "reduce_scatter", "tp",
+                                                    sequence_dim=sequence_dim))
+    with jax.set_mesh(make_mesh_2d(2, 4)):
+        with pytest.raises(ValueError, match=what + r" to be divisible by the size 4 of "
+                                                    r"axis 'tp'"):
+            f.trace(sds(shape), sds((64, 32)))
+        f.trace(sds((8,) + shape[1:]) if sequence_dim == 0 else sds((8, 8, 64)),
+                sds((64, 32)))  # divisible: traces
 
 # x [S, B, K] with S itself over dp (P(dp, None, tp)) and scattered over tp too. GSPMD infers
 # the output's S over (dp, tp); Shardy's rule sees shapes, not shardings, and takes dp on
@@ -384,7 +463,7 @@ def test_leading_dims_scatter_dim_not_divisible_names_sequence_dim(fo, rng):
 @pytest.mark.parametrize("shape", [(16, 4, 64), (8, 4, 64), (16, 1, 64)],
                          ids=lambda s: "x" + "x".join(map(str, s)))
 def test_sequence_dim_over_dp_and_tp(fo, rng, shape, gspmd, constrain):
-    from _util import collectives, make_mesh_2d, with_partitioner
+    from _util import make_mesh_2d
 
     mesh = make_mesh_2d(2, 4)
     x = _put(mesh, rand(rng, shape, jnp.bfloat16), P("dp", None, "tp"))
@@ -411,7 +490,7 @@ def test_sequence_dim_over_dp_and_tp(fo, rng, shape, gspmd, constrain):
 def test_reduce_scatter_wanted_replicated_warns(fo, rng, case):
     import warnings
 
-    from _util import collectives, make_mesh_2d
+    from _util import make_mesh_2d
 
     mesh = make_mesh_2d(2, 4)
     x_spec = P("dp", "tp") if case == "rows_over_dp" else P(None, "tp")

@@ -20,6 +20,7 @@ from _util import (DTYPES, DTYPE_IDS, assert_close, assert_rel_fro, make_mesh_1d
 from _util import VMAPS, vmapped, with_partitioner
 from _util import collectives as _collectives
 
+
 def _put(mesh, a, spec):
     return jax.device_put(a, NamedSharding(mesh, spec))
 
@@ -305,6 +306,52 @@ def test_sequence_dim_not_over_the_axis_warns_and_gives_xla_values(fo, rng, gath
     assert gathered_dims == []
     assert_close(y, jax.jit(_want)(x, w))
 
+
+@pytest.mark.parametrize("gspmd", [False, True], ids=["shardy", "gspmd"])
+def test_k_over_the_axis_is_no_leading_dim_to_name(fo, rng, gspmd):
+    """x's K (its last dim, not a leading one) over tp: a local dot after XLA moves x, and no
+    warning pointing sequence_dim at K (no leading dim of x is over tp)."""
+    import warnings
+
+    mesh = make_mesh_2d(2, 4)
+    x = _put(mesh, rand(rng, (16, 32), jnp.bfloat16), P(None, "tp"))
+    w = _put(mesh, rand(rng, (32, 64), jnp.bfloat16, scale=32 ** -0.5), P(None, "tp"))
+    f = jax.jit(lambda a, b: fo.column_parallel_matmul(a, b, "tp"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        y = with_partitioner(gspmd, lambda: f(x, w))
+    said = [str(c.message) for c in caught if "pass sequence_dim" in str(c.message)]
+    assert not said, said
+    assert_close(y, jax.jit(_want)(x, w))
+
+
+@pytest.mark.parametrize("transpose_w", [False, True], ids=["w_kn", "w_nk"])
+@pytest.mark.parametrize("mesh_shape,rows", [((2, 4), 10), ((4, 2), 10), ((4, 2), 6)],
+                         ids=["dp2xtp4-m10", "dp4xtp2-m10", "dp4xtp2-m6"])
+def test_rows_the_data_parallel_axes_do_not_divide_are_a_local_dot(fo, rng, mesh_shape, rows,
+                                                                   transpose_w):
+    """x replicated with M not a multiple of the other mesh axes' size d: Shardy's rule has no
+    (d a) split of the rows there; nothing over tp to gather, XLA's local dot (w [N, K] too)."""
+    mesh = make_mesh_2d(*mesh_shape)
+    x = _put(mesh, rand(rng, (rows, 32), jnp.bfloat16), P())
+    w_global = rand(rng, (64, 32) if transpose_w else (32, 64), jnp.bfloat16, scale=32 ** -0.5)
+    w = _put(mesh, w_global, P("tp", None) if transpose_w else P(None, "tp"))
+    y, colls = _run(fo, x, w, axis_name="tp", transpose_w=transpose_w)
+    assert y.shape == (rows, 64) and colls == [], (y.shape, colls)
+    assert_close(y, jax.jit(_want, static_argnums=2)(x, w, transpose_w))
+
+
+@pytest.mark.parametrize("mesh_shape", [(2, 4), (4, 2)], ids=["dp2xtp4", "dp4xtp2"])
+def test_axis_inferred_from_w_on_a_2d_mesh_keeps_n_over_it(fo, rng, mesh_shape):
+    """No axis_name on a (dp, tp) mesh: the axis is w's N's (tp), not the mesh's first; the
+    output has N over tp after the op's one gather (the rule takes no data-parallel share
+    without axis_name, README)."""
+    mesh = make_mesh_2d(*mesh_shape)
+    x = _put(mesh, rand(rng, (64, 32), jnp.bfloat16), P("tp", None))
+    w = _put(mesh, rand(rng, (32, 64), jnp.bfloat16, scale=32 ** -0.5), P(None, "tp"))
+    y, colls = _run(fo, x, w)
+    assert y.sharding.spec == P(None, "tp") and colls == ["all-gather"], (y.sharding.spec, colls)
+    assert_close(y, jax.jit(_want)(x, w))
 
 # x [S, B, K] with S over (dp, tp): gathered over tp, the output's S keeps dp. GSPMD infers
 # it; Shardy's rule sees shapes, not shardings, and keeps S's dp share only for x [M, K] (for

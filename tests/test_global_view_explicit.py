@@ -120,3 +120,14 @@ def test_inputs_on_no_mesh_with_axis_name_get_an_error_saying_so():
     y = jax.jit(lambda x, w: fo.row_parallel_matmul(x, w, axis_name="tp"))(
         put(x, P(None, "tp")), put(w, P("tp", None)))
   assert _rel(y, _f32(x) @ _f32(w)) < 1e-2
+
+
+def test_reduce_scatter_rows_not_divisible_is_caught_at_trace_time(mesh):
+  """With Explicit axes the types give the layout at trace time: rows of a shard that the
+  contracting axis does not divide are refused there, with the sizes, before JAX types the
+  output (no axis_name: the mesh axis is the one that shards K)."""
+  x, w = _put(mesh, (12, 64), P("dp", "tp"), 9), _put(mesh, (64, 32), P("tp", None), 10)
+  f = jax.jit(lambda x, w: fo.row_parallel_matmul(x, w, "reduce_scatter"))
+  with pytest.raises(ValueError, match=r"reduce_scatter needs the rows of each shard \(6\) to "
+                                       r"be divisible by the size 4 of axis 'tp'"):
+    f.trace(x, w)
