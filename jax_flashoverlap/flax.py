@@ -123,8 +123,13 @@ class _Config:
     if self.row and self.sequence_parallel:
       raise ValueError(f"{self.layer}: sequence_parallel is for column layers; a row layer "
                        "returns sequence-sharded rows with reduce='reduce_scatter'")
+    if not self.row and self.reduce != "all_reduce":  # silently unused before
+      raise ValueError(f"{self.layer}: reduce is for row layers (a column layer reduces "
+                       f"nothing; sequence_parallel=True gathers x's rows), got "
+                       f"reduce={self.reduce!r}")
     _validation.check_sequence_dim(self.layer, self.sequence_dim)
-    if self.sequence_dim and not (self.sequence_parallel or self.reduce == "reduce_scatter"):
+    if self.sequence_dim and not (self.sequence_parallel if not self.row
+                                  else self.reduce == "reduce_scatter"):
       raise ValueError(f"{self.layer}: sequence_dim={self.sequence_dim} needs "
                        + ("reduce='reduce_scatter' (it names the dim that is scattered)"
                           if self.row else
@@ -477,7 +482,8 @@ class ColumnParallelLinear(_NNXParallel):
   is XLA's. `sequence_dim=1` (with sequence_parallel) gathers x's second dim instead, for x
   [B, S, in] as P(dp, tp, None), in both views: the output's blocks are then moved into place
   after the GEMM (a copy, unless B is 1 per device; with overlap_backward the backward's
-  reduce-scatter scatters that dim too). `reduce` is not used."""
+  reduce-scatter scatters that dim too). `reduce` is for row layers: a column layer
+  refuses any other value than its default."""
   _row = False
 
 

@@ -423,6 +423,12 @@ def nnx_sequence_dim_without_sequence_parallel(t):
     fl.ColumnParallelLinear(32, 64, sequence_dim=1, rngs=nnx.Rngs(0))
 
 
+def nnx_column_reduce_scatter_with_sequence_dim(t):
+    # a column layer reduces nothing: reduce= (and with it sequence_dim=1) was silently unused
+    nnx, fl = _nnx()
+    fl.ColumnParallelLinear(32, 64, reduce="reduce_scatter", sequence_dim=1, rngs=nnx.Rngs(0))
+
+
 def nnx_inside_shard_map_without_its_axis(t):
     nnx, fl = _nnx()
     layer = fl.RowParallelLinear(64, 32, rngs=nnx.Rngs(0))
@@ -519,6 +525,12 @@ def nnx_rs_rows_not_divisible(t):
 def linen_bad_reduce(t):
     fl = _linen()
     fl.RowParallelDense(16, reduce="bogus").init(jax.random.key(0), jnp.ones((4, 32), BF16))
+
+
+def linen_column_reduce(t):
+    fl = _linen()
+    fl.ColumnParallelDense(64, reduce="reduce_scatter", sequence_dim=1).init(
+        jax.random.key(0), jnp.ones((2, 8, 32), BF16))
 
 
 def linen_features_not_divisible(t):

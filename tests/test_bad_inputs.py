@@ -226,6 +226,10 @@ CASES = [
     pytest.param(nnx_sequence_dim_without_sequence_parallel,
                  raises(ValueError, "ColumnParallelLinear: sequence_dim=1 needs "
                         "sequence_parallel=True"), id="nnx-sequence-dim-without-sequence-parallel"),
+    pytest.param(nnx_column_reduce_scatter_with_sequence_dim,
+                 raises(ValueError, "ColumnParallelLinear: reduce is for row layers",
+                        "got reduce='reduce_scatter'"),
+                 id="nnx-column-reduce-scatter-with-sequence-dim"),
     pytest.param(nnx_in_features_not_divisible, raises(ValueError, "RowParallelLinear: "
                                                        "in_features=34 is not divisible by the "
                                                        "size 4 of mesh axis 'tp'"),
@@ -263,6 +267,9 @@ CASES = [
     pytest.param(nnx_rs_rows_not_divisible, raises(ValueError, "reduce='reduce_scatter' needs the "
                                                    "first dim of x", "divisible by the size 4"),
                  id="nnx-reduce-scatter-rows-not-divisible"),
+    pytest.param(linen_column_reduce, raises(ValueError, "ColumnParallelDense: reduce is for "
+                                             "row layers", "got reduce='reduce_scatter'"),
+                 id="linen-column-reduce"),
     pytest.param(linen_bad_reduce, raises(ValueError, "RowParallelDense: reduce must be one of",
                                           "'bogus'"), id="linen-bad-reduce"),
     pytest.param(linen_features_not_divisible, raises(ValueError, "ColumnParallelDense: "

@@ -121,6 +121,28 @@ def test_column_backward_all_reduce_is_ours_only_under_check_vma(check_vma, rng)
   _exact(on[0]["kernel"].get_value(), results[0]["kernel"].get_value())
 
 
+def test_column_overlap_backward_with_x_varying_is_xlas(rng):
+  """overlap_backward=True with x already varying over tp (its rows sharded): dx needs no
+  all-reduce, so the layer is XLA's dot (column_matmul would refuse x varying); values and
+  grads equal the layer with the flag off."""
+  mesh = make_mesh_1d(4)
+  x = rand(rng, (8, 32), BF16)
+  out = []
+  for overlap in (True, False):
+    layer = ColumnParallelLinear(32, 64, overlap_backward=overlap, rngs=nnx.Rngs(0))
+    _nonzero_bias(layer)
+    gdef, state = nnx.split(layer)
+    f = shard_map(lambda s, x: nnx.merge(gdef, s)(x), mesh,
+                  (nnx.get_partition_spec(state), P("tp")), P("tp"))
+    out.append(jax.jit(lambda s, x: (f(s, x), jax.grad(lambda s, x: _loss(f(s, x)),
+                                                       argnums=(0, 1))(s, x)))(state, x))
+  (y, (gs, gx)), (y_ref, (gs_ref, gx_ref)) = out
+  _exact(y, y_ref)
+  _exact(gx, gx_ref)
+  for k in ("kernel", "bias"):
+    _exact(gs[k].get_value(), gs_ref[k].get_value())
+
+
 def test_nnx_constructed_inside_shard_map_has_local_shapes(rng):
   """Layers made inside the body get local shapes, and compute what the same layers made
   outside (global params, the same rngs) compute: each device holds its own block of the

@@ -374,3 +374,147 @@ def test_a_vmap_axis_named_like_the_layers_axis_is_not_the_mesh_axis(layer, rng)
   got = jax.vmap(call, axis_name="tp")(x)
   assert got.shape == want.shape == (3, 8, 32)
   np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
+# -------------------------------------------------- mutation-testing gaps (session 36)
+
+def test_default_params_are_nnx_linear_and_nn_dense_ones():
+  """With the defaults (lecun_normal kernel, zero bias, float32 params, kernel drawn before the
+  bias) the global params are exactly nnx.Linear's / nn.Dense's for the same rngs, so a model
+  switched to these layers starts from the same weights."""
+  for cls in (RowParallelLinear, ColumnParallelLinear):
+    ours, ref = cls(64, 32, rngs=nnx.Rngs(3)), nnx.Linear(64, 32, rngs=nnx.Rngs(3))
+    for k in ("kernel", "bias"):
+      assert getattr(ours, k)[...].dtype == jnp.float32
+      np.testing.assert_array_equal(np.asarray(getattr(ours, k)[...]),
+                                    np.asarray(getattr(ref, k)[...]))
+  x = jnp.ones((8, 64), BF16)
+  for cls in (RowParallelDense, ColumnParallelDense):
+    ours = nn.unbox(cls(32).init(jax.random.key(3), x))["params"]
+    ref = nn.Dense(32).init(jax.random.key(3), x)["params"]
+    for k in ("kernel", "bias"):
+      assert ours[k].dtype == jnp.float32
+      np.testing.assert_array_equal(np.asarray(ours[k]), np.asarray(ref[k]))
+
+
+@pytest.mark.parametrize("cls", [RowParallelDense, ColumnParallelDense])
+def test_linen_param_dtype(cls, rng):
+  """linen's param_dtype is the dtype of both params (as nn.Dense's), dtype the output's."""
+  dtype, param_dtype = jnp.float16, jnp.bfloat16
+  x = jnp.asarray(rng.standard_normal((8, 64)), jnp.float32)
+  layer = cls(32, dtype=dtype, param_dtype=param_dtype, bias_init=_nonzero_bias_init)
+  variables = layer.init(jax.random.key(0), x)
+  p = nn.unbox(variables)["params"]
+  assert p["kernel"].dtype == param_dtype and p["bias"].dtype == param_dtype
+  y = layer.apply(variables, x)
+  assert y.dtype == dtype
+  want = np.asarray(x.astype(dtype) @ p["kernel"].astype(dtype) + p["bias"].astype(dtype),
+                    np.float32)
+  np.testing.assert_allclose(np.asarray(y, np.float32), want, rtol=2e-2, atol=2e-2)
+
+
+def test_inits_wrapped_with_a_spec_without_trailing_nones_are_accepted():
+  """A box naming the layer's own spec minus its trailing Nones (("tp",) for the row kernel's
+  ("tp", None), as with_partitioning(init, P("tp")) gives) is the same sharding: accepted."""
+  init = nn.initializers.lecun_normal()
+  boxed = RowParallelLinear(64, 32, kernel_init=nnx.with_partitioning(init, ("tp",)),
+                            rngs=nnx.Rngs(0))
+  plain = RowParallelLinear(64, 32, rngs=nnx.Rngs(0))
+  np.testing.assert_array_equal(np.asarray(boxed.kernel[...]), np.asarray(plain.kernel[...]))
+  assert nnx.get_partition_spec(nnx.state(boxed))["kernel"].get_value() == P("tp", None)
+  x = jnp.ones((8, 64), BF16)
+  dense = RowParallelDense(32, kernel_init=nn.with_partitioning(init, ("tp",)))
+  got = nn.unbox(dense.init(jax.random.key(0), x))["params"]["kernel"]
+  want = nn.unbox(RowParallelDense(32).init(jax.random.key(0), x))["params"]["kernel"]
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_row_bias_logical_annotation_is_replicated():
+  """With kernel_axes the row layer's bias (added once, after the reduction) is annotated
+  (None,), not with the output dim's logical name, in NNX and linen alike."""
+  with nn.logical_axis_rules(RULES):
+    row = RowParallelLinear(64, 32, kernel_axes=("mlp", "embed"), rngs=nnx.Rngs(0))
+    abstract = jax.eval_shape(RowParallelDense(32, kernel_axes=("mlp", "embed")).init,
+                              jax.random.key(0), jnp.ones((8, 64), BF16))
+  assert row.bias.get_metadata()["out_sharding"] == (None,)
+  assert tuple(abstract["params"]["bias"].names) == (None,)
+  assert tuple(abstract["params"]["kernel"].names) == ("mlp", "embed")
+
+
+def test_global_view_per_device_size_is_checked_at_the_call():
+  """A row layer made with no mesh known, called under jax.set_mesh: in_features 80 over
+  tp = 4 is 20 per device, a ValueError naming the layer at trace time (not the partitioner's
+  INTERNAL error at compile time), NNX and linen."""
+  x = jnp.ones((8, 80), BF16)
+  layer = RowParallelLinear(80, 32, rngs=nnx.Rngs(0))
+  dense = RowParallelDense(32)
+  variables = dense.init(jax.random.key(0), x)
+  match = r"in_features=80 split over mesh axis 'tp' \(size 4\) is 20 per device"
+  with jax.set_mesh(make_mesh_1d(4)):
+    with pytest.raises(ValueError, match="RowParallelLinear: " + match):
+      nnx.jit(lambda m, x: m(x))(layer, x)
+    with pytest.raises(ValueError, match="RowParallelDense: " + match):
+      jax.jit(dense.apply)(variables, x)
+
+
+def test_rank1_x_is_one_row(rng):
+  """x [in] is one row: y [out] = x @ kernel + bias, in both views and with reduce_scatter
+  when nothing is scattered (no mesh); with a mesh given at construction (mesh=, none in
+  context), reduce_scatter refuses it as inside shard_map."""
+  mesh = make_mesh_1d(4)
+  x = jnp.asarray(rng.standard_normal(64), BF16)
+  for reduce in ("all_reduce", "reduce_scatter"):
+    layer = RowParallelLinear(64, 32, reduce=reduce, bias_init=_nonzero_bias_init,
+                              rngs=nnx.Rngs(0))
+    want = x @ layer.kernel[...].astype(BF16) + layer.bias[...].astype(BF16)
+    y = layer(x)
+    assert y.shape == (32,)
+    np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(want, np.float32),
+                               rtol=2e-2, atol=2e-2)
+  layer = RowParallelLinear(64, 32, bias_init=_nonzero_bias_init, rngs=nnx.Rngs(0))
+  g, state = nnx.split(layer)
+  y = jax.jit(shard_map(lambda s, x: nnx.merge(g, s)(x), mesh,
+                        (nnx.get_partition_spec(state), P("tp")), P()))(state, x)
+  assert y.shape == (32,)
+  np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(want, np.float32),
+                             rtol=2e-2, atol=2e-2)
+  col = ColumnParallelLinear(64, 32, rngs=nnx.Rngs(0))
+  assert col(x).shape == (32,)
+  layer = RowParallelLinear(64, 32, reduce="reduce_scatter", mesh=mesh, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r"RowParallelLinear: reduce='reduce_scatter' scatters "
+                                       r"x's rows over axis 'tp', and x of shape \(64,\) has none"):
+    jax.jit(lambda x: layer(x))(x)
+
+
+@pytest.mark.parametrize("linen", [False, True], ids=["nnx", "linen"])
+def test_column_backward_is_xlas_by_default(linen, rng):
+  """overlap_backward is off by default: under check_vma with x replicated, the column
+  layer's backward all-reduce of dx is XLA's psum, not matmul_all_reduce."""
+  mesh = make_mesh_1d(4)
+  x = jnp.asarray(rng.standard_normal((8, 32)), BF16)
+  if linen:
+    layer = ColumnParallelDense(64)
+    variables = nn.unbox(layer.init(jax.random.key(0), x))
+    specs = nn.get_partition_spec(layer.init(jax.random.key(0), x))
+    body = lambda p, x: layer.apply(p, x)  # noqa: E731
+  else:
+    g, variables = nnx.split(ColumnParallelLinear(32, 64, rngs=nnx.Rngs(0)))
+    specs = nnx.get_partition_spec(variables)
+    body = lambda s, x: nnx.merge(g, s)(x)  # noqa: E731
+  f = shard_map(body, mesh, (specs, P()), P(None, "tp"))
+  text = str(jax.make_jaxpr(jax.grad(lambda p, x: jnp.sum(f(p, x).astype(jnp.float32)),
+                                     argnums=(0, 1)))(variables, x))
+  assert "flashoverlap_gemm_all_reduce" not in text
+  assert "psum" in text
+
+
+@pytest.mark.parametrize("cls", [RowParallelDense, ColumnParallelDense])
+def test_linen_use_bias_false_makes_no_bias(cls, rng):
+  """use_bias=False: no bias param at all (as nn.Dense), and y = x @ kernel."""
+  x = jnp.asarray(rng.standard_normal((8, 64)), BF16)
+  layer = cls(32, use_bias=False)
+  variables = layer.init(jax.random.key(0), x)
+  assert set(variables["params"]) == {"kernel"}
+  kernel = nn.unbox(variables)["params"]["kernel"].astype(BF16)
+  np.testing.assert_allclose(np.asarray(layer.apply(variables, x), np.float32),
+                             np.asarray(x @ kernel, np.float32), rtol=2e-2, atol=2e-2)
