@@ -48,11 +48,16 @@ class RowLog(list):
 
 
 def is_stream(path) -> bool:
-  """Whether `path` names a stream rather than a file: anything under /dev or /proc
-  (/dev/stdout, /dev/null, /proc/self/fd/N: what they lead to may be a regular file, a
-  redirected log, which must not be replaced), or an existing FIFO, device or socket."""
+  """Whether `path` names a stream rather than a file: this process's descriptors
+  (/dev/stdout, /dev/fd/N, /proc/self/fd/N), anything under /proc, a link under /dev (what
+  they lead to may be a regular file, a redirected log, which must not be replaced), or an
+  existing FIFO, device or socket (/dev/null). A plain path under /dev (/dev/shm/r.json) is
+  a file: every path under /dev was a stream, and a new file there was refused as not
+  writable."""
   path = os.path.abspath(path)
-  if path.startswith(("/dev/", "/proc/")):
+  if _own_fd(path) is not None or path.startswith("/proc/"):
+    return True
+  if path.startswith("/dev/") and os.path.islink(path):
     return True
   return os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path)
 

@@ -155,3 +155,68 @@ def test_summary_lines_show_a_nan_error_not_a_smaller_one():
            "rel_error": {"ours_sms0": 1e-3, "ours_sms8": float("nan")},
            "rel_error_vs_f32": {"ours_sms0": 1e-3, "ours_sms8": 2e-3}}
     assert "max rel err vs XLA nan, vs f32 2.0e-03" in bench_gemm._gemm_line(row)
+
+
+def test_every_target_is_met_at_its_threshold():
+    """The targets read "at least": a row exactly at a threshold (speedup 1.0 / 1.25 / 1.4, E 0.5,
+    E at the pair ceiling) meets it, a row just below does not."""
+    t = BT.evaluate_row(_row(speedup=1.0, eff=0.5))["targets"]
+    assert t["speedup_at_least_1"] is True and t["efficiency_at_least_0.5"] is True
+    t = BT.evaluate_row(_row(speedup=0.999, eff=0.499))["targets"]
+    assert t["speedup_at_least_1"] is False and t["efficiency_at_least_0.5"] is False
+    t = BT.evaluate_row(_row(speedup=1.25))["targets"]
+    assert t["headline_speedup_1.25"] is True and t["headline_speedup_1.4"] is False
+    t = BT.evaluate_row(_row(speedup=1.249))["targets"]
+    assert t["headline_speedup_1.25"] is False
+    assert BT.evaluate_row(_row(speedup=1.4))["targets"]["headline_speedup_1.4"] is True
+    ceiling = BT.PAIR_CEILING_E[("reduce_scatter", 8192, 28672, 8192)]
+    for eff, at in ((ceiling, True), (ceiling - 1e-3, False)):
+        row = _row(collective="reduce_scatter", shape=(8192, 28672, 8192), eff=eff)
+        assert BT.evaluate_row(row)["targets"]["efficiency_at_ceiling"] is at
+
+
+@pytest.mark.parametrize("predicted, met", [(0.905, True), (1.099, True), (1.11, False),
+                                            (0.89, False)])
+def test_the_model_error_is_relative_to_the_measured_time(predicted, met):
+    """|predicted - measured| / measured < 10%: 0.905 ms predicted for 1 ms measured is 9.5% off
+    (10.5% of the prediction), 1.11 ms is 11% off."""
+    row = _row(ours=1.0, predicted=predicted)
+    assert BT.evaluate_row(row)["targets"]["model_error_below_10pct"] is met
+
+
+@pytest.mark.parametrize("predicted, ours", [(0.0, 1.0), (float("nan"), 1.0),
+                                             (float("inf"), 1.0), (1.0, 0.0)])
+def test_no_model_error_without_a_prediction_or_a_time(predicted, ours):
+    """A prediction of 0 / NaN / inf (none made) or an `ours` time of 0 judges nothing: None,
+    neither met nor failed, and no ZeroDivisionError."""
+    row = _row(ours=ours, predicted=predicted)
+    assert BT.evaluate_row(row)["targets"]["model_error_below_10pct"] is None
+
+
+def test_an_infinite_speedup_or_efficiency_meets_nothing():
+    """inf (a zero time divided by) is not a measurement: every verdict on it is False."""
+    t = BT.evaluate_row(_row(speedup=float("inf"), eff=float("inf")))["targets"]
+    for target in ("speedup_at_least_1", "efficiency_at_least_0.5", "headline_speedup_1.4",
+                   "efficiency_at_ceiling"):
+        assert t[target] is False, target
+
+
+def test_wrong_values_leave_the_targets_that_do_not_apply_none():
+    row = _row(shape=(1024, 1024, 1024), others={}, predicted=None)
+    row["failed_value_check"] = {"ours": 0.5}
+    t = BT.evaluate_row(row)["targets"]
+    assert t["speedup_at_least_1"] is False and t["efficiency_at_least_0.5"] is False
+    for target in ("headline_speedup_1.25", "efficiency_within_0.1_of_ceiling",
+                   "ahead_of_every_other_variant", "model_error_below_10pct"):
+        assert t[target] is None, target
+    assert BT.summary([dict(row, targets=t)])["headline_speedup_1.4"] == {"met": 0, "of": 0}
+
+
+def test_the_all_to_all_targets_at_their_thresholds_and_other_dtypes():
+    row = {"op": "all_to_all", "world": 2, "dtype": "bfloat16", "speedup": 1.0,
+           "overlap_efficiency": 0.5, "failed_value_check": {}}
+    assert set(BT.evaluate_a2a_row(row)["targets"].values()) == {True}
+    assert set(BT.evaluate_a2a_row(dict(row, dtype="float16"))["targets"].values()) == {None}
+    bad = dict(row, speedup=1.3, overlap_efficiency=0.8, failed_value_check={"ours": 0.3})
+    assert BT.evaluate_a2a_row(bad)["targets"] == {"speedup_at_least_1": False,
+                                                   "efficiency_at_least_0.5": False}
