@@ -503,6 +503,12 @@ def is_forced() -> bool:
   return _override.get() is not None
 
 
+def is_forced_off() -> bool:
+  """A forced(overlap=False) context: XLA's dot + collective, whatever the shape."""
+  override = _override.get()
+  return override is not None and not override[2]
+
+
 def plan_from_entry(collective: str, m: int, world: int, entry: dict) -> GroupPlan:
   """The GroupPlan of a tuned config entry (jax_flashoverlap.tuning; validated). A peer-store
   entry's bands cover one block of m / world rows for both collectives (plan_peer.py)."""

@@ -272,8 +272,9 @@ def _collective_cuda_lowering(prim, reference_lowering, collective):
       return reference_lowering(ctx, x, w, axis_name=axis_name, transpose_w=transpose_w)
     mesh, world, x_aval, w_aval, dtype, (m, n, k) = lowering_problem(ctx, axis_name,
                                                                      transpose_w)
-    if too_large(prim.name, m, n, k, comm_sms is None and not plan_lib.is_forced()
-                 and _ext.fallback_enabled()):
+    # forced(overlap=False) asks for XLA's composition (keep_reference), not our kernels
+    if too_large(prim.name, m, n, k, plan_lib.is_forced_off() or (
+        comm_sms is None and not plan_lib.is_forced() and _ext.fallback_enabled())):
       publish_decision(prim.name, ctx, {"overlap": False})
       return reference_lowering(ctx, x, w, axis_name=axis_name, transpose_w=transpose_w)
     transport = _ext.transport()

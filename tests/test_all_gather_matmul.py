@@ -348,6 +348,32 @@ def test_cuda_lowering_return_gathered_is_a_second_result(fo, monkeypatch, gathe
     assert "all_gather" not in text.replace(TARGET, "")
 
 
+@pytest.mark.parametrize("return_gathered", [False, True], ids=["out", "gathered"])
+@pytest.mark.parametrize("gather", ["p2p", "collective"])
+def test_cuda_lowering_asks_for_the_gathered_rows_workspace(fo, monkeypatch, gather,
+                                                            return_gathered):
+    """Lowered for this machine's GPUs (the communicator calls faked and recorded here), the
+    gathered rows (n x R x K bf16) take a workspace, except peer-to-peer with return_gathered,
+    which receives them straight into that output; the collective gather's communicator is a
+    collective one with CTA policy zero, the peer-to-peer gather's a peer-to-peer one."""
+    from jax_flashoverlap import comm, plan_a2a
+    monkeypatch.delenv("JAX_FLASHOVERLAP_FORCE_REFERENCE", raising=False)
+    made = []
+    monkeypatch.setattr(comm, "mesh_is_local_gpu", lambda mesh: True)
+    monkeypatch.setattr(comm, "ensure_communicators", lambda *a, **k: made.append(k))
+    n, (R, K), N = 2, (2048, 4096), 4096
+    body, specs = ((_ours_gathered(fo), GATHERED_SPECS) if return_gathered else
+                   (_ours(fo), SPECS))
+    f = shard_map(body, make_mesh_1d(n), *specs)
+    args = (jax.ShapeDtypeStruct((n * R, K), jnp.bfloat16),
+            jax.ShapeDtypeStruct((K, n * N), jnp.bfloat16))
+    with plan_a2a.forced(gather=gather, comm_sms=8, chunks=1):
+        assert len(_calls(lower_for_cuda(f, args))) == 1
+    p2p = gather == "p2p"
+    want = (0 if p2p and return_gathered else n * R * K * 2, p2p, "default" if p2p else "zero")
+    assert [(k["workspace_bytes"], k["peer_to_peer"], k["cta_policy"]) for k in made] == [want]
+
+
 def test_one_rank_lowers_to_the_reference_unless_forced(fo, monkeypatch):
     """One rank has nothing to gather: XLA's composition; forced, the custom call (so one
     GPU can run the whole call through a 1-rank communicator)."""

@@ -63,6 +63,16 @@ def test_odd_shapes(fo, split, concat, rng):
     assert_close(got, _run(_ref(split, concat), mesh, x, w))
 
 
+@pytest.mark.parametrize("concat", [0, 1], ids=["ulysses", "cols"])
+def test_columns_split_take_rows_not_divisible_by_the_axis(fo, concat, rng):
+    """split_axis=1 splits N, so x's rows (per device, here 5 on 4 ranks) need not divide by
+    the axis size (only split_axis=0 needs that)."""
+    mesh = make_mesh_1d(4)
+    x, w = rand(rng, (4 * 5, 16), jnp.bfloat16), rand(rng, (16, 4 * 8), jnp.bfloat16)
+    got = _run(_ours(fo, 1, concat), mesh, x, w)
+    assert_close(got, _run(_ref(1, concat), mesh, x, w))
+
+
 def test_default_concat_is_split(fo, rng):
     mesh = make_mesh_1d(4)
     x, w = _inputs(rng, 4, jnp.bfloat16)
@@ -222,6 +232,22 @@ def test_cuda_lowering_custom_call(fo, no_fallback, split, concat):
     assert re.search(rf"concat_axis = {concat} : i32", call), call
     out = {(0, 0): (M, N), (1, 0): (n * M, N // n), (0, 1): (M // n, n * N), (1, 1): (M, N)}[(split, concat)]
     assert f"tensor<{out[0]}x{out[1]}xbf16>" in call, call
+
+
+@pytest.mark.parametrize("split,concat", AXES, ids=AXES_IDS)
+def test_cuda_lowering_asks_for_the_products_workspace(fo, no_fallback, monkeypatch, split,
+                                                       concat):
+    """Lowered for this machine's GPUs (the communicator calls faked and recorded here): one
+    peer-to-peer communicator with a workspace of the product, M x N bf16, twice that with
+    concat_axis=1."""
+    from jax_flashoverlap import comm
+    made = []
+    monkeypatch.setattr(comm, "mesh_is_local_gpu", lambda mesh: True)
+    monkeypatch.setattr(comm, "ensure_communicators", lambda *a, **k: made.append(k))
+    n, M, K, N = 2, 4096, 4096, 8192
+    assert len(_calls(_cuda_text(fo, make_mesh_1d(n), (n * M, K), (K, N), split, concat))) == 1
+    assert [(k["workspace_bytes"], k["peer_to_peer"]) for k in made] == [
+        (M * N * 2 * (2 if concat == 1 else 1), True)], made
 
 
 def test_cuda_lowering_unsupported_shape_uses_reference(fo, no_fallback):

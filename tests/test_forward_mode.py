@@ -2,6 +2,8 @@
 op equals that of XLA's own composition. The ops were custom_vjp functions, and JAX refuses
 forward mode on those ("can't apply forward-mode autodiff (jvp) to a custom_vjp function");
 psum(x @ w) supports it, so the ops must too. Reverse mode is tests/test_grads.py."""
+import re
+
 import numpy as np
 import pytest
 
@@ -96,3 +98,26 @@ def test_jvp_of_the_global_views(reduce):
   y_ref, t_ref = jax.jit(lambda *a: jax.jvp(jnp.matmul, a[:2], a[2:]))(xs, wc, dxs, dwc)
   assert_close(y, y_ref)
   assert_close(t, t_ref)
+
+
+_PRIMITIVES = {"all_reduce": "flashoverlap_gemm_all_reduce",
+               "reduce_scatter": "flashoverlap_gemm_reduce_scatter",
+               "matmul": "flashoverlap_gemm", "all_to_all": "flashoverlap_gemm_all_to_all",
+               "all_gather": "flashoverlap_all_gather_gemm"}
+
+
+@pytest.mark.parametrize("name", sorted(_PRIMITIVES))
+def test_the_primal_under_jvp_and_grad_is_our_op(name):
+  """Only the tangent is the reference composition's: jvp and grad compute the
+  primal output with the op's own primitive (on GPUs the overlapped kernel). The reference's
+  primal has the same values, so computing it instead would silently drop the overlap from
+  every training step."""
+  ours, _, x_shape, w_shape, ins, out = _ops()[name]
+  f = shard_map(ours, make_mesh_1d(N), ins, out)
+  x, w, dx, dw = _inputs(4, x_shape, w_shape)
+  prim = re.compile(rf"(?<![A-Za-z0-9_]){_PRIMITIVES[name]}\[")
+  jvp = jax.make_jaxpr(lambda *a: jax.jvp(f, a[:2], a[2:]))(x, w, dx, dw)
+  loss = lambda x, w: jnp.sum(jnp.sin(f(x, w).astype(jnp.float32)))  # noqa: E731
+  grad = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(x, w)
+  for text in (str(jvp), str(grad)):
+    assert len(prim.findall(text)) == 1, text

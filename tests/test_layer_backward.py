@@ -74,3 +74,27 @@ def test_column_matmul_over_two_axes(axes, rng):
     for got, want in zip(grads["ours"], grads["ref"]):
         assert_close(got, want)
 
+
+def test_column_matmul_refuses_x_varying_over_the_axis():
+    """x sharded over 'tp' (varying) with w sharded on out: dx = psum(dy @ w.T) would sum the
+    ranks' different rows' cotangents together. Refused, naming the axes x varies over."""
+    x, w = jnp.ones((8 * N, 32), BF16), jnp.ones((32, 16 * N), BF16)
+    specs = ((P("tp", None), P(None, "tp")), P("tp", None))
+    with pytest.raises(ValueError, match=r"column_matmul: needs x invariant and w varying over "
+                                         r"'tp'.*x varies over \['tp'\]"):
+        _grads(lambda a, b: lb.column_matmul(a, b, "tp"), *specs, x, w)
+
+
+def test_a_column_input_without_features_differentiates_as_the_plain_matmul():
+    """x [M, 0] (so w [0, N/n]): dy [M, N/n] has rows and columns, but the backward's
+    matmul_all_reduce(dy, w) would get an empty w, which it refuses. The gradients' types
+    (traced: XLA cannot compile a shard_map whose operands are all empty)."""
+    specs = ((P(), P(None, "tp")), P(None, "tp"))
+    x, w = jnp.zeros((8, 0), BF16), jnp.zeros((0, 16 * N), BF16)
+
+    def grads(fn):
+        f = jax.shard_map(fn, mesh=make_mesh_1d(N), in_specs=specs[0], out_specs=specs[1])
+        loss = lambda a, b: jnp.sum(jnp.sin(f(a, b).astype(jnp.float32)))  # noqa: E731
+        return jax.eval_shape(jax.grad(loss, argnums=(0, 1)), x, w)
+
+    assert grads(lambda a, b: lb.column_matmul(a, b, "tp")) == grads(jnp.matmul)

@@ -369,6 +369,37 @@ def test_dims_past_the_kernels_limit_take_xlas_path_or_raise(fo, monkeypatch, na
             _cuda_text(g, args)
 
 
+@pytest.mark.parametrize("name", ["all_reduce", "reduce_scatter"])
+def test_a_forced_plan_past_the_kernels_limit_raises(fo, monkeypatch, name):
+    """A forced plan asks for our kernels, as the fallback switched off does: with the default
+    settings otherwise, a dim past their limit is a ValueError naming it, not XLA's path."""
+    from jax_flashoverlap import plan as plan_lib
+    monkeypatch.delenv("JAX_FLASHOVERLAP_FORCE_REFERENCE", raising=False)
+    monkeypatch.delenv(FALLBACK_ENV, raising=False)
+    f, args = _program(fo, name, make_mesh_1d(2), size=dict(M=256, K_local=1 << 30, N=64))
+    with plan_lib.forced(comm_sms=16):
+        with pytest.raises(ValueError, match=r"K=\d+ \(.*\) must be < 2\^30"):
+            _cuda_text(f, args)
+
+
+@pytest.mark.parametrize("fallback", [None, "0"], ids=["default", "fallback_off"])
+@pytest.mark.parametrize("name", ["all_reduce", "reduce_scatter"])
+def test_forced_overlap_off_past_the_kernels_limit_is_xlas_path(fo, monkeypatch, name,
+                                                                fallback):
+    """forced(overlap=False) asks for XLA's dot + collective (keep_reference), not our
+    kernels: a dim past their limit lowers to XLA's composition (it raised "a forced plan
+    ... asked for our kernels"), also with the fallback switched off."""
+    from jax_flashoverlap import plan as plan_lib
+    monkeypatch.delenv("JAX_FLASHOVERLAP_FORCE_REFERENCE", raising=False)
+    monkeypatch.delenv(FALLBACK_ENV, raising=False)
+    if fallback is not None:
+        monkeypatch.setenv(FALLBACK_ENV, fallback)
+    f, args = _program(fo, name, make_mesh_1d(2), size=dict(M=256, K_local=1 << 30, N=64))
+    with plan_lib.forced(overlap=False):
+        text = _cuda_text(f, args)
+    assert not _custom_call_lines(text, PRIMITIVE_NAMES[name]) and "dot_general" in text
+
+
 @pytest.mark.parametrize("op", ["all_to_all", "all_gather"])
 def test_all_to_all_and_all_gather_leave_a_huge_k_to_xla(fo, no_fallback, op):
     """Their shape checks (plan_a2a.a2a_supported / all_gather_supported) covered M and N
@@ -430,6 +461,21 @@ def test_a_gpu_with_other_than_132_sms(fo, no_fallback, monkeypatch, name):
         lower_for_cuda(*program(120))
 
 
+@pytest.mark.parametrize("sms", [114, 78])
+def test_the_sm_count_check_leaves_the_gemm_exactly_two_sms(monkeypatch, sms):
+    """comm_sms = sms - 2 leaves the GEMM one 2-SM cluster and is taken; one more is not (the
+    test above checks a comm_sms far past the limit only)."""
+    import warnings
+    from jax_flashoverlap import primitives
+    monkeypatch.setattr(primitives, "_warned_sm_count", set())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", primitives.SMCountWarning)
+        primitives.check_sm_count("op", sms - 2, sms=sms)
+    with pytest.raises(ValueError, match=rf"comm_sms={sms - 1} leaves fewer than 2 of this "
+                                         rf"GPU's {sms} SMs to the GEMM \(at most {sms - 2}\)"):
+        primitives.check_sm_count("op", sms - 1, sms=sms)
+
+
 @pytest.mark.parametrize("variable,value", [
     ("JAX_FLASHOVERLAP_TRANSPORT", "pear"), ("JAX_FLASHOVERLAP_WATCHDOG_S", "x"),
     ("JAX_FLASHOVERLAP_TUNED", "nah"), ("FLASHOVERLAP_TRACE", "maybe"),
@@ -462,3 +508,58 @@ def test_a_misspelt_switch_is_an_error_in_the_other_ops_cuda_lowerings(fo, monke
     for f in programs:
         with pytest.raises(ValueError, match="JAX_FLASHOVERLAP_TRANSPORT.*'pear'"):
             lower_for_cuda(f, (x, w))
+
+
+@pytest.mark.parametrize("name", ["all_reduce", "reduce_scatter"])
+def test_cuda_lowering_world_size_over_two_axes(fo, no_fallback, name):
+    """axis_name=('dp', 'tp'): the collective spans both axes of a (2, 4) mesh, so the custom
+    call's world_size is their product, 8 (the tests above reduce over one axis only)."""
+    mesh = make_mesh_2d(2, 4)
+    axes = ("dp", "tp")
+    M, Kl, N = LARGE["M"], LARGE["K_local"], LARGE["N"]
+    if name == "all_reduce":
+        body = lambda a, b: fo.matmul_all_reduce(a, b, axes)  # noqa: E731
+        out_spec = P()
+    else:
+        body = lambda a, b: fo.matmul_reduce_scatter(a, b, axes)  # noqa: E731
+        out_spec = P(axes, None)
+    f = shard_map(body, mesh, (P(None, axes), P(axes, None)), out_spec)
+    args = (jax.ShapeDtypeStruct((M, Kl * 8), jnp.bfloat16),
+            jax.ShapeDtypeStruct((Kl * 8, N), jnp.bfloat16))
+    _check_cuda_lowering(_cuda_text(f, args), name,
+                         (M // 8 if name == "reduce_scatter" else M, N), 8)
+
+
+@pytest.mark.parametrize("buffer", ["workspace", "output"])
+def test_cuda_lowering_asks_for_each_reducing_ops_workspace(fo, no_fallback, monkeypatch,
+                                                            buffer):
+    """Lowered for this machine's GPUs (the communicator calls faked and recorded here), each
+    reducing op asks for a workspace of its product, M x N bf16; the all-reduce in place
+    (JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER=output) for none, and the reduce-scatter has no such
+    mode."""
+    from jax_flashoverlap import comm
+    monkeypatch.setenv("JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER", buffer)
+    made = []
+    monkeypatch.setattr(comm, "mesh_is_local_gpu", lambda mesh: True)
+    monkeypatch.setattr(comm, "ensure_communicators", lambda *a, **k: made.append(k))
+    for name in ("all_reduce", "reduce_scatter"):
+        made.clear()
+        f, args = _program(fo, name, make_mesh_1d(4), size=LARGE)
+        assert len(_custom_call_lines(_cuda_text(f, args), PRIMITIVE_NAMES[name])) == 1
+        in_place = name == "all_reduce" and buffer == "output"
+        product = LARGE["M"] * LARGE["N"] * 2
+        assert [k["workspace_bytes"] for k in made] == [0 if in_place else product], made
+
+
+@pytest.mark.parametrize("comm_sms", [None, 16])
+def test_cuda_lowering_of_the_plain_gemm_passes_its_signal_groups(fo, no_fallback, comm_sms):
+    """The plain GEMM's call: comm_sms (0 by default: every SM computes) and the row groups
+    it signals (primitives.GEMM_SIGNAL_GROUPS, enough to exercise the signaling path)."""
+    from jax_flashoverlap import primitives
+    kw = {} if comm_sms is None else {"comm_sms": comm_sms}
+    bf16 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)  # noqa: E731
+    text = _cuda_text(lambda x, w: fo.matmul(x, w, **kw), (bf16(512, 1024), bf16(1024, 1024)))
+    (call,) = _custom_call_lines(text, PRIMITIVE_NAMES["matmul"])
+    assert primitives.GEMM_SIGNAL_GROUPS > 1
+    assert f"num_groups = {primitives.GEMM_SIGNAL_GROUPS} : i32" in call, call
+    assert f"comm_sms = {comm_sms or 0} : i32" in call, call

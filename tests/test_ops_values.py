@@ -212,3 +212,22 @@ def test_reduce_scatter_sequence_dim(fo, tp_mesh, rng, shape, dim, transpose_w):
     check_against_refs(got, want, want32)
     glob = np.matmul(f32(x), f32(w).T if transpose_w else f32(w))
     assert got.shape == glob.shape and rel_fro(got, glob) < REL_FRO_TOL
+
+
+@pytest.mark.parametrize("name", ["all_reduce", "all_gather"])
+def test_a_list_of_axes_is_their_tuple(fo, mesh2d, name, rng):
+    """axis_name=['dp', 'tp'] (a list, as JAX's collectives take) reduces / gathers over both
+    axes, as the tuple does: the ops' static parameters must be hashable."""
+    axes = ("dp", "tp")
+    ops = {
+        "all_reduce": (lambda a, b, ax: fo.matmul_all_reduce(a, b, ax),
+                       lambda a, b: lax.psum(a @ b, axes), (P(None, axes), P(axes, None), P())),
+        "all_gather": (lambda a, b, ax: fo.all_gather_matmul(a, b, ax),
+                       lambda a, b: lax.all_gather(a, axes, tiled=True) @ b,
+                       (P(axes, None), P(None, axes), P(None, axes))),
+    }
+    ours, ref, (xs, ws, os_) = ops[name]
+    x, w = rand(rng, (8 * 8, 16 * 8), jnp.bfloat16), rand(rng, (16 * 8, 8 * 8), jnp.bfloat16)
+    run = lambda body, *args: jax.jit(shard_map(body, mesh2d, (xs, ws), os_))(*args)  # noqa: E731
+    got = run(lambda a, b: ours(a, b, list(axes)), x, w)
+    check_against_refs(got, run(ref, x, w), run(ref, *upcast(x, w)))

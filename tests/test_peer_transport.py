@@ -251,6 +251,20 @@ def test_peer_lowering_emits_the_peer_plan(fo, no_fallback, monkeypatch, collect
 
 
 @pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter"])
+def test_an_explicit_comm_sms_under_transport_peer(fo, no_fallback, monkeypatch, collective):
+    """The peer stores run the GEMM on every SM: comm_sms=0 says just that and takes them;
+    any other explicit comm_sms is a ValueError at lowering (docs/errors.md)."""
+    monkeypatch.setenv(TRANSPORT_ENV, "peer")
+    mesh = make_mesh_1d(2)
+    transport, comm_sms, bands, line = _attrs(fo, collective, mesh, comm_sms=0)
+    assert (transport, comm_sms) == (1, 0), line
+    f, args = _program(fo, collective, mesh, comm_sms=16)
+    with pytest.raises(ValueError, match=r"comm_sms=16, but with JAX_FLASHOVERLAP_TRANSPORT=peer "
+                                         r"the GEMM runs on every SM"):
+        lower_for_cuda(f, args)
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter"])
 def test_a_forced_plan_takes_the_nccl_path_under_transport_peer(fo, no_fallback, monkeypatch,
                                                                  collective):
     """plan.forced(...) under JAX_FLASHOVERLAP_TRANSPORT=peer emitted the peer-store call with

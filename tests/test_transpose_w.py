@@ -206,6 +206,24 @@ def test_cuda_lowering_attribute(fo, no_fallback, name, transpose_w):
     assert f"-> tensor<{local_out[0]}x{local_out[1]}xbf16>" in call, call
 
 
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_cuda_lowering_reads_n_past_the_kernels_limit_from_w(fo, no_fallback, name):
+    """w [N, K] with N = 2^30 (the kernels' limit) and a small K: N must be read from w's first
+    dim, or the limit checks pass and a call the launcher refuses at run time is emitted. With
+    the fallback off the GEMM ops name N; the all-to-all and all-gather take XLA's path."""
+    n, big = 2, 1 << 30
+    xs, ws, os_ = specs = _specs(name)
+    args = (jax.ShapeDtypeStruct(_global((512, 64), xs, n), jnp.bfloat16),
+            jax.ShapeDtypeStruct(_global((big, 64), ws, n), jnp.bfloat16))
+    f = shard_map(_ours(fo, name, transpose_w=True), make_mesh_1d(n), specs[:2], os_)
+    if name in ("matmul", "all_reduce", "reduce_scatter"):
+        with pytest.raises(ValueError, match=rf"N={big} \(columns of the output\) must be < 2\^30"):
+            lower_for_cuda(f, args)
+    else:
+        text = lower_for_cuda(f, args)
+        assert not custom_call_lines(text, OPS[name][3]) and "dot_general" in text, text
+
 def test_cpu_lowering_is_the_reference(fo):
     specs = _specs("all_reduce")
     f = shard_map(_ours(fo, "all_reduce", transpose_w=True), make_mesh_1d(4), specs[:2],

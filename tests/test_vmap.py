@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from _util import (DTYPES, DTYPE_IDS, check_against_refs, f32, make_mesh_1d, op_fn, rand,
-                   rel_fro, shard_map, upcast, REL_FRO_TOL)
+from _util import (DTYPES, DTYPE_IDS, assert_close, check_against_refs, f32, make_mesh_1d, op_fn,
+                   rand, rel_fro, shard_map, upcast, REL_FRO_TOL)
 
 B = 3
 
@@ -129,3 +129,40 @@ def test_pmap_axis_names_are_mesh_axes(fo, name, rng):
     want = jax.pmap(ref, axis_name="tp", devices=devices)(x, w)
     assert got.shape == want.shape
     np.testing.assert_array_equal(f32(got), f32(want))
+
+
+def _batch_axis_moved(a, spec, to):
+    """Global `a` batched on its axis 0 (spec P(None, ...)) with that axis moved to `to`."""
+    entries = list(tuple(spec) + (None,) * (a.ndim - len(tuple(spec))))
+    entries.insert(to, entries.pop(0))
+    return jnp.moveaxis(a, 0, to), P(*entries)
+
+
+@pytest.mark.parametrize("x_axis,w_axis", [(1, None), (None, 2), (2, 1)],
+                         ids=["x1", "w2", "x2_w1"])
+@pytest.mark.parametrize("name", ["reduce_scatter", "matmul", "all_gather"])  # both rules
+def test_vmap_over_an_inner_axis(fo, mesh4, name, x_axis, w_axis, rng):
+    """vmap(in_axes=1 or 2): the batching rules get operands batched along an inner axis and
+    must move it to the front (the tests above batch axis 0 only, where that move is a no-op)."""
+    x_batched, w_batched = x_axis is not None, w_axis is not None
+    if name in ("all_to_all", "all_gather"):
+        op, ref = _a2a_ag_fns(fo)[name]
+        x, xs = rand(rng, (B, 8 * 4, 24), jnp.bfloat16), P(None, "tp", None)
+        w, ws = rand(rng, (B, 24, 16), jnp.bfloat16), P(None, None, None)
+        os_ = P(None, "tp", None)
+        if not x_batched:
+            x, xs = x[0], P("tp", None)
+        if not w_batched:
+            w, ws = w[0], P()
+    else:
+        x, w, xs, ws, os_ = _case(name, 4, rng, jnp.bfloat16, w_batched, x_batched)
+        op, ref = op_fn(fo, name)
+    if x_batched:
+        x, xs = _batch_axis_moved(x, xs, x_axis)
+    if w_batched:
+        w, ws = _batch_axis_moved(w, ws, w_axis)
+    in_axes = (x_axis, w_axis)
+    got = _run(op, mesh4, in_axes, (xs, ws, os_), x, w)
+    want = _run(ref, mesh4, in_axes, (xs, ws, os_), x, w)
+    assert got.shape[0] == B
+    assert_close(got, want)
