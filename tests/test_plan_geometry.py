@@ -204,3 +204,11 @@ def test_wave_aligned_comm_sms_never_passes_the_most_sms_a_call_may_leave():
   129 SMs left to 130; at 131 the grid would be empty (and the plan invalid)."""
   assert P.wave_aligned_comm_sms(128, 768, 129, 200) == P.MAX_COMM_SMS
   assert P.wave_aligned_comm_sms(128, 768, 129, 129) == 129
+
+
+def test_tuner_comm_sms_order_duplicates_and_the_last_values_limit():
+    """problem_comm_sms: the requested values in any order or repeated give the same values
+    (each raised below the next larger one), and the largest is raised by at most 8."""
+    assert tune.problem_comm_sms(8192, 8192, [16, 8, 12]) == [10, 15, 18]
+    assert tune.problem_comm_sms(8192, 8192, [8, 8, 12]) == [10, 18]
+    assert tune.problem_comm_sms(2048, 2048, [8, 12, 16]) == [11, 15, 24]  # 16 + 8, not more

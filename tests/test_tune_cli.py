@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from jax_flashoverlap import tuning, tune
+from jax_flashoverlap import plan as plan_lib, tuning, tune
 from _tuning_util import H200, entry as _entry, write_config as _write
 
 
@@ -31,7 +31,11 @@ def test_tune_cli_refuses_without_gpu():
                                                  "collective needs M divisible by 2 * world = 4"),
     (["--calls", "0"], "--calls must be >= 1, got 0"),
     (["--samples", "0"], "--samples must be >= 1, got 0"),
+    (["--max-error", "0"], "--max-error must be a finite number > 0 (the largest relative "
+                           "error vs float32 accepted), got 0.0"),
     (["--world", "1", "--peer"], "--peer: the peer stores take a mesh of 2 to 8 GPUs, --world is 1"),
+    (["--collectives", "--ops", "all_to_all", "--world", "1"], "--ops needs a mesh of >= 2 GPUs "
+                                                               "(over one device"),
 ])
 def test_tune_cli_checks_world_and_shapes_before_any_gpu_time(argv, message, monkeypatch,
                                                               capsys):
@@ -57,6 +61,7 @@ def test_tune_cli_checks_world_and_shapes_before_any_gpu_time(argv, message, mon
                             "{d}/configs/cpu_x2.json: not JSON"),
     ("report-in-missing-folder", "--report {d}/no/r.json: cannot write there ({d}/no is not a "
                                  "writable directory)"),
+    ("report-a-directory", "--report {d}/configs: cannot write there (a directory)"),
 ])
 def test_tune_cli_checks_its_output_paths_before_any_gpu_time(case, message, tmp_path,
                                                               monkeypatch, capsys):
@@ -77,7 +82,8 @@ def test_tune_cli_checks_its_output_paths_before_any_gpu_time(case, message, tmp
            "not-json": ["--out", str(tmp_path / "junk.json")],
            "a-directory": ["--out", str(tmp_path / "configs")],
            "default-file-broken": [],
-           "report-in-missing-folder": ["--report", str(tmp_path / "no" / "r.json")]}[case]
+           "report-in-missing-folder": ["--report", str(tmp_path / "no" / "r.json")],
+           "report-a-directory": ["--report", str(tmp_path / "configs")]}[case]
     with pytest.raises(SystemExit) as info:
         tune.main(["--collectives", "all_reduce", "--shapes", "512x512x512", "--world", "2",
                    *out])
@@ -201,3 +207,59 @@ def test_no_wave_align_is_off_unless_given_and_its_help_shows_no_default(flag, w
     text = " ".join(capsys.readouterr().out.split())
     assert "--no-wave-align tune exactly the --comm-sms values given (without it they are " \
            "raised) --cta-policies" in text, text
+
+
+@pytest.mark.parametrize("argv", [["--comm-sms", "1", str(plan_lib.MAX_COMM_SMS)],
+                                  ["--world", "8", "--peer"],
+                                  ["--world", "2", "--peer", "--top", "1", "--calls", "1",
+                                   "--samples", "1", "--max-error", "1e-9"]])
+def test_tune_cli_accepts_the_edges_of_each_range(argv, monkeypatch):
+    """The refusals above stop at their bounds: --comm-sms 1 and MAX_COMM_SMS, --peer on 8
+    GPUs (plan_peer.MAX_WORLD) or 2, --top / --calls / --samples 1 and a tiny --max-error are
+    tuned, with the values given."""
+    import jax
+
+    class Stop(Exception):
+        pass
+
+    def capture(pb, args, progress):
+        raise Stop(args)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(tune, "tune_problem", capture)
+    world = [] if "--world" in argv else ["--world", "2"]
+    with pytest.raises(Stop) as got:
+        tune.main(["--collectives", "all_reduce", "--shapes", "512x512x512", *world, *argv])
+    args = got.value.args[0]
+    assert args.world == int((world or argv)[1])
+    if "--comm-sms" in argv:
+        assert args.comm_sms == [1, plan_lib.MAX_COMM_SMS]
+    if "--peer" in argv:
+        assert args.peer is True
+    if "--top" in argv:
+        assert (args.top, args.calls, args.samples, args.max_error) == (1, 1, 1, 1e-9)
+
+
+def test_tune_cli_reports_ops_only_runs_complete(tmp_path, monkeypatch):
+    """`--collectives --ops ...` (no GEMM + collective problems): the GEMM + collective's shape
+    rules do not apply (M=18 is not divisible by 2 * world, fine for an all-gather), the op's
+    entry is saved and the report says complete once every op is tuned (op problems count)."""
+    import jax
+    from jax_flashoverlap import tune_a2a
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    tuned = []
+
+    def fake(op, shape, mesh, args, progress, key):
+        tuned.append((op, shape, mesh.devices.size))
+        entry = tune_a2a.entry_for(op, "bfloat16", *tune_a2a.local_problem(op, *shape, 2), 2, None, 0.6,
+                                   0.5)
+        return entry, {"op": op}
+
+    monkeypatch.setattr(tune_a2a, "tune_op", fake)
+    out, report = tmp_path / "c.json", tmp_path / "r.json"
+    rc = tune.main(["--collectives", "--ops", "all_gather", "--shapes", "18x32x64",
+                    "--world", "2", "--out", str(out), "--report", str(report)])
+    assert rc == 0 and tuned == [("all_gather", (18, 32, 64), 2)]
+    rep = json.loads(report.read_text())
+    assert rep["complete"] is True and rep["rows"] == [{"op": "all_gather"}]
+    assert [(e["collective"], e["overlap"]) for e in tuning.load_file(out).values()] == \
+        [("all_gather", False)]

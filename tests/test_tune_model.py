@@ -200,7 +200,8 @@ def test_single_cta_policy_is_timed_and_saved(monkeypatch):
                             "entries": [entry]})
 
 
-@pytest.mark.parametrize("policy_ms, overlap", [((1.05, 1.02), False), ((0.90, 0.95), True)])
+@pytest.mark.parametrize("policy_ms, overlap", [((1.05, 1.02), False), ((0.90, 0.95), True),
+                                               ((1.0, 1.0), False)])  # a tie: XLA's path
 def test_cta_policy_round_is_compared_with_xla_in_that_round(policy_ms, overlap, monkeypatch):
     """--cta-policies default efficiency (the default): the kept plan is timed again under each
     policy in a round of its own, where clocks differ. Its time there was saved with

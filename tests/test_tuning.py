@@ -509,3 +509,12 @@ def test_write_entries_refuses_a_file_of_another_world_size(user_dir):
                                                            f"not {H200} x 4")):
         tuning.write_entries(path, H200, 4, [_entry(comm_sms=8)])
     assert tuning.load_file(path)[(H200, 2) + tuning.entry_key(_entry())]["comm_sms"] == 16
+
+
+def test_the_tuner_keeps_xlas_path_on_a_tie():
+    """fastest(): XLA's dot + collective is kept where the fastest plan is only as fast (an
+    overlapped entry must have beaten it); a hair faster, the plan is kept."""
+    from jax_flashoverlap.tune_model import Candidate
+    a, b = Candidate(8, (0, 512, 1024), 1e-3, "dp"), Candidate(16, (0, 1024), 1e-3, "even1")
+    assert tune.fastest({a: 1.2, b: 1.3}, 1.2) is None
+    assert tune.fastest({a: 1.1999, b: 1.3}, 1.2) is a
