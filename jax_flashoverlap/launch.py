@@ -96,9 +96,22 @@ def _signal_group(p, signum) -> None:
     pass
 
 
+def _group_alive(p) -> bool:
+  """Whether anything is left in p's process group (p reaped or not)."""
+  try:
+    os.killpg(p.pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # a member we may not signal: alive, and not ours to wait for
+    return True
+  return True
+
+
 def _kill(procs, groups: bool) -> None:
   """Stops the processes still running (SIGTERM, then SIGKILL after 10 s); with `groups`,
-  everything in their process groups as well (the launch failed or was stopped)."""
+  everything in their process groups as well (the launch failed or was stopped), whose
+  members get the same 10 s to end on SIGTERM (they got SIGKILL at once once the processes
+  we launched had exited, which a failed one already had: a child's cleanup was cut off)."""
   for p in procs:
     if p.poll() is None or groups:
       _signal_group(p, signal.SIGTERM)
@@ -108,6 +121,8 @@ def _kill(procs, groups: bool) -> None:
       p.wait(timeout=max(0.1, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
       pass
+  while groups and time.monotonic() < deadline and any(_group_alive(p) for p in procs):
+    time.sleep(0.05)
   for p in procs:
     if p.poll() is None or groups:
       _signal_group(p, signal.SIGKILL)  # also a group member that ignored SIGTERM

@@ -293,3 +293,295 @@ def test_launcher_takes_double_dash_before_the_program():
     assert split_command(["-n", "2", "--", "-m", "mod", "--"]) == (["-n", "2"],
                                                                    ["-m", "mod", "--"])
     assert split_command(["-n", "2", "app.py", "--", "x"]) == (["-n", "2"], ["app.py", "--", "x"])
+
+
+# --- in-process checks of the launcher's parts (fast: no JAX in the launched processes) ------
+
+from jax_flashoverlap import launch as launch_mod  # noqa: E402
+
+
+def test_launcher_env_of_each_process(monkeypatch):
+    """Each process's ids and variables; the user's NCCL_NVLS_ENABLE wins over the default;
+    with an unknown GPU count, process i gets ordinals i*K .. (i+1)*K-1."""
+    monkeypatch.delenv("NCCL_NVLS_ENABLE", raising=False)
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
+    monkeypatch.setenv("SOME_USER_VARIABLE", "kept")
+    env = launch_mod._env(1, 3, "127.0.0.1:1234", 0)
+    assert env["JAX_FLASHOVERLAP_COORDINATOR"] == "127.0.0.1:1234"
+    assert env["JAX_FLASHOVERLAP_NUM_PROCESSES"] == "3"
+    assert env["JAX_FLASHOVERLAP_PROCESS_ID"] == "1"
+    assert env["PYTHONUNBUFFERED"] == "1" and env["NCCL_NVLS_ENABLE"] == "0"
+    assert env["SOME_USER_VARIABLE"] == "kept"
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
+    assert launch_mod._env(0, 2, "h:1", 0)["NCCL_NVLS_ENABLE"] == "1"
+    assert [launch_mod._env(i, 3, "h:1", 2)["CUDA_VISIBLE_DEVICES"] for i in range(3)] == [
+        "0,1", "2,3", "4,5"]
+    gpus = ["7", "GPU-x", "5", "3"]
+    assert [launch_mod._env(i, 2, "h:1", 2, gpus)["CUDA_VISIBLE_DEVICES"] for i in range(2)] == [
+        "7,GPU-x", "5,3"]
+
+
+def test_launcher_visible_gpus(monkeypatch):
+    """CUDA_VISIBLE_DEVICES's entries (blanks dropped), else nvidia-smi -L's GPU lines counted
+    (not its other lines); MIG instances or no nvidia-smi: unknown."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4, 5,,6,")
+    gpus, source = launch_mod.visible_gpus()
+    assert gpus == ["4", "5", "6"] and "CUDA_VISIBLE_DEVICES" in source
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    listing = {"out": ""}
+
+    def fake_run(cmd, **kwargs):
+        assert cmd == ["nvidia-smi", "-L"]
+        return subprocess.CompletedProcess(cmd, 0, stdout=listing["out"], stderr="")
+
+    monkeypatch.setattr(launch_mod.subprocess, "run", fake_run)
+    listing["out"] = ("GPU 0: NVIDIA H100 (UUID: GPU-a)\nGPU 1: NVIDIA H100 (UUID: GPU-b)\n"
+                      "No devices were found on the other bus\n")
+    assert launch_mod.visible_gpus() == (["0", "1"], "nvidia-smi -L (2 GPUs)")
+    listing["out"] = ("GPU 0: NVIDIA A100 (UUID: GPU-a)\n"
+                      "  MIG 1g.10gb Device 0: (UUID: MIG-b)\n")
+    assert launch_mod.visible_gpus() == (None, "")
+    listing["out"] = ""
+    assert launch_mod.visible_gpus() == (None, "")
+
+
+@pytest.fixture
+def main_calls(monkeypatch):
+    """launch.main with launch() replaced by a recorder: what it would start."""
+    calls = []
+    monkeypatch.setattr(launch_mod, "launch", lambda *args: calls.append(args) or 0)
+    return calls
+
+
+@pytest.mark.parametrize("args, said", [
+    (["-n", "0", "x.py"], "-n must be in [1, 256]"),
+    (["-n", "257", "x.py"], "-n must be in [1, 256]"),
+    (["-n", "1", "--timeout", "0", "x.py"], "--timeout must be a positive"),
+    (["-n", "1", "--timeout", "nan", "x.py"], "--timeout must be a positive"),
+    (["-n", "1", "--gpus-per-process", "-1", "x.py"], "--gpus-per-process must be >= 0"),
+    (["-n", "1"], "missing the program"),
+    (["-n", "1", "-m"], "missing the program"),
+])
+def test_launcher_refuses_bad_arguments(main_calls, capsys, args, said):
+    with pytest.raises(SystemExit) as exc:
+        launch_mod.main(args)
+    assert exc.value.code == 2 and said in capsys.readouterr().err
+    assert main_calls == []
+
+
+def test_launcher_arguments_reach_the_launch(main_calls, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,2,1,0")
+    assert launch_mod.main(["-n", "256", "app.py", "-n", "9"]) == 0
+    assert launch_mod.main(["--num-processes", "2", "--gpus-per-process", "2", "--timeout", "5",
+                            "-m", "mod", "--timeout", "1"]) == 0
+    exe = [sys.executable, launch_mod.CHILD]
+    assert main_calls == [
+        (256, exe + ["app.py", "-n", "9"], 600.0, 0, None),  # default timeout: 600 s
+        (2, exe + ["-m", "mod", "--timeout", "1"], 5.0, 2, ["3", "2", "1", "0"])]
+
+
+def _py(code):
+    return [sys.executable, "-c", textwrap.dedent(code)]
+
+
+@pytest.fixture
+def logs_here(tmp_path, monkeypatch):
+    """A failed launch's kept logs go under tmp_path, not /tmp."""
+    monkeypatch.setattr(launch_mod.tempfile, "tempdir", str(tmp_path))
+
+
+def test_launcher_waits_for_every_process_to_end(tmp_path):
+    """Process 0 ending first (with 0) does not end the launch: process 1 still finishes."""
+    done = tmp_path / "done1"
+    code = launch_mod.launch(2, _py(f'''
+        import os, time
+        if os.environ["JAX_FLASHOVERLAP_PROCESS_ID"] == "1":
+            time.sleep(1.5)
+            open({str(done)!r}, "w").write("finished")
+    '''), 60)
+    assert code == 0 and done.read_text() == "finished"
+
+
+def test_launcher_reports_the_first_failing_process(tmp_path, monkeypatch, capfd, logs_here):
+    """Two processes failed by the same look: the lowest-numbered one's status is the launch's."""
+    real_sleep = launch_mod.time.sleep
+    monkeypatch.setattr(launch_mod.time, "sleep", lambda s: real_sleep(3.0))  # both end by then
+    code = launch_mod.launch(2, _py('''
+        import os, sys, time
+        time.sleep(0.5)
+        sys.exit(3 if os.environ["JAX_FLASHOVERLAP_PROCESS_ID"] == "0" else 5)
+    '''), 60)
+    out = capfd.readouterr().out
+    assert code == 3 and "process 0 exited with 3" in out, out
+
+
+def test_launcher_prints_the_end_of_a_failed_process_log(capfd, logs_here):
+    """The last 4000 characters of a failed process's output, its stderr (a traceback) too."""
+    code = launch_mod.launch(2, _py('''
+        import os, sys
+        if os.environ["JAX_FLASHOVERLAP_PROCESS_ID"] == "1":
+            print("START_OF_LOG" + "x" * 6000)
+            print("END_OF_LOG", file=sys.stderr)
+            sys.exit(4)
+    '''), 60)
+    out = capfd.readouterr().out
+    assert code == 4 and "END_OF_LOG" in out and "START_OF_LOG" not in out, out[-500:]
+
+
+def test_launcher_log_folder_only_when_there_are_logs(tmp_path, monkeypatch, capfd):
+    """The folder of the other processes' logs: removed after a success; one process (no
+    logs) fails: nothing kept, no folder named."""
+    monkeypatch.setattr(launch_mod.tempfile, "tempdir", str(tmp_path))
+    assert launch_mod.launch(2, _py("print('fine')"), 60) == 0
+    assert list(tmp_path.iterdir()) == []
+    assert launch_mod.launch(1, _py("import sys; sys.exit(6)"), 60) == 6
+    assert list(tmp_path.iterdir()) == [] and "[launch] logs:" not in capfd.readouterr().out
+
+
+def test_launcher_kills_what_ignores_sigterm_after_a_failure(tmp_path, logs_here):
+    """A failed process's own child that ignores SIGTERM gets SIGKILL."""
+    import signal
+    import time
+    pid_file = tmp_path / "grandchild"
+    grandchild = ("import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                  f"open({str(pid_file)!r} + '.tmp', 'w').write(str(os.getpid())); "
+                  f"os.rename({str(pid_file)!r} + '.tmp', {str(pid_file)!r}); time.sleep(60)")
+    code = launch_mod.launch(2, _py(f'''
+        import os, subprocess, sys, time
+        if os.environ["JAX_FLASHOVERLAP_PROCESS_ID"] == "1":
+            subprocess.Popen([sys.executable, "-c", {grandchild!r}])
+            while not os.path.exists({str(pid_file)!r}):
+                time.sleep(0.05)
+            sys.exit(9)
+        time.sleep(60)
+    '''), 60)
+    pid = int(pid_file.read_text())
+    time.sleep(0.5)
+    alive = _alive(pid)
+    if alive:
+        os.kill(pid, signal.SIGKILL)
+    assert code == 9 and not alive
+
+
+def test_launcher_lets_what_a_failed_process_started_stop_gracefully(tmp_path, logs_here):
+    """SIGTERM first, also to the group of a process that has already failed: its child gets
+    up to 10 s to clean up (a SIGTERM handler, 0.5 s here) before the SIGKILL. It got SIGKILL
+    at once when the launched processes had ended (process 0 stops at once here)."""
+    ready, cleaned = tmp_path / "ready", tmp_path / "cleaned_up"
+    grandchild = ("import signal, sys, time\n"
+                  "def bye(*_):\n"
+                  f"    time.sleep(0.5); open({str(cleaned)!r}, 'w').write('yes'); sys.exit(0)\n"
+                  "signal.signal(signal.SIGTERM, bye)\n"
+                  f"open({str(ready)!r}, 'w').write('up')\n"
+                  "time.sleep(60)\n")
+    code = launch_mod.launch(2, _py(f'''
+        import os, subprocess, sys, time
+        if os.environ["JAX_FLASHOVERLAP_PROCESS_ID"] == "1":
+            subprocess.Popen([sys.executable, "-c", {grandchild!r}])
+            while not os.path.exists({str(ready)!r}):
+                time.sleep(0.05)
+            sys.exit(9)
+        time.sleep(60)
+    '''), 60)
+    assert code == 9 and cleaned.read_text() == "yes"
+
+
+def test_launcher_leaves_what_a_successful_process_started(tmp_path):
+    """After a success only processes still running are stopped, not what they started in
+    the background (groups are killed only when the launch failed or was stopped)."""
+    import time
+    marker = tmp_path / "background_done"
+    code = launch_mod.launch(1, _py(f'''
+        import subprocess, sys
+        subprocess.Popen([sys.executable, "-c",
+                          "import time; time.sleep(1); open({str(marker)!r}, 'w').write('ok')"])
+    '''), 60)
+    deadline = time.monotonic() + 30
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert code == 0 and marker.read_text() == "ok"
+
+
+# --- _launch_child run directly (the program as python runs it; JAX replaced by a stand-in
+# whose distributed runtime is "running", so the fast exit is tested without processes) ------
+
+FAKE_JAX_RUNNING = textwrap.dedent('''
+    import atexit, sys, types
+    jax = types.ModuleType("jax")
+    jax.distributed = types.SimpleNamespace(is_initialized=lambda: RUNNING)
+    sys.modules["jax"] = jax
+    atexit.register(lambda: print("exit handlers ran", flush=True))
+''')
+
+
+def _child(tmp_path, *argv, cwd=None):
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    return subprocess.run([sys.executable, launch_mod.CHILD, *argv], cwd=cwd or tmp_path,
+                          env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("running, end, status, handlers", [
+    (True, "raise RuntimeError('boom')", 1, False),    # a failure: at once, no exit handlers
+    (True, "sys.exit('failed: why')", 1, False),
+    (True, "sys.exit(3)", 3, False),
+    (True, "sys.exit()", 0, True),                     # a normal end: Python's own exit
+    (True, "sys.exit(0)", 0, True),
+    (True, "sys.exit(256)", 0, True),                  # status 256 & 0xFF: not a failure
+    (False, "raise RuntimeError('boom')", 1, True),    # without jax.distributed: Python's own
+    (False, "sys.exit('failed: why')", 1, True),
+])
+def test_launch_child_exit_status(tmp_path, running, end, status, handlers):
+    script = tmp_path / "prog.py"
+    script.write_text(FAKE_JAX_RUNNING.replace("RUNNING", str(running)) + f"import sys\n{end}\n")
+    r = _child(tmp_path, str(script))
+    assert r.returncode == status, (r.returncode, r.stdout, r.stderr)
+    assert ("exit handlers ran" in r.stdout) == handlers, (r.stdout, r.stderr)
+    if "boom" in end:  # the program's traceback, as python prints it (not the launcher's frame)
+        assert "RuntimeError: boom" in r.stderr and 'prog.py", line' in r.stderr, r.stderr
+        assert "_launch_child.py" not in r.stderr, r.stderr
+    if "why" in end:
+        assert "failed: why" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("running, handlers", [(True, False), (False, True)])
+def test_launch_child_keyboard_interrupt_ends_by_sigint(tmp_path, running, handlers):
+    import signal
+    script = tmp_path / "prog.py"
+    script.write_text(FAKE_JAX_RUNNING.replace("RUNNING", str(running)) +
+                      "raise KeyboardInterrupt\n")
+    r = _child(tmp_path, str(script))
+    assert r.returncode == -signal.SIGINT, (r.returncode, r.stdout, r.stderr)
+    assert ("exit handlers ran" in r.stdout) == handlers and "KeyboardInterrupt" in r.stderr
+
+
+def test_launch_child_runs_modules_packages_and_zips_as_python_does(tmp_path):
+    """-m of a package runs its __main__ (relative imports work, argv[0] is its path, the
+    current folder is on sys.path); a zip app runs; the package's own trace.py does not
+    shadow the standard library's; a missing module: Python's message and status 1."""
+    import zipfile
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "helper.py").write_text("VALUE = 'helped'\n")
+    (pkg / "__main__.py").write_text(textwrap.dedent('''
+        import sys
+        from . import helper
+        print("pkg ran", helper.VALUE, __name__, __package__, sys.argv)
+    '''))
+    r = _child(tmp_path, "-m", "mypkg", "a", "--b")
+    main_py = str(pkg / "__main__.py")
+    assert r.returncode == 0, r.stderr
+    assert f"pkg ran helped __main__ mypkg {[main_py, 'a', '--b']}" in r.stdout, r.stdout
+    with zipfile.ZipFile(tmp_path / "app.zip", "w") as z:
+        z.writestr("__main__.py", "import sys; print('zip ran', sys.argv[1:])\n")
+    r = _child(tmp_path, str(tmp_path / "app.zip"), "x")
+    assert r.returncode == 0 and "zip ran ['x']" in r.stdout, r.stdout + r.stderr
+    (tmp_path / "std.py").write_text("import trace; print('stdlib trace', trace.Trace.__name__)\n")
+    r = _child(tmp_path, str(tmp_path / "std.py"))
+    assert r.returncode == 0 and "stdlib trace Trace" in r.stdout, r.stdout + r.stderr
+    for missing in ([], ["-m"]):  # refused as python refuses them
+        r = _child(tmp_path, *missing)
+        assert r.returncode == 2 and "missing the program" in r.stderr, r.stderr
+    r = _child(tmp_path, "-m", "no_such_module_here")
+    assert r.returncode == 1 and "Error while finding module specification" in r.stderr, r.stderr

@@ -300,3 +300,45 @@ def test_enable_off_gpu_says_nothing_will_be_recorded(fake, monkeypatch):
     with pytest.warns(RuntimeWarning, match="backend here is 'cpu'.*no call is traced"):
         trace.enable(8)
     assert fake.on
+
+
+def test_enable_and_recording_pass_their_capacity_and_win_over_env(fake, monkeypatch):
+    """An explicit enable(8) wins over FLASHOVERLAP_TRACE (read no more, not re-enabled at its
+    default capacity); recording(capacity) gives the extension that capacity."""
+    trace.enable(8)
+    monkeypatch.setenv(trace.TRACE_ENV, "1")
+    trace.apply_env()
+    assert fake.calls == [(True, 8)]
+    trace.disable()
+    with trace.recording(capacity=16):
+        assert fake.calls[-1] == (True, 16)
+
+
+def test_env_switch_unset_is_off(fake, monkeypatch):
+    monkeypatch.delenv(trace.TRACE_ENV, raising=False)
+    trace.apply_env()
+    assert fake.calls == [] and not trace.enabled()
+
+
+def test_call_end_is_the_latest_group_end():
+    """The last group's end is the latest one, also when copies finished out of order; no
+    groups: 0."""
+    assert trace.call_end_ms(AR(copies=(3.5, 3.25))) == 3.5
+    assert trace.call_end_ms(AR(done=(2.0, 1.75), copies=None)) == 2.0
+    assert trace.call_end_ms(AR(ready=(), done=(), copies=None)) == 0.0
+    assert "0.000" in trace.summarize([AR(gemm=None, ready=(), done=(), copies=None)])
+
+
+def test_medians_skip_calls_without_a_field_and_table_rows():
+    """A call without copies leaves the others' copy medians; the table gives each group's
+    row count and the exposed tail (end - GEMM end)."""
+    recs = [{"band_rows": [0, 100, 300], "gemm_done_ms": 2.0 + s, "ready_ms": [0.5, 1.5],
+             "comm_done_ms": [1.0 + s, 2.5 + s], "comm_ms": [0.5, 1.0],
+             "copy_done_ms": [1.25 + s, 3.0 + s]} for s in (0.0, 1.0)]
+    recs.append(dict(recs[0], copy_done_ms=None))
+    m = trace.medians(recs)
+    assert m["copy_done_ms"] == pytest.approx([1.75, 3.5])
+    lines = trace.medians_table(m).splitlines()
+    assert [line.split()[:2] for line in lines[1:3]] == [["0", "100"], ["1", "200"]]
+    assert m["end_ms"] == pytest.approx(3.0) and m["gemm_done_ms"] == pytest.approx(2.0)
+    assert "exposed tail   1.000 ms" in lines[-1]
