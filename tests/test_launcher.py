@@ -438,6 +438,20 @@ def test_launcher_log_folder_only_when_there_are_logs(tmp_path, monkeypatch, cap
     assert list(tmp_path.iterdir()) == [] and "[launch] logs:" not in capfd.readouterr().out
 
 
+def _fail_after_starting(grandchild, ready):
+    """launch() of 2 processes: process 1 starts `grandchild` (python source), waits for the
+    file `ready`, exits with 9; process 0 sleeps until stopped. The launch's status."""
+    return launch_mod.launch(2, _py(f'''
+        import os, subprocess, sys, time
+        if os.environ["JAX_FLASHOVERLAP_PROCESS_ID"] == "1":
+            subprocess.Popen([sys.executable, "-c", {grandchild!r}])
+            while not os.path.exists({str(ready)!r}):
+                time.sleep(0.05)
+            sys.exit(9)
+        time.sleep(60)
+    '''), 60)
+
+
 def test_launcher_kills_what_ignores_sigterm_after_a_failure(tmp_path, logs_here):
     """A failed process's own child that ignores SIGTERM gets SIGKILL."""
     import signal
@@ -446,15 +460,7 @@ def test_launcher_kills_what_ignores_sigterm_after_a_failure(tmp_path, logs_here
     grandchild = ("import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
                   f"open({str(pid_file)!r} + '.tmp', 'w').write(str(os.getpid())); "
                   f"os.rename({str(pid_file)!r} + '.tmp', {str(pid_file)!r}); time.sleep(60)")
-    code = launch_mod.launch(2, _py(f'''
-        import os, subprocess, sys, time
-        if os.environ["JAX_FLASHOVERLAP_PROCESS_ID"] == "1":
-            subprocess.Popen([sys.executable, "-c", {grandchild!r}])
-            while not os.path.exists({str(pid_file)!r}):
-                time.sleep(0.05)
-            sys.exit(9)
-        time.sleep(60)
-    '''), 60)
+    code = _fail_after_starting(grandchild, pid_file)
     pid = int(pid_file.read_text())
     time.sleep(0.5)
     alive = _alive(pid)
@@ -474,15 +480,7 @@ def test_launcher_lets_what_a_failed_process_started_stop_gracefully(tmp_path, l
                   "signal.signal(signal.SIGTERM, bye)\n"
                   f"open({str(ready)!r}, 'w').write('up')\n"
                   "time.sleep(60)\n")
-    code = launch_mod.launch(2, _py(f'''
-        import os, subprocess, sys, time
-        if os.environ["JAX_FLASHOVERLAP_PROCESS_ID"] == "1":
-            subprocess.Popen([sys.executable, "-c", {grandchild!r}])
-            while not os.path.exists({str(ready)!r}):
-                time.sleep(0.05)
-            sys.exit(9)
-        time.sleep(60)
-    '''), 60)
+    code = _fail_after_starting(grandchild, ready)
     assert code == 9 and cleaned.read_text() == "yes"
 
 
