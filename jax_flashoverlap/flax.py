@@ -128,8 +128,7 @@ class _Config:
                        f"nothing; sequence_parallel=True gathers x's rows), got "
                        f"reduce={self.reduce!r}")
     _validation.check_sequence_dim(self.layer, self.sequence_dim)
-    if self.sequence_dim and not (self.sequence_parallel if not self.row
-                                  else self.reduce == "reduce_scatter"):
+    if self.sequence_dim and not (self.sequence_parallel or self.reduce == "reduce_scatter"):
       raise ValueError(f"{self.layer}: sequence_dim={self.sequence_dim} needs "
                        + ("reduce='reduce_scatter' (it names the dim that is scattered)"
                           if self.row else
