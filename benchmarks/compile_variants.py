@@ -67,11 +67,11 @@ def _programs(collective: str, m: int, n: int, k: int):
   import numpy as np
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-  from jax_flashoverlap import bench, bench_variants
+  from jax_flashoverlap import bench_problem, bench_variants
 
   class Args:
     world, dtype = 2, "bfloat16"
-  pb = bench._TpProblem(Args, collective, (m, n, k), jax.random.key(0))
+  pb = bench_problem.TpProblem(Args, collective, (m, n, k), jax.random.key(0))
 
   def plain_halves():
     if collective == "all_reduce":

@@ -54,7 +54,7 @@ class ClockSampler:
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  from jax_flashoverlap import bench, bench_args
+  from jax_flashoverlap import bench, bench_args, bench_problem
   parser.add_argument("--shapes", nargs="+", type=bench._parse_shape,
                       default=[(8192, 8192, 4096), (16384, 8192, 8192)], help="per-device MxNxK")
   parser.add_argument("--calls", type=int, default=10)
@@ -84,7 +84,7 @@ def main() -> None:
       for dist in ("normal", "uniform"):
         kx, kw, key = jax.random.split(key, 3)
         if dist == "normal":
-          x, w = bench._random_inputs(kx, m, n, k, jnp.bfloat16)
+          x, w = bench_problem.random_inputs(kx, m, n, k, jnp.bfloat16)
           xs = jax.random.normal(kw, (8, m, k), jnp.bfloat16)
         else:
           x = jax.random.uniform(kx, (m, k), jnp.float32, -1, 1).astype(jnp.bfloat16)

@@ -18,7 +18,7 @@ import types
 
 
 def main(argv=None) -> int:
-  from jax_flashoverlap import bench
+  from jax_flashoverlap import bench, bench_problem
   parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
   parser.add_argument("--collective", default="all_reduce",
                       choices=("all_reduce", "reduce_scatter"))
@@ -51,14 +51,14 @@ def main(argv=None) -> int:
     bench.check_tp_shape(args.shape, args.world, (args.collective,))
   except ValueError as err:
     parser.error(str(err).replace("--shapes", "--shape", 1))
-  pb = bench._TpProblem(types.SimpleNamespace(world=args.world, dtype=args.dtype),
+  pb = bench_problem.TpProblem(types.SimpleNamespace(world=args.world, dtype=args.dtype),
                         args.collective, args.shape, jax.random.key(0))
   fn = pb.smap(pb.ours)
   forced = (plan_lib.forced(num_groups=args.groups, comm_sms=args.comm_sms)
             if args.groups or args.comm_sms is not None else contextlib.nullcontext())
   with forced:
     fn(*pb.args).block_until_ready()  # compiles with the plan
-    plan = bench.lowered_plan(pb)  # a tuned entry where the op used one
+    plan = bench_problem.lowered_plan(pb)  # a tuned entry where the op used one
   if not bench.uses_custom_call(fn, pb.args, pb.target):
     print("our custom call is not in the program (the plan fell back to XLA?)", file=sys.stderr)
     return 1

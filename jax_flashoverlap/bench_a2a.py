@@ -80,7 +80,7 @@ def bench_a2a(args) -> dict:
   import numpy as np
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-  from jax_flashoverlap import bench, bench_record, bench_targets, bench_variants
+  from jax_flashoverlap import bench, bench_problem, bench_record, bench_targets, bench_variants
   devices = jax.devices()[: args.world] if args.world else jax.devices()
   mesh = Mesh(np.array(devices), ("tp",))
   world = len(devices)
@@ -94,7 +94,7 @@ def bench_a2a(args) -> dict:
       key, sub = jax.random.split(key)
       ins, out, dot, dot_x_spec, coll, base_fn, base, ours, smap = _programs(op, mesh)
       shard = lambda spec: NamedSharding(mesh, spec)
-      gen = jax.jit(lambda key: bench._random_inputs(key, m, n, k, dtype),
+      gen = jax.jit(lambda key: bench_problem.random_inputs(key, m, n, k, dtype),
                     out_shardings=(shard(ins[0]), shard(ins[1])))
       x, w = gen(sub)
       x_dot = jax.jit(lambda a: a, out_shardings=shard(dot_x_spec))(x)

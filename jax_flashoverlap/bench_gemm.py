@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from jax_flashoverlap import bench, bench_record
+from jax_flashoverlap import bench, bench_problem, bench_record
 
 
 def bench_gemm(args) -> dict:
@@ -19,7 +19,7 @@ def bench_gemm(args) -> dict:
   key = jax.random.key(int(time.time()))
   for (m, n, k) in args.shapes:
     key, sub = jax.random.split(key)
-    x, w = bench._random_inputs(sub, m, n, k // world, dtype)
+    x, w = bench_problem.random_inputs(sub, m, n, k // world, dtype)
     tw = args.transpose_w
     if tw:  # the weight as stored [N, K]; XLA's dot reads it transposed natively
       w = jnp.asarray(w.T)
@@ -80,7 +80,7 @@ def bench_sweep(args) -> dict:
   """Our op under forced plans (comm_sms x num_groups; 0 groups = cost model) vs XLA."""
   import jax_flashoverlap as fo
   rows = bench_record.RowLog(args)
-  for pb in bench._problems(args):
+  for pb in bench_problem.problems(args):
     collective = pb.collective
     baseline = pb.baseline()
     ref32 = pb.reference_f32()

@@ -219,9 +219,9 @@ def _windowed_main(collective, m, n, k, world, dtype, calls, samples) -> None:
   import numpy as np
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-  from jax_flashoverlap import bench
+  from jax_flashoverlap import bench, bench_problem
   mesh = Mesh(np.array(jax.devices()[:world]), ("tp",))
-  x, w = bench._random_inputs(jax.random.key(0), m, n, k, jnp.dtype(dtype))
+  x, w = bench_problem.random_inputs(jax.random.key(0), m, n, k, jnp.dtype(dtype))
   gather = collective == "all_gather"
   x = jax.device_put(x, NamedSharding(mesh, P("tp", None) if gather else P(None, "tp")))
   w = jax.device_put(w, NamedSharding(mesh, P(None, "tp") if gather else P("tp", None)))

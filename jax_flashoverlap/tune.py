@@ -32,8 +32,8 @@ import sys
 import time
 import types
 
-from jax_flashoverlap import (_ext, bench, bench_a2a, plan as plan_lib, tune_a2a, tune_model,
-                              tuning)
+from jax_flashoverlap import (_ext, bench, bench_a2a, bench_problem, plan as plan_lib, tune_a2a,
+                              tune_model, tuning)
 
 CALIBRATION_GROUPS = (1, 2, 4, 8)
 # The op itself with even bands, few and many groups: fits the GEMM's slowdown beside NCCL and
@@ -179,7 +179,7 @@ def calibrate(pb, comm_sms_list, calls: int, samples: int, cta_policy=None) -> t
   m, n, world = pb.m, pb.n, pb.world
   k_local = pb.k // world
   device = pb.mesh.devices.flat[0]
-  x, w = jax.device_put(bench._random_inputs(jax.random.key(1), m, n, k_local, pb.dtype),
+  x, w = jax.device_put(bench_problem.random_inputs(jax.random.key(1), m, n, k_local, pb.dtype),
                         device)
   variants = {}
   for sms in comm_sms_list:
@@ -194,7 +194,7 @@ def calibrate(pb, comm_sms_list, calls: int, samples: int, cta_policy=None) -> t
   coll_groups = [g for g in CALIBRATION_GROUPS if m % (g * world) == 0]
   for sms in comm_sms_list:
     for g in coll_groups:
-      fn = bench.nccl_capped_fn(pb, types.SimpleNamespace(
+      fn = bench_problem.nccl_capped_fn(pb, types.SimpleNamespace(
           comm_sms=sms, num_groups=g, cta_policy=cta_policy or "default"))
       if fn is None:
         raise RuntimeError("our capped collective is not available (CUDA extension)")
@@ -480,7 +480,7 @@ def main(argv=None) -> int:
   out = args.out or tuning.user_config_dir() / f"{slug}_x{args.world}.json"
   check_output_paths(parser, out, args.report, gpu, args.world,
                      "--out" if args.out else "the config file")
-  problems = list(bench._problems(args))
+  problems = list(bench_problem.problems(args))
   if args.ops and args.world < 2:
     parser.error(f"--ops needs a mesh of >= 2 GPUs (over one device the all-to-all / "
                  f"all-gather ops are XLA's own composition), have {args.world}")

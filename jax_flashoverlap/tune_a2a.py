@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jax_flashoverlap import bench, bench_a2a, plan_a2a
+from jax_flashoverlap import bench, bench_a2a, bench_problem, plan_a2a
 
 A2A_GROUPS = (1, 2, 4, 8)
 COLLECTIVE = {"all_gather": "all_gather", "all_to_all": "all_to_all",
@@ -116,7 +116,7 @@ def tune_op(op: str, shape, mesh, args, progress, key) -> tuple:
   rows, n_local, k_local = local_problem(op, m, n, k, world)
   label = f"{op} {m}x{n}x{k}"
   ins, out, _, _, _, base_fn, base, _, smap = bench_a2a._programs(op, mesh)
-  gen = jax.jit(lambda key: bench._random_inputs(key, m, n, k, dtype),
+  gen = jax.jit(lambda key: bench_problem.random_inputs(key, m, n, k, dtype),
                 out_shardings=(NamedSharding(mesh, ins[0]), NamedSharding(mesh, ins[1])))
   x, w = gen(key)
   f32 = smap(lambda a, b: base_fn(a.astype(jnp.float32), b.astype(jnp.float32)), ins, out)

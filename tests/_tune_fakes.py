@@ -5,9 +5,9 @@ def fake_gpu_timings(monkeypatch):
     """tune_problem on CPU devices: the custom-call check, the capped collective and the timings
     faked (ours 0.5 ms, XLA 1.0 ms, the collective alone slower with more groups); the tuner's
     own code is real."""
-    from jax_flashoverlap import bench
+    from jax_flashoverlap import bench, bench_problem
     monkeypatch.setattr(bench, "uses_custom_call", lambda fn, args, target: True)
-    monkeypatch.setattr(bench, "nccl_capped_fn", lambda pb, plan: (lambda y: y))
+    monkeypatch.setattr(bench_problem, "nccl_capped_fn", lambda pb, plan: (lambda y: y))
 
     def ms(name):
         if name.startswith("coll_"):

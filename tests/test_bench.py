@@ -101,12 +101,12 @@ def test_capped_collective_takes_a_layout_its_handler_accepts(monkeypatch):
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     import jax_flashoverlap as fo
-    from jax_flashoverlap import _ext, bench
+    from jax_flashoverlap import _ext, bench_problem
     for m, world, groups in itertools.product(range(1, 80), (1, 2, 4), (1, 3, 8)):
-        got = bench.capped_groups(m, world, groups)
+        got = bench_problem.capped_groups(m, world, groups)
         assert (got is None) == (m % world != 0), (m, world, groups)
         assert got is None or (1 <= got <= groups and m % (got * world) == 0)
-    assert bench.capped_groups(48, 4, 8) == 6 and bench.capped_groups(63, 2, 4) is None
+    assert bench_problem.capped_groups(48, 4, 8) == 6 and bench_problem.capped_groups(63, 2, 4) is None
     made = []
     monkeypatch.setattr(fo.comm, "mesh_is_local_gpu", lambda mesh: True)
     monkeypatch.setattr(_ext, "available_targets", lambda: ("flashoverlap_collective",))
@@ -114,18 +114,18 @@ def test_capped_collective_takes_a_layout_its_handler_accepts(monkeypatch):
     monkeypatch.setattr(fo.comm, "ensure_communicators", lambda *a, **k: made.append(k) or 7)
     args = types.SimpleNamespace(world=2, dtype="bfloat16")
     plan = types.SimpleNamespace(comm_sms=8, num_groups=5)
-    odd = bench._TpProblem(args, "all_reduce", (47, 64, 64), jax.random.key(0))
-    assert bench.nccl_capped_fn(odd, plan) is None and not made  # no variant, no communicator
-    pb = bench._TpProblem(args, "all_reduce", (48, 64, 64), jax.random.key(0))
+    odd = bench_problem.TpProblem(args, "all_reduce", (47, 64, 64), jax.random.key(0))
+    assert bench_problem.nccl_capped_fn(odd, plan) is None and not made  # no variant, no communicator
+    pb = bench_problem.TpProblem(args, "all_reduce", (48, 64, 64), jax.random.key(0))
     y = jax.ShapeDtypeStruct((96, 64), jnp.bfloat16,
                              sharding=NamedSharding(pb.mesh, P("tp", None)))
-    text = bench.nccl_capped_fn(pb, plan).lower(y).as_text()
+    text = bench_problem.nccl_capped_fn(pb, plan).lower(y).as_text()
     assert "num_groups = 4 : i32" in text and len(made) == 1  # 48 % (5 * 2) != 0; 4 * 2 splits
     # A peer-store plan (a tuned entry's transport "peer") makes no NCCL call: no capped
     # collective to compare with, and no communicator made for one (comm_sms 0 would ask NCCL
     # for an uncapped one).
     peer_plan = types.SimpleNamespace(comm_sms=0, num_groups=2, transport="peer")
-    assert bench.nccl_capped_fn(pb, peer_plan) is None and len(made) == 1
+    assert bench_problem.nccl_capped_fn(pb, peer_plan) is None and len(made) == 1
 
 
 def test_overlap_runs_an_all_reduce_with_m_not_divisible_by_world(tmp_path):
@@ -184,10 +184,10 @@ def test_chained_variant_is_a_dependent_loop_that_leaves_x_unchanged(collective)
     from the op), and the program is one loop whose every call depends on the previous one."""
     import argparse
     import numpy as np
-    from jax_flashoverlap import bench, bench_variants
+    from jax_flashoverlap import bench_problem, bench_variants
     args = argparse.Namespace(world=4, dtype="bfloat16")
     import jax
-    pb = bench._TpProblem(args, collective, (64, 64, 256), jax.random.key(0))
+    pb = bench_problem.TpProblem(args, collective, (64, 64, 256), jax.random.key(0))
     chain = bench_variants.chained(pb, pb.ours)
     out = chain(*pb.args)
     assert np.array_equal(np.asarray(out, np.float32), np.asarray(pb.x, np.float32))
@@ -243,8 +243,8 @@ def test_two_chunk_keeps_one_collective_per_chunk(collective):
     import re
 
     import jax
-    from jax_flashoverlap import bench, bench_variants
-    pb = bench._TpProblem(argparse.Namespace(world=4, dtype="bfloat16"), collective,
+    from jax_flashoverlap import bench, bench_problem, bench_variants
+    pb = bench_problem.TpProblem(argparse.Namespace(world=4, dtype="bfloat16"), collective,
                           (64, 64, 256), jax.random.key(3))
     fn = bench_variants.two_chunk(pb)
     text = fn.lower(*pb.args).compile().as_text()
@@ -348,22 +348,22 @@ def test_reported_plan_is_the_one_the_op_lowers_with(monkeypatch):
     import jax.numpy as jnp
 
     import jax_flashoverlap as fo
-    from jax_flashoverlap import _ext, bench, tuning
+    from jax_flashoverlap import _ext, bench_problem, tuning
     monkeypatch.setattr(fo.comm, "mesh_gpu_name", lambda mesh: "NVIDIA H200")
     for collective in ("all_reduce", "reduce_scatter"):
         pb = types.SimpleNamespace(collective=collective, m=8192, n=8192, k=8192, world=2,
                                    dtype=jnp.dtype(jnp.bfloat16), mesh=None)
         entry = tuning.lookup("NVIDIA H200", 2, collective, "bfloat16", 8192, 8192, 4096)
         assert entry is not None, "the shipped H200 x2 config has this shape"
-        plan = bench.lowered_plan(pb)
+        plan = bench_problem.lowered_plan(pb)
         assert (list(plan.band_rows), plan.comm_sms) == (entry["band_rows"], entry["comm_sms"])
     monkeypatch.setenv(_ext.ALL_REDUCE_BUFFER_ENV, "output")
-    in_place = bench.lowered_plan(types.SimpleNamespace(
+    in_place = bench_problem.lowered_plan(types.SimpleNamespace(
         collective="all_reduce", m=8192, n=8192, k=8192, world=2,
         dtype=jnp.dtype(jnp.bfloat16), mesh=None))
     assert in_place == fo.plan.choose_plan("all_reduce", 8192, 8192, 4096, 2, 2, in_place=True)
     trace_op = open(os.path.join(REPO, "benchmarks", "trace_op.py")).read()
-    assert "bench.lowered_plan(pb)" in trace_op and "choose_plan" not in trace_op
+    assert "bench_problem.lowered_plan(pb)" in trace_op and "choose_plan" not in trace_op
 
 
 def test_plot_draws_no_bar_for_a_variant_not_run_at_a_shape(tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from jax_flashoverlap import bench, bench_a2a, bench_targets
+from jax_flashoverlap import bench, bench_a2a, bench_problem, bench_targets
 
 
 def _stub_times(monkeypatch, *tables):
@@ -27,8 +27,8 @@ def test_overlap_row_numbers_from_its_times(tmp_path, monkeypatch):
     per-variant speedups over XLA's dot + collective only, the chain's per-call ratio, the
     errors (vs XLA: 0 on CPU; vs float32: bf16 rounding), and the plan as it lowered."""
     import dataclasses
-    real_plan = bench.lowered_plan
-    monkeypatch.setattr(bench, "lowered_plan", lambda pb: dataclasses.replace(
+    real_plan = bench_problem.lowered_plan
+    monkeypatch.setattr(bench_problem, "lowered_plan", lambda pb: dataclasses.replace(
         real_plan(pb), predicted_s=1e-3, baseline_s=2e-3, source="tuned"))
     chain = bench.bench_variants.CHAIN
     _stub_times(monkeypatch, {"xla_dot": 1.0, "xla_collective": 0.6, "xla_dot_collective": 2.0,

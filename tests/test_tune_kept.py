@@ -50,7 +50,7 @@ def test_the_kept_plans_prediction_uses_the_refitted_calibration(monkeypatch):
     drift between rounds): the entry's predicted_ms (and so its model_error) must come from the
     refit, not from the first round's calibration."""
     import jax
-    from jax_flashoverlap import bench
+    from jax_flashoverlap import bench, bench_problem
     fake_gpu_timings(monkeypatch)
 
     def ms(name):  # the op's calibration runs are 20% slower in the timing round
@@ -66,7 +66,7 @@ def test_the_kept_plans_prediction_uses_the_refitted_calibration(monkeypatch):
     fits, real = [], tune.fit_op
     monkeypatch.setattr(tune, "fit_op", lambda *a: fits.append(real(*a)) or fits[-1])
     args = tune_args(cta_policies=["default"], comm_sms=[8], top=6)
-    pb = bench._TpProblem(args, "all_reduce", (256, 256, 256), jax.random.key(0))
+    pb = bench_problem.TpProblem(args, "all_reduce", (256, 256, 256), jax.random.key(0))
     entry, row = tune.tune_problem(pb, args, tune.Progress(2, stream=io.StringIO()))
     cal, refit = fits
     bands, sms = entry["band_rows"], entry["comm_sms"]

@@ -137,7 +137,7 @@ def test_progress_on_a_terminal_keeps_result_lines_apart_and_counts_the_cta_roun
     replaces the bar's line, and a problem's second step comes after its CTA round."""
     import contextlib
     import jax
-    from jax_flashoverlap import bench
+    from jax_flashoverlap import bench_problem
 
     class Terminal(io.StringIO):
         def isatty(self):
@@ -149,7 +149,7 @@ def test_progress_on_a_terminal_keeps_result_lines_apart_and_counts_the_cta_roun
     real_show, shown = bar.show, []
     monkeypatch.setattr(bar, "show", lambda what: (shown.append((bar.done, what)),
                                                    real_show(what)))
-    pb = bench._TpProblem(args, "all_reduce", (256, 256, 256), jax.random.key(0))
+    pb = bench_problem.TpProblem(args, "all_reduce", (256, 256, 256), jax.random.key(0))
     with contextlib.redirect_stdout(term):
         tune.tune_problem(pb, args, bar)
     assert [d for d, what in shown if "CTA policies" in what] == [1]
@@ -182,7 +182,7 @@ def test_single_cta_policy_is_timed_and_saved(monkeypatch):
     """`tune --cta-policies zero`: every plan is calibrated and timed under that policy and the
     entry records it (one policy was ignored: default communicators, no cta_policy saved)."""
     import jax
-    from jax_flashoverlap import bench
+    from jax_flashoverlap import bench_problem
     fake_gpu_timings(monkeypatch)
     policies, real = [], P.forced
 
@@ -192,7 +192,7 @@ def test_single_cta_policy_is_timed_and_saved(monkeypatch):
 
     monkeypatch.setattr(P, "forced", spy)
     args = tune_args(cta_policies=["zero"])
-    pb = bench._TpProblem(args, "all_reduce", (256, 256, 256), jax.random.key(0))
+    pb = bench_problem.TpProblem(args, "all_reduce", (256, 256, 256), jax.random.key(0))
     entry, row = tune.tune_problem(pb, args, tune.Progress(2, stream=io.StringIO()))
     assert policies and set(policies) == {"zero"}
     assert entry["overlap"] and entry["cta_policy"] == "zero" and row["entry"] is entry
@@ -208,7 +208,7 @@ def test_cta_policy_round_is_compared_with_xla_in_that_round(policy_ms, overlap,
     overlap=true even when slower than XLA (measured_ms 1.02 > baseline_ms 1.0). XLA's path is
     now timed in that round too, and wins the entry when it is faster there."""
     import jax
-    from jax_flashoverlap import bench
+    from jax_flashoverlap import bench, bench_problem
     fake_gpu_timings(monkeypatch)
     rounds = []
 
@@ -220,7 +220,7 @@ def test_cta_policy_round_is_compared_with_xla_in_that_round(policy_ms, overlap,
 
     monkeypatch.setattr(bench, "time_variants", timed)
     args = tune_args()
-    pb = bench._TpProblem(args, "all_reduce", (256, 256, 256), jax.random.key(0))
+    pb = bench_problem.TpProblem(args, "all_reduce", (256, 256, 256), jax.random.key(0))
     entry, row = tune.tune_problem(pb, args, tune.Progress(2, stream=io.StringIO()))
     assert rounds[-1] == {"default", "efficiency", "xla_dot_collective"}
     assert entry["overlap"] is overlap and entry["baseline_ms"] == 1.0
@@ -252,7 +252,7 @@ def test_a_nan_result_fails_the_tuners_value_check(op, monkeypatch):
     import jax
     import numpy as np
     from jax.sharding import Mesh
-    from jax_flashoverlap import bench
+    from jax_flashoverlap import bench, bench_problem
     fake_gpu_timings(monkeypatch)
     seen = []
 
@@ -264,7 +264,7 @@ def test_a_nan_result_fails_the_tuners_value_check(op, monkeypatch):
     args = tune_args(cta_policies=["default"], top=3)
     with pytest.raises(RuntimeError, match=r"off float32 by nan .*not saving plans"):
         if op == "all_reduce":
-            pb = bench._TpProblem(args, op, (256, 256, 256), jax.random.key(0))
+            pb = bench_problem.TpProblem(args, op, (256, 256, 256), jax.random.key(0))
             tune.tune_problem(pb, args, tune.Progress(2, stream=io.StringIO()))
         else:
             mesh = Mesh(np.array(jax.devices()[:2]), ("tp",))

@@ -39,8 +39,8 @@ def _timed_with_peer(monkeypatch, peer_ms):
 
 def _tune_one(args):
     import jax
-    from jax_flashoverlap import bench
-    pb = bench._TpProblem(args, "all_reduce", (256, 256, 256), jax.random.key(0))
+    from jax_flashoverlap import bench_problem
+    pb = bench_problem.TpProblem(args, "all_reduce", (256, 256, 256), jax.random.key(0))
     entry, row = tune.tune_problem(pb, args, tune.Progress(2, stream=io.StringIO()))
     assert tuning.validate({"schema": tuning.SCHEMA, "gpu": "NVIDIA H200", "world_size": 2,
                             "entries": [entry]})
