@@ -5,9 +5,11 @@ always (=1: a build failure is an error, as in CI) or never (=0). Headers come f
   XLA FFI   jax.ffi.include_dir()
   NCCL      the nvidia-nccl-cu13 / -cu12 wheel (nvidia/nccl/include)
   CUTLASS   the nvidia-cutlass wheel (cutlass_library/source/include)
-Objects are cached under build/obj by a hash of their source, the project's headers and the
-flags, so a rebuild (or a build on the GPU machine with build/ carried over) only compiles
-what changed. JAX_FLASHOVERLAP_NVCC_THREADS sets parallel compile jobs.
+Objects are cached under build/obj by a hash of their source, the project's headers, the
+compiler's name and flags, the dependencies' versions and the CUDA toolkit's (CUDART_VERSION),
+so a rebuild (or a build on the GPU machine with build/ carried over) only compiles what
+changed; an object enters the cache only once its compile passed.
+JAX_FLASHOVERLAP_NVCC_THREADS sets parallel compile jobs.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import concurrent.futures
 import hashlib
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -146,6 +149,18 @@ def _dependency_versions() -> dict:
           "nccl": "nccl-" + nccl}
 
 
+def _cuda_runtime_version(cuda_include: Path) -> str:
+  """The CUDA toolkit the build compiles against, as its headers say (CUDART_VERSION, e.g.
+  13000; module.cc reports it): part of every object's key, so that another toolkit (CUDA 12
+  -> 13 with build/ carried over) compiles everything again. "cuda-?" where no header says."""
+  try:
+    text = (Path(cuda_include) / "cuda_runtime_api.h").read_text(errors="replace")
+  except OSError:
+    text = ""
+  found = re.search(r"^#define\s+CUDART_VERSION\s+(\d+)", text, re.M)
+  return "cuda-" + (found.group(1) if found else "?")
+
+
 def _sources() -> list:
   return sorted(p for p in SRC.rglob("*") if p.suffix in (".cu", ".cc"))
 
@@ -221,10 +236,12 @@ class CudaBuildExt(build_ext):
     headers_all, headers_kernels = _tree_digest(SRC), _tree_digest(SRC / "kernels")
 
     versions = _dependency_versions()
+    cuda = _cuda_runtime_version(dirs["cuda_include"])
     # module.cc reports it; as a flag it is in module.cc's object key, so that rebuilds. The
-    # toolchain as the kernels' object keys see it (their flags, CUTLASS), so a digest matches
-    # the objects in use wherever they were compiled (build/ carried to the GPU machine).
-    toolchain = " ".join([*cu_flags, versions["cutlass"]])
+    # toolchain as the kernels' object keys see it (their flags, CUTLASS, the CUDA toolkit), so
+    # a digest matches the objects in use wherever they were compiled (build/ carried to the
+    # GPU machine).
+    toolchain = " ".join([*cu_flags, versions["cutlass"], cuda])
     build_define = f'-DFO_KERNEL_BUILD="{kernel_build_digest(toolchain)}"'
 
     def command(src: Path, obj: Path) -> list:
@@ -235,15 +252,18 @@ class CudaBuildExt(build_ext):
 
     jobs = []
     for src in _sources():
-      deps = versions["cutlass"] if src.suffix == ".cu" else versions["jax"]
+      deps = (versions["cutlass"] if src.suffix == ".cu" else versions["jax"]) + cuda
       if src.name == "module.cc":
         deps += sys.version
       if "kernels" not in src.parts:  # kernels/ does not include NCCL
         deps += versions["nccl"]
       headers = headers_kernels if "kernels" in src.parts else headers_all
-      key = object_key(src, command(src, Path("OBJ"))[1:], headers, deps)
+      # The compiler by its name (nvcc, g++, clang++), not its path: carried objects stay valid
+      # on a machine whose toolkit sits elsewhere; the toolkit's version is in `deps`.
+      compiler, *flags = command(src, Path("OBJ"))
+      key = object_key(src, [Path(compiler).name, *flags], headers, deps)
       obj = obj_dir / f"{src.stem}.{key}.o"
-      jobs.append((src, obj, command(src, obj)))
+      jobs.append((src, obj, command(src, obj_dir / f"{src.stem}.{key}.partial.o")))
 
     # Drop stale objects of these sources (other keys) so the cache stays small to carry.
     current = {o.name for _, o, _ in jobs}
@@ -253,16 +273,24 @@ class CudaBuildExt(build_ext):
         old.unlink()
 
     def compile_one(job):
+      # Compiled to a .partial.o, renamed to the cached name only once it passed: an object
+      # whose compile failed, warned of a serialized wgmma or was cut off (a timeout) is never
+      # taken as cached by the next build (a stale .partial.o goes with the stale objects).
       src, obj, cmd = job
       if obj.exists():
         return f"cached {src.relative_to(ROOT)}"
-      proc = subprocess.run(cmd, capture_output=True, text=True)
-      out = proc.stdout + proc.stderr
-      if proc.returncode != 0:
-        raise RuntimeError(f"compiling {src.relative_to(ROOT)} failed:\n{' '.join(cmd)}\n{out}")
-      # A wgmma serialized by ptxas (C75xx) silently costs most of the GEMM's speed.
-      if "C75" in out:
-        raise RuntimeError(f"ptxas warning in {src.relative_to(ROOT)} (treated as error):\n{out}")
+      partial = Path(cmd[cmd.index("-o") + 1])
+      try:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        out = proc.stdout + proc.stderr
+        if proc.returncode != 0:
+          raise RuntimeError(f"compiling {src.relative_to(ROOT)} failed:\n{' '.join(cmd)}\n{out}")
+        # A wgmma serialized by ptxas (C75xx) silently costs most of the GEMM's speed.
+        if "C75" in out:
+          raise RuntimeError(f"ptxas warning in {src.relative_to(ROOT)} (treated as error):\n{out}")
+        os.replace(partial, obj)
+      finally:
+        partial.unlink(missing_ok=True)
       return f"compiled {src.relative_to(ROOT)}" + (f"\n{out}" if out.strip() else "")
 
     threads = _nvcc_threads()

@@ -401,3 +401,210 @@ def test_info_cli_help_and_unknown_options():
     with pytest.raises(SystemExit) as done:
         _info.main(["--json"])
     assert done.value.code == 2
+
+
+# ------------------------------------------------------------------ GPUs, targets, a broken build
+
+class _FakeGpu:
+    def __init__(self, kind, capability, cores):
+        self.device_kind, self.compute_capability, self.core_count = kind, capability, cores
+
+
+def _fake_gpus(monkeypatch, gpus):
+    """jax.devices("gpu") answers `gpus` (what a machine with those GPUs would report)."""
+    real = jax.devices
+
+    def devices(backend=None):
+        return list(gpus) if backend == "gpu" else real(backend)
+    monkeypatch.setattr(jax, "devices", devices)
+
+
+def test_local_gpus_their_sms_and_the_first_unsupported_one(fo, monkeypatch):
+    """local_gpus / local_gpu_sms read JAX's devices (the fewest SMs of any, ignoring an unknown
+    or zero count); unsupported_gpu names the first GPU the kernels are not built for, whichever
+    position it has, and none whose capability is unknown."""
+    from jax_flashoverlap import _ext
+    _fake_gpus(monkeypatch, [_FakeGpu("NVIDIA H100 80GB HBM3", "9.0", 132),
+                             _FakeGpu("NVIDIA H100 PCIe", "9.0", 114),
+                             _FakeGpu("NVIDIA H100 MIG", "9.0", 0), _FakeGpu("odd", "9.0", None)])
+    assert _ext.local_gpus()[:2] == [("NVIDIA H100 80GB HBM3", "9.0"), ("NVIDIA H100 PCIe", "9.0")]
+    assert _ext.local_gpu_present() and _ext.local_gpu_sms() == 114
+    _fake_gpus(monkeypatch, [])
+    assert _ext.local_gpu_sms() is None and not _ext.local_gpu_present()
+    h100, a100, b200 = ("NVIDIA H100", "9.0"), ("NVIDIA A100", "8.0"), ("NVIDIA B200", "10.0")
+    assert _ext.unsupported_gpu([h100, a100, b200]) == a100
+    assert _ext.unsupported_gpu([h100, ("unknown", None), h100]) is None
+    assert _ext.unsupported_gpu([h100, b200]) == b200
+
+
+def test_check_cuda_path_decisions(fo, monkeypatch):
+    """Without a local GPU a CUDA lowering emits the custom call even without the extension
+    (cross-lowering); with one, a target the extension lacks takes the reference path; a GPU
+    the kernels do not support warns once; the targets are registered once."""
+    import warnings
+    from jax_flashoverlap import _compat, _ext
+    monkeypatch.delenv(FORCE_ENV, raising=False)
+    monkeypatch.setattr(_ext, "ext", None)
+    monkeypatch.setattr(_ext, "_warned_missing", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        use, why = _ext.check_cuda_path("flashoverlap_gemm", gpus=[])
+    assert use and "cross-lowering" in why, why
+    monkeypatch.undo()
+    monkeypatch.delenv(FORCE_ENV, raising=False)
+    if _ext.ext is None:
+        pytest.skip("the rest needs the built extension")
+    h200 = [("NVIDIA H200", "9.0")]
+    use, why = _ext.check_cuda_path("flashoverlap_no_such_target", gpus=h200)
+    assert not use and "does not provide 'flashoverlap_no_such_target'" in why, why
+    monkeypatch.setattr(_ext, "_warned_unsupported", False)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            use, _why = _ext.check_cuda_path("flashoverlap_gemm", gpus=[("NVIDIA A100", "8.0")])
+            assert not use
+    assert [w.category for w in rec] == [_ext.UnsupportedGPUWarning], [str(w.message) for w in rec]
+    # gpu_present=True (info()'s call) still checks the local GPUs' capability
+    monkeypatch.setattr(_ext, "local_gpus", lambda: [("NVIDIA A100", "8.0")])
+    use, why = _ext.check_cuda_path("flashoverlap_gemm", gpu_present=True)
+    assert not use and "sm_80" in why, why
+    for env, typo in [(_ext.POISON_OUTPUTS_ENV, "nan"), (_ext.FALLBACK_ENV, "of")]:
+        monkeypatch.setenv(env, typo)  # read at every decision, whichever path it takes
+        with pytest.raises(ValueError, match=f"{env}={typo!r}"):
+            _ext.check_cuda_path("flashoverlap_gemm", gpus=[])
+        monkeypatch.delenv(env)
+    registered = []
+    monkeypatch.setattr(_compat, "register_ffi_target",
+                        lambda name, capsule, platform: registered.append((name, platform)))
+    monkeypatch.setattr(_ext, "_registered", False)
+    for _ in range(2):
+        assert _ext.check_cuda_path("flashoverlap_gemm", gpus=h200)[0]
+    assert sorted(registered) == sorted((t, "CUDA") for t in _ext.available_targets()), registered
+
+
+def test_info_with_gpus_reports_them_and_each_ops_path(fo, monkeypatch):
+    """On a machine with GPUs (faked: JAX's devices), info() lists them, names the first, and
+    each op's path is the one check_cuda_path decides; the extension's state is reported as
+    _ext has it."""
+    from jax_flashoverlap import _ext
+    monkeypatch.delenv(FORCE_ENV, raising=False)
+    _fake_gpus(monkeypatch, [_FakeGpu("NVIDIA H200", "9.0", 132),
+                             _FakeGpu("NVIDIA H100 80GB HBM3", "9.0", 132)])
+    d = fo.info()
+    assert d["gpus"] == ["NVIDIA H200", "NVIDIA H100 80GB HBM3"] and d["gpu_name"] == "NVIDIA H200"
+    assert d["extension_built"] is _ext.HAS_CUDA_EXT
+    assert d["extension_error"] == _ext.EXT_IMPORT_ERROR
+    assert d["ffi_targets"] == sorted(_ext.available_targets())
+    if _ext.ext is not None:
+        assert set(d["ffi_targets"]) >= set(fo._info.OP_TARGETS.values()), d["ffi_targets"]
+        assert d["nccl_version"] == _ext.ext.nccl_version()
+    for op, target in fo._info.OP_TARGETS.items():
+        assert d["paths"][op]["cuda_custom_call"] is (_ext.ext is not None), d["paths"][op]
+        assert target in d["paths"][op]["why"] or _ext.ext is None, d["paths"][op]
+    monkeypatch.setenv(FORCE_ENV, "ture")  # not decided: the reason, not a guess
+    d = fo.info()
+    assert all(p["cuda_custom_call"] is None and FORCE_ENV in p["why"]
+               for p in d["paths"].values()), d["paths"]
+    assert d["force_reference"].startswith("invalid: ") and FORCE_ENV in d["force_reference"]
+
+
+def test_an_extension_that_does_not_load_is_reported_not_raised(fo, tmp_path):
+    """A built extension that fails to import (a library it needs missing; here a file that is
+    no shared object) leaves the package importable on the reference path: info() says why, no
+    targets, no kernel build; a GPU then warns with that reason."""
+    import importlib.machinery
+    pkg = os.path.dirname(os.path.abspath(fo.__file__))
+    shutil.copytree(pkg, tmp_path / "jax_flashoverlap",
+                    ignore=shutil.ignore_patterns("*.so", "*.pyd", "*.dylib", "__pycache__"))
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    (tmp_path / "jax_flashoverlap" / f"_xla_ffi{suffix}").write_bytes(b"not a shared object\n")
+    code = """
+    import json, warnings
+    import jax_flashoverlap as fo
+    from jax_flashoverlap import _ext
+    with warnings.catch_warnings(record=True) as rec:
+      warnings.simplefilter("always")
+      use, why = _ext.check_cuda_path("flashoverlap_gemm", gpus=[("NVIDIA H200", "9.0")])
+    d = fo.info()
+    print(json.dumps({"file": fo.__file__, "use": use, "why": why,
+                      "warnings": [str(w.message) for w in rec],
+                      "kernel_build": _ext.kernel_build(),
+                      **{k: d[k] for k in ("extension_built", "extension_error", "ffi_targets",
+                                           "build", "nccl_version")}}))
+    """
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=str(tmp_path),
+                       env=_env(PYTHONPATH=str(tmp_path)), capture_output=True, text=True,
+                       timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["file"].startswith(str(tmp_path)), out["file"]
+    assert out["extension_built"] is False and out["extension_error"].startswith(
+        "built but failed to load: ImportError"), out
+    assert out["ffi_targets"] == [] and out["build"] is None and out["nccl_version"] is None, out
+    assert out["kernel_build"] is None and not out["use"], out
+    assert "built but failed to load" in out["why"], out
+    assert len(out["warnings"]) == 1 and "built but failed to load" in out["warnings"][0], out
+
+
+def test_switches_take_their_words_and_empty_is_the_default(fo, monkeypatch):
+    """Each switch read at lowering: unset or empty (or blank) is its default, the words in any
+    case and with spaces, and the variables the launcher reads take what the launcher takes."""
+    from jax_flashoverlap import _ext
+    name = "JAX_FLASHOVERLAP_TEST_SWITCH"
+    for raw, default, want in [(None, True, True), ("", True, True), ("  ", False, False),
+                               (" ON ", False, True), ("Yes", False, True), ("TRUE", False, True),
+                               ("on", False, True), ("Off", True, False), ("NO", True, False)]:
+        if raw is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, raw)
+        assert _ext.env_switch(name, default) is want, (raw, default)
+    for env in (_ext.GEMM_EPILOGUE_ENV, _ext.GEMM_QUEUE_ENV, _ext.GEMM_TAIL_ENV,
+                _ext.GEMM_SCHEDULE_ENV, _ext.GEMM_HELPERS_ENV, "FLASHOVERLAP_GEMM_SERPENTINE",
+                "FLASHOVERLAP_GEMM_LOG", "FLASHOVERLAP_GEMM_TILE", "FLASHOVERLAP_GEMM_PANEL",
+                _ext.WAIT_ENV):
+        monkeypatch.setenv(env, "")  # unset for the launcher too
+    _ext.check_gemm_epilogue()
+    for env, value in [("FLASHOVERLAP_GEMM_PANEL", "1024"), ("FLASHOVERLAP_GEMM_PANEL", "+1"),
+                       ("FLASHOVERLAP_GEMM_TILE", "0"), ("FLASHOVERLAP_GEMM_TILE", "256")]:
+        monkeypatch.setenv(env, value)
+        _ext.check_gemm_epilogue()
+    for env, value in [("FLASHOVERLAP_GEMM_PANEL", "1025"), ("FLASHOVERLAP_GEMM_TILE", "129")]:
+        monkeypatch.setenv(env, value)
+        with pytest.raises(ValueError, match=f"{env}={value!r}"):
+            _ext.check_gemm_epilogue()
+        monkeypatch.setenv(env, "")
+    for raw, want in [(None, False), ("", False), ("workspace", False), ("output", True)]:
+        if raw is None:
+            monkeypatch.delenv(_ext.ALL_REDUCE_BUFFER_ENV, raising=False)
+        else:
+            monkeypatch.setenv(_ext.ALL_REDUCE_BUFFER_ENV, raw)
+        assert _ext.all_reduce_in_place() is want, raw
+    for raw, want in [(None, "auto"), ("", "auto"), ("peer", "peer"), ("nccl", "nccl")]:
+        if raw is None:
+            monkeypatch.delenv(_ext.TRANSPORT_ENV, raising=False)
+        else:
+            monkeypatch.setenv(_ext.TRANSPORT_ENV, raw)
+        assert _ext.transport() == want, raw
+    for env, default in [(_ext.GRANT_PEER_ACCESS_ENV, False), (_ext.POISON_OUTPUTS_ENV, False),
+                         (_ext.FORCE_REFERENCE_ENV, False), (_ext.FALLBACK_ENV, True)]:
+        monkeypatch.delenv(env, raising=False)
+    assert (_ext.grant_peer_access(), _ext.poison_outputs(), _ext.force_reference(),
+            _ext.fallback_enabled()) == (False, False, False, True)
+
+
+def test_info_reports_every_invalid_setting(fo, tmp_path, monkeypatch):
+    """Several settings that do not parse are all reported, each once; a mistyped
+    JAX_FLASHOVERLAP_TUNED counts as on for the tuned configs (as the first lookup would raise),
+    so a bad config file is reported too."""
+    monkeypatch.setenv("JAX_FLASHOVERLAP_CONFIG_DIR", str(tmp_path))
+    (tmp_path / "mine.json").write_text("{not json")
+    monkeypatch.setenv("JAX_FLASHOVERLAP_TUNED", "fasle")
+    monkeypatch.setenv("JAX_FLASHOVERLAP_TRANSPORT", "nvlink")
+    d = fo.info()
+    problems = d["invalid_settings"]
+    assert d["tuned_configs"]["in_use"] is True and "mine.json" in d["tuned_configs"]["error"]
+    for needle in ("JAX_FLASHOVERLAP_TUNED='fasle'", "JAX_FLASHOVERLAP_TRANSPORT='nvlink'",
+                   "mine.json"):
+        assert any(needle in p for p in problems), (needle, problems)
+    assert len(problems) == len(set(problems)) == 3, problems

@@ -116,3 +116,300 @@ def test_build_mode_reads_the_switch_words_and_empty_as_the_default(monkeypatch)
     monkeypatch.setenv("JAX_FLASHOVERLAP_BUILD_CUDA", "ye")
     with pytest.raises(SystemExit, match="JAX_FLASHOVERLAP_BUILD_CUDA must be auto, 1 .* got 'ye'"):
         mode()
+
+
+def _setup_module(root):
+  """setup.py's namespace as if it sat in `root` (its ROOT, SRC), without running setup()."""
+  import setuptools
+  from pathlib import Path
+  namespace = {"__file__": str(Path(root) / "setup.py"), "__name__": "setup_under_test"}
+  code = compile(open(os.path.join(REPO, "setup.py")).read(), "setup.py", "exec")
+  real = setuptools.setup
+  setuptools.setup = lambda **kw: None
+  try:
+    exec(code, namespace)
+  finally:
+    setuptools.setup = real
+  return namespace
+
+
+def _executable(path, text=""):
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(text or "#!/bin/sh\nexit 0\n")
+  path.chmod(0o755)
+  return path
+
+
+def test_nvcc_and_the_cuda_toolkit_are_found_where_they_are(tmp_path, monkeypatch):
+  """nvcc: $CUDA_HOME (else $CUDA_PATH) if it has bin/nvcc, then PATH; the toolkit headers:
+  $CUDA_HOME / $CUDA_PATH if they hold include/cuda_runtime.h, else the toolkit above nvcc."""
+  mod = _setup_module(tmp_path)
+  find, home = mod["_find_nvcc"], mod["_cuda_home"]
+  on_path = _executable(tmp_path / "path_bin" / "nvcc")
+  monkeypatch.setenv("PATH", str(on_path.parent))
+  (tmp_path / "empty" / "bin").mkdir(parents=True)
+  monkeypatch.setenv("CUDA_HOME", str(tmp_path / "empty"))  # no nvcc there: PATH's
+  monkeypatch.delenv("CUDA_PATH", raising=False)
+  assert find() == str(on_path)
+  in_cuda_path = _executable(tmp_path / "cuda_path" / "bin" / "nvcc")
+  monkeypatch.delenv("CUDA_HOME")
+  monkeypatch.setenv("CUDA_PATH", str(tmp_path / "cuda_path"))
+  assert find() == str(in_cuda_path)
+  # headers: not in $CUDA_HOME (no include/) nor $CUDA_PATH: the toolkit nvcc is in
+  toolkit_nvcc = _executable(tmp_path / "toolkit" / "bin" / "nvcc")
+  (tmp_path / "toolkit" / "include").mkdir()
+  (tmp_path / "toolkit" / "include" / "cuda_runtime.h").write_text("")
+  monkeypatch.setenv("CUDA_HOME", str(tmp_path / "empty"))
+  assert home(str(toolkit_nvcc)) == tmp_path / "toolkit"
+  (tmp_path / "cuda_path" / "include").mkdir()
+  (tmp_path / "cuda_path" / "include" / "cuda_runtime.h").write_text("")
+  assert home(str(toolkit_nvcc)) == tmp_path / "cuda_path"
+
+
+def test_dependency_dirs_and_versions(tmp_path, monkeypatch):
+  """The include / library dirs of the build's dependencies (NCCL from a namespace package as
+  the nvidia wheels are), each missing one named; NCCL's version from whichever wheel is in."""
+  import pytest
+  from importlib import metadata
+  mod = _setup_module(tmp_path)
+  # a namespace package (no __init__.py, as nvidia/nccl): its directory
+  (tmp_path / "site" / "fo_ns_pkg" / "nccl" / "include").mkdir(parents=True)
+  monkeypatch.syspath_prepend(str(tmp_path / "site"))
+  assert mod["_package_dir"]("fo_ns_pkg.nccl") == tmp_path / "site" / "fo_ns_pkg" / "nccl"
+  assert mod["_package_dir"]("fo_no_such_package.nccl") is None
+  nccl = tmp_path / "site" / "fo_ns_pkg" / "nccl"
+  cutlass = tmp_path / "cutlass_library"
+  (cutlass / "source" / "include" / "cutlass").mkdir(parents=True)
+  (cutlass / "source" / "include" / "cutlass" / "cutlass.h").write_text("")
+  (nccl / "include" / "nccl.h").write_text("")
+  mod["_cuda_home"] = lambda nvcc: tmp_path / "cuda"
+  mod["_package_dir"] = {"nvidia.nccl": nccl, "cutlass_library": cutlass}.get
+  dirs = mod["_dependency_dirs"]("nvcc")
+  assert dirs["cuda_include"] == tmp_path / "cuda" / "include"
+  assert dirs["cuda_lib"] == tmp_path / "cuda" / "lib64"
+  assert (dirs["nccl_include"], dirs["nccl_lib"]) == (nccl / "include", nccl / "lib")
+  assert dirs["cutlass"] == cutlass / "source" / "include"
+  assert dirs["cutlass_util"] == cutlass / "source" / "tools" / "util" / "include"
+  (nccl / "include" / "nccl.h").unlink()  # the package without its headers
+  with pytest.raises(RuntimeError, match="missing: nvidia-nccl-cu13"):
+    mod["_dependency_dirs"]("nvcc")
+  (nccl / "include" / "nccl.h").write_text("")
+  (cutlass / "source" / "include" / "cutlass" / "cutlass.h").unlink()
+  with pytest.raises(RuntimeError, match=r"missing: nvidia-cutlass \(CUTLASS headers\)$"):
+    mod["_dependency_dirs"]("nvcc")
+  installed = {"jaxlib": "0.10.1", "nvidia-cutlass": "4.2.0", "nvidia-nccl-cu12": "2.27.3"}
+
+  def version(dist):
+    if dist not in installed:
+      raise metadata.PackageNotFoundError(dist)
+    return installed[dist]
+  monkeypatch.setattr(metadata, "version", version)
+  assert mod["_dependency_versions"]() == {"jax": "jaxlib-0.10.1", "cutlass": "cutlass-4.2.0",
+                                           "nccl": "nccl-2.27.3"}
+
+
+def test_sources_and_header_digest(tmp_path):
+  """The sources compiled are every .cu and .cc under xla_ffi/; the headers' digest follows a
+  header's content and its name (a renamed header is another include)."""
+  from pathlib import Path
+  src = tmp_path / "xla_ffi"
+  for name in ("module.cc", "ffi/handler.cc", "kernels/gemm.cu", "kernels/gemm.cuh",
+               "comm/call.h", "comm/notes.txt"):
+    (src / name).parent.mkdir(parents=True, exist_ok=True)
+    (src / name).write_text(f"// {name}\n")
+  mod = _setup_module(tmp_path)
+  assert mod["_sources"]() == sorted(src / n for n in ("module.cc", "ffi/handler.cc",
+                                                         "kernels/gemm.cu"))
+  first = mod["_tree_digest"](src)
+  (src / "comm" / "notes.txt").write_text("not a header")
+  assert mod["_tree_digest"](src) == first
+  (src / "comm" / "call.h").rename(src / "comm" / "call2.h")
+  assert mod["_tree_digest"](src) != first
+  assert isinstance(Path(src), Path)
+
+
+_FAKE_COMPILER = """#!{python}
+import json, os, sys
+args = sys.argv[1:]
+with open(os.environ["FAKE_CC_LOG"], "a") as f:
+  f.write(json.dumps([os.path.basename(sys.argv[0])] + args) + "\\n")
+if any(os.environ.get("FAKE_CC_FAIL", "@never@") in a for a in args):
+  print("error: it fails"); sys.exit(1)
+if os.environ.get("FAKE_CC_SAY"):
+  print(os.environ["FAKE_CC_SAY"])
+open(args[args.index("-o") + 1], "w").write("object")
+"""
+
+
+class _FakeBuild:
+  """setup.py's CudaBuildExt on a small xla_ffi/ tree with fake compilers that log each call."""
+
+  def __init__(self, tmp_path, monkeypatch):
+    import sys
+    import types
+    self.root, self.log = tmp_path / "checkout", tmp_path / "cc.log"
+    for name in ("module.cc", "ffi/handler.cc", "comm/call.cc", "comm/call.h",
+                 "kernels/gemm.cu", "kernels/gemm.cuh"):
+      path = self.root / "xla_ffi" / name
+      path.parent.mkdir(parents=True, exist_ok=True)
+      path.write_text(f"// {name}\n")
+    compiler = _FAKE_COMPILER.format(python=sys.executable)
+    self.nvcc = str(_executable(tmp_path / "bin" / "nvcc", compiler))
+    monkeypatch.setenv("CXX", str(_executable(tmp_path / "bin" / "g++", compiler)))
+    monkeypatch.setenv("FAKE_CC_LOG", str(self.log))
+    monkeypatch.setenv("JAX_FLASHOVERLAP_NVCC_THREADS", "2")
+    self.mod = mod = _setup_module(self.root)
+    dirs = {k: tmp_path / k for k in ("cuda_include", "cuda_lib", "xla", "pybind11", "python",
+                                      "nccl_include", "nccl_lib", "cutlass", "cutlass_util")}
+    mod["_dependency_dirs"] = lambda nvcc: dirs
+    self.versions = {"jax": "jaxlib-0.10.1", "cutlass": "cutlass-4.2.0", "nccl": "nccl-2.27.3"}
+    mod["_dependency_versions"] = lambda: dict(self.versions)
+    mod["_find_nvcc"] = lambda: self.nvcc
+    self.cmd = mod["CudaBuildExt"].__new__(mod["CudaBuildExt"])
+    self.cmd.get_ext_fullpath = lambda name: str(self.root / "jax_flashoverlap" / "_xla_ffi.so")
+    self.ext = types.SimpleNamespace(name=mod["EXT_NAME"])
+
+  def build(self):
+    """build_extension; returns {source name: its compile command} and the link command."""
+    import json
+    self.log.write_text("")
+    self.mod["CudaBuildExt"].build_extension(self.cmd, self.ext)
+    calls = [json.loads(line) for line in self.log.read_text().splitlines()]
+    links = [c for c in calls if "-shared" in c]
+    compiled = {os.path.basename(c[c.index("-c") + 1]): c for c in calls if "-c" in c}
+    return compiled, links
+
+  def objects(self):
+    return sorted(p.name for p in (self.root / "build" / "obj").glob("*.o"))
+
+
+def test_build_compiles_what_changed_with_its_flags(tmp_path, monkeypatch, capsys):
+  """With nvcc found (auto), the build compiles device code with nvcc and the rest with $CXX,
+  module.cc with the kernel build's digest, links; then recompiles only what a change touches:
+  kernels/ not for other headers nor NCCL's version, host code for jaxlib's; stale objects of
+  these sources go, other files stay."""
+  import re
+  monkeypatch.delenv("JAX_FLASHOVERLAP_BUILD_CUDA", raising=False)
+  b = _FakeBuild(tmp_path, monkeypatch)
+  everything = {"module.cc", "handler.cc", "call.cc", "gemm.cu"}
+  compiled, links = b.build()
+  assert set(compiled) == everything and len(links) == 1, (compiled, links)
+  assert compiled["gemm.cu"][0] == "nvcc" and "-gencode=arch=compute_90a,code=sm_90a" in \
+      compiled["gemm.cu"], compiled["gemm.cu"]
+  assert all(compiled[s][0] == "g++" for s in everything - {"gemm.cu"}), compiled
+  defines = {s: [a for a in c if a.startswith("-DFO_KERNEL_BUILD=")] for s, c in compiled.items()}
+  assert [s for s, d in defines.items() if d] == ["module.cc"], defines
+  define = defines["module.cc"][0]
+  assert re.fullmatch(r'-DFO_KERNEL_BUILD="[0-9a-f]{16}"', define), define
+  assert links[0][links[0].index("-o") + 1] == b.cmd.get_ext_fullpath(b.ext.name)
+  assert len(b.objects()) == 4 and all(f"{o}" in " ".join(links[0]) for o in b.objects())
+  (b.root / "build" / "obj" / "unrelated.0123.o").write_text("not ours")
+  compiled, links = b.build()  # nothing changed: every object cached, linked again
+  assert not compiled and len(links) == 1, compiled
+  (b.root / "xla_ffi" / "comm" / "call.h").write_text("// changed\n")
+  assert set(b.build()[0]) == everything - {"gemm.cu"}
+  b.versions["nccl"] = "nccl-2.28.0"  # kernels/ does not include NCCL
+  assert set(b.build()[0]) == everything - {"gemm.cu"}
+  b.versions["jax"] = "jaxlib-0.11.0"  # the XLA FFI headers: host code only
+  assert set(b.build()[0]) == everything - {"gemm.cu"}
+  (b.root / "xla_ffi" / "kernels" / "gemm.cuh").write_text("// changed\n")
+  assert set(b.build()[0]) == everything  # kernels/ headers: every source includes them
+  b.versions["cutlass"] = "cutlass-4.3.0"  # the kernels' toolchain: a new kernel build
+  compiled, _ = b.build()
+  assert set(compiled) == {"gemm.cu", "module.cc"}, set(compiled)
+  assert [a for a in compiled["module.cc"] if a.startswith("-DFO_KERNEL_BUILD=")] != [define]
+  objects = b.objects()
+  assert "unrelated.0123.o" in objects and len(objects) == 5, objects  # one per source
+  assert "skipping" not in capsys.readouterr().out
+
+
+def test_build_errors_and_the_build_cuda_switch(tmp_path, monkeypatch, capsys):
+  """A failed compile or link, or a ptxas warning of a serialized wgmma (C75xx), fails the
+  build: an error with JAX_FLASHOVERLAP_BUILD_CUDA=1, a logged skip with auto (the package
+  then takes the reference path); =0 or no nvcc (auto) builds nothing."""
+  import pytest
+  b = _FakeBuild(tmp_path, monkeypatch)
+  monkeypatch.setenv("JAX_FLASHOVERLAP_BUILD_CUDA", "1")
+  for fail, say, match in [("gemm.cu", "", "compiling xla_ffi/kernels/gemm.cu failed"),
+                           ("-shared", "", "linking failed"),
+                           ("@never@", "ptxas warning : C7510-D: wgmma serialized",
+                            "ptxas warning in")]:
+    monkeypatch.setenv("FAKE_CC_FAIL", fail)
+    monkeypatch.setenv("FAKE_CC_SAY", say)
+    for obj in (b.root / "build" / "obj").glob("*.o"):
+      obj.unlink()
+    with pytest.raises(RuntimeError, match=match):
+      b.build()
+  monkeypatch.setenv("JAX_FLASHOVERLAP_BUILD_CUDA", "auto")
+  capsys.readouterr()
+  for obj in (b.root / "build" / "obj").glob("*.o"):
+    obj.unlink()
+  b.build()  # the same ptxas warning: not built, logged
+  assert "CUDA extension NOT built: ptxas warning in" in capsys.readouterr().out
+  monkeypatch.delenv("FAKE_CC_SAY")
+  monkeypatch.setenv("JAX_FLASHOVERLAP_BUILD_CUDA", "0")
+  assert b.build() == ({}, [])
+  assert "disabled by JAX_FLASHOVERLAP_BUILD_CUDA=0" in capsys.readouterr().out
+  b.mod["_find_nvcc"] = lambda: None
+  monkeypatch.setenv("JAX_FLASHOVERLAP_BUILD_CUDA", "auto")
+  assert b.build() == ({}, [])
+  assert "skipping the CUDA extension (nvcc not found)" in capsys.readouterr().out
+  monkeypatch.setenv("JAX_FLASHOVERLAP_BUILD_CUDA", "1")
+  with pytest.raises(RuntimeError, match="JAX_FLASHOVERLAP_BUILD_CUDA=1 but nvcc was not found"):
+    b.build()
+
+
+def test_an_object_whose_compile_did_not_pass_is_never_cached(tmp_path, monkeypatch):
+  """A ptxas warning of a serialized wgmma fails the build every time, not once: the object it
+  was about had been written, so the next build took it as cached and linked it. A compile
+  cut off (a timeout) leaves a .partial.o, which the next build drops, never links."""
+  import pytest
+  b = _FakeBuild(tmp_path, monkeypatch)
+  monkeypatch.setenv("JAX_FLASHOVERLAP_BUILD_CUDA", "1")
+  monkeypatch.setenv("FAKE_CC_SAY", "ptxas warning : C7510-D: wgmma serialized")
+  for attempt in range(2):
+    with pytest.raises(RuntimeError, match="ptxas warning in"):
+      b.build()
+    assert not [o for o in b.objects() if o.startswith("gemm.")], (attempt, b.objects())
+  monkeypatch.delenv("FAKE_CC_SAY")
+  compiled, links = b.build()
+  assert "gemm.cu" in compiled and len(links) == 1
+  objects = b.objects()
+  assert len(objects) == 4 and not [o for o in objects if "partial" in o], objects
+  cut = b.root / "build" / "obj" / objects[0].replace(".o", ".partial.o")
+  cut.write_text("half an object")
+  compiled, links = b.build()
+  assert not compiled and not cut.exists() and "partial" not in " ".join(links[0])
+
+
+def test_another_cuda_toolkit_or_compiler_compiles_again(tmp_path, monkeypatch):
+  """The object cache (carried between machines) is keyed by the CUDA toolkit the headers
+  belong to (CUDART_VERSION) and by each compiler's name: CUDA 12.8 -> 13.0 rebuilt nothing
+  (every object reused, module.cc still reporting the old runtime), nor did a switch of $CXX."""
+  import re
+  monkeypatch.setenv("JAX_FLASHOVERLAP_BUILD_CUDA", "1")
+  b = _FakeBuild(tmp_path, monkeypatch)
+  header = tmp_path / "cuda_include" / "cuda_runtime_api.h"
+  header.parent.mkdir(parents=True, exist_ok=True)
+  everything = {"module.cc", "handler.cc", "call.cc", "gemm.cu"}
+
+  def kernel_build(compiled):
+    return [a for a in compiled["module.cc"] if re.match("-DFO_KERNEL_BUILD=", a)]
+  header.write_text("#define CUDART_VERSION 12080\n")
+  compiled, _ = b.build()
+  assert set(compiled) == everything
+  first = kernel_build(compiled)
+  assert b.build()[0] == {}  # the same toolkit: all cached
+  header.write_text("/* CUDA 13 */\n#define CUDART_VERSION  13000\n")
+  compiled, _ = b.build()
+  assert set(compiled) == everything and kernel_build(compiled) != first
+  assert b.mod["_cuda_runtime_version"](header.parent) == "cuda-13000"
+  assert b.mod["_cuda_runtime_version"](tmp_path / "nowhere") == "cuda-?"
+  clang = _executable(tmp_path / "bin" / "clang++", (tmp_path / "bin" / "g++").read_text())
+  monkeypatch.setenv("CXX", str(clang))
+  compiled, links = b.build()
+  assert set(compiled) == everything - {"gemm.cu"} and links[0][0] == "clang++"
+  # the same compiler elsewhere (another machine's toolkit path): all cached
+  moved = _executable(tmp_path / "elsewhere" / "clang++", clang.read_text())
+  monkeypatch.setenv("CXX", str(moved))
+  assert b.build()[0] == {}

@@ -100,3 +100,20 @@ def test_gradient_through_a_linear_solve_with_our_matvec(rng):
             grads[name] = jax.jit(jax.grad(loss))(b)
         assert np.all(np.isfinite(np.asarray(grads["ours"], np.float32)))
         assert_close(grads["ours"], grads["ref"])
+
+
+@pytest.mark.parametrize("keep", [0, 1], ids=["product", "gathered"])
+def test_linear_transpose_of_one_output_of_the_gathered_all_gather(keep, rng):
+    """With return_gathered=True the op has two outputs; a function that keeps one of them
+    gives the other a symbolic zero cotangent, which the transpose rule makes an array."""
+    ours, ref, x_shape, w_shape, in_specs, out_spec = CASES["all_gather_gathered"]
+    mesh = make_mesh_1d(N)
+    x, w = rand(rng, x_shape, BF16), rand(rng, w_shape, BF16)
+    results = {}
+    for name, fn in (("ours", ours), ("ref", ref)):
+        g = _global(mesh, fn, in_specs, out_spec, True)
+        out = jax.eval_shape(lambda a: g(a, w)[keep], x)
+        ct = rand(np.random.default_rng(7), out.shape, out.dtype)
+        (results[name],) = jax.jit(jax.linear_transpose(lambda a: g(a, w)[keep], x))(ct)
+    assert results["ours"].shape == x.shape and results["ours"].dtype == BF16
+    assert_close(results["ours"], results["ref"])

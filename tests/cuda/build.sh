@@ -29,9 +29,10 @@ compile() {
   name="$(basename "${src%.cu}")"
   local t0=$SECONDS
   # KERNEL_OBJ_DIR=build/obj: take the kernel objects `setup.py build_ext` made (same flags)
-  # instead of compiling them again.
+  # instead of compiling them again; NAME.KEY.o only (KEY: 20 hex digits), never the
+  # NAME.KEY.partial.o of a compile cut off.
   if [[ -n "${KERNEL_OBJ_DIR:-}" && "$src" == xla_ffi/kernels/* ]]; then
-    local found=("$ROOT/$KERNEL_OBJ_DIR/$name".*.o)
+    local found=("$ROOT/$KERNEL_OBJ_DIR/$name".$(printf '[0-9a-f]%.0s' {1..20}).o)
     if [[ -e "${found[0]}" ]]; then cp "${found[0]}" "$BUILD/$name.o"; echo "reused ${found[0]}"; return 0; fi
   fi
   if ! $NVCC $FLAGS_STR -Xptxas -v -c "$ROOT/$src" -o "$BUILD/$name.o" >"$BUILD/$name.log" 2>&1; then
