@@ -165,6 +165,17 @@ def _variant_failed(failures: dict, name: str, err: Exception, what: str) -> Non
   say(f"VARIANT FAILED: {what} {name}: {failures[name]}")
 
 
+def windowed_or_failure(times: dict, failures: dict, measure, what: str):
+  """bench_variants.add_windowed of measure()'s result; a failed subprocess is a failed
+  variant (said, recorded, the run exits 1), not the end of the run."""
+  try:
+    measured = measure()
+  except RuntimeError as err:
+    _variant_failed(failures, "xla_windowed", err, what)
+    return None
+  return bench_variants.add_windowed(times, measured, what)
+
+
 def _other_variants(pb, args, failures: dict) -> dict:
   """The comparison programs of bench_variants that run in this process (jitted, compiled)."""
   out = {}
@@ -303,8 +314,8 @@ def bench_overlap(args) -> dict:
          for v, r in timing.items()}
     windowed = None
     if "xla_windowed" in args.variants and jax.process_count() == 1:
-      windowed = bench_variants.add_windowed(
-          t, bench_variants.xla_windowed(pb, args.calls, args.samples),
+      windowed = windowed_or_failure(
+          t, failures, lambda: bench_variants.xla_windowed(pb, args.calls, args.samples),
           f"{collective} {m}x{n}x{k}")
     ideal = max(t["xla_dot"], t["xla_collective"])
     speedup = t["xla_dot_collective"] / t["ours"]

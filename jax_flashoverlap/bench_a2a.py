@@ -112,11 +112,11 @@ def bench_a2a(args) -> dict:
            "xla_composition": (base, (x, w)), "ours": (ours, (x, w))},
           calls=args.calls, samples=args.samples)
       t = {v: r["median_ms"] for v, r in timing.items()}
-      windowed = None
+      windowed, failures = None, {}
       if op == "all_gather" and jax.process_count() == 1:  # XLA's collective matmul (GPU only)
-        windowed = bench_variants.add_windowed(
-            t, bench_variants.xla_windowed_for("all_gather", m, n, k, world, dtype,
-                                               args.calls, args.samples),
+        windowed = bench.windowed_or_failure(
+            t, failures, lambda: bench_variants.xla_windowed_for(
+                "all_gather", m, n, k, world, dtype, args.calls, args.samples),
             f"all_gather {m}x{n}x{k}")
       ideal = max(t["xla_dot"], t["xla_collective"])
       denom = t["xla_composition"] - ideal
@@ -125,7 +125,7 @@ def bench_a2a(args) -> dict:
              "overlap_efficiency": ((t["xla_composition"] - t["ours"]) / denom if denom > 0
                                     else float("nan")),
              "rel_error": err, "rel_error_vs_f32": err32, "uses_custom_call": custom_call,
-             "failed_value_check": bad,
+             "failed_value_check": bad, "variant_failures": failures,
              "xla_windowed": windowed}
       if "xla_windowed" in t:
         row["windowed_speedup"] = t["xla_composition"] / t["xla_windowed"]

@@ -46,6 +46,9 @@ TRANSPORT_ENV = "JAX_FLASHOVERLAP_TRANSPORT"  # _ext.TRANSPORT_ENV (read at lowe
 
 WINDOWED_FLAGS = ("--xla_gpu_threshold_for_windowed_einsum_mib=0 "
                   "--xla_gpu_multi_streamed_windowed_einsum=true")
+# The windowed program's subprocess: its compile and samples at DESIGN.md's largest shapes
+# take well under a minute; ten is a hang.
+WINDOWED_TIMEOUT_S = 600
 
 
 def two_chunk(pb):
@@ -172,8 +175,9 @@ def xla_windowed(pb, calls: int, samples: int):
 def xla_windowed_for(collective, m, n, k, world, dtype, calls: int, samples: int):
   """{"median_ms", "windowed_loop"} of the global-view program for a collective ("all_reduce",
   "reduce_scatter", "all_gather") and global shape under XLA's windowed-einsum flags, or None
-  off GPU (or when the subprocess failed: printed). windowed_loop False: XLA compiled it
-  without a windowed loop, the flags changed nothing."""
+  off GPU. windowed_loop False: XLA compiled it without a windowed loop, the flags changed
+  nothing. A subprocess that fails, runs past WINDOWED_TIMEOUT_S or prints no result raises a
+  RuntimeError saying which (the bench records it as a failed variant, the row kept)."""
   import jax
   if jax.default_backend() != "gpu":
     return None
@@ -181,11 +185,21 @@ def xla_windowed_for(collective, m, n, k, world, dtype, calls: int, samples: int
   env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + WINDOWED_FLAGS).strip()
   cmd = [sys.executable, "-m", "jax_flashoverlap.bench_variants", collective,
          str(m), str(n), str(k), str(world), str(dtype), str(calls), str(samples)]
-  proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+  try:
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                          timeout=WINDOWED_TIMEOUT_S)
+  except subprocess.TimeoutExpired:
+    raise RuntimeError(f"its subprocess ran past {WINDOWED_TIMEOUT_S} s") from None
   if proc.returncode != 0:
-    print(f"xla_windowed failed: {proc.stderr[-2000:]}", flush=True)
-    return None
-  return json.loads(proc.stdout.strip().splitlines()[-1])
+    raise RuntimeError(f"its subprocess exited {proc.returncode}: {proc.stderr[-2000:]}")
+  last = (proc.stdout.strip().splitlines() or [""])[-1]
+  try:
+    result = json.loads(last)
+    return {"median_ms": float(result["median_ms"]),
+            "windowed_loop": bool(result["windowed_loop"])}
+  except (ValueError, TypeError, KeyError):
+    raise RuntimeError(f"its subprocess printed no result (last line {last!r}; stderr: "
+                       f"{proc.stderr[-500:]})") from None
 
 
 def add_windowed(times: dict, windowed, what: str):

@@ -150,3 +150,105 @@ def test_a2a_shape_checks():
                                ("all_to_all", 68, 2, "N to be a multiple of 8")):
         with pytest.raises(ValueError, match=says):
             bench_a2a.check_shape(op, 64, n, world, 128)
+
+
+def _stub_gemm_times(monkeypatch, table):
+    """bench.time_variants answering from `table` and recording each variant's input shapes
+    and dtypes: what bench gemm would time."""
+    seen = {}
+
+    def fake(variants, **kw):
+        for v, (fn, args) in variants.items():
+            seen[v] = [(tuple(a.shape), str(a.dtype)) for a in args]
+        return {v: {"median_ms": table[v], "samples_ms": []} for v in variants}
+    monkeypatch.setattr(bench, "time_variants", fake)
+    return seen
+
+
+def test_gemm_row_with_transpose_w_from_its_times(tmp_path, monkeypatch):
+    """bench gemm --transpose-w (untested before): w stored [N, K] for XLA's dot and ours with
+    transpose_w=True, the same weight stored [K, N] for the [K, N] kernel and our op on an XLA
+    w.T copy (the first --comm-sms only); per-GPU K = K / world; the row's shape, dtype and
+    switch; xla / ours per variant; errors against XLA's dot (0 on CPU) and float32 (rounding)."""
+    seen = _stub_gemm_times(monkeypatch, {
+        "xla_dot": 2.0, "ours_sms0": 1.0, "ours_sms8": 4.0, "ours_sms0_on_w_T_copy": 2.5,
+        "ours_sms0_kn_kernel": 0.5})
+    out = tmp_path / "g.json"
+    assert bench.main(["gemm", "--shapes", "64x32x256", "--world", "2", "--comm-sms", "0", "8",
+                       "--transpose-w", "--dtype", "float16", "--samples", "2", "--calls", "1",
+                       "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert (row["m"], row["n"], row["k"], row["global_k"]) == (64, 32, 128, 256)
+    assert row["dtype"] == "float16" and row["transpose_w"] is True
+    nk, kn = [((64, 128), "float16"), ((32, 128), "float16")], [((64, 128), "float16"),
+                                                                 ((128, 32), "float16")]
+    assert seen == {"xla_dot": nk, "ours_sms0": nk, "ours_sms8": nk, "ours_sms0_on_w_T_copy": nk,
+                    "ours_sms0_kn_kernel": kn}
+    assert row["ratio_xla_over_ours"] == pytest.approx({
+        "ours_sms0": 2.0, "ours_sms8": 0.5, "ours_sms0_on_w_T_copy": 0.8,
+        "ours_sms0_kn_kernel": 4.0})
+    assert set(row["rel_error"]) == set(row["ratio_xla_over_ours"])
+    assert all(e < 1e-6 for e in row["rel_error"].values()), row["rel_error"]
+    assert all(0 < e < 1e-2 for e in row["rel_error_vs_f32"].values()), row["rel_error_vs_f32"]
+    assert row["failed_value_check"] == {}
+
+
+def test_gemm_wrong_values_are_flagged_not_timed_and_the_run_exits_1(tmp_path, monkeypatch,
+                                                                       capsys):
+    """Our GEMM's result off: flagged with its error against float32, left out of the timing
+    (gemm keeps no variant), and the run exits 1; XLA's dot still timed."""
+    import jax_flashoverlap as fo
+    real = fo.matmul
+    monkeypatch.setattr(fo, "matmul", lambda x, w, **kw: real(x, w, **kw) * 2)
+    seen = _stub_gemm_times(monkeypatch, {"xla_dot": 2.0})
+    out = tmp_path / "w.json"
+    assert bench.main(["gemm", "--shapes", "64x32x256", "--world", "2", "--comm-sms", "0",
+                       "--samples", "2", "--calls", "1", "--out", str(out)]) == 1
+    (row,) = json.loads(out.read_text())["rows"]
+    assert set(seen) == {"xla_dot"} and set(row["times_ms"]) == {"xla_dot"}
+    assert row["failed_value_check"] == {"ours_sms0": row["rel_error_vs_f32"]["ours_sms0"]}
+    assert row["failed_value_check"]["ours_sms0"] > 0.5
+    assert "VALUE CHECK FAILED: gemm 64x32x128 ours_sms0" in capsys.readouterr().out
+
+
+def test_gemm_warns_when_any_variant_runs_xla_s_dot(tmp_path, monkeypatch, capsys):
+    """The warning that 'ours' is XLA's dot comes as soon as one variant lacks our custom call
+    (here the first has it, the second not); each variant's answer is recorded."""
+    answers = iter([True, False])
+    monkeypatch.setattr(bench, "uses_custom_call", lambda fn, args, target: next(answers))
+    _stub_gemm_times(monkeypatch, {"xla_dot": 2.0, "ours_sms0": 1.0, "ours_sms8": 1.0})
+    out = tmp_path / "c.json"
+    assert bench.main(["gemm", "--shapes", "64x32x128", "--world", "1", "--comm-sms", "0", "8",
+                       "--samples", "2", "--calls", "1", "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["uses_custom_call"] == {"ours_sms0": True, "ours_sms8": False}
+    assert "not the signaling GEMM" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind", ["overlap", "a2a"])
+def test_a_failed_windowed_subprocess_is_a_failed_variant_not_the_end(kind, tmp_path,
+                                                                      monkeypatch, capsys):
+  """XLA's windowed-einsum program runs in a subprocess (GPU only); one that hung or printed
+  nothing raised out of the bench, losing every row after it. Now: VARIANT FAILED, the row
+  kept with `variant_failures`, the next rows measured, exit 1."""
+  from jax_flashoverlap import bench_variants
+
+  def hung(*args):
+    raise RuntimeError("its subprocess ran past 600 s")
+  monkeypatch.setattr(bench_variants, "xla_windowed", hung)
+  monkeypatch.setattr(bench_variants, "xla_windowed_for", hung)
+  out = tmp_path / "f.json"
+  argv = (["overlap", "--collectives", "all_reduce", "--variants", "xla_windowed", "--trace",
+           "0"] if kind == "overlap" else ["a2a", "--ops", "all_gather"])
+  assert bench.main([*argv, "--shapes", "64x64x128", "32x64x128", "--world", "2",
+                     "--samples", "2", "--calls", "1", "--out", str(out)]) == 1
+  d = json.loads(out.read_text())
+  assert d["complete"] is True and len(d["rows"]) == 2
+  for row in d["rows"]:
+    assert row["variant_failures"] == {"xla_windowed": "RuntimeError: its subprocess ran "
+                                                       "past 600 s"}
+    assert row["xla_windowed"] is None and "xla_windowed" not in row["times_ms"]
+    assert row["times_ms"]["ours"] > 0 and not row["failed_value_check"]
+  captured = capsys.readouterr()
+  assert captured.out.count("VARIANT FAILED: ") == 2
+  assert "`variant_failures` in the rows): exit 1" in captured.err

@@ -471,17 +471,45 @@ def test_launcher_kills_what_ignores_sigterm_after_a_failure(tmp_path, logs_here
 
 def test_launcher_lets_what_a_failed_process_started_stop_gracefully(tmp_path, logs_here):
     """SIGTERM first, also to the group of a process that has already failed: its child gets
-    up to 10 s to clean up (a SIGTERM handler, 0.5 s here) before the SIGKILL. It got SIGKILL
-    at once when the launched processes had ended (process 0 stops at once here)."""
+    up to 10 s to clean up (a SIGTERM handler, 2 s here: more than a short grace would give)
+    before the SIGKILL. It got SIGKILL at once when the launched processes had ended (process 0
+    stops at once here)."""
     ready, cleaned = tmp_path / "ready", tmp_path / "cleaned_up"
     grandchild = ("import signal, sys, time\n"
                   "def bye(*_):\n"
-                  f"    time.sleep(0.5); open({str(cleaned)!r}, 'w').write('yes'); sys.exit(0)\n"
+                  f"    time.sleep(2); open({str(cleaned)!r}, 'w').write('yes'); sys.exit(0)\n"
                   "signal.signal(signal.SIGTERM, bye)\n"
                   f"open({str(ready)!r}, 'w').write('up')\n"
                   "time.sleep(60)\n")
     code = _fail_after_starting(grandchild, ready)
     assert code == 9 and cleaned.read_text() == "yes"
+
+
+def test_launcher_waits_for_process_groups_only_while_they_have_members(tmp_path, monkeypatch):
+    """A group is alive until its last member is reaped; _kill waits for (reaps) a process slow
+    to stop on SIGTERM, then, the groups empty, does not wait out the 10 s grace."""
+    import time
+    p = subprocess.Popen(_py("import time; time.sleep(60)"), start_new_session=True)
+    try:
+        assert launch_mod._group_alive(p)
+    finally:
+        p.kill()
+        p.wait()
+    assert not launch_mod._group_alive(p)
+    ready = tmp_path / "ready"
+    slow = subprocess.Popen(_py(f'''
+        import signal, sys, time
+        signal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.5), sys.exit(0)))
+        open({str(ready)!r}, "w").write("up")
+        time.sleep(60)
+    '''), start_new_session=True)
+    while not ready.exists():
+        assert slow.poll() is None
+        time.sleep(0.05)
+    checked, alive = [], launch_mod._group_alive
+    monkeypatch.setattr(launch_mod, "_group_alive", lambda q: checked.append(q) or alive(q))
+    launch_mod._kill([p, slow], groups=True)
+    assert slow.returncode == 0 and checked == [p, slow]  # one look: both groups empty
 
 
 def test_launcher_leaves_what_a_successful_process_started(tmp_path):
@@ -498,88 +526,3 @@ def test_launcher_leaves_what_a_successful_process_started(tmp_path):
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert code == 0 and marker.read_text() == "ok"
-
-
-# --- _launch_child run directly (the program as python runs it; JAX replaced by a stand-in
-# whose distributed runtime is "running", so the fast exit is tested without processes) ------
-
-FAKE_JAX_RUNNING = textwrap.dedent('''
-    import atexit, sys, types
-    jax = types.ModuleType("jax")
-    jax.distributed = types.SimpleNamespace(is_initialized=lambda: RUNNING)
-    sys.modules["jax"] = jax
-    atexit.register(lambda: print("exit handlers ran", flush=True))
-''')
-
-
-def _child(tmp_path, *argv, cwd=None):
-    env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
-    return subprocess.run([sys.executable, launch_mod.CHILD, *argv], cwd=cwd or tmp_path,
-                          env=env, capture_output=True, text=True, timeout=60)
-
-
-@pytest.mark.parametrize("running, end, status, handlers", [
-    (True, "raise RuntimeError('boom')", 1, False),    # a failure: at once, no exit handlers
-    (True, "sys.exit('failed: why')", 1, False),
-    (True, "sys.exit(3)", 3, False),
-    (True, "sys.exit()", 0, True),                     # a normal end: Python's own exit
-    (True, "sys.exit(0)", 0, True),
-    (True, "sys.exit(256)", 0, True),                  # status 256 & 0xFF: not a failure
-    (False, "raise RuntimeError('boom')", 1, True),    # without jax.distributed: Python's own
-    (False, "sys.exit('failed: why')", 1, True),
-])
-def test_launch_child_exit_status(tmp_path, running, end, status, handlers):
-    script = tmp_path / "prog.py"
-    script.write_text(FAKE_JAX_RUNNING.replace("RUNNING", str(running)) + f"import sys\n{end}\n")
-    r = _child(tmp_path, str(script))
-    assert r.returncode == status, (r.returncode, r.stdout, r.stderr)
-    assert ("exit handlers ran" in r.stdout) == handlers, (r.stdout, r.stderr)
-    if "boom" in end:  # the program's traceback, as python prints it (not the launcher's frame)
-        assert "RuntimeError: boom" in r.stderr and 'prog.py", line' in r.stderr, r.stderr
-        assert "_launch_child.py" not in r.stderr, r.stderr
-    if "why" in end:
-        assert "failed: why" in r.stderr, r.stderr
-
-
-@pytest.mark.parametrize("running, handlers", [(True, False), (False, True)])
-def test_launch_child_keyboard_interrupt_ends_by_sigint(tmp_path, running, handlers):
-    import signal
-    script = tmp_path / "prog.py"
-    script.write_text(FAKE_JAX_RUNNING.replace("RUNNING", str(running)) +
-                      "raise KeyboardInterrupt\n")
-    r = _child(tmp_path, str(script))
-    assert r.returncode == -signal.SIGINT, (r.returncode, r.stdout, r.stderr)
-    assert ("exit handlers ran" in r.stdout) == handlers and "KeyboardInterrupt" in r.stderr
-
-
-def test_launch_child_runs_modules_packages_and_zips_as_python_does(tmp_path):
-    """-m of a package runs its __main__ (relative imports work, argv[0] is its path, the
-    current folder is on sys.path); a zip app runs; the package's own trace.py does not
-    shadow the standard library's; a missing module: Python's message and status 1."""
-    import zipfile
-    pkg = tmp_path / "mypkg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "helper.py").write_text("VALUE = 'helped'\n")
-    (pkg / "__main__.py").write_text(textwrap.dedent('''
-        import sys
-        from . import helper
-        print("pkg ran", helper.VALUE, __name__, __package__, sys.argv)
-    '''))
-    r = _child(tmp_path, "-m", "mypkg", "a", "--b")
-    main_py = str(pkg / "__main__.py")
-    assert r.returncode == 0, r.stderr
-    assert f"pkg ran helped __main__ mypkg {[main_py, 'a', '--b']}" in r.stdout, r.stdout
-    with zipfile.ZipFile(tmp_path / "app.zip", "w") as z:
-        z.writestr("__main__.py", "import sys; print('zip ran', sys.argv[1:])\n")
-    r = _child(tmp_path, str(tmp_path / "app.zip"), "x")
-    assert r.returncode == 0 and "zip ran ['x']" in r.stdout, r.stdout + r.stderr
-    (tmp_path / "std.py").write_text("import trace; print('stdlib trace', trace.Trace.__name__)\n")
-    r = _child(tmp_path, str(tmp_path / "std.py"))
-    assert r.returncode == 0 and "stdlib trace Trace" in r.stdout, r.stdout + r.stderr
-    for missing in ([], ["-m"]):  # refused as python refuses them
-        r = _child(tmp_path, *missing)
-        assert r.returncode == 2 and "missing the program" in r.stderr, r.stderr
-    r = _child(tmp_path, "-m", "no_such_module_here")
-    assert r.returncode == 1 and "Error while finding module specification" in r.stderr, r.stderr

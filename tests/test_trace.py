@@ -302,6 +302,22 @@ def test_enable_off_gpu_says_nothing_will_be_recorded(fake, monkeypatch):
     assert fake.on
 
 
+def test_enable_off_gpu_warns_once_per_backend(fake, monkeypatch):
+    """The notice comes at the first enable() on a backend, not at every one (a loop of
+    `with trace.recording():` blocks printed it each time)."""
+    import warnings
+    monkeypatch.setattr(trace, "_warned_backends", set())
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        trace.enable(8)
+        trace.disable()
+        with trace.recording(capacity=16):
+            pass
+    notices = [str(w.message) for w in said if "no call is traced" in str(w.message)]
+    assert len(notices) == 1, notices
+    assert fake.calls == [(True, 8), (False, 8), (True, 16), (False, 16)]
+
+
 def test_enable_and_recording_pass_their_capacity_and_win_over_env(fake, monkeypatch):
     """An explicit enable(8) wins over FLASHOVERLAP_TRACE (read no more, not re-enabled at its
     default capacity); recording(capacity) gives the extension that capacity."""
