@@ -366,30 +366,6 @@ def test_reported_plan_is_the_one_the_op_lowers_with(monkeypatch):
     assert "bench_problem.lowered_plan(pb)" in trace_op and "choose_plan" not in trace_op
 
 
-def test_plot_draws_no_bar_for_a_variant_not_run_at_a_shape(tmp_path, monkeypatch):
-    """ppermute_ring needs M % world == 0 and xla_windowed a windowed loop: a row without the
-    variant got a bar of height 0, read as a speedup of 0x. Now no bar (NaN height)."""
-    matplotlib = pytest.importorskip("matplotlib")
-    matplotlib.use("Agg")
-    import math
-
-    import matplotlib.axes
-    from jax_flashoverlap import bench_variants
-    heights = {}
-    bar = matplotlib.axes.Axes.bar
-
-    def record(self, x, height, *args, **kwargs):
-        heights[kwargs["label"]] = list(height)
-        return bar(self, x, height, *args, **kwargs)
-    monkeypatch.setattr(matplotlib.axes.Axes, "bar", record)
-    t = {"xla_dot": 1.0, "xla_collective": 1.0, "xla_dot_collective": 2.0, "ours": 1.6}
-    rows = [dict(collective="all_reduce", m=m, n=64, k=256, world=4, dtype="bfloat16",
-                 times_ms=times) for m, times in ((63, t), (64, dict(t, ppermute_ring=2.5)))]
-    assert bench_variants.plot({"rows": rows}, str(tmp_path / "p.png")) == str(tmp_path / "p.png")
-    assert heights["ours"] == [1.25, 1.25]
-    assert math.isnan(heights["ppermute_ring"][0]) and heights["ppermute_ring"][1] == 0.8
-
-
 def test_a_wrong_variant_is_not_timed_and_the_run_exits_1(tmp_path, monkeypatch, capsys):
     """Every variant's values are checked before timing (the docstring said so, but errors were
     only recorded: a wrong program was timed and ranked). A comparison variant off by more than

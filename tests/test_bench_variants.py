@@ -166,9 +166,8 @@ def test_windowed_program_is_the_global_view_product(monkeypatch, capsys, collec
     assert bench.relative_error(out, ref) < 1e-2
 
 
-def test_plot_compares_the_chain_with_xla_s_chain(tmp_path, monkeypatch):
-    """ours_chain's bar is over XLA's chain (like for like), the others' over XLA's dot +
-    collective; XLA's own programs get no bar."""
+def _recorded_bars(monkeypatch):
+    """{label: heights} of every bar bench_variants.plot draws (matplotlib's Agg backend)."""
     matplotlib = pytest.importorskip("matplotlib")
     matplotlib.use("Agg")
     import matplotlib.axes
@@ -179,9 +178,29 @@ def test_plot_compares_the_chain_with_xla_s_chain(tmp_path, monkeypatch):
         heights[kwargs["label"]] = list(height)
         return bar(self, x, height, *args, **kwargs)
     monkeypatch.setattr(matplotlib.axes.Axes, "bar", record)
+    return heights
+
+
+def test_plot_compares_the_chain_with_xla_s_chain(tmp_path, monkeypatch):
+    """ours_chain's bar is over XLA's chain (like for like), the others' over XLA's dot +
+    collective; XLA's own programs get no bar."""
+    heights = _recorded_bars(monkeypatch)
     t = {"xla_dot": 1.0, "xla_collective": 1.0, "xla_dot_collective": 2.0, "ours": 1.6,
          "xla_chain": 3.0, "ours_chain": 2.0}
     rows = [dict(collective="reduce_scatter", m=64, n=64, k=256, world=4, dtype="bfloat16",
                  times_ms=t)]
     assert bench_variants.plot({"rows": rows}, str(tmp_path / "p.png")) == str(tmp_path / "p.png")
     assert heights == {"ours": [1.25], "ours_chain": [1.5]}
+
+
+def test_plot_draws_no_bar_for_a_variant_not_run_at_a_shape(tmp_path, monkeypatch):
+    """ppermute_ring needs M % world == 0 and xla_windowed a windowed loop: a row without the
+    variant got a bar of height 0, read as a speedup of 0x. Now no bar (NaN height)."""
+    import math
+    heights = _recorded_bars(monkeypatch)
+    t = {"xla_dot": 1.0, "xla_collective": 1.0, "xla_dot_collective": 2.0, "ours": 1.6}
+    rows = [dict(collective="all_reduce", m=m, n=64, k=256, world=4, dtype="bfloat16",
+                 times_ms=times) for m, times in ((63, t), (64, dict(t, ppermute_ring=2.5)))]
+    assert bench_variants.plot({"rows": rows}, str(tmp_path / "p.png")) == str(tmp_path / "p.png")
+    assert heights["ours"] == [1.25, 1.25]
+    assert math.isnan(heights["ppermute_ring"][0]) and heights["ppermute_ring"][1] == 0.8
