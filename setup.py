@@ -263,7 +263,7 @@ class CudaBuildExt(build_ext):
       compiler, *flags = command(src, Path("OBJ"))
       key = object_key(src, [Path(compiler).name, *flags], headers, deps)
       obj = obj_dir / f"{src.stem}.{key}.o"
-      jobs.append((src, obj, command(src, obj_dir / f"{src.stem}.{key}.partial.o")))
+      jobs.append((src, obj, command(src, obj.with_suffix(".partial.o"))))
 
     # Drop stale objects of these sources (other keys) so the cache stays small to carry.
     current = {o.name for _, o, _ in jobs}
@@ -279,7 +279,7 @@ class CudaBuildExt(build_ext):
       src, obj, cmd = job
       if obj.exists():
         return f"cached {src.relative_to(ROOT)}"
-      partial = Path(cmd[cmd.index("-o") + 1])
+      partial = obj.with_suffix(".partial.o")  # what cmd writes
       try:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         out = proc.stdout + proc.stderr

@@ -23,20 +23,24 @@ def test_build_ext_inplace_without_the_cuda_extension(tmp_path):
     assert not list((tmp_path / "jax_flashoverlap").glob("_xla_ffi*"))
 
 
-def _setup_function(name, **namespace):
-    """One top-level function of setup.py, without running setup() (importing it would)."""
-    import ast
-    with open(os.path.join(REPO, "setup.py")) as f:
-        tree = ast.parse(f.read())
-    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
-    namespace["os"] = os
-    exec(compile(ast.Module([fn], type_ignores=[]), "setup.py", "exec"), namespace)
-    return namespace[name]
+def _setup_module(root):
+  """setup.py's namespace as if it sat in `root` (its ROOT, SRC), without running setup()."""
+  import setuptools
+  from pathlib import Path
+  namespace = {"__file__": str(Path(root) / "setup.py"), "__name__": "setup_under_test"}
+  code = compile(open(os.path.join(REPO, "setup.py")).read(), "setup.py", "exec")
+  real = setuptools.setup
+  setuptools.setup = lambda **kw: None
+  try:
+    exec(code, namespace)
+  finally:
+    setuptools.setup = real
+  return namespace
 
 
 def test_nvcc_threads_is_a_positive_integer_or_an_error_naming_it(monkeypatch):
     import pytest
-    threads = _setup_function("_nvcc_threads")
+    threads = _setup_module(REPO)["_nvcc_threads"]
     monkeypatch.delenv("JAX_FLASHOVERLAP_NVCC_THREADS", raising=False)
     assert threads() == (os.cpu_count() or 2)
     monkeypatch.setenv("JAX_FLASHOVERLAP_NVCC_THREADS", " 3 ")
@@ -51,13 +55,9 @@ def test_nvcc_threads_is_a_positive_integer_or_an_error_naming_it(monkeypatch):
 def test_kernel_build_digest_follows_the_kernels_and_the_call_sequences(tmp_path):
     """The build a tuned plan records (tuning.py warns on another one): it changes with any
     source of xla_ffi/kernels or xla_ffi/comm, and not with the FFI handlers' decoding."""
-    import hashlib
     for folder in ("kernels", "comm", "ffi"):
         shutil.copytree(os.path.join(REPO, "xla_ffi", folder), tmp_path / "xla_ffi" / folder)
-    from pathlib import Path
-    tree = _setup_function("_tree_digest", hashlib=hashlib, ROOT=tmp_path, Path=Path)
-    digest = _setup_function("kernel_build_digest", hashlib=hashlib, ROOT=tmp_path,
-                             SRC=tmp_path / "xla_ffi", _tree_digest=tree)
+    digest = _setup_module(tmp_path)["kernel_build_digest"]
     first = digest()
     assert len(first) == 16 and set(first) <= set("0123456789abcdef") and digest() == first
     assert digest("-O3 cutlass-4.2.0.0") != digest("-O0 cutlass-4.2.0.0") != first  # toolchain
@@ -81,15 +81,13 @@ def test_object_keys_do_not_depend_on_where_the_checkout_is(tmp_path):
     headers, flags and versions give the same key wherever the checkout is (the key held the
     source's absolute path, so another checkout recompiled everything), and any of them
     changing gives another key."""
-    import hashlib
-    from pathlib import Path
     keys = {}
     for where in ("a/checkout", "b/elsewhere"):
-        root = tmp_path / where
+        root = (tmp_path / where).resolve()  # setup.py's ROOT is resolved
         src = root / "xla_ffi" / "kernels" / "gemm.cu"
         src.parent.mkdir(parents=True)
         src.write_text("__global__ void k() {}\n")
-        key = _setup_function("object_key", hashlib=hashlib, ROOT=root, Path=Path)
+        key = _setup_module(root)["object_key"]
         flags = ["-O3", f"-I{root}/include", "-c", str(src), "-o", "OBJ"]
         keys[where] = key(src, flags, "headers", "cutlass-4.2")
         assert key(src, [*flags, "-DX"], "headers", "cutlass-4.2") != keys[where]
@@ -104,7 +102,7 @@ def test_build_mode_reads_the_switch_words_and_empty_as_the_default(monkeypatch)
     """JAX_FLASHOVERLAP_BUILD_CUDA takes the words every other switch takes, and unset or empty
     is auto (empty stopped setup.py with an error); a typo is an error naming the variable."""
     import pytest
-    mode = _setup_function("_build_mode")
+    mode = _setup_module(REPO)["_build_mode"]
     for value, want in [(None, "auto"), ("", "auto"), ("  ", "auto"), ("AUTO", "auto"),
                         ("1", "1"), ("yes", "1"), ("On", "1"), ("0", "0"), ("no", "0"),
                         ("false", "0")]:
@@ -116,21 +114,6 @@ def test_build_mode_reads_the_switch_words_and_empty_as_the_default(monkeypatch)
     monkeypatch.setenv("JAX_FLASHOVERLAP_BUILD_CUDA", "ye")
     with pytest.raises(SystemExit, match="JAX_FLASHOVERLAP_BUILD_CUDA must be auto, 1 .* got 'ye'"):
         mode()
-
-
-def _setup_module(root):
-  """setup.py's namespace as if it sat in `root` (its ROOT, SRC), without running setup()."""
-  import setuptools
-  from pathlib import Path
-  namespace = {"__file__": str(Path(root) / "setup.py"), "__name__": "setup_under_test"}
-  code = compile(open(os.path.join(REPO, "setup.py")).read(), "setup.py", "exec")
-  real = setuptools.setup
-  setuptools.setup = lambda **kw: None
-  try:
-    exec(code, namespace)
-  finally:
-    setuptools.setup = real
-  return namespace
 
 
 def _executable(path, text=""):
