@@ -152,7 +152,10 @@ def main():
 
 def collectives(compiled_text: str) -> str:
   """The collectives of a compiled program: XLA's own and our custom calls, counted."""
-  found = re.findall(r"= \S+ (all-gather|all-reduce|reduce-scatter|all-to-all|"
+  # The opcode: after a space, right before its operands. The shape before it may be a tuple
+  # with spaces in it (multi-operand and async collectives); names (`%all-reduce.1`) never
+  # stand right before a parenthesis.
+  found = re.findall(r"(?<= )(all-gather|all-reduce|reduce-scatter|all-to-all|"
                      r"collective-permute)(?:-start)?\(", compiled_text)
   found += re.findall(r'custom_call_target="(flashoverlap_\w+)"', compiled_text)
   return ", ".join(f"{name} x{n}" for name, n in collections.Counter(found).items()) or "none"

@@ -66,6 +66,18 @@ def test_program_path_reasons(monkeypatch):
   assert line.startswith("XLA's dot + psum_scatter (the plan predicts no gain over XLA: "), line
   assert f"{plan.predicted_s * 1e3:.3f} ms vs {plan.baseline_s * 1e3:.3f} ms)" in line, line
   assert "noise" in path.timing_note(False) and path.timing_note(True) == ""
+  # the plan asked about is the one the op would lower with: this GPU's (its tuned entries)
+  asked = []
+  choose = fo.plan.choose_plan
+  monkeypatch.setattr(fo.plan, "choose_plan", lambda *a, **k: asked.append(k) or choose(*a, **k))
+  path.program_path("", "all_reduce", 256, 512, 256, 2)
+  assert [k.get("gpu") for k in asked] == [path.jax.devices()[0].device_kind]
+  # each op's own status: one built without the other
+  monkeypatch.setattr(fo, "info", lambda: {"paths": {
+      "matmul_all_reduce": {"cuda_custom_call": True, "why": "CUDA extension built"},
+      "matmul_reduce_scatter": {"cuda_custom_call": False, "why": "target missing"}}})
+  assert path.program_path("", "reduce_scatter", 256, 512, 256, 2) == (
+      "XLA's dot + psum_scatter: target missing")
 
 
 def test_tp_block_pair_programs_return_the_same_outputs(monkeypatch):
@@ -79,7 +91,8 @@ def test_tp_block_pair_programs_return_the_same_outputs(monkeypatch):
   block = load_example("tp_transformer_block.py", monkeypatch)
   mesh = Mesh(np.array(jax.devices()[:4]), (block.AXIS,))
   for collective, transposed, outputs in [("all_gather", True, 2), ("all_gather", False, 1),
-                                          ("reduce_scatter", True, 1)]:
+                                          ("reduce_scatter", True, 1), ("all_reduce", False, 1),
+                                          ("all_reduce", True, 1)]:
     xla, ours, x_spec, w_spec = block._pair_programs(mesh, collective, transposed)
     kx, kw = jax.random.split(jax.random.key(7))
     x = jax.random.normal(kx, (32, 64), block.DTYPE)
@@ -104,7 +117,7 @@ def replicated_block_run(tmp_path_factory):
   steps: run once (per test worker), read by the tests below (each run is ~15 s of CI)."""
   pytest.importorskip("flax")
   report = tmp_path_factory.mktemp("tp_block") / "tp.json"
-  out = run_example("tp_transformer_block.py", "--steps", "3", *BLOCK_SIZES,
+  out = run_example("tp_transformer_block.py", "--steps", "3", *BLOCK_SIZES, "--tp", "8",
                     "--overlap-backward", "--json", str(report))
   return out, json.loads(report.read_text())
 
@@ -123,6 +136,10 @@ def test_tp_transformer_block(replicated_block_run):
   assert set(d["row_parallel_ops"]) == {"attention_out", "mlp_down", "qkv_dx", "gate_up_dx"}
   assert all(o["xla_ms"] > 0 and o["fo_ms"] > 0 for o in d["row_parallel_ops"].values())
   assert d["median_step_ms"]["fo"] > 0 and d["median_step_ms"]["xla"] > 0
+  # the saving the ops predict: XLA's time minus ours, per pair, times the layers
+  ops = d["row_parallel_ops"].values()
+  assert d["expected_saving_ms_from_ops"] == pytest.approx(
+      d["config"]["layers"] * sum(o["xla_ms"] - o["fo_ms"] for o in ops))
 
 
 def test_tp_transformer_block_sequence_parallel(tmp_path, replicated_block_run):
@@ -242,6 +259,15 @@ def test_global_view_jit(reduce, spec):
     ("global_view_jit.py", ("--dp", "3", "--m", "240"), 2,
      "--dp must be 0 (default) or divide the 8 devices"),
     ("quickstart.py", ("--k", "100"), 2, "--k split over the 8 devices a multiple of 8"),
+    ("quickstart.py", ("--k", "32"), 2, "--k split over the 8 devices a multiple of 8"),
+    ("quickstart.py", ("--iters", "0"), 2, "--m, --n, --k and --iters must be at least 1"),
+    ("tp_transformer_block.py", ("--layers", "0"), 2, "--ffn and --layers must be at least 1"),
+    ("tp_transformer_block.py", ("--sequence-parallel", "--seq", "12"), 1,
+     "--sequence-parallel needs seq % tp == 0"),
+    # reduce_scatter scatters the rows over dp * tp = 8: 20 rows do not split
+    ("global_view_jit.py", ("--m", "20", "--reduce", "reduce_scatter"), 2,
+     "need m divisible by dp (reduce_scatter: by dp * tp)"),
+    ("global_view_jit.py", ("--f", "16"), 2, "f split over tp a multiple of 8"),  # 4 a device
 ])
 def test_examples_reject_bad_arguments(name, args, code, message):
   """A bad argument is a clear message and a failing exit before anything runs, not a silent
@@ -315,3 +341,242 @@ def test_global_view_jit_fails_on_a_nan_error(monkeypatch, capsys):
   with pytest.raises(SystemExit, match="FAILED: relative error nan"):
     example.main()
   assert not capsys.readouterr().out.rstrip().endswith("OK")
+
+
+def test_devices_simulated_only_without_a_gpu_or_a_count(monkeypatch):
+  """examples/_devices.py: with no GPU it asks XLA for 8 CPU devices, keeping the other XLA
+  flags; a device count already set, or a GPU, leaves XLA_FLAGS as it is."""
+  import os
+  devices = load_example("_devices.py", monkeypatch)
+  gpu = [False]
+  monkeypatch.setattr(devices.os.path, "exists",
+                      lambda p, exists=os.path.exists: gpu[0] if p == "/dev/nvidia0" else exists(p))
+  count = "--xla_force_host_platform_device_count"
+  monkeypatch.delenv("XLA_FLAGS", raising=False)
+  devices.simulate_cpu_devices_without_gpu()
+  assert os.environ["XLA_FLAGS"] == f"{count}=8"
+  monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0")
+  devices.simulate_cpu_devices_without_gpu(2)
+  assert os.environ["XLA_FLAGS"] == f"--xla_backend_optimization_level=0 {count}=2"
+  monkeypatch.setenv("XLA_FLAGS", f"{count}=4")
+  devices.simulate_cpu_devices_without_gpu()
+  assert os.environ["XLA_FLAGS"] == f"{count}=4"
+  gpu[0] = True
+  monkeypatch.delenv("XLA_FLAGS")
+  devices.simulate_cpu_devices_without_gpu()
+  assert "XLA_FLAGS" not in os.environ
+
+
+QUICK_ARGS = ["quickstart.py", "--m", "64", "--n", "64", "--k", "128", "--iters", "1"]
+
+
+def test_quickstart_fails_on_a_wrong_result(monkeypatch, capsys):
+  """The quickstart's check compares our op's output with XLA's psum(x @ w): an op off by half
+  of its value is a relative error of 0.5 and a failing exit, not a printed number."""
+  from jax import lax
+  example = load_example("quickstart.py", monkeypatch)
+  wrong = lambda x, w, axis: lax.psum(x @ w, axis) * 1.5
+  monkeypatch.setattr(example.fo, "matmul_all_reduce", wrong)
+  monkeypatch.setattr(sys, "argv", QUICK_ARGS)
+  with pytest.raises(SystemExit, match=r"FAILED: relative error 5\.0\de-01 >= 1e-2"):
+    example.main()
+  assert "relative error vs XLA psum(x @ w): 5.0" in capsys.readouterr().out
+
+
+def test_quickstart_defaults_shapes_and_shardings(monkeypatch, capsys):
+  """With no flags on CPU: M=256 N=512 K=1024; the op gets its row-parallel shards (x [M, K/8],
+  w [K/8, N]), its output is the whole [M, N] replicated, and the path line is asked about
+  the per-device GEMM (K/8) over the 8 devices."""
+  example = load_example("quickstart.py", monkeypatch)
+  seen, outs, paths = [], [], []
+  op = example.fo.matmul_all_reduce
+  monkeypatch.setattr(example.fo, "matmul_all_reduce",
+                      lambda x, w, axis: seen.append((x.shape, w.shape, axis)) or op(x, w, axis))
+  timed = example.timed
+  monkeypatch.setattr(example, "timed", lambda fn, *a, iters: outs.append(
+      timed(fn, *a, iters=iters)) or outs[-1])
+  path = example.program_path
+  monkeypatch.setattr(example, "program_path", lambda *a: paths.append(a[1:]) or path(*a))
+  monkeypatch.setattr(sys, "argv", ["quickstart.py"])
+  example.main()
+  assert "M=256 N=512 K=1024 dtype=bfloat16" in capsys.readouterr().out
+  assert set(seen) == {((256, 128), (128, 512), "tp")}
+  assert paths == [("all_reduce", 256, 512, 128, 8)]
+  assert len(outs) == 2
+  for out, _ in outs:  # XLA's and ours
+    assert out.shape == (256, 512) and out.sharding.is_fully_replicated
+
+
+def test_global_view_collectives_line(monkeypatch):
+  """The collectives line counts XLA's collectives (an async one by its -start) and our custom
+  calls."""
+  pytest.importorskip("flax")
+  example = load_example("global_view_jit.py", monkeypatch)
+  text = ("%ars = f32[8]{0} all-reduce-start(%q), to_apply=%add\n"
+          "%ar = f32[8]{0} all-reduce(%q), to_apply=%add\n"
+          "%rs = bf16[2,4,64]{2,1,0} reduce-scatter(%y), dimensions={0}\n"
+          '%cc = bf16[8]{0} custom-call(%a), custom_call_target="flashoverlap_gemm_all_reduce"\n'
+          "%ag = bf16[16,4,64]{2,1,0} all-gather(%r), dimensions={0}\n")
+  assert example.collectives(text) == ("all-reduce x2, reduce-scatter x1, all-gather x1, "
+                                       "flashoverlap_gemm_all_reduce x1")
+  assert example.collectives("%d = f32[8]{0} dot(%a, %b)") == "none"
+  # tuple shapes (multi-operand, async): counted; a name or an operand named like one is not
+  text = ("%a2a = (f32[16,1,32]{2,1,0}, f32[16,1,32]{2,1,0}) all-to-all(%x, %y), channel_id=1\n"
+          "%ags = ((bf16[4]{0}), bf16[8]{0}) all-gather-start(%all-reduce.1), dimensions={0}\n"
+          "%agd = bf16[8]{0} all-gather-done(%ags)\n")
+  assert example.collectives(text) == "all-to-all x1, all-gather x1"
+
+
+GV_ARGS = ["global_view_jit.py", "--m", "64", "--d", "64", "--f", "128", "--iters", "1"]
+
+
+def test_global_view_jit_mesh_and_function_program(monkeypatch, capsys):
+  """Default --reduce (all_reduce) on 8 devices: the mesh is dp=2 x tp=4 ('dp' rows of
+  devices), the function MLP's program has one collective, the op's all-reduce (the weights'
+  shardings need no other), and the path line is asked about the per-device GEMM over tp."""
+  pytest.importorskip("flax")
+  import jax
+  import numpy as np
+  example = load_example("global_view_jit.py", monkeypatch)
+  paths, meshes = [], []
+  path = example.program_path
+  monkeypatch.setattr(example, "program_path", lambda *a: paths.append(a) or path(*a))
+  # the sequence-parallel MLP is test_global_view_jit's: here only the mesh it is given
+  monkeypatch.setattr(example, "sequence_parallel_mlp",
+                      lambda args, mesh, dp, *rest: meshes.append((mesh, dp)) or 0.0)
+  monkeypatch.setattr(sys, "argv", GV_ARGS)
+  example.main()
+  out = capsys.readouterr().out
+  assert "mesh dp=2 x tp=4" in out and "reduce=all_reduce" in out, out
+  (compiled, *shape), = paths
+  assert shape == ["all_reduce", 32, 64, 32, 4]
+  # every collective, a tuple-shaped one (an all-to-all) too
+  assert example.collectives(compiled) == "all-reduce x1", example.collectives(compiled)
+  (mesh, dp), = meshes
+  assert dp == 2 and dict(mesh.shape) == {"dp": 2, "tp": 4}
+  np.testing.assert_array_equal(mesh.devices, np.array(jax.devices()).reshape(2, 4))
+  assert out.rstrip().endswith("OK")
+
+
+def test_global_view_jit_fails_on_a_wrong_layer_or_a_later_nan(monkeypatch, capsys):
+  """Each of the three MLPs' errors decides: the Flax layers' MLP off (its column layer's
+  output x 1.5) fails with a finite error, as does a NaN error from the sequence-parallel MLP
+  (the last of the three: Python's max() drops a NaN it meets after a number)."""
+  pytest.importorskip("flax")
+  example = load_example("global_view_jit.py", monkeypatch)
+  monkeypatch.setattr(sys, "argv", GV_ARGS)
+
+  class Off(example.ColumnParallelLinear):
+    def __call__(self, x):
+      return super().__call__(x) * 1.5
+
+  monkeypatch.setattr(example, "sequence_parallel_mlp", lambda *a: 0.0)
+  with monkeypatch.context() as m:
+    m.setattr(example, "ColumnParallelLinear", Off)
+    with pytest.raises(SystemExit, match=r"FAILED: relative error \d\.\d\de-01 >= 1e-2"):
+      example.main()
+  errs = re.findall(r"rel err vs x @ w (\S+)", capsys.readouterr().out)
+  assert float(errs[0]) < 1e-2 and float(errs[1]) > 0.1, errs  # the function's is fine
+  monkeypatch.setattr(example, "sequence_parallel_mlp", lambda *a: float("nan"))
+  with pytest.raises(SystemExit, match="FAILED: relative error nan"):
+    example.main()
+  assert not capsys.readouterr().out.rstrip().endswith("OK")
+
+
+def test_tp_block_fails_when_the_losses_differ(monkeypatch, capsys):
+  """Our layers' loss 5% off XLA's at the first step only fails the run at the default --rtol
+  (2e-2): the worst step decides, not the last."""
+  pytest.importorskip("flax")
+  example = load_example("tp_transformer_block.py", monkeypatch)
+  make_step, steps = example.make_step, []
+
+  def first_step_off(*a, **k):  # the first model built is ours ("fo"), then XLA's
+    step = make_step(*a, **k)
+    steps.append(step)
+    if len(steps) > 1:
+      return step
+    calls = []
+
+    def off(*args):
+      params, opt_state, loss = step(*args)
+      calls.append(1)
+      return params, opt_state, loss * 1.05 if len(calls) == 1 else loss
+    return off
+
+  monkeypatch.setattr(example, "make_step", first_step_off)
+  monkeypatch.setattr(sys, "argv", ["tp_transformer_block.py", "--steps", "2", *BLOCK_SIZES])
+  failed = r"FAILED: losses differ by \d\.\d\de-02 \(relative\) > 0\.02"
+  with pytest.raises(SystemExit, match=failed):
+    example.main()
+  out = capsys.readouterr().out
+  assert len(steps) == 2 and "OK" not in out, out
+  rels = [float(r) for r in re.findall(r"rel diff (\S+)", out)]
+  assert len(rels) == 2 and rels[0] > 4e-2 and rels[1] < 2e-2, out
+
+
+def test_tp_block_linears_and_rope(monkeypatch):
+  """make_linears passes --overlap-backward and --sequence-parallel to our layers (the row
+  layer reduce-scatters in the sequence-parallel layout), and rope is a rotation by position:
+  position 0 unchanged, norms kept, q.k depending on the positions' difference only."""
+  pytest.importorskip("flax")
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from flax import nnx
+  block = load_example("tp_transformer_block.py", monkeypatch)
+  for overlap, seq in [(True, True), (True, False), (False, True)]:
+    col, row = block.make_linears("fo", overlap, seq)
+    c, r = col(64, 128, nnx.Rngs(0)), row(128, 64, nnx.Rngs(0))
+    assert (c.cfg.overlap_backward, c.cfg.sequence_parallel) == (overlap, seq)
+    assert r.cfg.overlap_backward == overlap
+    assert r.cfg.reduce == ("reduce_scatter" if seq else "all_reduce")
+  kq, kk = jax.random.split(jax.random.key(3))
+  x = jax.random.normal(kq, (2, 16, 4, 32), jnp.float32)
+  y = block.rope(x)
+  np.testing.assert_allclose(y[:, 0], x[:, 0], rtol=1e-6)
+  np.testing.assert_allclose(jnp.linalg.norm(y, axis=-1), jnp.linalg.norm(x, axis=-1),
+                             rtol=1e-5)
+  # the same q and k at every position: rope(q)_i . rope(k)_j is a function of i - j
+  q, k = (jnp.broadcast_to(jax.random.normal(key, (1, 1, 1, 32)), (1, 16, 1, 32))
+          for key in (kq, kk))
+  scores = jnp.einsum("bihd,bjhd->ij", block.rope(q), block.rope(k))
+  for d in (0, 3, -5):
+    diag = jnp.diagonal(scores, d)
+    np.testing.assert_allclose(diag, jnp.full_like(diag, diag[0]), rtol=1e-4, atol=1e-4)
+  assert not np.allclose(scores[0, 0], scores[5, 0], atol=1e-3)
+
+
+def test_tp_block_op_pairs_are_the_layers_gemms(monkeypatch):
+  """Each timed pair of the JSON report is a GEMM of the block: [T, K] x [K, N] with the
+  layer's kernel [K, N] (transposed, the backward's dx: the kernel as stored, [N, K])."""
+  pytest.importorskip("flax")
+  import argparse
+  from flax import nnx
+  block = load_example("tp_transformer_block.py", monkeypatch)
+  blk = block.Block(64, 8, 96, "xla", rngs=nnx.Rngs(0))
+  layers = {"attention_out": blk.wo, "mlp_down": blk.w_down, "qkv": blk.wqkv,
+            "gate_up": blk.w_gate_up}
+  for seq in (False, True):
+    for overlap in (False, True):
+      args = argparse.Namespace(dim=64, ffn=96, sequence_parallel=seq, overlap_backward=overlap)
+      pairs = block._op_pairs(args)
+      assert len(pairs) == 2 * (1 + seq) * (1 + overlap), pairs
+      for name, (k, n, collective, transposed) in pairs.items():
+        kernel = layers[name.removesuffix("_dx")].kernel[...].shape
+        assert transposed == name.endswith("_dx")
+        assert ((n, k) if transposed else (k, n)) == kernel, (name, kernel)
+        row = name.startswith(("attention_out", "mlp_down"))
+        # forward: row layers reduce, column layers gather; the backward's dx the other way
+        reduce = "reduce_scatter" if seq else "all_reduce"
+        assert collective == ("all_gather" if row == transposed else reduce), name
+
+
+def test_global_view_jit_all_devices_on_dp(monkeypatch, capsys):
+  """--dp 8, the largest --dp on 8 devices: a dp=8 x tp=1 mesh (the op over one device)."""
+  pytest.importorskip("flax")
+  example = load_example("global_view_jit.py", monkeypatch)
+  monkeypatch.setattr(example, "sequence_parallel_mlp", lambda *a: 0.0)  # the MLPs' errors
+  monkeypatch.setattr(sys, "argv", GV_ARGS + ["--dp", "8"])
+  example.main()
+  out = capsys.readouterr().out
+  assert "mesh dp=8 x tp=1" in out and out.rstrip().endswith("OK"), out
