@@ -31,18 +31,20 @@ def main(argv=None) -> int:
   parser.add_argument("--calls", type=int, default=20)
   parser.add_argument("--out")
   args = parser.parse_args(argv)
-  from jax_flashoverlap import bench_args
+  from jax_flashoverlap import bench_args, plan as plan_lib
   if args.calls < 1:
     parser.error(f"--calls must be >= 1, got {args.calls}")
-  if args.groups is not None and args.groups < 1:
-    parser.error(f"--groups must be >= 1 (leave it out for the op's own plan), got {args.groups}")
-  if args.comm_sms is not None and args.comm_sms < 0:
-    parser.error(f"--comm-sms must be >= 0, got {args.comm_sms}")
+  # plan.forced()'s bounds, here: past them it raised a traceback after the GPU check
+  if args.groups is not None and not 1 <= args.groups <= plan_lib.MAX_GROUPS:
+    parser.error(f"--groups must be >= 1 and <= {plan_lib.MAX_GROUPS} (leave it out for the "
+                 f"op's own plan), got {args.groups}")
+  if args.comm_sms is not None and not 0 <= args.comm_sms <= plan_lib.MAX_COMM_SMS:
+    parser.error(f"--comm-sms must be >= 0 and <= {plan_lib.MAX_COMM_SMS}, got {args.comm_sms}")
   bench_args.check_output_paths(parser, args)
   import jax
 
   import jax_flashoverlap as fo
-  from jax_flashoverlap import plan as plan_lib, trace
+  from jax_flashoverlap import trace
   if jax.default_backend() != "gpu":
     print("trace_op.py needs GPUs", file=sys.stderr)
     return 2

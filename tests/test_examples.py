@@ -170,65 +170,6 @@ def test_tp_transformer_block_sequence_parallel(tmp_path, replicated_block_run):
   assert f"expected from the ops' own times ({', '.join(ops)}; x 1 layers)" in out, out
 
 
-def test_stress_script_checks_every_call(tmp_path):
-  report = tmp_path / "stress.json"
-  out = run_example("stress.py", "--calls", "6", "--scan-steps", "2", "--layers", "2",
-                    "--out", str(report), folder="benchmarks")
-  d = json.loads(report.read_text())
-  ops = ("all_reduce", "reduce_scatter", "all_to_all", "all_gather", "all_gather_gathered")
-  assert {op: d["ops"][op]["calls"] for op in ops} == {op: 6 for op in ops}
-  assert d["scan_model"]["steps"] == 2 and d["total_mismatches"] == 0
-  assert d["complete"] is True
-  assert "OK: no mismatch" in out
-
-
-def test_stress_run_cut_short_keeps_its_counts(tmp_path):
-  """The report is written after each op, not only at the end (a device call's time limit
-  cut the stress run once the script ran five ops): here the scan model fails, as a kill
-  would stop it, and the ops' counts are there with "complete": false."""
-  report = tmp_path / "stress.json"
-  script = tmp_path / "cut.py"
-  script.write_text(
-      "import sys; sys.path.insert(0, 'benchmarks')\n"
-      "import stress\n"
-      "def cut(*a, **k): raise SystemExit(7)\n"
-      "stress.scan_model = cut\n"
-      f"sys.argv = ['stress.py', '--calls', '2', '--ops', 'all_reduce', 'reduce_scatter', "
-      f"'--out', {str(report)!r}]\n"
-      "stress.main()\n")
-  env = dict(repo_env(), JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
-  proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True,
-                        text=True, timeout=240)
-  assert proc.returncode == 7, proc.stderr[-3000:]
-  d = json.loads(report.read_text())
-  assert d["complete"] is False and d["scan_model"] is None
-  assert {op: s["calls"] for op, s in d["ops"].items()} == {"all_reduce": 2, "reduce_scatter": 2}
-  assert all(s["mismatches"] == 0 for s in d["ops"].values())
-
-
-def test_stress_check_fails_on_a_wrong_result(tmp_path):
-  """The stress run's per-call check: a product off by more than the tolerance, or gathered
-  rows one bit off, is a mismatch (the checker can fail)."""
-  script = tmp_path / "check.py"
-  script.write_text(
-      "import sys; sys.path.insert(0, 'benchmarks')\n"
-      "import jax.numpy as jnp, stress\n"
-      "a = jnp.linspace(1, 2, 64, dtype=jnp.bfloat16).reshape(8, 8)\n"
-      "b = a.at[3, 5].set(a[3, 5] * 2)\n"
-      "print('same', stress._check((a, a), (a, a)))\n"
-      "print('gathered', stress._check((a, b), (a, a)))\n"
-      "err, same, extra = stress._check(a * 2, a)\n"
-      "print('product', err > stress.TOL, same, extra)\n"
-      "nan = float('nan')\n"
-      "print('worst', stress.worst(nan, 0.1), stress.worst(0.1, nan), stress.worst(0.1, 0.2))\n")
-  out = run_example(str(script), folder=".")
-  assert "same (0.0, True, True)" in out, out
-  assert "gathered (0.0, False, False)" in out, out
-  assert "product True False True" in out, out
-  assert "worst nan nan 0.2" in out, out  # a NaN error is kept in the maximum
-
-
 @pytest.mark.parametrize("reduce,spec", [("all_reduce", "P('dp', None)"),
                                          ("reduce_scatter", "P(('dp', 'tp'),)")])
 def test_global_view_jit(reduce, spec):

@@ -176,3 +176,120 @@ def test_the_script_refuses_sizes_that_leave_no_problem_to_draw():
   proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fuzz.py"), "--large", "0"],
                         capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2 and "--large must be >= 64" in proc.stderr
+
+
+def test_dimensions_reach_one_row_tile_edges_and_many_bands(fuzz):
+  # what the fuzz is for beyond the fixed-shape tests: 1-row problems, sizes a few rows
+  # either side of a tile, both dtypes, transpose_w, and plans of many bands
+  rng = np.random.default_rng(0)
+  dims = [fuzz._dim(rng, 16, 128, 12288) for _ in range(1000)]
+  assert min(dims) == 1 and len({d for d in dims if d <= 16}) > 10
+  off_edge = [d for d in dims if d > 128 and d % 128 in (126, 127, 1, 3)]
+  assert len(off_edge) > 100, len(off_edge)  # a quarter are near an edge: ~1 in 6 just off it
+  rng = np.random.default_rng(1)
+  cases = [fuzz.sample_case(rng, "all_reduce", 8) for _ in range(400)]
+  assert {c.dtype for c in cases} == {"bfloat16", "float16"}
+  assert {c.transpose_w for c in cases} == {False, True}
+  assert max(len(c.bands) - 1 for c in cases if c.bands) > 8
+
+
+def test_a_cta_policy_alone_forces_the_plan(fuzz):
+  case = fuzz.Case(op="all_reduce", m=256, n=256, k=256, dtype="bfloat16", transpose_w=False,
+                   comm_sms=None, cta_policy="zero")
+  with fuzz._forced(case):
+    assert fuzz.plan_lib.choose_plan("all_reduce", 256, 256, 256, 8).cta_policy == "zero"
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "reduce_scatter", "all_to_all", "all_gather"])
+def test_each_device_runs_the_case_gemm(fuzz, op):
+  # the case's m, n, k are per device: the global inputs are sharded to exactly that
+  case = fuzz.Case(op=op, m=16, n=64, k=24, dtype="bfloat16", transpose_w=False, comm_sms=None)
+  world = len(jax.devices())
+  _, problem = fuzz.programs(case, _mesh())
+  x, w, want = problem(jax.random.key(0))
+  m, n, k = ((case.m // world) if op == "reduce_scatter" else case.m), case.n, case.k
+  assert x.addressable_shards[0].data.shape == (case.m, k)
+  assert w.addressable_shards[0].data.shape[0] == k
+  out_n = {"all_reduce": n, "reduce_scatter": n, "all_to_all": n, "all_gather": n * world}[op]
+  out_m = {"all_reduce": m, "reduce_scatter": m * world, "all_to_all": m * world,
+           "all_gather": m * world}[op]
+  assert want.shape == (out_m, out_n), want.shape
+
+
+def _recording_matmul(fuzz, monkeypatch, seen, nan=False):
+  real = fuzz.fo.matmul
+
+  def recorded(x, w, **kw):
+    jax.debug.callback(lambda v: seen.append(np.asarray(v, np.float32)), x)
+    out = real(x, w, **kw)
+    return out.at[-1, -1].set(jnp.nan) if nan else out
+  monkeypatch.setattr(fuzz.fo, "matmul", recorded)
+
+
+def test_each_call_gets_fresh_inputs(fuzz, monkeypatch):
+  seen = []
+  _recording_matmul(fuzz, monkeypatch, seen)
+  case = fuzz.Case(op="matmul", m=8, n=16, k=16, dtype="bfloat16", transpose_w=False,
+                   comm_sms=None)
+  result = fuzz.run_case(case, _mesh(), jax.random.key(0), [{}, {}, {}])
+  assert result["calls"] == 3 and not result["failures"] and len(seen) == 3
+  assert not np.array_equal(seen[0], seen[1]) and not np.array_equal(seen[1], seen[2])
+
+
+def test_each_case_gets_its_own_inputs(fuzz, monkeypatch):
+  # two cases of one shape: the seed gives each case its own key, so not the same x twice
+  seen = []
+  _recording_matmul(fuzz, monkeypatch, seen)
+  case = fuzz.Case(op="matmul", m=8, n=16, k=16, dtype="bfloat16", transpose_w=False,
+                   comm_sms=None)
+  monkeypatch.setattr(fuzz, "sample_case", lambda *args: case)
+  report = fuzz.fuzz(_mesh(), cases=2, seed=7, ops=("matmul",), switches_per_case=1,
+                     log=lambda s: None)
+  assert report["total_failed"] == 0 and len(seen) == 2
+  assert not np.array_equal(seen[0], seen[1])
+
+
+def test_one_non_finite_value_fails_the_call(fuzz, monkeypatch):
+  _recording_matmul(fuzz, monkeypatch, [], nan=True)
+  case = fuzz.Case(op="matmul", m=256, n=256, k=16, dtype="bfloat16", transpose_w=False,
+                   comm_sms=None)
+  result = fuzz.run_case(case, _mesh(), jax.random.key(0), [{}])
+  (failure,) = result["failures"]  # the NaN's block still within TOL: counted on its own
+  assert failure["nonfinite"] == 1 and failure["max_block_error"] < fuzz.TOL
+
+
+def _main(fuzz, monkeypatch, *argv):
+  """fuzz.main() in this process; the variables it sets (RUN_ENV) unset, restored after."""
+  for env in fuzz.RUN_ENV:
+    monkeypatch.setenv(env, "")
+    monkeypatch.delenv(env)
+  monkeypatch.setattr("sys.argv", ["fuzz.py", *argv])
+  return fuzz.main()
+
+
+def test_the_script_exits_1_on_a_failure_and_calls_each_case_twice(fuzz, monkeypatch, tmp_path):
+  real = fuzz.fo.matmul
+  monkeypatch.setattr(fuzz.fo, "matmul", lambda x, w, **kw: real(x, w, **kw) * 2)
+  report = tmp_path / "r.json"
+  assert _main(fuzz, monkeypatch, "--cases", "1", "--ops", "matmul", "--seed", "4",
+               "--out", str(report)) == 1
+  data = __import__("json").loads(report.read_text())
+  assert data["total_failed"] == 1 and data["ops"]["matmul"]["calls"] == 2
+
+
+def test_the_script_forces_our_kernels_and_poisons_outputs(fuzz, monkeypatch):
+  seen = {}
+
+  def fake(mesh, cases, seed, *args, **kw):
+    seen.update({env: fuzz.os.environ.get(env) for env in fuzz.RUN_ENV})
+    return {"ops": {}, "total_failed": 0, "seconds": 0.0, "failures": []}
+  monkeypatch.setattr(fuzz, "fuzz", fake)
+  assert _main(fuzz, monkeypatch, "--cases", "1", "--seed", "1") == 0
+  assert seen == {"JAX_FLASHOVERLAP_FALLBACK": "0", "JAX_FLASHOVERLAP_POISON_OUTPUTS": "1"}
+
+
+def test_the_script_refuses_a_seed_jax_cannot_take(fuzz, monkeypatch, capsys):
+  with pytest.raises(SystemExit) as info:
+    _main(fuzz, monkeypatch, "--seed", str(2 ** 32), "--cases", "1", "--ops", "matmul",
+          "--large", "64", "--max-flops", str(64 ** 3))
+  assert info.value.code == 2 and "--seed must be in [0, 2**32)" in capsys.readouterr().err

@@ -248,6 +248,31 @@ def test_trace_op_refuses_without_gpu(capsys):
     assert "needs GPUs" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv,message", [
+    (["--groups", "0"], "--groups must be >= 1"),
+    (["--comm-sms", "-1"], "--comm-sms must be >= 0 and <= 130, got -1"),
+    # plan.forced()'s upper bounds (64 groups, 130 SMs: the GEMM keeps 2): a traceback after
+    # the GPU check before
+    (["--groups", "65"], "--groups must be >= 1 and <= 64 (leave it out for the op's own plan), "
+                         "got 65"),
+    (["--comm-sms", "131"], "--comm-sms must be >= 0 and <= 130, got 131"),
+])
+def test_trace_op_refuses_bad_plan_arguments_before_any_work(argv, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        _trace_op().main(argv)
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_trace_op_takes_comm_sms_0(capsys):
+    # 0 SMs for the communication is a plan (NCCL's own choice), not a bad argument: past the
+    # argument checks it stops only for the missing GPU
+    import jax
+    if jax.default_backend() == "gpu":
+        pytest.skip("a GPU is present")
+    assert _trace_op().main(["--comm-sms", "0", "--groups", "1", "--shape", "256x256x256"]) == 2
+    assert "needs GPUs" in capsys.readouterr().err
+
+
 def test_bench_traced_calls_groups_medians_by_device(monkeypatch):
     """bench overlap --trace: N isolated calls under the trace, medians per device (the trace
     module's extension calls replaced by a recorder here; the GPU path is the same code)."""
