@@ -3,6 +3,7 @@ whole-output error misses, its cases obey the ops' constraints, and a run over e
 8 simulated devices passes the reference path and fails a wrong op."""
 import dataclasses
 import importlib.util
+import json
 from pathlib import Path
 
 import jax
@@ -153,7 +154,7 @@ def test_the_script_writes_its_report_and_stops_at_its_time_limit(tmp_path):
   report = tmp_path / "fuzz.json"
   out = run_example("fuzz.py", "--cases", "200", "--seconds", "0", "--seed", "1",
                     "--out", str(report), folder="benchmarks")
-  data = __import__("json").loads(report.read_text())
+  data = json.loads(report.read_text())
   assert "stopping after 1 cases" in out and data["total_failed"] == 0
   assert sum(s["cases"] for s in data["ops"].values()) == 1 and data["seed"] == 1
 
@@ -273,7 +274,7 @@ def test_the_script_exits_1_on_a_failure_and_calls_each_case_twice(fuzz, monkeyp
   report = tmp_path / "r.json"
   assert _main(fuzz, monkeypatch, "--cases", "1", "--ops", "matmul", "--seed", "4",
                "--out", str(report)) == 1
-  data = __import__("json").loads(report.read_text())
+  data = json.loads(report.read_text())
   assert data["total_failed"] == 1 and data["ops"]["matmul"]["calls"] == 2
 
 
