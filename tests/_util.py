@@ -166,14 +166,23 @@ def all_spec_axes(spec):
     return tuple(a for e in spec for a in spec_axes(e))
 
 
-_COLLECTIVE = re.compile(r"= \S+ (all-gather|all-to-all|collective-permute|all-reduce|"
-                         r"reduce-scatter)(-start)?\(")
+# A collective's opcode in HLO text: after a space, right before its operands. The shape in
+# front of it may be a tuple with spaces in it (multi-operand and async collectives:
+# `(f32[8]{0}, f32[8]{0}) all-to-all(`), which `= \S+ all-to-all(` missed; instruction names
+# (`%all-reduce.1`) never stand right before a parenthesis.
+COLLECTIVE_OPCODE = (r"(?<= )(all-gather|all-to-all|collective-permute|all-reduce|"
+                     r"reduce-scatter)(?:-start)?\(")
+_COLLECTIVE = re.compile(COLLECTIVE_OPCODE)
+
+
+def hlo_collectives(hlo: str) -> list:
+    """XLA's collectives in HLO text, in program order (an async one once, by its -start)."""
+    return _COLLECTIVE.findall(hlo)
 
 
 def collectives(f, *args):
     """The collectives of jit-ed f's compiled program for args, in program order."""
-    hlo = f.lower(*args).compile().as_text()
-    return [m.group(1) for line in hlo.splitlines() for m in [_COLLECTIVE.search(line)] if m]
+    return hlo_collectives(f.lower(*args).compile().as_text())
 
 
 VMAPS = ["direct", "of_jit", "of_checkpoint", "nested"]

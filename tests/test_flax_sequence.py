@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from _util import assert_close, f32, make_mesh_1d, make_mesh_2d, rand, shard_map
+from _util import assert_close, f32, hlo_collectives, make_mesh_1d, make_mesh_2d, rand, shard_map
 
 flax = pytest.importorskip("flax")
 from flax import nnx  # noqa: E402
@@ -59,7 +59,7 @@ def test_sequence_parallel_column_global_view(linen, rng):
     g_ref = jax.jit(jax.grad(lambda st, x: _loss(ref(st, x)), argnums=(0, 1)))(params, x)
   jaxpr = str(jax.make_jaxpr(apply)(params, x))
   assert "custom_partitioning" in jaxpr, "not the global-view op"
-  assert len(re.findall(r"= \S+ all-gather\(", hlo)) + len(re.findall(r"all-gather-start\(", hlo)) == 1, hlo
+  assert hlo_collectives(hlo).count("all-gather") == 1, hlo
   assert y.shape == (S, B, dout) and y.sharding.spec[0] is None and y.sharding.spec[-1] == "tp"
   assert_close(y, ref(params, x))
   for got, want in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)):
@@ -93,7 +93,7 @@ def _sequence_parallel_on_dp_tp(rng, x_shape, x_spec, sequence_dim, monkeypatch)
     f = jax.jit(lambda st, x: nnx.merge(gdef, st)(x))
     y = f(params, x)
     hlo = f.lower(params, x).compile().as_text()
-  gathers = len(re.findall(r"= \S+ all-gather\(", hlo)) + len(re.findall(r"all-gather-start\(", hlo))
+  gathers = hlo_collectives(hlo).count("all-gather")
   return y, x @ params["kernel"][...].astype(BF16), gathers, lowered
 
 
@@ -168,7 +168,7 @@ def test_row_global_view_on_a_dp_tp_mesh(rng, x_shape, x_spec, reduce, sequence_
     f = jax.jit(lambda st, x: nnx.merge(gdef, st)(x))
     y = f(params, x)
     hlo = f.lower(params, x).compile().as_text()
-  colls = re.findall(r"= \S+ (all-gather|all-to-all|all-reduce|reduce-scatter)(?:-start)?\(", hlo)
+  colls = hlo_collectives(hlo)
   assert colls == [reduce.replace("_", "-")], colls
   got = tuple(y.sharding.spec) + (None,) * (3 - len(y.sharding.spec))
   assert got == tuple(out_spec), y.sharding.spec
@@ -194,7 +194,7 @@ def test_sequence_parallel_mlp_global_view_on_a_dp_tp_mesh(rng, layout):
     f = jax.jit(lambda su, sd, x: nnx.merge(gd, sd)(jax.nn.gelu(nnx.merge(gu, su)(x))))
     y = f(su, sd, x)
     hlo = f.lower(su, sd, x).compile().as_text()
-  colls = re.findall(r"= \S+ (all-gather|all-to-all|all-reduce|reduce-scatter)(?:-start)?\(", hlo)
+  colls = hlo_collectives(hlo)
   assert sorted(colls) == ["all-gather", "reduce-scatter"], colls
   assert tuple(y.sharding.spec) + (None,) * (3 - len(y.sharding.spec)) == tuple(spec), \
       y.sharding.spec

@@ -26,7 +26,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from _util import cpu_devices, f32, rand, rel_fro, with_partitioner
+from _util import (COLLECTIVE_OPCODE, cpu_devices, f32, hlo_collectives, rand, rel_fro,
+                   with_partitioner)
 
 SEED = int(os.environ.get("FUZZ_GLOBAL_VIEW_SEED", "20261203"))
 N_CASES = int(os.environ.get("FUZZ_GLOBAL_VIEW_CASES", "120"))
@@ -314,8 +315,7 @@ CASES = _cases()
 
 _DTYPES = {"bf16": jnp.bfloat16, "f16": jnp.float16, "f32": jnp.float32}
 _TOL = {"bf16": 2.0**-5, "f16": 2.0**-8, "f32": 2.0**-8}
-_COLLECTIVE = re.compile(r"= \S+ (all-gather|all-to-all|collective-permute|all-reduce|"
-                         r"reduce-scatter)(-start)?\(.*replica_groups=(\S+)")
+_COLLECTIVE = re.compile(COLLECTIVE_OPCODE + r".*replica_groups=(\S+)")
 
 
 def _moves_data(groups: str) -> bool:
@@ -372,7 +372,7 @@ def run_case(fo, c):
 
     out, hlo = with_partitioner(c.gspmd, go)
     colls = [m.group(1) for line in hlo.splitlines() for m in [_COLLECTIVE.search(line)]
-             if m and _moves_data(m.group(3))]
+             if m and _moves_data(m.group(2))]
     ref = np.matmul(f32(x), f32(w).T if c.transpose_w else f32(w))
     return x, out, colls, ref
 
@@ -420,3 +420,20 @@ def test_reduce_scatter_one_k_per_device_gives_the_ops_error_under_shardy(fo, sh
                        match=r"K=8 \(last dim of x\) sharded over 'tp' \(size 8\) is K=1 "
                              r"per device"):
         with_partitioner(False, f, x, w)
+
+
+def test_the_collective_readers_count_tuple_shaped_and_async_collectives():
+    """What the tests read "no extra collective" from: a collective whose shape is a tuple (a
+    multi-operand all-to-all, an async all-gather) counts, its replica groups too; an
+    instruction merely named like one does not (`= \\S+ op(` missed tuple shapes)."""
+    hlo = ("%a2a = (f32[16,1,32]{2,1,0}, f32[16,1,32]{2,1,0}) all-to-all(%x, %y), "
+           "channel_id=1, replica_groups={{0,1},{2,3}}, dimensions={0}\n"
+           "%ags = ((bf16[4]{0}), bf16[8]{0}) all-gather-start(%all-reduce.1), "
+           "replica_groups=[4,2]<=[8], dimensions={0}\n"
+           "%agd = bf16[8]{0} all-gather-done(%ags)\n"
+           "%ar = f32[8]{0} all-reduce(%agd), replica_groups={{0},{1}}, to_apply=%add\n"
+           "%d = f32[8]{0} dot(%all-to-all.2, %b)\n")
+    assert hlo_collectives(hlo) == ["all-to-all", "all-gather", "all-reduce"]
+    found = [(m.group(1), _moves_data(m.group(2))) for line in hlo.splitlines()
+             for m in [_COLLECTIVE.search(line)] if m]
+    assert found == [("all-to-all", True), ("all-gather", True), ("all-reduce", False)]
