@@ -14,7 +14,7 @@ import time
 
 CHILD = r'''
 import faulthandler, sys, time
-faulthandler.dump_traceback_later(%(dump)d, exit=False)
+faulthandler.dump_traceback_later(%(dump)r, exit=False)
 import numpy as np, jax, jax.numpy as jnp
 from jax import lax
 from jax.sharding import Mesh, PartitionSpec as P
@@ -83,7 +83,7 @@ def main() -> int:
                NCCL_DEBUG_SUBSYS=os.environ.get("NCCL_DEBUG_SUBSYS", "INIT,P2P"),
                JAX_FLASHOVERLAP_FALLBACK="0",
                PYTHONUNBUFFERED="1")
-    child = subprocess.Popen([sys.executable, "-c", CHILD % {"dump": int(args.wait) - 5}, args.op],
+    child = subprocess.Popen([sys.executable, "-c", CHILD % {"dump": args.wait - 5}, args.op],
                              env=env)
     try:  # the child never outlives this script, whatever fails below
         t0 = time.time()

@@ -9,11 +9,12 @@
 # with one; 0 or 1: no workers), VENV (default .venv). Arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/_gpus.sh
 PY="${VENV:-.venv}/bin/python"
 
 workers="${JAX_FLASHOVERLAP_TEST_WORKERS:-}"
 if [ -z "$workers" ]; then
-  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+  if [ "$(gpu_count)" -gt 0 ]; then
     workers=0
   else
     workers="$(nproc 2>/dev/null || echo 1)"

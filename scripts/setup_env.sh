@@ -7,6 +7,7 @@
 # Env: PYTHON (default python3), JAX_FLASHOVERLAP_BUILD_CUDA (auto|1|0), VENV (default .venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/_gpus.sh
 PYTHON="${PYTHON:-python3}"
 VENV="${VENV:-.venv}"
 
@@ -50,7 +51,7 @@ have cutlass_library || need+=(nvidia-cutlass)
 have setuptools || need+=(setuptools)
 # pytest-xdist: the parallel test workers of a machine without a GPU (scripts/run_tests.sh);
 # a GPU machine runs its tests one at a time, and may have no index to install from.
-if ! have xdist && ! { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; }; then
+if ! have xdist && [ "$(gpu_count)" -eq 0 ]; then
   need+=(pytest-xdist)
 fi
 if [ ${#need[@]} -gt 0 ]; then

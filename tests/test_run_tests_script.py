@@ -12,7 +12,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 def _run(tmp_path, *args, gpu, xdist=True, workers=None):
   """(returncode, stdout, stderr) of run_tests.sh with a fake venv and a fake nvidia-smi
-  (gpu: lists one GPU; else fails, as without a driver)."""
+  (gpu: lists one GPU, or is the script text of one; else fails, as without a driver)."""
   venv_bin = tmp_path / "venv" / "bin"
   venv_bin.mkdir(parents=True)
   (venv_bin / "python").write_text(
@@ -21,8 +21,8 @@ def _run(tmp_path, *args, gpu, xdist=True, workers=None):
       'echo "python $*"\n')
   tools = tmp_path / "tools"
   tools.mkdir()
-  (tools / "nvidia-smi").write_text(
-      "#!/bin/bash\n" + ("echo 'GPU 0: NVIDIA H200 (UUID: GPU-0)'\n" if gpu else "exit 9\n"))
+  smi = gpu if isinstance(gpu, str) else "echo 'GPU 0: NVIDIA H200 (UUID: GPU-0)'\n"
+  (tools / "nvidia-smi").write_text("#!/bin/bash\n" + (smi if gpu else "exit 9\n"))
   for f in (venv_bin / "python", tools / "nvidia-smi"):
     f.chmod(0o755)
   env = {"PATH": f"{tools}:/usr/bin:/bin", "VENV": str(tmp_path / "venv")}
@@ -68,3 +68,12 @@ def test_a_bad_worker_count_is_refused(tmp_path, workers):
   code, out, err = _run(tmp_path, gpu=False, workers=workers)
   assert (code, out) == (2, "")
   assert err == f"run_tests: JAX_FLASHOVERLAP_TEST_WORKERS={workers} must be a count >= 0"
+
+
+def test_gpus_listed_one_line_at_a_time_are_gpus(tmp_path):
+  """An nvidia-smi still writing after its first GPU line: `grep -q` stopped reading there,
+  the next write got SIGPIPE and, under pipefail, the GPU machine read as having none (one
+  xdist worker per core on the GPUs)."""
+  smi = "".join(f"echo 'GPU {i}: NVIDIA H200 (UUID: GPU-{i})'; sleep 0.2\n" for i in range(3))
+  assert _run(tmp_path, "tests/test_gpu.py", gpu=smi) == (
+      0, "python -m pytest -q tests/test_gpu.py", "")

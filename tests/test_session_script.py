@@ -26,10 +26,11 @@ def test_every_gpu_test_file_is_in_exactly_one_part():
 
 
 def test_gpu_part_refuses_a_part_it_does_not_have(tmp_path):
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_session.sh"), "gpu_part"],
-                       env={"PATH": "/usr/bin:/bin", "GPU_PART": "4", "OUT": str(tmp_path)},
-                       capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert r.returncode == 2 and "gpu_part: set GPU_PART=1, 2 or 3" in r.stdout
+    for part in ("4", "0", "12", ""):  # 0 was GPU_PARTS[-1]: part 3 under another name
+        r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_session.sh"), "gpu_part"],
+                           env={"PATH": "/usr/bin:/bin", "GPU_PART": part, "OUT": str(tmp_path)},
+                           capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert r.returncode == 2 and "gpu_part: set GPU_PART=1, 2 or 3" in r.stdout, part
 
 
 def _session(tmp_path, *steps, **env):
@@ -61,6 +62,8 @@ def test_steps_and_their_variables_are_checked_before_any_step_runs(tmp_path):
     """An unknown step, or gpu_k / gpu_files without their variable, stopped the script only
     when reached, after the setup and every step before it had run."""
     for steps, env, said in [(("info", "bogus"), {}, "unknown step bogus; the steps: build"),
+                             (("info", "gpu"), {}, "unknown step gpu; the steps: build"),
+                             (("info", "test"), {}, "unknown step test; the steps: build"),
                              (("info", "gpu_k"), {}, "gpu_k: set PYTEST_K"),
                              (("info", "gpu_files"), {}, "gpu_files: set GPU_FILES"),
                              (("pack", "info"), {}, "pack: must be the last step")]:
@@ -110,3 +113,64 @@ def test_pack_never_loses_the_archive_when_some_files_stay(tmp_path):
     assert len(archives) == 1, (r.stdout, list(out.rglob("*")))
     assert {"./a.log", "./sub/b.log"} <= set(tarfile.open(archives[0]).getnames())
     assert "some files could not be deleted" in r.stdout and r.returncode == 0, r.stdout
+
+
+_FAKE_PYTHON3 = """#!/bin/bash
+printf '%s|' python3 "$@" >> "$FAKE_LOG"
+echo "CUDA=${JAX_FLASHOVERLAP_BUILD_CUDA:-} FALLBACK=${JAX_FLASHOVERLAP_FALLBACK:-}" >> "$FAKE_LOG"
+echo "ran $*"
+case " $* " in *" ${FAKE_FAIL:-@@} "*) exit 4;; esac
+"""
+
+
+def _faked(tmp_path, *steps, **env):
+    """_session with a fake python3 (logs its arguments and the build / fallback switches;
+    exits 4 when FAKE_FAIL is one of them) and a fake timeout (logs its limit) on PATH:
+    (result, logged lines)."""
+    tools = tmp_path / "tools"
+    tools.mkdir(exist_ok=True)
+    (tools / "python3").write_text(_FAKE_PYTHON3)
+    (tools / "timeout").write_text('#!/bin/bash\necho "timeout $1" >> "$FAKE_LOG"; shift; "$@"\n')
+    for f in tools.iterdir():
+        f.chmod(0o755)
+    log = tmp_path / "calls.log"
+    log.write_text("")
+    r = _session(tmp_path, *steps, PATH=f"{tools}:/usr/bin:/bin", FAKE_LOG=str(log), **env)
+    return r, log.read_text().splitlines()
+
+
+def test_the_default_steps_each_under_its_timeout(tmp_path):
+    r, calls = _faked(tmp_path)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert calls == ["timeout 400", "python3|setup.py|build_ext|--inplace|CUDA=1 FALLBACK=",
+                     "timeout 400", "python3|-m|jax_flashoverlap.info|CUDA= FALLBACK=",
+                     "timeout 400", "python3|-m|pytest|-q|-x|-ra|tests|CUDA= FALLBACK="]
+    summary = r.stdout[r.stdout.index("==== summary"):].splitlines()[1:]
+    assert [line.split()[:2] for line in summary] == [["build", "rc=0"], ["info", "rc=0"],
+                                                      ["tests", "rc=0"]], r.stdout
+
+
+def test_the_gpu_test_steps_run_our_kernels_with_their_own_timeouts(tmp_path):
+    """gpu_tests / gpu_part: 560 s unless STEP_TIMEOUT says; the GPU-marked tests only, with
+    the fallback off (a fallen-back test checks XLA against itself)."""
+    marked = "|-m|pytest|-q|-ra|-m|gpu or multigpu|"
+    part3 = "|".join(_parts()[2])
+    r, calls = _faked(tmp_path, "gpu_tests", "gpu_k", "gpu_part", PYTEST_K="peer and not big",
+                      GPU_PART="3")
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert calls == ["timeout 560", f"python3{marked}tests|CUDA= FALLBACK=0",
+                     "timeout 400", f"python3{marked}-k|peer and not big|tests|CUDA= FALLBACK=0",
+                     "timeout 560", f"python3{marked}{part3}|CUDA= FALLBACK=0"]
+    assert "gpu_part3      rc=0 " in r.stdout
+    r, calls = _faked(tmp_path, "gpu_tests", "info", GPU_PART="1", STEP_TIMEOUT="77")
+    assert calls[0::2] == ["timeout 77", "timeout 77"], calls
+
+
+def test_a_failed_build_stops_the_session_and_each_steps_rc_is_reported(tmp_path):
+    r, calls = _faked(tmp_path, "build", "info", FAKE_FAIL="setup.py")
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert not [c for c in calls if "jax_flashoverlap.info" in c], calls
+    assert "build          rc=4 " in r.stdout
+    r, calls = _faked(tmp_path, "info", "tests", FAKE_FAIL="jax_flashoverlap.info")
+    assert r.returncode == 1 and "info           rc=4 " in r.stdout, r.stdout
+    assert "tests          rc=0 " in r.stdout  # later steps still run
