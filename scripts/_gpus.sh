@@ -1,4 +1,4 @@
-# Sourced by scripts/setup_env.sh and scripts/run_tests.sh (from the checkout's root).
+# Sourced by scripts/setup_env.sh, run_tests.sh and gpu_session.sh (from the checkout's root).
 # gpu_count: how many GPUs `nvidia-smi -L` lists, 0 without nvidia-smi or a driver. grep -c
 # reads all of nvidia-smi's output: `nvidia-smi -L | grep -q '^GPU'` stops at the first line
 # and, under pipefail, an nvidia-smi still writing (SIGPIPE) read as "no GPU".

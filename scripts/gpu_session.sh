@@ -17,6 +17,7 @@
 set -uo pipefail
 OUT="${OUT:-/tmp/fo_out}"; mkdir -p "$OUT" && OUT="$(cd "$OUT" && pwd)"  # a relative OUT: the caller's
 cd "$(dirname "$0")/.."
+source scripts/_gpus.sh
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 # The GPU tests in three parts (step gpu_part, GPU_PART=1..3): the whole suite outgrew one
 # device call (over 440 s on one GPU; in session 30, 85 of its 168 tests skipped there). Every
@@ -44,7 +45,7 @@ for step in "${steps[@]}"; do  # arguments checked before any setup (and before 
   if [[ "$step" == pack && "$step" != "${steps[-1]}" ]]; then echo "pack: must be the last step"; exit 2; fi
 done
 # Result files are named after the machine: h200x2, h200x4, ... (override with TAG=...).
-TAG="${TAG:-h200x$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}"
+TAG="${TAG:-h200x$(gpu_count)}"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH="/tmp/site:$(pwd)${PYTHONPATH:+:$PYTHONPATH}"
@@ -173,7 +174,7 @@ for step in "${steps[@]}"; do
       run_step harness_helpers env FLASHOVERLAP_GEMM_HELPERS=on bash tests/cuda/run_overlap_harness.sh none "$OUT/harness_helpers" --calls 3 --m 2048 --n 1024 --k 512 --comm-sms 96 --ops ar,ar_out,rs ;;
     quickstart) run_step quickstart python3 examples/quickstart.py ;;
     launch_smoke)  # the launcher on this machine's GPUs: one process per GPU runs; one more is refused
-      ngpu=$(nvidia-smi -L | grep -c '^GPU')
+      ngpu=$(gpu_count)
       run_step launch_all python3 -m jax_flashoverlap.launch -n "$ngpu" --gpus-per-process 1 --timeout 300 examples/quickstart.py
       # refused (exit 2) with the reason: that is this step's success
       run_step launch_too_many bash -c "python3 -m jax_flashoverlap.launch -n $((ngpu + 1)) --gpus-per-process 1 --timeout 60 examples/quickstart.py; rc=\$?; [ \$rc -eq 2 ] && echo 'refused as expected (exit 2)'"
@@ -219,7 +220,7 @@ for step in "${steps[@]}"; do
       STEP_TIMEOUT="${STEP_TIMEOUT:-400}" gpu_pytest peer_tests tests/test_gpu_peer.py
       run_step peer_reduce .build/peer_reduce_test all --json "$OUT/peer_reduce.json"
       run_step peer_reduce_2gpu .build/peer_reduce_2gpu_test all --json "$OUT/peer_reduce_2gpu.json"
-      ngpu=$(nvidia-smi -L | grep -c '^GPU')
+      ngpu=$(gpu_count)
       for pw in 4 8; do  # the whole group where the machine has 4 or 8 GPUs
         [ "$ngpu" -ge "$pw" ] && run_step "peer_reduce_${pw}gpu" .build/peer_reduce_2gpu_test all --world "$pw" --json "$OUT/peer_reduce_${pw}gpu.json"
       done

@@ -39,7 +39,8 @@ def _session(tmp_path, *steps, **env):
     import shutil
     repo = tmp_path / "repo"
     (repo / "scripts").mkdir(parents=True, exist_ok=True)
-    shutil.copy(ROOT / "scripts" / "gpu_session.sh", repo / "scripts")
+    for script in ("gpu_session.sh", "_gpus.sh"):
+        shutil.copy(ROOT / "scripts" / script, repo / "scripts")
     caller = tmp_path / "caller"
     caller.mkdir(exist_ok=True)
     return subprocess.run(["bash", str(repo / "scripts" / "gpu_session.sh"), *steps],
