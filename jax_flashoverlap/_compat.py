@@ -129,6 +129,41 @@ def apply_primitive(prim, *args, **params):
   return dispatch.apply_primitive(prim, *args, **params)
 
 
+def lower_fun_per_device(fun, multiple_results=False):
+  """mlir.lower_fun(fun), traced with every mesh axis manual.
+
+  A primitive's reference lowering is the body of one device's program: the partitioning
+  is done by then. JAX 0.11 annotates each op of such a body with its mesh's sharding when
+  the mesh mixes manual with explicit axes (a global view's partitioner, an explicit mesh),
+  the scalar add inside an all-reduce's or reduce-scatter's reduction too, and XLA's CPU
+  compiler refuses that reduction ("Unsupported reduction computation"; JAX 0.10 emitted
+  no annotation there). With every axis manual JAX annotates nothing (as inside a
+  shard_map over all axes) and the body is the same. The mesh itself stays: a value's
+  varying axes must be manual axes of its mesh."""
+  from jax._src import mesh as mesh_lib
+  lowered = mlir.lower_fun(fun, multiple_results=multiple_results)
+
+  def all_manual(mesh):
+    return mesh.update(axis_types=(mesh_lib.AxisType.Manual,) * len(mesh.axis_names))
+
+  def per_device(aval):
+    mesh = getattr(getattr(aval, "sharding", None), "mesh", None)
+    if mesh is None or mesh.empty or mesh.are_all_axes_manual:
+      return aval
+    return aval.update(sharding=jax.sharding.NamedSharding(
+        all_manual(mesh), jax.sharding.PartitionSpec(*[None] * aval.ndim)))
+
+  def rule(ctx, *args, **params):
+    ctx = ctx.replace(avals_in=[per_device(a) for a in ctx.avals_in],
+                      avals_out=[per_device(a) for a in ctx.avals_out])
+    mesh = mesh_lib.get_abstract_mesh()
+    if mesh.empty or mesh.are_all_axes_manual:
+      return lowered(ctx, *args, **params)
+    with mesh_lib.use_abstract_mesh(all_manual(mesh)):
+      return lowered(ctx, *args, **params)
+  return rule
+
+
 def _abstract_mesh():
   """The current abstract mesh, or None when none is set (or this JAX has none)."""
   get = getattr(jax.sharding, "get_abstract_mesh", None)

@@ -148,11 +148,11 @@ def make_primitive(name, reference, reference_keys=("axis_name", "transpose_w"),
     return out
 
   prim.def_abstract_eval(abstract_eval)
-  lowered_reference = _compat.mlir.lower_fun(
+  lowered_reference = _compat.lower_fun_per_device(
       lambda x, w, **params: reference(x, w, **reference_params(params)),
       multiple_results=multiple_results)
   _compat.mlir.register_lowering(prim, lowered_reference)
-  lowered_on_cpu = lowered_reference if cpu_reference is None else _compat.mlir.lower_fun(
+  lowered_on_cpu = lowered_reference if cpu_reference is None else _compat.lower_fun_per_device(
       lambda x, w, **params: cpu_reference(x, w, **reference_params(params)),
       multiple_results=multiple_results)
 
