@@ -321,11 +321,17 @@ def cp_local_n_not_multiple_of_8(t):
 
 
 def rp_w_sharded_on_other_axis(t):
-    """w sharded on 'dp' while x's K is sharded on 'tp': legal; XLA reshards w."""
+    """w sharded on 'dp' while x's K is sharded on 'tp': legal; XLA reshards w. The values
+    are XLA's psum / psum_scatter over 'tp' of each device's x @ w (XLA's own global
+    x @ w may partition otherwise: on JAX 0.11 its last bits differ)."""
     mesh = make_mesh_2d(2, 4)
     x, w = rp_inputs(mesh, x_spec=P(None, "tp"), w_spec=P("dp", None))
-    ref = jax.jit(jnp.matmul)(x, w)
-    return [(row_parallel(x, w, reduce=r), ref) for r in ("all_reduce", "reduce_scatter")]
+    specs = (P(None, "tp"), P("tp", None))
+    w_tp = jax.device_put(w, NamedSharding(mesh, specs[1]))
+    refs = {"all_reduce": shard_map(lambda a, b: lax.psum(a @ b, "tp"), mesh, specs, P()),
+            "reduce_scatter": shard_map(lambda a, b: lax.psum_scatter(
+                a @ b, "tp", scatter_dimension=0, tiled=True), mesh, specs, P("tp", None))}
+    return [(row_parallel(x, w, reduce=r), jax.jit(ref)(x, w_tp)) for r, ref in refs.items()]
 
 
 # ----------------------------------------------------------------------------- non-contiguous

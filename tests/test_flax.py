@@ -116,8 +116,12 @@ def test_column_backward_all_reduce_is_ours_only_under_check_vma(check_vma, rng)
     results = jax.jit(grad)(state, x)
     if overlap:
       on = results
-  # Same gradients either way (the CPU reference path sums in the same order).
-  _exact(on[1], results[1])
+  # dx: ours sums each rank's dy @ w.T unrounded, as XLA's own psum(dy @ w.T) does (the
+  # same bits: test_cpu_reference.py). JAX's backward without our op was that too on JAX
+  # 0.10; on 0.11 XLA's CPU program rounds each rank's product to bfloat16 before the sum
+  # there (measured, benchmarks/results/logs/cpu_suite_jax0112_h100x1/), so the two differ
+  # by that rounding. dw has no collective: the same bits either way.
+  assert_close(on[1], results[1])
   _exact(on[0]["kernel"].get_value(), results[0]["kernel"].get_value())
 
 

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import Mesh
+from _util import repo_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -175,7 +176,7 @@ def test_the_script_refuses_sizes_that_leave_no_problem_to_draw():
   import subprocess
   import sys
   proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fuzz.py"), "--large", "0"],
-                        capture_output=True, text=True, timeout=120)
+                        capture_output=True, text=True, timeout=120, env=repo_env())
   assert proc.returncode == 2 and "--large must be >= 64" in proc.stderr
 
 

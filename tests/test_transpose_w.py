@@ -283,6 +283,8 @@ def test_flax_column_backward_reads_the_kernel_in_place(rng):
         transposes[overlap] = text.count(" transpose[")
         grads[overlap] = jax.jit(grad)(state, x)
     assert transposes[True] == transposes[False], transposes
-    np.testing.assert_array_equal(f32(grads[True][1]), f32(grads[False][1]))
+    # dx within bf16 rounding of XLA's own backward (which rounds each rank's product before
+    # the sum on JAX 0.11, not on 0.10: test_flax.py, column backward); dw the same bits
+    assert_close(grads[True][1], grads[False][1])
     np.testing.assert_array_equal(f32(grads[True][0]["kernel"].get_value()),
                                   f32(grads[False][0]["kernel"].get_value()))
