@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from _util import DTYPES, DTYPE_IDS, f32, op_fn, rand, shard_map
+from _util import DTYPES, DTYPE_IDS, assert_rel_fro, f32, op_fn, rand, shard_map
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -121,3 +121,34 @@ def test_a_misspelt_switch_is_an_error_on_cpu_too(fo, monkeypatch, rng, name, va
         ((P("tp", None), P()), P("tp", None))
     with pytest.raises(ValueError, match=rf"{variable}.*{re.escape(repr(value))}"):
         jax.jit(shard_map(op, mesh, *specs))(x, w)
+
+
+
+@on_cpu
+@pytest.mark.parametrize("name", ["all_reduce", "reduce_scatter"])
+def test_the_reference_body_carries_no_sharding_of_the_outer_mesh(fo, name, rng):
+    """Inside a shard_map manual over 'tp' of a mesh whose 'dp' is explicit, JAX annotates
+    each op of the body with the mixed mesh's sharding (the premise: XLA's psum(x @ w) there
+    gets constraints), the scalar add of the collective's reduction too, which XLA's CPU
+    compiler refused on JAX 0.11 ("Unsupported reduction computation";
+    benchmarks/results/logs/cpu_suite_jax0112_h100x1/). Our reference lowering is one
+    device's program, traced with every axis manual: no constraint, and right values (XLA's
+    own program is only lowered: in bfloat16 here it aborts the process, module doc)."""
+    from jax.sharding import AxisType, NamedSharding
+    mesh = jax.make_mesh((2, 4), ("dp", "tp"), axis_types=(AxisType.Explicit,) * 2,
+                         devices=jax.devices()[:8])
+    x = jax.device_put(rand(rng, (16, 64), jnp.bfloat16), NamedSharding(mesh, P(None, "tp")))
+    w = jax.device_put(rand(rng, (64, 24), jnp.bfloat16), NamedSharding(mesh, P("tp", None)))
+    out_spec = P() if name == "all_reduce" else P("tp")
+    texts = {}
+    for who, body in zip(("ours", "xla"), op_fn(fo, name)):
+        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)),
+                                  out_specs=out_spec, axis_names={"tp"}))
+        with jax.sharding.set_mesh(mesh):
+            texts[who] = f.lower(x, w).as_text()
+            if who == "ours":
+                out = f(x, w)
+    assert texts["xla"].count("sharding_constraint") > 0, "premise: no mixed mesh here"
+    assert "all_reduce" in texts["ours"] or "reduce_scatter" in texts["ours"], texts["ours"]
+    assert "sharding_constraint" not in texts["ours"], texts["ours"]
+    assert_rel_fro(out, f32(x) @ f32(w))  # 'dp' not manual: the body sees all 16 rows
