@@ -153,9 +153,8 @@ def lower_fun_per_device(fun, multiple_results=False):
     return aval.update(sharding=jax.sharding.NamedSharding(
         all_manual(mesh), jax.sharding.PartitionSpec(*[None] * aval.ndim)))
 
-  def rule(ctx, *args, **params):
-    ctx = ctx.replace(avals_in=[per_device(a) for a in ctx.avals_in],
-                      avals_out=[per_device(a) for a in ctx.avals_out])
+  def rule(ctx, *args, **params):  # lower_fun traces on avals_in (it reads no avals_out)
+    ctx = ctx.replace(avals_in=[per_device(a) for a in ctx.avals_in])
     mesh = mesh_lib.get_abstract_mesh()
     if mesh.empty or mesh.are_all_axes_manual:
       return lowered(ctx, *args, **params)

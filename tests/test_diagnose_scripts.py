@@ -13,6 +13,8 @@ import types
 
 import pytest
 
+from _util import repo_env
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 _FAKE_CHILD = """
@@ -27,10 +29,9 @@ if "-c" in sys.orig_argv:  # diagnose_hang.py's child, not the script
 
 
 def _script(path, *args, timeout=60, **env):
-  full = dict(os.environ, JAX_PLATFORMS="cpu", **env)
-  full.setdefault("PYTHONPATH", str(ROOT))
-  return subprocess.run([sys.executable, str(ROOT / path), *args], cwd=ROOT, env=full,
-                        capture_output=True, text=True, timeout=timeout)
+  return subprocess.run([sys.executable, str(ROOT / path), *args], cwd=ROOT,
+                        env=repo_env(JAX_PLATFORMS="cpu", **env), capture_output=True,
+                        text=True, timeout=timeout)
 
 
 @pytest.mark.parametrize("wait, dump", [("12", "7.0"), ("5.5", "0.5")])

@@ -34,8 +34,8 @@ def test_stress_run_cut_short_keeps_its_counts(tmp_path):
       f"sys.argv = ['stress.py', '--calls', '2', '--ops', 'all_reduce', 'reduce_scatter', "
       f"'--out', {str(report)!r}]\n"
       "stress.main()\n")
-  env = dict(repo_env(), JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
+  env = repo_env(JAX_PLATFORMS="cpu",
+                 XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
   proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True,
                         text=True, timeout=240)
   assert proc.returncode == 7, proc.stderr[-3000:]
