@@ -27,6 +27,7 @@ kernels with Llama-3-8B-like layer sizes.
 import argparse
 import json
 import os
+import sys
 import time
 
 import _devices  # examples/_devices.py (this script's folder is on sys.path)
@@ -41,6 +42,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jax_flashoverlap.bench import worst_error
+from jax_flashoverlap.bench_record import git_commit
 from jax_flashoverlap.flax import ColumnParallelLinear, RowParallelLinear
 
 try:
@@ -383,7 +385,10 @@ def write_report(args, mesh, history, worst):
             "median_step_ms": med, "step_ratio_xla_over_fo": med["xla"] / med["fo"],
             "step_saving_ms": med["xla"] - med["fo"],
             "row_parallel_ops": ops, "expected_saving_ms_from_ops": expected,
-            "max_rel_loss_diff": worst, "steps": history}
+            "max_rel_loss_diff": worst, "steps": history,
+            # what bench / tune record too: the results' commit and how to rerun them
+            "git_commit": git_commit(),
+            "command": " ".join(["python", "examples/tp_transformer_block.py", *sys.argv[1:]])}
   with open(args.json, "w") as f:
     json.dump(report, f, indent=1, default=str)
   print(f"median step: fo {med['fo']:.2f} ms, xla {med['xla']:.2f} ms (xla/fo "

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from _util import repo_env
+from jax_flashoverlap import bench_record
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -140,9 +141,15 @@ def test_tp_transformer_block(replicated_block_run):
   ops = d["row_parallel_ops"].values()
   assert d["expected_saving_ms_from_ops"] == pytest.approx(
       d["config"]["layers"] * sum(o["xla_ms"] - o["fo_ms"] for o in ops))
+  # recorded like bench's results (the report had neither: the runbook's flax step said so)
+  # (+dirty aside: another test worker may write an untracked file in between)
+  assert d["git_commit"].split("+")[0] == bench_record.git_commit(ROOT).split("+")[0]
+  assert d["command"] == ("python examples/tp_transformer_block.py --steps 3 "
+                          f"{' '.join(BLOCK_SIZES)} --tp 8 --overlap-backward --json "
+                          f"{d['config']['json']}")
 
 
-def test_tp_transformer_block_sequence_parallel(tmp_path, replicated_block_run):
+def test_tp_transformer_block_sequence_parallel(tmp_path, replicated_block_run, monkeypatch):
   """--sequence-parallel --overlap-backward: the same model with the tokens sharded between
   layers (all_gather_matmul / matmul_reduce_scatter, both directions overlapped); its losses
   equal XLA's all_gather / psum_scatter model's and, the model being the same, those of the
@@ -150,6 +157,7 @@ def test_tp_transformer_block_sequence_parallel(tmp_path, replicated_block_run):
   names every pair it sums (it said "expected from the row-parallel ops" whatever it summed:
   here the column layers' all-gathers too)."""
   report = tmp_path / "sp.json"
+  monkeypatch.setenv("JAX_FLASHOVERLAP_GIT_COMMIT", "0123abc (as the GPU machine's runs pass it)")
   out = run_example("tp_transformer_block.py", "--steps", "2", *BLOCK_SIZES,
                     "--sequence-parallel", "--overlap-backward", "--json", str(report))
   assert "sequence_parallel" in out and "OK: losses match" in out, out
@@ -160,6 +168,7 @@ def test_tp_transformer_block_sequence_parallel(tmp_path, replicated_block_run):
   for a, b in zip(sp_losses, rep_losses):  # the same seed: the same first two steps
     assert abs(a - b) <= 1e-3 * abs(b), (sp_losses, rep_losses)
   d = json.loads(report.read_text())
+  assert d["git_commit"] == "0123abc (as the GPU machine's runs pass it)"
   ops = list(d["row_parallel_ops"])
   assert set(ops) == {"attention_out", "mlp_down", "qkv", "gate_up", "attention_out_dx",
                       "mlp_down_dx", "qkv_dx", "gate_up_dx"}
