@@ -74,13 +74,16 @@ def documented_text(root=ROOT) -> str:
 
 
 def missing_test_ids(doc: Path, root=ROOT) -> list:
-  """Each `tests/FILE.py::NAME` the doc cites whose file has no `def NAME` / `class NAME`."""
+  """Each `tests/FILE.py::NAME` the doc cites (or `FILE.py::NAME`, under tests/) whose file
+  has no `def NAME` / `class NAME`."""
   missing = []
-  for file, name in sorted(set(re.findall(r"(tests/[\w/]+\.py)::(\w+)", doc.read_text()))):
+  cited = re.findall(r"(?<![\w/])((?:tests/)?[\w/]*test_\w+\.py)::(\w+)", doc.read_text())
+  for file, name in set(cited):
+    file = file if file.startswith("tests/") else "tests/" + file
     path = root / file
     if not path.exists() or not re.search(rf"^\s*(def|class) {name}\b", path.read_text(), re.M):
       missing.append(f"{file}::{name}")
-  return missing
+  return sorted(missing)
 
 
 def missing_modules(doc: Path, root=ROOT) -> list:
@@ -141,12 +144,14 @@ def test_the_checkers_see_what_is_broken(tmp_path):
   doc.write_text(
       "[ok](docs/other.md#a-section-2026) [gone](docs/gone.md) [bad](docs/other.md#nope)\n"
       "[self](#title) `tests/test_a.py::test_there` `tests/test_a.py::test_gone`\n"
+      "`test_a.py::test_there` `test_b.py::test_any`\n"
       "`python -m jax_flashoverlap.tool` `python -m jax_flashoverlap.lib`\n"
       "```\n[code](not/a/link.md)\n```\n")
   assert broken_links(doc) == [("docs/gone.md", "no such file"),
                                ("docs/other.md#nope", "no such heading"),
                                ("#title", "no such heading")]
-  assert missing_test_ids(doc, tmp_path) == ["tests/test_a.py::test_gone"]
+  assert missing_test_ids(doc, tmp_path) == ["tests/test_a.py::test_gone",
+                                             "tests/test_b.py::test_any"]
   assert missing_modules(doc, tmp_path) == ["lib"]
   assert set(switches_read(tmp_path)) == {"JAX_FLASHOVERLAP_NEW_SWITCH"}
   assert "JAX_FLASHOVERLAP_NEW_SWITCH" not in documented_text(tmp_path)
