@@ -96,6 +96,35 @@ def missing_modules(doc: Path, root=ROOT) -> list:
   return missing
 
 
+def unknown_case_ids(table_doc: Path, root=ROOT) -> list:
+  """docs/errors.md's rows name their test case in the last column but one: `ID` (a case id of
+  the tests, quoted there), `-SUFFIX` (the id before it with another end), `...[ID]` (a
+  parametrized test's id), a test file `FILE.py` or a `FILE.py::NAME` (missing_test_ids reads
+  those). Each ID no test file quotes, each FILE.py not under tests/."""
+  tests = "\n".join(p.read_text() for p in sorted((root / "tests").glob("*.py")))
+  unknown = []
+  for line in table_doc.read_text().splitlines():
+    cells = line.strip().strip("|").split(" | ")
+    if not line.startswith("|") or len(cells) < 3 or set(cells[0].strip()) <= {"-", " "}:
+      continue
+    for case in re.findall(r"`([^`]+)`", cells[-2]):
+      if "::" in case:
+        continue
+      if case.endswith(".py"):  # a whole test file
+        if not (root / "tests" / case).exists():
+          unknown.append(case)
+        continue
+      if case.startswith("...["):
+        quoted = re.escape(case[4:].rstrip("]"))
+      elif case.startswith("-"):
+        quoted = r"[\w-]+" + re.escape(case)
+      else:
+        quoted = re.escape(case)
+      if not re.search(rf"[\"']{quoted}[\"']", tests):
+        unknown.append(case)
+  return unknown
+
+
 DOCS = markdown_files()
 
 
@@ -114,6 +143,12 @@ def test_every_relative_link_resolves(doc):
 def test_every_cited_test_and_module_exists(doc):
   assert missing_test_ids(doc) == []
   assert missing_modules(doc) == []
+
+
+def test_every_bad_input_row_names_a_case_the_tests_have():
+  doc = ROOT / "docs" / "errors.md"
+  assert len(re.findall(r"^\|.*\| `[a-z0-9]+-[a-z0-9-]+` \|", doc.read_text(), re.M)) > 100
+  assert unknown_case_ids(doc) == []
 
 
 def test_every_switch_the_code_reads_is_documented():
@@ -153,8 +188,18 @@ def test_the_checkers_see_what_is_broken(tmp_path):
   assert missing_test_ids(doc, tmp_path) == ["tests/test_a.py::test_gone",
                                              "tests/test_b.py::test_any"]
   assert missing_modules(doc, tmp_path) == ["lib"]
+  (tmp_path / "tests" / "_cases.py").write_text('CASES = [case("op-bad-dtype"), case("op-bad-rank")]\n'
+                                                'BAD = {"gpu_blank": 1}\n')
+  table = tmp_path / "docs" / "errors.md"
+  table.write_text("| input | error | test id | result |\n| --- | --- | --- | --- |\n"
+                   "| a | `ValueError` | `op-bad-dtype`, `-rank` | pass |\n"
+                   "| b | `ValueError` | `op-gone`, `-shape` | pass |\n"
+                   "| c | `ValueError` | `...[gpu_blank]`, `...[gpu_gone]` | pass |\n"
+                   "| d | `ValueError` | `test_a.py::test_there` | pass |\n"
+                   "| e | 2 | `test_a.py`, `test_c.py` | pass |\n")
+  assert unknown_case_ids(table, tmp_path) == ["op-gone", "-shape", "...[gpu_gone]", "test_c.py"]
   assert set(switches_read(tmp_path)) == {"JAX_FLASHOVERLAP_NEW_SWITCH"}
   assert "JAX_FLASHOVERLAP_NEW_SWITCH" not in documented_text(tmp_path)
   (tmp_path / ".venv").mkdir()
   (tmp_path / ".venv" / "notes.md").write_text("[gone](gone.md)\n")
-  assert markdown_files(tmp_path) == [doc, tmp_path / "docs" / "other.md"]
+  assert markdown_files(tmp_path) == [doc, table, tmp_path / "docs" / "other.md"]
