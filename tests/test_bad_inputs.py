@@ -34,7 +34,7 @@ AXE = fo.AxisNameError
 CFG = tuning.ConfigError
 DTYPES = "expected one of bfloat16, float16"
 XFAIL_JAX_DONATION = pytest.mark.xfail(strict=True, reason=(
-    "JAX 0.10.2 (CPU, several devices): calling the same jitted function again with a donated, "
+    "JAX 0.10.0 to 0.11.2 (CPU, several devices): calling the same jitted function again with a donated, "
     "deleted sharded array logs 'Buffer has been deleted or donated' and then segfaults; the "
     "same happens with lax.psum(x @ w) and no jax_flashoverlap op (a JAX/XLA bug, cf. "
     "openxla/xla#22604), so the subprocess dies with SIGSEGV instead of a ValueError"))
