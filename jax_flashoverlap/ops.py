@@ -132,11 +132,11 @@ def _with_reference_jvp(prim, reference):
     return tuple(out) if prim.multiple_results else out  # the reference's own structure
 
   def jvp(ref, knobs, primals, tangents):
-    # The reference's primal is computed too and dropped (dead code under jit).
-    _, tangent = jax.jvp(functools.partial(reference, **dict(ref)), primals, tangents)
+    tangent = prims.bilinear_tangent(functools.partial(reference, **dict(ref)), primals,
+                                     tangents)
     return call(*primals, ref, knobs), tangent
 
-  call.defjvp(jvp)
+  call.defjvp(jvp, symbolic_zeros=True)  # an argument not differentiated: no term
   return call
 
 

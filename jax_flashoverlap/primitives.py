@@ -32,6 +32,23 @@ def dot(x, w, transpose_w=False):
   return jnp.matmul(x, w.T if transpose_w else w)
 
 
+def bilinear_tangent(fn, primals, tangents):
+  """The tangent of fn(x, w), linear in each argument, at primals: for a custom_jvp with
+  symbolic_zeros=True. A tangent that is a symbolic zero (the argument not differentiated)
+  gets no term: x @ 0 would be a wasted GEMM, and its sum with the other term, before the
+  collective, rounds that term's product where XLA's own derivative (and the op itself) does
+  not. With both tangents, fn's own derivative, as XLA's."""
+  (x, w), (tx, tw) = primals, tangents
+  x_zero, w_zero = (isinstance(t, jax.custom_derivatives.SymbolicZero) for t in tangents)
+  if x_zero and not w_zero:
+    return jax.jvp(lambda b: fn(x, b), (w,), (tw,))[1]
+  if w_zero and not x_zero:
+    return jax.jvp(lambda a: fn(a, w), (x,), (tx,))[1]
+  if x_zero:  # (JAX calls the rule with at least one tangent; kept total)
+    tx, tw = (jnp.zeros(t.shape, t.dtype) for t in tangents)
+  return jax.jvp(fn, primals, (tx, tw))[1]
+
+
 def reference_gemm(x, w, *, transpose_w=False):
   return dot(x, w, transpose_w)
 

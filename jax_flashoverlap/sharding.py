@@ -124,11 +124,11 @@ def with_dot_gradient(op, fn, num_static):
   def jvp(*args):
     *static, primals, tangents = args
     out = call(*primals, *static)
-    _, tangent = jax.jvp(functools.partial(prims.dot, transpose_w=static[-1]), primals,
-                         tangents)
+    tangent = prims.bilinear_tangent(functools.partial(prims.dot, transpose_w=static[-1]),
+                                     primals, tangents)
     return out, tangent.astype(out.dtype)
 
-  call.defjvp(jvp)
+  call.defjvp(jvp, symbolic_zeros=True)  # an argument not differentiated: no term
   return call
 
 

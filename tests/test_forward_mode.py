@@ -60,6 +60,40 @@ def test_jvp_and_linearize_equal_xla(name):
   assert_close(f_lin(dx, dw), t_ref)
 
 
+def _dots(compiled_text: str) -> int:
+  return len(re.findall(r"= \S+ dot\(", compiled_text))
+
+
+@pytest.mark.parametrize("arg", [0, 1], ids=["in-x", "in-w"])
+@pytest.mark.parametrize("name", ["all_reduce", "reduce_scatter", "matmul", "all_to_all",
+                                  "all_gather"])
+def test_jvp_in_one_argument_is_xlas_tangent_with_one_gemm(name, arg):
+  """jvp / linearize in x alone (w fixed, as in a layer's forward-mode derivative in its
+  input) or in w alone: the tangent is XLA's own, bit for bit, from one GEMM. The rule had
+  filled the other argument's zero tangent in: a GEMM against zeros, whose sum with the other
+  term before the collective rounded each rank's bfloat16 product, one bfloat16 step off
+  XLA's tangent and off the op's own value at the tangent (all-reduce, reduce-scatter)."""
+  ours, xla, x_shape, w_shape, ins, out = _ops()[name]
+  mesh = make_mesh_1d(N)
+  x, w, dx, dw = _inputs(5, x_shape, w_shape)
+  primal, tangent = (x, w)[arg], (dx, dw)[arg]
+
+  def tangent_only(body):
+    f = shard_map(body, mesh, ins, out)
+    g = (lambda a: f(a, w)) if arg == 0 else (lambda b: f(x, b))  # noqa: E731
+    return jax.jit(lambda p, t: jax.jvp(g, (p,), (t,))[1])
+
+  got, want = (tangent_only(body) for body in (ours, xla))
+  np.testing.assert_array_equal(np.asarray(got(primal, tangent), np.float32),
+                                np.asarray(want(primal, tangent), np.float32))
+  # the op itself at the tangent (it is linear in each argument): the same bits again
+  at_tangent = shard_map(ours, mesh, ins, out)(*((dx, w) if arg == 0 else (x, dw)))
+  np.testing.assert_array_equal(np.asarray(got(primal, tangent), np.float32),
+                                np.asarray(at_tangent, np.float32))
+  dots = [_dots(f.lower(primal, tangent).compile().as_text()) for f in (got, want)]
+  assert dots[0] == dots[1] == 1, dots
+
+
 @pytest.mark.parametrize("name", ["all_reduce", "reduce_scatter", "all_gather"])
 def test_hessian_vector_product_equals_xla(name):
   """jvp of grad (forward over reverse) of a loss that is not linear in the op's output."""
@@ -98,6 +132,23 @@ def test_jvp_of_the_global_views(reduce):
   y_ref, t_ref = jax.jit(lambda *a: jax.jvp(jnp.matmul, a[:2], a[2:]))(xs, wc, dxs, dwc)
   assert_close(y, y_ref)
   assert_close(t, t_ref)
+
+
+@pytest.mark.parametrize("reduce", ["all_reduce", "reduce_scatter"])
+def test_jvp_of_the_global_view_in_x_alone_is_one_gemm(reduce):
+  """The global view's tangent in x alone (w fixed) is XLA's, from one GEMM, not two (one of
+  them against w's zero tangent, filled in)."""
+  import jax_flashoverlap as fo
+  mesh = make_mesh_2d(2, 4)
+  x, w, dx, _ = _inputs(6, (16, 64), (64, 32))
+  put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
+  x, dx, w = put(x, P("dp", "tp")), put(dx, P("dp", "tp")), put(w, P("tp", None))
+  ours = jax.jit(lambda a, t: jax.jvp(lambda b: fo.row_parallel_matmul(b, w, reduce), (a,),
+                                      (t,))[1])
+  xla = jax.jit(lambda a, t: jax.jvp(lambda b: b @ w, (a,), (t,))[1])
+  assert_close(ours(x, dx), xla(x, dx))
+  dots = [_dots(f.lower(x, dx).compile().as_text()) for f in (ours, xla)]
+  assert dots[0] == dots[1] == 1, dots
 
 
 _PRIMITIVES = {"all_reduce": "flashoverlap_gemm_all_reduce",
