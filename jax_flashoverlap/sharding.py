@@ -215,12 +215,16 @@ def pick_axis(op, mesh, axis_name, sharded_over, dim):
   `dim` (`sharded_over`; None when nothing does)."""
   if axis_name is not None:
     if not mesh.axis_names:
-      # JAX gives the partitioner no mesh when the program's inputs are on none (arrays
-      # fresh from init), even under jax.set_mesh with the values constrained onto one
+      # JAX gives the partitioner the mesh of the jitted program's arguments only: none when
+      # they are on none (numpy arrays, arrays fresh from init), even under jax.set_mesh and
+      # with sharded arrays closed over by the function (a layer's params, say)
       raise ValueError(f"{op}: axis_name {axis_name!r}, but the partitioner got no mesh: "
-                       "the jitted program's inputs are on none (e.g. arrays fresh from "
-                       "init; jax.set_mesh alone does not place them); put them on the mesh "
-                       "(jax.device_put with a NamedSharding, or jit's in_shardings)")
+                       "the jitted program's arguments are on none (numpy arrays, arrays "
+                       "fresh from init, or the sharded arrays closed over by the jitted "
+                       "function instead of passed to it; jax.set_mesh alone does not place "
+                       "them); pass the sharded arrays (a layer's params too) as arguments, "
+                       "or put them on the mesh (jax.device_put with a NamedSharding, or "
+                       "jit's in_shardings)")
     if axis_name not in mesh.axis_names:
       raise ValueError(f"{op}: axis_name {axis_name!r} is not an axis of the mesh "
                        f"{tuple(mesh.axis_names)}")

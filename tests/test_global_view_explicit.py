@@ -113,13 +113,35 @@ def test_inputs_on_no_mesh_with_axis_name_get_an_error_saying_so():
   with jax.sharding.set_mesh(mesh):
     # raised in the partitioner's callback, so it reaches the caller as JAX's runtime error
     with pytest.raises(jax.errors.JaxRuntimeError,
-                       match="the partitioner got no mesh: the jitted program's inputs are on "
-                             "none"):
+                       match="the partitioner got no mesh: the jitted program's arguments are "
+                             "on none"):
       jax.jit(lambda x, w: fo.row_parallel_matmul(x, w, axis_name="tp"))(x, w)
     put = lambda v, spec: jax.device_put(v, NamedSharding(mesh, spec))  # the advice works
     y = jax.jit(lambda x, w: fo.row_parallel_matmul(x, w, axis_name="tp"))(
         put(x, P(None, "tp")), put(w, P("tp", None)))
   assert _rel(y, _f32(x) @ _f32(w)) < 1e-2
+
+
+def test_sharded_weights_closed_over_with_arguments_on_no_mesh_get_an_error_saying_so():
+  """A layer's params on the mesh but closed over by the jitted function, its one argument a
+  numpy array (the inference idiom `jax.jit(lambda x: model.apply(params, x))`): JAX hands
+  the partitioner no mesh (only the arguments' meshes reach it). The error said "the jitted
+  program's inputs are on none ... put them on the mesh" of arrays already there; it now
+  names the closed-over arrays, and each fix it gives works."""
+  mesh = jax.make_mesh((2, 4), ("dp", "tp"), axis_types=(AxisType.Auto,) * 2)
+  x = np.asarray(jax.random.normal(jax.random.key(2), (8, 64), jnp.float32).astype(jnp.bfloat16))
+  w = jax.device_put(jax.random.normal(jax.random.key(3), (64, 32), jnp.float32)
+                     .astype(jnp.bfloat16), NamedSharding(mesh, P("tp", None)))
+  want = _f32(x) @ _f32(w)
+  op = lambda x, w: fo.row_parallel_matmul(x, w, axis_name="tp")  # noqa: E731
+  with jax.sharding.set_mesh(mesh):
+    with pytest.raises(jax.errors.JaxRuntimeError,
+                       match="or the sharded arrays closed over by the jitted function instead "
+                             "of passed to it"):
+      jax.jit(lambda x: op(x, w))(x)
+    assert _rel(jax.jit(op)(x, w), want) < 1e-2  # w passed
+    x_on_mesh = jax.device_put(x, NamedSharding(mesh, P()))
+    assert _rel(jax.jit(lambda x: op(x, w))(x_on_mesh), want) < 1e-2  # x put on the mesh
 
 
 def test_reduce_scatter_rows_not_divisible_is_caught_at_trace_time(mesh):
