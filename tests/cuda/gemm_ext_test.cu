@@ -250,6 +250,17 @@ void Api(cudaStream_t s) {
   expect("flags at band boundaries (all ready)", b, cudaSuccess);
   b.in_flag_rows = 64; expect("flag block boundary inside a band", b, cudaErrorInvalidValue);
   b.in_flag_rows = 256; b.row_rotation = 128; expect("rotation not a multiple of flag rows", b, cudaErrorInvalidValue);
+  // Each dim at exactly 2^30 is refused by the size check, before any other (the check read
+  // `> 2^30` while its message, and Python's plan.KERNEL_MAX_DIM, say `< 2^30`).
+  for (int dim = 0; dim < 3; ++dim) {
+    b = a;
+    (dim == 0 ? b.m : dim == 1 ? b.n : b.k) = int64_t(1) << 30;
+    expect(dim == 0 ? "M = 2^30" : dim == 1 ? "N = 2^30" : "K = 2^30", b, cudaErrorInvalidValue);
+    if (!strstr(LastSignalingGemmError(), "must be < 2^30")) {
+      ++g_failures;
+      printf("api      the refusal names the size limit: '%s' FAIL\n", LastSignalingGemmError());
+    }
+  }
   // Several mirrors are stored a row at a time (MirrorStagedRows): out must be row-major.
   b = a; b.out_col_block = 128; b.mirror_count = 2;
   b.mirror_slots[0] = b.mirror_slots[1] = reinterpret_cast<const int32_t*>(flags.p);

@@ -37,7 +37,8 @@ Status RunGemmCollective(Communicator& comm, cudaStream_t stream, CollectiveKind
 // (peer_reduce_call.cc; peer_reduce.h draws the sequence): no NCCL call, no workspace. `gemm`
 // is the whole local GEMM, layout = the bands of one row block (num_blocks 1, ending at
 // M / world); `result` [M, N] (all-reduce) or [M / world, N]. Needs the communicator's peer
-// stores (EnsurePeerStores) holding (world - 1) x M / world x N elements. A failure lets
+// stores (EnsurePeerStores) holding PeerRecvBlocks(world) blocks of M / world x N elements
+// (peer_reduce_args.h; plus the staging blocks of a staged all-reduce). A failure lets
 // every call of the group end (EnqueueBreakPeers: the others', enqueued or to come, would
 // otherwise wait for ours for ever; they end with wrong values, in a program that fails as a
 // whole) and marks every member broken: later calls are refused, the process must restart

@@ -328,7 +328,7 @@ cudaError_t PlanLaunch(const SignalingGemmArgs& args, LaunchPlan* plan) {
     return Fail(cudaErrorInvalidValue, "N and K must be positive multiples of 8 (16-byte rows for TMA), got N=" +
                                            std::to_string(args.n) + " K=" + std::to_string(args.k));
   // 32-bit TMA coordinates and int row arithmetic in the kernel.
-  if (args.m > (int64_t(1) << 30) || args.n > (int64_t(1) << 30) || args.k > (int64_t(1) << 30))
+  if (args.m >= (int64_t(1) << 30) || args.n >= (int64_t(1) << 30) || args.k >= (int64_t(1) << 30))
     return Fail(cudaErrorInvalidValue, "M, N and K must be < 2^30");
   if (args.x == nullptr || args.w == nullptr || args.out == nullptr)
     return Fail(cudaErrorInvalidValue, "x, w and out must be non-null");
