@@ -39,7 +39,8 @@ def check_operands(op: str, x, w, *, x_rank: str = ">=2", transpose_w: bool = Fa
   """Validates x [..., K] (or exactly [M, K] when x_rank == "2", the message then adding
   x_rank_why) and w [K, N] (or [N, K] when transpose_w).
 
-  Returns (m, k, n) with m the product of x's leading dims.
+  Returns (m, k, n) with m the product of x's leading dims: 0 for x with no rows (an empty
+  batch), which the ops give XLA's own composition (`has_no_rows`).
   """
   xs, xd = _shape_dtype(op, "x", x)
   ws, wd = _shape_dtype(op, "w", w)
@@ -64,7 +65,7 @@ def check_operands(op: str, x, w, *, x_rank: str = ">=2", transpose_w: bool = Fa
             f"transpose_w={not transpose_w}" if xs[-1] == n else "")
     raise ValueError(f"{op}: contracting dims differ: x has K={xs[-1]} (last dim of x, shape "
                      f"{xs}) but w has K={k} ({k_dim} dim of w {layout}, shape {ws}){hint}")
-  if 0 in xs:
+  if xs[-1] == 0:  # (rows of K = 0 elements; no rows, a leading dim of 0, are fine)
     raise ValueError(f"{op}: x must not be empty, got shape {xs}")
   if 0 in ws:
     raise ValueError(f"{op}: w must not be empty, got shape {ws}")
@@ -75,6 +76,13 @@ def check_operands(op: str, x, w, *, x_rank: str = ">=2", transpose_w: bool = Fa
     raise ValueError(f"{op}: N ({n_dim} dim of w) must be a multiple of {ALIGN}, got N={n} "
                      f"(w shape {ws})")
   return int(np.prod(xs[:-1])), int(k), int(n)
+
+
+def has_no_rows(x) -> bool:
+  """x [..., K] has no rows (a leading dim of 0, an empty batch): nothing to compute or overlap,
+  so the ops return XLA's own composition, whose empty result and gradients JAX types as
+  usual (as `nnx.Linear` / `nn.Dense` do)."""
+  return 0 in tuple(x.shape)[:-1]
 
 
 def check_flag(op: str, name: str, value, meaning: str = "") -> bool:

@@ -28,8 +28,8 @@ def overlapped_dx(forward, dw_reference, dx_op, gathers_dy=False, reference=None
   as the [N, K] weight) and dw exactly as XLA's own backward of `dw_reference(x, w, axis,
   sequence_dim)`. gathers_dy: dx_op is all_gather_matmul, whose gathered dy (returned with
   dx, no second gather) is the cotangent of dw_reference. reference (default dw_reference):
-  forward's plain composition, whose own backward serves where dy has no rows (the ops
-  refuse empty operands)."""
+  forward's plain composition, whose own backward serves where an operand is empty (nothing
+  to overlap)."""
   reference = reference or dw_reference
   @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
   def call(x, w, axis_name, sequence_dim):
@@ -40,8 +40,7 @@ def overlapped_dx(forward, dw_reference, dx_op, gathers_dy=False, reference=None
 
   def bwd(axis_name, sequence_dim, res, dy):
     x, w = res
-    if 0 in dy.shape or 0 in x.shape or 0 in w.shape:  # nothing to overlap; the ops
-      # refuse empty operands
+    if 0 in dy.shape or 0 in x.shape or 0 in w.shape:  # nothing to overlap
       _, vjp = jax.vjp(lambda x, w: reference(x, w, axis_name, sequence_dim), x, w)
       return vjp(dy)
     if gathers_dy:

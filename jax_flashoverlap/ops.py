@@ -25,6 +25,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from jax_flashoverlap import _validation, primitives as prims, primitives_a2a as prims_a2a
 
@@ -39,6 +40,8 @@ def matmul(x, w, *, comm_sms: int | None = None, transpose_w: bool = False):
   transpose_w = _validation.check_transpose_w(op, transpose_w)
   _, k, n = _validation.check_operands(op, x, w, transpose_w=transpose_w)
   _validation.check_comm_sms(op, comm_sms)
+  if _validation.has_no_rows(x):
+    return prims.dot(x, w, transpose_w)
   lead = x.shape[:-1]
   out = _gemm(x.reshape(-1, k), w, _params(transpose_w=transpose_w),
               _params(comm_sms=0 if comm_sms is None else int(comm_sms)))
@@ -59,6 +62,8 @@ def matmul_all_reduce(x, w, axis_name, *, comm_sms: int | None = None,
   _, k, n = _validation.check_operands(op, x, w, transpose_w=transpose_w)
   _validation.check_axis_name(op, axis_name)
   _validation.check_comm_sms(op, comm_sms)
+  if _validation.has_no_rows(x):
+    return lax.psum(prims.dot(x, w, transpose_w), axis_name)
   lead = x.shape[:-1]
   out = _gemm_all_reduce(x.reshape(-1, k), w,
                          _params(axis_name=_hashable(axis_name), transpose_w=transpose_w),
@@ -90,6 +95,10 @@ def matmul_reduce_scatter(x, w, axis_name, *, comm_sms: int | None = None,
                   f"{lead[dim]}"))
     raise ValueError(f"{op}: {what}, shape {tuple(x.shape)}) must be divisible by the size "
                      f"{world} of axis {axis_name!r}, got {got}")
+  if _validation.has_no_rows(x):  # (XLA's psum_scatter of no rows fails to lower: its
+    # verifier wants a scattered dim > 0) the empty result, typed as the product: varying
+    product = prims.dot(x, w, transpose_w)
+    return lax.slice_in_dim(product, 0, product.shape[dim] // world, axis=dim)
   out = _gemm_reduce_scatter(_dim_blocks_to_rows(x, world, dim), w,
                              _params(axis_name=_hashable(axis_name), transpose_w=transpose_w),
                              _params(comm_sms=comm_sms))
@@ -199,6 +208,9 @@ def matmul_all_to_all(x, w, axis_name, *, split_axis: int = 0, concat_axis: int 
     n_dim = "first" if transpose_w else "last"
     raise ValueError(f"{op}: split_axis=1 needs N ({n_dim} dim of w, shape {tuple(w.shape)}) "
                      f"to be divisible by the size {world} of axis {axis_name!r}")
+  if _validation.has_no_rows(x):
+    return lax.all_to_all(prims.dot(x, w, transpose_w), axis_name, split_axis, concat_axis,
+                          tiled=True)
   lead = x.shape[:-1]
   out = _gemm_all_to_all(x.reshape(-1, k), w,
                          _params(axis_name=_hashable(axis_name), split_axis=split_axis,
@@ -237,6 +249,13 @@ def all_gather_matmul(x, w, axis_name, *, comm_sms: int | None = None,
     raise ValueError(f"{op}: comm_sms must be >= 1 (NCCL needs SMs while the GEMM waits for "
                      f"the gathered rows), got {comm_sms}")
   sequence_dim = _validation.check_sequence_dim(op, sequence_dim, len(x.shape))
+  if _validation.has_no_rows(x):  # (XLA's all_gather of no rows fails to lower) the empty
+    # gathered rows, typed as x (varying, as all_gather's), and their product
+    lead = x.shape[:-1]
+    gathered = x.reshape(*lead[:sequence_dim], world * lead[sequence_dim],
+                         *lead[sequence_dim + 1:], k)
+    out = prims.dot(gathered, w, transpose_w)
+    return (out, gathered) if return_gathered else out
   lead = x.shape[:-1]
   outs = _all_gather_gemm(x.reshape(-1, k), w,
                           _params(axis_name=_hashable(axis_name), transpose_w=transpose_w,

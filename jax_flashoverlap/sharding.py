@@ -54,6 +54,8 @@ def row_parallel_matmul(x, w, reduce: str = "all_reduce", axis_name=None, *,
   if axis_name is not None:  # a mesh in context gives its size: the error at trace time
     check_scatter_size(op, x.shape, reduce, sequence_dim, axis_name, mesh_axis_size(axis_name))
   call = lambda x, w: _row_parallel_ad(x, w, reduce, axis_name, sequence_dim, transpose_w)
+  if _validation.has_no_rows(x):  # nothing to overlap: XLA's dot, partitioned as XLA does
+    call = lambda x, w: prims.dot(x, w, transpose_w)  # noqa: E731
   mesh = explicit_mesh(x, w)
   if mesh is None:
     return call(x, w)

@@ -61,6 +61,8 @@ def column_parallel_matmul(x, w, axis_name=None, *, transpose_w: bool = False,
   check_not_in_shard_map(_OP, "all_gather_matmul")
   check_global_axis_name(_OP, axis_name)
   call = lambda x, w: _column_parallel_ad(x, w, axis_name, sequence_dim, transpose_w)
+  if _validation.has_no_rows(x):  # nothing to overlap: XLA's dot, partitioned as XLA does
+    call = lambda x, w: prims.dot(x, w, transpose_w)  # noqa: E731
   mesh = explicit_mesh(x, w)
   if mesh is None:
     return call(x, w)

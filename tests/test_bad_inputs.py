@@ -74,7 +74,7 @@ CASES = [
     pytest.param(op_k_not_multiple_of_8, raises(ValueError, "K (last dim of x, first dim of w) "
                                                 "must be a multiple of 8", "K=12"),
                  id="op-k-not-multiple-of-8"),
-    pytest.param(op_empty_x, raises(ValueError, "x must not be empty", "(0, 16)"),
+    pytest.param(op_empty_x, raises(ValueError, "x must not be empty", "(8, 0)"),
                  id="op-empty-x"),
     pytest.param(op_empty_w, raises(ValueError, "w must not be empty", "(64, 0)"),
                  id="op-empty-w"),
