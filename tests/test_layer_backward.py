@@ -46,7 +46,8 @@ def test_column_matmul_gradients_equal_the_plain_matmuls(rng):
 def test_a_column_input_without_rows_differentiates_as_the_plain_matmul(rng):
     """The forward (a local matmul) took it; the backward's matmul_all_reduce refused dy ("x
     must not be empty"), also through ColumnParallelLinear(overlap_backward=True). (The other
-    two functions' forwards are our ops, which refuse empty operands up front.)"""
+    two functions' forwards are our ops, which take x without rows since session 40:
+    tests/test_empty_rows.py.)"""
     specs = ((P(), P(None, "tp")), P(None, "tp"))
     x = jnp.zeros((0, 32), BF16)
     w = jnp.asarray(rng.standard_normal((32, 16 * N)), BF16)
