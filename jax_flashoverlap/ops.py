@@ -249,14 +249,12 @@ def all_gather_matmul(x, w, axis_name, *, comm_sms: int | None = None,
     raise ValueError(f"{op}: comm_sms must be >= 1 (NCCL needs SMs while the GEMM waits for "
                      f"the gathered rows), got {comm_sms}")
   sequence_dim = _validation.check_sequence_dim(op, sequence_dim, len(x.shape))
+  lead = x.shape[:-1]
   if _validation.has_no_rows(x):  # (XLA's all_gather of no rows fails to lower) the empty
     # gathered rows, typed as x (varying, as all_gather's), and their product
-    lead = x.shape[:-1]
-    gathered = x.reshape(*lead[:sequence_dim], world * lead[sequence_dim],
-                         *lead[sequence_dim + 1:], k)
+    gathered = _gathered_blocks_to_dim(x.reshape(-1, k), world, lead, sequence_dim)
     out = prims.dot(gathered, w, transpose_w)
     return (out, gathered) if return_gathered else out
-  lead = x.shape[:-1]
   outs = _all_gather_gemm(x.reshape(-1, k), w,
                           _params(axis_name=_hashable(axis_name), transpose_w=transpose_w,
                                   return_gathered=return_gathered),

@@ -49,6 +49,11 @@ def _cases():
       "all_gather": (lambda x, w: fo.all_gather_matmul(x, w, "tp"),
                      lambda x, w: lax.all_gather(x, "tp", axis=0, tiled=True) @ w,
                      (0, 16), (16, 8 * N), (P("tp", None), P(None, "tp")), P(None, "tp")),
+      "all_gather_seq1": (
+          lambda x, w: fo.all_gather_matmul(x, w, "tp", sequence_dim=1),
+          lambda x, w: lax.all_gather(x, "tp", axis=1, tiled=True) @ w,
+          (0, 2 * N, 16), (16, 8 * N), (P(None, "tp", None), P(None, "tp")),
+          P(None, None, "tp")),
       "all_gather_returned": (
           lambda x, w: fo.all_gather_matmul(x, w, "tp", return_gathered=True),
           lambda x, w: (lax.all_gather(x, "tp", axis=0, tiled=True) @ w,
