@@ -104,6 +104,13 @@ def lowering_mesh(ctx):
   return mesh
 
 
+def lowering_for_export(ctx) -> bool:
+  """True in a lowering for `jax.export` (JAX lowers with LoweringParameters(for_export=True);
+  plain `jit(...).lower(...)`, cross-lowering included, does not)."""
+  params = getattr(ctx.module_context, "lowering_parameters", None)
+  return bool(getattr(params, "for_export", False))
+
+
 def mesh_devices(mesh):
   """The mesh's devices as an ndarray, or None for an AbstractMesh (which raises on .devices)."""
   import numpy as np

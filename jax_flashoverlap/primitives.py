@@ -126,12 +126,36 @@ def check_switches() -> None:
     tuning.config_files()  # a folder that is not one is an error (its plans would be lost)
 
 
-def cuda_path(target: str) -> tuple[bool, str]:
+class ExportedWithoutOverlapWarning(UserWarning):
+  """`jax.export` of a program with our ops: the exported program runs XLA's composition."""
+
+
+_warned_export = False
+
+
+def cuda_path(target: str, ctx) -> tuple[bool, str]:
   """Every CUDA lowering's first step: all switches read (a typo is an error whichever path
   this op then takes: the fallback to XLA's composition read none of the ones it skips, so
   a misspelt transport passed where the CPU lowering refused it), then whether to emit the
-  custom call (_ext.check_cuda_path)."""
+  custom call: never for `jax.export` (below), else _ext.check_cuda_path.
+
+  An exported program is XLA's composition. Our custom call names communicators that the
+  lowering made in this process (by comm_id), which a process deserializing the program
+  never made, and JAX refuses to serialize a custom call without its compatibility
+  guarantee ("Cannot serialize code with custom calls ..."); so the export keeps the values
+  (XLA's dot + collective) and loses the overlap, warned once per process."""
+  global _warned_export
   check_switches()
+  if _compat.lowering_for_export(ctx):
+    if not _warned_export:
+      _warned_export = True
+      warnings.warn(
+          "jax_flashoverlap: jax.export lowers the ops to XLA's composition (dot + "
+          "collective, the same values, no overlap): the custom call needs communicators "
+          "made by this process's lowering, and has no serialization guarantee. Run the "
+          "model under jax.jit for the overlapped kernels.",
+          ExportedWithoutOverlapWarning, stacklevel=2)
+    return False, f"jax.export: XLA's composition instead of {target}"
   return _ext.check_cuda_path(target)
 
 
@@ -269,7 +293,7 @@ def check_sm_count(name, comm_sms, sms=None):
 
 
 def _gemm_cuda_lowering(ctx, x, w, *, comm_sms, transpose_w):
-  use_cuda, _ = cuda_path(gemm_p.name)
+  use_cuda, _ = cuda_path(gemm_p.name, ctx)
   if use_cuda:
     (m, k), n = ctx.avals_in[0].shape, ctx.avals_in[1].shape[0 if transpose_w else 1]
     use_cuda = not too_large(gemm_p.name, m, n, k, _ext.fallback_enabled())
@@ -283,7 +307,7 @@ def _gemm_cuda_lowering(ctx, x, w, *, comm_sms, transpose_w):
 
 def _collective_cuda_lowering(prim, reference_lowering, collective):
   def lowering(ctx, x, w, *, axis_name, comm_sms, transpose_w):
-    use_cuda, _ = cuda_path(prim.name)
+    use_cuda, _ = cuda_path(prim.name, ctx)
     if not use_cuda:
       publish_decision(prim.name, ctx, {"overlap": False})
       return reference_lowering(ctx, x, w, axis_name=axis_name, transpose_w=transpose_w)

@@ -67,7 +67,7 @@ def _a2a_cuda_lowering(ctx, x, w, *, axis_name, split_axis, concat_axis, comm_sm
   reference = functools.partial(_a2a_reference_lowering, ctx, x, w, axis_name=axis_name,
                                 split_axis=split_axis, concat_axis=concat_axis,
                                 transpose_w=transpose_w)
-  use_cuda, _ = cuda_path(prim.name)
+  use_cuda, _ = cuda_path(prim.name, ctx)
   if not use_cuda:
     publish_decision(prim.name, ctx, {"overlap": False})
     return reference()
@@ -94,7 +94,7 @@ def _ag_cuda_lowering(ctx, x, w, *, axis_name, comm_sms, transpose_w, return_gat
   prim = all_gather_gemm_p
   reference = functools.partial(_ag_reference_lowering, ctx, x, w, axis_name=axis_name,
                                 transpose_w=transpose_w, return_gathered=return_gathered)
-  use_cuda, _ = cuda_path(prim.name)
+  use_cuda, _ = cuda_path(prim.name, ctx)
   if not use_cuda:
     publish_decision(prim.name, ctx, {"overlap": False})
     return reference()
