@@ -124,6 +124,16 @@ def test_a_misspelt_switch_is_an_error_on_cpu_too(fo, monkeypatch, rng, name, va
 
 
 
+def _manual_body(text):
+    """The lines of a shard_map's body (sdy.manual_computation's region) in StableHLO text."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if "sdy.manual_computation" in line)
+    end = next(i for i in range(start, len(lines)) if "sdy.return" in lines[i])
+    body = "\n".join(lines[start + 1:end])
+    assert body.strip(), text
+    return body
+
+
 @on_cpu
 @pytest.mark.parametrize("name", ["all_reduce", "reduce_scatter"])
 def test_the_reference_body_carries_no_sharding_of_the_outer_mesh(fo, name, rng):
@@ -132,8 +142,12 @@ def test_the_reference_body_carries_no_sharding_of_the_outer_mesh(fo, name, rng)
     gets constraints), the scalar add of the collective's reduction too, which XLA's CPU
     compiler refused on JAX 0.11 ("Unsupported reduction computation";
     benchmarks/results/logs/cpu_suite_jax0112_h100x1/). Our reference lowering is one
-    device's program, traced with every axis manual: no constraint, and right values (XLA's
-    own program is only lowered: in bfloat16 here it aborts the process, module doc)."""
+    device's program, traced with every axis manual: no constraint in the shard_map's body,
+    and right values (XLA's own program is only lowered: in bfloat16 here it aborts the
+    process, module doc). JAX 0.11 constrains the shard_map's result outside the body (for
+    ours too), and cannot lower XLA's own psum_scatter there at all ("Length of
+    sharding.spec (2) must be equal to aval's ndim (0)", benchmarks/results/logs/
+    jax0112_h100x1_947521d/), which ours then does."""
     from jax.sharding import AxisType, NamedSharding
     mesh = jax.make_mesh((2, 4), ("dp", "tp"), axis_types=(AxisType.Explicit,) * 2,
                          devices=jax.devices()[:8])
@@ -145,10 +159,16 @@ def test_the_reference_body_carries_no_sharding_of_the_outer_mesh(fo, name, rng)
         f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)),
                                   out_specs=out_spec, axis_names={"tp"}))
         with jax.sharding.set_mesh(mesh):
-            texts[who] = f.lower(x, w).as_text()
+            try:
+                texts[who] = _manual_body(f.lower(x, w).as_text())
+            except ValueError as e:  # XLA's own psum_scatter on JAX 0.11 (docstring)
+                assert who == "xla" and name == "reduce_scatter", e
+                assert "Length of sharding.spec" in str(e), e
+                texts[who] = None
             if who == "ours":
                 out = f(x, w)
-    assert texts["xla"].count("sharding_constraint") > 0, "premise: no mixed mesh here"
+    assert texts["xla"] is None or "sharding_constraint" in texts["xla"], \
+        "premise: no mixed mesh here"
     assert "all_reduce" in texts["ours"] or "reduce_scatter" in texts["ours"], texts["ours"]
     assert "sharding_constraint" not in texts["ours"], texts["ours"]
     assert_rel_fro(out, f32(x) @ f32(w))  # 'dp' not manual: the body sees all 16 rows

@@ -17,7 +17,7 @@ import pytest
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from _util import shard_map
 import _gpu_util as U
@@ -214,6 +214,35 @@ def test_collective_vs_xla(kind, M, N, K):
     assert bool(jnp.all(jnp.isfinite(y)))
     assert _rel_fro(y, ref32(x, w)) < TOL
     assert _rel_fro(y, want) < TOL
+
+
+def test_export_runs_xla_composition_on_the_gpu(monkeypatch):
+    """jax.export of an overlapped op (tests/test_export.py: XLA's composition, since a loaded
+    program has none of the lowering's communicators) on the GPU: the export makes no
+    communicator, the exported program holds no custom call and, called on the GPU, gives
+    the op's values; jit of the same program keeps our kernel (the premise)."""
+    from jax import export
+    import jax_flashoverlap as fo
+    from jax_flashoverlap import comm, primitives
+
+    monkeypatch.setattr(primitives, "_warned_export", False)  # warned once per process
+    M, N, K = 2048, 4096, 4096
+    mesh = _mesh()
+    f = jax.jit(shard_map(lambda a, b: fo.matmul_all_reduce(a, b, "tp", comm_sms=24), mesh,
+                          (P(None, "tp"), P("tp", None)), P()))
+    kx, kw = jax.random.split(jax.random.PRNGKey(41))
+    x, w = (jax.device_put(a, NamedSharding(mesh, spec))  # the export's device count
+            for a, spec in zip((_normal(kx, (M, K)), _normal(kw, (K, N), K ** -0.5)), IN_SPECS))
+    before = {c["comm_id"] for c in comm.list_communicators()}
+    with pytest.warns(primitives.ExportedWithoutOverlapWarning):
+        exported = export.export(f, platforms=("cuda",))(x, w)
+    assert {c["comm_id"] for c in comm.list_communicators()} == before
+    assert "custom_call" not in exported.mlir_module()
+    y = jax.jit(exported.call)(x, w)
+    _assert_custom_call(f, (x, w), _target("all_reduce"))
+    assert bool(jnp.all(jnp.isfinite(y)))
+    assert _rel_fro(y, jax.jit(_dot32)(x, w)) < TOL
+    assert _rel_fro(y, f(x, w)) < TOL
 
 
 @pytest.mark.multigpu
