@@ -111,6 +111,15 @@ def lowering_for_export(ctx) -> bool:
   return bool(getattr(params, "for_export", False))
 
 
+def custom_jvp_body(prim, params):
+  """The jaxpr a custom_jvp call runs (its `call_jaxpr` parameter), or None for any other
+  primitive: jax.checkpoint's policies meet a custom_jvp function as that call."""
+  if getattr(prim, "name", None) != "custom_jvp_call":
+    return None
+  call = params.get("call_jaxpr")
+  return getattr(call, "jaxpr", call)
+
+
 def mesh_devices(mesh):
   """The mesh's devices as an ndarray, or None for an AbstractMesh (which raises on .devices)."""
   import numpy as np

@@ -166,6 +166,11 @@ def cuda_path(target: str, ctx) -> tuple[bool, str]:
 _REFERENCES = {}
 
 
+def is_ours(prim) -> bool:
+  """True for every primitive make_primitive made (remat.ops_as_dots asks)."""
+  return prim in _REFERENCES
+
+
 def make_primitive(name, reference, reference_keys=("axis_name", "transpose_w"),
                    multiple_results=False, cpu_reference=None):
   """A primitive whose output type comes from tracing `reference(x, w, **params)` and whose
