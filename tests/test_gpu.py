@@ -216,6 +216,38 @@ def test_collective_vs_xla(kind, M, N, K):
     assert _rel_fro(y, want) < TOL
 
 
+def test_remat_policy_keeps_the_op_on_the_gpu():
+    """jax.checkpoint with dots_saveable: the compiled gradient runs our kernel twice (the
+    backward recomputes it); with ops_as_dots(dots_saveable) once; the gradients equal the
+    unchecked program's (tests/test_remat_policy.py on CPU)."""
+    import jax_flashoverlap as fo
+
+    M, N, K = 2048, 4096, 4096
+    mesh = _mesh()
+    policies = jax.checkpoint_policies
+
+    def grads(policy):
+        def block(x, w):
+            return jnp.sum(jnp.tanh(fo.matmul_all_reduce(x, w, "tp", comm_sms=24))
+                           .astype(jnp.float32))
+        fn = block if policy is None else jax.checkpoint(block, policy=policy)
+        return jax.jit(shard_map(jax.grad(fn, argnums=1), mesh, IN_SPECS, IN_SPECS[1]))
+
+    kx, kw = jax.random.split(jax.random.PRNGKey(42))
+    x, w = _normal(kx, (M, K)), _normal(kw, (K, N), K ** -0.5)
+    calls, got = {}, {}
+    for label, policy in (("none", None), ("dots", policies.dots_saveable),
+                          ("ops_as_dots", fo.ops_as_dots(policies.dots_saveable))):
+        f = grads(policy)
+        calls[label] = f.lower(x, w).compile().as_text().count(
+            'custom_call_target="flashoverlap_gemm_all_reduce"')
+        got[label] = f(x, w)
+        assert bool(jnp.all(jnp.isfinite(got[label])))
+    assert calls == {"none": 1, "dots": 2, "ops_as_dots": 1}, calls
+    for label in ("dots", "ops_as_dots"):
+        assert _rel_fro(got[label], got["none"]) < TOL
+
+
 def test_export_runs_xla_composition_on_the_gpu(monkeypatch):
     """jax.export of an overlapped op (tests/test_export.py: XLA's composition, since a loaded
     program has none of the lowering's communicators) on the GPU: the export makes no
