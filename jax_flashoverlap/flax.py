@@ -330,8 +330,9 @@ def _forward(cfg: _Config, x, kernel, bias, in_features: int):
   x = (x[None] if squeeze else x).astype(cfg.dtype)
   w = kernel.astype(cfg.dtype)
   y = _row(cfg, x, w) if cfg.row else _column(cfg, x, w)
-  if bias is not None:
-    y = y + bias.astype(cfg.dtype)
+  if bias is not None:  # broadcast spelt out, as nnx.Linear / nn.Dense do: the add then
+    # also works under jax_numpy_rank_promotion='raise'
+    y = y + jnp.reshape(bias.astype(cfg.dtype), (1,) * (y.ndim - 1) + (-1,))
   return y[0] if squeeze else y
 
 

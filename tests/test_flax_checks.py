@@ -518,3 +518,60 @@ def test_linen_use_bias_false_makes_no_bias(cls, rng):
   kernel = nn.unbox(variables)["params"]["kernel"].astype(BF16)
   np.testing.assert_allclose(np.asarray(layer.apply(variables, x), np.float32),
                              np.asarray(x @ kernel, np.float32), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("reduce", ["all_reduce", "reduce_scatter"])
+def test_layers_under_rank_promotion_raise(reduce, rng):
+  """jax_numpy_rank_promotion='raise' (which nnx.Linear / nn.Dense work under: their bias
+  add spells the broadcast out): the layers' bias add raised "Operands could not be
+  broadcast together for add on shapes (8, 32) (32,)". Each layer (NNX and linen, row and
+  column, per device in shard_map and as the global view) gives the same values and grads
+  under 'raise' as without it."""
+  mesh = make_mesh_1d(4)
+  x = jnp.asarray(rng.standard_normal((8, 64)), BF16)
+  row = RowParallelLinear(64, 32, reduce=reduce, bias_init=_nonzero_bias_init,
+                          rngs=nnx.Rngs(0))
+  col = ColumnParallelLinear(64, 32, bias_init=_nonzero_bias_init, rngs=nnx.Rngs(1))
+  linen_row = RowParallelDense(32, reduce=reduce, bias_init=_nonzero_bias_init)
+  linen_col = ColumnParallelDense(32, bias_init=_nonzero_bias_init)
+  y_spec = P("tp") if reduce == "reduce_scatter" else P()
+
+  def nnx_in_shard_map(layer, x_spec, out_spec):
+    g, state = nnx.split(layer)
+    f = shard_map(lambda s, x: nnx.merge(g, s)(x), mesh,
+                  (nnx.get_partition_spec(state), x_spec), out_spec)
+    return lambda: (f(state, x), jax.grad(lambda s: jnp.sum(f(s, x).astype(jnp.float32)))(state))
+
+  def linen_in_shard_map(layer, x_spec, out_spec):
+    v = layer.init(jax.random.key(2), x)
+    specs, p = nn.get_partition_spec(v), nn.unbox(v)
+    f = shard_map(lambda p, x: layer.apply(p, x), mesh, (specs, x_spec), out_spec)
+    return lambda: (f(p, x), jax.grad(lambda p: jnp.sum(f(p, x).astype(jnp.float32)))(p))
+
+  def nnx_global():
+    from jax.sharding import NamedSharding
+    with jax.sharding.set_mesh(mesh):  # params sharded by their annotations
+      layer = RowParallelLinear(64, 32, reduce=reduce, bias_init=_nonzero_bias_init,
+                                rngs=nnx.Rngs(3))
+    xg = jax.device_put(x, NamedSharding(mesh, P(None, "tp")))
+
+    def run():
+      with jax.sharding.set_mesh(mesh):
+        return nnx.jit(lambda m, x: (m(x), nnx.grad(
+            lambda m: jnp.sum(m(x).astype(jnp.float32)))(m)))(layer, xg)
+    return run
+
+  programs = {
+      "nnx row": nnx_in_shard_map(row, P(None, "tp"), y_spec),
+      "nnx column": nnx_in_shard_map(col, P(), P(None, "tp")),
+      "linen row": linen_in_shard_map(linen_row, P(None, "tp"), y_spec),
+      "linen column": linen_in_shard_map(linen_col, P(), P(None, "tp")),
+      "nnx row global view": nnx_global(),
+  }
+  as_np = lambda tree: jax.tree.map(lambda a: np.asarray(a, np.float32), tree)  # noqa: E731
+  for name, run in programs.items():
+    want = as_np(run())
+    with jax.numpy_rank_promotion("raise"):
+      got = as_np(run())
+    jax.tree.map(np.testing.assert_array_equal, got, want)
+    assert np.abs(jax.tree.leaves(got)[0]).max() > 0, name
