@@ -189,3 +189,40 @@ def test_linen_remat_of_a_block_with_the_row_layer(fo, rng, reduce):
         got = jax.tree.map(lambda a: np.asarray(a, np.float32), grads(block)(params, x))
         jax.tree.map(np.testing.assert_array_equal, got, want)
     assert counts == {"base": 2, "wrapped": 1}, counts
+
+
+def test_nnx_remat_of_a_block_with_the_row_layer(fo, rng):
+    """nnx.remat(policy=ops_as_dots(dots_saveable)) of an NNX block (RowParallelLinear, then
+    tanh) inside shard_map: one bind of the op in the gradient (two with the policy alone),
+    gradients bit for bit with the block's without remat."""
+    nnx = pytest.importorskip("flax.nnx")
+    from jax_flashoverlap.flax import RowParallelLinear
+
+    class Block(nnx.Module):
+        def __init__(self, rngs):
+            self.layer = RowParallelLinear(64 * N, 48, rngs=rngs)
+
+        def __call__(self, x):
+            return jnp.tanh(self.layer(x))
+
+    mesh = make_mesh_1d(N)
+    x = rand(rng, (16, 64 * N), BF16)
+    graph, state = nnx.split(Block(nnx.Rngs(0)))
+    specs = nnx.get_partition_spec(state)
+
+    def grads(policy):
+        def loss(state, x):
+            block = nnx.merge(graph, state)
+            call = (lambda b, x: b(x)) if policy is None else nnx.remat(
+                lambda b, x: b(x), policy=policy)
+            return jnp.sum(call(block, x).astype(jnp.float32))
+        return jax.jit(shard_map(jax.grad(loss), mesh, (specs, P(None, "tp")), specs))
+
+    as_np = lambda tree: jax.tree.map(lambda a: np.asarray(a, np.float32), tree)  # noqa: E731
+    want = as_np(grads(None)(state, x))
+    counts = {}
+    for label, policy in (("base", policies.dots_saveable),
+                          ("wrapped", fo.ops_as_dots(policies.dots_saveable))):
+        counts[label] = _binds(grads(policy), (state, x), "flashoverlap_gemm_all_reduce")
+        jax.tree.map(np.testing.assert_array_equal, as_np(grads(policy)(state, x)), want)
+    assert counts == {"base": 2, "wrapped": 1}, counts
