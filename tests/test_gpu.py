@@ -217,9 +217,11 @@ def test_collective_vs_xla(kind, M, N, K):
 
 
 def test_remat_policy_keeps_the_op_on_the_gpu():
-    """jax.checkpoint with dots_saveable: the compiled gradient runs our kernel twice (the
-    backward recomputes it); with ops_as_dots(dots_saveable) once; the gradients equal the
-    unchecked program's (tests/test_remat_policy.py on CPU)."""
+    """jax.checkpoint with dots_saveable: the compiled loss-and-gradient step runs our kernel
+    twice (the backward recomputes it); with ops_as_dots(dots_saveable) once; the gradients
+    equal the unchecked program's (tests/test_remat_policy.py on CPU). The loss is kept
+    (value_and_grad, as a training step does): jax.grad alone lets XLA drop the forward's
+    call, whose only use is the loss (a first version of this test counted 1 for both)."""
     import jax_flashoverlap as fo
 
     M, N, K = 2048, 4096, 4096
@@ -231,7 +233,8 @@ def test_remat_policy_keeps_the_op_on_the_gpu():
             return jnp.sum(jnp.tanh(fo.matmul_all_reduce(x, w, "tp", comm_sms=24))
                            .astype(jnp.float32))
         fn = block if policy is None else jax.checkpoint(block, policy=policy)
-        return jax.jit(shard_map(jax.grad(fn, argnums=1), mesh, IN_SPECS, IN_SPECS[1]))
+        return jax.jit(shard_map(jax.value_and_grad(fn, argnums=1), mesh, IN_SPECS,
+                                 (P(), IN_SPECS[1])))
 
     kx, kw = jax.random.split(jax.random.PRNGKey(42))
     x, w = _normal(kx, (M, K)), _normal(kw, (K, N), K ** -0.5)
@@ -241,8 +244,8 @@ def test_remat_policy_keeps_the_op_on_the_gpu():
         f = grads(policy)
         calls[label] = f.lower(x, w).compile().as_text().count(
             'custom_call_target="flashoverlap_gemm_all_reduce"')
-        got[label] = f(x, w)
-        assert bool(jnp.all(jnp.isfinite(got[label])))
+        loss, got[label] = f(x, w)
+        assert bool(jnp.isfinite(loss)) and bool(jnp.all(jnp.isfinite(got[label])))
     assert calls == {"none": 1, "dots": 2, "ops_as_dots": 1}, calls
     for label in ("dots", "ops_as_dots"):
         assert _rel_fro(got[label], got["none"]) < TOL

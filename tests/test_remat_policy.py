@@ -47,15 +47,18 @@ def _cases(fo):
 
 
 def _grad_program(op, x_spec, w_spec, policy):
-    """dw of sum(tanh(op(x, w))) per device, the op under jax.checkpoint(policy) (None: no
-    checkpoint)."""
+    """(loss, dw) of sum(tanh(op(x, w))) per device, the op under jax.checkpoint(policy)
+    (None: no checkpoint). The loss is kept, as in a training step: with jax.grad alone the
+    forward's op would be dead code (its only use the loss) and XLA would drop it."""
     def loss(x, w):
         block = lambda x, w: jnp.sum(jnp.tanh(op(x, w)).astype(jnp.float32))  # noqa: E731
         if policy is not None:
             block = jax.checkpoint(block, policy=policy)
         return block(x, w)
-    return jax.jit(shard_map(jax.grad(loss, argnums=1), make_mesh_1d(N), (x_spec, w_spec),
-                             w_spec))
+    def step(x, w):  # each device's loss, stacked over tp: some ops' outputs vary there
+        value, dw = jax.value_and_grad(loss, argnums=1)(x, w)
+        return value[None], dw
+    return jax.jit(shard_map(step, make_mesh_1d(N), (x_spec, w_spec), (P("tp"), w_spec)))
 
 
 def _binds(fn, args, name):
@@ -102,9 +105,10 @@ def test_names_policies_still_see_names(fo):
 def test_gradients_equal_the_unchecked_program(fo, rng, case):
     op, _, xsp, wsp, xs, ws = _cases(fo)[case]
     x, w = rand(rng, xs, BF16), rand(rng, ws, BF16)
-    want = np.asarray(_grad_program(op, xsp, wsp, None)(x, w), np.float32)
-    got = np.asarray(_grad_program(op, xsp, wsp, fo.ops_as_dots(policies.dots_saveable))(x, w),
-                     np.float32)
+    want = np.asarray(_grad_program(op, xsp, wsp, None)(x, w)[1], np.float32)
+    got = np.asarray(
+        _grad_program(op, xsp, wsp, fo.ops_as_dots(policies.dots_saveable))(x, w)[1],
+        np.float32)
     assert np.isfinite(got).all() and np.abs(got).max() > 0
     np.testing.assert_array_equal(got, want)
 
@@ -178,7 +182,10 @@ def test_linen_remat_of_a_block_with_the_row_layer(fo, rng, reduce):
     def grads(block):
         def loss(p, x):
             return jnp.sum(block.apply({"params": p}, x).astype(jnp.float32))
-        return jax.jit(shard_map(jax.grad(loss), mesh, (pspecs, P(None, "tp")), pspecs))
+        def step(p, x):  # each device's loss, stacked over tp
+            value, grads = jax.value_and_grad(loss)(p, x)
+            return value[None], grads
+        return jax.jit(shard_map(step, mesh, (pspecs, P(None, "tp")), (P("tp"), pspecs)))
 
     want = jax.tree.map(lambda a: np.asarray(a, np.float32), grads(Block())(params, x))
     counts = {}
@@ -216,7 +223,10 @@ def test_nnx_remat_of_a_block_with_the_row_layer(fo, rng):
             call = (lambda b, x: b(x)) if policy is None else nnx.remat(
                 lambda b, x: b(x), policy=policy)
             return jnp.sum(call(block, x).astype(jnp.float32))
-        return jax.jit(shard_map(jax.grad(loss), mesh, (specs, P(None, "tp")), specs))
+        def step(p, x):  # each device's loss, stacked over tp
+            value, grads = jax.value_and_grad(loss)(p, x)
+            return value[None], grads
+        return jax.jit(shard_map(step, mesh, (specs, P(None, "tp")), (P("tp"), specs)))
 
     as_np = lambda tree: jax.tree.map(lambda a: np.asarray(a, np.float32), tree)  # noqa: E731
     want = as_np(grads(None)(state, x))
