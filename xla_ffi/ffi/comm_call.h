@@ -42,8 +42,12 @@ inline ffi::Error CheckCommunicator(const char* op, const Communicator* comm, in
                                     int64_t comm_id, int device) {
   FO_CHECK_ARG(comm != nullptr,
                op << ": no communicator for comm_id " << comm_id << " on device " << device
-                  << "; communicators are created when the op is lowered for a local GPU mesh "
-                     "(jax_flashoverlap.comm.ensure_communicators)");
+                  << "; communicators are created when the op is lowered in this process for a "
+                     "local GPU mesh (jax_flashoverlap.comm.ensure_communicators), so a program "
+                     "loaded from a serialized executable (jax.experimental.serialize_executable) "
+                     "or kept across comm.destroy_communicators() has none: lower the same "
+                     "function in this process first (jax.jit(f).lower(...), or "
+                     "jax.clear_caches() and call it again)");
   FO_CHECK_ARG(comm->world_size == world_size,
                op << ": program was built for " << world_size << " ranks, communicator has "
                   << comm->world_size);

@@ -1,0 +1,63 @@
+"""JAX's persistent compilation cache and our ops (CPU; the GPU side is tests/test_gpu_cache.py).
+
+The cache keys a program by its StableHLO text (with the devices, the compile options and
+jaxlib's version), so a new process finds a program compiled before only if its lowering comes
+out the same. Ours is: every attribute of our custom calls (comm_id a stable hash of the mesh and
+the op's settings, the plan's group bounds, the CTA cap) is computed from the program alone, in
+any process and under any PYTHONHASHSEED. The global views go through JAX's
+`custom_partitioning`, whose call JAX keys by a per-process pointer: the cache misses them in a
+new process (JAX's design; README says so).
+
+Each check runs tests/_cache_child.py in fresh processes on 2 simulated CPU devices.
+"""
+import json
+import subprocess
+import sys
+
+from _util import REPO, repo_env
+
+CHILD = f"{REPO}/tests/_cache_child.py"
+
+
+def _child(mode, workdir, **env) -> dict:
+    env = repo_env(XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
+                   **env)
+    env["PYTHONPATH"] = f"{REPO}/tests:{env['PYTHONPATH']}"
+    r = subprocess.run([sys.executable, CHILD, mode, str(workdir)], env=env, cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_cuda_lowering_is_the_same_in_every_process(tmp_path):
+    """What lets the persistent cache find a program compiled by another process (or by every
+    rank of a multi-process job, each of which lowers it): the CUDA lowering of each op, custom
+    call attributes included, is the same text in two processes with different hash seeds."""
+    first, second = (_child("lower_cuda", tmp_path, JAX_FLASHOVERLAP_FALLBACK="0",
+                            PYTHONHASHSEED=seed) for seed in ("1", "2"))
+    assert set(first) == {"matmul", "all_reduce", "reduce_scatter", "all_to_all", "all_gather"}
+    for op, text in first.items():
+        assert "custom_call @flashoverlap_" in text, f"{op}: no custom call: nothing was checked"
+        assert "comm_id" in text or op == "matmul", op
+        assert second[op] == text, f"{op}: the lowering differs between processes"
+
+
+def test_persistent_cache_hits_in_a_new_process(tmp_path):
+    """A shard_map program with our all-reduce, compiled with the cache on, is found by the next
+    process (a hit, no compile) and computes the same values."""
+    first = _child("cache", tmp_path)
+    second = _child("cache", tmp_path)
+    assert (first["misses"], first["hits"]) == (1, 0), first
+    assert (second["misses"], second["hits"]) == (0, 1), second
+    for run in (first, second):
+        assert run["finite"] and run["rel_err"] < 1e-2, run
+
+
+def test_global_views_miss_the_persistent_cache_across_processes(tmp_path):
+    """The premise of README's note: JAX keys `custom_partitioning` (the global views) by a
+    per-process pointer, so the next process compiles `row_parallel_matmul` again. If JAX
+    changes this, this test fails and the note must go."""
+    first = _child("cache_global", tmp_path)
+    second = _child("cache_global", tmp_path)
+    assert (first["misses"], second["misses"], second["hits"]) == (1, 1, 0), (first, second)
+    assert second["finite"] and second["rel_err"] < 1e-2, second
