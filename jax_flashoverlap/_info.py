@@ -7,7 +7,7 @@ import json
 import platform
 import sys
 
-from jax_flashoverlap import _ext, _version
+from jax_flashoverlap import _environment, _ext, _version
 
 OP_TARGETS = {
     "matmul": "flashoverlap_gemm",
@@ -63,6 +63,7 @@ def info() -> dict:
   out["settings"] = _settings(problems)
   out["tuned_configs"] = _tuned_configs(problems)
   out["invalid_settings"] = sorted(set(problems))
+  out["unknown_variables"] = _environment.unknown_variables()
   return out
 
 
@@ -114,21 +115,25 @@ def _setting(read, problems, invalid=None):
 
 def main(argv=None) -> int:
   """Prints info() as JSON; exit status 1 when a setting does not parse (the ops would raise
-  on it at lowering), after naming it on stderr."""
+  on it at lowering) or a variable with the package's prefix is unknown (a misspelt switch,
+  at its default), after naming each on stderr."""
   import argparse
   parser = argparse.ArgumentParser(
       prog="python -m jax_flashoverlap.info", allow_abbrev=False,
       description="Prints, as JSON, what is installed (versions, the CUDA extension's build and "
                   "kernel build, NCCL, the GPUs), which path each op takes here and why, every "
                   "switch as parsed and the tuned-config files in effect. Exit status 1 when a "
-                  "setting does not parse (named on stderr). Takes no options.")
+                  "setting does not parse or a variable with the package's prefix is one "
+                  "nothing reads (named on stderr). Takes no options.")
   parser.parse_args(argv)  # --help; any other argument is an error, not silently ignored
   report = info()
   json.dump(report, sys.stdout, indent=2, default=str)
   sys.stdout.write("\n")
   for problem in report["invalid_settings"]:
     sys.stderr.write(f"jax_flashoverlap.info: invalid setting: {problem}\n")
-  return 1 if report["invalid_settings"] else 0
+  for problem in report["unknown_variables"]:
+    sys.stderr.write(f"jax_flashoverlap.info: {problem}\n")
+  return 1 if report["invalid_settings"] or report["unknown_variables"] else 0
 
 
 if __name__ == "__main__":

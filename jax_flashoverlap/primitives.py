@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_flashoverlap import _compat, _ext, comm, plan as plan_lib, plan_peer
+from jax_flashoverlap import _compat, _environment, _ext, comm, plan as plan_lib, plan_peer
 
 # --- reference compositions (also the CPU lowering) --------------------------------------
 
@@ -119,6 +119,7 @@ def check_switches() -> None:
   Tuned-config files are not switches: only their folder's variable is checked, and only
   while tuned plans are on (JAX_FLASHOVERLAP_TUNED=0 reads no config)."""
   from jax_flashoverlap import tuning
+  _environment.warn_unknown_variables()  # a misspelt name: its switch silently at its default
   readers = switch_readers()
   for read in readers.values():
     read()
