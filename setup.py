@@ -319,7 +319,7 @@ setup(
                 "(FlashOverlap) for JAX on NVIDIA GPUs",
     packages=find_packages(include=["jax_flashoverlap", "jax_flashoverlap.*"]),
     package_data={"jax_flashoverlap": ["configs/*.json"]},
-    python_requires=">=3.10",
+    python_requires=">=3.11",  # jax 0.10 (the floor below) and jaxlib need 3.11: no 3.10 wheels
     install_requires=["jax>=0.10", "numpy"],
     extras_require={
         "cuda12": ["jax[cuda12]", "nvidia-nccl-cu12", "nvidia-cutlass", "pybind11"],
