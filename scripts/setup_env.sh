@@ -22,6 +22,14 @@ if [ ! -x "$VENV/bin/python" ]; then
   fi
 fi
 PY="$VENV/bin/python"
+# jax 0.10 (the floor) and jaxlib need Python 3.11 or newer and have no wheels for older ones:
+# say so here rather than through pip's "no matching distribution found for jaxlib".
+py_version="$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+if [ "${py_version%%.*}" -lt 3 ] || { [ "${py_version%%.*}" -eq 3 ] && [ "${py_version#*.}" -lt 11 ]; }; then
+  echo "[setup_env] $VENV runs Python $py_version; jax_flashoverlap needs 3.11 or newer (as jax" \
+       "0.10 and jaxlib do): remove $VENV and run again with PYTHON=python3.11 (or newer)" >&2
+  exit 1
+fi
 
 have() { "$PY" -c "import $1" >/dev/null 2>&1; }
 pip_install() {

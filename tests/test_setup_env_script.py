@@ -29,7 +29,8 @@ if args[:1] == ["-c"]:
     print(site)
     sys.exit(0)
   env = dict(os.environ, PYTHONPATH=os.environ["FAKE_STUBS"])
-  sys.exit(subprocess.run([%(py)r, "-S", "-c", args[1]], env=env).returncode)
+  pre = os.environ.get("FAKE_VENV_PRE", "")  # e.g. another sys.version_info
+  sys.exit(subprocess.run([%(py)r, "-S", "-c", pre + args[1]], env=env).returncode)
 if args[:3] == ["-m", "pip", "install"]:
   pkgs = [a for a in args[3:] if not a.startswith("-") and a != ".whl"]
   if "--no-index" in args:
@@ -190,3 +191,15 @@ def test_an_existing_venv_is_reused(tmp_path):
   assert r.returncode == 0, (r.stdout, r.stderr)
   assert (repo / ".venv" / "site" / "jax_flashoverlap_checkout.pth").read_text() == f"{repo}\n"
   assert os.path.exists(log) and "base" not in log.read_text()
+
+
+def test_a_python_older_than_3_11_is_refused_before_anything_is_installed(tmp_path):
+  code, out, err, calls, _ = _setup(
+      tmp_path, FAKE_VENV_PRE="import sys; sys.version_info = (3, 10, 13)\n")
+  assert code == 1 and _pip(calls) == [], (out, err)
+  assert ("[setup_env] .venv runs Python 3.10; jax_flashoverlap needs 3.11 or newer (as jax 0.10 "
+          "and jaxlib do): remove .venv and run again with PYTHON=python3.11 (or newer)") in err
+  for version in ("(3, 11, 0)", "(3, 13, 0)", "(4, 0, 0)"):
+    code, out, err, calls, _ = _setup(tmp_path / version, have=ALL,
+                                      FAKE_VENV_PRE=f"import sys; sys.version_info = {version}\n")
+    assert code == 0, (version, out, err)
