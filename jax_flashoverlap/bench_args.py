@@ -32,7 +32,8 @@ def check_output_paths(parser, args) -> None:
   """--out (rewritten after every row) and --plot (drawn at the end) can be written, checked
   before any device work: a directory, a folder that cannot be made or written, or a plot
   format matplotlib cannot draw was a traceback after the first row's (or, for --plot, the
-  whole run's) measurements. A --plot without a suffix gets '.png' (matplotlib's default,
+  whole run's) measurements; so was a --plot without matplotlib installed (a note at the end,
+  exit 0). A --plot without a suffix gets '.png' (matplotlib's default,
   which it added without saying so); an --out stream (/dev/stdout, a FIFO: is_stream) is
   written through, so only it must be writable."""
   for option in ("--out", "--plot"):
@@ -73,12 +74,13 @@ def _plot_path(parser, path: str) -> str:
   suffix = os.path.splitext(path)[1][1:].lower()
   if os.path.isdir(path):  # not made into <dir>.png
     parser.error(f"--plot {os.path.abspath(path)}: cannot write there (a directory)")
-  if not suffix:
-    return path + ".png"
   try:
     from matplotlib.figure import Figure
-  except ImportError:  # no plot is drawn (the run says so): nothing to check
-    return path
+  except ImportError:  # refused now, not after the whole run's measurements (a note, exit 0)
+    parser.error(f"--plot {path}: drawing needs matplotlib, which is not installed here "
+                 "(pip install matplotlib), or leave --plot out")
+  if not suffix:
+    return path + ".png"
   formats = Figure().canvas.get_supported_filetypes()
   if suffix not in formats:
     parser.error(f"--plot {path}: matplotlib cannot write '.{suffix}' files; use one of "

@@ -24,6 +24,19 @@ def cli_bench_plot_unknown_format(t):
                    "1", "--calls", "1", "--plot", str(t.tmp_path / "p.xyz"))
 
 
+def cli_bench_plot_without_matplotlib(t):
+    # the whole run was measured, then "matplotlib is not installed: no plot" and exit 0
+    hidden = t.tmp_path / "no_matplotlib" / "matplotlib"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError('matplotlib hidden by the test')\n")
+    env = cli_env()
+    env["PYTHONPATH"] = str(hidden.parent) + os.pathsep + env["PYTHONPATH"]
+    return subprocess.run([sys.executable, "-m", "jax_flashoverlap.bench", "overlap", "--shapes",
+                           "64x64x64", "--samples", "1", "--calls", "1", "--plot",
+                           str(t.tmp_path / "p.png")], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
 def cli_bench_launcher_variables_partial(t):
     # a traceback from distributed.initialize (tune made it a usage error already)
     env = dict(cli_env(), JAX_FLASHOVERLAP_NUM_PROCESSES="2")

@@ -157,6 +157,10 @@ TOOL_ROWS = [
                                                       "'.xyz' files; use one of", ".png",
                                                       max_s=40),
                  id="cli-bench-plot-unknown-format"),
+    pytest.param(cli_bench_plot_without_matplotlib,
+                 exits(2, "--plot ", "drawing needs matplotlib, which is not installed here "
+                       "(pip install matplotlib), or leave --plot out", max_s=40),
+                 id="cli-bench-plot-without-matplotlib"),
     pytest.param(cli_bench_launcher_variables_partial, exits(2, "num_processes "
                                                              "(JAX_FLASHOVERLAP_NUM_PROCESSES) "
                                                              "given but not", "give all three"),
