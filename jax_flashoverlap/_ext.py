@@ -360,3 +360,10 @@ def check_cuda_path(target: str, *, gpu_present: bool | None = None,
                    "(XLA dot + collective)")
   register_targets()
   return True, "CUDA extension built: custom call " + target
+
+
+# At import, not first at a lowering: a process that runs a program it never lowered (an
+# executable from `jax.experimental.serialize_executable`) must find the handlers, to get
+# their own error ("no communicator ... lower the same function in this process first")
+# instead of XLA's "No FFI handler registered". Registering initializes no backend.
+register_targets()
