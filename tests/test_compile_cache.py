@@ -61,3 +61,22 @@ def test_global_views_miss_the_persistent_cache_across_processes(tmp_path):
     second = _child("cache_global", tmp_path)
     assert (first["misses"], second["misses"], second["hits"]) == (1, 1, 0), (first, second)
     assert second["finite"] and second["rel_err"] < 1e-2, second
+
+
+def test_importing_the_package_registers_the_handlers_and_starts_no_backend():
+    """A process that runs a program it never lowered (a serialized executable) must find our
+    FFI handlers: before, they were registered at the first lowering only, and such a process
+    got XLA's "No FFI handler registered for flashoverlap_gemm_all_reduce" (H100, session 42).
+    Registering at import must not start a backend (XLA_FLAGS set after the import still count)."""
+    import pytest
+    from jax_flashoverlap import _ext
+    if not _ext.HAS_CUDA_EXT:
+        pytest.skip(f"the CUDA extension is not built here ({_ext.EXT_IMPORT_ERROR})")
+    code = ("import json, jax_flashoverlap\n"
+            "from jax_flashoverlap import _ext\n"
+            "from jax._src import xla_bridge\n"
+            "print(json.dumps([_ext._registered, bool(xla_bridge._backends)]))\n")
+    r = subprocess.run([sys.executable, "-c", code], env=repo_env(JAX_PLATFORMS="cpu"),
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == [True, False]
