@@ -2,8 +2,9 @@
 
 Each switch validates its own value (a value it does not take is an error naming it), but a
 misspelt *name* (the watchdog's variable without its `_S`, FALBACK for FALLBACK) would leave
-the switch at its default without a word: a watchdog the user believes on, a hang. So every lowering warns once per process about each such name, naming the closest
-real one, and `python -m jax_flashoverlap.info` lists them (and exits 1).
+the switch at its default without a word: a watchdog the user believes on, a hang. So every
+lowering warns once per process about each such name, naming the closest real one, and
+`python -m jax_flashoverlap.info` lists them (and exits 1).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import warnings
 PREFIXES = ("JAX_FLASHOVERLAP_", "FLASHOVERLAP_")
 
 # Every variable with those prefixes that the package, its build (setup.py), its scripts or its
-# C++ read (tests/test_docs.py checks this list against the sources).
+# C++ read (tests/test_environment.py checks this list against the sources, with the scanner
+# of tests/test_docs.py).
 KNOWN = frozenset({
     # Python, at lowering or setup
     "JAX_FLASHOVERLAP_FORCE_REFERENCE", "JAX_FLASHOVERLAP_FALLBACK",

@@ -105,7 +105,7 @@ def _load(workdir):
 
 
 def load(workdir):
-    import jax_flashoverlap  # noqa: F401  (a user of our ops has; its import registers the handlers)
+    import jax_flashoverlap  # noqa: F401  (as a user of our ops has: registers the handlers)
     loaded, x, w, _ = _load(workdir)
     try:
         y = np.asarray(loaded()(x, w))
