@@ -43,17 +43,21 @@ class UnknownVariableWarning(UserWarning):
   """An environment variable with the project's prefix that nothing reads (a misspelt switch)."""
 
 
+def _unknown_names(environ=None) -> list[str]:
+  environ = os.environ if environ is None else environ
+  return sorted(n for n in environ if n.startswith(PREFIXES) and n not in KNOWN)
+
+
+def _message(name: str) -> str:
+  close = closest_known(name)
+  hint = f"did you mean {close}? " if close else ""
+  return (f"environment variable {name} is not one jax_flashoverlap reads ({hint}"
+          "it has no effect; README.md and docs/ document every variable)")
+
+
 def unknown_variables(environ=None) -> list[str]:
   """Messages for each set variable with a project prefix that is not a known one."""
-  environ = os.environ if environ is None else environ
-  messages = []
-  for name in sorted(environ):
-    if name.startswith(PREFIXES) and name not in KNOWN:
-      close = closest_known(name)
-      hint = f"did you mean {close}? " if close else ""
-      messages.append(f"environment variable {name} is not one jax_flashoverlap reads ({hint}"
-                      "it has no effect; README.md and docs/ document every variable)")
-  return messages
+  return [_message(name) for name in _unknown_names(environ)]
 
 
 def _suffix(name: str) -> str:
@@ -75,10 +79,10 @@ _lock = threading.Lock()
 
 
 def warn_unknown_variables() -> None:
-  """One UnknownVariableWarning per such variable per process (called at every lowering)."""
-  messages = unknown_variables()
+  """One UnknownVariableWarning per such variable per process (called at every lowering: a
+  name warned about already costs no closest-name search)."""
   with _lock:
-    new = [m for m in messages if m not in _warned]
+    new = [name for name in _unknown_names() if name not in _warned]
     _warned.update(new)
-  for message in new:
-    warnings.warn(f"jax_flashoverlap: {message}", UnknownVariableWarning, stacklevel=3)
+  for name in new:
+    warnings.warn(f"jax_flashoverlap: {_message(name)}", UnknownVariableWarning, stacklevel=3)
