@@ -8,3 +8,9 @@ def simulate_cpu_devices_without_gpu(count: int = 8) -> None:
   flags = os.environ.get("XLA_FLAGS", "")
   if not os.path.exists("/dev/nvidia0") and "xla_force_host_platform_device_count" not in flags:
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
+
+
+def round_up(value: int, multiple: int) -> int:
+  """value rounded up to a multiple of multiple: the examples' default sizes made to split
+  over any device count (3 or 6 GPUs too), where a size the user gave is checked instead."""
+  return -(-value // multiple) * multiple

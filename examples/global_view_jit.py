@@ -58,9 +58,11 @@ def rel_err(out, ref):
 def main():
   gpu = jax.default_backend() == "gpu"
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--m", type=int, default=8192 if gpu else 256, help="rows (tokens)")
+  ap.add_argument("--m", type=int, default=None, help="rows (tokens; default: 8192 on GPUs, "
+                  "256 on CPU, rounded up to a multiple of the devices)")
   ap.add_argument("--d", type=int, default=4096 if gpu else 128, help="model dim")
-  ap.add_argument("--f", type=int, default=14336 if gpu else 512, help="hidden dim")
+  ap.add_argument("--f", type=int, default=None, help="hidden dim (default: 14336 on GPUs, "
+                  "512 on CPU, rounded up to split into multiples of 8 over tp)")
   ap.add_argument("--dp", type=int, default=0, help="size of 'dp' (default: 2 if >= 4 devices)")
   ap.add_argument("--reduce", choices=("all_reduce", "reduce_scatter"), default="all_reduce")
   ap.add_argument("--iters", type=int, default=20 if gpu else 3)
@@ -72,6 +74,10 @@ def main():
              f"dp x tp over all of them), got {args.dp}")
   dp = args.dp or (2 if len(devices) >= 4 and len(devices) % 2 == 0 else 1)
   tp = len(devices) // dp
+  if args.m is None:  # a multiple of dp * tp: reduce_scatter and the sequence-parallel part
+    args.m = _devices.round_up(8192 if gpu else 256, dp * tp)
+  if args.f is None:
+    args.f = _devices.round_up(14336 if gpu else 512, 8 * tp)
   rows = args.m // dp if args.reduce == "all_reduce" else args.m // (dp * tp)
   if min(args.m, args.d, args.f, args.iters) < 1:  # --iters 0 printed times of nothing
     ap.error("--m, --d, --f and --iters must be at least 1")

@@ -39,13 +39,17 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--m", type=int, default=4096 if gpu else 256)
   parser.add_argument("--n", type=int, default=8192 if gpu else 512)
-  parser.add_argument("--k", type=int, default=8192 if gpu else 1024, help="global K")
+  parser.add_argument("--k", type=int, default=None,
+                      help="global K (default: 8192 on GPUs, 1024 on CPU, rounded up to split "
+                      "into multiples of 8 over the devices)")
   parser.add_argument("--iters", type=int, default=20 if gpu else 3)
   args = parser.parse_args()
 
   devices = jax.devices()
   mesh = Mesh(np.array(devices), ("tp",))
   n_dev = len(devices)
+  if args.k is None:
+    args.k = _devices.round_up(8192 if gpu else 1024, 8 * n_dev)
   if min(args.m, args.n, args.k, args.iters) < 1:
     parser.error("--m, --n, --k and --iters must be at least 1")
   if args.n % 8 or args.k % n_dev or (args.k // n_dev) % 8:

@@ -175,6 +175,14 @@ def make_step(graphdef, specs, mesh, tx, params, opt_state, sequence_parallel=Fa
   return jax.jit(step, out_shardings=(shardings(params), shardings(opt_state), None))
 
 
+def fits(args, tp):
+  """Whether the model's sizes split over tp devices: whole heads per device, an even head
+  dim (rope) and dim / tp, ffn / tp multiples of 8 (the ops' alignment)."""
+  return not (args.heads % tp or args.dim % args.heads or (args.dim // args.heads) % 2 or
+              args.dim % tp or args.ffn % tp or (args.dim // tp) % 8 or (args.ffn // tp) % 8
+              or (args.sequence_parallel and args.seq % tp))
+
+
 def main():
   gpu = jax.default_backend() == "gpu"
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -188,7 +196,8 @@ def main():
   # Small enough that training is stable at the GPU sizes: then the two models' losses (equal
   # up to bf16 summation order in the backward) stay comparable step after step.
   ap.add_argument("--lr", type=float, default=1e-4 if gpu else 1e-3)
-  ap.add_argument("--tp", type=int, default=0, help="devices on the 'tp' axis (default: all)")
+  ap.add_argument("--tp", type=int, default=0,
+                  help="devices on the 'tp' axis (default: all, or the most the sizes split over)")
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--rtol", type=float, default=2e-2, help="allowed relative loss difference")
   ap.add_argument("--overlap-backward", action="store_true",
@@ -218,16 +227,21 @@ def main():
                     not os.path.isdir(os.path.dirname(os.path.abspath(args.json)))):
     ap.error(f"--json {args.json}: not a file in an existing folder (checked before "
              "training, not after it)")
-  devices = jax.devices()[:args.tp or None]
-  tp = len(devices)
-  mesh = Mesh(np.array(devices), (AXIS,))
-  if args.heads % tp or args.dim % args.heads or (args.dim // args.heads) % 2 or \
-      args.ffn % tp or (args.dim // tp) % 8 or (args.ffn // tp) % 8:
+  tp = args.tp or len(jax.devices())
+  if not args.tp and not fits(args, tp):  # e.g. 8 heads over 3 GPUs: the largest tp that fits
+    tp = max((t for t in range(1, tp) if fits(args, t)), default=tp)
+    if tp < len(jax.devices()):
+      print(f"note: tp={tp} of the {len(jax.devices())} devices (heads={args.heads}, "
+            f"dim={args.dim}, ffn={args.ffn} do not split over {len(jax.devices())}; "
+            "--tp chooses)")
+  if args.sequence_parallel and args.seq % tp:
+    raise SystemExit(f"--sequence-parallel needs seq % tp == 0 (seq={args.seq}, tp={tp})")
+  if not fits(args, tp):
     raise SystemExit(f"need heads % tp == 0, dim % heads == 0, an even head dim (rope) and "
                      f"dim/tp, ffn/tp whole multiples of 8 (tp={tp}, dim={args.dim}, "
                      f"heads={args.heads}, ffn={args.ffn})")
-  if args.sequence_parallel and args.seq % tp:
-    raise SystemExit(f"--sequence-parallel needs seq % tp == 0 (seq={args.seq}, tp={tp})")
+  devices = jax.devices()[:tp]
+  mesh = Mesh(np.array(devices), (AXIS,))
   print(f"backend={jax.default_backend()} tp={tp} layers={args.layers} batch={args.batch} "
         f"seq={args.seq} dim={args.dim} heads={args.heads} ffn={args.ffn} dtype=bfloat16 "
         f"optimizer={'adamw' if optax else 'sgd'}"

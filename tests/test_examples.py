@@ -12,12 +12,17 @@ from _util import repo_env
 from jax_flashoverlap import bench_record
 
 ROOT = Path(__file__).resolve().parent.parent
+BLOCK_SIZES = ("--layers", "1", "--batch", "2", "--seq", "16", "--dim", "64", "--heads", "8",
+               "--ffn", "128")
 
 
-def run_example(name, *args, timeout=240, folder="examples"):
+def run_example(name, *args, timeout=240, folder="examples", devices=None):
   env = repo_env()
   flags = env.get("XLA_FLAGS", "")
-  if "xla_force_host_platform_device_count" not in flags:
+  if devices:  # replaces a count already set
+    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", flags)
+    flags += f" --xla_force_host_platform_device_count={devices}"
+  elif "xla_force_host_platform_device_count" not in flags:
     flags += " --xla_force_host_platform_device_count=8"
   # Tiny programs: XLA:CPU's optimisation passes would be most of the run time.
   env["XLA_FLAGS"] = (flags + " --xla_backend_optimization_level=0").strip()
@@ -45,6 +50,21 @@ def test_quickstart():
   # On CPU the op is the reference composition, and the path line says so (GPU: test_gpu_examples).
   assert "path: XLA's dot + psum: no GPU" in out, out
   assert "no custom call here" in out, out
+
+
+@pytest.mark.parametrize("name,devices,args,expect", [
+    ("quickstart.py", 3, ("--m", "32", "--iters", "1"), "N=512 K=1032 "),
+    ("global_view_jit.py", 6, ("--d", "32", "--iters", "1"), "dp=2 x tp=3  M=258 D=32 F=528 "),
+    ("tp_transformer_block.py", 3, ("--steps", "2", *BLOCK_SIZES),
+     "note: tp=2 of the 3 devices (heads=8, dim=64, ffn=128 do not split over 3; --tp chooses)"),
+])
+def test_default_sizes_fit_any_device_count(name, devices, args, expect):
+  """On 3 or 6 devices the examples' defaults (K, M, F, the transformer's tp) are made to fit
+  instead of the run stopping at a divisibility error about sizes the user never gave."""
+  if name == "global_view_jit.py" or name == "tp_transformer_block.py":
+    pytest.importorskip("flax")
+  out = run_example(name, *args, devices=devices)
+  assert expect in out, out
 
 
 def test_program_path_reasons(monkeypatch):
@@ -106,10 +126,6 @@ def test_tp_block_pair_programs_return_the_same_outputs(monkeypatch):
       assert a.shape == b.shape
       np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
                                  rtol=2e-2, atol=2e-2)
-
-
-BLOCK_SIZES = ("--layers", "1", "--batch", "2", "--seq", "16", "--dim", "64", "--heads", "8",
-               "--ffn", "128")
 
 
 @pytest.fixture(scope="module")
@@ -212,7 +228,7 @@ def test_global_view_jit(reduce, spec):
     ("quickstart.py", ("--k", "32"), 2, "--k split over the 8 devices a multiple of 8"),
     ("quickstart.py", ("--iters", "0"), 2, "--m, --n, --k and --iters must be at least 1"),
     ("tp_transformer_block.py", ("--layers", "0"), 2, "--ffn and --layers must be at least 1"),
-    ("tp_transformer_block.py", ("--sequence-parallel", "--seq", "12"), 1,
+    ("tp_transformer_block.py", ("--sequence-parallel", "--seq", "12", "--tp", "8"), 1,
      "--sequence-parallel needs seq % tp == 0"),
     # reduce_scatter scatters the rows over dp * tp = 8: 20 rows do not split
     ("global_view_jit.py", ("--m", "20", "--reduce", "reduce_scatter"), 2,
