@@ -6,7 +6,7 @@
 # "gemm_test gemm_test@FLASHOVERLAP_GEMM_SCHEDULE=pingpong" (one binary, two kernels).
 # (binaries under .build/; `gemm_test profile` launches the kernel 5 times, the 3rd is read)
 set -u
-: "${OUT:?set OUT (the results go to \$OUT/ab)}"
+[ -n "${OUT:-}" ] || { echo "usage: [SHAPES=...] [BINS=...] OUT=dir bash benchmarks/ncu_ab.sh (set OUT: the results go to \$OUT/ab)" >&2; exit 2; }
 SHAPES="${SHAPES:-8192x8192x4096:0 8192x8192x4096:16 8192x28672x4096:0 4096x8192x4096:0}"
 command -v ncu >/dev/null || { echo "needs Nsight Compute's ncu on PATH" >&2; exit 2; }
 for b in ${BINS:-gemm_test_base gemm_test}; do  # every binary there before anything runs

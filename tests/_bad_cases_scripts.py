@@ -167,6 +167,11 @@ def cli_profile_gemms_without_arguments(t):
     return _bash("benchmarks/profile_gemms.sh")
 
 
+def cli_ncu_ab_without_out(t):
+    # bash's "OUT: set OUT ..." with exit 1, unlike the script's other usage errors (2)
+    return _bash("benchmarks/ncu_ab.sh", OUT="")
+
+
 def cli_ncu_ab_without_ncu(t):
     # printed 16 empty result rows and exited 0
     return _bash("benchmarks/ncu_ab.sh", OUT=str(t.tmp_path), PATH=str(t.tmp_path))  # no ncu

@@ -214,6 +214,9 @@ TOOL_ROWS = [
                  id="cli-profile-gemms-without-arguments"),
     pytest.param(cli_ncu_ab_without_ncu, exits(2, "needs Nsight Compute's ncu on PATH"),
                  id="cli-ncu-ab-without-ncu"),
+    pytest.param(cli_ncu_ab_without_out, exits(2, "usage: ", "OUT=dir bash benchmarks/ncu_ab.sh",
+                                               "set OUT"),
+                 id="cli-ncu-ab-without-out"),
     # --- several processes ---
     pytest.param(dist_plan_mismatch_two_processes, exits(0, "process 0: DistributedMismatchError",
                                                          "the group plan differs between "
