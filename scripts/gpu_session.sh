@@ -9,7 +9,7 @@
 #     (default: build info tests)
 # Carry: .whl (nvidia-cutlass wheel; the machine has no index) and build/obj (object cache).
 # Environment it reads: OUT (logs; default /tmp/fo_out), TAG (result names; default h200xN),
-# STEP_TIMEOUT (seconds per step; 400, the pytest steps 560), GPU_PART (1..3, gpu_part),
+# STEP_TIMEOUT (seconds per step; 400, the pytest steps 560), GPU_PART (1..4, gpu_part),
 # GPU_FILES / GPU_FILES_SUFFIX (gpu_files), PYTEST_K (gpu_k), and extra arguments per step:
 # TUNE_ARGS, OVERLAP_ARGS, SWEEP_ARGS, PROCS_ARGS, STRESS_ARGS, FLAX_ARGS / FLAX_SUFFIX,
 # TW_ARGS (transpose_w), FUZZ_SECONDS (240), HARNESS_SAN_OPS (sanitize_harness),
@@ -19,13 +19,15 @@ OUT="${OUT:-/tmp/fo_out}"; mkdir -p "$OUT" && OUT="$(cd "$OUT" && pwd)"  # a rel
 cd "$(dirname "$0")/.."
 source scripts/_gpus.sh
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-# The GPU tests in three parts (step gpu_part, GPU_PART=1..3): the whole suite outgrew one
+# The GPU tests in four parts (step gpu_part, GPU_PART=1..4): the whole suite outgrew one
 # device call (over 440 s on one GPU; in session 30, 85 of its 168 tests skipped there). Every
-# tests/test_gpu*.py is in exactly one part (tests/test_session_script.py checks).
+# tests/test_gpu*.py is in exactly one part (tests/test_session_script.py checks). Part 4 (session
+# 43): the cache and determinism files' child processes took part 2 past 260 s on one H100.
 GPU_PARTS=(
   "tests/test_gpu_build.py tests/test_gpu.py tests/test_gpu_mesh.py tests/test_gpu_global_view.py tests/test_gpu_examples.py tests/test_gpu_large.py tests/test_gpu_in_place.py tests/test_gpu_switch_checks.py"
-  "tests/test_gpu_a2a.py tests/test_gpu_gathered.py tests/test_gpu_transpose_w.py tests/test_gpu_cta_policy.py tests/test_gpu_trace.py tests/test_gpu_cache.py tests/test_gpu_determinism.py"
+  "tests/test_gpu_a2a.py tests/test_gpu_gathered.py tests/test_gpu_transpose_w.py tests/test_gpu_cta_policy.py tests/test_gpu_trace.py"
   "tests/test_gpu_peer.py tests/test_gpu_faults.py tests/test_gpu_watchdog.py tests/test_gpu_threads.py tests/test_gpu_harness.py tests/test_gpu_fuzz.py"
+  "tests/test_gpu_cache.py tests/test_gpu_determinism.py"
 )
 steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(build info tests)
 KNOWN_STEPS=" build info tests gpu_tests gpu_k gpu_part gpu_files mesh_tests gemm_bench
@@ -37,8 +39,8 @@ for step in "${steps[@]}"; do  # arguments checked before any setup (and before 
   if [[ ! " $(echo $KNOWN_STEPS) " == *" $step "* ]]; then
     echo "unknown step $step; the steps:$(echo $KNOWN_STEPS | sed 's/^/ /')"; exit 2
   fi
-  if [[ "$step" == gpu_part && ! "${GPU_PART:-}" =~ ^[1-3]$ ]]; then
-    echo "gpu_part: set GPU_PART=1, 2 or 3"; exit 2
+  if [[ "$step" == gpu_part && ! "${GPU_PART:-}" =~ ^[1-4]$ ]]; then
+    echo "gpu_part: set GPU_PART=1, 2, 3 or 4"; exit 2
   fi
   if [[ "$step" == gpu_k && -z "${PYTEST_K:-}" ]]; then echo "gpu_k: set PYTEST_K"; exit 2; fi
   if [[ "$step" == gpu_files && -z "${GPU_FILES:-}" ]]; then echo "gpu_files: set GPU_FILES"; exit 2; fi
@@ -75,7 +77,7 @@ for step in "${steps[@]}"; do
     gpu_tests)  # over 440 s on one H200 (168 tests in session 30): gpu_part runs it in parts
       STEP_TIMEOUT="${STEP_TIMEOUT:-560}" gpu_pytest gpu_tests tests ;;
     gpu_k) gpu_pytest gpu_k -k "${PYTEST_K:?set PYTEST_K}" tests ;;
-    gpu_part)  # part GPU_PART (1..3, checked above) of GPU_PARTS
+    gpu_part)  # part GPU_PART (1..4, checked above) of GPU_PARTS
       STEP_TIMEOUT="${STEP_TIMEOUT:-560}" gpu_pytest "gpu_part$GPU_PART" ${GPU_PARTS[$((GPU_PART - 1))]} ;;
     gpu_files)  # the GPU tests of some files (GPU_FILES): the whole suite outgrows one call on 2+ GPUs
       STEP_TIMEOUT="${STEP_TIMEOUT:-560}" gpu_pytest "gpu_files${GPU_FILES_SUFFIX:-}" ${GPU_FILES:?set GPU_FILES} ;;

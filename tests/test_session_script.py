@@ -1,4 +1,4 @@
-"""scripts/gpu_session.sh runs the GPU tests in three parts (step gpu_part): every
+"""scripts/gpu_session.sh runs the GPU tests in four parts (step gpu_part): every
 tests/test_gpu*.py file must be in exactly one, or a new file's tests would never run on the
 GPU machine. Read from the script itself (bash expands its GPU_PARTS array)."""
 import pathlib
@@ -18,7 +18,7 @@ def _parts():
 
 def test_every_gpu_test_file_is_in_exactly_one_part():
     parts = _parts()
-    assert len(parts) == 3 and all(parts)
+    assert len(parts) == 4 and all(parts)
     listed = [f for part in parts for f in part]
     assert len(listed) == len(set(listed)), "a file in two parts"
     on_disk = sorted(f"tests/{p.name}" for p in (ROOT / "tests").glob("test_gpu*.py"))
@@ -26,11 +26,11 @@ def test_every_gpu_test_file_is_in_exactly_one_part():
 
 
 def test_gpu_part_refuses_a_part_it_does_not_have(tmp_path):
-    for part in ("4", "0", "12", ""):  # 0 was GPU_PARTS[-1]: part 3 under another name
+    for part in ("5", "0", "12", ""):  # 0 was GPU_PARTS[-1]: the last part under another name
         r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_session.sh"), "gpu_part"],
                            env={"PATH": "/usr/bin:/bin", "GPU_PART": part, "OUT": str(tmp_path)},
                            capture_output=True, text=True, timeout=60, cwd=ROOT)
-        assert r.returncode == 2 and "gpu_part: set GPU_PART=1, 2 or 3" in r.stdout, part
+        assert r.returncode == 2 and "gpu_part: set GPU_PART=1, 2, 3 or 4" in r.stdout, part
 
 
 def _session(tmp_path, *steps, **env):
