@@ -51,8 +51,11 @@ def row_parallel_matmul(x, w, reduce: str = "all_reduce", axis_name=None, *,
   sequence_dim = _validation.check_sequence_dim(op, sequence_dim, len(x.shape))
   check_not_in_shard_map(op, f"matmul_{reduce}")
   check_global_axis_name(op, axis_name)
-  if axis_name is not None:  # a mesh in context gives its size: the error at trace time
+  if axis_name is not None:  # a mesh in context gives its size: the errors at trace time
     check_scatter_size(op, x.shape, reduce, sequence_dim, axis_name, mesh_axis_size(axis_name))
+    if mesh_axis_size(axis_name) and not _validation.has_no_rows(x):  # K is split over it
+      check_per_device_dim(op, "K", "last dim of x", x.shape[-1],
+                           jax.sharding.get_abstract_mesh(), axis_name)
   call = lambda x, w: _row_parallel_ad(x, w, reduce, axis_name, sequence_dim, transpose_w)
   if _validation.has_no_rows(x):  # nothing to overlap: XLA's dot, partitioned as XLA does
     call = lambda x, w: prims.dot(x, w, transpose_w)  # noqa: E731

@@ -237,6 +237,21 @@ def test_row_parallel_matmul_scatter_size_is_checked_at_trace_time():
           jnp.ones((12, 64), BF16), jnp.ones((64, 32), BF16))
 
 
+@pytest.mark.parametrize("reduce", ["all_reduce", "reduce_scatter"])
+def test_row_parallel_matmul_k_per_device_is_checked_at_trace_time(reduce):
+  """K split over the named axis of the mesh in context must be a multiple of 8 per device: a
+  ValueError at trace time (without a mesh in context, the partitioner's, inside XLA's
+  JaxRuntimeError at compile time)."""
+  from jax_flashoverlap import row_parallel_matmul
+  fn = jax.jit(lambda x, w: row_parallel_matmul(x, w, reduce, "tp"))
+  with jax.set_mesh(_auto_mesh((2, 4), ("dp", "tp"))):
+    with pytest.raises(ValueError, match=r"row_parallel_matmul: K=48 \(last dim of x\) sharded "
+                                         r"over 'tp' \(size 4\) is K=12 per device"):
+      fn.trace(jnp.ones((16, 48), BF16), jnp.ones((48, 32), BF16))
+    fn.trace(jnp.ones((16, 64), BF16), jnp.ones((64, 32), BF16))  # 16 per device: fine
+    fn.trace(jnp.ones((0, 48), BF16), jnp.ones((48, 32), BF16))  # no rows: XLA's dot, any K
+
+
 def test_rank1_x_cannot_be_scattered():
   mesh = make_mesh_1d(8)
   layer = RowParallelLinear(64, 64, reduce="reduce_scatter", rngs=nnx.Rngs(0))
