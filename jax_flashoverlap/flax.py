@@ -545,7 +545,20 @@ def _unbox(cfg: _Config, value):
   # axis is an error), so the box is only dropped.
   if cfg.local_view() and isinstance(value, nn.Partitioned):
     return value.unbox(apply_constraint=False)
+  if isinstance(value, nn.Partitioned) and _all_axes_explicit():
+    # There flax's constraint is an assert that the value already has the spec, and a value
+    # fresh from the initializer (init under the mesh) has none: reshard it to the spec.
+    spec = (nn.logical_to_mesh_axes(value.names, value.rules)
+            if isinstance(value, nn.LogicallyPartitioned) else P(*value.names))
+    return jax.sharding.reshard(value.unbox(apply_constraint=False), spec)
   return nn.meta.unbox(value)
+
+
+def _all_axes_explicit() -> bool:
+  """Whether the mesh in context has only Explicit axes (with_sharding_constraint asserts)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  types = getattr(mesh, "axis_types", ()) if not getattr(mesh, "empty", True) else ()
+  return bool(types) and all(t == jax.sharding.AxisType.Explicit for t in types)
 
 
 class RowParallelDense(_LinenParallel):

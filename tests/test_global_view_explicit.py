@@ -103,6 +103,40 @@ def test_the_flax_layers_on_an_explicit_mesh(mesh):
   assert _rel(y, ref + _f32(row.bias[...])) < 2e-2
 
 
+@pytest.mark.parametrize("logical", [False, True])
+def test_the_linen_layers_init_and_apply_on_an_explicit_mesh(mesh, logical):
+  """Linen's param boxes constrain each param to its spec when unboxed, and on Explicit axes
+  with_sharding_constraint is an assert: a param fresh from its initializer (init under the
+  mesh) failed it (`nn.Dense` with `nn.with_partitioning` still does). The layers reshard
+  there instead: init, apply and grads run, values against float32."""
+  import flax.linen as nn
+  from jax_flashoverlap.flax import ColumnParallelDense, RowParallelDense
+  axes = ({"kernel_axes": ("embed", "mlp")}, {"kernel_axes": ("mlp", "embed")}) if logical \
+      else ({}, {})
+  rules = (("embed", None), ("mlp", "tp"), ("batch", "dp"))
+
+  class MLP(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      h = ColumnParallelDense(128, param_dtype=jnp.bfloat16, **axes[0])(x)
+      return RowParallelDense(64, param_dtype=jnp.bfloat16, **axes[1])(h)
+
+  with jax.sharding.set_mesh(mesh), nn.logical_axis_rules(rules):
+    x = _put(mesh, (8, 64), P("dp", None), 9)
+    variables = jax.jit(MLP().init)(jax.random.key(0), x)
+    y = jax.jit(MLP().apply)(variables, x)
+    grads = jax.jit(jax.grad(lambda v, x: MLP().apply(v, x).astype(jnp.float32).sum()))(
+        variables, x)
+  assert jax.typeof(y).sharding.spec == P("dp", None)
+  params = nn.unbox(variables)["params"]
+  col, row = params["ColumnParallelDense_0"], params["RowParallelDense_0"]
+  h = _f32(x) @ _f32(col["kernel"]) + _f32(col["bias"])
+  ref = _f32(np.asarray(h, np.float32).astype(jnp.bfloat16)) @ _f32(row["kernel"])
+  assert _rel(y, ref + _f32(row["bias"])) < 2e-2
+  g = nn.unbox(grads)["params"]["RowParallelDense_0"]["bias"]
+  np.testing.assert_allclose(_f32(g), np.full(64, 8.0), rtol=1e-2)  # d(sum y)/d bias = rows
+
+
 def test_inputs_on_no_mesh_with_axis_name_get_an_error_saying_so():
   """Uncommitted inputs (arrays fresh from init) under jax.set_mesh: JAX hands the
   partitioner an empty mesh, so a named axis names nothing. The error said "axis_name 'tp' is
