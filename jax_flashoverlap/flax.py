@@ -70,6 +70,7 @@ from flax import nnx
 from flax.core import spmd as _flax_spmd
 
 from jax_flashoverlap import _compat, _validation, ops, sharding, sharding_column
+from jax_flashoverlap._flax_refusals import refuse_linear_only
 from jax_flashoverlap.layer_backward import column_matmul as _column_matmul
 from jax_flashoverlap.layer_backward import row_scatter_matmul as _row_scatter_matmul
 from jax_flashoverlap.layer_backward import sequence_parallel_matmul as _sequence_parallel_matmul
@@ -398,8 +399,9 @@ class _NNXParallel(nnx.Module):
                param_dtype=jnp.float32, kernel_init=_default_kernel_init,
                bias_init=_default_bias_init, mesh=None, overlap_backward: bool = False,
                sequence_parallel: bool = False, sequence_dim: int = 0, kernel_axes=None,
-               sharding_rules=(), rngs: nnx.Rngs):
+               sharding_rules=(), rngs: nnx.Rngs, **linear_only):
     layer = type(self).__name__
+    refuse_linear_only(layer, linear_only)
     if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
       # was an AttributeError ('str' object has no attribute 'shape'), or for an AbstractMesh
       # JAX's TypeError about the params' device_put
@@ -502,11 +504,18 @@ class _LinenParallel(nn.Module):
   sequence_parallel: bool = False  # column layer only: see ColumnParallelLinear
   sequence_dim: int = 0  # column with sequence_parallel, row with reduce_scatter: see there
   kernel_axes: tp.Any = None  # logical names of the kernel's (in, out) dims
+  # nn.Dense's, refused when set (_flax_refusals says why)
+  precision: tp.Any = None
+  dot_general: tp.Any = None
+  dot_general_cls: tp.Any = None
+  promote_dtype: tp.Any = None
   _row: tp.ClassVar[bool] = True
 
   @nn.compact
   def __call__(self, x):
     layer = type(self).__name__
+    refuse_linear_only(layer, {n: getattr(self, n) for n in
+                               ("precision", "dot_general", "dot_general_cls", "promote_dtype")})
     axis_name = _resolve_logical(layer, self._row, self.kernel_axes, self.axis_name,
                                  nnx_layer=False)
     cfg = _Config(layer, self._row, None, self.features, axis_name, self.reduce, self.dtype,

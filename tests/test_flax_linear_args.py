@@ -1,0 +1,40 @@
+"""Arguments of nnx.Linear / nn.Dense that the tensor-parallel layers do not take (a user
+swapping a layer in passes them): each is a TypeError saying why and to drop it, where it
+was Python's bare "unexpected keyword argument" (NNX) or a dataclass error (linen). Their
+default, None, is accepted; any other unknown keyword keeps Python's message."""
+import jax
+import jax.numpy as jnp
+import pytest
+
+nnx = pytest.importorskip("flax.nnx")
+nn = pytest.importorskip("flax.linen")
+from jax_flashoverlap import flax as fl  # noqa: E402
+from jax_flashoverlap._flax_refusals import LINEAR_ONLY  # noqa: E402
+
+
+@pytest.mark.parametrize("layer", ["RowParallelLinear", "ColumnParallelLinear"])
+@pytest.mark.parametrize("name", sorted(LINEAR_ONLY))
+def test_nnx_layers_refuse_nnx_linear_arguments_saying_why(layer, name):
+  value = jax.lax.Precision.HIGHEST if name == "precision" else object()
+  with pytest.raises(TypeError, match=rf"^{layer}: {name}= is an argument of nnx.Linear / "
+                                      rf"nn.Dense that this layer does not take: .+; drop it$"):
+    getattr(fl, layer)(64, 64, rngs=nnx.Rngs(0), **{name: value})
+  getattr(fl, layer)(64, 64, rngs=nnx.Rngs(0), **{name: None})  # the default: accepted
+
+
+def test_nnx_unknown_keyword_keeps_pythons_message():
+  with pytest.raises(TypeError, match=r"^RowParallelLinear.__init__\(\) got an unexpected "
+                                      r"keyword argument 'out_feature'$"):
+    fl.RowParallelLinear(64, 64, rngs=nnx.Rngs(0), out_feature=64)
+
+
+@pytest.mark.parametrize("layer", ["RowParallelDense", "ColumnParallelDense"])
+@pytest.mark.parametrize("name", ["precision", "dot_general", "dot_general_cls",
+                                  "promote_dtype"])
+def test_linen_layers_refuse_nn_dense_arguments_saying_why(layer, name):
+  x = jnp.ones((8, 64), jnp.bfloat16)
+  with pytest.raises(TypeError, match=rf"^{layer}: {name}= is an argument of nnx.Linear / "
+                                      r"nn.Dense that this layer does not take"):
+    getattr(fl, layer)(64, **{name: "highest"}).init(jax.random.key(0), x)
+  variables = getattr(fl, layer)(64, **{name: None}).init(jax.random.key(0), x)
+  assert nn.unbox(variables)["params"]["kernel"].shape == (64, 64)
