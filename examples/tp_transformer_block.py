@@ -227,13 +227,13 @@ def main():
                     not os.path.isdir(os.path.dirname(os.path.abspath(args.json)))):
     ap.error(f"--json {args.json}: not a file in an existing folder (checked before "
              "training, not after it)")
-  tp = args.tp or len(jax.devices())
+  n_devices = len(jax.devices())
+  tp = args.tp or n_devices
   if not args.tp and not fits(args, tp):  # e.g. 8 heads over 3 GPUs: the largest tp that fits
     tp = max((t for t in range(1, tp) if fits(args, t)), default=tp)
-    if tp < len(jax.devices()):
-      print(f"note: tp={tp} of the {len(jax.devices())} devices (heads={args.heads}, "
-            f"dim={args.dim}, ffn={args.ffn} do not split over {len(jax.devices())}; "
-            "--tp chooses)")
+    if tp < n_devices:
+      print(f"note: tp={tp} of the {n_devices} devices (heads={args.heads}, dim={args.dim}, "
+            f"ffn={args.ffn} do not split over {n_devices}; --tp chooses)")
   if args.sequence_parallel and args.seq % tp:
     raise SystemExit(f"--sequence-parallel needs seq % tp == 0 (seq={args.seq}, tp={tp})")
   if not fits(args, tp):

@@ -16,6 +16,9 @@ LINEAR_ONLY = {
     "bias_metadata": _META,
 }
 
+# The ones that are nn.Dense fields: the linen layers declare them (default None) to refuse them.
+LINEN_FIELDS = ("precision", "dot_general", "dot_general_cls", "promote_dtype")
+
 
 def refuse_linear_only(layer: str, given: dict) -> None:
   """TypeError for an argument of nnx.Linear / nn.Dense given a value (None is its default:

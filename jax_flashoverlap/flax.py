@@ -70,7 +70,7 @@ from flax import nnx
 from flax.core import spmd as _flax_spmd
 
 from jax_flashoverlap import _compat, _validation, ops, sharding, sharding_column
-from jax_flashoverlap._flax_refusals import refuse_linear_only
+from jax_flashoverlap._flax_refusals import LINEN_FIELDS, refuse_linear_only
 from jax_flashoverlap.layer_backward import column_matmul as _column_matmul
 from jax_flashoverlap.layer_backward import row_scatter_matmul as _row_scatter_matmul
 from jax_flashoverlap.layer_backward import sequence_parallel_matmul as _sequence_parallel_matmul
@@ -504,7 +504,7 @@ class _LinenParallel(nn.Module):
   sequence_parallel: bool = False  # column layer only: see ColumnParallelLinear
   sequence_dim: int = 0  # column with sequence_parallel, row with reduce_scatter: see there
   kernel_axes: tp.Any = None  # logical names of the kernel's (in, out) dims
-  # nn.Dense's, refused when set (_flax_refusals says why)
+  # nn.Dense's, refused when set (_flax_refusals.LINEN_FIELDS; it says why)
   precision: tp.Any = None
   dot_general: tp.Any = None
   dot_general_cls: tp.Any = None
@@ -514,8 +514,7 @@ class _LinenParallel(nn.Module):
   @nn.compact
   def __call__(self, x):
     layer = type(self).__name__
-    refuse_linear_only(layer, {n: getattr(self, n) for n in
-                               ("precision", "dot_general", "dot_general_cls", "promote_dtype")})
+    refuse_linear_only(layer, {n: getattr(self, n) for n in LINEN_FIELDS})
     axis_name = _resolve_logical(layer, self._row, self.kernel_axes, self.axis_name,
                                  nnx_layer=False)
     cfg = _Config(layer, self._row, None, self.features, axis_name, self.reduce, self.dtype,

@@ -51,9 +51,10 @@ def row_parallel_matmul(x, w, reduce: str = "all_reduce", axis_name=None, *,
   sequence_dim = _validation.check_sequence_dim(op, sequence_dim, len(x.shape))
   check_not_in_shard_map(op, f"matmul_{reduce}")
   check_global_axis_name(op, axis_name)
-  if axis_name is not None:  # a mesh in context gives its size: the errors at trace time
-    check_scatter_size(op, x.shape, reduce, sequence_dim, axis_name, mesh_axis_size(axis_name))
-    if mesh_axis_size(axis_name) and not _validation.has_no_rows(x):  # K is split over it
+  axis_size = None if axis_name is None else mesh_axis_size(axis_name)
+  if axis_size:  # a mesh in context gives the axis' size: the errors at trace time
+    check_scatter_size(op, x.shape, reduce, sequence_dim, axis_name, axis_size)
+    if not _validation.has_no_rows(x):  # K is split over the axis
       check_per_device_dim(op, "K", "last dim of x", x.shape[-1],
                            jax.sharding.get_abstract_mesh(), axis_name)
   call = lambda x, w: _row_parallel_ad(x, w, reduce, axis_name, sequence_dim, transpose_w)
