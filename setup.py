@@ -121,7 +121,9 @@ def _dependency_dirs(nvcc: str) -> dict:
   if cutlass_include is None or not (cutlass_include / "cutlass" / "cutlass.h").exists():
     missing.append("nvidia-cutlass (CUTLASS headers)")
   if missing:
-    raise RuntimeError("cannot build the CUDA extension; missing: " + "; ".join(missing))
+    raise RuntimeError("cannot build the CUDA extension; missing: " + "; ".join(missing) +
+                       " (install them; pip sees them only with `pip install "
+                       "--no-build-isolation .`: its default build environment has none)")
   return {
       "cuda_include": cuda_home / "include",
       "cuda_lib": cuda_home / "lib64",
@@ -162,7 +164,11 @@ def _cuda_runtime_version(cuda_include: Path) -> str:
 
 
 def _sources() -> list:
-  return sorted(p for p in SRC.rglob("*") if p.suffix in (".cu", ".cc"))
+  found = sorted(p for p in SRC.rglob("*") if p.suffix in (".cu", ".cc"))
+  if not found:  # else the link makes an empty module that fails at import
+    raise RuntimeError(f"no CUDA sources under {SRC} (a source distribution made without "
+                       "MANIFEST.in, which carries xla_ffi/?)")
+  return found
 
 
 def _tree_digest(folder: Path, suffixes=(".h", ".cuh", ".hpp", ".inl")) -> str:
@@ -201,15 +207,25 @@ def object_key(src: Path, flags: list, headers: str, deps: str) -> str:
                         deps.encode()).hexdigest()[:20]
 
 
+# Written beside the package's modules when the extension is not built, saying why: pip shows
+# a build's output only on failure or with -v, so the reason reaches the user at run time
+# (jax_flashoverlap._ext: the ExtensionMissingWarning on a GPU, `python -m jax_flashoverlap.info`).
+BUILD_NOTE = "_build_note.txt"
+
+
 class CudaBuildExt(build_ext):
   """Compiles xla_ffi/ with nvcc (device code) and the host compiler, links one module."""
 
   def build_extension(self, ext):
     mode = _build_mode()
     nvcc = _find_nvcc()
+    note = Path(self.get_ext_fullpath(ext.name)).parent / BUILD_NOTE
+    note.unlink(missing_ok=True)
     if mode == "0" or (mode == "auto" and nvcc is None):
-      why = "disabled by JAX_FLASHOVERLAP_BUILD_CUDA=0" if mode == "0" else "nvcc not found"
+      why = ("disabled by JAX_FLASHOVERLAP_BUILD_CUDA=0" if mode == "0" else
+             "nvcc not found: set CUDA_HOME or put nvcc on PATH, then reinstall")
       _log(f"skipping the CUDA extension ({why}); ops will use the reference path")
+      self._write_note(note, f"skipped: {why}")
       return
     try:
       if nvcc is None:
@@ -220,6 +236,13 @@ class CudaBuildExt(build_ext):
       if mode == "1":
         raise
       _log(f"CUDA extension NOT built: {err}")
+      # The first line: a compiler's whole output stays in the build log.
+      self._write_note(note, "failed: " + str(err).splitlines()[0])
+
+  @staticmethod
+  def _write_note(note: Path, text: str) -> None:
+    note.parent.mkdir(parents=True, exist_ok=True)
+    note.write_text(text + "\n")
 
   def _build(self, ext, nvcc: str) -> None:
     dirs = _dependency_dirs(nvcc)

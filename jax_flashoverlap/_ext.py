@@ -36,11 +36,28 @@ WAIT_ENV = "JAX_FLASHOVERLAP_WAIT"
 POISON_OUTPUTS_ENV = "JAX_FLASHOVERLAP_POISON_OUTPUTS"
 
 
+# setup.py's note of why the install built no extension (its BUILD_NOTE): pip hides the build's
+# output unless it fails.
+BUILD_NOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_build_note.txt")
+
+
+def not_built_reason(note_path: str = BUILD_NOTE) -> str:
+  try:
+    with open(note_path, encoding="utf-8", errors="replace") as f:
+      said = f.read().strip()
+  except OSError:
+    said = ""
+  where = "no jax_flashoverlap/_xla_ffi*.so"
+  if said:
+    return f"not built ({where}; setup.py said: {said})"
+  return f"not built ({where}; see README: building on a GPU machine)"
+
+
 def _load_extension():
   import importlib
   import importlib.util
   if importlib.util.find_spec("jax_flashoverlap._xla_ffi") is None:
-    return None, "not built (no jax_flashoverlap/_xla_ffi*.so; see README: building on a GPU machine)"
+    return None, not_built_reason()
   try:
     return importlib.import_module("jax_flashoverlap._xla_ffi"), None
   except ImportError as err:  # built, but a library it needs (NCCL, CUDA) is missing

@@ -178,7 +178,9 @@ def test_dependency_dirs_and_versions(tmp_path, monkeypatch):
     mod["_dependency_dirs"]("nvcc")
   (nccl / "include" / "nccl.h").write_text("")
   (cutlass / "source" / "include" / "cutlass" / "cutlass.h").unlink()
-  with pytest.raises(RuntimeError, match=r"missing: nvidia-cutlass \(CUTLASS headers\)$"):
+  # pip's default (isolated) build environment has none of them: the message says the fix
+  with pytest.raises(RuntimeError, match=r"missing: nvidia-cutlass \(CUTLASS headers\) \(install "
+                     r"them; pip sees them only with `pip install --no-build-isolation \.`"):
     mod["_dependency_dirs"]("nvcc")
   installed = {"jaxlib": "0.10.1", "nvidia-cutlass": "4.2.0", "nvidia-nccl-cu12": "2.27.3"}
 
@@ -336,7 +338,7 @@ def test_build_errors_and_the_build_cuda_switch(tmp_path, monkeypatch, capsys):
   b.mod["_find_nvcc"] = lambda: None
   monkeypatch.setenv("JAX_FLASHOVERLAP_BUILD_CUDA", "auto")
   assert b.build() == ({}, [])
-  assert "skipping the CUDA extension (nvcc not found)" in capsys.readouterr().out
+  assert "skipping the CUDA extension (nvcc not found: set CUDA_HOME" in capsys.readouterr().out
   monkeypatch.setenv("JAX_FLASHOVERLAP_BUILD_CUDA", "1")
   with pytest.raises(RuntimeError, match="JAX_FLASHOVERLAP_BUILD_CUDA=1 but nvcc was not found"):
     b.build()
@@ -396,3 +398,64 @@ def test_another_cuda_toolkit_or_compiler_compiles_again(tmp_path, monkeypatch):
   moved = _executable(tmp_path / "elsewhere" / "clang++", clang.read_text())
   monkeypatch.setenv("CXX", str(moved))
   assert b.build()[0] == {}
+
+
+def test_an_unbuilt_extension_leaves_a_note_saying_why(tmp_path, monkeypatch, capsys):
+  """pip shows a build's output only when it fails (or with -v): an extension skipped or failed
+  under auto leaves setup.py's reason beside the package's modules, where the run-time message
+  (the ExtensionMissingWarning on a GPU, `info`) reads it; a build that links removes it."""
+  import importlib
+  ext = importlib.import_module("jax_flashoverlap._ext")
+  b = _FakeBuild(tmp_path, monkeypatch)
+  note = b.root / "jax_flashoverlap" / "_build_note.txt"
+  monkeypatch.setenv("JAX_FLASHOVERLAP_BUILD_CUDA", "auto")
+  b.mod["_find_nvcc"] = lambda: None
+  b.build()
+  assert note.read_text() == ("skipped: nvcc not found: set CUDA_HOME or put nvcc on PATH, then "
+                              "reinstall\n")
+  reason = ext.not_built_reason(str(note))
+  assert reason == ("not built (no jax_flashoverlap/_xla_ffi*.so; setup.py said: skipped: nvcc "
+                    "not found: set CUDA_HOME or put nvcc on PATH, then reinstall)")
+  b.mod["_find_nvcc"] = lambda: b.nvcc
+  b.build()  # links
+  assert not note.exists()
+  monkeypatch.setenv("FAKE_CC_FAIL", "gemm.cu")
+  for obj in (b.root / "build" / "obj").glob("*.o"):
+    obj.unlink()
+  b.build()
+  assert note.read_text() == "failed: compiling xla_ffi/kernels/gemm.cu failed:\n"
+  monkeypatch.setenv("JAX_FLASHOVERLAP_BUILD_CUDA", "0")
+  b.build()
+  assert note.read_text() == "skipped: disabled by JAX_FLASHOVERLAP_BUILD_CUDA=0\n"
+  assert "see README" in ext.not_built_reason(str(tmp_path / "no_note.txt"))
+
+
+def test_no_sources_is_an_error_not_an_empty_module(tmp_path):
+  """A tree without xla_ffi's sources (a source distribution without MANIFEST.in's graft) is an
+  error: the link alone made a module that failed at import."""
+  import pytest
+  (tmp_path / "xla_ffi").mkdir()
+  with pytest.raises(RuntimeError, match="no CUDA sources under .*xla_ffi"):
+    _setup_module(tmp_path)["_sources"]()
+
+
+def test_the_source_distribution_carries_every_cuda_source(tmp_path):
+  """`setup.py sdist` (what `python -m build` builds its wheel from) holds every tracked file
+  of xla_ffi/: its Extension lists no sources, so without MANIFEST.in it held none."""
+  import tarfile
+  tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
+                           check=True).stdout.split()
+  for name in tracked:
+    if name.startswith(("xla_ffi/", "jax_flashoverlap/")) or name in (
+        "setup.py", "MANIFEST.in", "README.md"):
+      (tmp_path / "src" / name).parent.mkdir(parents=True, exist_ok=True)
+      shutil.copy(os.path.join(REPO, name), tmp_path / "src" / name)
+  r = subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path / "dist")],
+                     cwd=tmp_path / "src", capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stdout + r.stderr
+  (archive,) = (tmp_path / "dist").glob("*.tar.gz")
+  with tarfile.open(archive) as tar:
+    held = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+  wanted = {n for n in tracked if n.startswith("xla_ffi/")}
+  assert len(wanted) > 50 and wanted <= held, sorted(wanted - held)
+  assert "jax_flashoverlap/configs/h200_x2.json" in held
