@@ -239,6 +239,18 @@ class CudaBuildExt(build_ext):
       # The first line: a compiler's whole output stays in the build log.
       self._write_note(note, "failed: " + str(err).splitlines()[0])
 
+  def run(self):
+    super().run()
+    # --inplace (setup_env.sh, editable installs): setuptools builds in build/lib and copies only
+    # the module into the package; the note (or its absence) goes there too.
+    if self.inplace or getattr(self, "editable_mode", False):
+      package = Path(self.get_finalized_command("build_py").get_package_dir("jax_flashoverlap"))
+      built, source = Path(self.build_lib) / "jax_flashoverlap" / BUILD_NOTE, package / BUILD_NOTE
+      if built.exists() and built.resolve() != source.resolve():
+        shutil.copyfile(built, source)
+      elif not built.exists():
+        source.unlink(missing_ok=True)
+
   @staticmethod
   def _write_note(note: Path, text: str) -> None:
     note.parent.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,10 @@ def test_build_ext_inplace_without_the_cuda_extension(tmp_path):
   assert r.returncode == 0, r.stdout + r.stderr
   assert "skipping the CUDA extension" in r.stdout + r.stderr
   assert not list((tmp_path / "jax_flashoverlap").glob("_xla_ffi*"))
+  # setuptools builds in build/lib and copies only the module into the package: the note of why
+  # it is missing is copied too, where the package reads it
+  assert ((tmp_path / "jax_flashoverlap" / "_build_note.txt").read_text() ==
+          "skipped: disabled by JAX_FLASHOVERLAP_BUILD_CUDA=0\n")
 
 
 def _setup_module(root):
