@@ -63,9 +63,9 @@ def main():
   ap.add_argument("--d", type=int, default=4096 if gpu else 128, help="model dim")
   ap.add_argument("--f", type=int, default=None, help="hidden dim (default: 14336 on GPUs, "
                   "512 on CPU, rounded up to split into multiples of 8 over tp)")
-  ap.add_argument("--dp", type=int, default=0, help="size of 'dp' (default: 2 if >= 4 devices)")
+  ap.add_argument("--dp", type=int, default=0, help="size of 'dp' (default: 2 on an even count of >= 4 devices, else 1)")
   ap.add_argument("--reduce", choices=("all_reduce", "reduce_scatter"), default="all_reduce")
-  ap.add_argument("--iters", type=int, default=20 if gpu else 3)
+  ap.add_argument("--iters", type=int, default=20 if gpu else 3, help="timed calls per program")
   args = ap.parse_args()
 
   devices = jax.devices()

@@ -37,12 +37,12 @@ def timed(fn, *args, iters):
 def main():
   gpu = jax.default_backend() == "gpu"
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--m", type=int, default=4096 if gpu else 256)
-  parser.add_argument("--n", type=int, default=8192 if gpu else 512)
+  parser.add_argument("--m", type=int, default=4096 if gpu else 256, help="rows of x and y")
+  parser.add_argument("--n", type=int, default=8192 if gpu else 512, help="columns of w and y")
   parser.add_argument("--k", type=int, default=None,
                       help="global K (default: 8192 on GPUs, 1024 on CPU, rounded up to split "
                       "into multiples of 8 over the devices)")
-  parser.add_argument("--iters", type=int, default=20 if gpu else 3)
+  parser.add_argument("--iters", type=int, default=20 if gpu else 3, help="timed calls per program")
   args = parser.parse_args()
 
   devices = jax.devices()

@@ -42,14 +42,23 @@ from jax_flashoverlap.bench_record import RowLog, git_commit, is_stream, write_j
 DESIGN_SHAPES = ((4096, 8192, 8192), (8192, 8192, 8192), (16384, 8192, 16384),
                  (8192, 28672, 8192), (8192, 8192, 28672))
 # Without a GPU, where every variant is XLA's composition on simulated devices (a smoke run),
-# DESIGN.md's shapes took minutes per variant: a small one splits over 1 to 8 devices for
-# every subcommand.
+# DESIGN.md's shapes took minutes per variant: a small one, rounded up (no_gpu_shapes) to
+# split over any device count for every subcommand (as is on 1, 2, 4 and 8).
 NO_GPU_SHAPES = ((256, 256, 512),)
 
 
+def no_gpu_shapes(world: int) -> list:
+  """NO_GPU_SHAPES rounded up to split over `world` devices: M by world^2 (the all-to-all's
+  blocks), N and K into multiples of 8 per device (on 3 devices 256x256x512 split nowhere)."""
+  up = lambda size, by: -(-size // by) * by
+  return [(up(m, world * world), up(n, 8 * world), up(k, 8 * world))
+          for m, n, k in NO_GPU_SHAPES]
+
+
 def _parse_shape(text):
-  try:
-    parts = [int(v) for v in text.lower().replace("x", ",").split(",") if v]
+  fields = text.strip().lower().replace("x", ",").split(",")
+  try:  # every field: '64xx64x64' or '64x64x64x' is a typo, not 64x64x64
+    parts = [int(v) for v in fields]
   except ValueError:
     parts = []
   if len(parts) != 3 or min(parts) < 1:
@@ -362,8 +371,9 @@ def bench_overlap(args) -> dict:
   return {"kind": "overlap", "rows": rows, "targets": targets}
 
 
-def _check_shapes(parser, args) -> None:
-  """Every --shapes value splits over the mesh as the subcommand's ops need."""
+def _check_shapes(parser, args, defaulted: bool = False) -> None:
+  """Every --shapes value splits over the mesh as the subcommand's ops need; where they are
+  the defaults (DESIGN.md's on GPUs), the error says so: the user named none."""
   try:
     for m, n, k in args.shapes:
       if args.kind == "a2a":
@@ -372,7 +382,13 @@ def _check_shapes(parser, args) -> None:
       else:
         check_tp_shape((m, n, k), args.world, getattr(args, "collectives", ()))
   except ValueError as err:
-    parser.error(str(err))
+    parser.error(str(err) + (default_shapes_hint(args.world) if defaulted else ""))
+
+
+def default_shapes_hint(world: int) -> str:
+  """Said after a split error about shapes the user never named (bench's and tune's default)."""
+  return (f" (the default shapes, DESIGN.md's, do not split over {world} GPUs: name shapes "
+          "that do with --shapes, or a --world they split over)")
 
 
 def main(argv=None) -> int:
@@ -383,7 +399,8 @@ def main(argv=None) -> int:
     p = sub.add_parser(name, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--shapes", type=_parse_shape, nargs="+", default=argparse.SUPPRESS,
                    help="global MxNxK shapes (default: DESIGN.md's table on GPUs, "
-                        f"{' '.join('x'.join(map(str, s)) for s in NO_GPU_SHAPES)} without one)")
+                        f"{' '.join('x'.join(map(str, s)) for s in NO_GPU_SHAPES)} without one, "
+                        "rounded up to split over the devices)")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"),
                    help="dtype of x, w and the output")
     p.add_argument("--calls", type=int, default=10,
@@ -419,9 +436,16 @@ def main(argv=None) -> int:
                      choices=("all_reduce", "reduce_scatter"),
                      help="the ops measured at each shape (default: both)")
   args = parser.parse_args(argv)
+  if getattr(args, "collectives", None):  # named twice: measured and recorded twice
+    args.collectives = list(dict.fromkeys(args.collectives))
   bench_args.check_numbers(parser, args)
   bench_args.check_output_paths(parser, args)
   import jax_flashoverlap as fo
+  from jax_flashoverlap import primitives
+  try:  # a bad JAX_FLASHOVERLAP_* switch: refused now, not as a traceback at the first lowering
+    primitives.check_switches()
+  except ValueError as err:
+    parser.error(str(err))
   try:  # no-op unless started by jax_flashoverlap.launch
     fo.distributed.launch_settings()  # the launcher's variables set by hand, and wrong
   except ValueError as err:
@@ -435,16 +459,17 @@ def main(argv=None) -> int:
           f"{jax.default_backend()!r}); off GPU every forced plan lowers to XLA's dot + "
           "collective", file=sys.stderr)
     return 2
-  if not hasattr(args, "shapes"):
-    on_gpu = jax.default_backend() == "gpu"
-    args.shapes = list(DESIGN_SHAPES if on_gpu else NO_GPU_SHAPES)
-    if not on_gpu:
-      say(f"no GPU ({jax.default_backend()}): --shapes defaults to "
-          f"{' '.join('x'.join(map(str, s)) for s in NO_GPU_SHAPES)} (DESIGN.md's take minutes "
-          "per variant here; name them with --shapes)")
   if args.kind != "gemm":  # gemm's --world only divides K
     args.world = resolve_world(parser, args.world)
-  _check_shapes(parser, args)
+  defaulted = not hasattr(args, "shapes")
+  if defaulted:
+    on_gpu = jax.default_backend() == "gpu"
+    args.shapes = list(DESIGN_SHAPES) if on_gpu else no_gpu_shapes(args.world)
+    if not on_gpu:
+      say(f"no GPU ({jax.default_backend()}): --shapes defaults to "
+          f"{' '.join('x'.join(map(str, s)) for s in args.shapes)} (DESIGN.md's take minutes "
+          "per variant here; name them with --shapes)")
+  _check_shapes(parser, args, defaulted and jax.default_backend() == "gpu")
   from jax_flashoverlap import bench_gemm
   about = {
       "command": "python -m jax_flashoverlap.bench " + " ".join(argv or sys.argv[1:]),

@@ -35,11 +35,16 @@ def check_output_paths(parser, args) -> None:
   whole run's) measurements; so was a --plot without matplotlib installed (a note at the end,
   exit 0). A --plot without a suffix gets '.png' (matplotlib's default,
   which it added without saying so); an --out stream (/dev/stdout, a FIFO: is_stream) is
-  written through, so only it must be writable."""
+  written through, so only it must be writable. An empty path (`--out "$UNSET"`) is refused,
+  not read as the option left out; so are --out and --plot naming one file (the JSON,
+  written last, replaced the plot)."""
+  files = {}
   for option in ("--out", "--plot"):
     path = getattr(args, option[2:], None)
-    if not path:
+    if path is None:
       continue
+    if not path.strip():
+      parser.error(f"{option}: an empty path (leave {option} out to write nothing)")
     if option == "--plot":
       path = args.plot = _plot_path(parser, path)
     if is_stream(path):  # /dev/stdout, a FIFO: written through, once at the end
@@ -48,25 +53,26 @@ def check_output_paths(parser, args) -> None:
       if not os.access(path, os.W_OK):
         parser.error(f"{option} {path}: cannot write there (not writable)")
       continue
-    check_writable(parser, option, os.path.realpath(path))  # a link's target gets written
+    files[option] = os.path.realpath(path)  # a link's target gets written
+    check_writable(parser, option, files[option])
+  if len(files) == 2 and files["--out"] == files["--plot"]:
+    parser.error(f"--out and --plot name the same file {files['--out']}: the JSON would "
+                 "replace the plot; give them different paths")
 
 
 def check_writable(parser, option: str, path: str) -> None:
-  """A regular file at `path` can be written (its folder made if missing), else a parser
+  """A regular file at `path` can be written, its missing folders made (by the writer, once
+  the run has something to write: a refused run leaves no new empty folders), else a parser
   error naming `option` (exit 2)."""
-  parent = os.path.dirname(path)
   if os.path.isdir(path):
     parser.error(f"{option} {path}: cannot write there (a directory)")
-  try:
-    os.makedirs(parent, exist_ok=True)
-  except OSError as err:
-    existing = parent
-    while not os.path.exists(existing):
-      existing = os.path.dirname(existing)
-    parser.error(f"{option} {path}: cannot write there (" + (
-        f"{existing} is not a directory" if not os.path.isdir(existing) else str(err)) + ")")
-  if not os.access(parent, os.W_OK):
-    parser.error(f"{option} {path}: cannot write there ({parent} is not a writable "
+  existing = os.path.dirname(path)
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    parser.error(f"{option} {path}: cannot write there ({existing} is not a directory)")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    parser.error(f"{option} {path}: cannot write there ({existing} is not a writable "
                  "directory)")
 
 

@@ -95,6 +95,7 @@ def write_json(path, result):
       f.write(text + "\n")
     return
   path = os.path.realpath(path)
+  os.makedirs(os.path.dirname(path), exist_ok=True)  # made only once there is something to write
   tmp = f"{path}.tmp{os.getpid()}"
   try:
     with open(tmp, "w") as f:

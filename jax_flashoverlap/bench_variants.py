@@ -273,9 +273,13 @@ def plot(result: dict, path: str):
   ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], labels, rotation=30,
                 ha="right", fontsize=8)
   ax.set_ylabel("speedup over XLA dot + collective\n(ours_chain: over XLA's chain)")
-  ax.set_title(f"{rows[0]['world']} devices, {rows[0]['dtype']}" if rows else "")
+  backend = result.get("info", {}).get("default_backend", "gpu")
+  ax.set_title((f"{rows[0]['world']} devices, {rows[0]['dtype']}" if rows else "") + (
+      "" if backend == "gpu" else f" - {backend}, no GPU: every variant is XLA's composition "
+      "(a smoke run)"))
   ax.legend(fontsize=8)
   fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   fig.savefig(path, dpi=120)
   plt.close(fig)
   return path

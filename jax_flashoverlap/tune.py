@@ -388,7 +388,8 @@ def main(argv=None) -> int:
                                    description=__doc__.splitlines()[0],
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   parser.add_argument("--shapes", type=bench._parse_shape, nargs="+",
-                      default=list(bench.DESIGN_SHAPES), help="global MxNxK shapes")
+                      help="global MxNxK shapes (default: DESIGN.md's table, "
+                           f"{' '.join('x'.join(map(str, s)) for s in bench.DESIGN_SHAPES)})")
   parser.add_argument("--collectives", nargs="*", default=["all_reduce", "reduce_scatter"],
                       choices=("all_reduce", "reduce_scatter"),
                       help="GEMM + collective ops to tune (none: give --collectives alone)")
@@ -429,6 +430,15 @@ def main(argv=None) -> int:
                                     "the user config dir)")
   parser.add_argument("--report", help="write every calibration and timing here (JSON)")
   args = parser.parse_args(argv)
+  shapes_defaulted = args.shapes is None
+  if shapes_defaulted:
+    args.shapes = list(bench.DESIGN_SHAPES)
+  args.collectives = list(dict.fromkeys(args.collectives))  # named twice: tuned twice
+  args.ops = list(dict.fromkeys(args.ops))
+  for option, path in (("--out", args.out), ("--report", args.report)):
+    if path is not None and not path.strip():  # `--out "$UNSET"` merged into the user config dir
+      parser.error(f"{option}: an empty path (leave {option} out for "
+                   + ("the user config dir's file)" if option == "--out" else "no report)"))
   for sms in args.comm_sms:
     if not 1 <= sms <= plan_lib.MAX_COMM_SMS:
       parser.error(f"--comm-sms values must be in [1, {plan_lib.MAX_COMM_SMS}], got {sms}")
@@ -466,20 +476,25 @@ def main(argv=None) -> int:
     try:
       bench.check_tp_shape(shape, args.world, args.collectives)
     except ValueError as err:
-      parser.error(str(err))
+      parser.error(str(err) + (bench.default_shapes_hint(args.world) if shapes_defaulted else ""))
     why = calibration_shape_error(shape, args.world)
     if why:
-      parser.error(why)
-  if not args.out:  # made now: a config dir set but missing fails every tuned-plan lookup
+      parser.error(why + (bench.default_shapes_hint(args.world) if shapes_defaulted else ""))
+  if args.out is None:  # made now: a config dir set but missing fails every tuned-plan lookup
     try:
       tuning.user_config_dir().mkdir(parents=True, exist_ok=True)
     except OSError as err:
       parser.error(f"cannot make the config dir {tuning.user_config_dir()} "
                    f"(${tuning.CONFIG_DIR_ENV}): {err}")
+  from jax_flashoverlap import primitives
+  try:  # a bad JAX_FLASHOVERLAP_* switch: refused before any GPU time (once the dir is made)
+    primitives.check_switches()
+  except ValueError as err:
+    parser.error(str(err))
   slug = re.sub(r"[^a-z0-9]+", "_", gpu.lower()).strip("_")
-  out = args.out or tuning.user_config_dir() / f"{slug}_x{args.world}.json"
+  out = args.out if args.out is not None else tuning.user_config_dir() / f"{slug}_x{args.world}.json"
   check_output_paths(parser, out, args.report, gpu, args.world,
-                     "--out" if args.out else "the config file")
+                     "--out" if args.out is not None else "the config file")
   problems = list(bench_problem.problems(args))
   if args.ops and args.world < 2:
     parser.error(f"--ops needs a mesh of >= 2 GPUs (over one device the all-to-all / "
@@ -489,7 +504,8 @@ def main(argv=None) -> int:
     try:
       bench_a2a.check_shape(op, m, n, args.world, k)
     except ValueError as err:
-      parser.error(str(err).replace("bench a2a", "tune"))
+      parser.error(str(err).replace("bench a2a", "tune")
+                   + (bench.default_shapes_hint(args.world) if shapes_defaulted else ""))
     why = tune_a2a.unsupported(op, m, n, k, args.world)
     if why:
       parser.error(why)

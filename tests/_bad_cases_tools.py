@@ -224,6 +224,30 @@ def cli_bench_plot_a_directory(t):
                    "--calls", "1", "--plot", str(t.tmp_path / "plots.png"))
 
 
+# A typo's extra field read as 64x64x64 (empty fields were dropped).
+cli_bench_shapes_empty_field = bench_cli("gemm", "--shapes", "64xx64x64")
+# `--out "$UNSET"`: read as no --out, exit 0 with nothing written.
+cli_bench_out_empty = bench_cli("gemm", "--shapes", "64x64x64", "--out", "")
+
+
+def cli_bench_out_and_plot_one_file(t):
+    # the plot was drawn, then the JSON written over it: exit 0, no plot
+    same = str(t.tmp_path / "same.png")
+    return run_cli("jax_flashoverlap.bench", "overlap", "--shapes", "64x64x64", "--out", same,
+                   "--plot", same)
+
+
+def cli_bench_bad_switch(t):
+    # a traceback from the first lowering (rc 1), after the output paths were made
+    t.monkeypatch.setenv("JAX_FLASHOVERLAP_TRANSPORT", "pear")
+    return run_cli("jax_flashoverlap.bench", "gemm", "--shapes", "64x64x64")
+
+
+def cli_tune_out_empty(t):
+    # `--out "$UNSET"` merged into the user config dir that every later process reads
+    return run_cli("jax_flashoverlap.tune", "--out", "")
+
+
 def cli_tune_without_gpu(t):
     return run_cli("jax_flashoverlap.tune", "--shapes", "256x256x256")
 

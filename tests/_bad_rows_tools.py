@@ -136,6 +136,19 @@ TOOL_ROWS = [
     pytest.param(cli_bench_plot_a_directory, exits(2, "--plot ", ": cannot write there (a "
                                                    "directory)", max_s=40),
                  id="cli-bench-plot-a-directory"),
+    pytest.param(cli_bench_shapes_empty_field, exits(2, "argument --shapes",
+                                                     "shape must be MxNxK", "'64xx64x64'"),
+                 id="cli-bench-shapes-empty-field"),
+    pytest.param(cli_bench_out_empty, exits(2, "--out: an empty path (leave --out out to write "
+                                            "nothing)"), id="cli-bench-out-empty"),
+    pytest.param(cli_bench_out_and_plot_one_file, exits(2, "--out and --plot name the same file",
+                                                        "same.png"),
+                 id="cli-bench-out-and-plot-one-file"),
+    pytest.param(cli_bench_bad_switch, exits(2, "JAX_FLASHOVERLAP_TRANSPORT", "'pear'"),
+                 id="cli-bench-bad-switch"),
+    pytest.param(cli_tune_out_empty, exits(2, "--out: an empty path (leave --out out for the "
+                                           "user config dir's file)"),
+                 id="cli-tune-out-empty"),
     pytest.param(cli_tune_without_gpu, exits(2, "needs GPUs", "'cpu'"),
                  id="cli-tune-without-gpu"),
     pytest.param(cli_tune_max_error("nan"), exits(2, "--max-error must be a finite number > 0",

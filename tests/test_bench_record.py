@@ -108,9 +108,10 @@ def test_number_options_are_checked_at_their_bounds(capsys):
 
 def test_output_paths_a_plot_stream_an_upper_case_suffix_and_new_folders(tmp_path, capsys):
     """--plot to a FIFO is refused (a plot is a file); '.PNG' is matplotlib's png; --out in
-    folders not made yet gets them made (through a link, the target's)."""
+    folders not made yet passes the check, which makes none (a later refusal left them
+    empty); the writer makes them (through a link, the target's)."""
     import argparse
-    from jax_flashoverlap import bench_args
+    from jax_flashoverlap import bench_args, bench_record
     pytest.importorskip("matplotlib")
     os.mkfifo(tmp_path / "p.png")
     err = _refused(bench_args.check_output_paths,
@@ -118,11 +119,16 @@ def test_output_paths_a_plot_stream_an_upper_case_suffix_and_new_folders(tmp_pat
     assert "a plot is a file, not a stream" in err
     args = argparse.Namespace(out=str(tmp_path / "new" / "r.json"), plot=str(tmp_path / "P.PNG"))
     bench_args.check_output_paths(argparse.ArgumentParser(), args)
-    assert args.plot == str(tmp_path / "P.PNG") and (tmp_path / "new").is_dir()
+    assert args.plot == str(tmp_path / "P.PNG") and not (tmp_path / "new").exists()
+    bench_record.write_json(args.out, {"rows": []})
+    assert json.loads((tmp_path / "new" / "r.json").read_text()) == {"rows": []}
     (tmp_path / "link.json").symlink_to(tmp_path / "elsewhere" / "r.json")
     bench_args.check_output_paths(argparse.ArgumentParser(),
                                   argparse.Namespace(out=str(tmp_path / "link.json"), plot=None))
-    assert (tmp_path / "elsewhere").is_dir()  # write_json writes the link's target
+    assert not (tmp_path / "elsewhere").exists()
+    bench_record.write_json(str(tmp_path / "link.json"), {"rows": [1]})  # the link's target
+    assert (tmp_path / "link.json").is_symlink()
+    assert json.loads((tmp_path / "elsewhere" / "r.json").read_text()) == {"rows": [1]}
 
 
 def test_an_empty_commit_variable_is_not_a_commit(tmp_path, monkeypatch):

@@ -33,6 +33,15 @@ def test_gpu_part_refuses_a_part_it_does_not_have(tmp_path):
         assert r.returncode == 2 and "gpu_part: set GPU_PART=1, 2, 3 or 4" in r.stdout, part
 
 
+def _fake_gpu(tmp_path):
+    """A PATH whose nvidia-smi lists one GPU (the steps that need one run)."""
+    smi = tmp_path / "smi" / "nvidia-smi"
+    smi.parent.mkdir(exist_ok=True)
+    smi.write_text('#!/bin/bash\necho "GPU 0: NVIDIA H200 (UUID: GPU-0)"\n')
+    smi.chmod(0o755)
+    return f"{smi.parent}:/usr/bin:/bin"
+
+
 def _session(tmp_path, *steps, **env):
     """The script copied into a repository root of its own (no .whl/ to install, no out/ of
     the developer's to trip over), run from tmp_path/caller with OUT=out (relative)."""
@@ -73,10 +82,27 @@ def test_steps_and_their_variables_are_checked_before_any_step_runs(tmp_path):
         assert not (tmp_path / "caller" / "out" / "info.log").exists()  # nothing ran
 
 
+def test_without_a_gpu_only_the_steps_that_need_none_run(tmp_path):
+    """On a machine without a GPU the benchmark steps ran XLA's composition on CPU, exit 0, and
+    filed it as overlap_h200x0.json; now refused before anything runs. build (a CPU machine
+    with nvcc), info, tests and pack still run there."""
+    for steps in (("info", "overlap_bench"), ("gemm_bench",), ("gpu_part",)):
+        r = _session(tmp_path, *steps, GPU_PART="1")
+        assert r.returncode == 2, (steps, r.stdout, r.stderr)
+        assert f"{steps[-1]} needs a GPU (nvidia-smi lists none here)" in r.stdout, r.stdout
+        assert not (tmp_path / "caller" / "out" / "info.log").exists()  # nothing ran
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "python3").write_text("#!/bin/bash\necho ran\n")
+    (tools / "python3").chmod(0o755)
+    r = _session(tmp_path, "info", "tests", PATH=f"{tools}:/usr/bin:/bin")
+    assert r.returncode == 0 and "info           rc=0 " in r.stdout, (r.stdout, r.stderr)
+
+
 def test_a_failed_step_fails_the_script_and_a_relative_out_is_the_callers(tmp_path):
     """The summary said rc=4 but the script exited 0; OUT=out was made under the repository
     (the script cds there first)."""
-    r = _session(tmp_path, "gpu_files", GPU_FILES="tests/no_such_file.py")
+    r = _session(tmp_path, "gpu_files", GPU_FILES="tests/no_such_file.py", PATH=_fake_gpu(tmp_path))
     assert r.returncode == 1, (r.stdout, r.stderr)
     assert (tmp_path / "caller" / "out" / "gpu_files.log").exists()
     assert not (tmp_path / "repo" / "out").exists()
@@ -136,7 +162,8 @@ def _faked(tmp_path, *steps, **env):
         f.chmod(0o755)
     log = tmp_path / "calls.log"
     log.write_text("")
-    r = _session(tmp_path, *steps, PATH=f"{tools}:/usr/bin:/bin", FAKE_LOG=str(log), **env)
+    r = _session(tmp_path, *steps, PATH=f"{tools}:{_fake_gpu(tmp_path)}", FAKE_LOG=str(log),
+                 **env)
     return r, log.read_text().splitlines()
 
 

@@ -114,6 +114,9 @@ def test_tune_cli_keeps_the_problems_tuned_before_a_failure(tmp_path, monkeypatc
     so a failure in the last problem lost every earlier result (hours on a real machine)."""
     import jax
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    # an existing folder: with --out given tune makes none, and a missing one is refused up
+    # front (as every lowering of the tuner's own runs would refuse it)
+    (tmp_path / "configs").mkdir()
     monkeypatch.setenv(tuning.CONFIG_DIR_ENV, str(tmp_path / "configs"))
     tuned = []
 
