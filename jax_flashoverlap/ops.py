@@ -157,7 +157,7 @@ _gemm_reduce_scatter = _with_reference_jvp(prims.gemm_reduce_scatter_p,
 _gemm_all_to_all = _with_reference_jvp(prims_a2a.gemm_all_to_all_p,
                                        prims_a2a.reference_gemm_all_to_all)
 _all_gather_gemm = _with_reference_jvp(prims_a2a.all_gather_gemm_p,
-                                       prims_a2a.reference_all_gather_gemm)
+                                       prims_a2a.reference_all_gather_any_platform)
 
 
 # --- all-to-all and all-gather (issue #9; primitives_a2a.py) ------------------------------

@@ -82,11 +82,24 @@ def reduced_in_float32(reference):
 def on_each_platform(reference, cpu_reference):
   """reference(x, w, **params), computed as cpu_reference in a program lowered for CPU (the
   branch is chosen at lowering): the ops' derivatives, whose tangent is the reference's own
-  collective, need the CPU lowering's promotion too (reduced_in_float32)."""
+  collective, need the CPU lowering's promotion too (reduced_in_float32), but only inside a
+  partly manual shard_map, where XLA's own promotion aborts. Elsewhere the reference as it
+  is: the choice is a cond, whose transpose JAX mistypes under `vmap(shard_map(...),
+  spmd_axis_name=...)` ("Expected cotangent type bfloat16[...] but got bfloat16[...]{V:dp}")."""
   def run(x, w, **params):
+    if not partly_manual():
+      return reference(x, w, **params)
     return lax.platform_dependent(x, w, cpu=functools.partial(cpu_reference, **params),
                                   default=functools.partial(reference, **params))
   return run
+
+
+def partly_manual() -> bool:
+  """Inside a shard_map that leaves some mesh axis automatic (True where JAX does not say)."""
+  manual, axes = _compat.manual_axis_names(), _compat.mesh_axis_names()
+  if manual is None or axes is None:
+    return manual is None
+  return bool(manual) and not set(axes) <= set(manual)
 
 
 reference_all_reduce_any_platform = on_each_platform(

@@ -23,7 +23,8 @@ from jax import lax
 from jax_flashoverlap import _compat, _ext, comm, plan_a2a
 from jax_flashoverlap.primitives import (cuda_path, dot, emit_call, empty_batch,
                                          keep_reference, lowering_problem, make_primitive,
-                                         prepare_communicators, publish_decision)
+                                         on_each_platform, prepare_communicators,
+                                         publish_decision)
 
 # --- reference compositions (also the CPU lowering) --------------------------------------
 
@@ -33,12 +34,28 @@ def reference_gemm_all_to_all(x, w, *, axis_name, split_axis=0, concat_axis=0,
   return lax.all_to_all(dot(x, w, transpose_w), axis_name, split_axis, concat_axis, tiled=True)
 
 
-def reference_all_gather_gemm(x, w, *, axis_name, transpose_w=False, return_gathered=False):
+def reference_all_gather_gemm(x, w, *, axis_name, transpose_w=False, return_gathered=False,
+                              gather=lax.all_gather):
   """(out,) or, with return_gathered, (out, gathered): the rows the product read."""
-  gathered = lax.all_gather(x, axis_name, axis=0, tiled=True)
+  gathered = gather(x, axis_name, axis=0, tiled=True)
   out = dot(gathered, w, transpose_w)
   return (out, gathered) if return_gathered else (out,)
 
+
+def _gathered_in_float32(x, axis_name, **kw):
+  """lax.all_gather of a bfloat16 x through float32 (exact both ways): its transpose, the x
+  gradient's reduce-scatter, then reduces in float32, as XLA's CPU compiler would itself but
+  for a partly manual shard_map, where its own promotion aborts the process."""
+  if x.dtype != jnp.bfloat16:
+    return lax.all_gather(x, axis_name, **kw)
+  return lax.all_gather(x.astype(jnp.float32), axis_name, **kw).astype(x.dtype)
+
+
+# The derivative's reference (ops._all_gather_gemm): promoted on CPU in a partly manual
+# shard_map (primitives.on_each_platform), XLA's own composition elsewhere.
+reference_all_gather_any_platform = on_each_platform(
+    reference_all_gather_gemm,
+    functools.partial(reference_all_gather_gemm, gather=_gathered_in_float32))
 
 gemm_all_to_all_p, _a2a_reference_lowering = make_primitive(
     "flashoverlap_gemm_all_to_all", reference_gemm_all_to_all,

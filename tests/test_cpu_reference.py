@@ -60,37 +60,48 @@ _PARTLY_MANUAL = textwrap.dedent("""
     mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("dp", "tp"))
     rng = np.random.default_rng(7)
     x, dx = (jnp.asarray(rng.standard_normal((8, 4 * 48), np.float32), dtype) for _ in "ab")
-    w, dw = (jnp.asarray(rng.standard_normal((4 * 48, 40), np.float32), dtype) for _ in "ab")
-    op = {"all_reduce": fo.matmul_all_reduce, "reduce_scatter": fo.matmul_reduce_scatter}[name]
-    out_spec = P() if name == "all_reduce" else P("tp")
-    if how == "value":
-        body, args = (lambda a, b: op(a, b, "tp")), (x, w)
-    else:  # forward mode: the tangent is the reference's own collective
-        body = lambda a, b, da, db: jax.jvp(lambda u, v: op(u, v, "tp"), (a, b), (da, db))[1]
-        args = (x, w, dx, dw)
-    specs = (P(None, "tp"), P("tp", None))[:2] * (len(args) // 2)
-    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=out_spec,
-                              axis_names={"tp"}))
-    got = np.asarray(f(*args), np.float32)
+    w, dw = (jnp.asarray(rng.standard_normal((4 * 48, 64), np.float32), dtype) for _ in "ab")
+    op = {"all_reduce": fo.matmul_all_reduce, "reduce_scatter": fo.matmul_reduce_scatter,
+          "all_gather": fo.all_gather_matmul}[name]
+    # all_gather: x's rows and w's columns split over tp, the product's columns too
+    (x_spec, w_spec), out_spec = {"all_reduce": ((P(None, "tp"), P("tp", None)), P()),
+                                  "reduce_scatter": ((P(None, "tp"), P("tp", None)), P("tp")),
+                                  "all_gather": ((P("tp"), P(None, "tp")), P(None, "tp"))}[name]
     x32, w32, dx32, dw32 = (np.asarray(a, np.float32) for a in (x, w, dx, dw))
-    want = x32 @ w32 if how == "value" else dx32 @ w32 + x32 @ dw32
-    assert got.shape == want.shape, (got.shape, want.shape)
-    err = np.linalg.norm(got - want) / np.linalg.norm(want)
-    print(f"rel_fro {err:.2e}")
-    assert err < 1e-2, err
+    cot = rng.standard_normal((x.shape[0], w.shape[1]), np.float32)
+    if how == "value":
+        body, args, want = (lambda a, b: op(a, b, "tp")), (x, w), [x32 @ w32]
+    elif how == "jvp":  # forward mode: the tangent is the reference's own collective
+        body = lambda a, b, da, db: jax.jvp(lambda u, v: op(u, v, "tp"), (a, b), (da, db))[1]
+        args, want = (x, w, dx, dw), [dx32 @ w32 + x32 @ dw32]
+    else:  # reverse mode: the transposed collectives (all_gather's: a reduce-scatter of dx)
+        body, args, want = (lambda a, b: op(a, b, "tp")), (x, w), [cot @ w32.T, x32.T @ cot]
+    specs = (x_spec, w_spec) * (len(args) // 2)
+    mapped = jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=out_spec,
+                           axis_names={"tp"})
+    f = mapped if how != "grad" else jax.grad(
+        lambda a, b: jnp.sum(mapped(a, b).astype(jnp.float32) * cot), argnums=(0, 1))
+    got = jax.jit(f)(*args)
+    for g, want in zip(got if how == "grad" else [got], want):
+        g = np.asarray(g, np.float32)
+        assert g.shape == want.shape, (g.shape, want.shape)
+        err = np.linalg.norm(g - want) / np.linalg.norm(want)
+        print(f"rel_fro {err:.2e}")
+        assert err < 1e-2, err
     print("OK")
 """)
 
 
 @on_cpu
-@pytest.mark.parametrize("how", ["value", "jvp"])
+@pytest.mark.parametrize("how", ["value", "jvp", "grad"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("name", list(_CASES))
+@pytest.mark.parametrize("name", [*_CASES, "all_gather"])
 def test_partly_manual_shard_map(name, dtype, how):
     """The per-device op with its axis among the shard_map's axis_names (what the global
     view's error inside such a shard_map tells users to do): right values, and right
-    tangents (forward mode computes the reference's own collective), in a subprocess, since
-    XLA's failure there aborts the process rather than raising."""
+    tangents and gradients (computed by the reference's own collectives, promoted on CPU as
+    the forward is: a bfloat16 all_gather_matmul's gradient aborted the process), in a
+    subprocess, since XLA's failure there aborts the process rather than raising."""
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
                JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, "-c", _PARTLY_MANUAL, name, jnp.dtype(dtype).name,
@@ -98,6 +109,34 @@ def test_partly_manual_shard_map(name, dtype, how):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "OK" in proc.stdout, (proc.returncode, proc.stdout,
                                                           proc.stderr[-3000:])
+
+
+@on_cpu
+@pytest.mark.parametrize("op_name", ["all_reduce", "reduce_scatter"])
+def test_grads_under_vmap_with_an_spmd_axis_name(fo, op_name, rng):
+    """`vmap(shard_map(...), spmd_axis_name="dp")`: the gradient raised "Expected cotangent
+    type bfloat16[1,16,16] but got bfloat16[1,16,16]{V:dp}" (JAX's transpose of the cond that
+    picked the CPU promotion); in a fully manual shard_map the derivative is XLA's own
+    composition, with no cond, and equals XLA's gradient."""
+    from jax import lax
+    from jax.sharding import Mesh
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("dp", "tp"))
+    x, w = rand(rng, (2, 16, 128), jnp.bfloat16), rand(rng, (128, 16), jnp.bfloat16)
+    ours = {"all_reduce": lambda a, b: fo.matmul_all_reduce(a, b, "tp"),
+            "reduce_scatter": lambda a, b: fo.matmul_reduce_scatter(a, b, "tp")}[op_name]
+    xla = {"all_reduce": lambda a, b: lax.psum(a @ b, "tp"),
+           "reduce_scatter": lambda a, b: lax.psum_scatter(a @ b, "tp", tiled=True)}[op_name]
+    out_spec = P() if op_name == "all_reduce" else P("tp")
+    cot = jnp.asarray(np.random.default_rng(3).standard_normal((2, 16, 16)), jnp.float32)
+
+    def grads(body):
+        f = jax.vmap(jax.shard_map(body, mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)),
+                                   out_specs=out_spec), in_axes=(0, None), spmd_axis_name="dp")
+        loss = lambda a, b: jnp.sum(f(a, b).astype(jnp.float32) * cot)
+        return jax.jit(jax.grad(loss, argnums=(0, 1)))(x, w)
+    for got, want in zip(grads(ours), grads(xla)):
+        assert got.dtype == want.dtype == jnp.bfloat16
+        np.testing.assert_array_equal(f32(got), f32(want))
 
 
 @on_cpu
