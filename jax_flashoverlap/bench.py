@@ -34,7 +34,8 @@ import statistics
 import sys
 import time
 
-from jax_flashoverlap import bench_a2a, bench_args, bench_problem, bench_targets, bench_variants
+from jax_flashoverlap import (bench_a2a, bench_args, bench_problem, bench_record, bench_targets,
+                              bench_variants)
 # git_commit stays importable as bench.git_commit (tune, benchmarks/, their tests)
 from jax_flashoverlap.bench_record import RowLog, git_commit, is_stream, write_json  # noqa: F401
 
@@ -510,4 +511,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  sys.exit(bench_record.run_main(main))

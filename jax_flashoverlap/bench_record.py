@@ -118,3 +118,15 @@ def json_safe(value):
   if isinstance(value, (list, tuple)):
     return [json_safe(v) for v in value]
   return value
+
+
+def run_main(main) -> int:
+  """main()'s exit status; a reader that closed the pipe (`bench ... | head -1`) ends the run
+  quietly, as Unix tools do, instead of a BrokenPipeError traceback (and another one when
+  Python flushes stdout at exit)."""
+  try:
+    return main()
+  except BrokenPipeError:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # the exit's flush has nowhere to fail
+    return 141  # 128 + SIGPIPE, a shell's status for a command its pipe's reader left

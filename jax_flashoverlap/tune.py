@@ -563,4 +563,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  from jax_flashoverlap import bench_record
+  sys.exit(bench_record.run_main(main))

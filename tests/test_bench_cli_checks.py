@@ -100,3 +100,18 @@ def test_the_plot_makes_its_folder_and_says_when_it_is_a_smoke_run(tmp_path, mon
     assert bench_variants.plot(result, str(path)) == str(path) and path.stat().st_size > 1000
     assert titles[-1].startswith("4 devices, bfloat16")
     assert ("no GPU: every variant is XLA's composition (a smoke run)" in titles[-1]) == smoke
+
+
+def test_a_closed_pipe_ends_the_run_quietly():
+  """`bench ... | head -1`: the next line printed met a closed pipe, and the run ended in a
+  BrokenPipeError traceback (rc 1); now quietly, with a shell's status for it (141)."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  proc = subprocess.Popen([sys.executable, "-m", "jax_flashoverlap.bench", "overlap", "--shapes",
+                           "64x64x256", "--variants", "--trace", "0", "--samples", "1",
+                           "--calls", "1"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  first = proc.stdout.readline()  # the no-GPU warning, printed before anything is compiled
+  proc.stdout.close()  # as `head -1` exits
+  err = proc.stderr.read()
+  assert proc.wait(timeout=300) == 141, err[-3000:]
+  assert first.startswith("WARNING: no GPU") and "Traceback" not in err, err[-3000:]
