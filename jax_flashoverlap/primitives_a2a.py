@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_flashoverlap import _compat, _ext, comm, plan_a2a
+from jax_flashoverlap import _compat, comm, plan_a2a
 from jax_flashoverlap.primitives import (cuda_path, dot, emit_call, empty_batch,
                                          keep_reference, lowering_problem, make_primitive,
                                          on_each_platform, prepare_communicators,
