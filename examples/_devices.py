@@ -14,3 +14,18 @@ def round_up(value: int, multiple: int) -> int:
   """value rounded up to a multiple of multiple: the examples' default sizes made to split
   over any device count (3 or 6 GPUs too), where a size the user gave is checked instead."""
   return -(-value // multiple) * multiple
+
+
+def one_process_only() -> None:
+  """The examples run in one process over every local device: under jax_flashoverlap.launch
+  each process ran its own copy, none joined the others, and all exited 0 (call after
+  simulate_cpu_devices_without_gpu: this imports jax)."""
+  from jax_flashoverlap import distributed
+  try:
+    processes = distributed.launched_processes()
+  except ValueError as err:  # the launcher's variable set by hand, not an integer
+    raise SystemExit(str(err))
+  if processes > 1:
+    raise SystemExit(f"this example runs in one process over all local devices; under "
+                     f"jax_flashoverlap.launch each of the {processes} processes would run a "
+                     "copy of its own: run it without the launcher")

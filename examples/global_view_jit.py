@@ -27,6 +27,7 @@ import time
 import _devices  # examples/_devices.py (this script's folder is on sys.path)
 
 _devices.simulate_cpu_devices_without_gpu()
+_devices.one_process_only()
 
 import jax
 import jax.numpy as jnp

@@ -121,6 +121,7 @@ def launch_settings(coordinator_address: str | None = None, num_processes: int |
                      f"not {', '.join(missing)}: give all three (python -m "
                      "jax_flashoverlap.launch sets them) or none (one process)")
   launch = {arg: v for (arg, _), v in values.items()}
+  _check_coordinator(launch["coordinator_address"])
   if launch["num_processes"] < 1:
     raise ValueError(f"jax_flashoverlap.distributed.initialize: num_processes "
                      f"({NUM_PROCESSES_ENV}) must be >= 1, got {launch['num_processes']}")
@@ -129,6 +130,17 @@ def launch_settings(coordinator_address: str | None = None, num_processes: int |
                      f"must be in [0, {launch['num_processes']}) (num_processes), got "
                      f"{launch['process_id']}")
   return launch
+
+
+def _check_coordinator(address: str) -> None:
+  """HOST:PORT with a port in [1, 65535]: JAX's own handling of anything else was an IndexError
+  from inside it (no port), a failed RPC server (a port that is no number) or a wait with no
+  end (a port past 65535)."""
+  host, sep, port = str(address).rpartition(":")
+  if not (sep and host and port.isdigit() and 1 <= int(port) <= 65535):
+    raise ValueError(f"jax_flashoverlap.distributed.initialize: coordinator_address "
+                     f"({COORDINATOR_ENV}) must be HOST:PORT with a port in [1, 65535], got "
+                     f"{address!r}")
 
 
 def _client():

@@ -79,6 +79,9 @@ def _env(i: int, n: int, coordinator: str, gpus_per_process: int, gpus=None) -> 
   env.update({distributed.COORDINATOR_ENV: coordinator, distributed.NUM_PROCESSES_ENV: str(n),
               distributed.PROCESS_ID_ENV: str(i), "PYTHONUNBUFFERED": "1"})
   env.setdefault("NCCL_NVLS_ENABLE", "0")
+  # JAX's preemption service catches SIGTERM once jax.distributed runs: the launcher's stop
+  # (a timeout, a failed process, Ctrl-C) then always waited out its 10 s grace for SIGKILL.
+  env.setdefault("JAX_ENABLE_PREEMPTION_SERVICE", "false")
   if gpus_per_process:
     if gpus is None:  # count unknown: ordinals
       gpus = [str(g) for g in range(n * gpus_per_process)]

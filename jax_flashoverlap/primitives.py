@@ -438,9 +438,14 @@ def publish_decision(name, ctx, decision) -> None:
     # Among the processes of the mesh's devices, which lower this program: none to compare
     # with for one process's own devices; without devices (abstract mesh), every process.
     devices = _compat.mesh_devices(_compat.lowering_mesh(ctx))
+    # The problem itself too: a dtype or an N that differs between processes can give the same
+    # plan, and then NCCL calls of other types or counts (wrong numbers, or a hang).
+    problem = {"op": name, "operands": [[list(a.shape), str(a.dtype)] for a in ctx.avals_in],
+               "results": [[list(a.shape), str(a.dtype)] for a in ctx.avals_out]}
     distributed.check_identical(
         f"the group plan of {name} for x {tuple(x_aval.shape)} w {tuple(w_aval.shape)}",
-        decision, None if devices is None else {d.process_index for d in devices.flat})
+        dict(decision, **problem),
+        None if devices is None else {d.process_index for d in devices.flat})
 
 
 def prepare_communicators(name, mesh, axis_name, plan_fields, comm_sms, workspace_bytes,

@@ -37,6 +37,15 @@ def cli_bench_plot_without_matplotlib(t):
                           text=True, timeout=120)
 
 
+def cli_bench_coordinator_without_port(t):
+    # an IndexError from inside jax.distributed.initialize (and info said nothing was wrong)
+    env = dict(cli_env(), JAX_FLASHOVERLAP_COORDINATOR="localhost",
+               JAX_FLASHOVERLAP_NUM_PROCESSES="2", JAX_FLASHOVERLAP_PROCESS_ID="0")
+    return subprocess.run([sys.executable, "-m", "jax_flashoverlap.bench", "overlap", "--shapes",
+                           "64x64x64"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
 def cli_bench_launcher_variables_partial(t):
     # a traceback from distributed.initialize (tune made it a usage error already)
     env = dict(cli_env(), JAX_FLASHOVERLAP_NUM_PROCESSES="2")

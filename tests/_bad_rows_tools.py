@@ -178,6 +178,10 @@ TOOL_ROWS = [
                                                              "(JAX_FLASHOVERLAP_NUM_PROCESSES) "
                                                              "given but not", "give all three"),
                  id="cli-bench-launcher-variables-partial"),
+    pytest.param(cli_bench_coordinator_without_port, exits(2, "coordinator_address "
+                                                           "(JAX_FLASHOVERLAP_COORDINATOR) must be "
+                                                           "HOST:PORT", "got 'localhost'"),
+                 id="cli-bench-coordinator-without-port"),
     pytest.param(cli_stress_zero_calls, exits(2, "--calls must be >= 1, got 0"),
                  id="cli-stress-zero-calls"),
     pytest.param(cli_stress_dim_not_multiple_of_8, exits(2, "--dim 60", "must be a multiple of "

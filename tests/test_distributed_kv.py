@@ -105,6 +105,17 @@ def test_launch_settings_refuse_out_of_range(no_launcher, num, pid, words):
   assert all(w in str(err.value) for w in words), str(err.value)
 
 
+@pytest.mark.parametrize("address", ["localhost", "127.0.0.1:99999", "127.0.0.1:notaport",
+                                     ":1234", "host:0", "host:"])
+def test_launch_settings_refuse_a_coordinator_that_is_not_host_port(no_launcher, address):
+  """JAX's own handling: an IndexError from inside it (no port), a failed RPC server (a port
+  that is no number), a wait with no end (a port past 65535); `info` reported nothing."""
+  with pytest.raises(ValueError, match=r"coordinator_address \(JAX_FLASHOVERLAP_COORDINATOR\) "
+                     r"must be HOST:PORT with a port in \[1, 65535\], got " + repr(address)):
+    distributed.launch_settings(address, 2, 0)
+  assert distributed.launch_settings("[::1]:65535", 2, 1)["coordinator_address"] == "[::1]:65535"
+
+
 def test_initialize_leaves_a_running_runtime_alone(monkeypatch):
   """Already initialized (here: a client exists): jax.distributed.initialize is not called
   again (it raises when called twice), whatever the launcher's variables say."""

@@ -555,3 +555,16 @@ def test_global_view_jit_all_devices_on_dp(monkeypatch, capsys):
   example.main()
   out = capsys.readouterr().out
   assert "mesh dp=8 x tp=1" in out and out.rstrip().endswith("OK"), out
+
+
+@pytest.mark.parametrize("name", ["quickstart.py", "global_view_jit.py", "tp_transformer_block.py"])
+def test_examples_refuse_to_run_as_several_processes(name):
+  """Under jax_flashoverlap.launch (which sets JAX_FLASHOVERLAP_NUM_PROCESSES) each process ran
+  a copy of its own over its own devices, none joined the others, and all exited 0."""
+  env = dict(repo_env(), JAX_PLATFORMS="cpu", JAX_FLASHOVERLAP_NUM_PROCESSES="2")
+  proc = subprocess.run([sys.executable, str(ROOT / "examples" / name)], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr[-2000:])
+  assert ("this example runs in one process over all local devices; under "
+          "jax_flashoverlap.launch each of the 2 processes would run a copy of its own"
+          in proc.stderr), proc.stderr[-2000:]

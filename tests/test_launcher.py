@@ -111,6 +111,26 @@ def test_launcher_timeout(tmp_path):
     assert "timeout" in r.stdout and "processes 0, 1 still running" in r.stdout, r.stdout
 
 
+def test_launcher_timeout_stops_jax_distributed_processes_at_once(tmp_path):
+    """JAX's preemption service catches SIGTERM once jax.distributed runs: every stop (a
+    timeout, a failed process, Ctrl-C) waited out the launcher's 10 s grace for SIGKILL."""
+    import time
+    body = textwrap.dedent("""
+        import time
+        import jax
+        from jax_flashoverlap import distributed
+        distributed.initialize()
+        assert jax.process_count() == 2
+        print("INITIALIZED", flush=True)
+        time.sleep(120)
+    """)
+    start = time.monotonic()
+    r = _launch(tmp_path, body, "-n", "2", "--timeout", "12", timeout=90)
+    took = time.monotonic() - start
+    assert r.returncode == 124 and "INITIALIZED" in r.stdout, r.stdout + r.stderr
+    assert took < 12 + 7, f"the stop took {took - 12:.1f} s after the timeout"
+
+
 def _alive(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:  # a zombie (state Z) is gone for this purpose
@@ -311,6 +331,7 @@ def test_launcher_env_of_each_process(monkeypatch):
     assert env["JAX_FLASHOVERLAP_NUM_PROCESSES"] == "3"
     assert env["JAX_FLASHOVERLAP_PROCESS_ID"] == "1"
     assert env["PYTHONUNBUFFERED"] == "1" and env["NCCL_NVLS_ENABLE"] == "0"
+    assert env["JAX_ENABLE_PREEMPTION_SERVICE"] == "false"  # SIGTERM stops the process
     assert env["SOME_USER_VARIABLE"] == "kept"
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
     assert launch_mod._env(0, 2, "h:1", 0)["NCCL_NVLS_ENABLE"] == "1"

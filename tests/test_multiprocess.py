@@ -35,9 +35,9 @@ SCRIPT = textwrap.dedent('''
     big = (jax.ShapeDtypeStruct((4096, 8192), jnp.bfloat16),
            jax.ShapeDtypeStruct((8192, 8192), jnp.bfloat16))
 
-    def cuda_text(**kw):
+    def cuda_text(args=big, **kw):
         f = jax.shard_map(lambda a, b: fo.matmul_all_reduce(a, b, "tp", **kw), **spec)
-        return jax.jit(f).trace(*big).lower(lowering_platforms=("cuda",)).as_text()
+        return jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
     # Same plan everywhere: the check passes and the custom call is there.
     assert "flashoverlap_gemm_all_reduce" in cuda_text()
@@ -48,6 +48,17 @@ SCRIPT = textwrap.dedent('''
     except distributed.DistributedMismatchError as err:
         assert "differs between processes" in str(err)
         print("MISMATCH OK", flush=True)
+    # The same plan for another dtype or N on one process: NCCL calls of other types or
+    # counts (wrong numbers, or a hang) passed the check, which compared the plans only.
+    other = {"dtype": (big[0].update(dtype=jnp.float16), big[1].update(dtype=jnp.float16)),
+             "N": (big[0], jax.ShapeDtypeStruct((8192, 8000), jnp.bfloat16))}
+    for what, args in other.items():
+        try:
+            cuda_text(args if me == 1 else big)
+            print("NO MISMATCH ERROR for", what); sys.exit(3)
+        except distributed.DistributedMismatchError as err:
+            assert "differs between processes" in str(err) and "operands" in str(err), err
+            print("MISMATCH OK", what, flush=True)
 
     # The reference path across processes gives XLA's values.
     M, K, N = 16, 64, 32
@@ -200,6 +211,7 @@ def test_two_processes_kv_exchange_plan_check_and_values(tmp_path):
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-6000:]
     assert "MISMATCH OK" in out and "VALUES OK" in out, out[-6000:]
+    assert "MISMATCH OK dtype" in out and "MISMATCH OK N" in out, out[-6000:]
 
 
 # The fallback decision differs between the processes: process 1 keeps our kernels
