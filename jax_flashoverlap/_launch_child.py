@@ -134,6 +134,18 @@ def _cannot_run(message: str, status: int = 2) -> None:
   sys.exit(status)
 
 
+def _note_returned() -> None:
+  """Tells the launcher (a file in its JAX_FLASHOVERLAP_LAUNCH_NOTES folder) that the program
+  ended well while jax.distributed runs: the process now waits in JAX's shutdown barrier for
+  the others, and if they wait for it in a collective, the launcher names it."""
+  folder, me = (os.environ.get(f"JAX_FLASHOVERLAP_{v}") for v in ("LAUNCH_NOTES", "PROCESS_ID"))
+  if folder and me and _jax_distributed_running():
+    try:
+      open(os.path.join(folder, f"process{me}.returned"), "w").close()
+    except OSError:  # no note: only the launcher's message is the poorer
+      pass
+
+
 def run(argv: list) -> None:
   if not argv or argv == ["-m"]:
     _cannot_run("jax_flashoverlap._launch_child: missing the program (script.py or -m module)")
@@ -143,10 +155,12 @@ def run(argv: list) -> None:
     _cannot_run(f"Error while finding module specification for {argv[1]!r} ({err})", 1)
   try:
     exec(code, main.__dict__)
+    _note_returned()
   except SystemExit as exit_:
     status = _status_of(exit_.code) if _jax_distributed_running() else None
     if status:  # a failure while jax.distributed runs: now, not after JAX's barrier
       _exit_now(status)
+    _note_returned()
     raise
   except KeyboardInterrupt:
     if not _jax_distributed_running():

@@ -74,10 +74,13 @@ def visible_gpus() -> tuple[list | None, str]:
 MAX_PROCESSES = 256
 
 
-def _env(i: int, n: int, coordinator: str, gpus_per_process: int, gpus=None) -> dict:
+def _env(i: int, n: int, coordinator: str, gpus_per_process: int, gpus=None,
+         notes: str | None = None) -> dict:
   env = dict(os.environ)
   env.update({distributed.COORDINATOR_ENV: coordinator, distributed.NUM_PROCESSES_ENV: str(n),
               distributed.PROCESS_ID_ENV: str(i), "PYTHONUNBUFFERED": "1"})
+  if notes:  # where _launch_child notes a program that ended well (_returned_early)
+    env[NOTES_ENV] = notes
   env.setdefault("NCCL_NVLS_ENABLE", "0")
   # JAX's preemption service catches SIGTERM once jax.distributed runs: the launcher's stop
   # (a timeout, a failed process, Ctrl-C) then always waited out its 10 s grace for SIGKILL.
@@ -88,6 +91,25 @@ def _env(i: int, n: int, coordinator: str, gpus_per_process: int, gpus=None) -> 
     env["CUDA_VISIBLE_DEVICES"] = ",".join(
         gpus[i * gpus_per_process:(i + 1) * gpus_per_process])
   return env
+
+
+NOTES_ENV = "JAX_FLASHOVERLAP_LAUNCH_NOTES"
+
+
+def _returned_early(logdir: str, procs) -> str:
+  """Why the others may have waited, where a failed or timed-out launch had processes whose
+  program had ended well (noted by _launch_child) and then waited in JAX's shutdown barrier:
+  a program that stops early on one process leaves the others in a collective with no peer,
+  and the launcher saw only who ran out of time (before: 'process 0 was killed by SIGABRT'
+  when JAX's 300 s barrier gave up, the early one never named)."""
+  done = [i for i in range(len(procs))
+          if os.path.exists(os.path.join(logdir, f"process{i}.returned"))]
+  if not done or len(done) == len(procs):
+    return ""
+  which = ", ".join(map(str, done))
+  return (f"[launch] the program of process{'es' if len(done) > 1 else ''} {which} had ended "
+          "(exit status 0) and waited in jax.distributed's shutdown for the others: if the "
+          "others were in a collective, the program ended early there")
 
 
 def _signal_group(p, signum) -> None:
@@ -176,7 +198,8 @@ def launch(n: int, command: list, timeout: float, gpus_per_process: int = 0,
     for i in range(n):
       log = None if i == 0 else open(os.path.join(logdir, f"process{i}.log"), "w")
       logs.append(log)
-      procs.append(subprocess.Popen(command, env=_env(i, n, coordinator, gpus_per_process, gpus),
+      procs.append(subprocess.Popen(command,
+                                    env=_env(i, n, coordinator, gpus_per_process, gpus, logdir),
                                     stdout=log, stderr=subprocess.STDOUT if log else None,
                                     start_new_session=True))
     deadline = time.monotonic() + timeout
@@ -207,6 +230,9 @@ def launch(n: int, command: list, timeout: float, gpus_per_process: int = 0,
       signal.signal(s, signal.SIG_IGN)
     _kill(procs, groups=code != 0)
     reservation.close()
+    early = _returned_early(logdir, procs) if code != 0 else ""
+    if early:
+      print(early, flush=True)
     for s, handler in previous.items():
       signal.signal(s, handler)
     for i, log in enumerate(logs):

@@ -131,6 +131,29 @@ def test_launcher_timeout_stops_jax_distributed_processes_at_once(tmp_path):
     assert took < 12 + 7, f"the stop took {took - 12:.1f} s after the timeout"
 
 
+def test_launcher_names_a_process_whose_program_ended_early(tmp_path):
+    """Process 1's program ends well after the first collective while process 0 waits in the
+    next: process 1 sat in JAX's shutdown barrier and the launcher, at its timeout, said only
+    'processes 0, 1 still running' (or, after JAX's 300 s barrier, 'process 0 was killed by
+    SIGABRT'), never naming the process that had stopped early."""
+    body = textwrap.dedent("""
+        import sys
+        import jax
+        from jax.experimental import multihost_utils
+        from jax_flashoverlap import distributed
+        distributed.initialize()
+        multihost_utils.sync_global_devices("first")
+        print("FIRST COLLECTIVE DONE", flush=True)
+        if jax.process_index() == 1:
+            sys.exit(0)
+        multihost_utils.sync_global_devices("second")  # process 1 never comes
+    """)
+    r = _launch(tmp_path, body, "-n", "2", "--timeout", "15", timeout=120)
+    assert r.returncode == 124 and "FIRST COLLECTIVE DONE" in r.stdout, r.stdout + r.stderr
+    assert ("the program of process 1 had ended (exit status 0) and waited in "
+            "jax.distributed's shutdown for the others" in r.stdout), r.stdout
+
+
 def _alive(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:  # a zombie (state Z) is gone for this purpose
