@@ -218,3 +218,16 @@ def distributed_client():
   """JAX's distributed runtime client, or None when jax.distributed is not initialized."""
   from jax._src import distributed
   return getattr(distributed.global_state, "client", None)
+
+
+def traced_state(name: str, help: str):
+  """A thread-local JAX config state that is part of jit's trace and cache keys (JAX's own
+  switches are such states): a function traced under one value is traced again under
+  another, instead of JAX's cache giving back what it lowered before. A context manager
+  factory: `state(value)`; None where this JAX has no such states."""
+  try:
+    from jax._src import config as _config
+    return _config.string_or_object_state(name, None, help, include_in_jit_key=True,
+                                          include_in_trace_context=True)
+  except (ImportError, AttributeError, TypeError):  # pragma: no cover
+    return None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import numbers
 import os
 import socket
 import threading
@@ -121,6 +122,15 @@ def launch_settings(coordinator_address: str | None = None, num_processes: int |
                      f"not {', '.join(missing)}: give all three (python -m "
                      "jax_flashoverlap.launch sets them) or none (one process)")
   launch = {arg: v for (arg, _), v in values.items()}
+  for arg in ("num_processes", "process_id"):  # arguments (variables are parsed as ints)
+    value = launch[arg]
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+      raise TypeError(f"jax_flashoverlap.distributed.initialize: {arg} must be an int, got "
+                      f"{value!r} ({type(value).__name__})")
+    launch[arg] = int(value)
+  if not isinstance(launch["coordinator_address"], str):
+    raise TypeError(f"jax_flashoverlap.distributed.initialize: coordinator_address must be a "
+                    f"'HOST:PORT' string, got {launch['coordinator_address']!r}")
   _check_coordinator(launch["coordinator_address"])
   if launch["num_processes"] < 1:
     raise ValueError(f"jax_flashoverlap.distributed.initialize: num_processes "

@@ -30,6 +30,7 @@ import threading
 
 import numpy as np
 
+from jax_flashoverlap import _compat
 from jax_flashoverlap.plan_search import MAX_GROUPS, best_cuts
 
 # M, N and K must stay below this (signaling_gemm.cu LaunchSignalingGemm: 32-bit TMA
@@ -433,9 +434,17 @@ def _best_bands(collective, m, n, k, world, itemsize, p, comm_sms, transpose_w) 
 # --- overrides (tuning, benchmarks) ----------------------------------------------------------
 
 class Override(threading.local):
-  """A per-thread plan override: `get()` is None outside `active(value)`."""
+  """A per-thread plan override: `get()` is None outside `active(value)`. Every override in
+  force (plan's, plan_a2a's) is also a JAX state in jit's trace and cache keys: a function
+  JAX had lowered before was given back from its cache under `forced(...)`, with its old plan
+  (a tuning loop over `forced` plans of one jitted function measured the first every time)."""
 
   value = None
+  instances = []  # every Override (class-wide), in creation order: _OVERRIDES_STATE's value
+
+  def __init__(self):  # (threading.local runs it again in every thread: registered once)
+    if not any(o is self for o in Override.instances):
+      Override.instances.append(self)
 
   def get(self):
     return self.value
@@ -444,11 +453,19 @@ class Override(threading.local):
   def active(self, value):
     previous, self.value = self.value, value
     try:
-      yield
+      if _OVERRIDES_STATE is None:  # pragma: no cover  (a JAX without such states)
+        yield
+      else:
+        with _OVERRIDES_STATE(tuple(o.value for o in Override.instances)):
+          yield
     finally:
       self.value = previous
 
 
+_OVERRIDES_STATE = _compat.traced_state(
+    "jax_flashoverlap_plan_overrides",
+    "jax_flashoverlap's forced plans in force (plan.forced, plan_a2a.forced): part of jit's "
+    "cache key, so that a function is lowered again under another override")
 _override = Override()
 
 
@@ -474,6 +491,9 @@ def forced(num_groups: int | None = None, comm_sms: int | None = None, overlap: 
       raise TypeError(f"forced(): band_rows must be a sequence of ints (row boundaries in one "
                       f"rank block), got {band_rows!r}")
     bands = tuple(int(b) for b in bands)
+    if len(bands) < 2:  # else a TypeError from deep in the all-reduce's cost model
+      raise ValueError(f"forced(): band_rows needs at least 2 boundaries (0, ..., the rows of "
+                       f"one rank block), got {band_rows!r}")
   return _override.active((num_groups, comm_sms, overlap, bands, cta_policy))
 
 
@@ -540,7 +560,7 @@ def choose_plan(collective: str, m: int, n: int, k: int, world: int, itemsize: i
     entry = tuning.lookup(gpu, world, collective, dtype, m, n, k)
     if entry is not None and entry.get("transport", "nccl") == "nccl":
       return plan_from_entry(collective, m, world, entry)
-  if comm_sms is None:
+  if forced_sms is not None:  # the override first, as the priority above says
     comm_sms = forced_sms
   profile = profile_for_world(world)
   if comm_sms is not None:

@@ -293,7 +293,7 @@ def is_forced() -> bool:
 
 def _profile_for(comm_sms):
   override = _override.get()
-  if comm_sms is None and override is not None:
+  if override is not None and override[1] is not None:  # the override first, as plan's
     comm_sms = override[1]
   if comm_sms is None:
     return DEFAULT_PROFILE

@@ -308,9 +308,15 @@ def config_files() -> list:
     return sorted(f for f in folder.glob("*.json") if not f.name.startswith("."))
   files = found(PACKAGE_DIR) if PACKAGE_DIR.is_dir() else []
   user = user_config_dir()
-  if user.is_dir():
-    files += found(user)
-  elif os.environ.get(CONFIG_DIR_ENV):  # set on purpose: a typo must not drop its plans
+  try:  # Path.is_dir raises, not returns False, for a name too long, a folder without access
+    user_is_dir = user.is_dir()
+    if user_is_dir:
+      files += found(user)
+  except OSError as err:
+    raise ConfigError(f"jax_flashoverlap: cannot read the tuned-config folder {user} "
+                      f"({CONFIG_DIR_ENV} or the user config dir): {err}") from err
+  # set on purpose: a typo must not drop its plans
+  if not user_is_dir and os.environ.get(CONFIG_DIR_ENV):
     raise ConfigError(f"jax_flashoverlap: environment variable {CONFIG_DIR_ENV}="
                       f"{os.environ[CONFIG_DIR_ENV]!r} must be a directory of tuned-config "
                       f"files; {user} " + ("is not a directory" if user.exists()
