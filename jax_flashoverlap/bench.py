@@ -442,11 +442,7 @@ def main(argv=None) -> int:
   bench_args.check_numbers(parser, args)
   bench_args.check_output_paths(parser, args)
   import jax_flashoverlap as fo
-  from jax_flashoverlap import primitives
-  try:  # a bad JAX_FLASHOVERLAP_* switch: refused now, not as a traceback at the first lowering
-    primitives.check_switches()
-  except ValueError as err:
-    parser.error(str(err))
+  bench_args.check_switches(parser)
   try:  # no-op unless started by jax_flashoverlap.launch
     fo.distributed.launch_settings()  # the launcher's variables set by hand, and wrong
   except ValueError as err:

@@ -28,6 +28,16 @@ def check_numbers(parser, args) -> None:
     parser.error(f"--trace must be >= 0, got {args.trace}")
 
 
+def check_switches(parser) -> None:
+  """Every JAX_FLASHOVERLAP_* switch parses, else a parser error naming it (exit 2) before any
+  work: it was a traceback at the first lowering (bench, tune)."""
+  from jax_flashoverlap import primitives
+  try:
+    primitives.check_switches()
+  except ValueError as err:
+    parser.error(str(err))
+
+
 def check_output_paths(parser, args) -> None:
   """--out (rewritten after every row) and --plot (drawn at the end) can be written, checked
   before any device work: a directory, a folder that cannot be made or written, or a plot

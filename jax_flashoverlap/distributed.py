@@ -146,7 +146,7 @@ def _check_coordinator(address: str) -> None:
   """HOST:PORT with a port in [1, 65535]: JAX's own handling of anything else was an IndexError
   from inside it (no port), a failed RPC server (a port that is no number) or a wait with no
   end (a port past 65535)."""
-  host, sep, port = str(address).rpartition(":")
+  host, sep, port = address.rpartition(":")
   if not (sep and host and port.isdigit() and 1 <= int(port) <= 65535):
     raise ValueError(f"jax_flashoverlap.distributed.initialize: coordinator_address "
                      f"({COORDINATOR_ENV}) must be HOST:PORT with a port in [1, 65535], got "

@@ -32,8 +32,8 @@ import sys
 import time
 import types
 
-from jax_flashoverlap import (_ext, bench, bench_a2a, bench_problem, plan as plan_lib, tune_a2a,
-                              tune_model, tuning)
+from jax_flashoverlap import (_ext, bench, bench_a2a, bench_args, bench_problem, plan as plan_lib,
+                              tune_a2a, tune_model, tuning)
 
 CALIBRATION_GROUPS = (1, 2, 4, 8)
 # The op itself with even bands, few and many groups: fits the GEMM's slowdown beside NCCL and
@@ -472,27 +472,25 @@ def main(argv=None) -> int:
                  f"--world is {args.world}")
   devices = jax.devices()[: args.world]
   gpu = devices[0].device_kind
+  hint = bench.default_shapes_hint(args.world) if shapes_defaulted else ""
   for shape in args.shapes if args.collectives else ():
     try:
       bench.check_tp_shape(shape, args.world, args.collectives)
     except ValueError as err:
-      parser.error(str(err) + (bench.default_shapes_hint(args.world) if shapes_defaulted else ""))
+      parser.error(str(err) + hint)
     why = calibration_shape_error(shape, args.world)
     if why:
-      parser.error(why + (bench.default_shapes_hint(args.world) if shapes_defaulted else ""))
+      parser.error(why + hint)
   if args.out is None:  # made now: a config dir set but missing fails every tuned-plan lookup
     try:
       tuning.user_config_dir().mkdir(parents=True, exist_ok=True)
     except OSError as err:
       parser.error(f"cannot make the config dir {tuning.user_config_dir()} "
                    f"(${tuning.CONFIG_DIR_ENV}): {err}")
-  from jax_flashoverlap import primitives
-  try:  # a bad JAX_FLASHOVERLAP_* switch: refused before any GPU time (once the dir is made)
-    primitives.check_switches()
-  except ValueError as err:
-    parser.error(str(err))
+  bench_args.check_switches(parser)  # before any GPU time (once the dir is made)
   slug = re.sub(r"[^a-z0-9]+", "_", gpu.lower()).strip("_")
-  out = args.out if args.out is not None else tuning.user_config_dir() / f"{slug}_x{args.world}.json"
+  out = (args.out if args.out is not None
+         else tuning.user_config_dir() / f"{slug}_x{args.world}.json")
   check_output_paths(parser, out, args.report, gpu, args.world,
                      "--out" if args.out is not None else "the config file")
   problems = list(bench_problem.problems(args))
@@ -504,8 +502,7 @@ def main(argv=None) -> int:
     try:
       bench_a2a.check_shape(op, m, n, args.world, k)
     except ValueError as err:
-      parser.error(str(err).replace("bench a2a", "tune")
-                   + (bench.default_shapes_hint(args.world) if shapes_defaulted else ""))
+      parser.error(str(err).replace("bench a2a", "tune") + hint)
     why = tune_a2a.unsupported(op, m, n, k, args.world)
     if why:
       parser.error(why)
