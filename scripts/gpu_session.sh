@@ -8,7 +8,8 @@
 #     pack (last: one archive of $OUT)
 #     (default: build info tests)
 # Carry: .whl (nvidia-cutlass wheel; the machine has no index) and build/obj (object cache).
-# Environment it reads: OUT (logs; default /tmp/fo_out), TAG (result names; default h200xN),
+# Environment it reads: OUT (logs; default /tmp/fo_out), TAG (result names; default
+# <model>xN: h200x2, h100x2),
 # STEP_TIMEOUT (seconds per step; 400, the pytest steps 560), GPU_PART (1..4, gpu_part),
 # GPU_FILES / GPU_FILES_SUFFIX (gpu_files), PYTEST_K (gpu_k), and extra arguments per step:
 # TUNE_ARGS, OVERLAP_ARGS, SWEEP_ARGS, PROCS_ARGS, STRESS_ARGS, FLAX_ARGS / FLAX_SUFFIX,
@@ -58,8 +59,9 @@ if [ "$gpus" -eq 0 ]; then
     esac
   done
 fi
-# Result files are named after the machine: h200x2, h200x4, ... (override with TAG=...).
-TAG="${TAG:-h200x$gpus}"
+# Result files are named after the machine: h200x2, h100x2, ... (override with TAG=...): an
+# H200 pair asked for may come as H100s, whose results (and tuned plans) are not H200's.
+TAG="${TAG:-$(gpu_model)x$gpus}"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH="/tmp/site:$(pwd)${PYTHONPATH:+:$PYTHONPATH}"
@@ -102,7 +104,7 @@ for step in "${steps[@]}"; do
       run_step procs1 python3 -m jax_flashoverlap.bench overlap --variants ${PROCS_ARGS:-} --out "$OUT/procs1_$TAG.json"
       run_step procs2 python3 -m jax_flashoverlap.launch -n 2 --gpus-per-process 1 --timeout 500 -m jax_flashoverlap.bench overlap --variants ${PROCS_ARGS:-} --out "$OUT/procs2_$TAG.json" ;;
     tune)  # tuned plans for this machine into the package's configs (later steps use them)
-      run_step tune python3 -m jax_flashoverlap.tune ${TUNE_ARGS:-} --out "jax_flashoverlap/configs/${TAG/h200x/h200_x}.json" --report "$OUT/tune_$TAG.json"
+      run_step tune python3 -m jax_flashoverlap.tune ${TUNE_ARGS:-} --out "jax_flashoverlap/configs/${TAG/%x$gpus/_x$gpus}.json" --report "$OUT/tune_$TAG.json"
       cp jax_flashoverlap/configs/*.json "$OUT/" ;;
     stress) run_step stress python3 benchmarks/stress.py ${STRESS_ARGS:-} --out "$OUT/stress_$TAG.json" ;;
     fuzz)  # random shapes / plans / kernel switches for FUZZ_SECONDS (benchmarks/fuzz.py)

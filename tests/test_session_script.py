@@ -33,11 +33,12 @@ def test_gpu_part_refuses_a_part_it_does_not_have(tmp_path):
         assert r.returncode == 2 and "gpu_part: set GPU_PART=1, 2, 3 or 4" in r.stdout, part
 
 
-def _fake_gpu(tmp_path):
-    """A PATH whose nvidia-smi lists one GPU (the steps that need one run)."""
+def _fake_gpu(tmp_path, model="NVIDIA H200", count=1):
+    """A PATH whose nvidia-smi lists `count` GPUs (the steps that need one run)."""
     smi = tmp_path / "smi" / "nvidia-smi"
     smi.parent.mkdir(exist_ok=True)
-    smi.write_text('#!/bin/bash\necho "GPU 0: NVIDIA H200 (UUID: GPU-0)"\n')
+    smi.write_text("#!/bin/bash\n" + "".join(f'echo "GPU {i}: {model} (UUID: GPU-{i})"\n'
+                                             for i in range(count)))
     smi.chmod(0o755)
     return f"{smi.parent}:/usr/bin:/bin"
 
@@ -150,10 +151,10 @@ case " $* " in *" ${FAKE_FAIL:-@@} "*) exit 4;; esac
 """
 
 
-def _faked(tmp_path, *steps, **env):
+def _faked(tmp_path, *steps, gpus=(), **env):
     """_session with a fake python3 (logs its arguments and the build / fallback switches;
     exits 4 when FAKE_FAIL is one of them) and a fake timeout (logs its limit) on PATH:
-    (result, logged lines)."""
+    (result, logged lines). gpus: _fake_gpu's model and count."""
     tools = tmp_path / "tools"
     tools.mkdir(exist_ok=True)
     (tools / "python3").write_text(_FAKE_PYTHON3)
@@ -162,7 +163,7 @@ def _faked(tmp_path, *steps, **env):
         f.chmod(0o755)
     log = tmp_path / "calls.log"
     log.write_text("")
-    r = _session(tmp_path, *steps, PATH=f"{tools}:{_fake_gpu(tmp_path)}", FAKE_LOG=str(log),
+    r = _session(tmp_path, *steps, PATH=f"{tools}:{_fake_gpu(tmp_path, *gpus)}", FAKE_LOG=str(log),
                  **env)
     return r, log.read_text().splitlines()
 
@@ -202,3 +203,17 @@ def test_a_failed_build_stops_the_session_and_each_steps_rc_is_reported(tmp_path
     r, calls = _faked(tmp_path, "info", "tests", FAKE_FAIL="jax_flashoverlap.info")
     assert r.returncode == 1 and "info           rc=4 " in r.stdout, r.stdout
     assert "tests          rc=0 " in r.stdout  # later steps still run
+
+
+def test_results_are_named_after_the_gpus_the_machine_came_with(tmp_path):
+    """The runbook's names on 2 x H200; an H200 pair asked for may come as H100s, whose results
+    were filed as h200x2 and whose tune merged into configs/h200_x2.json: refused (that file's
+    plans are the H200's), the call lost."""
+    for model, tag, config in (("NVIDIA H200", "h200x2", "h200_x2"),
+                               ("NVIDIA H100 80GB HBM3", "h100x2", "h100_x2")):
+        r, calls = _faked(tmp_path, "tune", "overlap_all", gpus=(model, 2))
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        args = [c.split("|") for c in calls if c.startswith("python3")]
+        assert args[0][args[0].index("--out") + 1] == f"jax_flashoverlap/configs/{config}.json"
+        assert args[0][args[0].index("--report") + 1].endswith(f"out/tune_{tag}.json")
+        assert args[1][args[1].index("--out") + 1].endswith(f"out/{tag}.json"), args
