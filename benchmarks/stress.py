@@ -21,7 +21,8 @@ and poisoned (JAX_FLASHOVERLAP_POISON_OUTPUTS=1, unless set otherwise: each call
 workspace hold NaN before it runs, so an unwritten tile is a NaN, never a stale value),
 and each compiled program is checked to contain our custom call (on GPU; at world size 1
 the all-to-all and all-gather lower to XLA's composition: nothing to exchange). Prints a
-summary and writes the counts as JSON. Exit status 1 on any mismatch. `--ops` picks ops.
+summary and writes the counts as JSON. Exit status 1 on any mismatch. `--ops` picks ops
+(`--ops` alone: none, the scan model only).
 """
 
 import argparse
@@ -261,8 +262,9 @@ def main():
   ap.add_argument("--dim", type=int, default=2048 if gpu else 64)
   ap.add_argument("--ffn", type=int, default=4096 if gpu else 128)
   ap.add_argument("--seed", type=int, default=int(time.time()))
-  ap.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS),
-                  help="the ops of part 1 (default: all)")
+  # none: the scan model alone (a run cut in it had finished every op; it runs after them)
+  ap.add_argument("--ops", nargs="*", choices=OPS, default=list(OPS),
+                  help="the ops of part 1 (default: all; none: the scan model only)")
   ap.add_argument("--out", help="write the counts as JSON here")
   args = ap.parse_args()
   for name in ("calls", "scan_steps", "layers", "tokens", "dim", "ffn"):

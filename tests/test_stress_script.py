@@ -45,6 +45,17 @@ def test_stress_run_cut_short_keeps_its_counts(tmp_path):
   assert all(s["mismatches"] == 0 for s in d["ops"].values())
 
 
+def test_stress_runs_the_scan_model_alone_after_a_run_cut_in_it(tmp_path):
+  """A run cut in the scan model had finished every op; `--ops` took at least one, so the scan
+  model could not run again without another 2,000 calls of some op."""
+  report = tmp_path / "stress.json"
+  out = run_example("stress.py", "--ops", "--scan-steps", "2", "--layers", "2",
+                    "--out", str(report), folder="benchmarks", devices=2)
+  d = json.loads(report.read_text())
+  assert d["ops"] == {} and d["scan_model"]["steps"] == 2 and d["complete"] is True
+  assert "OK: no mismatch" in out
+
+
 def test_stress_check_fails_on_a_wrong_result(tmp_path):
   """The stress run's per-call check: a product off by more than the tolerance, or gathered
   rows one bit off, is a mismatch (the checker can fail)."""
