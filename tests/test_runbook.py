@@ -37,3 +37,14 @@ def test_the_object_snippet_brings_back_the_new_objects_only(tmp_path):
 def test_the_object_snippet_succeeds_when_nothing_is_new(tmp_path):
   """The usual case (every object carried): tar refused an empty archive, exit 2."""
   assert _bring_back(tmp_path, ["k.1.o"], ["k.1.o"]) == (0, None)
+
+
+def test_every_call_fits_the_wrapper_timeout():
+  """Each call runs `timeout 570 bash scripts/gpu_session.sh STEPS` with STEP_TIMEOUT bounding
+  every step: build + N x STEP_TIMEOUT over 570 s let the wrapper cut the last step (call C's
+  three steps at 200 s, call B's 560 s after build)."""
+  calls = re.findall(r"STEP_TIMEOUT=(\d+)[^`\n]*?gpu_session\.sh ((?:[a-z_0-9]+ ?)+)", RUNBOOK)
+  assert len(calls) >= 3, calls  # calls A, B, C
+  for timeout, steps in calls:
+    steps = [s for s in steps.split() if s != "build"]
+    assert int(timeout) * len(steps) <= 540, (timeout, steps)
