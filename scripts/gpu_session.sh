@@ -4,7 +4,7 @@
 #     tune overlap_bench overlap_all sweep procs stress fuzz flax_example sanitize_overlap harness
 #     harness_peer sanitize_harness gemm_epilogue transpose_w helpers quickstart
 #     global_view diagnose a2a_tests a2a_bench readme_tests cuda_tests launch_smoke bench_smoke peer peer_bench
-#     peer_spin peer_groups
+#     peer_tune peer_spin peer_groups
 #     pack (last: one archive of $OUT)
 #     (default: build info tests)
 # Carry: .whl (nvidia-cutlass wheel; the machine has no index) and build/obj (object cache).
@@ -35,7 +35,7 @@ KNOWN_STEPS=" build info tests gpu_tests gpu_k gpu_part gpu_files mesh_tests gem
   overlap_bench sweep overlap_all procs tune stress fuzz flax_example sanitize_overlap harness
   harness_peer sanitize_harness gemm_epilogue transpose_w helpers quickstart launch_smoke
   bench_smoke global_view a2a_tests diagnose a2a_bench readme_tests pack cuda_tests peer_groups
-  peer_spin peer peer_bench "
+  peer_spin peer peer_bench peer_tune "
 for step in "${steps[@]}"; do  # arguments checked before any setup (and before any step runs)
   if [[ ! " $(echo $KNOWN_STEPS) " == *" $step "* ]]; then
     echo "unknown step $step; the steps:$(echo $KNOWN_STEPS | sed 's/^/ /')"; exit 2
@@ -247,12 +247,14 @@ for step in "${steps[@]}"; do
       run_step hpeer_procs bash tests/cuda/run_overlap_harness.sh none "$OUT/hpeer_procs" --ops pr_rs,pr_ar --calls 4
       run_step hpeer_procs_odd bash tests/cuda/run_overlap_harness.sh none "$OUT/hpeer_procs_odd" --ops pr_rs,pr_ar --m 320 --n 272 --k 200 ;;
     peer_bench)  # the bench's ours_peer beside the NCCL path and XLA (one process, then one per
-      # GPU under the launcher), and tune --peer into $OUT only
+      # GPU under the launcher)
       run_step peer_bench python3 -m jax_flashoverlap.bench overlap --world 2 --variants peer --out "$OUT/peer_bench_$TAG.json"
       # the same with the other GPU granted access to XLA's memory (the all-reduce unstaged
       # where XLA left it out; its JSON's peer_communicators say which way each went)
       run_step peer_bench_granted env JAX_FLASHOVERLAP_GRANT_PEER_ACCESS=1 python3 -m jax_flashoverlap.bench overlap --world 2 --variants peer --collectives all_reduce --out "$OUT/peer_bench_granted_$TAG.json"
-      run_step peer_bench_procs python3 -m jax_flashoverlap.launch -n 2 --gpus-per-process 1 --timeout 500 -m jax_flashoverlap.bench overlap --variants peer --out "$OUT/peer_bench_procs_$TAG.json"
+      run_step peer_bench_procs python3 -m jax_flashoverlap.launch -n 2 --gpus-per-process 1 --timeout 500 -m jax_flashoverlap.bench overlap --variants peer --out "$OUT/peer_bench_procs_$TAG.json" ;;
+    peer_tune)  # tune --peer into $OUT only: a whole tune (call A's 400-550 s) of its own, after
+      # peer_bench's three benches it never fitted one device call
       run_step peer_tune python3 -m jax_flashoverlap.tune --world 2 --peer ${TUNE_ARGS:-} --out "$OUT/peer_tuned_$TAG.json" --report "$OUT/peer_tune_$TAG.json" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac

@@ -217,3 +217,17 @@ def test_results_are_named_after_the_gpus_the_machine_came_with(tmp_path):
         assert args[0][args[0].index("--out") + 1] == f"jax_flashoverlap/configs/{config}.json"
         assert args[0][args[0].index("--report") + 1].endswith(f"out/tune_{tag}.json")
         assert args[1][args[1].index("--out") + 1].endswith(f"out/{tag}.json"), args
+
+
+def test_peer_bench_and_the_peer_tune_are_steps_of_their_own(tmp_path):
+    """peer_bench ran three benches and then a whole tune --peer (call A's 400-550 s): the step
+    could not end inside one 600 s device call, and its tune never ran."""
+    r, calls = _faked(tmp_path, "peer_bench", gpus=("NVIDIA H200", 2))
+    assert r.returncode == 0 and not [c for c in calls if "jax_flashoverlap.tune" in c], calls
+    assert len([c for c in calls if "jax_flashoverlap.bench" in c]) == 3, calls
+    r, calls = _faked(tmp_path, "peer_tune", gpus=("NVIDIA H200", 2))
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    out = tmp_path / "caller" / "out"
+    assert [c for c in calls if c.startswith("python3")] == [
+        f"python3|-m|jax_flashoverlap.tune|--world|2|--peer|--out|{out}/peer_tuned_h200x2.json|"
+        f"--report|{out}/peer_tune_h200x2.json|CUDA= FALLBACK="], calls
