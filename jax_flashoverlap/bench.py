@@ -332,7 +332,9 @@ def bench_overlap(args) -> dict:
     denom = t["xla_dot_collective"] - ideal
     eff = (t["xla_dot_collective"] - t["ours"]) / denom if denom > 0 else float("nan")
     row = {"collective": collective, "m": m, "n": n, "k": k, "world": world,
-           "processes": jax.process_count(), "dtype": str(pb.dtype), "times_ms": t, "speedup": speedup,
+           "processes": jax.process_count(), "dtype": str(pb.dtype),
+           "gpu": jax.devices()[0].device_kind if jax.default_backend() == "gpu" else None,
+           "times_ms": t, "speedup": speedup,
            "overlap_efficiency": eff, "rel_error": err, "rel_error_vs_f32": err32,
            "variant_rel_error_vs_f32": errors, "failed_value_check": bad,
            "variant_failures": failures,
