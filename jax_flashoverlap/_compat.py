@@ -131,6 +131,26 @@ def mesh_devices(mesh):
     return None
 
 
+def partition_mesh(mesh, arg_shapes):
+  """The mesh a custom partitioner was given, its devices put in the program's device order.
+  JAX builds that mesh from the order when the jitted program has a mesh of its own; with
+  arguments that carry GSPMD shardings only it passes the mesh of a `with mesh:` context,
+  whatever order its devices are in. The per-device ops make their communicators from this
+  mesh (rank = position along the axis), so a position must name the device that runs that
+  partition: the arguments' undecoded shardings (decode_shardings=False) carry the order."""
+  import numpy as np
+  devices = mesh_devices(mesh)
+  order = next((getattr(getattr(a, "sharding", None), "_device_assignment", None)
+                for a in arg_shapes), None)
+  if devices is None or order is None or list(order) == list(devices.flat):
+    return mesh
+  if len(order) != devices.size or set(order) != set(devices.flat):
+    return mesh
+  kwargs = {"axis_types": mesh.axis_types} if hasattr(mesh, "axis_types") else {}
+  return jax.sharding.Mesh(np.array(order, dtype=object).reshape(devices.shape),
+                           mesh.axis_names, **kwargs)
+
+
 def ffi_lowering(target_name: str, **kwargs):
   return jax.ffi.ffi_lowering(target_name, **kwargs)
 

@@ -332,6 +332,7 @@ def _infer(reduce, axis_name, sequence_dim, transpose_w, mesh, arg_shapes, resul
 
 
 def _partition(reduce, axis_name, sequence_dim, transpose_w, mesh, arg_shapes, result_shape):
+  mesh = _compat.partition_mesh(mesh, arg_shapes)  # its communicators rank by position
   x, w = arg_shapes
   lead, k_axis = _layout(mesh, x, w, reduce, axis_name, transpose_w)
   check_per_device_dim("jax_flashoverlap.row_parallel_matmul", "K", "last dim of x",

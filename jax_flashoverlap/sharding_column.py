@@ -109,6 +109,7 @@ def _infer(axis_name, sequence_dim, transpose_w, mesh, arg_shapes, result_shape)
 
 
 def _partition(axis_name, sequence_dim, transpose_w, mesh, arg_shapes, result_shape):
+  mesh = _compat.partition_mesh(mesh, arg_shapes)  # its communicators rank by position
   x, w = arg_shapes
   lead, axis, over_axis = _layout(mesh, x, w, axis_name, transpose_w)
   gathered = sequence_dim in over_axis
