@@ -147,6 +147,25 @@ class ExportedWithoutOverlapWarning(UserWarning):
 _warned_export = False
 
 
+class AbstractMeshWithoutOverlapWarning(UserWarning):
+  """A shard_map over an AbstractMesh run on this process's GPUs: XLA's composition."""
+
+
+_warned_abstract = False
+
+
+def _abstract_mesh_on_local_gpus(target: str, ctx) -> bool:
+  """A collective lowered inside a shard_map whose mesh is an AbstractMesh (no devices: e.g.
+  `mesh=mesh.abstract_mesh` with no `jax.set_mesh`) on a machine with GPUs, where it runs:
+  the communicators are the devices' (rank = position along the axis), which the lowering
+  cannot know, so every call failed with "no communicator". Without a local GPU the program
+  is cross-lowered for another machine, as tests/test_lowering.py does."""
+  if target == "flashoverlap_gemm":  # no collective, no communicator
+    return False
+  mesh = _compat.lowering_mesh(ctx)
+  return mesh is not None and _compat.mesh_devices(mesh) is None and bool(_ext.local_gpus())
+
+
 def cuda_path(target: str, ctx) -> tuple[bool, str]:
   """Every CUDA lowering's first step: all switches read (a typo is an error whichever path
   this op then takes: the fallback to XLA's composition read none of the ones it skips, so
@@ -170,7 +189,19 @@ def cuda_path(target: str, ctx) -> tuple[bool, str]:
           "model under jax.jit for the overlapped kernels.",
           ExportedWithoutOverlapWarning, stacklevel=2)
     return False, f"jax.export: XLA's composition instead of {target}"
-  return _ext.check_cuda_path(target)
+  use, why = _ext.check_cuda_path(target)
+  if use and _abstract_mesh_on_local_gpus(target, ctx):
+    global _warned_abstract
+    if not _warned_abstract:
+      _warned_abstract = True
+      warnings.warn(
+          "jax_flashoverlap: a shard_map over an AbstractMesh runs the collective ops as "
+          "XLA's composition (the same values, no overlap): their NCCL communicators are made "
+          "from the mesh's devices, which an AbstractMesh does not name. Give shard_map the "
+          "concrete jax.sharding.Mesh (or call it under jax.set_mesh(mesh)).",
+          AbstractMeshWithoutOverlapWarning, stacklevel=2)
+    return False, f"shard_map over an AbstractMesh: XLA's composition instead of {target}"
+  return use, why
 
 
 # --- primitive construction --------------------------------------------------------------

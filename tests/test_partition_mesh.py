@@ -5,7 +5,13 @@ program's device order when the program has a mesh of its own; with arguments th
 GSPMD shardings only, it passes the mesh of a `with mesh:` context instead, whatever order its
 devices are in. Values on CPU stay right (the reference collective ranks by partition); on
 GPUs a context mesh in another order ranked the NCCL communicator's devices wrongly: the
-reduce-scatter's rows landed on the wrong devices (and the all-gather's came back permuted)."""
+reduce-scatter's rows landed on the wrong devices (and the all-gather's came back permuted).
+
+A shard_map over an AbstractMesh names no devices at all: on a machine with GPUs (where the
+program runs) the collectives lower to XLA's composition, warned; cross-lowered without a
+GPU they stay our custom call (tests/test_lowering.py)."""
+import warnings
+
 import numpy as np
 import pytest
 
@@ -61,3 +67,40 @@ def test_partitioner_ranks_the_devices_that_run_each_partition(fo, monkeypatch, 
     ranks = {d.id: r for g in comm.axis_groups(mesh, "tp") for r, d in enumerate(g)}
     assert ranks == {d.id: i for i, d in enumerate(placed.devices.flat)}, (
         [d.id for d in np.asarray(mesh.devices).flat])
+
+
+def _reduce_scatter_program(fo, mesh):
+  """shard_map(matmul_reduce_scatter) over `mesh`, arguments placed on 2 devices (a shape the
+  plan overlaps)."""
+  from _util import shard_map
+  f = shard_map(lambda a, b: fo.matmul_reduce_scatter(a, b, "tp"), mesh,
+                (P(None, "tp"), P("tp", None)), P("tp", None))
+  placed = Mesh(np.array(cpu_devices()[:2]), ("tp",))
+  return f, tuple(jax.ShapeDtypeStruct((8192, 8192), jnp.bfloat16,
+                                       sharding=NamedSharding(placed, spec))
+                  for spec in (P(None, "tp"), P("tp", None)))
+
+
+@pytest.mark.parametrize("gpu_here", [True, False])
+def test_shard_map_over_an_abstract_mesh(fo, monkeypatch, gpu_here):
+  """On GPUs every call of such a program failed with the handler's "no communicator"."""
+  from jax_flashoverlap import _ext, primitives
+  from _util import custom_call_lines, lower_for_cuda
+  make_mesh_1d(2)
+  monkeypatch.setattr(_ext, "check_cuda_path", lambda target, **_: (True, "test"))
+  monkeypatch.setattr(_ext, "local_gpus", lambda: [("NVIDIA H200", "9.0")] if gpu_here else [])
+  monkeypatch.setattr(primitives, "_warned_abstract", False)
+  target = "flashoverlap_gemm_reduce_scatter"
+  mesh = Mesh(np.array(cpu_devices()[:2]), ("tp",))
+  f, args = _reduce_scatter_program(fo, mesh.abstract_mesh)
+  if gpu_here:
+    with pytest.warns(primitives.AbstractMeshWithoutOverlapWarning, match="jax.set_mesh"):
+      text = lower_for_cuda(f, args)
+    assert not custom_call_lines(text, target) and "reduce_scatter" in text
+  else:
+    assert custom_call_lines(lower_for_cuda(f, args), target)  # cross-lowering: ours
+  # the concrete mesh, on the same machine: our custom call, no warning
+  f, args = _reduce_scatter_program(fo, mesh)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", primitives.AbstractMeshWithoutOverlapWarning)
+    assert custom_call_lines(lower_for_cuda(f, args), target)
