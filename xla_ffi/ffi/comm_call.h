@@ -46,8 +46,9 @@ inline ffi::Error CheckCommunicator(const char* op, const Communicator* comm, in
                      "local GPU mesh (jax_flashoverlap.comm.ensure_communicators), so a program "
                      "loaded from a serialized executable (jax.experimental.serialize_executable) "
                      "or kept across comm.destroy_communicators() has none: lower the same "
-                     "function in this process first (jax.jit(f).lower(...), or "
-                     "jax.clear_caches() and call it again)");
+                     "function in this process first (jax.jit(f).lower(...); after "
+                     "destroy_communicators(), jax.clear_caches() before it, since JAX gives "
+                     "back the function's cached lowering, which makes none)");
   FO_CHECK_ARG(comm->world_size == world_size,
                op << ": program was built for " << world_size << " ranks, communicator has "
                   << comm->world_size);
