@@ -16,6 +16,9 @@ MODE:
               report the error it raises (none of the lowering's communicators exist here).
   lower_load  lower the same function first (which makes the communicators), then load and
               call: report its result against the one the serializing process computed.
+  destroy     call, comm.destroy_communicators(), call again (the error), lower the same
+              function again (JAX's cached lowering: still none), jax.clear_caches() and call:
+              the handler's advice followed, step by step.
 """
 import json
 import os
@@ -126,6 +129,28 @@ def lower_load(workdir):
             "rel_err": _rel_err(y, x, w)}
 
 
+def _error_of(call):
+  try:
+    call()
+    return None
+  except Exception as e:  # noqa: BLE001  (what the user sees is the point)
+    return f"{type(e).__name__}: {e}"
+
+
+def destroy(_):
+  from jax_flashoverlap import comm
+  mesh, f = _program()
+  x, w = _inputs(mesh)
+  before = _rel_err(f(x, w), x, w)
+  comm.destroy_communicators()
+  error = _error_of(lambda: f(x, w).block_until_ready())
+  f.lower(x, w)  # the same function lowered again: JAX gives its cached lowering back
+  error_after_lower = _error_of(lambda: f(x, w).block_until_ready())
+  jax.clear_caches()
+  return {"before": before, "error": error, "error_after_lower": error_after_lower,
+          "after_clear_caches": _rel_err(f(x, w), x, w)}
+
+
 def lower_cuda(_):
     import jax_flashoverlap as fo
     from _util import shard_map
@@ -149,4 +174,5 @@ if __name__ == "__main__":
     mode, workdir = sys.argv[1], sys.argv[2]
     print(json.dumps({"cache": cache, "cache_global": lambda d: cache(d, global_view=True),
                       "serialize": serialize, "load": load,
-                      "lower_load": lower_load, "lower_cuda": lower_cuda}[mode](workdir)))
+                      "lower_load": lower_load, "lower_cuda": lower_cuda,
+                      "destroy": destroy}[mode](workdir)))

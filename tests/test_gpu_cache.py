@@ -8,6 +8,9 @@
   communicators, so calling it in a fresh process is a Python exception saying so and what to
   do (the process goes on); after lowering the same function in that process it runs and gives
   the serializing process's result bit for bit.
+* `comm.destroy_communicators()` under a compiled program: the call's error says to clear
+  JAX's caches before lowering again (a new lowering of the same function is JAX's cached one,
+  which makes none), and following it works.
 
 Each step is a fresh process (tests/_cache_child.py) over every local GPU, without
 preallocation (this pytest process may hold most of the memory). Inputs are fresh random bf16;
@@ -64,3 +67,11 @@ def test_serialized_executable_needs_the_lowering_in_its_process(tmp_path):
     assert loaded["after"] == 8.0, loaded  # the error left the process usable
     again = _child("lower_load", tmp_path)
     assert again["rel_err"] < U.TOL and again["max_abs_diff"] == 0.0, again
+
+
+def test_destroyed_communicators_come_back_as_the_error_says(tmp_path):
+    r = _child("destroy", tmp_path)
+    assert r["before"] < U.TOL, r
+    for error in (r["error"], r["error_after_lower"]):
+        assert error and "no communicator" in error and "jax.clear_caches()" in error, r
+    assert r["after_clear_caches"] < U.TOL, r
