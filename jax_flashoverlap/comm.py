@@ -402,10 +402,20 @@ def _workspace_hint(workspace_bytes):
     if not any(name in str(err) for name in _ALLOCATORS):
       raise
     raise RuntimeError(
-        f"{err}\njax_flashoverlap: the communication workspace ({int(workspace_bytes) / 2**20:.0f} "
+        f"{err}\njax_flashoverlap: the communication workspace ({allocated_bytes(workspace_bytes) / 2**20:.0f} "
         "MiB per GPU) is allocated outside XLA's memory pool and did not fit: leave it room "
         "(XLA_PYTHON_CLIENT_MEM_FRACTION below its 0.75 default, or "
         "XLA_PYTHON_CLIENT_PREALLOCATE=false), or use a smaller M x N per call") from err
+
+
+# RoundGrowth's kStep (xla_ffi/comm/communicator.h): workspaces and peer-store buffers are
+# allocated in these steps, so a request is not what the GPU gives up.
+GROWTH_STEP_BYTES = 8 << 20
+
+
+def allocated_bytes(nbytes: int) -> int:
+  """The bytes the extension allocates for a buffer request of `nbytes` (RoundGrowth)."""
+  return -(-int(nbytes) // GROWTH_STEP_BYTES) * GROWTH_STEP_BYTES
 
 
 def peer_handshake_bytes(world: int) -> int:
@@ -429,20 +439,30 @@ GEMM_QUEUE_BYTES = _QUEUE_PARTIALS_OFFSET + SPLIT_PARTIAL_BYTES
 
 def op_memory(op: str, x_shape, w_shape, dtype, world: int, *, transpose_w: bool = False,
               concat_axis: int = 0, transport: str = "nccl",
-              across_processes: bool = False) -> dict:
-  """Device memory an overlapped call needs beyond its inputs and output, per GPU.
+              across_processes: bool = False, return_gathered: bool = False,
+              gather: str = "p2p") -> dict:
+  """Device memory an overlapped call's communicator allocates beyond its inputs and output,
+  per GPU, as allocated: buffers grow in 8 MiB steps (allocated_bytes), so a shape whose
+  buffer is no multiple of 8 MiB costs up to 8 MiB more than its M x N.
 
   `workspace_bytes`: the communicator's workspace the call uses (shared by every call and op
   on that communicator, grown to the largest; DESIGN.md says why the all-reduce has one too).
-  The collectives (all-reduce, reduce-scatter) share one communicator per axis, the
-  point-to-point ops (all-to-all, all-gather) another, each with its own workspace.
+  A communicator is one per axis and plan kind: its `comm_sms`, CTA policy and whether it is
+  point-to-point (comm_id_for), so collectives planned with other `comm_sms` (8 or 16), the
+  collective all-gather (CTA policy zero) and the point-to-point ops (all-to-all, the default
+  all-gather; at least their connection handshake) each hold a workspace, queue and counters
+  of their own. NCCL's own buffers per communicator (its channels', NCCL_BUFFSIZE) are not
+  counted here.
   `counter_bytes`: the group counters; `queue_bytes`: the GEMM's tile queue (per
   communicator, like the counters; a fixed ~16.6 MiB, nearly all of it the split tail's
   partial tiles, docs/signaling_gemm.md). x_shape / w_shape are per device; `transpose_w`:
   w is [N, K], as the ops' keyword; `concat_axis` (matmul_all_to_all): 1 receives into a
-  staging half, twice the workspace (the handler's check, xla_ffi/ffi/gemm_all_to_all.cc). The
+  staging half, twice the workspace (the handler's check, xla_ffi/ffi/gemm_all_to_all.cc).
+  all_gather_matmul: `return_gathered` receives the rows straight into that second result, no
+  workspace (only the handshake) with `gather` "p2p" (the default plans'); "collective" (a
+  tuned or forced plan) still gathers into its workspace and copies out. The
   all-reduce lowered with JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER=output (read here as at lowering)
-  needs no workspace: only the counters.
+  needs no workspace: only the counters (and the communicator's queue).
   `transport`: "nccl" (the path above) or "peer" (JAX_FLASHOVERLAP_TRANSPORT=peer; only
   matmul_all_reduce / matmul_reduce_scatter at world sizes 2 to 8): no workspace, and instead
   `peer_recv_bytes`, the buffer each GPU keeps for the running sums its next rank passes it
@@ -461,16 +481,23 @@ def op_memory(op: str, x_shape, w_shape, dtype, world: int, *, transpose_w: bool
   n = int(w_shape[0] if transpose_w else w_shape[-1])
   if concat_axis not in (0, 1):
     raise ValueError(f"concat_axis must be 0 or 1, got {concat_axis!r}")
+  if gather not in ("p2p", "collective"):
+    raise ValueError(f"gather must be 'p2p' or 'collective', got {gather!r}")
+  p2p_gather = gather == "p2p"
   workspace = {
       "matmul_all_reduce": 0 if _ext.all_reduce_in_place() else m * n,  # reduced, copied out
       "matmul_reduce_scatter": m * n,       # the full local product in the group layout
       "matmul_all_to_all": m * n * (2 if concat_axis == 1 else 1),  # + staging half (concat 1)
-      "all_gather_matmul": world * m * k,   # the gathered x
+      # the gathered x, unless received into the returned rows (all_gather_gemm_call.cc)
+      "all_gather_matmul": 0 if return_gathered and p2p_gather else world * m * k,
   }
   if op not in workspace:
     raise ValueError(f"op must be one of {sorted(workspace)}, got {op!r}")
   if transport == "nccl":
-    return {"workspace_bytes": workspace[op] * itemsize, "counter_bytes": COUNTER_BYTES,
+    need = workspace[op] * itemsize
+    if op == "matmul_all_to_all" or (op == "all_gather_matmul" and p2p_gather):
+      need = max(need, peer_handshake_bytes(world))  # as ensure_communicators asks
+    return {"workspace_bytes": allocated_bytes(need), "counter_bytes": COUNTER_BYTES,
             "queue_bytes": GEMM_QUEUE_BYTES, "peer_recv_bytes": 0}
   if transport != "peer":
     raise ValueError(f"transport must be 'nccl' or 'peer', got {transport!r}")
@@ -481,8 +508,8 @@ def op_memory(op: str, x_shape, w_shape, dtype, world: int, *, transpose_w: bool
     raise ValueError(f"op_memory: {op} with transport='peer': {why}")
   return {"workspace_bytes": 0, "counter_bytes": COUNTER_BYTES + PEER_SIGNAL_BYTES,
           "queue_bytes": GEMM_QUEUE_BYTES,
-          "peer_recv_bytes": plan_peer.recv_bytes(
-              m, n, itemsize, world, staged=across_processes and op == "matmul_all_reduce")}
+          "peer_recv_bytes": allocated_bytes(plan_peer.recv_bytes(
+              m, n, itemsize, world, staged=across_processes and op == "matmul_all_reduce"))}
 
 
 def list_communicators() -> list:

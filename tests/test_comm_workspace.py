@@ -55,6 +55,20 @@ def test_failed_workspace_says_what_to_do_at_creation_and_growth(monkeypatch, pe
     assert "XLA_PYTHON_CLIENT_MEM_FRACTION" in text and "PREALLOCATE=false" in text, text
 
 
+@pytest.mark.parametrize("asked, peer_to_peer, mib", [
+    (1 << 20, False, 8), (3 << 20, True, 8), (65 << 20, False, 72), (1 << 30, False, 1024),
+])
+def test_failed_workspace_names_the_size_allocated(monkeypatch, asked, peer_to_peer, mib):
+  """The extension allocates in 8 MiB steps (RoundGrowth), so the size the hint names is the
+  one that did not fit. Before, it named the bytes asked for (a 1 MiB request: "1 MiB")."""
+  from jax_flashoverlap import _ext, comm
+  monkeypatch.setattr(_ext, "ext", _FailingExtension(NCCL_OOM))
+  with pytest.raises(RuntimeError) as err:
+    comm.ensure_communicators(make_mesh_1d(2), "tp", workspace_bytes=asked, comm_sms=8,
+                              peer_to_peer=peer_to_peer)
+  assert f"communication workspace ({mib} MiB per GPU)" in str(err.value), str(err.value)
+
+
 def test_other_extension_errors_pass_unchanged(monkeypatch):
   from jax_flashoverlap import _ext, comm
   monkeypatch.setattr(_ext, "ext", _FailingExtension("NCCL error in ncclCommInitRankConfig: x"))

@@ -63,7 +63,7 @@ def test_op_memory_peer_transport():
     assert got["peer_recv_bytes"] == 8 * 1024 * 8192 * 2, (op, got)
   got = comm.op_memory("matmul_reduce_scatter", (1000, 512), (2048, 512), jnp.float16, 2,
                        transpose_w=True, transport="peer")
-  assert got["peer_recv_bytes"] == 500 * 2048 * 2
+  assert got["peer_recv_bytes"] == 8 << 20  # 500 x 2048 x 2 bytes, allocated in 8 MiB steps
   with pytest.raises(ValueError, match="peer stores need 2 to 8"):
     comm.op_memory("matmul_all_reduce", (64, 64), (64, 64), jnp.bfloat16, 16, transport="peer")
   with pytest.raises(ValueError, match="M=66 rows.*multiple of 4"):
@@ -121,3 +121,63 @@ def test_queue_bytes_match_the_kernel_header():
   ring_offset = 16 + flags * 4
   partials_offset = (ring_offset + clusters * slots * 8 + 255) // 256 * 256
   assert comm.GEMM_QUEUE_BYTES == partials_offset + 66 * 2 * 128 * 256 * 4
+
+
+def test_op_memory_reports_what_is_allocated():
+  """The workspace and the peer-store buffer are allocated in 8 MiB steps (RoundGrowth), which
+  list_communicators() shows. Before, op_memory reported the bytes asked for: 64.002 MiB where
+  72 MiB are allocated at M = 4097 x N = 8192, 1.95 MiB where 8 MiB are at 1000 x 1024."""
+  from jax_flashoverlap import comm
+  import jax.numpy as jnp
+  mib = 1 << 20
+  odd = comm.op_memory("matmul_reduce_scatter", (4097, 4096), (4096, 8192), jnp.bfloat16, 2)
+  assert odd["workspace_bytes"] == 72 * mib  # 4097 x 8192 x 2 = 64.002 MiB
+  for op in ("matmul_all_reduce", "matmul_reduce_scatter", "matmul_all_to_all"):
+    small = comm.op_memory(op, (1000, 512), (512, 1024), jnp.bfloat16, 4)
+    assert small["workspace_bytes"] == 8 * mib, (op, small)  # 1000 x 1024 x 2 = 1.95 MiB
+  for world in (2, 4, 8):
+    peer = comm.op_memory("matmul_reduce_scatter", (1000 // 8 * 8, 512), (512, 1024),
+                          jnp.bfloat16, world, transport="peer")
+    assert peer["peer_recv_bytes"] == 8 * mib, (world, peer)
+  assert comm.allocated_bytes(0) == 0 and comm.allocated_bytes(1) == 8 * mib
+  assert comm.allocated_bytes(8 * mib) == 8 * mib and comm.allocated_bytes(8 * mib + 1) == 16 * mib
+
+
+def test_op_memory_all_gather_returning_the_gathered_rows():
+  """all_gather_matmul(return_gathered=True) on the point-to-point gather (the default plans)
+  receives the rows into that second result: the lowering asks for no workspace, only the
+  connection handshake (2 x 4 x world bytes, allocated as 8 MiB); the collective gather still
+  gathers into its window. Before, op_memory had no such keyword and reported world x M x K
+  for every all-gather."""
+  from jax_flashoverlap import comm
+  import jax.numpy as jnp
+  rows, k, n = 4096, 8192, 4096
+  full = 4 * rows * k * 2
+  assert comm.op_memory("all_gather_matmul", (rows, k), (k, n), jnp.bfloat16, 4)[
+      "workspace_bytes"] == full
+  got = comm.op_memory("all_gather_matmul", (rows, k), (k, n), jnp.bfloat16, 4,
+                       return_gathered=True)
+  assert got["workspace_bytes"] == 8 << 20, got
+  got = comm.op_memory("all_gather_matmul", (rows, k), (k, n), jnp.bfloat16, 4,
+                       return_gathered=True, gather="collective")
+  assert got["workspace_bytes"] == full, got
+  with pytest.raises(ValueError, match="gather must be 'p2p' or 'collective'"):
+    comm.op_memory("all_gather_matmul", (rows, k), (k, n), jnp.bfloat16, 4, gather="ring")
+
+
+def test_growth_step_matches_the_header():
+  """comm.GROWTH_STEP_BYTES mirrors RoundGrowth's kStep (xla_ffi/comm/communicator.h), which
+  both the workspace (communicator.cc) and the peer-store buffers (peer_stores.cc) go through."""
+  import pathlib
+  import re
+  from jax_flashoverlap import comm
+  root = pathlib.Path(__file__).parent.parent
+  header = (root / "xla_ffi/comm/communicator.h").read_text()
+  step = re.search(r"kStep = size_t\{(\d+)\} << (\d+);", header)
+  assert step and int(step.group(1)) << int(step.group(2)) == comm.GROWTH_STEP_BYTES
+  assert "return (bytes + kStep - 1) / kStep * kStep;" in header
+  allocs = (root / "xla_ffi/comm/communicator.cc").read_text()
+  assert allocs.count("AllocateWorkspaces(members, RoundGrowth(workspace_bytes))") == 1
+  assert allocs.count("AllocateWorkspaces(comms, RoundGrowth(bytes))") == 1
+  stores = (root / "xla_ffi/comm/peer_stores.cc").read_text()
+  assert "GrowGroup(members, RoundGrowth(recv_bytes > 0 ? recv_bytes : 1)" in stores
