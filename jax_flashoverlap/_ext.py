@@ -217,8 +217,8 @@ def all_reduce_in_place() -> bool:
   workspace: the GEMM writes into the communicator's registered M x N window, NCCL reduces
   there on few SMs, copies move each group to XLA's output (fast; one persistent M x N buffer
   per communicator). output: the GEMM writes into XLA's output and NCCL reduces it in place
-  (no extra buffer, only the group counters; NCCL on a plain buffer is slower per CTA, which
-  the cost model knows)."""
+  (no extra buffer, only the group counters and the communicator's fixed tile queue; NCCL on
+  a plain buffer is slower per CTA, which the cost model knows)."""
   raw = os.environ.get(ALL_REDUCE_BUFFER_ENV)
   if raw in (None, "", "workspace"):
     return False

@@ -181,3 +181,29 @@ def test_growth_step_matches_the_header():
   assert allocs.count("AllocateWorkspaces(comms, RoundGrowth(bytes))") == 1
   stores = (root / "xla_ffi/comm/peer_stores.cc").read_text()
   assert "GrowGroup(members, RoundGrowth(recv_bytes > 0 ? recv_bytes : 1)" in stores
+
+
+def test_in_place_all_reduce_docs_name_the_tile_queue(monkeypatch):
+  """With JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER=output op_memory reports no workspace but the
+  communicator's ~16.6 MiB tile queue, which every call uses; the README, docs/overlap.md and
+  the docstrings said "only the (group) counters", an under-statement by 16.6 MiB per
+  communicator. Every such statement now names the queue within the same sentence."""
+  import pathlib
+  import re
+  from jax_flashoverlap import _ext, comm
+  import jax.numpy as jnp
+  monkeypatch.setenv("JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER", "output")
+  got = comm.op_memory("matmul_all_reduce", (8192, 4096), (4096, 8192), jnp.bfloat16, 2)
+  assert got["workspace_bytes"] == 0 and got["queue_bytes"] > 16 << 20
+  root = pathlib.Path(__file__).parent.parent
+  texts = {name: (root / name).read_text() for name in ("README.md", "docs/overlap.md")}
+  texts.update({"_ext.all_reduce_in_place": _ext.all_reduce_in_place.__doc__,
+                "comm.op_memory": comm.op_memory.__doc__})
+  found = 0
+  for name, text in texts.items():
+    flat = " ".join(text.split())
+    for hit in re.finditer(r"only the (group )?counters", flat):
+      found += 1
+      sentence = flat[hit.start():hit.start() + 160].split(". ")[0]
+      assert "queue" in sentence, (name, sentence)
+  assert found >= 4, found
