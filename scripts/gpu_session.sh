@@ -28,7 +28,7 @@ GPU_PARTS=(
   "tests/test_gpu_build.py tests/test_gpu.py tests/test_gpu_mesh.py tests/test_gpu_global_view.py tests/test_gpu_examples.py tests/test_gpu_large.py tests/test_gpu_in_place.py tests/test_gpu_switch_checks.py"
   "tests/test_gpu_a2a.py tests/test_gpu_gathered.py tests/test_gpu_transpose_w.py tests/test_gpu_cta_policy.py tests/test_gpu_trace.py"
   "tests/test_gpu_peer.py tests/test_gpu_faults.py tests/test_gpu_watchdog.py tests/test_gpu_threads.py tests/test_gpu_harness.py tests/test_gpu_fuzz.py"
-  "tests/test_gpu_cache.py tests/test_gpu_determinism.py tests/test_gpu_control_flow.py tests/test_gpu_mesh_order.py"
+  "tests/test_gpu_cache.py tests/test_gpu_determinism.py tests/test_gpu_control_flow.py tests/test_gpu_mesh_order.py tests/test_gpu_memory.py"
 )
 steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(build info tests)
 KNOWN_STEPS=" build info tests gpu_tests gpu_k gpu_part gpu_files mesh_tests gemm_bench
