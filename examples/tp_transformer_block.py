@@ -44,7 +44,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jax_flashoverlap.bench import worst_error
 from jax_flashoverlap.bench_record import git_commit
-from jax_flashoverlap.flax import ColumnParallelLinear, RowParallelLinear
+from jax_flashoverlap.flax import SHARDING_KEY, ColumnParallelLinear, RowParallelLinear
 
 try:
   import optax
@@ -63,7 +63,7 @@ class XlaLinear(nnx.Linear):
 
   def __init__(self, din, dout, spec, sequence_parallel=False, *, rngs):
     super().__init__(din, dout, use_bias=False, dtype=DTYPE, rngs=rngs,
-                     kernel_metadata=dict(out_sharding=spec, eager_sharding=False))
+                     kernel_metadata={SHARDING_KEY: spec, "eager_sharding": False})
     self.row, self.sequence_parallel = spec[0] == AXIS, sequence_parallel
 
   def __call__(self, x):

@@ -1,6 +1,13 @@
 """Arguments of nnx.Linear / nn.Dense that the tensor-parallel layers do not take, and why: a
 user swapping a layer in gets that said, not Python's bare "unexpected keyword argument"."""
 
+import re
+
+def flax_version(version: str) -> tuple:
+  """(major, minor, patch) of a flax version string ("0.12.4", "0.13.0.dev1" -> (0, 13, 0))."""
+  return tuple(int(p) for p in re.findall(r"\d+", version)[:3])
+
+
 _DTYPE = "the layer computes in `dtype` (bfloat16 or float16) with float32 accumulation"
 _KERNEL = ("the row layers' GEMM is the op's own kernel, fused with the collective, which a "
            "dot_general cannot replace")

@@ -32,11 +32,11 @@ Sizes are always GLOBAL (the unsharded layer's `in_features` / `out_features`, l
   sequence_dim=1 (output P(dp, None, tp), each device's output block moved after the GEMM).
 
 Sharding annotations: NNX params are `nnx.Param(..., out_sharding=spec)` (what
-`nnx.with_partitioning` makes): kernel (axis_name, None) for row, (None, axis_name) for
-column; bias (None,) for row (replicated: it is added once, after the reduction; one name per
-dim, as nnx.scan / nnx.vmap's transform_metadata need to add and remove a layer axis),
-(axis_name,) for column. They
-are sharded eagerly when a mesh is known at construction (`mesh=` or `jax.set_mesh`), else only
+`nnx.with_partitioning` makes; `sharding_names=` before flax 0.12.4: SHARDING_KEY): kernel
+(axis_name, None) for row, (None, axis_name) for column; bias (None,) for row (replicated: it
+is added once, after the reduction; one name per dim, as nnx.scan / nnx.vmap's
+transform_metadata need to add and remove a layer axis), (axis_name,) for column. They are
+sharded eagerly when a mesh is known at construction (`mesh=` or `jax.set_mesh`), else only
 annotated. Linen params are `nn.with_partitioning` boxes with the same specs.
 
 Params may be float32 (`param_dtype`); they are cast to `dtype` for the op, which must be
@@ -65,15 +65,16 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-import flax.linen as nn
-from flax import nnx
-from flax.core import spmd as _flax_spmd
-
 from jax_flashoverlap import _compat, _validation, ops, sharding, sharding_column
-from jax_flashoverlap._flax_refusals import LINEN_FIELDS, refuse_linear_only
+from jax_flashoverlap._flax_refusals import LINEN_FIELDS, flax_version, refuse_linear_only
 from jax_flashoverlap.layer_backward import column_matmul as _column_matmul
 from jax_flashoverlap.layer_backward import row_scatter_matmul as _row_scatter_matmul
 from jax_flashoverlap.layer_backward import sequence_parallel_matmul as _sequence_parallel_matmul
+
+import flax
+import flax.linen as nn
+from flax import nnx
+from flax.core import spmd as _flax_spmd
 
 __all__ = ["RowParallelLinear", "ColumnParallelLinear", "RowParallelDense",
            "ColumnParallelDense", "REDUCTIONS"]
@@ -82,6 +83,11 @@ REDUCTIONS = sharding.REDUCTIONS  # ("all_reduce", "reduce_scatter")
 _OP_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _default_kernel_init = nn.initializers.lecun_normal()
 _default_bias_init = nn.initializers.zeros_init()
+# The nnx.Variable metadata key of a param's partition spec (what nnx.with_partitioning writes,
+# nnx.get_partition_spec and eager sharding read): "out_sharding" since flax 0.12.4, which
+# warns at the old name; "sharding_names" before, where "out_sharding" is just another
+# metadata entry and the params were left unsharded and unannotated (spec P()).
+SHARDING_KEY = "out_sharding" if flax_version(flax.__version__) >= (0, 12, 4) else "sharding_names"
 
 
 # ----------------------------------------------------------------------------- shared logic
@@ -281,7 +287,7 @@ def _plain_init(layer: str, name: str, init, spec):
   def init_fn(key, shape, dtype):
     value = init(key, shape, dtype)
     if isinstance(value, nnx.VariableMetadata):
-      got, value = value.metadata.get("out_sharding"), value.raw_value
+      got, value = value.metadata.get(SHARDING_KEY), value.raw_value
     elif isinstance(value, nn.meta.AxisMetadata):
       got, value = getattr(value, "names", None), nn.meta.unbox(value)
     else:
@@ -440,8 +446,8 @@ class _NNXParallel(nnx.Module):
       # Replicated over the mesh given, as under jax.set_mesh (Flax leaves a value annotated
       # () with mesh= on one device, so each jitted call would copy it over first).
       bias = jax.device_put(bias, jax.sharding.NamedSharding(mesh, P()))
-    self.kernel = nnx.Param(kernel, out_sharding=kspec, **meta)
-    self.bias = nnx.Param(bias, out_sharding=bspec, **meta) if use_bias else None
+    self.kernel = nnx.Param(kernel, **{SHARDING_KEY: kspec}, **meta)
+    self.bias = nnx.Param(bias, **{SHARDING_KEY: bspec}, **meta) if use_bias else None
 
   def __call__(self, x):
     return _forward(self.cfg, x, self.kernel[...],

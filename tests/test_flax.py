@@ -16,8 +16,8 @@ flax = pytest.importorskip("flax")
 from flax import nnx  # noqa: E402
 import flax.linen as nn  # noqa: E402
 
-from jax_flashoverlap.flax import (ColumnParallelDense, ColumnParallelLinear,  # noqa: E402
-                                   RowParallelDense, RowParallelLinear)
+from jax_flashoverlap.flax import (SHARDING_KEY, ColumnParallelDense,  # noqa: E402
+                                   ColumnParallelLinear, RowParallelDense, RowParallelLinear)
 
 from _flax_util import BF16, exact as _exact, loss as _loss  # noqa: E402
 from _flax_util import nonzero_bias as _nonzero_bias  # noqa: E402
@@ -281,7 +281,7 @@ def test_nnx_logical_axes_resolve_to_the_mesh_axis_and_match_explicit(rng):
     row = RowParallelLinear(64, 32, kernel_axes=("mlp", "embed"), rngs=nnx.Rngs(0))
     assert row.cfg.axis_name == "tp"
     gdef, state = nnx.split(row)
-    assert state["kernel"].get_metadata()["out_sharding"] == ("mlp", "embed")
+    assert state["kernel"].get_metadata()[SHARDING_KEY] == ("mlp", "embed")
     specs = nnx.get_partition_spec(state)
   assert specs["kernel"].get_value() == P("tp", None) and specs["bias"].get_value() == P(None)
   explicit = RowParallelLinear(64, 32, axis_name="tp", rngs=nnx.Rngs(0))

@@ -14,8 +14,8 @@ flax = pytest.importorskip("flax")
 from flax import nnx  # noqa: E402
 import flax.linen as nn  # noqa: E402
 
-from jax_flashoverlap.flax import (ColumnParallelDense, ColumnParallelLinear,  # noqa: E402
-                                   RowParallelDense, RowParallelLinear)
+from jax_flashoverlap.flax import (SHARDING_KEY, ColumnParallelDense,  # noqa: E402
+                                   ColumnParallelLinear, RowParallelDense, RowParallelLinear)
 
 BF16 = jnp.bfloat16
 RULES = (("mlp", "tp"), ("embed", None))
@@ -77,7 +77,7 @@ def test_kernel_axes_params_are_sharded_at_construction():
   col_mesh = ColumnParallelLinear(32, 64, kernel_axes=("embed", "mlp"), sharding_rules=RULES,
                                   mesh=mesh, rngs=nnx.Rngs(0))
   assert row.kernel[...].sharding.spec == P("tp", None)
-  assert row.kernel.get_metadata()["out_sharding"] == ("mlp", "embed")
+  assert row.kernel.get_metadata()[SHARDING_KEY] == ("mlp", "embed")
   for layer in (col, col_mesh):
     assert layer.kernel[...].sharding.spec == P(None, "tp")
     assert layer.bias[...].sharding.spec == P("tp")
@@ -153,7 +153,7 @@ def test_inits_wrapped_with_partitioning_are_unwrapped():
   logical = RowParallelLinear(64, 32, kernel_axes=("mlp", "embed"), sharding_rules=RULES,
                               kernel_init=nnx.with_partitioning(init, ("mlp", "embed")),
                               rngs=nnx.Rngs(0))
-  assert logical.kernel.get_metadata()["out_sharding"] == ("mlp", "embed")
+  assert logical.kernel.get_metadata()[SHARDING_KEY] == ("mlp", "embed")
   outside = RowParallelLinear(64, 32, rngs=nnx.Rngs(0))
   inside = jax.jit(shard_map(lambda: nnx.state(RowParallelLinear(
       64, 32, kernel_init=nnx.with_partitioning(init, ("tp", None)), rngs=nnx.Rngs(0))),
@@ -451,7 +451,7 @@ def test_row_bias_logical_annotation_is_replicated():
     row = RowParallelLinear(64, 32, kernel_axes=("mlp", "embed"), rngs=nnx.Rngs(0))
     abstract = jax.eval_shape(RowParallelDense(32, kernel_axes=("mlp", "embed")).init,
                               jax.random.key(0), jnp.ones((8, 64), BF16))
-  assert row.bias.get_metadata()["out_sharding"] == (None,)
+  assert row.bias.get_metadata()[SHARDING_KEY] == (None,)
   assert tuple(abstract["params"]["bias"].names) == (None,)
   assert tuple(abstract["params"]["kernel"].names) == ("mlp", "embed")
 
