@@ -360,8 +360,9 @@ setup(
         "cuda12": ["jax[cuda12]", "nvidia-nccl-cu12", "nvidia-cutlass", "pybind11"],
         "cuda13": ["jax[cuda13]", "nvidia-nccl-cu13", "nvidia-cutlass", "pybind11"],
         "build": ["pybind11", "nvidia-nccl-cu13", "nvidia-cutlass"],
-        "flax": ["flax"],
-        "test": ["pytest", "flax"],
+        # jax_flashoverlap/_flax_refusals.py MIN_FLAX: older flax does not run on jax >= 0.10
+        "flax": ["flax>=0.12.2"],
+        "test": ["pytest", "flax>=0.12.2"],
     },
     # optional: when the extension is not built (no nvcc, =0), --inplace copies nothing.
     ext_modules=[Extension(EXT_NAME, sources=[], optional=True)],

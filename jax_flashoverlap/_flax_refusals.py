@@ -1,11 +1,30 @@
-"""Arguments of nnx.Linear / nn.Dense that the tensor-parallel layers do not take, and why: a
-user swapping a layer in gets that said, not Python's bare "unexpected keyword argument"."""
+"""What the tensor-parallel layers refuse, and why: a flax too old for them (checked before
+flax.nnx is imported), and the arguments of nnx.Linear / nn.Dense that they do not take (a user
+swapping a layer in gets that said, not Python's bare "unexpected keyword argument")."""
 
 import re
+
+# The oldest flax the layers run on with jax >= 0.10 (setup.py's extras and README say so too).
+# Older ones break inside flax itself: flax.nnx of 0.12.0 and before does not import (it takes
+# jax._src.core.mutable_array, gone in jax 0.10), and 0.12.1's nnx.jit / nn.remat pass
+# jax.jit / jax.checkpoint arguments jax 0.10 removed (abstracted_axes, concrete).
+MIN_FLAX = (0, 12, 2)
+
 
 def flax_version(version: str) -> tuple:
   """(major, minor, patch) of a flax version string ("0.12.4", "0.13.0.dev1" -> (0, 13, 0))."""
   return tuple(int(p) for p in re.findall(r"\d+", version)[:3])
+
+
+def check_flax_version(version: str) -> None:
+  """ImportError naming the flax found and the minimum, where the layers cannot run (was
+  flax's own ImportError about jax._src.core.mutable_array, or later a TypeError from nnx.jit)."""
+  if flax_version(version) < MIN_FLAX:
+    least = ".".join(map(str, MIN_FLAX))
+    raise ImportError(f"jax_flashoverlap.flax needs flax >= {least}, found flax {version}: "
+                      "older flax does not run on jax >= 0.10 (flax.nnx up to 0.12.0 does not "
+                      "import, 0.12.1's nnx.jit and nn.remat fail); "
+                      f"pip install 'flax>={least}'")
 
 
 _DTYPE = "the layer computes in `dtype` (bfloat16 or float16) with float32 accumulation"

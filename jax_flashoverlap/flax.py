@@ -66,15 +66,19 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from jax_flashoverlap import _compat, _validation, ops, sharding, sharding_column
-from jax_flashoverlap._flax_refusals import LINEN_FIELDS, flax_version, refuse_linear_only
+from jax_flashoverlap._flax_refusals import (LINEN_FIELDS, check_flax_version, flax_version,
+                                             refuse_linear_only)
 from jax_flashoverlap.layer_backward import column_matmul as _column_matmul
 from jax_flashoverlap.layer_backward import row_scatter_matmul as _row_scatter_matmul
 from jax_flashoverlap.layer_backward import sequence_parallel_matmul as _sequence_parallel_matmul
 
 import flax
-import flax.linen as nn
-from flax import nnx
-from flax.core import spmd as _flax_spmd
+
+check_flax_version(flax.__version__)  # before flax.nnx, which older flax fails to import
+
+import flax.linen as nn  # noqa: E402
+from flax import nnx  # noqa: E402
+from flax.core import spmd as _flax_spmd  # noqa: E402
 
 __all__ = ["RowParallelLinear", "ColumnParallelLinear", "RowParallelDense",
            "ColumnParallelDense", "REDUCTIONS"]
