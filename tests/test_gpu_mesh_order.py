@@ -18,7 +18,6 @@ import pytest
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from _util import shard_map
