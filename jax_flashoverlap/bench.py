@@ -312,8 +312,9 @@ def bench_overlap(args) -> dict:
       try:
         if not name.endswith("_chain"):  # a chain returns x, not the product
           errors[name] = relative_error(fn(*pb.args), pb.reference_f32())
-      except Exception as err:  # noqa: BLE001
-        _variant_failed(failures, name, err, f"{collective} {m}x{n}x{k}")
+      except Exception as failure:  # noqa: BLE001 (not `err`: `except ... as` unbinds
+        # its name afterwards, and `err` is ours' error, read for the row below)
+        _variant_failed(failures, name, failure, f"{collective} {m}x{n}x{k}")
         continue
       variants[name] = (fn, pb.args)
     bench_variants.pin_env(own_env)  # an EnvPinned variant's check left its own values

@@ -336,6 +336,29 @@ def test_a_failing_variant_is_recorded_and_the_rest_timed(tmp_path, monkeypatch,
     assert "`variant_failures` in the rows): exit 1" in captured.err
 
 
+def test_a_variant_that_raises_when_called_keeps_the_row(tmp_path, monkeypatch, capsys):
+    """A comparison program that raises at its value check (not at its lowering) is a VARIANT
+    FAILED like any other: the loop's `except ... as err` unbound ours' own `err`, so the row
+    raised UnboundLocalError (found by mypy: "Trying to read deleted variable")."""
+    from jax_flashoverlap import bench, bench_variants
+
+    def broken(pb):
+        def fn(*args):
+            raise RuntimeError("two_chunk: boom")
+        return fn
+    monkeypatch.setattr(bench_variants, "two_chunk", broken)
+    out = tmp_path / "f.json"
+    assert bench.main(["overlap", "--shapes", "64x64x256", "--world", "2", "--variants",
+                       "two_chunk", "--trace", "0", "--samples", "2", "--calls", "1",
+                       "--out", str(out)]) == 1
+    d = json.loads(out.read_text())
+    assert d["complete"] is True and len(d["rows"]) == 2
+    for row in d["rows"]:
+        assert row["variant_failures"] == {"two_chunk": "RuntimeError: two_chunk: boom"}
+        assert "two_chunk" not in row["times_ms"] and row["rel_error"] < 1e-2
+    assert capsys.readouterr().out.count("VARIANT FAILED: ") == 2
+
+
 def test_reported_plan_is_the_one_the_op_lowers_with(monkeypatch):
     """bench overlap's row "plan" and benchmarks/trace_op.py's plan line (and the comm_sms of
     its GEMM-alone timing) name the plan the op lowers with. trace_op.py asked the planner
