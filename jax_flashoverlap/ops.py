@@ -21,6 +21,8 @@ data); the backward of GEMM + reduce-scatter all-gathers the cotangent, then two
 from __future__ import annotations
 
 import functools
+import typing
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -29,8 +31,14 @@ from jax import lax
 
 from jax_flashoverlap import _validation, primitives as prims, primitives_a2a as prims_a2a
 
+# What the ops take (for type checkers): x and w are arrays, a numpy one too (checked at
+# trace time: _validation.check_operands); axis_name one mesh axis or several.
+Operand = jax.Array | np.ndarray
+AxisName = str | Sequence[str]
 
-def matmul(x, w, *, comm_sms: int | None = None, transpose_w: bool = False):
+
+def matmul(x: Operand, w: Operand, *, comm_sms: int | None = None,
+           transpose_w: bool = False) -> jax.Array:
   """x [..., K] @ w [K, N] -> [..., N] through the signaling GEMM (plain `x @ w` on CPU).
 
   `comm_sms` (default 0) leaves that many SMs free, as the overlapped ops do.
@@ -48,8 +56,8 @@ def matmul(x, w, *, comm_sms: int | None = None, transpose_w: bool = False):
   return out.reshape(*lead, n)
 
 
-def matmul_all_reduce(x, w, axis_name, *, comm_sms: int | None = None,
-                      transpose_w: bool = False):
+def matmul_all_reduce(x: Operand, w: Operand, axis_name: AxisName, *,
+                      comm_sms: int | None = None, transpose_w: bool = False) -> jax.Array:
   """psum(x @ w, axis_name) with the all-reduce overlapped tile-by-tile with the GEMM.
 
   x: [..., K_local] (leading dims are flattened into M), w: [K_local, N] ([N, K_local] with
@@ -71,8 +79,9 @@ def matmul_all_reduce(x, w, axis_name, *, comm_sms: int | None = None,
   return out.reshape(*lead, n)
 
 
-def matmul_reduce_scatter(x, w, axis_name, *, comm_sms: int | None = None,
-                          transpose_w: bool = False, sequence_dim: int = 0):
+def matmul_reduce_scatter(x: Operand, w: Operand, axis_name: AxisName, *,
+                          comm_sms: int | None = None, transpose_w: bool = False,
+                          sequence_dim: int = 0) -> jax.Array:
   """psum_scatter(x @ w, axis_name, scatter_dimension=sequence_dim, tiled=True), overlapped.
 
   x: [M, K_local] (or [S, ..., K_local]: scattered along the first dim), w: [K_local, N]
@@ -172,8 +181,9 @@ def _check_axis_arg(op, name, value):
   return int(value)
 
 
-def matmul_all_to_all(x, w, axis_name, *, split_axis: int = 0, concat_axis: int | None = None,
-                      comm_sms: int | None = None, transpose_w: bool = False):
+def matmul_all_to_all(x: Operand, w: Operand, axis_name: AxisName, *, split_axis: int = 0,
+                      concat_axis: int | None = None, comm_sms: int | None = None,
+                      transpose_w: bool = False) -> jax.Array:
   """all_to_all(x @ w, axis_name, split_axis, concat_axis, tiled=True), overlapped.
 
   x: [M, K], w: [K, N] ([N, K] with `transpose_w=True`: the product is x @ w.T; bfloat16 or
@@ -219,9 +229,28 @@ def matmul_all_to_all(x, w, axis_name, *, split_axis: int = 0, concat_axis: int 
   return out.reshape(*lead, n) if len(lead) > 1 else out
 
 
-def all_gather_matmul(x, w, axis_name, *, comm_sms: int | None = None,
-                      transpose_w: bool = False, return_gathered: bool = False,
-                      sequence_dim: int = 0):
+# return_gathered picks the result's type: out, or (out, gathered)
+@typing.overload
+def all_gather_matmul(x: Operand, w: Operand, axis_name: AxisName, *,
+                      comm_sms: int | None = ..., transpose_w: bool = ...,
+                      return_gathered: typing.Literal[False] = ...,
+                      sequence_dim: int = ...) -> jax.Array: ...
+@typing.overload
+def all_gather_matmul(x: Operand, w: Operand, axis_name: AxisName, *,
+                      comm_sms: int | None = ..., transpose_w: bool = ...,
+                      return_gathered: typing.Literal[True],
+                      sequence_dim: int = ...) -> tuple[jax.Array, jax.Array]: ...
+@typing.overload
+def all_gather_matmul(x: Operand, w: Operand, axis_name: AxisName, *,
+                      comm_sms: int | None = ..., transpose_w: bool = ...,
+                      return_gathered: bool, sequence_dim: int = ...
+                      ) -> jax.Array | tuple[jax.Array, jax.Array]: ...
+
+
+def all_gather_matmul(x: Operand, w: Operand, axis_name: AxisName, *,
+                      comm_sms: int | None = None, transpose_w: bool = False,
+                      return_gathered: bool = False, sequence_dim: int = 0
+                      ) -> jax.Array | tuple[jax.Array, jax.Array]:
   """all_gather(x, axis_name, axis=sequence_dim, tiled=True) @ w, overlapped
   (sequence-parallel column-parallel layer): the GEMM starts on the local rows at once and
   takes each other rank's rows as they arrive.

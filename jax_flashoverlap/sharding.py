@@ -29,8 +29,9 @@ from jax_flashoverlap import _compat, _validation, ops, primitives as prims
 REDUCTIONS = ("all_reduce", "reduce_scatter")
 
 
-def row_parallel_matmul(x, w, reduce: str = "all_reduce", axis_name=None, *,
-                        transpose_w: bool = False, sequence_dim: int = 0):
+def row_parallel_matmul(x: ops.Operand, w: ops.Operand, reduce: str = "all_reduce",
+                        axis_name: str | None = None, *, transpose_w: bool = False,
+                        sequence_dim: int = 0) -> jax.Array:
   """x [..., K] @ w [K, N] with K sharded over one mesh axis, reduced by `reduce`.
 
   Returns the same values as `x @ w` under XLA's sharding; the output is replicated over the

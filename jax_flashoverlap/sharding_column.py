@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import warnings
 
+import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -37,8 +38,8 @@ from jax_flashoverlap.sharding import (_spec_axes, check_global_axis_name,
 _OP = "jax_flashoverlap.column_parallel_matmul"
 
 
-def column_parallel_matmul(x, w, axis_name=None, *, transpose_w: bool = False,
-                           sequence_dim: int = 0):
+def column_parallel_matmul(x: ops.Operand, w: ops.Operand, axis_name: str | None = None, *,
+                           transpose_w: bool = False, sequence_dim: int = 0) -> jax.Array:
   """x [S, ..., K] @ w [K, N] with N sharded over one mesh axis and x's first dim sharded
   over it too (sequence parallelism): all_gather(x, axis=sequence_dim) @ w per device,
   overlapped.
