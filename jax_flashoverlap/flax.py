@@ -201,8 +201,9 @@ class _Config:
   def out_name(self) -> str:
     return "out_features" if self.in_features is not None else "features"  # NNX / linen
 
-  def split(self, size, n) -> int:
-    """size / n, with an error naming the layer's dim when it does not divide."""
+  def split(self, size, n) -> int | None:
+    """size / n (None for a size not known yet: linen's in_features), with an error naming
+    the layer's dim when it does not divide."""
     dim = "in_features" if self.row else self.out_name
     if size is not None and size % n:
       raise ValueError(f"{self.layer}: {dim}={size} is not divisible by the size {n} of mesh "
@@ -407,7 +408,8 @@ class _NNXParallel(nnx.Module):
   def __init__(self, in_features: int, out_features: int, *, axis_name: str | None = None,
                reduce: str = "all_reduce", use_bias: bool = True, dtype=jnp.bfloat16,
                param_dtype=jnp.float32, kernel_init=_default_kernel_init,
-               bias_init=_default_bias_init, mesh=None, overlap_backward: bool = False,
+               bias_init=_default_bias_init, mesh: jax.sharding.Mesh | None = None,
+               overlap_backward: bool = False,
                sequence_parallel: bool = False, sequence_dim: int = 0, kernel_axes=None,
                sharding_rules=(), rngs: nnx.Rngs, **linear_only):
     layer = type(self).__name__
@@ -453,9 +455,10 @@ class _NNXParallel(nnx.Module):
     self.kernel = nnx.Param(kernel, **{SHARDING_KEY: kspec}, **meta)
     self.bias = nnx.Param(bias, **{SHARDING_KEY: bspec}, **meta) if use_bias else None
 
-  def __call__(self, x):
+  def __call__(self, x: jax.typing.ArrayLike) -> jax.Array:
+    in_features = tp.cast(int, self.cfg.in_features)  # NNX: given at construction (linen: None)
     return _forward(self.cfg, x, self.kernel[...],
-                    None if self.bias is None else self.bias[...], self.cfg.in_features)
+                    None if self.bias is None else self.bias[...], in_features)
 
 
 class RowParallelLinear(_NNXParallel):
@@ -522,7 +525,7 @@ class _LinenParallel(nn.Module):
   _row: tp.ClassVar[bool] = True
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x: jax.typing.ArrayLike) -> jax.Array:
     layer = type(self).__name__
     refuse_linear_only(layer, {n: getattr(self, n) for n in LINEN_FIELDS})
     axis_name = _resolve_logical(layer, self._row, self.kernel_axes, self.axis_name,

@@ -27,6 +27,7 @@ import math
 import numbers
 import os
 import threading
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -450,7 +451,7 @@ class Override(threading.local):
     return self.value
 
   @contextlib.contextmanager
-  def active(self, value):
+  def active(self, value) -> Iterator[None]:
     previous, self.value = self.value, value
     try:
       if _OVERRIDES_STATE is None:  # pragma: no cover  (a JAX without such states)
@@ -470,7 +471,8 @@ _override = Override()
 
 
 def forced(num_groups: int | None = None, comm_sms: int | None = None, overlap: bool = True,
-           band_rows=None, cta_policy: str | None = None):
+           band_rows: Sequence[int] | None = None, cta_policy: str | None = None
+           ) -> contextlib.AbstractContextManager[None]:
   """Within this context, ops *lowered* here use `num_groups` even row bands (aligned to the
   kernel's cluster rows) or exactly `band_rows` (boundaries in one rank block's rows), and/or
   `comm_sms` and the communicator's `cta_policy`, instead of the cost model's plan;

@@ -24,6 +24,7 @@ collective is predicted the op lowers to XLA's own composition (same switches as
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 
@@ -276,7 +277,8 @@ _override = plan_lib.Override()
 
 
 def forced(num_groups: int | None = None, comm_sms: int | None = None, overlap: bool = True,
-           chunks: int | None = None, gather: str | None = None):
+           chunks: int | None = None, gather: str | None = None
+           ) -> contextlib.AbstractContextManager[None]:
   """Within this context, these ops *lowered* here use `num_groups` even bands (all-to-all),
   `chunks` and `gather` ("p2p" | "collective", all-gather), `comm_sms`, or overlap=False
   (XLA's composition)."""

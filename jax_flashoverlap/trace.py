@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Iterator
 
 TRACE_ENV = "FLASHOVERLAP_TRACE"
 DEFAULT_CAPACITY = 256
@@ -91,7 +92,7 @@ def enabled() -> bool:
 
 
 @contextlib.contextmanager
-def recording(capacity: int = DEFAULT_CAPACITY):
+def recording(capacity: int = DEFAULT_CAPACITY) -> Iterator[None]:
   """Tracing on inside the block; afterwards off again (unless it was on before)."""
   was_on = enabled()
   enable(capacity)

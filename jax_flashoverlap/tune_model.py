@@ -73,7 +73,7 @@ class Calibration:
   wave_s: dict           # comm_sms -> seconds per wave of our GEMM alone
   comm: dict             # comm_sms -> CommCurve of our capped collective
   # GEMM slowdown beside NCCL: one factor, or comm_sms -> factor (fit_op_runs)
-  interference: object = plan_lib.DEFAULT_PROFILE.interference
+  interference: float | dict = plan_lib.DEFAULT_PROFILE.interference
   copy_bandwidth: float = plan_lib.DEFAULT_PROFILE.copy_bandwidth
   # comm_sms -> seconds every group adds to the op on its critical path (stream waits,
   # launches, signals: what the collective alone does not show; fit_op_runs)
