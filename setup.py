@@ -353,7 +353,9 @@ setup(
     description="Tile-wise overlap of tensor-parallel GEMMs and their collectives "
                 "(FlashOverlap) for JAX on NVIDIA GPUs",
     packages=find_packages(include=["jax_flashoverlap", "jax_flashoverlap.*"]),
-    package_data={"jax_flashoverlap": ["configs/*.json"]},
+    # py.typed: the package's hints are for type checkers too (PEP 561; without it mypy and
+    # pyright take the whole package as untyped)
+    package_data={"jax_flashoverlap": ["configs/*.json", "py.typed"]},
     python_requires=">=3.11",  # jax 0.10 (the floor below) and jaxlib need 3.11: no 3.10 wheels
     install_requires=["jax>=0.10", "numpy"],
     extras_require={

@@ -463,3 +463,17 @@ def test_the_source_distribution_carries_every_cuda_source(tmp_path):
   wanted = {n for n in tracked if n.startswith("xla_ffi/")}
   assert len(wanted) > 50 and wanted <= held, sorted(wanted - held)
   assert "jax_flashoverlap/configs/h200_x2.json" in held
+  assert "jax_flashoverlap/py.typed" in held
+
+
+def test_the_built_package_carries_py_typed(tmp_path):
+  """`build_py` (what a wheel and an install hold) copies jax_flashoverlap/py.typed, the PEP 561
+  marker without which mypy and pyright take the installed package as untyped."""
+  shutil.copy(os.path.join(REPO, "setup.py"), tmp_path)
+  shutil.copytree(os.path.join(REPO, "jax_flashoverlap"), tmp_path / "jax_flashoverlap",
+                  ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+  r = subprocess.run([sys.executable, "setup.py", "-q", "build_py", "-d", str(tmp_path / "lib")],
+                     cwd=tmp_path, capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stdout + r.stderr
+  built = tmp_path / "lib" / "jax_flashoverlap"
+  assert (built / "py.typed").is_file() and (built / "configs" / "h200_x2.json").is_file()
