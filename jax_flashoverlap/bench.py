@@ -283,6 +283,7 @@ def bench_overlap(args) -> dict:
   import jax
   import jax.numpy as jnp
   from jax.sharding import NamedSharding, PartitionSpec as P
+  from jax_flashoverlap import comm
 
   rows = RowLog(args)
   warn_if_no_gpu("the GPU-only parts (--trace, nccl_capped, the xla_windowed variant) are "
@@ -334,7 +335,7 @@ def bench_overlap(args) -> dict:
     eff = (t["xla_dot_collective"] - t["ours"]) / denom if denom > 0 else float("nan")
     row = {"collective": collective, "m": m, "n": n, "k": k, "world": world,
            "processes": jax.process_count(), "dtype": str(pb.dtype),
-           "gpu": jax.devices()[0].device_kind if jax.default_backend() == "gpu" else None,
+           "gpu": comm.mesh_gpu_name(pb.mesh),  # as tuned configs are keyed; None off GPU
            "times_ms": t, "speedup": speedup,
            "overlap_efficiency": eff, "rel_error": err, "rel_error_vs_f32": err32,
            "variant_rel_error_vs_f32": errors, "failed_value_check": bad,

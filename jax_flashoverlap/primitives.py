@@ -144,14 +144,20 @@ class ExportedWithoutOverlapWarning(UserWarning):
   """`jax.export` of a program with our ops: the exported program runs XLA's composition."""
 
 
-_warned_export = False
-
-
 class AbstractMeshWithoutOverlapWarning(UserWarning):
   """A shard_map over an AbstractMesh run on this process's GPUs: XLA's composition."""
 
 
-_warned_abstract = False
+_warned_fallbacks: set = set()  # the warning classes of _without_overlap said so far
+
+
+def _without_overlap(category, message: str, reason: str) -> tuple[bool, str]:
+  """cuda_path's answer where the whole program takes XLA's composition: warned once per
+  process and cause (`category`)."""
+  if category not in _warned_fallbacks:
+    _warned_fallbacks.add(category)
+    warnings.warn(message, category, stacklevel=3)
+  return False, reason
 
 
 def _abstract_mesh_on_local_gpus(target: str, ctx) -> bool:
@@ -177,30 +183,24 @@ def cuda_path(target: str, ctx) -> tuple[bool, str]:
   never made, and JAX refuses to serialize a custom call without its compatibility
   guarantee ("Cannot serialize code with custom calls ..."); so the export keeps the values
   (XLA's dot + collective) and loses the overlap, warned once per process."""
-  global _warned_export
   check_switches()
   if _compat.lowering_for_export(ctx):
-    if not _warned_export:
-      _warned_export = True
-      warnings.warn(
-          "jax_flashoverlap: jax.export lowers the ops to XLA's composition (dot + "
-          "collective, the same values, no overlap): the custom call needs communicators "
-          "made by this process's lowering, and has no serialization guarantee. Run the "
-          "model under jax.jit for the overlapped kernels.",
-          ExportedWithoutOverlapWarning, stacklevel=2)
-    return False, f"jax.export: XLA's composition instead of {target}"
+    return _without_overlap(
+        ExportedWithoutOverlapWarning,
+        "jax_flashoverlap: jax.export lowers the ops to XLA's composition (dot + "
+        "collective, the same values, no overlap): the custom call needs communicators "
+        "made by this process's lowering, and has no serialization guarantee. Run the "
+        "model under jax.jit for the overlapped kernels.",
+        f"jax.export: XLA's composition instead of {target}")
   use, why = _ext.check_cuda_path(target)
   if use and _abstract_mesh_on_local_gpus(target, ctx):
-    global _warned_abstract
-    if not _warned_abstract:
-      _warned_abstract = True
-      warnings.warn(
-          "jax_flashoverlap: a shard_map over an AbstractMesh runs the collective ops as "
-          "XLA's composition (the same values, no overlap): their NCCL communicators are made "
-          "from the mesh's devices, which an AbstractMesh does not name. Give shard_map the "
-          "concrete jax.sharding.Mesh (or call it under jax.set_mesh(mesh)).",
-          AbstractMeshWithoutOverlapWarning, stacklevel=2)
-    return False, f"shard_map over an AbstractMesh: XLA's composition instead of {target}"
+    return _without_overlap(
+        AbstractMeshWithoutOverlapWarning,
+        "jax_flashoverlap: a shard_map over an AbstractMesh runs the collective ops as "
+        "XLA's composition (the same values, no overlap): their NCCL communicators are made "
+        "from the mesh's devices, which an AbstractMesh does not name. Give shard_map the "
+        "concrete jax.sharding.Mesh (or call it under jax.set_mesh(mesh)).",
+        f"shard_map over an AbstractMesh: XLA's composition instead of {target}")
   return use, why
 
 

@@ -61,7 +61,7 @@ def _sds(*shape):
 @pytest.fixture
 def fresh_warning(monkeypatch):
     from jax_flashoverlap import primitives
-    monkeypatch.setattr(primitives, "_warned_export", False)
+    monkeypatch.setattr(primitives, "_warned_fallbacks", set())
     return primitives.ExportedWithoutOverlapWarning
 
 

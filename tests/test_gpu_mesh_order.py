@@ -96,7 +96,7 @@ def test_shard_map_over_an_abstract_mesh_with_placed_arguments():
     import jax_flashoverlap as fo
     from jax_flashoverlap import primitives
     monkeypatch = pytest.MonkeyPatch()
-    monkeypatch.setattr(primitives, "_warned_abstract", False)
+    monkeypatch.setattr(primitives, "_warned_fallbacks", set())
     mesh = Mesh(np.array(jax.devices()[:2]), ("tp",))
     f = jax.jit(shard_map(lambda a, b: fo.matmul_reduce_scatter(a, b, "tp"), mesh.abstract_mesh,
                           (P(None, "tp"), P("tp", None)), P("tp", None)))

@@ -89,7 +89,7 @@ def test_shard_map_over_an_abstract_mesh(fo, monkeypatch, gpu_here):
   make_mesh_1d(2)
   monkeypatch.setattr(_ext, "check_cuda_path", lambda target, **_: (True, "test"))
   monkeypatch.setattr(_ext, "local_gpus", lambda: [("NVIDIA H200", "9.0")] if gpu_here else [])
-  monkeypatch.setattr(primitives, "_warned_abstract", False)
+  monkeypatch.setattr(primitives, "_warned_fallbacks", set())
   target = "flashoverlap_gemm_reduce_scatter"
   mesh = Mesh(np.array(cpu_devices()[:2]), ("tp",))
   f, args = _reduce_scatter_program(fo, mesh.abstract_mesh)
