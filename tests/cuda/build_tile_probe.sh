@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Builds tests/cuda/tile_probe (stock CUTLASS tile shapes vs cuBLAS vs our signaling GEMM on
+# one GPU; tile_probe.cu says why) with nvcc, into BUILD_DIR/tile_probe.
+#   tests/cuda/build_tile_probe.sh [BUILD_DIR]      (default: .build at the repository root)
+# Our kernel's objects come from BUILD_DIR (tests/cuda/build.sh puts them there; run it
+# first, KERNEL_OBJ_DIR=build/obj reuses setup.py's). CUTLASS headers as in build.sh. The
+# three stock instantiations compile in parallel (~60-90 s each); a ptxas C75xx warning
+# (wgmma serialized) fails the build, as in build.sh.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+BUILD="${1:-$ROOT/.build}"
+if [[ -z "${CUTLASS_DIR:-}" ]]; then
+  CUTLASS_DIR="$(python3 -c 'import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), "source"))' 2>/dev/null || true)"
+  [[ -d "$CUTLASS_DIR/include/cute" ]] || CUTLASS_DIR="$ROOT/.cutlass"
+fi
+[[ -d "$CUTLASS_DIR/include/cute" ]] || { echo "CUTLASS headers not found (set CUTLASS_DIR)"; exit 1; }
+ours=("$BUILD"/signaling_gemm_*.o)
+[[ -e "${ours[0]}" && -e "$BUILD/signaling_gemm.o" ]] || {
+  echo "our kernel objects are not in $BUILD: run tests/cuda/build.sh $BUILD first"; exit 1; }
+NVCC="${NVCC:-nvcc}"
+mkdir -p "$BUILD/tile_probe_obj"
+export NVCC ROOT OBJ="$BUILD/tile_probe_obj"
+export FLAGS_STR="-std=c++17 -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -I$CUTLASS_DIR/include -I$CUTLASS_DIR/tools/util/include"
+compile() {
+  local src="$1" name t0=$SECONDS
+  name="$(basename "${src%.cu}")"
+  if ! $NVCC $FLAGS_STR -Xptxas -v -c "$ROOT/$src" -o "$OBJ/$name.o" >"$OBJ/$name.log" 2>&1; then
+    cat "$OBJ/$name.log"; echo "FAILED: $src"; return 1
+  fi
+  if grep -q "C75[0-9][0-9]" "$OBJ/$name.log"; then
+    grep "C75" "$OBJ/$name.log"; echo "FAILED (ptxas C75xx warning): $src"; return 1
+  fi
+  echo "compiled $src in $((SECONDS - t0)) s"
+}
+export -f compile
+cd "$ROOT"
+ls tests/cuda/tile_probe.cu tests/cuda/tile_probe_*.cu | xargs -P "${JOBS:-$(nproc)}" -I{} bash -c 'compile {}'
+# The ordinary "signaling_gemm_*" glob would take the probe's objects too: list ours first.
+$NVCC -o "$BUILD/tile_probe" "${ours[@]}" "$BUILD/signaling_gemm.o" "$OBJ"/tile_probe*.o -ldl
+echo "built $BUILD/tile_probe"
