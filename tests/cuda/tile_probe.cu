@@ -8,7 +8,9 @@
 // tiles here, and with which cluster shape? Variants, interleaved per round (a batch of
 // back-to-back launches each, CUDA events, median over rounds):
 //   cublas                     cublasGemmEx (its heuristic's kernel)
-//   ours                       our signaling GEMM, 4 groups, signals on, comm_sms 0
+//   ours                       our signaling GEMM, 4 groups, signals on, comm_sms 0, tile queue
+//   ours_<what>                the same with one thing changed (kOursVariants: one group, the
+//                              round-robin order, whole units only, the sync epilogue, panels)
 //   cutlass_coop_128x256_2x1   stock CUTLASS, our tile and cluster
 //   cutlass_coop_256x128_1x2   stock CUTLASS, cuBLAS's H100 tile and cluster
 //   cutlass_coop_256x128_2x1   the same tile, clusters along M
@@ -16,6 +18,7 @@
 //
 //   tests/cuda/build_tile_probe.sh [BUILD_DIR];  BUILD_DIR/tile_probe [out.json]
 #include <memory>
+#include <utility>
 
 #include "gemm_test_common.cuh"
 #include "tile_probe.h"
@@ -29,6 +32,23 @@ struct Variant {
   float ms = 0;
   double rel_err = -1;
   unsigned long long bad = 0, wrong = 0;
+};
+
+// Our kernel with one setting changed: its launcher reads these switches at every launch.
+struct OursVariant {
+  const char* name;
+  int groups;
+  bool queue;
+  std::vector<std::pair<const char*, const char*>> env;
+};
+const OursVariant kOursVariants[] = {
+    {"ours", 4, true, {}},
+    {"ours_1_group", 1, true, {}},
+    {"ours_round_robin", 4, false, {}},
+    {"ours_whole_tail", 4, true, {{"FLASHOVERLAP_GEMM_TAIL", "whole"}}},
+    {"ours_sync_epilogue", 4, true, {{"FLASHOVERLAP_GEMM_EPILOGUE", "sync"}}},
+    {"ours_panel_2", 4, true, {{"FLASHOVERLAP_GEMM_PANEL", "2"}}},
+    {"ours_panel_32", 4, true, {{"FLASHOVERLAP_GEMM_PANEL", "32"}}},
 };
 
 std::vector<int> IdentityRows(int64_t m) {
@@ -84,16 +104,21 @@ int main(int argc, char** argv) {
                     return cublas.Run(x.p, w.p, out.p, M, N, K, GemmDType::kBFloat16, s) == 0
                                ? cudaSuccess : cudaErrorLaunchFailure;
                   }, IdentityRows(sh.m)});
-    SignalingGemmArgs a;
-    a.x = x.p; a.w = w.p; a.out = out.p;
-    a.m = sh.m; a.n = sh.n; a.k = sh.k;
-    a.layout = EvenLayout(sh.m, 1, 4, 256);
-    a.counters = d.counters;
-    a.queue = GemmQueue();
-    vs.push_back({"ours", [&, a] {
-                    cudaError_t e = cudaMemsetAsync(d.counters, 0, sizeof(int) * kMaxGroups, s);
-                    return e != cudaSuccess ? e : LaunchSignalingGemm(a, s);
-                  }, DstRows(sh.m, a.layout)});
+    for (const OursVariant& ov : kOursVariants) {
+      SignalingGemmArgs a;
+      a.x = x.p; a.w = w.p; a.out = out.p;
+      a.m = sh.m; a.n = sh.n; a.k = sh.k;
+      a.layout = EvenLayout(sh.m, 1, ov.groups, 256);
+      a.counters = d.counters;  // not reset between launches: nothing here waits on them
+      a.queue = ov.queue ? GemmQueue() : nullptr;
+      vs.push_back({ov.name, [a, s, &ov] {
+                      for (const auto& kv : ov.env) setenv(kv.first, kv.second, 1);
+                      const cudaError_t e = LaunchSignalingGemm(a, s);
+                      for (const auto& kv : ov.env) unsetenv(kv.first);
+                      if (e != cudaSuccess) fprintf(stderr, "%s: %s\n", ov.name, LastSignalingGemmError());
+                      return e;
+                    }, DstRows(sh.m, a.layout)});
+    }
     std::vector<std::unique_ptr<tile_probe::StockGemm>> stock;
     stock.push_back(tile_probe::MakeCooperative128x256Cluster2x1());
     stock.push_back(tile_probe::MakeCooperative256x128Cluster1x2());
