@@ -9,8 +9,9 @@
 // back-to-back launches each, CUDA events, median over rounds):
 //   cublas                     cublasGemmEx (its heuristic's kernel)
 //   ours                       our signaling GEMM, 4 groups, signals on, comm_sms 0, tile queue
-//   ours_<what>                the same with one thing changed (kOursVariants: one group, the
-//                              round-robin order, whole units only, the sync epilogue, panels)
+//   ours_<what>                the same with settings changed (kOursVariants: one group, the
+//                              round-robin order, whole units only, the sync epilogue, panels,
+//                              and some at comm_sms 16)
 //   cutlass_coop_128x256_2x1   stock CUTLASS, our tile and cluster
 //   cutlass_coop_256x128_1x2   stock CUTLASS, cuBLAS's H100 tile and cluster
 //   cutlass_coop_256x128_2x1   the same tile, clusters along M
@@ -39,16 +40,29 @@ struct OursVariant {
   const char* name;
   int groups;
   bool queue;
+  int comm_sms;
   std::vector<std::pair<const char*, const char*>> env;
 };
 const OursVariant kOursVariants[] = {
-    {"ours", 4, true, {}},
-    {"ours_1_group", 1, true, {}},
-    {"ours_round_robin", 4, false, {}},
-    {"ours_whole_tail", 4, true, {{"FLASHOVERLAP_GEMM_TAIL", "whole"}}},
-    {"ours_sync_epilogue", 4, true, {{"FLASHOVERLAP_GEMM_EPILOGUE", "sync"}}},
-    {"ours_panel_2", 4, true, {{"FLASHOVERLAP_GEMM_PANEL", "2"}}},
-    {"ours_panel_32", 4, true, {{"FLASHOVERLAP_GEMM_PANEL", "32"}}},
+    {"ours", 4, true, 0, {}},
+    {"ours_1_group", 1, true, 0, {}},
+    {"ours_round_robin", 4, false, 0, {}},
+    {"ours_whole_tail", 4, true, 0, {{"FLASHOVERLAP_GEMM_TAIL", "whole"}}},
+    {"ours_sync_epilogue", 4, true, 0, {{"FLASHOVERLAP_GEMM_EPILOGUE", "sync"}}},
+    {"ours_panel_2", 4, true, 0, {{"FLASHOVERLAP_GEMM_PANEL", "2"}}},
+    {"ours_panel_32", 4, true, 0, {{"FLASHOVERLAP_GEMM_PANEL", "32"}}},
+    {"ours_sync_panel_32", 4, true, 0,
+     {{"FLASHOVERLAP_GEMM_EPILOGUE", "sync"}, {"FLASHOVERLAP_GEMM_PANEL", "32"}}},
+    {"ours_round_robin_sync_panel_32", 4, false, 0,
+     {{"FLASHOVERLAP_GEMM_EPILOGUE", "sync"}, {"FLASHOVERLAP_GEMM_PANEL", "32"}}},
+    // 16 SMs left to communication, as the overlapped ops do (the grid is smaller; nothing
+    // runs on those SMs here):
+    {"ours_cs16", 4, true, 16, {}},
+    {"ours_cs16_round_robin", 4, false, 16, {}},
+    {"ours_cs16_sync_epilogue", 4, true, 16, {{"FLASHOVERLAP_GEMM_EPILOGUE", "sync"}}},
+    {"ours_cs16_panel_32", 4, true, 16, {{"FLASHOVERLAP_GEMM_PANEL", "32"}}},
+    {"ours_cs16_sync_panel_32", 4, true, 16,
+     {{"FLASHOVERLAP_GEMM_EPILOGUE", "sync"}, {"FLASHOVERLAP_GEMM_PANEL", "32"}}},
 };
 
 std::vector<int> IdentityRows(int64_t m) {
@@ -111,6 +125,7 @@ int main(int argc, char** argv) {
       a.layout = EvenLayout(sh.m, 1, ov.groups, 256);
       a.counters = d.counters;  // not reset between launches: nothing here waits on them
       a.queue = ov.queue ? GemmQueue() : nullptr;
+      a.comm_sms = ov.comm_sms;
       vs.push_back({ov.name, [a, s, &ov] {
                       for (const auto& kv : ov.env) setenv(kv.first, kv.second, 1);
                       const cudaError_t e = LaunchSignalingGemm(a, s);
