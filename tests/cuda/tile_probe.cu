@@ -15,6 +15,7 @@
 //   cutlass_coop_128x256_2x1   stock CUTLASS, our tile and cluster
 //   cutlass_coop_256x128_1x2   stock CUTLASS, cuBLAS's H100 tile and cluster
 //   cutlass_coop_256x128_2x1   the same tile, clusters along M
+//   cutlass_coop_128x256_2x1_3_stages  our tile with our mainloop's 3 stages (stock: 4)
 // Every variant's output is poisoned first and compared with an fp32 reference.
 //
 //   tests/cuda/build_tile_probe.sh [BUILD_DIR];  BUILD_DIR/tile_probe [out.json]
@@ -138,6 +139,7 @@ int main(int argc, char** argv) {
     stock.push_back(tile_probe::MakeCooperative128x256Cluster2x1());
     stock.push_back(tile_probe::MakeCooperative256x128Cluster1x2());
     stock.push_back(tile_probe::MakeCooperative256x128Cluster2x1());
+    stock.push_back(tile_probe::MakeCooperative128x256Cluster2x1Stages3());
     for (auto& g : stock) {
       std::string error;
       if (!g->Init(x.p, w.p, out.p, M, N, K, prop.multiProcessorCount, s, &error)) {
@@ -146,6 +148,7 @@ int main(int argc, char** argv) {
         continue;
       }
       tile_probe::StockGemm* p = g.get();
+      if (&sh == &kDesignShapes[0]) printf("%s: %d mainloop stages\n", p->Name(), p->Stages());
       vs.push_back({p->Name(), [p, s] { return p->Run(s); }, IdentityRows(sh.m)});
     }
     for (Variant& v : vs) {

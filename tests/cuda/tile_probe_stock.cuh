@@ -17,8 +17,9 @@
 
 namespace tile_probe {
 
+// kStages 0: as many mainloop stages as the shared memory the epilogue leaves holds.
 template <int kBlockM, int kBlockN, int kClusterM, int kClusterN, class KernelSchedule,
-          class EpilogueSchedule>
+          class EpilogueSchedule, int kStages = 0>
 class CutlassGemm final : public StockGemm {
   using Element = cutlass::bfloat16_t;
   using TileShape = cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>, cute::_64>;
@@ -34,8 +35,10 @@ class CutlassGemm final : public StockGemm {
       Element, cutlass::layout::RowMajor, 8,   // x [M, K]: K-major
       Element, cutlass::layout::RowMajor, 8,   // w [K, N]: N-major
       float, TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<
-          static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      std::conditional_t<kStages == 0,
+                         cutlass::gemm::collective::StageCountAutoCarveout<
+                             static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+                         cutlass::gemm::collective::StageCount<kStages>>,
       KernelSchedule>::CollectiveOp;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop,
                                                       Epilogue, cutlass::gemm::PersistentScheduler>;
@@ -84,6 +87,7 @@ class CutlassGemm final : public StockGemm {
     return gemm_.run(stream) == cutlass::Status::kSuccess ? cudaSuccess : cudaErrorLaunchFailure;
   }
   const char* Name() const override { return name_; }
+  int Stages() const override { return Mainloop::DispatchPolicy::Stages; }
 
  private:
   const char* name_;
