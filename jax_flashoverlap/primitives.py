@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import warnings
 
 import jax
@@ -401,7 +402,7 @@ def _peer_store_lowering(prim, ctx, x, w, collective, mesh, axis_name, world, dt
   """The custom call with a peer-store plan where JAX_FLASHOVERLAP_TRANSPORT asks for one:
   `peer`, or `auto` with a tuned config entry that says peer (its bands; plan_peer.plan's
   otherwise). None (NCCL then lowers the op) where it does not, or where the op cannot take
-  it (with a PeerStoresWarning, once per reason)."""
+  it (with a PeerStoresWarning, once per reason: one for every M of the rows' reason)."""
   m, n, k = mnk
   tuned = None
   if comm_sms is None and not plan_lib.is_forced():
@@ -410,8 +411,11 @@ def _peer_store_lowering(prim, ctx, x, w, collective, mesh, axis_name, world, dt
     return None
   reason = plan_peer.unavailable(collective, mesh, axis_name, world, m)
   if reason is not None:
-    if reason not in _warned_peer_stores:
-      _warned_peer_stores.add(reason)
+    # Once per cause, not per shape: the rows' reason names M, and a long-running process
+    # lowering many sequence lengths warned (and kept an entry) for every one of them.
+    cause = re.sub(r"\bM=\d+", "M", reason)
+    if cause not in _warned_peer_stores:
+      _warned_peer_stores.add(cause)
       asked = f"{_ext.TRANSPORT_ENV}=peer" if transport == "peer" else "a tuned config says peer"
       warnings.warn(f"jax_flashoverlap: {prim.name}: {asked}, but {reason}: this op keeps the "
                     "NCCL path", plan_peer.PeerStoresWarning, stacklevel=2)

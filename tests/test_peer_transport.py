@@ -370,6 +370,23 @@ def test_rows_not_a_multiple_of_the_group_keep_nccl_with_a_warning(fo, no_fallba
     assert transport == 0
 
 
+
+def test_rows_warning_is_once_per_group_size_not_per_shape(fo, no_fallback, monkeypatch):
+    """A long-running process lowers many M (sequence lengths): M not a multiple of the group
+    is one cause, warned once per group size, not once per M (which kept a set entry per M
+    for good and warned at every new length)."""
+    monkeypatch.setenv(TRANSPORT_ENV, "peer")
+    from jax_flashoverlap import primitives
+    primitives._warned_peer_stores.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for m in (4095, 4097, 4099):
+            assert _attrs(fo, "all_reduce", make_mesh_1d(2), m=m)[0] == 0
+        assert _attrs(fo, "all_reduce", make_mesh_1d(4), m=4098)[0] == 0  # another group size
+    warned = [str(w.message) for w in caught if issubclass(w.category, plan_peer.PeerStoresWarning)]
+    assert len(warned) == 2 and "M=4095 rows" in warned[0] and "into 4 equal" in warned[1], warned
+    assert len(primitives._warned_peer_stores) == 2
+
 @pytest.mark.parametrize("world", [4, 8])
 @pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter"])
 def test_peer_plan_of_larger_groups(collective, world):
