@@ -2,7 +2,11 @@
 flax.nnx is imported), and the arguments of nnx.Linear / nn.Dense that they do not take (a user
 swapping a layer in gets that said, not Python's bare "unexpected keyword argument")."""
 
+import dataclasses
+import functools
+import inspect
 import re
+from collections.abc import Mapping
 
 # The oldest flax the layers run on with jax >= 0.10 (setup.py's extras and README say so too).
 # Older ones break inside flax itself: flax.nnx of 0.12.0 and before does not import (it takes
@@ -46,12 +50,35 @@ LINEAR_ONLY = {
 LINEN_FIELDS = ("precision", "dot_general", "dot_general_cls", "promote_dtype")
 
 
+@functools.lru_cache(maxsize=None)
+def linear_defaults() -> dict:
+  """{name: (nnx.Linear's default, nn.Dense's)} for the arguments in LINEAR_ONLY: what a
+  swapped-in call that spells them out passes (lax.dot_general, flax's promote_dtype, empty
+  metadata), which asks for what the layers do. Read at the first layer's construction, when
+  jax_flashoverlap.flax has imported flax.nnx (after check_flax_version)."""
+  from flax import linen, nnx
+  params = inspect.signature(nnx.Linear.__init__).parameters
+  fields = {f.name: f.default for f in dataclasses.fields(linen.Dense)}
+  return {name: tuple(d for d in (getattr(params.get(name), "default", None), fields.get(name))
+                      if d is not None and d is not inspect.Parameter.empty
+                      and d is not dataclasses.MISSING)
+          for name in LINEAR_ONLY}
+
+
+def _is_default(name: str, value) -> bool:
+  if value is None:  # every one's "not given" (precision, preferred_element_type: the default)
+    return True
+  return any(value is d or (isinstance(d, Mapping) and isinstance(value, Mapping)
+                            and dict(value) == dict(d)) for d in linear_defaults()[name])
+
+
 def refuse_linear_only(layer: str, given: dict) -> None:
-  """TypeError for an argument of nnx.Linear / nn.Dense given a value (None is its default:
-  accepted), and Python's own for any other unknown keyword."""
+  """TypeError for an argument of nnx.Linear / nn.Dense given a value other than its default
+  there (None, or the default itself: accepted), and Python's own for any other unknown
+  keyword."""
   for name, value in given.items():
     if name not in LINEAR_ONLY:
       raise TypeError(f"{layer}.__init__() got an unexpected keyword argument {name!r}")
-    if value is not None:
+    if not _is_default(name, value):
       raise TypeError(f"{layer}: {name}= is an argument of nnx.Linear / nn.Dense that this "
                       f"layer does not take: {LINEAR_ONLY[name]}; drop it")

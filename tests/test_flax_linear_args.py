@@ -1,7 +1,11 @@
 """Arguments of nnx.Linear / nn.Dense that the tensor-parallel layers do not take (a user
 swapping a layer in passes them): each is a TypeError saying why and to drop it, where it
 was Python's bare "unexpected keyword argument" (NNX) or a dataclass error (linen). Their
-default, None, is accepted; any other unknown keyword keeps Python's message."""
+default is accepted (None, or nnx.Linear's / nn.Dense's own spelt out); any other unknown
+keyword keeps Python's message."""
+import dataclasses
+import inspect
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -9,7 +13,7 @@ import pytest
 nnx = pytest.importorskip("flax.nnx")
 nn = pytest.importorskip("flax.linen")
 from jax_flashoverlap import flax as fl  # noqa: E402
-from jax_flashoverlap._flax_refusals import LINEAR_ONLY  # noqa: E402
+from jax_flashoverlap._flax_refusals import LINEAR_ONLY, LINEN_FIELDS  # noqa: E402
 
 
 @pytest.mark.parametrize("layer", ["RowParallelLinear", "ColumnParallelLinear"])
@@ -37,4 +41,30 @@ def test_linen_layers_refuse_nn_dense_arguments_saying_why(layer, name):
                                       r"nn.Dense that this layer does not take"):
     getattr(fl, layer)(64, **{name: "highest"}).init(jax.random.key(0), x)
   variables = getattr(fl, layer)(64, **{name: None}).init(jax.random.key(0), x)
+  assert nn.unbox(variables)["params"]["kernel"].shape == (64, 64)
+
+
+def test_nnx_layers_take_nnx_linears_own_defaults_spelt_out():
+  # A swapped-in call that spells out nnx.Linear's defaults (lax.dot_general, flax's
+  # promote_dtype, empty metadata) asks for what the layers do: accepted as None is. They were
+  # refused ("drop it"), though the docs say the default is accepted.
+  params = inspect.signature(nnx.Linear.__init__).parameters
+  defaults = {n: params[n].default for n in LINEAR_ONLY if n in params}
+  assert {"dot_general", "promote_dtype", "kernel_metadata", "bias_metadata"} <= set(defaults)
+  defaults["kernel_metadata"] = {}  # an empty dict, as a caller writes it, is the same
+  for layer in ("RowParallelLinear", "ColumnParallelLinear"):
+    spelt = getattr(fl, layer)(64, 64, rngs=nnx.Rngs(0), **defaults)
+    plain = getattr(fl, layer)(64, 64, rngs=nnx.Rngs(0))
+    assert (spelt.kernel[...] == plain.kernel[...]).all()
+  with pytest.raises(TypeError, match=r"^RowParallelLinear: kernel_metadata= is an argument"):
+    fl.RowParallelLinear(64, 64, rngs=nnx.Rngs(0), kernel_metadata={"out_sharding": ("tp",)})
+
+
+@pytest.mark.parametrize("layer", ["RowParallelDense", "ColumnParallelDense"])
+def test_linen_layers_take_nn_denses_own_defaults_spelt_out(layer):
+  # nn.Dense's promote_dtype default is flax's promote_dtype, not None: spelt out, accepted.
+  defaults = {f.name: f.default for f in dataclasses.fields(nn.Dense) if f.name in LINEN_FIELDS}
+  assert defaults["promote_dtype"] is not None
+  x = jnp.ones((8, 64), jnp.bfloat16)
+  variables = getattr(fl, layer)(64, **defaults).init(jax.random.key(0), x)
   assert nn.unbox(variables)["params"]["kernel"].shape == (64, 64)
