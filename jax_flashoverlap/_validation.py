@@ -50,6 +50,12 @@ def check_operands(op: str, x, w, *, x_rank: str = ">=2", transpose_w: bool = Fa
       raise TypeError(f"{op}: {name} has dtype {dtype}; expected one of {names}")
   if xd != wd:
     raise TypeError(f"{op}: x and w must have the same dtype, got x {xd} and w {wd}")
+  product = jnp.result_type(x, w)
+  if product != xd:  # both weakly typed: JAX types x @ w as its default float, which the CPU
+    # path then gave, while the GPU kernels write xd (the handler refused it at run time)
+    raise TypeError(f"{op}: x and w are both weakly typed {xd}, whose product x @ w JAX "
+                    f"types as {product}; make one of them strongly typed, e.g. "
+                    f"x.astype(jnp.{xd.name})")
   # Where K and N sit in w, for the messages: [K, N], or [N, K] with transpose_w=True.
   layout, k_dim, n_dim = (("[N, K] (transpose_w=True)", "last", "first") if transpose_w
                           else ("[K, N]", "first", "last"))

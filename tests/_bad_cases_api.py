@@ -23,6 +23,11 @@ def op_mixed(t):
     trace_op("matmul", sds((8, 64)), sds((64, 32), F16))
 
 
+def op_weak_both(t):  # jax.ShapeDtypeStruct's weak_type: x @ w of two weak bfloat16 is float32
+    trace_op("all_reduce", jax.ShapeDtypeStruct((8, 64), BF16, weak_type=True),
+             jax.ShapeDtypeStruct((64, 32), BF16, weak_type=True))
+
+
 def op_x_rank1(t):
     trace_op("all_reduce", sds((64,)), sds((64, 32)), x_spec=P("tp"))
 

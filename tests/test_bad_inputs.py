@@ -50,6 +50,9 @@ CASES = [
     pytest.param(op_mixed, raises(TypeError, "jax_flashoverlap.matmul",
                                   "x and w must have the same dtype", "x bfloat16 and w float16"),
                  id="op-dtype-mixed"),
+    pytest.param(op_weak_both, raises(TypeError, "matmul_all_reduce: x and w are both weakly "
+                                      "typed bfloat16", "x @ w JAX types as float32"),
+                 id="op-dtype-both-weak"),
     pytest.param(op_x_rank1, raises(ValueError, "x must have at least 2 dims [..., K]", "(16,)"),
                  id="op-x-rank-1"),
     pytest.param(op_w_rank3, raises(ValueError, "w must be a 2-D weight [K, N]", "(16, 32, 8)"),
