@@ -472,6 +472,9 @@ def op_memory(op: str, x_shape, w_shape, dtype, world: int, *, transpose_w: bool
   in a process whose XLA memory the other GPUs may not write (peer_results_writable False:
   pass across_processes=True for it).
   `peer_recv_bytes` is 0 on the NCCL path.
+  x with no rows (an empty batch): all 0, no kernel runs. The plan is not consulted: a shape
+  whose plan falls back to XLA's composition (decode-sized M, README "Small M") allocates
+  nothing either, unless comm_sms= or JAX_FLASHOVERLAP_FALLBACK=0 keeps the kernels.
   """
   import numpy as np
 
@@ -493,14 +496,16 @@ def op_memory(op: str, x_shape, w_shape, dtype, world: int, *, transpose_w: bool
   }
   if op not in workspace:
     raise ValueError(f"op must be one of {sorted(workspace)}, got {op!r}")
+  if transport not in ("nccl", "peer"):
+    raise ValueError(f"transport must be 'nccl' or 'peer', got {transport!r}")
+  if m == 0:  # no rows: the op returns XLA's empty result unlowered (ops.py), no communicator
+    return {"workspace_bytes": 0, "counter_bytes": 0, "queue_bytes": 0, "peer_recv_bytes": 0}
   if transport == "nccl":
     need = workspace[op] * itemsize
     if op == "matmul_all_to_all" or (op == "all_gather_matmul" and p2p_gather):
       need = max(need, peer_handshake_bytes(world))  # as ensure_communicators asks
     return {"workspace_bytes": allocated_bytes(need), "counter_bytes": COUNTER_BYTES,
             "queue_bytes": GEMM_QUEUE_BYTES, "peer_recv_bytes": 0}
-  if transport != "peer":
-    raise ValueError(f"transport must be 'nccl' or 'peer', got {transport!r}")
   from jax_flashoverlap import plan_peer
   collective = {"matmul_all_reduce": "all_reduce", "matmul_reduce_scatter": "reduce_scatter"}
   why = plan_peer.problem_unavailable(collective.get(op, op), world, m)

@@ -76,6 +76,27 @@ def test_op_memory_peer_transport():
     comm.op_memory("matmul_all_reduce", (64, 64), (64, 64), jnp.bfloat16, 2, transport="auto")
 
 
+def test_op_memory_of_no_rows_is_nothing():
+  """x with no rows (an empty batch of a serving step) returns XLA's empty result before
+  anything is lowered (ops.py, has_no_rows): no communicator, so no workspace, counters or
+  tile queue. op_memory reported the ~16.6 MiB queue for every op, and 8 MiB more for the
+  point-to-point ones' handshake (all-to-all, all-gather), whatever the transport."""
+  from jax_flashoverlap import comm
+  import jax.numpy as jnp
+  none = {"workspace_bytes": 0, "counter_bytes": 0, "queue_bytes": 0, "peer_recv_bytes": 0}
+  for op in ("matmul_all_reduce", "matmul_reduce_scatter", "matmul_all_to_all",
+             "all_gather_matmul"):
+    for x_shape in ((0, 64), (4, 0, 64)):
+      assert comm.op_memory(op, x_shape, (64, 128), jnp.bfloat16, 4) == none, (op, x_shape)
+  for op in ("matmul_all_reduce", "matmul_reduce_scatter"):
+    assert comm.op_memory(op, (0, 64), (64, 128), jnp.bfloat16, 4, transport="peer") == none
+  # arguments are still checked
+  with pytest.raises(ValueError, match="op must be one of"):
+    comm.op_memory("psum", (0, 64), (64, 128), jnp.bfloat16, 4)
+  with pytest.raises(ValueError, match="transport must be 'nccl' or 'peer'"):
+    comm.op_memory("matmul_all_reduce", (0, 64), (64, 128), jnp.bfloat16, 4, transport="x")
+
+
 def test_peer_signal_bytes_match_the_header():
   """comm.PEER_SIGNAL_BYTES mirrors kPeerSignalWords (xla_ffi/comm/peer_reduce_args.h)."""
   import pathlib
