@@ -139,8 +139,8 @@ def poison_outputs() -> bool:
 
 
 def check_gemm_epilogue() -> None:
-  """FLASHOVERLAP_GEMM_EPILOGUE is unset, 'overlap' (the default) or 'sync' (the signaling
-  GEMM's earlier epilogue), FLASHOVERLAP_GEMM_QUEUE unset, 'dynamic' or 'static',
+  """FLASHOVERLAP_GEMM_EPILOGUE is unset, 'overlap' (the default), 'sync' (the signaling
+  GEMM's earlier epilogue) or 'halves' (overlapped, staged in halves), FLASHOVERLAP_GEMM_QUEUE unset, 'dynamic' or 'static',
   FLASHOVERLAP_GEMM_TAIL unset, 'split' or 'whole', FLASHOVERLAP_GEMM_SCHEDULE unset,
   'cooperative' or 'pingpong', and FLASHOVERLAP_GEMM_HELPERS unset, 'off' or 'on', exactly as
   the launcher and the calls read them;
@@ -193,8 +193,9 @@ _GEMM_INTEGERS = (
 
 # The signaling GEMM's switches (xla_ffi/kernels/signaling_gemm.cu reads them on every launch).
 _GEMM_SWITCHES = (
-    (GEMM_EPILOGUE_ENV, ("overlap", "sync"),
-     "'overlap' (the default) or 'sync' (the signaling GEMM's earlier epilogue)"),
+    (GEMM_EPILOGUE_ENV, ("overlap", "sync", "halves"),
+     "'overlap' (the default), 'sync' (the signaling GEMM's earlier epilogue) or 'halves' "
+     "(the overlapped epilogue staged one warpgroup's rows at a time, 4 mainloop stages)"),
     (GEMM_QUEUE_ENV, ("dynamic", "static"),
      "'dynamic' (the default: the signaling GEMM's tile queue) or 'static' (its round-robin "
      "tile order)"),

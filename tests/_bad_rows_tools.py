@@ -296,7 +296,7 @@ TOOL_ROWS = [
                                           "number of seconds > 0", "'soon'"),
                  id="env-watchdog-not-a-number"),
     pytest.param(env_gemm_epilogue_typo, raises(ValueError, _ext.GEMM_EPILOGUE_ENV, "'snyc'",
-                                                "must be 'overlap' (the default) or 'sync'"),
+                                                "must be 'overlap' (the default), 'sync'"),
                  id="env-gemm-epilogue-typo"),
     pytest.param(env_gemm_queue_typo, raises(ValueError, _ext.GEMM_QUEUE_ENV, "'dynamc'",
                                              "must be 'dynamic' (the default"),

@@ -99,7 +99,7 @@ def test_matmul_vs_xla(M, N, K):
     assert _rel_fro(y, jax.jit(jnp.matmul)(x, w)) < TOL
 
 
-@pytest.mark.parametrize("epilogue", ["sync", "overlap"])
+@pytest.mark.parametrize("epilogue", ["sync", "overlap", "halves"])
 def test_matmul_either_epilogue_vs_xla(monkeypatch, epilogue):
     import jax_flashoverlap as fo
     monkeypatch.setenv("FLASHOVERLAP_GEMM_EPILOGUE", epilogue)  # read at every launch

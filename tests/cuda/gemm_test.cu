@@ -73,22 +73,18 @@ void ApiChecks(cudaStream_t s) {
   b = a; b.counters = nullptr; expect("no counters (no signal)", b, cudaSuccess);
   b = a; b.queue = (char*)a.queue + 8; expect("misaligned tile queue", b, cudaErrorInvalidValue);
   b = a; b.queue = nullptr; expect("no tile queue (round robin)", b, cudaSuccess);
-  const char* queue_env = getenv("FLASHOVERLAP_GEMM_QUEUE");
-  const std::string saved = queue_env ? queue_env : "";
-  setenv("FLASHOVERLAP_GEMM_QUEUE", "dynamc", 1);
-  expect("FLASHOVERLAP_GEMM_QUEUE typo", a, cudaErrorInvalidValue);
-  if (queue_env) setenv("FLASHOVERLAP_GEMM_QUEUE", saved.c_str(), 1); else unsetenv("FLASHOVERLAP_GEMM_QUEUE");
-  const char* tail_env = getenv("FLASHOVERLAP_GEMM_TAIL");
-  const std::string saved_tail = tail_env ? tail_env : "";
-  setenv("FLASHOVERLAP_GEMM_TAIL", "spilt", 1);
-  expect("FLASHOVERLAP_GEMM_TAIL typo", a, cudaErrorInvalidValue);
-  if (tail_env) setenv("FLASHOVERLAP_GEMM_TAIL", saved_tail.c_str(), 1); else unsetenv("FLASHOVERLAP_GEMM_TAIL");
-  const char* schedule_env = getenv("FLASHOVERLAP_GEMM_SCHEDULE");
-  const std::string saved_schedule = schedule_env ? schedule_env : "";
-  setenv("FLASHOVERLAP_GEMM_SCHEDULE", "ping-pong", 1);
-  expect("FLASHOVERLAP_GEMM_SCHEDULE typo", a, cudaErrorInvalidValue);
-  if (schedule_env) setenv("FLASHOVERLAP_GEMM_SCHEDULE", saved_schedule.c_str(), 1);
-  else unsetenv("FLASHOVERLAP_GEMM_SCHEDULE");
+  // A switch's typo is refused (not read as its default); the caller's setting is restored.
+  auto expect_typo = [&](const char* name, const char* typo) {
+    const char* set = getenv(name);
+    const std::string saved = set ? set : "";
+    setenv(name, typo, 1);
+    expect((std::string(name) + " typo").c_str(), a, cudaErrorInvalidValue);
+    if (set) setenv(name, saved.c_str(), 1); else unsetenv(name);
+  };
+  expect_typo("FLASHOVERLAP_GEMM_QUEUE", "dynamc");
+  expect_typo("FLASHOVERLAP_GEMM_TAIL", "spilt");
+  expect_typo("FLASHOVERLAP_GEMM_SCHEDULE", "ping-pong");
+  expect_typo("FLASHOVERLAP_GEMM_EPILOGUE", "halfs");
   CK(cudaStreamSynchronize(s));
 }
 

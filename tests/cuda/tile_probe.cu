@@ -10,8 +10,8 @@
 //   cublas                     cublasGemmEx (its heuristic's kernel)
 //   ours                       our signaling GEMM, 4 groups, signals on, comm_sms 0, tile queue
 //   ours_<what>                the same with settings changed (kOursVariants: one group, the
-//                              round-robin order, whole units only, the sync epilogue, panels,
-//                              and some at comm_sms 16)
+//                              round-robin order, whole units only, the sync epilogue, the
+//                              epilogue staged in halves, panels, and some at comm_sms 16)
 //   cutlass_coop_128x256_2x1   stock CUTLASS, our tile and cluster
 //   cutlass_coop_256x128_1x2   stock CUTLASS, cuBLAS's H100 tile and cluster
 //   cutlass_coop_256x128_2x1   the same tile, clusters along M
@@ -56,6 +56,9 @@ const OursVariant kOursVariants[] = {
      {{"FLASHOVERLAP_GEMM_EPILOGUE", "sync"}, {"FLASHOVERLAP_GEMM_PANEL", "32"}}},
     {"ours_round_robin_sync_panel_32", 4, false, 0,
      {{"FLASHOVERLAP_GEMM_EPILOGUE", "sync"}, {"FLASHOVERLAP_GEMM_PANEL", "32"}}},
+    {"ours_halves", 4, true, 0, {{"FLASHOVERLAP_GEMM_EPILOGUE", "halves"}}},
+    {"ours_halves_panel_32", 4, true, 0,
+     {{"FLASHOVERLAP_GEMM_EPILOGUE", "halves"}, {"FLASHOVERLAP_GEMM_PANEL", "32"}}},
     // 16 SMs left to communication, as the overlapped ops do (the grid is smaller; nothing
     // runs on those SMs here):
     {"ours_cs16", 4, true, 16, {}},
@@ -64,6 +67,9 @@ const OursVariant kOursVariants[] = {
     {"ours_cs16_panel_32", 4, true, 16, {{"FLASHOVERLAP_GEMM_PANEL", "32"}}},
     {"ours_cs16_sync_panel_32", 4, true, 16,
      {{"FLASHOVERLAP_GEMM_EPILOGUE", "sync"}, {"FLASHOVERLAP_GEMM_PANEL", "32"}}},
+    {"ours_cs16_halves", 4, true, 16, {{"FLASHOVERLAP_GEMM_EPILOGUE", "halves"}}},
+    {"ours_cs16_halves_panel_32", 4, true, 16,
+     {{"FLASHOVERLAP_GEMM_EPILOGUE", "halves"}, {"FLASHOVERLAP_GEMM_PANEL", "32"}}},
 };
 
 std::vector<int> IdentityRows(int64_t m) {

@@ -89,9 +89,6 @@ struct EnvSwitch {
   const char* usual;
   const char* alternative;
 };
-// sync: the instances whose consumers store and signal each tile themselves (the design
-// before the overlapped epilogue).
-constexpr EnvSwitch kEpilogueSwitch{"FLASHOVERLAP_GEMM_EPILOGUE", "overlap", "sync"};
 // static: the fixed round-robin order even when the caller gives a tile queue.
 constexpr EnvSwitch kQueueSwitch{"FLASHOVERLAP_GEMM_QUEUE", "dynamic", "static"};
 // whole: no split tail (whole units only; signaling_gemm.h).
@@ -108,9 +105,32 @@ std::string ReadSwitch(const EnvSwitch& sw, bool* alternative) {
   return std::string(sw.name) + " must be '" + sw.usual + "' or '" + sw.alternative + "', got '" + v + "'";
 }
 
-const InstanceOps& PickInstance(GemmDType dtype, const GemmTileShape& ts, bool sync_epilogue,
-                                bool transpose_w, bool several_mirrors) {
+// FLASHOVERLAP_GEMM_EPILOGUE: overlap (unset or empty too), sync (the instances whose
+// consumers store and signal each tile themselves, the design before the overlapped
+// epilogue) or halves (the overlapped epilogue staged one warpgroup's rows at a time, 4
+// mainloop stages at 128x256). Returns "" or the error for a value it does not know.
+enum class Epilogue { kOverlap, kSync, kHalves };
+constexpr const char* kEpilogueEnv = "FLASHOVERLAP_GEMM_EPILOGUE";
+std::string ReadEpilogue(Epilogue* epilogue) {
+  const char* v = std::getenv(kEpilogueEnv);
+  *epilogue = Epilogue::kOverlap;
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "overlap") == 0) return "";
+  if (std::strcmp(v, "sync") == 0) *epilogue = Epilogue::kSync;
+  else if (std::strcmp(v, "halves") == 0) *epilogue = Epilogue::kHalves;
+  else return std::string(kEpilogueEnv) + " must be 'overlap', 'sync' or 'halves', got '" + v + "'";
+  return "";
+}
+
+// `adds`: the launch stores through add_from, mirrors or head groups, which the staged-in-
+// halves instances leave to the whole-tile ones (their add ring and bulk mirrors).
+const InstanceOps& PickInstance(GemmDType dtype, const GemmTileShape& ts, Epilogue epilogue,
+                                bool transpose_w, bool several_mirrors, bool adds) {
   const bool wide = ts.block_n == 256, f16 = dtype == GemmDType::kFloat16;
+  const bool sync_epilogue = epilogue == Epilogue::kSync;
+  if (wide && epilogue == Epilogue::kHalves && !adds) {
+    if (transpose_w) return f16 ? SignalingGemmF16Tile128x256HalvesNK() : SignalingGemmBf16Tile128x256HalvesNK();
+    return f16 ? SignalingGemmF16Tile128x256Halves() : SignalingGemmBf16Tile128x256Halves();
+  }
   if (several_mirrors && wide && !sync_epilogue) {  // a sync epilogue is refused for mirrors
     if (transpose_w) return f16 ? SignalingGemmF16Tile128x256OverlapNKPeer() : SignalingGemmBf16Tile128x256OverlapNKPeer();
     return f16 ? SignalingGemmF16Tile128x256OverlapPeer() : SignalingGemmBf16Tile128x256OverlapPeer();
@@ -355,8 +375,9 @@ cudaError_t PlanLaunch(const SignalingGemmArgs& args, LaunchPlan* plan) {
     return Fail(cudaErrorInvalidValue, "comm_sms must be in [0, " + std::to_string(info.sms) + ")");
 
   // (the schedule switch is only validated here: ChooseTileShape acts on it)
-  bool sync_epilogue = false, static_queue = false, whole_tail = false, pingpong = false;
-  for (const std::string& error : {ReadSwitch(kEpilogueSwitch, &sync_epilogue),
+  Epilogue epilogue = Epilogue::kOverlap;
+  bool static_queue = false, whole_tail = false, pingpong = false;
+  for (const std::string& error : {ReadEpilogue(&epilogue),
                                    ReadSwitch(kQueueSwitch, &static_queue),
                                    ReadSwitch(kTailSwitch, &whole_tail),
                                    ReadSwitch(kScheduleSwitch, &pingpong)}) {
@@ -377,8 +398,9 @@ cudaError_t PlanLaunch(const SignalingGemmArgs& args, LaunchPlan* plan) {
   if (args.queue != nullptr && (reinterpret_cast<uintptr_t>(args.queue) & 15) != 0)
     return Fail(cudaErrorInvalidValue, "queue must be 16-byte aligned");
   const GemmTileShape ts = ChooseTileShape(args);
-  const InstanceOps& ops = PickInstance(args.dtype, ts, sync_epilogue, args.transpose_w, args.mirror_count > 1);
-  if ((args.add_from != nullptr || args.mirror_count > 0 || args.head_groups > 0) && !ops.epilogue_adds)
+  const bool adds = args.add_from != nullptr || args.mirror_count > 0 || args.head_groups > 0;
+  const InstanceOps& ops = PickInstance(args.dtype, ts, epilogue, args.transpose_w, args.mirror_count > 1, adds);
+  if (adds && !ops.epilogue_adds)
     return Fail(cudaErrorInvalidValue,
                 "add_from / mirror_slots / head_groups need the overlapped epilogue; FLASHOVERLAP_GEMM_EPILOGUE=sync is set");
   int max_clusters = 0;

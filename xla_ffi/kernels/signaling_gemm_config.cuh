@@ -34,7 +34,11 @@ using namespace cute;
 // The producer warpgroup's three warps that store the overlapped epilogue's tiles.
 constexpr int kCopyOutThreads = 96;
 
-enum class ConsumerSchedule { kCooperative, kCooperativeOverlap, kPingPong };
+//  - cooperative, overlapped in halves: the same, staging one warpgroup's 64 rows at a time,
+//    so the staging takes half the smem and the 128x256 mainloop keeps 4 stages (the H100
+//    runs the 4th stage's depth faster: docs/signaling_gemm.md, "On an H100"); warpgroup 1
+//    stages once the copy-out warps have read warpgroup 0's rows out.
+enum class ConsumerSchedule { kCooperative, kCooperativeOverlap, kPingPong, kCooperativeOverlapHalves };
 
 // w as the caller stores it: [K, N] row-major (N-major for the MMA), or [N, K] row-major
 // (K-major: the product is x @ w^T, w read in place; signaling_gemm.h, transpose_w).
@@ -60,7 +64,9 @@ struct Config {
   // next tile's mainloop; the producer warpgroup's three idle warps copy it out and signal.
   // Costs smem (the whole tile staged: one mainloop stage fewer at 128x256) to take the
   // copy-out and the signal's fence off the tensor cores' critical path.
-  static constexpr bool kOverlapEpilogue = kSchedule == ConsumerSchedule::kCooperativeOverlap;
+  static constexpr bool kStagedHalves = kSchedule == ConsumerSchedule::kCooperativeOverlapHalves;
+  static constexpr bool kOverlapEpilogue =
+      kSchedule == ConsumerSchedule::kCooperativeOverlap || kStagedHalves;
   // Threads that hold one tile's accumulators: both consumer warpgroups, or one (ping-pong).
   static constexpr int kMmaThreads = kPingPong ? 128 : 256;
   using TileShape = Shape<Int<BM>, Int<BN>, Int<BK>>;
@@ -77,7 +83,8 @@ struct Config {
   // ping-pong 2 x 64 rows (34 KB at BN=128: 6 stages of 32 KB).
   static constexpr int kEpiRows = kPingPong ? 64 : 32;
   static constexpr int kEpiPitchWords = (BN + 8) / 2;  // 32-bit words per staged row
-  static constexpr int kEpiWords = (kOverlapEpilogue ? BM : 2 * kEpiRows) * kEpiPitchWords;
+  static constexpr int kEpiWords =
+      (kStagedHalves ? BM / 2 : kOverlapEpilogue ? BM : 2 * kEpiRows) * kEpiPitchWords;
   static constexpr int kEpiBytes = kEpiWords * 4;
 
   static constexpr int kSmemCapacity = 232448;  // sm_90 opt-in dynamic smem per block
@@ -93,7 +100,7 @@ struct Config {
   static constexpr int kAddRingFit = kAddRingLeftover / (kCopyOutThreads * 16);
   static constexpr int kAddRingSlots =
       !kOverlapEpilogue || kAddRingFit < 2 ? 0 : (kAddRingFit < 8 ? kAddRingFit : 8);
-  static_assert(!kOverlapEpilogue || BN != 256 || kAddRingSlots == 8,
+  static_assert(!kOverlapEpilogue || kStagedHalves || BN != 256 || kAddRingSlots == 8,
                 "the 128x256 overlapped instances keep their 3 stages and an 8-slot add ring");
   // Several mirrors by bulk copies (above): the add ring writes the sums back for them.
   static constexpr bool kBulkMirrors = kPeerStores_ && kOverlapEpilogue && kAddRingSlots > 0;
@@ -137,8 +144,11 @@ struct Config {
     alignas(16) typename UnitPipeline::SharedStorage unit_pipeline;
     PieceSlot pieces[kUnitSlots];  // PieceWork (work_units.cuh)
     // Overlapped epilogue: the staged tile's hand-off (consumers -> copy-out warps) and the
-    // staging rows' return (copy-out warps -> consumers), one phase per staged tile.
-    cutlass::arch::ClusterBarrier staging_full, staging_empty;
+    // staging rows' return (copy-out warps -> consumers), one phase per staged tile; [0]
+    // only. Staged in halves: staging_full[w] hands over warpgroup w's rows, staging_empty[w]
+    // says that warpgroup w may stage (the other's rows were read out), one phase per tile
+    // each, so no waiter is ever two phases behind (a parity wait would pass).
+    cutlass::arch::ClusterBarrier staging_full[2], staging_empty[2];
     // Ping-pong: mma_turn[w] completes a phase when the other warpgroup has issued its
     // tile's mainloop, i.e. it is warpgroup w's turn on the tensor cores.
     cutlass::arch::ClusterBarrier mma_turn[2];

@@ -343,6 +343,21 @@ __device__ __forceinline__ void CopyStagedRows(const typename Cfg::Params& param
 // Bulk copies (the async proxy, cp.async.bulk) from shared to global memory, one group per
 // thread: issued, committed, then waited for until the shared memory has been read, or until
 // the writes are complete.
+// The staged-in-halves instances' copy-out: plain stores of staged rows into out (the
+// launcher gives them no add_from, mirrors or head groups: InstanceOps::epilogue_adds).
+template <class Cfg>
+__device__ __forceinline__ void CopyStagedRowsPlain(const typename Cfg::Params& params,
+                                                    const uint32_t* staged, const TileWork& w,
+                                                    int first_row, int rows, int thread, int threads) {
+  char* out = static_cast<char*>(params.out);
+  for (int id = thread; id < rows * (Cfg::BN / 8); id += threads) {
+    const StagedChunk c = LocateChunk<Cfg>(params.sched, w, params.out_col_block, first_row, id);
+    if (c.valid)
+      *reinterpret_cast<uint4*>(out + c.offset) =
+          *reinterpret_cast<const uint4*>(staged + c.row * Cfg::kEpiPitchWords + 4 * c.ch);
+  }
+}
+
 __device__ __forceinline__ void FenceProxyAsyncShared() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
@@ -410,8 +425,8 @@ __device__ __forceinline__ void MirrorStagedRows(const typename Cfg::Params& par
 template <class Cfg>
 __device__ void CopyOutTiles(const typename Cfg::Params& params, uint32_t* epi,
                              uint4* add_ring, typename Cfg::UnitPipeline& unit_pipe, const PieceSlot* pieces,
-                             cutlass::arch::ClusterBarrier& ss_full,
-                             cutlass::arch::ClusterBarrier& ss_empty, int et) {
+                             cutlass::arch::ClusterBarrier* ss_full,
+                             cutlass::arch::ClusterBarrier* ss_empty, int et) {
   uint32_t full_phase = 0;
   typename Cfg::UnitState unit_state;
   for (int np = 0;; ++np) {
@@ -426,13 +441,27 @@ __device__ void CopyOutTiles(const typename Cfg::Params& params, uint32_t* epi,
     // stores; this wait acquires them). mbarriers rather than named barriers shared by both
     // sides: compute-sanitizer's racecheck reported the bar.arrive / bar.sync hand-off racy,
     // and the later barrier.sync one intermittently with several tiles per CTA.
-    ss_full.wait(full_phase);
-    full_phase ^= 1;
-    if (et == 0) FO_STAMP(2, np, 1);
-    CopyStagedRows<Cfg>(params, epi, w, 0, Cfg::BM, et, kCopyOutThreads, add_ring);
-    if (MirrorsInBulk<Cfg>(params, w.group)) MirrorStagedRows<Cfg>(params, epi, w, et);
-    if (et == 0) FO_STAMP(2, np, 2);
-    ss_empty.arrive();  // this thread's reads of the staging rows are done (release)
+    if constexpr (Cfg::kStagedHalves) {
+      // Warpgroup h's rows (tile rows 64h..), then the staging rows go to the other
+      // warpgroup: warpgroup 1 of this tile, warpgroup 0 of the next one.
+#pragma unroll 1
+      for (int h = 0; h < 2; ++h) {
+        ss_full[h].wait(full_phase);
+        if (et == 0 && h == 0) FO_STAMP(2, np, 1);
+        CopyStagedRowsPlain<Cfg>(params, epi, w, 64 * h, 64, et, kCopyOutThreads);
+        ss_empty[1 - h].arrive();  // this thread's reads of the staging rows are done (release)
+      }
+      full_phase ^= 1;
+      if (et == 0) FO_STAMP(2, np, 2);
+    } else {
+      ss_full[0].wait(full_phase);
+      full_phase ^= 1;
+      if (et == 0) FO_STAMP(2, np, 1);
+      CopyStagedRows<Cfg>(params, epi, w, 0, Cfg::BM, et, kCopyOutThreads, add_ring);
+      if (MirrorsInBulk<Cfg>(params, w.group)) MirrorStagedRows<Cfg>(params, epi, w, et);
+      if (et == 0) FO_STAMP(2, np, 2);
+      ss_empty[0].arrive();  // this thread's reads of the staging rows are done (release)
+    }
     // Signal as in the consumers' epilogue: every copy-out store precedes this barrier, the
     // releasing thread's gpu-scope fence orders them all before the counter increment.
     HandOffBarrier(kBarCopyOut, kCopyOutThreads);

@@ -23,7 +23,7 @@ struct QueueRole {
 struct InstanceOps {
   int block_m, block_n, cluster_m, stages, smem_bytes;
   int max_split_slots;  // partial tiles (per cluster) the queue workspace holds for this tile
-  bool epilogue_adds;   // stores through CopyStagedRows: add_from and mirror stores
+  bool epilogue_adds;   // stores through CopyStagedRows: add_from and mirror stores (not the halves)
   // Once per device (cached, thread-safe): smem opt-in and max co-resident clusters.
   cudaError_t (*prepare)(int device, int* max_clusters);
   // Builds TMA descriptors and launches num_clusters clusters on `stream`.
@@ -42,6 +42,13 @@ const InstanceOps& SignalingGemmBf16Tile128x256();  // cluster 2x1, epilogue in 
 const InstanceOps& SignalingGemmBf16Tile128x128();  // cluster 1x1
 const InstanceOps& SignalingGemmF16Tile128x256();   // cluster 2x1
 const InstanceOps& SignalingGemmF16Tile128x128();   // cluster 1x1
+// FLASHOVERLAP_GEMM_EPILOGUE=halves: the overlapped epilogue staged one consumer
+// warpgroup's rows at a time (4 mainloop stages), for launches with no add_from / mirrors /
+// head groups (cluster 2x1).
+const InstanceOps& SignalingGemmBf16Tile128x256Halves();
+const InstanceOps& SignalingGemmF16Tile128x256Halves();
+const InstanceOps& SignalingGemmBf16Tile128x256HalvesNK();
+const InstanceOps& SignalingGemmF16Tile128x256HalvesNK();
 // FLASHOVERLAP_GEMM_SCHEDULE=pingpong: in place of the 128x256 instances, each consumer
 // warpgroup computes 128x128 tiles of its own (cluster 2x1).
 const InstanceOps& SignalingGemmBf16Tile128x128PingPong();

@@ -75,8 +75,10 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
   typename Cfg::UnitPipeline unit_pipe(ss.unit_pipeline, up);
   if constexpr (Cfg::kOverlapEpilogue) {
     if (thread_idx == 0) {
-      ss.staging_full.init(kConsumerThreads);
-      ss.staging_empty.init(kCopyOutThreads);
+      for (int wg = 0; wg < (Cfg::kStagedHalves ? 2 : 1); ++wg) {
+        ss.staging_full[wg].init(Cfg::kStagedHalves ? 128 : kConsumerThreads);
+        ss.staging_empty[wg].init(kCopyOutThreads);
+      }
       cutlass::arch::fence_barrier_init();
     }
   }
@@ -154,7 +156,7 @@ SignalingGemmKernel(const __grid_constant__ typename Cfg::Params params) {
       mainloop.load_tail(pipeline, write_state);
     } else if constexpr (Cfg::kOverlapEpilogue) {
       CopyOutTiles<Cfg>(params, ss.epi, ss.add_ring, unit_pipe, ss.pieces, ss.staging_full,
-                        ss.staging_empty, thread_idx - 32);
+                        ss.staging_empty, thread_idx - 32);  // [2] each
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<232>();
@@ -308,7 +310,8 @@ struct Instance {
     static const InstanceOps ops = {BM, BN, CM, NAME##Cfg::kStages,                          \
                                     ::flashoverlap::sg::Instance<NAME##Cfg>::kSmemBytes,   \
                                     NAME##Cfg::kMaxSplitSlots,                               \
-                                    NAME##Cfg::kOverlapEpilogue || NAME##Cfg::kPingPong,     \
+                                    (NAME##Cfg::kOverlapEpilogue && !NAME##Cfg::kStagedHalves) || \
+                                        NAME##Cfg::kPingPong,                                \
                                     &::flashoverlap::sg::Instance<NAME##Cfg>::Prepare,      \
                                     &::flashoverlap::sg::Instance<NAME##Cfg>::Launch};      \
     return ops;                                                                             \
