@@ -265,12 +265,12 @@ std::string ValidateEpiloguePeers(const SignalingGemmArgs& a) {
 // FLASHOVERLAP_GEMM_LOG=1: one line on stderr per distinct launch geometry (diagnosis: what
 // grid a process really gets, e.g. under JAX vs a standalone program).
 void LogGeometry(const SignalingGemmArgs& args, const GemmTileShape& ts, const TileSchedule& s,
-                 int device, int max_clusters, int clusters) {
+                 int device, int max_clusters, int clusters, int stages) {
   static std::mutex mu;
-  static std::set<std::tuple<int64_t, int64_t, int64_t, int, int, int, bool, bool>> seen;
+  static std::set<std::tuple<int64_t, int64_t, int64_t, int, int, int, bool, bool, int>> seen;
   std::lock_guard<std::mutex> lock(mu);
   if (!seen.insert({args.m, args.n, args.k, args.comm_sms, clusters, device, args.queue != nullptr,
-                   args.transpose_w}).second)
+                   args.transpose_w, stages}).second)
     return;
   char split[160] = "whole units";
   if (s.split_units > 0)
@@ -278,10 +278,10 @@ void LogGeometry(const SignalingGemmArgs& args, const GemmTileShape& ts, const T
                   s.split_units, s.split_chunks, s.split_len,
                   double(s.num_units - s.split_units) / clusters + double(s.split_len) / s.k_tiles);
   std::fprintf(stderr,
-               "[flashoverlap gemm] device %d M=%lld N=%lld K=%lld comm_sms=%d tile %dx%d cluster %d: "
+               "[flashoverlap gemm] device %d M=%lld N=%lld K=%lld comm_sms=%d tile %dx%d cluster %d, %d stages: "
                "w %s, %d units, grid %d clusters (occupancy allows %d), %d waves, %d groups, %s tile order, %s\n",
                device, (long long)args.m, (long long)args.n, (long long)args.k, args.comm_sms, ts.block_m,
-               ts.block_n, ts.cluster_m, args.transpose_w ? "[N,K]" : "[K,N]", s.num_units, clusters, max_clusters,
+               ts.block_n, ts.cluster_m, stages, args.transpose_w ? "[N,K]" : "[K,N]", s.num_units, clusters, max_clusters,
                (s.num_units + clusters - 1) / clusters, s.num_groups,
                args.queue != nullptr ? "dynamic" : "round-robin", split);
 }
@@ -490,7 +490,7 @@ cudaError_t LaunchSignalingGemm(const SignalingGemmArgs& args, cudaStream_t stre
     if (e != cudaSuccess) return Fail(e, std::string("queue_reset event record failed: ") + cudaGetErrorString(e));
   }
   if (EnvInt("FLASHOVERLAP_GEMM_LOG", 0) != 0)
-    LogGeometry(plan.args, plan.tile, s, plan.device, plan.max_clusters, plan.clusters);
+    LogGeometry(plan.args, plan.tile, s, plan.device, plan.max_clusters, plan.clusters, plan.ops->stages);
   e = plan.ops->launch(plan.args, s, plan.clusters, QueueRole{}, stream);
   if (e != cudaSuccess) return Fail(e, std::string("kernel launch failed: ") + cudaGetErrorString(e));
   g_last_launch = GemmLaunchInfo{plan.clusters, s.num_units, s.split_units, s.split_chunks,
