@@ -140,7 +140,8 @@ def poison_outputs() -> bool:
 
 def check_gemm_epilogue() -> None:
   """FLASHOVERLAP_GEMM_EPILOGUE is unset, 'overlap' (the default), 'sync' (the signaling
-  GEMM's earlier epilogue) or 'halves' (overlapped, staged in halves), FLASHOVERLAP_GEMM_QUEUE unset, 'dynamic' or 'static',
+  GEMM's earlier epilogue) or 'halves' (overlapped, staged in halves),
+  FLASHOVERLAP_GEMM_QUEUE unset, 'dynamic' or 'static',
   FLASHOVERLAP_GEMM_TAIL unset, 'split' or 'whole', FLASHOVERLAP_GEMM_SCHEDULE unset,
   'cooperative' or 'pingpong', and FLASHOVERLAP_GEMM_HELPERS unset, 'off' or 'on', exactly as
   the launcher and the calls read them;

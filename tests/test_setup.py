@@ -277,6 +277,7 @@ def test_build_compiles_what_changed_with_its_flags(tmp_path, monkeypatch, capsy
   module.cc with the kernel build's digest, links; then recompiles only what a change touches:
   kernels/ not for other headers nor NCCL's version, host code for jaxlib's; stale objects of
   these sources go, other files stay."""
+  import pathlib
   import re
   monkeypatch.delenv("JAX_FLASHOVERLAP_BUILD_CUDA", raising=False)
   b = _FakeBuild(tmp_path, monkeypatch)
@@ -375,6 +376,7 @@ def test_another_cuda_toolkit_or_compiler_compiles_again(tmp_path, monkeypatch):
   """The object cache (carried between machines) is keyed by the CUDA toolkit the headers
   belong to (CUDART_VERSION) and by each compiler's name: CUDA 12.8 -> 13.0 rebuilt nothing
   (every object reused, module.cc still reporting the old runtime), nor did a switch of $CXX."""
+  import pathlib
   import re
   monkeypatch.setenv("JAX_FLASHOVERLAP_BUILD_CUDA", "1")
   b = _FakeBuild(tmp_path, monkeypatch)
@@ -477,3 +479,27 @@ def test_the_built_package_carries_py_typed(tmp_path):
   assert r.returncode == 0, r.stdout + r.stderr
   built = tmp_path / "lib" / "jax_flashoverlap"
   assert (built / "py.typed").is_file() and (built / "configs" / "h200_x2.json").is_file()
+
+
+def test_every_kernel_instance_is_declared_and_prepared_up_front():
+  """Each signaling_gemm_<dtype>_<tile>*.cu defines one InstanceOps getter; the launcher can
+  pick it only if signaling_gemm_instances.h declares it, and PrepareSignalingGemms must load
+  it when communicators are made (a lazy first load inside a call can block behind NCCL
+  kernels that wait for a peer, where the watchdog never sees it). Session 46's four halves
+  instances were first left out of that list."""
+  import pathlib
+  import re
+  kernels = pathlib.Path(REPO) / "xla_ffi" / "kernels"
+  defined = set()
+  for path in sorted(kernels.glob("signaling_gemm_*_*.cu")):
+    names = re.findall(r"FO_DEFINE_SIGNALING_GEMM_INSTANCE(?:_FOR)?\((\w+),", path.read_text())
+    assert len(names) == 1, (path.name, names)
+    defined.update(names)
+  assert len(defined) >= 22
+  declared = set(re.findall(r"const InstanceOps& (\w+)\(\);",
+                            (kernels / "signaling_gemm_instances.h").read_text()))
+  launcher = (kernels / "signaling_gemm.cu").read_text()
+  prepared = re.search(r"kAll\[\] = \{(.*?)\};", launcher, re.S)
+  assert prepared is not None, "PrepareSignalingGemms' kAll list not found"
+  assert defined == declared
+  assert defined == set(re.findall(r"\w+", prepared.group(1)))

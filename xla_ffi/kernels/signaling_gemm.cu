@@ -277,6 +277,8 @@ void LogGeometry(const SignalingGemmArgs& args, const GemmTileShape& ts, const T
     std::snprintf(split, sizeof split, "split tail: last %d units in %d chunks of %d K tiles (%.2f waves)",
                   s.split_units, s.split_chunks, s.split_len,
                   double(s.num_units - s.split_units) / clusters + double(s.split_len) / s.k_tiles);
+  // The stages tell the instances apart where the tile does not: at 128x256 3 for the
+  // whole-tile overlapped epilogue, 4 for the sync one or the one staged in halves.
   std::fprintf(stderr,
                "[flashoverlap gemm] device %d M=%lld N=%lld K=%lld comm_sms=%d tile %dx%d cluster %d, %d stages: "
                "w %s, %d units, grid %d clusters (occupancy allows %d), %d waves, %d groups, %s tile order, %s\n",
@@ -466,7 +468,9 @@ cudaError_t PrepareSignalingGemms(int device) {
       SignalingGemmBf16Tile128x256OverlapNK, SignalingGemmBf16Tile128x128OverlapNK,
       SignalingGemmF16Tile128x256OverlapNK, SignalingGemmF16Tile128x128OverlapNK,
       SignalingGemmBf16Tile128x256OverlapPeer, SignalingGemmF16Tile128x256OverlapPeer,
-      SignalingGemmBf16Tile128x256OverlapNKPeer, SignalingGemmF16Tile128x256OverlapNKPeer};
+      SignalingGemmBf16Tile128x256OverlapNKPeer, SignalingGemmF16Tile128x256OverlapNKPeer,
+      SignalingGemmBf16Tile128x256Halves, SignalingGemmF16Tile128x256Halves,
+      SignalingGemmBf16Tile128x256HalvesNK, SignalingGemmF16Tile128x256HalvesNK};
   for (Getter get : kAll) {
     int clusters = 0;
     const cudaError_t e = get().prepare(device, &clusters);

@@ -63,7 +63,8 @@ struct Config {
   // Overlapped epilogue: the consumers stage the whole tile in smem and go straight on to the
   // next tile's mainloop; the producer warpgroup's three idle warps copy it out and signal.
   // Costs smem (the whole tile staged: one mainloop stage fewer at 128x256) to take the
-  // copy-out and the signal's fence off the tensor cores' critical path.
+  // copy-out and the signal's fence off the tensor cores' critical path; staged in halves,
+  // half that smem (4 stages at 128x256), warpgroup 1 waiting for warpgroup 0's rows' copy.
   static constexpr bool kStagedHalves = kSchedule == ConsumerSchedule::kCooperativeOverlapHalves;
   static constexpr bool kOverlapEpilogue =
       kSchedule == ConsumerSchedule::kCooperativeOverlap || kStagedHalves;
@@ -79,7 +80,8 @@ struct Config {
   // +8 bit. Rows are padded by 16 bytes: the bf16x2 register stores of a warp then hit 32
   // distinct banks, and every row stays 16-byte aligned for the vector copy-out. The sync
   // epilogue stages half tiles (34 KB for BN=256, 4 mainloop stages); the overlapped one the
-  // whole tile (68 KB, 3 stages), since the consumers leave it there for the copy-out warps;
+  // whole tile (68 KB, 3 stages), since the consumers leave it there for the copy-out warps
+  // (staged in halves: one warpgroup's 64 rows at a time, 34 KB, 4 stages);
   // ping-pong 2 x 64 rows (34 KB at BN=128: 6 stages of 32 KB).
   static constexpr int kEpiRows = kPingPong ? 64 : 32;
   static constexpr int kEpiPitchWords = (BN + 8) / 2;  // 32-bit words per staged row
@@ -102,6 +104,14 @@ struct Config {
       !kOverlapEpilogue || kAddRingFit < 2 ? 0 : (kAddRingFit < 8 ? kAddRingFit : 8);
   static_assert(!kOverlapEpilogue || kStagedHalves || BN != 256 || kAddRingSlots == 8,
                 "the 128x256 overlapped instances keep their 3 stages and an 8-slot add ring");
+  // Staged in halves: two consumer warpgroups of 64 rows each stage one at a time into
+  // BM / 2 rows; the point of it is the 4th mainloop stage at 128x256, and the copy-out
+  // (CopyStagedRowsPlain) has no add ring (the launcher gives it no adds: epilogue_adds).
+  static_assert(!kStagedHalves || (BM == 128 && kMmaThreads == 256 && !kPingPong),
+                "halves: two 64-row consumer warpgroups per tile");
+  static_assert(!kStagedHalves || BN != 256 || kStages == 4,
+                "halves at 128x256 exist to keep 4 mainloop stages");
+  static_assert(!kStagedHalves || !kPeerStores_, "halves store plainly: no peer stores");
   // Several mirrors by bulk copies (above): the add ring writes the sums back for them.
   static constexpr bool kBulkMirrors = kPeerStores_ && kOverlapEpilogue && kAddRingSlots > 0;
   static_assert(!kPeerStores_ || kBulkMirrors, "a peer-stores instance needs the overlapped epilogue's add ring");
@@ -147,7 +157,11 @@ struct Config {
     // staging rows' return (copy-out warps -> consumers), one phase per staged tile; [0]
     // only. Staged in halves: staging_full[w] hands over warpgroup w's rows, staging_empty[w]
     // says that warpgroup w may stage (the other's rows were read out), one phase per tile
-    // each, so no waiter is ever two phases behind (a parity wait would pass).
+    // each. Every side waits once per staged tile, in order, and skips the same pieces, and
+    // no barrier can complete its next phase before its waiter has waited for this one
+    // (each completion needs the waiter's own later arrival, through the other barriers):
+    // so a parity wait never passes on an earlier phase. With one shared pair, warpgroup 0
+    // could wait on a phase whose predecessor was warpgroup 1's and not yet complete.
     cutlass::arch::ClusterBarrier staging_full[2], staging_empty[2];
     // Ping-pong: mma_turn[w] completes a phase when the other warpgroup has issued its
     // tile's mainloop, i.e. it is warpgroup w's turn on the tensor cores.

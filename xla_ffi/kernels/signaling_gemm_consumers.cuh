@@ -33,7 +33,9 @@ __device__ void CooperativeConsumer(const typename Cfg::Params& params,
 
   typename Cfg::UnitState unit_state;
   uint32_t empty_phase = 0;
-  bool staged_before = false;  // overlapped epilogue: a tile was staged (rows not yet free)
+  // Overlapped epilogue: this warpgroup staged a tile before (its rows, or in halves the
+  // other's after them, not yet read out: wait before staging again).
+  bool staged_before = false;
   for (int np = 0;; ++np) {
     if (thread_idx == 128) FO_STAMP(0, np, 0);
     const PieceWork pw = NextPiece<Cfg>(unit_pipe, unit_state, ss.pieces, lane);

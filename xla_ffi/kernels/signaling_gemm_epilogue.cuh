@@ -340,9 +340,6 @@ __device__ __forceinline__ void CopyStagedRows(const typename Cfg::Params& param
   }
 }
 
-// Bulk copies (the async proxy, cp.async.bulk) from shared to global memory, one group per
-// thread: issued, committed, then waited for until the shared memory has been read, or until
-// the writes are complete.
 // The staged-in-halves instances' copy-out: plain stores of staged rows into out (the
 // launcher gives them no add_from, mirrors or head groups: InstanceOps::epilogue_adds).
 template <class Cfg>
@@ -358,6 +355,9 @@ __device__ __forceinline__ void CopyStagedRowsPlain(const typename Cfg::Params& 
   }
 }
 
+// Bulk copies (the async proxy, cp.async.bulk) from shared to global memory, one group per
+// thread: issued, committed, then waited for until the shared memory has been read, or until
+// the writes are complete.
 __device__ __forceinline__ void FenceProxyAsyncShared() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
@@ -437,7 +437,8 @@ __device__ void CopyOutTiles(const typename Cfg::Params& params, uint32_t* epi,
     if (piece.unit < 0) break;
     // The consumers skip these too: an idle cluster partner; a partial sum left for later.
     if (w.rows <= 0 || piece.kind == kPieceStorePartial) continue;
-    // The tile is staged: all 256 consumer threads arrived (each arrive releases its own
+    // The tile is staged: all 256 consumer threads arrived, or in halves a warpgroup's 128
+    // for its rows (each arrive releases its own
     // stores; this wait acquires them). mbarriers rather than named barriers shared by both
     // sides: compute-sanitizer's racecheck reported the bar.arrive / bar.sync hand-off racy,
     // and the later barrier.sync one intermittently with several tiles per CTA.
