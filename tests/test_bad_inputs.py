@@ -26,6 +26,7 @@ import pytest
 
 from _bad_cases_common import *  # noqa: F401,F403  (expectations, helpers, imports)
 from _bad_cases_api import *  # noqa: F401,F403  (the cases)
+from _bad_cases_flax import *  # noqa: F401,F403
 from _bad_cases_tools import *  # noqa: F401,F403
 from _bad_rows_tools import TOOL_ROWS
 
