@@ -55,17 +55,13 @@ dim for row layers, the output dim for column layers. The other dim must map to 
 
 from __future__ import annotations
 
-import dataclasses
-import operator
 import typing as tp
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from jax_flashoverlap import _flax_common, ops, sharding, sharding_column
+from jax_flashoverlap import sharding
 # _flax_common checks the flax version on import, before flax.nnx (which older flax fails to
 # import) and before any flax API is used. It holds what the NNX layers (here) and the linen
 # layers (_flax_linen) share; the linen layers are public here.
@@ -74,26 +70,12 @@ from jax_flashoverlap._flax_common import (REDUCTIONS, SHARDING_KEY, _Config,
                                            _forward, _init_local, _logical_specs, _plain_init,
                                            _resolve_logical)
 from jax_flashoverlap._flax_linen import ColumnParallelDense, RowParallelDense
-from jax_flashoverlap._flax_refusals import (LINEN_FIELDS, check_flax_version, flax_version,
-                                             refuse_linear_only)
+from jax_flashoverlap._flax_refusals import refuse_linear_only
 
-import flax  # after _flax_common's version check, as the two below
-import flax.linen as nn
-from flax import nnx
+from flax import nnx  # after _flax_common's version check
 
 __all__ = ["RowParallelLinear", "ColumnParallelLinear", "RowParallelDense",
            "ColumnParallelDense", "REDUCTIONS"]
-
-# The layers' matmuls whose backward overlaps (layer_backward), under the names they had here
-# before the split (tests/test_gpu_gathered.py reaches them as jax_flashoverlap.flax._...).
-_column_matmul = _flax_common._column_matmul
-_row_scatter_matmul = _flax_common._row_scatter_matmul
-_sequence_parallel_matmul = _flax_common._sequence_parallel_matmul
-# The module's other names from before the split (its dir() unchanged), used by the code
-# now in _flax_common / _flax_linen: named once here so that linters see them used.
-_KEPT = (dataclasses, operator, np, lax, ops, sharding_column, flax, nn, LINEN_FIELDS,
-         check_flax_version, flax_version)
-del _KEPT
 
 
 # ----------------------------------------------------------------------------- Flax NNX

@@ -187,7 +187,7 @@ def test_sequence_parallel_mlp_in_scan_both_directions_overlapped():
     forward, all_gather_matmul returning the gathered dy for dx and dw) in a 3-layer
     lax.scan next to XLA's psum, under value_and_grad: every collective of the step is ours;
     value and grads vs the float32 composition, three times in a row (no stale flags)."""
-    from jax_flashoverlap import flax as fo_flax
+    from jax_flashoverlap import _flax_common as fo_flax_common
     mesh, n = _mesh(), len(jax.devices())
     L, R, D, F = 3, 512, 1024, 2048 * n
 
@@ -204,8 +204,8 @@ def test_sequence_parallel_mlp_in_scan_both_directions_overlapped():
         return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2)))
 
     # (the last argument: the sequence dim, x's first)
-    ours = make(lambda h, a, ax: fo_flax._sequence_parallel_matmul(h, a, ax, 0),
-                lambda u, b, ax: fo_flax._row_scatter_matmul(u, b, ax, 0))
+    ours = make(lambda h, a, ax: fo_flax_common._sequence_parallel_matmul(h, a, ax, 0),
+                lambda u, b, ax: fo_flax_common._row_scatter_matmul(u, b, ax, 0))
     ref = make(lambda h, a, ax: U.dot32(lax.all_gather(h, ax, axis=0, tiled=True), a),
                lambda u, b, ax: lax.psum_scatter(U.dot32(u, b), ax, scatter_dimension=0,
                                                  tiled=True))
