@@ -402,7 +402,7 @@ def _peer_store_lowering(prim, ctx, x, w, collective, mesh, axis_name, world, dt
   """The custom call with a peer-store plan where JAX_FLASHOVERLAP_TRANSPORT asks for one:
   `peer`, or `auto` with a tuned config entry that says peer (its bands; plan_peer.plan's
   otherwise). None (NCCL then lowers the op) where it does not, or where the op cannot take
-  it (with a PeerStoresWarning, once per reason: one for every M of the rows' reason)."""
+  it (with a PeerStoresWarning, once per cause: the reason with its M taken out)."""
   m, n, k = mnk
   tuned = None
   if comm_sms is None and not plan_lib.is_forced():
