@@ -24,10 +24,10 @@ SRCS=(xla_ffi/kernels/signaling_gemm_*_*.cu  # every instantiation (signaling_ge
       tests/cuda/gemm_helpers_test.cu tests/cuda/sm_share_probe.cu)
 export NVCC BUILD ROOT KERNEL_OBJ_DIR
 export FLAGS_STR="${FLAGS[*]}"
+source "$ROOT/tests/cuda/_nvcc_compile.sh"
 compile() {
   local src="$1" name
   name="$(basename "${src%.cu}")"
-  local t0=$SECONDS
   # KERNEL_OBJ_DIR=build/obj: take the kernel objects `setup.py build_ext` made (same flags)
   # instead of compiling them again; NAME.KEY.o only (KEY: 20 hex digits), never the
   # NAME.KEY.partial.o of a compile cut off.
@@ -35,13 +35,7 @@ compile() {
     local found=("$ROOT/$KERNEL_OBJ_DIR/$name".$(printf '[0-9a-f]%.0s' {1..20}).o)
     if [[ -e "${found[0]}" ]]; then cp "${found[0]}" "$BUILD/$name.o"; echo "reused ${found[0]}"; return 0; fi
   fi
-  if ! $NVCC $FLAGS_STR -Xptxas -v -c "$ROOT/$src" -o "$BUILD/$name.o" >"$BUILD/$name.log" 2>&1; then
-    cat "$BUILD/$name.log"; echo "FAILED: $src"; return 1
-  fi
-  if grep -q "C75[0-9][0-9]" "$BUILD/$name.log"; then
-    grep "C75" "$BUILD/$name.log"; echo "FAILED (ptxas C75xx warning): $src"; return 1
-  fi
-  echo "compiled $src in $((SECONDS - t0)) s"
+  nvcc_compile "$src" "$BUILD"
 }
 export -f compile
 JOBS="${JOBS:-$(nproc)}"

@@ -21,20 +21,9 @@ NVCC="${NVCC:-nvcc}"
 mkdir -p "$BUILD/tile_probe_obj"
 export NVCC ROOT OBJ="$BUILD/tile_probe_obj"
 export FLAGS_STR="-std=c++17 -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -I$CUTLASS_DIR/include -I$CUTLASS_DIR/tools/util/include"
-compile() {
-  local src="$1" name t0=$SECONDS
-  name="$(basename "${src%.cu}")"
-  if ! $NVCC $FLAGS_STR -Xptxas -v -c "$ROOT/$src" -o "$OBJ/$name.o" >"$OBJ/$name.log" 2>&1; then
-    cat "$OBJ/$name.log"; echo "FAILED: $src"; return 1
-  fi
-  if grep -q "C75[0-9][0-9]" "$OBJ/$name.log"; then
-    grep "C75" "$OBJ/$name.log"; echo "FAILED (ptxas C75xx warning): $src"; return 1
-  fi
-  echo "compiled $src in $((SECONDS - t0)) s"
-}
-export -f compile
+source "$ROOT/tests/cuda/_nvcc_compile.sh"
 cd "$ROOT"
-ls tests/cuda/tile_probe.cu tests/cuda/tile_probe_*.cu | xargs -P "${JOBS:-$(nproc)}" -I{} bash -c 'compile {}'
-# The ordinary "signaling_gemm_*" glob would take the probe's objects too: list ours first.
+ls tests/cuda/tile_probe.cu tests/cuda/tile_probe_*.cu | xargs -P "${JOBS:-$(nproc)}" -I{} bash -c 'nvcc_compile {} "$OBJ"'
+# Ours: the kernel objects build.sh left in BUILD.
 $NVCC -o "$BUILD/tile_probe" "${ours[@]}" "$BUILD/signaling_gemm.o" "$OBJ"/tile_probe*.o -ldl
 echo "built $BUILD/tile_probe"

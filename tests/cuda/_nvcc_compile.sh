@@ -1,0 +1,16 @@
+# Sourced by tests/cuda/build.sh and build_tile_probe.sh: nvcc_compile SRC OUT_DIR compiles
+# SRC (relative to $ROOT) into OUT_DIR/NAME.o with $NVCC $FLAGS_STR, its ptxas report in
+# OUT_DIR/NAME.log. A failed compile fails it, and so does any ptxas C75xx warning (e.g.
+# C7510, wgmma serialized: a slow kernel).
+nvcc_compile() {
+  local src="$1" out="$2" name t0=$SECONDS
+  name="$(basename "${src%.cu}")"
+  if ! $NVCC $FLAGS_STR -Xptxas -v -c "$ROOT/$src" -o "$out/$name.o" >"$out/$name.log" 2>&1; then
+    cat "$out/$name.log"; echo "FAILED: $src"; return 1
+  fi
+  if grep -q "C75[0-9][0-9]" "$out/$name.log"; then
+    grep "C75" "$out/$name.log"; echo "FAILED (ptxas C75xx warning): $src"; return 1
+  fi
+  echo "compiled $src in $((SECONDS - t0)) s"
+}
+export -f nvcc_compile
