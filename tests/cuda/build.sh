@@ -11,11 +11,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 BUILD="${1:-$ROOT/.build}"
 mkdir -p "$BUILD"
-if [[ -z "${CUTLASS_DIR:-}" ]]; then
-  CUTLASS_DIR="$(python3 -c 'import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), "source"))' 2>/dev/null || true)"
-  [[ -d "$CUTLASS_DIR/include/cute" ]] || CUTLASS_DIR="$ROOT/.cutlass"
-fi
-[[ -d "$CUTLASS_DIR/include/cute" ]] || { echo "CUTLASS headers not found (set CUTLASS_DIR)"; exit 1; }
+source "$ROOT/tests/cuda/_build_common.sh"
+find_cutlass
 NVCC="${NVCC:-nvcc}"
 FLAGS=(-std=c++17 -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Xcompiler -fPIC
        -I"$CUTLASS_DIR/include" -I"$CUTLASS_DIR/tools/util/include")
@@ -24,7 +21,6 @@ SRCS=(xla_ffi/kernels/signaling_gemm_*_*.cu  # every instantiation (signaling_ge
       tests/cuda/gemm_helpers_test.cu tests/cuda/sm_share_probe.cu)
 export NVCC BUILD ROOT KERNEL_OBJ_DIR
 export FLAGS_STR="${FLAGS[*]}"
-source "$ROOT/tests/cuda/_nvcc_compile.sh"
 compile() {
   local src="$1" name
   name="$(basename "${src%.cu}")"

@@ -9,11 +9,8 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 BUILD="${1:-$ROOT/.build}"
-if [[ -z "${CUTLASS_DIR:-}" ]]; then
-  CUTLASS_DIR="$(python3 -c 'import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), "source"))' 2>/dev/null || true)"
-  [[ -d "$CUTLASS_DIR/include/cute" ]] || CUTLASS_DIR="$ROOT/.cutlass"
-fi
-[[ -d "$CUTLASS_DIR/include/cute" ]] || { echo "CUTLASS headers not found (set CUTLASS_DIR)"; exit 1; }
+source "$ROOT/tests/cuda/_build_common.sh"
+find_cutlass
 ours=("$BUILD"/signaling_gemm_*.o)
 [[ -e "${ours[0]}" && -e "$BUILD/signaling_gemm.o" ]] || {
   echo "our kernel objects are not in $BUILD: run tests/cuda/build.sh $BUILD first"; exit 1; }
@@ -21,7 +18,6 @@ NVCC="${NVCC:-nvcc}"
 mkdir -p "$BUILD/tile_probe_obj"
 export NVCC ROOT OBJ="$BUILD/tile_probe_obj"
 export FLAGS_STR="-std=c++17 -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -I$CUTLASS_DIR/include -I$CUTLASS_DIR/tools/util/include"
-source "$ROOT/tests/cuda/_nvcc_compile.sh"
 cd "$ROOT"
 ls tests/cuda/tile_probe.cu tests/cuda/tile_probe_*.cu | xargs -P "${JOBS:-$(nproc)}" -I{} bash -c 'nvcc_compile {} "$OBJ"'
 # Ours: the kernel objects build.sh left in BUILD.
