@@ -151,6 +151,17 @@ def cli_gemm_in_jax_without_gpu(t):
     return run_script("benchmarks/gemm_in_jax.py", "--shapes", "64x64x64")
 
 
+def cli_epilogue_ab_without_gpu(t):
+    # new script: refuses before any work (on CPU fo.matmul is XLA's dot, no epilogue)
+    return run_script("benchmarks/epilogue_ab.py", "--shapes", "64x64x64",
+                      FLASHOVERLAP_GEMM_EPILOGUE=None)
+
+
+def cli_epilogue_ab_epilogue_env_set(t):
+    # new script: it sets the variable per variant, so a value given would be overwritten
+    return run_script("benchmarks/epilogue_ab.py", FLASHOVERLAP_GEMM_EPILOGUE="sync")
+
+
 def cli_xla_dot_profile_without_gpu(t):
     # compiled and ran the dot, then OSError: libcuda.so.1
     return run_script("benchmarks/xla_dot_profile.py", "64x64x64")

@@ -218,6 +218,12 @@ TOOL_ROWS = [
     pytest.param(cli_gemm_in_jax_without_gpu, exits(2, "gemm_in_jax.py: error: needs a GPU",
                                                     "'cpu'"),
                  id="cli-gemm-in-jax-without-gpu"),
+    pytest.param(cli_epilogue_ab_without_gpu, exits(2, "epilogue_ab.py: error: needs a GPU",
+                                                    "'cpu'"),
+                 id="cli-epilogue-ab-without-gpu"),
+    pytest.param(cli_epilogue_ab_epilogue_env_set, exits(2, "FLASHOVERLAP_GEMM_EPILOGUE is set "
+                                                         "('sync')", "unset it"),
+                 id="cli-epilogue-ab-epilogue-env-set"),
     pytest.param(cli_xla_dot_profile_without_gpu, exits(2, "xla_dot_profile.py: error: needs a "
                                                         "GPU"),
                  id="cli-xla-dot-profile-without-gpu"),

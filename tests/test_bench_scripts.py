@@ -1,7 +1,8 @@
 """The benchmark scripts that need GPUs (or two processes) to run, on what CPU can check:
-benchmarks/compile_variants.py's schedule reading of XLA's HLO text, and the arguments
-compile_variants.py, gemm_in_jax.py and xla_dot_profile.py refuse before any work (the
-bad-input table has one row each; these are the other arguments its docs/errors.md rows name)."""
+benchmarks/compile_variants.py's schedule reading of XLA's HLO text, the arguments
+compile_variants.py, gemm_in_jax.py, epilogue_ab.py and xla_dot_profile.py refuse before any
+work (the bad-input table has one row each; these are the other arguments its docs/errors.md
+rows name), and epilogue_ab.py's per-variant FLASHOVERLAP_GEMM_EPILOGUE."""
 import argparse
 import importlib.util
 import json
@@ -108,3 +109,28 @@ def test_xla_dot_profile_takes_positive_mxnxk_only(text):
   assert xd._shape("8192x1x64") == "8192x1x64"
   with pytest.raises(argparse.ArgumentTypeError, match="positive integers"):
     xd._shape(text)
+
+
+def test_epilogue_ab_sets_each_variants_epilogue_for_its_calls(monkeypatch):
+  ab = _load("epilogue_ab")
+  monkeypatch.setenv(ab.EPILOGUE_ENV, "stale")
+  seen = []
+  record = lambda: seen.append(__import__("os").environ.get(ab.EPILOGUE_ENV))
+  runs = {ep: ab.with_epilogue(record, ep) for ep in (*ab.EPILOGUES, None)}
+  for ep in ("halves", None, "overlap", "sync", "halves"):
+    runs[ep]()
+  assert seen == ["halves", None, "overlap", "sync", "halves"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--calls", "0"], "--calls must be >= 1, got 0"),
+    (["--samples", "0"], "--samples must be >= 1, got 0"),
+    (["--comm-sms", "0", "-8"], "--comm-sms must be >= 0, got [0, -8]"),
+])
+def test_epilogue_ab_refuses_before_any_work(monkeypatch, capsys, argv, message):
+  ab = _load("epilogue_ab")
+  monkeypatch.delenv(ab.EPILOGUE_ENV, raising=False)
+  monkeypatch.setattr("sys.argv", ["epilogue_ab.py", *argv])
+  with pytest.raises(SystemExit) as info:
+    ab.main()
+  assert info.value.code == 2 and message in capsys.readouterr().err
