@@ -3,7 +3,8 @@
 `FLASHOVERLAP_GEMM_EPILOGUE` is read by the kernel launcher at every launch, so one process
 can time the same jitted `fo.matmul` under each value: per shape (per-device MxNxK) and
 comm_sms, interleaved rounds (each round times every variant once: `--calls` back-to-back
-calls between two syncs; the median of `--samples` rounds), XLA's dot among them as the
+calls between two syncs; the median of `--samples` rounds; each round starts one variant
+further on, so every variant takes every place in the round), XLA's dot among them as the
 yardstick. Separate processes cannot settle a few percent: XLA's own time moved up to 4%
 between two processes on one H100 (session 47, benchmarks/results/logs/halves_speed_*).
 
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
+import time
 
 EPILOGUE_ENV = "FLASHOVERLAP_GEMM_EPILOGUE"
 EPILOGUES = ("overlap", "halves", "sync")
@@ -39,6 +42,29 @@ def with_epilogue(fn, epilogue):
   return run
 
 
+def time_rotated(variants: dict, *, calls: int, samples: int, warmup: int = 3) -> dict:
+  """{name: (fn, args)} -> {name: {"median_ms", "samples_ms"}}: as bench.time_variants, but
+  round r starts at variant r (mod their count), so each variant runs equally often at each
+  place in the round. With a fixed order the place itself moved ours by up to 6% on an H100
+  (session 47: the same epilogue first vs last in the round), more than the epilogues differ."""
+  names = list(variants)
+  for fn, a in variants.values():
+    for _ in range(warmup):
+      fn(*a).block_until_ready()
+  times = {name: [] for name in names}
+  for r in range(samples):
+    for name in names[r % len(names):] + names[:r % len(names)]:
+      fn, a = variants[name]
+      fn(*a).block_until_ready()
+      start = time.perf_counter()
+      for _ in range(calls):
+        out = fn(*a)
+      out.block_until_ready()
+      times[name].append((time.perf_counter() - start) / calls * 1e3)
+  return {name: {"median_ms": statistics.median(ts), "samples_ms": ts}
+          for name, ts in times.items()}
+
+
 def main() -> None:
   from jax_flashoverlap import bench, bench_args, bench_problem
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -49,7 +75,9 @@ def main() -> None:
   parser.add_argument("--comm-sms", nargs="+", type=int, default=[0, 8, 16])
   parser.add_argument("--epilogues", nargs="+", choices=EPILOGUES, default=list(EPILOGUES))
   parser.add_argument("--calls", type=int, default=10)
-  parser.add_argument("--samples", type=int, default=15)
+  parser.add_argument("--samples", type=int, default=15,
+                      help="rounds (a multiple of the variant count puts each variant at each "
+                           "place in the round equally often)")
   parser.add_argument("--out")
   args = parser.parse_args()
   for name in ("calls", "samples"):
@@ -98,7 +126,7 @@ def main() -> None:
       timed[name] = (run, (x, w))
       rows.append({"shape": shape, "variant": name, "epilogue": ep, "rel_error_vs_xla": err,
                    "rel_error_vs_f32": err32})
-    times = bench.time_variants(timed, calls=args.calls, samples=args.samples)
+    times = time_rotated(timed, calls=args.calls, samples=args.samples)
     os.environ.pop(EPILOGUE_ENV, None)
     xla = times["xla"]["median_ms"]
     for row in rows:

@@ -134,3 +134,27 @@ def test_epilogue_ab_refuses_before_any_work(monkeypatch, capsys, argv, message)
   with pytest.raises(SystemExit) as info:
     ab.main()
   assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_epilogue_ab_rounds_rotate_so_each_variant_takes_each_place():
+  ab = _load("epilogue_ab")
+  log = []
+
+  class Done:
+    def block_until_ready(self):
+      return self
+
+  def variant(name):
+    def fn(*a):
+      log.append(name)
+      return Done()
+    return fn, ()
+
+  names = ["xla", "a", "b", "c"]
+  times = ab.time_rotated({n: variant(n) for n in names}, calls=2, samples=8, warmup=1)
+  assert sorted(times) == sorted(names) and all(len(t["samples_ms"]) == 8 for t in times.values())
+  rounds = log[len(names):]  # after one warm-up call each: per round, per variant 1 + 2 calls
+  firsts = [rounds[i * 12] for i in range(8)]
+  assert firsts == ["xla", "a", "b", "c"] * 2
+  places = {n: sorted(rounds[i * 12:(i + 1) * 12:3].index(n) for i in range(8)) for n in names}
+  assert all(p == [0, 0, 1, 1, 2, 2, 3, 3] for p in places.values())
