@@ -421,14 +421,18 @@ struct Problem {
 
 // ---------------------------------------------------------------- timing
 // Median times (ms) of several launch sequences on `s`, interleaved (one of each per round,
-// so the power cap's clock drift reaches them alike), after two warm-up rounds.
-std::vector<float> TimeInterleaved(const std::vector<std::function<void()>>& runs, cudaStream_t s, int iters) {
+// so the power cap's clock drift reaches them alike), after two warm-up rounds. `rotate`:
+// round i starts at sequence i (mod their count), so each takes each place in the round
+// alike (through JAX on an H100 the place alone moved a GEMM's time by up to 6%, session 47).
+std::vector<float> TimeInterleaved(const std::vector<std::function<void()>>& runs, cudaStream_t s, int iters,
+                                   bool rotate = false) {
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
   std::vector<std::vector<float>> ms(runs.size());
   for (int i = 0; i < iters + 2; ++i) {
-    for (size_t r = 0; r < runs.size(); ++r) {
+    for (size_t j = 0; j < runs.size(); ++j) {
+      const size_t r = rotate ? (j + size_t(i)) % runs.size() : j;
       CK(cudaEventRecord(a, s));
       runs[r]();
       CK(cudaEventRecord(b, s));
