@@ -3,9 +3,8 @@
 `FLASHOVERLAP_GEMM_EPILOGUE` is read by the kernel launcher at every launch, so one process
 can time the same jitted `fo.matmul` under each value: per shape (per-device MxNxK) and
 comm_sms, interleaved rounds (each round times every variant once: `--calls` back-to-back
-calls between two syncs; the median of `--samples` rounds; each round starts one variant
-further on, so every variant takes every place in the round), XLA's dot among them as the
-yardstick. Separate processes cannot settle a few percent: XLA's own time moved up to 4%
+calls between two syncs; the median of `--samples` rounds; bench.time_variants starts each
+round one variant further on), XLA's dot among them as the yardstick. Separate processes cannot settle a few percent: XLA's own time moved up to 4%
 between two processes on one H100 (session 47, benchmarks/results/logs/halves_speed_*).
 
 Before timing, every variant's output is checked against XLA's dot and a float32 product
@@ -21,52 +20,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 EPILOGUE_ENV = "FLASHOVERLAP_GEMM_EPILOGUE"
 EPILOGUES = ("overlap", "halves", "sync")
 
 
-def with_epilogue(fn, epilogue):
-  """fn that sets EPILOGUE_ENV to `epilogue` (None: unsets it) before each call: the launcher
-  reads it when the call runs, which may be on another thread than the caller's; every use
-  here waits for a variant's calls to finish before the next variant sets its value."""
-  def run(*a):
-    if epilogue is None:
-      os.environ.pop(EPILOGUE_ENV, None)
-    else:
-      os.environ[EPILOGUE_ENV] = epilogue
-    return fn(*a)
-  return run
-
-
-def time_rotated(variants: dict, *, calls: int, samples: int, warmup: int = 3) -> dict:
-  """{name: (fn, args)} -> {name: {"median_ms", "samples_ms"}}: as bench.time_variants, but
-  round r starts at variant r (mod their count), so each variant runs equally often at each
-  place in the round. With a fixed order the place itself moved ours by up to 6% on an H100
-  (session 47: the same epilogue first vs last in the round), more than the epilogues differ."""
-  names = list(variants)
-  for fn, a in variants.values():
-    for _ in range(warmup):
-      fn(*a).block_until_ready()
-  times = {name: [] for name in names}
-  for r in range(samples):
-    for name in names[r % len(names):] + names[:r % len(names)]:
-      fn, a = variants[name]
-      fn(*a).block_until_ready()
-      start = time.perf_counter()
-      for _ in range(calls):
-        out = fn(*a)
-      out.block_until_ready()
-      times[name].append((time.perf_counter() - start) / calls * 1e3)
-  return {name: {"median_ms": statistics.median(ts), "samples_ms": ts}
-          for name, ts in times.items()}
-
-
 def main() -> None:
-  from jax_flashoverlap import bench, bench_args, bench_problem
+  from jax_flashoverlap import bench, bench_args, bench_problem, bench_variants
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--shapes", nargs="+", type=bench._parse_shape,
                       default=[(4096, 8192, 4096), (8192, 8192, 4096), (16384, 8192, 8192),
@@ -112,7 +73,7 @@ def main() -> None:
         variants[f"ours_sms{cs}_{ep}"] = (ours, ep)
     timed, checked = {}, set()
     for name, (fn, ep) in variants.items():
-      run = with_epilogue(fn, ep)
+      run = bench_variants.EnvPinned(fn, {EPILOGUE_ENV: ep})  # XLA's: None (unset)
       if ep is not None and fn not in checked:  # one compile per comm_sms
         if not bench.uses_custom_call(fn, (x, w), "flashoverlap_gemm"):
           parser.error(f"{name}: the compiled program does not call our kernel")
@@ -126,7 +87,7 @@ def main() -> None:
       timed[name] = (run, (x, w))
       rows.append({"shape": shape, "variant": name, "epilogue": ep, "rel_error_vs_xla": err,
                    "rel_error_vs_f32": err32})
-    times = time_rotated(timed, calls=args.calls, samples=args.samples)
+    times = bench.time_variants(timed, calls=args.calls, samples=args.samples)
     os.environ.pop(EPILOGUE_ENV, None)
     xla = times["xla"]["median_ms"]
     for row in rows:

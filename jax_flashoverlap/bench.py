@@ -2,7 +2,8 @@
 
 Every variant is timed the same way, interleaved, in one process: a sample is the mean of
 `--calls` back-to-back calls (dispatch amortized), the figure is the median of `--samples`
-samples after warm-up (DESIGN.md's method). Inputs are fresh random values; every variant's
+samples after warm-up (DESIGN.md's method); each round starts one variant further on, so no
+variant keeps one place in the round (results before 2026-12-06's session 47 used one order). Inputs are fresh random values; every variant's
 result is checked against float32's before it is timed: one off by more than VALUE_TOLERANCE
 is printed, recorded (`failed_value_check`) and left untimed (ours: timed and flagged), and
 the run exits 1.
@@ -95,13 +96,19 @@ def resolve_world(parser, world: int) -> int:
 
 
 def time_variants(variants: dict, *, calls: int, samples: int, warmup: int = 3) -> dict:
-  """{name: (fn, args)} -> {name: {"median_ms", "samples_ms"}}, interleaved round-robin."""
+  """{name: (fn, args)} -> {name: {"median_ms", "samples_ms"}}, interleaved round-robin; round
+  r starts at variant r (mod their count), so each variant takes each place in the round alike
+  (`samples` a multiple of the count: exactly). With one fixed order the place alone moved a
+  GEMM's time by up to 6% through JAX on an H100 (session 47, docs/signaling_gemm.md). Every
+  process of a multi-process run takes the same order (it depends on r only)."""
   for fn, args in variants.values():
     for _ in range(warmup):
       fn(*args).block_until_ready()
-  times = {name: [] for name in variants}
-  for _ in range(samples):
-    for name, (fn, args) in variants.items():
+  names = list(variants)
+  times = {name: [] for name in names}
+  for r in range(samples):
+    for name in names[r % len(names):] + names[:r % len(names)]:
+      fn, args = variants[name]
       out = fn(*args)
       out.block_until_ready()
       start = time.perf_counter()
@@ -478,7 +485,8 @@ def main(argv=None) -> int:
       "git_commit": git_commit(),
       "env": {k: v for k, v in os.environ.items() if k.startswith(("JAX_FLASHOVERLAP", "FLASHOVERLAP_", "NCCL_"))},
       "method": f"median of {args.samples} samples, each the mean of {args.calls} "
-                "back-to-back calls, variants interleaved, after 3 warm-up calls",
+                "back-to-back calls, variants interleaved (each round starting one variant "
+                "further on), after 3 warm-up calls",
   }
   if args.out and is_main_process() and not is_stream(args.out):
     # rewritten after every row (a run cut short keeps its rows); a stream gets the end only

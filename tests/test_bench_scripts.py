@@ -2,7 +2,7 @@
 benchmarks/compile_variants.py's schedule reading of XLA's HLO text, the arguments
 compile_variants.py, gemm_in_jax.py, epilogue_ab.py and xla_dot_profile.py refuse before any
 work (the bad-input table has one row each; these are the other arguments its docs/errors.md
-rows name), and epilogue_ab.py's per-variant FLASHOVERLAP_GEMM_EPILOGUE."""
+rows name)."""
 import argparse
 import importlib.util
 import json
@@ -111,17 +111,6 @@ def test_xla_dot_profile_takes_positive_mxnxk_only(text):
     xd._shape(text)
 
 
-def test_epilogue_ab_sets_each_variants_epilogue_for_its_calls(monkeypatch):
-  ab = _load("epilogue_ab")
-  monkeypatch.setenv(ab.EPILOGUE_ENV, "stale")
-  seen = []
-  record = lambda: seen.append(__import__("os").environ.get(ab.EPILOGUE_ENV))
-  runs = {ep: ab.with_epilogue(record, ep) for ep in (*ab.EPILOGUES, None)}
-  for ep in ("halves", None, "overlap", "sync", "halves"):
-    runs[ep]()
-  assert seen == ["halves", None, "overlap", "sync", "halves"]
-
-
 @pytest.mark.parametrize("argv, message", [
     (["--calls", "0"], "--calls must be >= 1, got 0"),
     (["--samples", "0"], "--samples must be >= 1, got 0"),
@@ -135,26 +124,3 @@ def test_epilogue_ab_refuses_before_any_work(monkeypatch, capsys, argv, message)
     ab.main()
   assert info.value.code == 2 and message in capsys.readouterr().err
 
-
-def test_epilogue_ab_rounds_rotate_so_each_variant_takes_each_place():
-  ab = _load("epilogue_ab")
-  log = []
-
-  class Done:
-    def block_until_ready(self):
-      return self
-
-  def variant(name):
-    def fn(*a):
-      log.append(name)
-      return Done()
-    return fn, ()
-
-  names = ["xla", "a", "b", "c"]
-  times = ab.time_rotated({n: variant(n) for n in names}, calls=2, samples=8, warmup=1)
-  assert sorted(times) == sorted(names) and all(len(t["samples_ms"]) == 8 for t in times.values())
-  rounds = log[len(names):]  # after one warm-up call each: per round, per variant 1 + 2 calls
-  firsts = [rounds[i * 12] for i in range(8)]
-  assert firsts == ["xla", "a", "b", "c"] * 2
-  places = {n: sorted(rounds[i * 12:(i + 1) * 12:3].index(n) for i in range(8)) for n in names}
-  assert all(p == [0, 0, 1, 1, 2, 2, 3, 3] for p in places.values())
