@@ -1,4 +1,4 @@
-# Sourced by tests/cuda/build.sh and build_tile_probe.sh (after ROOT is set).
+# Sourced by tests/cuda/build.sh, build_tile_probe.sh and build_plant_race.sh (after ROOT is set).
 #
 # find_cutlass: CUTLASS_DIR as given, else the nvidia-cutlass wheel's copy (found through
 # python's cutlass_library), else $ROOT/.cutlass; exits 1 when none holds the headers.
@@ -25,3 +25,14 @@ nvcc_compile() {
   echo "compiled $src in $((SECONDS - t0)) s"
 }
 export -f nvcc_compile
+
+# compile_objects OUT_DIR [EXTRA_FLAG...] < SOURCES: nvcc_compile each source (one per line,
+# relative to $ROOT) into OUT_DIR, $JOBS (default: the CPU count) at a time, with the kernels'
+# device flags (find_cutlass first) and EXTRA_FLAGs; fails if any compile does.
+compile_objects() {
+  local out="$1"; shift
+  mkdir -p "$out"
+  export NVCC="${NVCC:-nvcc}" ROOT OUT_DIR="$out"
+  export FLAGS_STR="-std=c++17 -O3 -DNDEBUG $* -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -I$CUTLASS_DIR/include -I$CUTLASS_DIR/tools/util/include"
+  (cd "$ROOT" && xargs -P "${JOBS:-$(nproc)}" -I{} bash -c 'nvcc_compile {} "$OUT_DIR"')
+}

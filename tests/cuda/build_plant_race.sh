@@ -21,11 +21,8 @@ PLANTED=(signaling_gemm_bf16_128x256_overlap signaling_gemm_bf16_128x256_halves)
 [[ -e "$BUILD/gemm_test.o" && -e "$BUILD/signaling_gemm.o" ]] || {
   echo "gemm_test's objects are not in $BUILD: run tests/cuda/build.sh $BUILD first"; exit 1; }
 NVCC="${NVCC:-nvcc}"
-mkdir -p "$BUILD/plant_race_obj"
-export NVCC ROOT OBJ="$BUILD/plant_race_obj"
-export FLAGS_STR="-std=c++17 -O3 -DNDEBUG -DFO_TEST_PLANT_RACE -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -I$CUTLASS_DIR/include -I$CUTLASS_DIR/tools/util/include"
-cd "$ROOT"
-printf 'xla_ffi/kernels/%s.cu\n' "${PLANTED[@]}" | xargs -P "${JOBS:-$(nproc)}" -I{} bash -c 'nvcc_compile {} "$OBJ"'
+OBJ="$BUILD/plant_race_obj"
+printf 'xla_ffi/kernels/%s.cu\n' "${PLANTED[@]}" | compile_objects "$OBJ" -DFO_TEST_PLANT_RACE
 objs=()
 for o in "$BUILD"/signaling_gemm_*.o; do  # every instance but the planted ones' real objects
   name="$(basename "${o%.o}")"

@@ -15,11 +15,9 @@ ours=("$BUILD"/signaling_gemm_*.o)
 [[ -e "${ours[0]}" && -e "$BUILD/signaling_gemm.o" ]] || {
   echo "our kernel objects are not in $BUILD: run tests/cuda/build.sh $BUILD first"; exit 1; }
 NVCC="${NVCC:-nvcc}"
-mkdir -p "$BUILD/tile_probe_obj"
-export NVCC ROOT OBJ="$BUILD/tile_probe_obj"
-export FLAGS_STR="-std=c++17 -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -I$CUTLASS_DIR/include -I$CUTLASS_DIR/tools/util/include"
+OBJ="$BUILD/tile_probe_obj"
 cd "$ROOT"
-ls tests/cuda/tile_probe.cu tests/cuda/tile_probe_*.cu | xargs -P "${JOBS:-$(nproc)}" -I{} bash -c 'nvcc_compile {} "$OBJ"'
+ls tests/cuda/tile_probe.cu tests/cuda/tile_probe_*.cu | compile_objects "$OBJ"
 # Ours: the kernel objects build.sh left in BUILD.
 $NVCC -o "$BUILD/tile_probe" "${ours[@]}" "$BUILD/signaling_gemm.o" "$OBJ"/tile_probe*.o -ldl
 echo "built $BUILD/tile_probe"
