@@ -4,8 +4,9 @@
 can time the same jitted `fo.matmul` under each value: per shape (per-device MxNxK) and
 comm_sms, interleaved rounds (each round times every variant once: `--calls` back-to-back
 calls between two syncs; the median of `--samples` rounds; bench.time_variants starts each
-round one variant further on), XLA's dot among them as the yardstick. Separate processes cannot settle a few percent: XLA's own time moved up to 4%
-between two processes on one H100 (session 47, benchmarks/results/logs/halves_speed_*).
+round one variant further on), XLA's dot among them as the yardstick. Separate processes
+cannot settle a few percent: XLA's own time moved up to 4% between two processes on one
+H100 (session 47, benchmarks/results/logs/halves_speed_*).
 
 Before timing, every variant's output is checked against XLA's dot and a float32 product
 (a buffer of NaNs is allocated and freed first, so a reused output buffer holds NaNs, not

@@ -3,10 +3,10 @@
 Every variant is timed the same way, interleaved, in one process: a sample is the mean of
 `--calls` back-to-back calls (dispatch amortized), the figure is the median of `--samples`
 samples after warm-up (DESIGN.md's method); each round starts one variant further on, so no
-variant keeps one place in the round (results before 2026-12-06's session 47 used one order). Inputs are fresh random values; every variant's
-result is checked against float32's before it is timed: one off by more than VALUE_TOLERANCE
-is printed, recorded (`failed_value_check`) and left untimed (ours: timed and flagged), and
-the run exits 1.
+variant keeps one place in the round (results before 2026-12-06's session 47 used one order).
+Inputs are fresh random values; every variant's result is checked against float32's before
+it is timed: one off by more than VALUE_TOLERANCE is printed, recorded (`failed_value_check`)
+and left untimed (ours: timed and flagged), and the run exits 1.
 
   gemm     jax_flashoverlap.matmul (signals on) vs XLA's dot on one GPU, per comm_sms
            (--transpose-w: w stored [N, K], ours with transpose_w=True, ours on an XLA
