@@ -4,7 +4,7 @@
 #     tune overlap_bench overlap_all sweep procs stress fuzz flax_example sanitize_overlap harness
 #     harness_peer sanitize_harness gemm_epilogue transpose_w helpers quickstart
 #     global_view diagnose a2a_tests a2a_bench readme_tests cuda_tests launch_smoke bench_smoke peer peer_bench
-#     peer_tune peer_spin peer_groups
+#     peer_tune peer_spin peer_groups epilogue_ab tile_probe
 #     pack (last: one archive of $OUT)
 #     (default: build info tests)
 # Carry: .whl (nvidia-cutlass wheel; the machine has no index) and build/obj (object cache).
@@ -14,7 +14,8 @@
 # GPU_FILES / GPU_FILES_SUFFIX (gpu_files), PYTEST_K (gpu_k), and extra arguments per step:
 # TUNE_ARGS, OVERLAP_ARGS, SWEEP_ARGS, PROCS_ARGS, STRESS_ARGS, FLAX_ARGS / FLAX_SUFFIX,
 # TW_ARGS (transpose_w), FUZZ_SECONDS (240), HARNESS_SAN_OPS (sanitize_harness),
-# DIAGNOSE_OPS (diagnose), CUBLAS_LIB (gemm_epilogue, transpose_w: found under /usr, /opt).
+# DIAGNOSE_OPS (diagnose), AB_ARGS (epilogue_ab), CUBLAS_LIB (gemm_epilogue, transpose_w,
+# tile_probe: found under /usr, /opt).
 set -uo pipefail
 OUT="${OUT:-/tmp/fo_out}"; mkdir -p "$OUT" && OUT="$(cd "$OUT" && pwd)"  # a relative OUT: the caller's
 cd "$(dirname "$0")/.."
@@ -35,7 +36,7 @@ KNOWN_STEPS=" build info tests gpu_tests gpu_k gpu_part gpu_files mesh_tests gem
   overlap_bench sweep overlap_all procs tune stress fuzz flax_example sanitize_overlap harness
   harness_peer sanitize_harness gemm_epilogue transpose_w helpers quickstart launch_smoke
   bench_smoke global_view a2a_tests diagnose a2a_bench readme_tests pack cuda_tests peer_groups
-  peer_spin peer peer_bench peer_tune "
+  peer_spin peer peer_bench peer_tune epilogue_ab tile_probe "
 for step in "${steps[@]}"; do  # arguments checked before any setup (and before any step runs)
   if [[ ! " $(echo $KNOWN_STEPS) " == *" $step "* ]]; then
     echo "unknown step $step; the steps:$(echo $KNOWN_STEPS | sed 's/^/ /')"; exit 2
@@ -97,6 +98,11 @@ for step in "${steps[@]}"; do
       STEP_TIMEOUT="${STEP_TIMEOUT:-560}" gpu_pytest "gpu_files${GPU_FILES_SUFFIX:-}" ${GPU_FILES:?set GPU_FILES} ;;
     mesh_tests) run_step mesh_tests env JAX_FLASHOVERLAP_FALLBACK=0 python3 -m pytest -q -ra -s tests/test_gpu_mesh.py ;;
     gemm_bench) run_step gemm_bench python3 -m jax_flashoverlap.bench gemm --out "$OUT/gemm_h200.json" ;;
+    epilogue_ab)  # the signaling GEMM's three epilogues through JAX, one process (benchmarks/epilogue_ab.py)
+      run_step epilogue_ab env -u FLASHOVERLAP_GEMM_EPILOGUE python3 benchmarks/epilogue_ab.py ${AB_ARGS:-} --out "$OUT/epilogue_ab_$TAG.json" ;;
+    tile_probe)  # stock CUTLASS tiles, cuBLAS, ours' settings (.build/tile_probe: tests/cuda/build_tile_probe.sh, carried)
+      export CUBLAS_LIB="${CUBLAS_LIB:-$(find /usr /opt -name 'libcublas.so.13*' -not -name '*Lt*' 2>/dev/null | head -1)}"
+      run_step tile_probe .build/tile_probe "$OUT/tile_probe_$TAG.json" ;;
     overlap_bench) run_step overlap_bench python3 -m jax_flashoverlap.bench overlap --out "$OUT/overlap_$TAG.json" ;;
     sweep) run_step sweep python3 -m jax_flashoverlap.bench sweep --samples 10 ${SWEEP_ARGS:-} --out "$OUT/sweep_$TAG.json" ;;
     overlap_all) run_step overlap_all python3 -m jax_flashoverlap.bench overlap ${OVERLAP_ARGS:-} --plot "$OUT/$TAG.png" --out "$OUT/$TAG.json" ;;
