@@ -1,7 +1,7 @@
 """Our GEMM through JAX against the same kernel standalone: where a difference comes from.
 
-On one GPU, per-device shapes, interleaved rounds (as bench.time_variants): XLA's dot and
-`fo.matmul` at comm_sms 0 and 16, each timed
+On one GPU, per-device shapes, interleaved rounds, each starting one variant further on (as
+bench.time_variants): XLA's dot and `fo.matmul` at comm_sms 0 and 16, each timed
   * per call: `--calls` back-to-back jitted calls between two syncs (the bench's method), and
   * in one program: `lax.map` over 8 different x (8 GEMMs, one dispatch),
 with inputs drawn normal (as the bench) or uniform in [-1, 1) (as tests/cuda/sm_share_probe),
@@ -105,8 +105,9 @@ def main() -> None:
       for fn, a, _ in variants.values():
         for _ in range(3):
           fn(*a).block_until_ready()
-      for _ in range(args.samples):
-        for name, (fn, a, per) in variants.items():
+      for rnd in range(args.samples):
+        for name in bench.round_order(list(variants), rnd):  # no variant keeps one place
+          fn, a, per = variants[name]
           calls = args.calls if per == 1 else 2
           fn(*a).block_until_ready()
           t0 = time.perf_counter()

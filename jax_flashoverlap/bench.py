@@ -95,6 +95,11 @@ def resolve_world(parser, world: int) -> int:
   return world or count
 
 
+def round_order(names: list, r: int) -> list:
+  """The variants of round r, starting at variant r (mod their count): see time_variants."""
+  return names[r % len(names):] + names[:r % len(names)]
+
+
 def time_variants(variants: dict, *, calls: int, samples: int, warmup: int = 3) -> dict:
   """{name: (fn, args)} -> {name: {"median_ms", "samples_ms"}}, interleaved round-robin; round
   r starts at variant r (mod their count), so each variant takes each place in the round alike
@@ -107,7 +112,7 @@ def time_variants(variants: dict, *, calls: int, samples: int, warmup: int = 3) 
   names = list(variants)
   times = {name: [] for name in names}
   for r in range(samples):
-    for name in names[r % len(names):] + names[:r % len(names)]:
+    for name in round_order(names, r):
       fn, args = variants[name]
       out = fn(*args)
       out.block_until_ready()
