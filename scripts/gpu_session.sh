@@ -21,6 +21,11 @@ OUT="${OUT:-/tmp/fo_out}"; mkdir -p "$OUT" && OUT="$(cd "$OUT" && pwd)"  # a rel
 cd "$(dirname "$0")/.."
 source scripts/_gpus.sh
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+# cuBLAS for the standalone programs' baselines (gemm_epilogue, transpose_w, tile_probe): the
+# caller's CUBLAS_LIB, else the first libcublas.so.13 under /usr or /opt.
+find_cublas() {
+  export CUBLAS_LIB="${CUBLAS_LIB:-$(find /usr /opt -name 'libcublas.so.13*' -not -name '*Lt*' 2>/dev/null | head -1)}"
+}
 # The GPU tests in four parts (step gpu_part, GPU_PART=1..4): the whole suite outgrew one
 # device call (over 440 s on one GPU; in session 30, 85 of its 168 tests skipped there). Every
 # tests/test_gpu*.py is in exactly one part (tests/test_session_script.py checks). Part 4 (session
@@ -101,7 +106,7 @@ for step in "${steps[@]}"; do
     epilogue_ab)  # the signaling GEMM's three epilogues through JAX, one process (benchmarks/epilogue_ab.py)
       run_step epilogue_ab env -u FLASHOVERLAP_GEMM_EPILOGUE python3 benchmarks/epilogue_ab.py ${AB_ARGS:-} --out "$OUT/epilogue_ab_$TAG.json" ;;
     tile_probe)  # stock CUTLASS tiles, cuBLAS, ours' settings (.build/tile_probe: tests/cuda/build_tile_probe.sh, carried)
-      export CUBLAS_LIB="${CUBLAS_LIB:-$(find /usr /opt -name 'libcublas.so.13*' -not -name '*Lt*' 2>/dev/null | head -1)}"
+      find_cublas
       run_step tile_probe .build/tile_probe "$OUT/tile_probe_$TAG.json" ;;
     overlap_bench) run_step overlap_bench python3 -m jax_flashoverlap.bench overlap --out "$OUT/overlap_$TAG.json" ;;
     sweep) run_step sweep python3 -m jax_flashoverlap.bench sweep --samples 10 ${SWEEP_ARGS:-} --out "$OUT/sweep_$TAG.json" ;;
@@ -154,7 +159,7 @@ for step in "${steps[@]}"; do
       grep -h "ERROR SUMMARY\|RACECHECK SUMMARY\|SYNCCHECK SUMMARY" "$OUT"/harness_san/*.log > "$OUT/harness_sanitize_summary.txt" 2>&1 ;;
     gemm_epilogue)  # the default (overlapped) epilogue checked, and timed against FLASHOVERLAP_GEMM_EPILOGUE=sync
       # Standalone binaries: .build/ (tests/cuda/build.sh, built elsewhere and carried).
-      export CUBLAS_LIB="${CUBLAS_LIB:-$(find /usr /opt -name 'libcublas.so.13*' -not -name '*Lt*' 2>/dev/null | head -1)}"
+      find_cublas
       SAN="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)"
       SYNC=(env FLASHOVERLAP_GEMM_EPILOGUE=sync)
       run_step ge_correctness .build/gemm_test correctness --json "$OUT/ge_correctness.json"
@@ -170,7 +175,7 @@ for step in "${steps[@]}"; do
     transpose_w)  # w given as [N, K] (the _nk instances): every standalone check on that path, timed
       # against the [K, N] kernel and cuBLAS, then through JAX (ours in place vs XLA's x @ w.T
       # vs ours on a materialized w.T); .build/ as in gemm_epilogue.
-      export CUBLAS_LIB="${CUBLAS_LIB:-$(find /usr /opt -name 'libcublas.so.13*' -not -name '*Lt*' 2>/dev/null | head -1)}"
+      find_cublas
       SAN="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)"
       NK=(env GEMM_TEST_TRANSPOSE_W=1)
       run_step tw_correctness "${NK[@]}" .build/gemm_test correctness --json "$OUT/tw_correctness.json"
