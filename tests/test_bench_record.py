@@ -1,11 +1,15 @@
 """What the bench CLIs record and refuse without devices (jax_flashoverlap.bench_record,
 jax_flashoverlap.bench_args): the rows rewritten as they finish, which paths are streams, strict
-JSON, the commit recorded, and the option checks at their bounds."""
+JSON, the commit recorded, the option checks at their bounds, and --out / --plot where they are
+links, FIFOs, a redirected stdout or a stream."""
 import json
 import os
 import subprocess
+import sys
 
 import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_rows_log_every_row_so_far():
@@ -143,3 +147,97 @@ def test_an_empty_commit_variable_is_not_a_commit(tmp_path, monkeypatch):
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
     monkeypatch.setenv("JAX_FLASHOVERLAP_GIT_COMMIT", "")
     assert bench_record.git_commit(tmp_path) == git("rev-parse", "HEAD")
+
+
+def test_git_commit_says_dirty_when_the_tree_is_not_heads(tmp_path, monkeypatch):
+    """Results run from a changed tree (or, on the GPU machine, a tree beside an older git
+    directory) must not be recorded as HEAD's."""
+    from jax_flashoverlap import bench
+    monkeypatch.delenv("JAX_FLASHOVERLAP_GIT_COMMIT", raising=False)
+    git = lambda *a: subprocess.run(["git", "-C", str(tmp_path), *a], check=True,
+                                    capture_output=True)
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    git("add", "a.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    assert bench.git_commit(tmp_path) == head
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert bench.git_commit(tmp_path) == head + "+dirty"
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "new.py").write_text("y = 1\n")  # an untracked file ran too
+    assert bench.git_commit(tmp_path) == head + "+dirty"
+    monkeypatch.setenv("JAX_FLASHOVERLAP_GIT_COMMIT", "abc123")
+    assert bench.git_commit(tmp_path) == "abc123"
+    assert bench.git_commit(tmp_path / "nowhere") == "abc123"
+    monkeypatch.delenv("JAX_FLASHOVERLAP_GIT_COMMIT")
+    assert bench.git_commit(tmp_path / "nowhere") == "unknown"
+
+
+def test_json_out_follows_links_and_writes_through_fifos(tmp_path):
+    """--out replaced a link by a file (the link's target left stale) and a FIFO or device
+    (/dev/stdout, /dev/null as root) by a regular file."""
+    import threading
+    from jax_flashoverlap import bench_record
+    target = tmp_path / "real.json"
+    target.write_text("{}")
+    (tmp_path / "link.json").symlink_to(target)
+    bench_record.write_json(tmp_path / "link.json", {"a": float("nan"), "b": 1})
+    assert (tmp_path / "link.json").is_symlink()
+    assert json.loads(target.read_text()) == {"a": None, "b": 1}
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    bench_record.write_json(fifo, {"c": 2})
+    reader.join(timeout=30)
+    assert fifo.is_fifo() and json.loads(got[0]) == {"c": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo.json", "link.json", "real.json"]
+
+
+@pytest.mark.parametrize("given, kept", [("plot", "plot.png"), ("plot.svg", "plot.svg")])
+def test_plot_path_gets_png_without_a_suffix(tmp_path, given, kept):
+    """matplotlib added '.png' to a suffixless --plot while the JSON recorded the path given."""
+    import argparse
+    from jax_flashoverlap import bench_args
+    pytest.importorskip("matplotlib")
+    args = argparse.Namespace(out=None, plot=str(tmp_path / given))
+    bench_args.check_output_paths(argparse.ArgumentParser(), args)
+    assert args.plot == str(tmp_path / kept)
+    (tmp_path / "plots").mkdir()
+    args.plot = str(tmp_path / "plots")  # a folder is refused, not made into plots.png
+    with pytest.raises(SystemExit):
+        bench_args.check_output_paths(argparse.ArgumentParser(), args)
+
+
+def test_json_out_to_a_redirected_stdout_keeps_the_log(tmp_path):
+    """--out /dev/stdout with stdout redirected to a file: the file was replaced (what the
+    process printed after it lost), or, opened anew, overwritten at its own offset."""
+    log = tmp_path / "run.log"
+    code = ("from jax_flashoverlap import bench_record as b\n"
+            "print('before', flush=True)\n"
+            "b.write_json('/dev/stdout', {'row': 1})\n"
+            "print('between', flush=True)\n"
+            "b.write_json('/proc/self/fd/1', {'row': 2})\n"
+            "print('after')\n")
+    with open(log, "w") as f:
+        subprocess.run([sys.executable, "-c", code], cwd=REPO, stdout=f, check=True,
+                       env=dict(os.environ, PYTHONPATH=REPO))
+    text = log.read_text()
+    assert [line for line in text.splitlines() if line in ("before", "between", "after")] == [
+        "before", "between", "after"], text
+    assert text.index('"row": 1') < text.index("between") < text.index('"row": 2'), text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.log"]
+
+
+def test_a_stream_out_gets_one_document_at_the_end(tmp_path):
+    """--out rewrites the file after every row; a stream got one document per row."""
+    r = subprocess.run([sys.executable, "-m", "jax_flashoverlap.bench", "gemm", "--shapes",
+                        "64x64x64", "128x64x64", "--comm-sms", "0", "--samples", "2", "--calls",
+                        "1", "--out", "/dev/stdout"], cwd=REPO, capture_output=True, text=True,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count('"kind": "gemm"') == 1, r.stdout[-3000:]
+    assert '"complete": true' in r.stdout
