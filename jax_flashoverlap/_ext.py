@@ -21,7 +21,7 @@ FALLBACK_ENV = "JAX_FLASHOVERLAP_FALLBACK"
 GEMM_EPILOGUE_ENV = "FLASHOVERLAP_GEMM_EPILOGUE"  # read by the kernel launcher at every launch
 GEMM_QUEUE_ENV = "FLASHOVERLAP_GEMM_QUEUE"  # likewise
 GEMM_TAIL_ENV = "FLASHOVERLAP_GEMM_TAIL"  # likewise
-GEMM_SCHEDULE_ENV = "FLASHOVERLAP_GEMM_SCHEDULE"  # likewise (and plan.kernel_geometry)
+GEMM_SCHEDULE_ENV = "FLASHOVERLAP_GEMM_SCHEDULE"  # likewise (and tile_schedule.kernel_geometry)
 # Read by the all-reduce / reduce-scatter calls at every call (xla_ffi/comm/call_frame.cc).
 GEMM_HELPERS_ENV = "FLASHOVERLAP_GEMM_HELPERS"
 ALL_REDUCE_BUFFER_ENV = "JAX_FLASHOVERLAP_ALL_REDUCE_BUFFER"  # read at lowering
@@ -306,7 +306,8 @@ def local_gpus() -> list:
 
 def local_gpu_sms() -> int | None:
   """The fewest SMs of a local GPU (JAX's core_count), or None: no GPU, or not reported. The
-  planner's model is of a 132-SM part (plan.NUM_SMS); primitives.check_sm_count compares."""
+  planner's model is of a 132-SM part (tile_schedule.NUM_SMS); primitives.check_sm_count
+  compares."""
   import jax
   try:
     devices = jax.devices("gpu")

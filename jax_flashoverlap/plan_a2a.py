@@ -28,7 +28,7 @@ import contextlib
 import dataclasses
 import math
 
-from jax_flashoverlap import plan as plan_lib
+from jax_flashoverlap import plan as plan_lib, tile_schedule
 
 MAX_GROUPS = 64
 NUM_SMS = 132
@@ -95,8 +95,8 @@ class AllGatherPlan:
 
 def _kernel(m: int, n: int, comm_sms: int, transpose_w: bool = False):
   """(rows per work unit, block_n, clusters) as signaling_gemm.cu's ChooseTileShape (the
-  collectives' model's mirror of it, plan.kernel_geometry; transpose_w: w is [N, K])."""
-  kern = plan_lib.kernel_geometry(m, n, comm_sms, transpose_w)
+  collectives' model's mirror of it, tile_schedule.kernel_geometry; transpose_w: w is [N, K])."""
+  kern = tile_schedule.kernel_geometry(m, n, comm_sms, transpose_w)
   return kern.rows_per_unit, kern.block_n, kern.grid
 
 
@@ -185,16 +185,16 @@ def a2a_supported(m: int, n: int, world: int, split_axis: int, k: int = 0) -> st
 def _comm_sms_candidates(m: int, n: int, p: CommProfile, k: int | None = None,
                          blocks: int = 1, transpose_w: bool = False) -> list:
   """The profile's comm_sms, else its candidates and each raised to the most SMs that cost the
-  GEMM no extra wave, within the calibrated CTA counts (plan.wave_aligned_comm_sms; blocks:
-  the group layout's rank blocks, a2a_shape)."""
+  GEMM no extra wave, within the calibrated CTA counts (tile_schedule.wave_aligned_comm_sms;
+  blocks: the group layout's rank blocks, a2a_shape)."""
   if p.comm_sms is not None:
     return [p.comm_sms]
-  return plan_lib.raised_comm_sms_candidates(m, n, p.comm_sms_candidates,
+  return tile_schedule.raised_comm_sms_candidates(m, n, p.comm_sms_candidates,
                                              max(c for c, _ in p.p2p_bw), k, blocks,
                                              transpose_w)
 
 
-@plan_lib.cached_per_kernel_switches
+@tile_schedule.cached_per_kernel_switches
 def default_a2a_plan(m, n, k, world, split_axis, concat_axis, itemsize=2,
                      profile: CommProfile = DEFAULT_PROFILE, transpose_w=False) -> AllToAllPlan:
   plans = [_best_a2a(m, n, k, world, split_axis, concat_axis, itemsize, profile, c, transpose_w)
@@ -236,7 +236,7 @@ def all_gather_plan_time(rows, n, k, world, chunks, comm_sms, itemsize=2,
   return t + unit  # the last wave's tail
 
 
-@plan_lib.cached_per_kernel_switches
+@tile_schedule.cached_per_kernel_switches
 def default_all_gather_plan(rows, n, k, world, itemsize=2,
                             profile: CommProfile = DEFAULT_PROFILE,
                             transpose_w=False) -> AllGatherPlan:

@@ -19,7 +19,7 @@ cannot take keep the NCCL path (primitives.py warns once per reason).
 
 from __future__ import annotations
 
-from jax_flashoverlap import comm, plan as plan_lib
+from jax_flashoverlap import comm, plan as plan_lib, tile_schedule
 
 BANDS_PER_BLOCK = 2
 # kMaxPeerRanks (xla_ffi/comm/peer_reduce_args.h): the ranks of one node.
@@ -118,10 +118,10 @@ def plan(collective: str, m: int, n: int, k: int, itemsize: int = 2,
   calibrated on 2 GPUs). `staged` (an all-reduce over processes): plus copying the other
   ranks' blocks out of the staging area after the GEMM (STAGED_COPY_BYTES_PER_S)."""
   rows = m // world
-  kern = plan_lib.kernel_geometry(m, n, 0, transpose_w)
+  kern = tile_schedule.kernel_geometry(m, n, 0, transpose_w)
   bands = plan_lib.even_bands(rows, BANDS_PER_BLOCK, kern.rows_per_unit)
   unit_time = 2.0 * kern.block_m * kern.block_n * k / plan_lib.DEFAULT_PROFILE.sm_flops
-  gemm = plan_lib.gemm_waves(m, n, 0, k, 1, transpose_w) * unit_time
+  gemm = tile_schedule.gemm_waves(m, n, 0, k, 1, transpose_w) * unit_time
   # The other ranks' blocks, and for an all-reduce our reduced block once per other rank.
   link_bytes = (world - 1) * rows * n * itemsize * (2 if collective == "all_reduce" else 1)
   predicted = max(gemm * sequence_over_gemm(collective, world), link_bytes / ASSUMED_LINK_BYTES_PER_S)

@@ -25,6 +25,7 @@ import numpy as np
 from jax import lax
 
 from jax_flashoverlap import _compat, _environment, _ext, comm, plan as plan_lib, plan_peer
+from jax_flashoverlap import tile_schedule
 
 # --- reference compositions (also the CPU lowering) --------------------------------------
 
@@ -325,10 +326,10 @@ def check_sm_count(name, comm_sms, sms=None):
   """The GEMM leaves comm_sms SMs free and keeps at least one 2-SM cluster: on a GPU with
   other than the 132 SMs of an H100 / H200 SXM (an H100 PCIe has 114), a comm_sms its
   launcher would refuse at run time is an error here, naming the GPU's count; and the plans'
-  wave arithmetic (plan.NUM_SMS) is off there: warned once per count (tuning measures the
+  wave arithmetic (tile_schedule.NUM_SMS) is off there: warned once per count (tuning measures the
   real GPU). `sms`: the local GPUs' fewest (default: _ext.local_gpu_sms(); None: unknown)."""
   sms = _ext.local_gpu_sms() if sms is None else sms
-  if sms is None or sms == plan_lib.NUM_SMS:
+  if sms is None or sms == tile_schedule.NUM_SMS:
     return
   if comm_sms > sms - 2:
     raise ValueError(f"jax_flashoverlap: {name}: comm_sms={comm_sms} leaves fewer than 2 of "
@@ -337,7 +338,7 @@ def check_sm_count(name, comm_sms, sms=None):
     _warned_sm_count.add(sms)
     warnings.warn(
         f"jax_flashoverlap: this GPU has {sms} SMs; the default group plans are modelled on "
-        f"{plan_lib.NUM_SMS} (H100 / H200 SXM), so they may be far from the best here: "
+        f"{tile_schedule.NUM_SMS} (H100 / H200 SXM), so they may be far from the best here: "
         "`python -m jax_flashoverlap.tune` measures this GPU's and writes a tuned config "
         "(README, \"Group plans\")",
         SMCountWarning, stacklevel=2)

@@ -33,7 +33,7 @@ import time
 import types
 
 from jax_flashoverlap import (_ext, bench, bench_a2a, bench_args, bench_problem, plan as plan_lib,
-                              tune_a2a, tune_model, tuning)
+                              tile_schedule, tune_a2a, tune_model, tuning)
 
 CALIBRATION_GROUPS = (1, 2, 4, 8)
 # The op itself with even bands, few and many groups: fits the GEMM's slowdown beside NCCL and
@@ -128,15 +128,15 @@ def peer_candidate(pb, ref32, errors: dict, variants: dict):
 def problem_comm_sms(m: int, n: int, requested, align: bool = True, k: int | None = None,
                      blocks: int = 1) -> list:
   """The --comm-sms values tuned for one GEMM of m x n: each raised to the most SMs that cost
-  the GEMM no extra wave of its persistent grid (plan.wave_aligned_comm_sms; blocks: the op's
-  rank blocks, the world size for reduce-scatter), staying below
-  the next requested value (the largest: at most 8 more), so the SMs the last, partial wave
+  the GEMM no extra wave of its persistent grid (tile_schedule.wave_aligned_comm_sms; blocks:
+  the op's rank blocks, the world size for reduce-scatter), staying below the next requested
+  value (the largest: at most 8 more), so the SMs the last, partial wave
   would leave idle are NCCL's. align=False: as requested."""
   values = sorted(set(requested))
   if not align:
     return values
   limits = [nxt - 1 for nxt in values[1:]] + [values[-1] + 8]
-  return sorted({plan_lib.wave_aligned_comm_sms(m, n, c, limit, k, blocks)
+  return sorted({tile_schedule.wave_aligned_comm_sms(m, n, c, limit, k, blocks)
                  for c, limit in zip(values, limits)})
 
 

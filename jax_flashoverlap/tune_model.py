@@ -25,6 +25,7 @@ import itertools
 import math
 
 from jax_flashoverlap import plan as plan_lib
+from jax_flashoverlap import tile_schedule
 from jax_flashoverlap import plan_search
 
 EXHAUSTIVE_CUTS = 12   # <= 4096 plans per comm_sms
@@ -78,7 +79,8 @@ class Calibration:
   # comm_sms -> seconds every group adds to the op on its critical path (stream waits,
   # launches, signals: what the collective alone does not show; fit_op_runs)
   group_overhead_s: dict = dataclasses.field(default_factory=dict)
-  k: int | None = None   # per-device K (the GEMM's split tail: plan.gemm_waves); None: whole units
+  # per-device K (the GEMM's split tail: tile_schedule.gemm_waves); None: whole units
+  k: int | None = None
 
   def slowdown(self, comm_sms: int) -> float:
     if isinstance(self.interference, dict):
@@ -97,7 +99,7 @@ class Calibration:
 
 def wave_time(gemm_s: float, m: int, n: int, comm_sms: int, k: int | None = None) -> float:
   """Seconds per wave (one unit time) from the GEMM's measured time at this comm_sms."""
-  return gemm_s / plan_lib.gemm_waves(m, n, comm_sms, k)
+  return gemm_s / tile_schedule.gemm_waves(m, n, comm_sms, k)
 
 
 def predict(collective: str, m: int, n: int, world: int, band_rows, comm_sms: int,
@@ -208,7 +210,7 @@ def candidates(collective: str, m: int, n: int, world: int, cal: Calibration,
   for sms in sorted(cal.wave_s):
     if sms not in cal.comm:
       continue
-    step = plan_lib.cut_step(m, n, sms)
+    step = tile_schedule.cut_step(m, n, sms)
     unit = cal.wave_s[sms] * cal.slowdown(sms)
     curve = cal.comm[sms]
     gemm_end = plan_lib.gemm_end_fn(collective, m, n, world, sms, unit, cal.k)

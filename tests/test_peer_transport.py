@@ -16,6 +16,7 @@ from jax.sharding import PartitionSpec as P
 from _util import PRIMITIVE_NAMES, custom_call_lines, lower_for_cuda, make_mesh_1d, make_mesh_2d, set_env, shard_map
 
 from jax_flashoverlap import _ext, comm, distributed, plan as plan_lib, plan_peer
+from jax_flashoverlap import tile_schedule as ts
 
 TRANSPORT_ENV = "JAX_FLASHOVERLAP_TRANSPORT"
 
@@ -48,7 +49,7 @@ def test_peer_plan_covers_one_block_on_unit_boundaries(collective, m, n, k):
     assert p.transport == "peer" and p.comm_sms == 0 and p.overlap
     assert p.rows_per_block == rows and p.band_rows[0] == 0 and p.band_rows[-1] == rows
     assert 1 <= p.num_groups <= plan_peer.BANDS_PER_BLOCK
-    unit = plan_lib.kernel_geometry(m, n, 0).rows_per_unit
+    unit = ts.kernel_geometry(m, n, 0).rows_per_unit
     assert all(b % unit == 0 for b in p.band_rows[1:-1]), (p.band_rows, unit)
     assert p.predicted_s > 0 and p.baseline_s > 0
     # The all-reduce also mirror-stores its reduced rows: never predicted faster than the RS.
@@ -396,7 +397,7 @@ def test_peer_plan_of_larger_groups(collective, world):
     p = plan_peer.plan(collective, m, n, k, world=world)
     assert p.rows_per_block == m // world and p.band_rows[-1] == m // world
     assert p.num_groups * world <= plan_lib.MAX_GROUPS
-    unit = plan_lib.kernel_geometry(m, n, 0).rows_per_unit
+    unit = ts.kernel_geometry(m, n, 0).rows_per_unit
     assert all(b % unit == 0 for b in p.band_rows[1:-1]), (p.band_rows, unit)
     two = plan_peer.plan(collective, m, n, k, world=2)
     assert p.predicted_s >= two.predicted_s
@@ -491,12 +492,12 @@ def test_a_link_bound_peer_plan_is_its_stored_bytes_over_the_link():
 
 def test_a_compute_bound_peer_plan_is_the_gemm_with_its_split_tail_times_the_sequence():
     """With a long K the GEMM bounds the predicted time: its waves on all SMs with K's split
-    tail (plan.gemm_waves given k: 15.52 waves at 8192 x 8192, not 16 whole ones) times the
+    tail (ts.gemm_waves given k: 15.52 waves at 8192 x 8192, not 16 whole ones) times the
     measured sequence-over-GEMM factor."""
     m, n, k = 8192, 8192, 4096
-    waves = plan_lib.gemm_waves(m, n, 0, k)
-    assert waves != plan_lib.gemm_waves(m, n, 0)  # the premise: the split tail counts here
-    kern = plan_lib.kernel_geometry(m, n, 0)
+    waves = ts.gemm_waves(m, n, 0, k)
+    assert waves != ts.gemm_waves(m, n, 0)  # the premise: the split tail counts here
+    kern = ts.kernel_geometry(m, n, 0)
     unit = 2.0 * kern.block_m * kern.block_n * k / plan_lib.DEFAULT_PROFILE.sm_flops
     for collective in ("reduce_scatter", "all_reduce"):
         p = plan_peer.plan(collective, m, n, k)

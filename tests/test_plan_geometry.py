@@ -8,6 +8,7 @@ import pathlib
 import pytest
 
 from jax_flashoverlap import plan as P
+from jax_flashoverlap import tile_schedule as ts
 from jax_flashoverlap import tune
 
 
@@ -16,23 +17,23 @@ from jax_flashoverlap import tune
 def test_wave_aligned_comm_sms_costs_the_gemm_nothing(m, n):
     """Raised comm_sms keeps the tile shape and the GEMM's waves; one SM more would not."""
     for c in (8, 12, 16):
-        up = P.wave_aligned_comm_sms(m, n, c, 40)
+        up = ts.wave_aligned_comm_sms(m, n, c, 40)
         assert c <= up <= 40
-        assert P.gemm_waves(m, n, up) == P.gemm_waves(m, n, c)
-        assert P.cut_step(m, n, up) == P.cut_step(m, n, c)
+        assert ts.gemm_waves(m, n, up) == ts.gemm_waves(m, n, c)
+        assert ts.cut_step(m, n, up) == ts.cut_step(m, n, c)
         if up < 40:
-            assert (P.gemm_waves(m, n, up + 1) > P.gemm_waves(m, n, c)
-                    or P.cut_step(m, n, up + 1) != P.cut_step(m, n, c))
-        assert P.wave_aligned_comm_sms(m, n, c, c) == c  # the limit holds
+            assert (ts.gemm_waves(m, n, up + 1) > ts.gemm_waves(m, n, c)
+                    or ts.cut_step(m, n, up + 1) != ts.cut_step(m, n, c))
+        assert ts.wave_aligned_comm_sms(m, n, c, c) == c  # the limit holds
 
 
 def test_wave_aligned_examples():
     # 8192 x 8192: 1024 units of 256 x 256; 62 clusters (8 SMs left) and 61 (10) both take
     # 17 waves, 60 (12) take 18
-    assert P.gemm_waves(8192, 8192, 8) == P.gemm_waves(8192, 8192, 10) == 17
-    assert P.wave_aligned_comm_sms(8192, 8192, 8, 16) == 10
+    assert ts.gemm_waves(8192, 8192, 8) == ts.gemm_waves(8192, 8192, 10) == 17
+    assert ts.wave_aligned_comm_sms(8192, 8192, 8, 16) == 10
     # 4096 x 8192: 512 units; 9 waves from 8 up to 18 SMs left
-    assert P.wave_aligned_comm_sms(4096, 8192, 8, 32) == 18
+    assert ts.wave_aligned_comm_sms(4096, 8192, 8, 32) == 18
 
 
 @pytest.mark.parametrize("m, n, k, world", [(9216, 4096, 4096, 8), (15104, 1024, 4096, 2),
@@ -43,22 +44,22 @@ def test_reduce_scatter_model_counts_the_kernels_units(m, n, k, world):
     block ends in a partial unit. The model counted ceil(M / unit rows) (9216 x 4096 on 8
     ranks: 576 units for the kernel's 640) and predicted the GEMM's end too early."""
     plan = P.default_plan("reduce_scatter", m, n, k, world)
-    kern = P.kernel_geometry(m, n, plan.comm_sms)
+    kern = ts.kernel_geometry(m, n, plan.comm_sms)
     b = plan.band_rows
     units = sum(world * math.ceil((b1 - b0) / kern.rows_per_unit) for b0, b1 in zip(b, b[1:]))
     units *= math.ceil(n / kern.block_n)
     rows = m // world
     whole = P.gemm_end_fn("reduce_scatter", m, n, world, plan.comm_sms, 1.0)
     assert whole(rows) == math.ceil(units / kern.grid)
-    k_tiles = math.ceil(k / P.BLOCK_K)
-    split, _, length = P.split_tail(units, kern.grid, k_tiles, kern.max_split_slots)
+    k_tiles = math.ceil(k / ts.BLOCK_K)
+    split, _, length = ts.split_tail(units, kern.grid, k_tiles, kern.max_split_slots)
     waves = ((units - split) / kern.grid + length / k_tiles if split
              else math.ceil(units / kern.grid))
     tail = P.gemm_end_fn("reduce_scatter", m, n, world, plan.comm_sms, 1.0, k)
     assert tail(rows) == pytest.approx(waves)
-    for c in P.raised_comm_sms_candidates(m, n, (8, 16), 16, k, world):  # no extra wave
+    for c in ts.raised_comm_sms_candidates(m, n, (8, 16), 16, k, world):  # no extra wave
         base = max(s for s in (8, 16) if s <= c)
-        assert P.gemm_waves(m, n, c, k, world) <= P.gemm_waves(m, n, base, k, world)
+        assert ts.gemm_waves(m, n, c, k, world) <= ts.gemm_waves(m, n, base, k, world)
 
 
 def test_reduce_scatter_fallback_uses_the_kernels_units():
@@ -83,30 +84,30 @@ def test_model_considers_the_wave_aligned_comm_sms(monkeypatch):
                            dataclasses.replace(P.DEFAULT_PROFILE, comm_sms=8))
     assert plan.comm_sms == 10 and plan.predicted_s < eight.predicted_s
     monkeypatch.delenv("FLASHOVERLAP_GEMM_TAIL")
-    assert P.gemm_waves(8192, 8192, 8, 4096) == pytest.approx(15 + 98 / 64)
-    assert P.gemm_waves(8192, 8192, 10, 4096) == 17
-    assert P.wave_aligned_comm_sms(8192, 8192, 8, 16, 4096) == 8  # 9 left: 61 clusters, 17
+    assert ts.gemm_waves(8192, 8192, 8, 4096) == pytest.approx(15 + 98 / 64)
+    assert ts.gemm_waves(8192, 8192, 10, 4096) == 17
+    assert ts.wave_aligned_comm_sms(8192, 8192, 8, 16, 4096) == 8  # 9 left: 61 clusters, 17
     split = P.default_plan("all_reduce", 8192, 8192, 4096, 2)
     assert split.comm_sms == 8 and split.predicted_s < plan.predicted_s
 
 
 def test_split_tail_mirrors_the_launcher():
-    """plan.split_tail is PlanSplitTail (xla_ffi/kernels/tile_schedule.h): the values the
+    """ts.split_tail is PlanSplitTail (xla_ffi/kernels/tile_schedule.h): the values the
     launcher reported on one H200 (gemm_test correctness, `split=units/chunks`), and the
     header's thresholds."""
-    assert P.split_tail(1024, 66, 64, 66) == (100, 66, 97)   # 8192 x 8192 x 4096, 132 SMs
-    assert P.split_tail(1024, 66, 16, 66) == (100, 64, 25)   # K 1024
-    assert P.split_tail(588, 58, 16, 66) == (66, 56, 19)     # 5000 x 7168 x 1000, 116 SMs
-    assert P.split_tail(4096, 132, 24, 264) == (136, 131, 25)  # 128 x 128 tiles
-    assert P.split_tail(512, 66, 64, 66) == (0, 0, 0)        # last wave 50 / 66: too full
-    assert P.split_tail(1056, 66, 64, 66) == (0, 0, 0)       # full last wave
-    assert P.split_tail(1024, 66, 8, 66) == (0, 0, 0)        # too few K tiles
-    assert P.split_tail(1024, 66, 64, 10) == (0, 0, 0)       # partials do not fit
+    assert ts.split_tail(1024, 66, 64, 66) == (100, 66, 97)   # 8192 x 8192 x 4096, 132 SMs
+    assert ts.split_tail(1024, 66, 16, 66) == (100, 64, 25)   # K 1024
+    assert ts.split_tail(588, 58, 16, 66) == (66, 56, 19)     # 5000 x 7168 x 1000, 116 SMs
+    assert ts.split_tail(4096, 132, 24, 264) == (136, 131, 25)  # 128 x 128 tiles
+    assert ts.split_tail(512, 66, 64, 66) == (0, 0, 0)        # last wave 50 / 66: too full
+    assert ts.split_tail(1056, 66, 64, 66) == (0, 0, 0)       # full last wave
+    assert ts.split_tail(1024, 66, 8, 66) == (0, 0, 0)        # too few K tiles
+    assert ts.split_tail(1024, 66, 64, 10) == (0, 0, 0)       # partials do not fit
     header = (pathlib.Path(__file__).parent.parent / "xla_ffi/kernels/tile_schedule.h").read_text()
-    assert f"kSplitMinKTiles = {P.SPLIT_MIN_K_TILES};" in header
-    assert f"kGemmBlockK = {P.BLOCK_K};" in header
+    assert f"kSplitMinKTiles = {ts.SPLIT_MIN_K_TILES};" in header
+    assert f"kGemmBlockK = {ts.BLOCK_K};" in header
     assert "if (R == 0 || 10 * R > 7 * C) return;" in header
-    wide, narrow = P.kernel_geometry(8192, 8192, 0), P.kernel_geometry(128, 1024, 0)
+    wide, narrow = ts.kernel_geometry(8192, 8192, 0), ts.kernel_geometry(128, 1024, 0)
     assert (wide.max_split_slots, narrow.max_split_slots) == (66, 264)
 
 
@@ -115,13 +116,13 @@ def test_pingpong_schedule_geometry(monkeypatch):
     # cooperative kernel takes 128x256 ones (signaling_gemm.cu: ChooseTileShape); small
     # problems keep the cluster-less 128x128 tiles.
     monkeypatch.setenv("FLASHOVERLAP_GEMM_SCHEDULE", "pingpong")
-    wide, narrow = P.kernel_geometry(8192, 8192, 8), P.kernel_geometry(128, 1024, 0)
+    wide, narrow = ts.kernel_geometry(8192, 8192, 8), ts.kernel_geometry(128, 1024, 0)
     assert (wide.block_m, wide.block_n, wide.cluster_m, wide.grid) == (128, 128, 2, 62)
     assert (narrow.block_n, narrow.cluster_m) == (128, 1)
     assert wide.max_split_slots == 132  # Config::kMaxSplitSlots of the ping-pong instance
     # Same work per wave as the cooperative kernel's 256 x 256 units, in twice as many units.
     monkeypatch.delenv("FLASHOVERLAP_GEMM_SCHEDULE")
-    assert P.kernel_geometry(8192, 8192, 8).block_n == 256
+    assert ts.kernel_geometry(8192, 8192, 8).block_n == 256
     source = (pathlib.Path(__file__).parent.parent / "xla_ffi/kernels/signaling_gemm.cu").read_text()
     assert '"FLASHOVERLAP_GEMM_SCHEDULE", "cooperative", "pingpong"' in source
     assert "wide = GemmTileShape{128, 128, 2}" in source
@@ -141,7 +142,7 @@ def test_pingpong_schedule_leaves_transpose_w_plans_alone(monkeypatch):
 
     nk, kn = plans(True), plans(False)
     monkeypatch.setenv("FLASHOVERLAP_GEMM_SCHEDULE", "pingpong")
-    assert P.kernel_geometry(8192, 8192, 8, transpose_w=True).block_n == 256
+    assert ts.kernel_geometry(8192, 8192, 8, transpose_w=True).block_n == 256
     assert plans(True) == nk
     assert all(a != b for a, b in zip(plans(False), kn))  # [K, N]: ping-pong tiles
     source = (pathlib.Path(__file__).parent.parent / "xla_ffi/kernels/signaling_gemm.cu").read_text()
@@ -150,7 +151,7 @@ def test_pingpong_schedule_leaves_transpose_w_plans_alone(monkeypatch):
 
 def test_cached_plans_follow_the_kernel_switches(monkeypatch):
     """A plan cached under one kernel (switches read at lowering) is not returned under
-    another: the caches key on plan.kernel_switches()."""
+    another: the caches key on ts.kernel_switches()."""
     from jax_flashoverlap import plan_a2a
     args = ("all_reduce", 8192, 8192, 4096, 2)
     for env in ("FLASHOVERLAP_GEMM_SCHEDULE", "FLASHOVERLAP_GEMM_TAIL"):
@@ -168,12 +169,12 @@ def test_cached_plans_follow_the_kernel_switches(monkeypatch):
 
 def test_gemm_waves_follow_the_split_switches(monkeypatch):
     # 2048 units on 66 clusters: 30 waves whole, then 68 units as 66 chunks of 132 K tiles
-    assert P.gemm_waves(16384, 8192, 0, 8192) == pytest.approx(30 + 132 / 128)
+    assert ts.gemm_waves(16384, 8192, 0, 8192) == pytest.approx(30 + 132 / 128)
     monkeypatch.setenv("FLASHOVERLAP_GEMM_QUEUE", "static")  # no queue: no split tail
-    assert P.gemm_waves(16384, 8192, 0, 8192) == 32
+    assert ts.gemm_waves(16384, 8192, 0, 8192) == 32
     monkeypatch.delenv("FLASHOVERLAP_GEMM_QUEUE")
     monkeypatch.setenv("FLASHOVERLAP_GEMM_TAIL", "whole")
-    assert P.gemm_waves(16384, 8192, 0, 8192) == 32
+    assert ts.gemm_waves(16384, 8192, 0, 8192) == 32
 
 
 def test_tuner_raises_each_comm_sms_to_its_wave_aligned_value():
@@ -183,7 +184,7 @@ def test_tuner_raises_each_comm_sms_to_its_wave_aligned_value():
     for m, n in [(4096, 8192), (16384, 8192)]:
         got = tune.problem_comm_sms(m, n, [8, 12, 16])
         assert len(got) == len(set(got)) and got == sorted(got)
-        assert all(P.gemm_waves(m, n, s) == P.gemm_waves(m, n, c)
+        assert all(ts.gemm_waves(m, n, s) == ts.gemm_waves(m, n, c)
                    for s, c in zip(got, [8, 12, 16]))
 
 
@@ -191,19 +192,19 @@ def test_wide_tiles_from_exactly_one_full_wave():
   """ChooseTileShape (signaling_gemm.cu) takes the 128x256 clusters once the wide tiles fill
   one wave, `wide_tiles >= usable`: at exactly one wave the model must agree (the plan's cut
   step and waves follow the shape)."""
-  usable = P.NUM_SMS - 8                       # 124
+  usable = ts.NUM_SMS - 8                       # 124
   n = 512                                      # 2 wide tiles per 128 rows
   m = 128 * usable // 2                        # wide_tiles == usable
-  assert P.kernel_geometry(m, n, 8) == P.KernelGeometry(128, 256, 2, usable // 2)
-  assert P.kernel_geometry(m - 128, n, 8) == P.KernelGeometry(128, 128, 1, usable)
+  assert ts.kernel_geometry(m, n, 8) == ts.KernelGeometry(128, 256, 2, usable // 2)
+  assert ts.kernel_geometry(m - 128, n, 8) == ts.KernelGeometry(128, 128, 1, usable)
 
 
 def test_wave_aligned_comm_sms_never_passes_the_most_sms_a_call_may_leave():
   """Raising comm_sms stops at the GEMM's last 2-SM cluster (MAX_COMM_SMS), whatever limit is
   asked (tune --comm-sms 128 asks up to 136): 3 wide tiles take 3 waves on one cluster from
   129 SMs left to 130; at 131 the grid would be empty (and the plan invalid)."""
-  assert P.wave_aligned_comm_sms(128, 768, 129, 200) == P.MAX_COMM_SMS
-  assert P.wave_aligned_comm_sms(128, 768, 129, 129) == 129
+  assert ts.wave_aligned_comm_sms(128, 768, 129, 200) == P.MAX_COMM_SMS
+  assert ts.wave_aligned_comm_sms(128, 768, 129, 129) == 129
 
 
 def test_tuner_comm_sms_order_duplicates_and_the_last_values_limit():

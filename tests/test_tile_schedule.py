@@ -29,11 +29,11 @@ def schedule_test(tmp_path_factory):
 
 
 def test_split_tail_model_matches_the_launcher(schedule_test):
-    """plan.split_tail (the cost model's mirror) gives PlanSplitTail's answer (the launcher's
-    rule, tile_schedule.h) on random grids and on the edges of its conditions."""
+    """tile_schedule.split_tail (the cost model's mirror) gives PlanSplitTail's answer (the
+    launcher's rule, tile_schedule.h) on random grids and on the edges of its conditions."""
     import random
 
-    from jax_flashoverlap import plan
+    from jax_flashoverlap import tile_schedule as ts
     rng = random.Random(7)
     cases = [(1024, 66, 64, 66), (512, 66, 64, 66), (1056, 66, 64, 66), (1024, 66, 15, 66),
              (1024, 66, 16, 66), (67, 66, 64, 66), (66, 66, 64, 66), (60, 66, 64, 66),
@@ -48,7 +48,7 @@ def test_split_tail_model_matches_the_launcher(schedule_test):
     assert len(got) == len(cases)
     split = 0
     for case, launcher in zip(cases, got):
-        assert plan.split_tail(*case) == launcher, case
+        assert ts.split_tail(*case) == launcher, case
         split += launcher[0] > 0
     assert 300 < split < 1900  # both answers are well represented
 

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from jax_flashoverlap import plan as P
+from jax_flashoverlap import tile_schedule as ts
 from jax_flashoverlap import tune, tune_model as TM, tuning
 
 from _tune_fakes import fake_gpu_timings, tune_args
@@ -38,7 +39,7 @@ def _calibration_from_profile(collective, m, n, k, world, sms_list, p=P.DEFAULT_
     """The calibration under which tune_model must predict exactly what plan.py does."""
     wave, comm = {}, {}
     for sms in sms_list:
-        kern = P.kernel_geometry(m, n, sms)
+        kern = ts.kernel_geometry(m, n, sms)
         wave[sms] = 2.0 * kern.block_m * kern.block_n * k / p.sm_flops
         if collective == "all_reduce":
             bw = P._busbw(p.all_reduce_busbw, sms) * world / (2 * (world - 1))
@@ -76,7 +77,7 @@ def test_candidates_are_sorted_and_the_dp_plan_is_the_best_found(m, n, k):
         assert evens and all(dp.predicted_s <= c.predicted_s + 1e-15 for c in evens)
         # nor does one more cut in its last band (the all-reduce's copy-out is part of the
         # search: without it the dp plan kept one large last band whose copy predict charges)
-        step = P.cut_step(m, n, sms)
+        step = ts.cut_step(m, n, sms)
         for cut in range(dp.band_rows[-2] + step, m, step):
             bands = dp.band_rows[:-1] + (cut, m)
             assert dp.predicted_s <= TM.predict("all_reduce", m, n, 2, bands, sms, cal) + 1e-15
@@ -86,7 +87,7 @@ def test_small_problems_are_searched_exhaustively():
     m, n, k = 2048, 4096, 2048  # 8 work units of 256 rows: 2^7 compositions per comm_sms
     cal = _calibration_from_profile("all_reduce", m, n, k, 2, (8,))
     cands = TM.candidates("all_reduce", m, n, 2, cal)
-    step = P.cut_step(m, n, 8)
+    step = ts.cut_step(m, n, 8)
     assert step == 256 or step == 128
     cuts = list(range(step, m, step))
     brute = min(TM.predict("all_reduce", m, n, 2, (0,) + c + (m,), 8, cal)
@@ -492,7 +493,7 @@ def test_fit_op_runs_recovers_slowdown_and_group_overhead():
 def test_dp_by_count_is_the_best_plan_of_each_group_count():
     m, n, k = 2048, 4096, 2048  # 8 work units: every composition can be checked
     cal = _calibration_from_profile("all_reduce", m, n, k, 2, (8,))
-    step = P.cut_step(m, n, 8)
+    step = ts.cut_step(m, n, 8)
     gemm_end = P.gemm_end_fn("all_reduce", m, n, 2, 8, cal.wave_s[8] * cal.slowdown(8))
     comm = lambda r0, r1: cal.comm[8].time((r1 - r0) * n * 2)
     by_count = TM.best_cuts_by_count(m, step, gemm_end, comm, 16)
@@ -524,8 +525,8 @@ def test_slowdown_of_a_comm_sms_not_fitted_is_the_default_profiles():
 def test_wave_time_counts_the_split_tail_given_k():
     """8192 x 8192 on all SMs: 16 waves of whole units, fewer with K = 4096's split tail; the
     time per wave is the GEMM's over the waves the kernel really runs."""
-    assert P.gemm_waves(8192, 8192, 0) == 16
-    waves = P.gemm_waves(8192, 8192, 0, 4096)
+    assert ts.gemm_waves(8192, 8192, 0) == 16
+    waves = ts.gemm_waves(8192, 8192, 0, 4096)
     assert waves < 16
     assert TM.wave_time(1.0, 8192, 8192, 0) == 1 / 16
     assert TM.wave_time(1.0, 8192, 8192, 0, k=4096) == pytest.approx(1 / waves, rel=1e-12)
@@ -535,7 +536,7 @@ def test_candidates_hold_every_even_split_up_to_max_even():
     m, n, k = 8192, 8192, 4096  # 32 work units: searched by the DP, not exhaustively
     cal = _calibration_from_profile("all_reduce", m, n, k, 2, (8,))
     found = {c.band_rows for c in TM.candidates("all_reduce", m, n, 2, cal)}
-    step = P.cut_step(m, n, 8)
+    step = ts.cut_step(m, n, 8)
     assert m // step - 1 > TM.EXHAUSTIVE_CUTS
     for g in range(1, TM.MAX_EVEN + 1):
         assert tuple(P.even_bands(m, g, step)) in found, g
@@ -546,7 +547,7 @@ def test_candidates_hold_every_even_split_up_to_max_even():
 def test_every_composition_is_a_candidate_up_to_exhaustive_cuts_boundaries(units, exhaustive):
     n, k = 8192, 2048
     m = 256 * units
-    assert P.cut_step(m, n, 8) == 256
+    assert ts.cut_step(m, n, 8) == 256
     cal = _calibration_from_profile("all_reduce", m, n, k, 2, (8,))
     cands = TM.candidates("all_reduce", m, n, 2, cal)
     assert (len(cands) == 2 ** (units - 1)) == exhaustive, len(cands)
@@ -557,7 +558,7 @@ def test_candidates_cut_on_the_work_units_of_their_own_comm_sms():
     """1024 x 4096 is 128 wide tiles: on all 132 SMs the kernel runs 128-row units, with 8
     SMs left to NCCL (124) 2-CTA clusters of 256 rows; a plan at comm_sms 8 cuts on 256."""
     m, n, k = 1024, 4096, 4096
-    assert (P.cut_step(m, n, 0), P.cut_step(m, n, 8)) == (128, 256)  # the premise
+    assert (ts.cut_step(m, n, 0), ts.cut_step(m, n, 8)) == (128, 256)  # the premise
     cal = _calibration_from_profile("all_reduce", m, n, k, 2, (8,))
     cands = TM.candidates("all_reduce", m, n, 2, cal)
     assert len(cands) == 2 ** 3  # 4 units of 256 rows: every composition
@@ -570,7 +571,7 @@ def test_the_best_plan_of_every_group_count_charges_the_copy_out():
     m, n, k = 8192, 8192, 1024  # small K: the copy-out matters; 32 units, no exhaustive search
     cal = _calibration_from_profile("all_reduce", m, n, k, 2, (8,))
     cands = TM.candidates("all_reduce", m, n, 2, cal)
-    step = P.cut_step(m, n, 8)
+    step = ts.cut_step(m, n, 8)
     for g in range(2, TM.MAX_DP_GROUPS + 1):
         best = min((c for c in cands if c.num_groups == g), key=lambda c: c.predicted_s)
         for cut in range(best.band_rows[-3] + step, m, step):

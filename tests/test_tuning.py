@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from jax_flashoverlap import plan as P
+from jax_flashoverlap import tile_schedule as ts
 from jax_flashoverlap import tuning, tune
 
 from _tuning_util import H200, entry as _entry, write_config as _write
@@ -24,7 +25,7 @@ def test_cost_model_plan_is_valid_and_deterministic(collective, shape):
     a.validate()
     limit = P.calibrated_ctas(collective, P.DEFAULT_PROFILE)
     assert a.comm_sms in {s for c in P.DEFAULT_PROFILE.comm_sms_candidates
-                          for s in (c, P.wave_aligned_comm_sms(m, n, c, max(c, limit)))}
+                          for s in (c, ts.wave_aligned_comm_sms(m, n, c, max(c, limit)))}
     rows = m // (2 if collective == "reduce_scatter" else 1)
     assert a.band_rows[0] == 0 and a.band_rows[-1] == rows
     assert a.predicted_s > 0 and a.baseline_s > 0

@@ -162,7 +162,7 @@ bool CheckSplit(int units, int clusters, int k_tiles, int max_slots) {
 int main(int argc, char** argv) {
   // `schedule_test split`: for each "units clusters k_tiles max_slots" line on stdin, print
   // PlanSplitTail's "split_units split_chunks split_len" (the Python cost model's mirror,
-  // plan.split_tail, is compared against it by tests/test_tile_schedule.py).
+  // tile_schedule.split_tail, is compared against it by tests/test_tile_schedule.py).
   if (argc > 1 && std::string(argv[1]) == "split") {
     int units, clusters, k_tiles, max_slots;
     while (std::scanf("%d %d %d %d", &units, &clusters, &k_tiles, &max_slots) == 4) {
