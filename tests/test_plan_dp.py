@@ -9,6 +9,7 @@ import pytest
 
 from jax_flashoverlap import plan as P
 from jax_flashoverlap import plan_search as S
+from jax_flashoverlap import tile_schedule as ts
 
 
 def _by_count_reference(rows, step, gemm_end, comm_time, max_groups, tail=None):
@@ -143,7 +144,7 @@ def test_default_plan_at_large_m(collective, m, world, better_than):
   plan = P.default_plan(collective, m, n, k, world)
   plan.validate()
   prof = P.profile_for_world(world)
-  kern = P.kernel_geometry(m, n, plan.comm_sms)
+  kern = ts.kernel_geometry(m, n, plan.comm_sms)
   unit = 2.0 * kern.block_m * kern.block_n * k / prof.sm_flops * prof.interference
   gemm_end = P.gemm_end_fn(collective, m, n, world, plan.comm_sms, unit, k)
   blocks = world if collective == "reduce_scatter" else 1
@@ -162,7 +163,7 @@ def test_default_plans_of_the_design_shapes_are_unchanged_by_the_fix():
                     (8192, 28672, 4096), (8192, 8192, 14336)]:
       plan = P.default_plan(collective, m, n, k, 2)
       prof = P.profile_for_world(2)
-      kern = P.kernel_geometry(m, n, plan.comm_sms)
+      kern = ts.kernel_geometry(m, n, plan.comm_sms)
       unit = 2.0 * kern.block_m * kern.block_n * k / prof.sm_flops * prof.interference
       gemm_end = P.gemm_end_fn(collective, m, n, 2, plan.comm_sms, unit, k)
       blocks = 2 if collective == "reduce_scatter" else 1
