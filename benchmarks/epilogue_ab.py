@@ -3,8 +3,8 @@
 `FLASHOVERLAP_GEMM_EPILOGUE` is read by the kernel launcher at every launch, so one process
 can time the same jitted `fo.matmul` under each value: per shape (per-device MxNxK) and
 comm_sms, interleaved rounds (each round times every variant once: `--calls` back-to-back
-calls between two syncs; the median of `--samples` rounds; bench.time_variants starts each
-round one variant further on), XLA's dot among them as the yardstick. Separate processes
+calls between two syncs; the median of `--samples` rounds; bench.time_variants orders the
+rounds by a balanced Latin square), XLA's dot among them as the yardstick. Separate processes
 cannot settle a few percent: XLA's own time moved up to 4% between two processes on one
 H100 (session 47, benchmarks/results/logs/halves_speed_*).
 

@@ -1,6 +1,6 @@
 """Our GEMM through JAX against the same kernel standalone: where a difference comes from.
 
-On one GPU, per-device shapes, interleaved rounds, each starting one variant further on (as
+On one GPU, per-device shapes, interleaved rounds in bench.round_order's balanced orders (as
 bench.time_variants): XLA's dot and `fo.matmul` at comm_sms 0 and 16, each timed
   * per call: `--calls` back-to-back jitted calls between two syncs (the bench's method), and
   * in one program: `lax.map` over 8 different x (8 GEMMs, one dispatch),
@@ -106,7 +106,7 @@ def main() -> None:
         for _ in range(3):
           fn(*a).block_until_ready()
       for rnd in range(args.samples):
-        for name in bench.round_order(list(variants), rnd):  # no variant keeps one place
+        for name in bench.round_order(list(variants), rnd):  # no fixed place or predecessor
           fn, a, per = variants[name]
           calls = args.calls if per == 1 else 2
           fn(*a).block_until_ready()

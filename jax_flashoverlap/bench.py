@@ -2,8 +2,9 @@
 
 Every variant is timed the same way, interleaved, in one process: a sample is the mean of
 `--calls` back-to-back calls (dispatch amortized), the figure is the median of `--samples`
-samples after warm-up (DESIGN.md's method); each round starts one variant further on, so no
-variant keeps one place in the round (results before 2026-12-06's session 47 used one order).
+samples after warm-up (DESIGN.md's method); the rounds' orders form a balanced Latin square
+(round_order), so no variant keeps one place in the round or one predecessor (results before
+2026-12-06's session 47 used one order, session 47's rotated one).
 Inputs are fresh random values; every variant's result is checked against float32's before
 it is timed: one off by more than VALUE_TOLERANCE is printed, recorded (`failed_value_check`)
 and left untimed (ours: timed and flagged), and the run exits 1.
@@ -96,16 +97,29 @@ def resolve_world(parser, world: int) -> int:
 
 
 def round_order(names: list, r: int) -> list:
-  """The variants of round r, starting at variant r (mod their count): see time_variants."""
-  return names[r % len(names):] + names[:r % len(names)]
+  """The variants of round r: row r of a balanced Latin square (a Williams design) over them.
+  Over n rounds (n variants; 2n where n is odd, the odd rounds' rows reversed) each variant
+  takes each place in the round equally often and follows each other variant equally often.
+  Rotating one order (session 47) balanced the places but kept every variant's predecessor:
+  on an H100 the epilogue right after XLA's dot stayed 2-4% ahead whichever it was (session
+  48, docs/signaling_gemm.md). Depends on r alone: every process takes the same order."""
+  n = len(names)
+  first, low, high = [0], 1, n - 1  # 0, 1, n-1, 2, n-2, ...: every difference once
+  while len(first) < n:
+    first.append(low if len(first) % 2 else high)
+    low, high = (low + 1, high) if len(first) % 2 == 0 else (low, high - 1)
+  row = [names[(i + r) % n] for i in first]
+  return row[::-1] if n % 2 and (r // n) % 2 else row
 
 
 def time_variants(variants: dict, *, calls: int, samples: int, warmup: int = 3) -> dict:
-  """{name: (fn, args)} -> {name: {"median_ms", "samples_ms"}}, interleaved round-robin; round
-  r starts at variant r (mod their count), so each variant takes each place in the round alike
-  (`samples` a multiple of the count: exactly). With one fixed order the place alone moved a
-  GEMM's time by up to 6% through JAX on an H100 (session 47, docs/signaling_gemm.md). Every
-  process of a multi-process run takes the same order (it depends on r only)."""
+  """{name: (fn, args)} -> {name: {"median_ms", "samples_ms"}}, interleaved: every round times
+  each variant once, in round_order's order, so each variant takes each place in the round and
+  follows each other variant alike (`samples` a multiple of the count, twice it where the count
+  is odd: exactly). With one fixed order the place alone moved a GEMM's time by up to 6% through
+  JAX on an H100 (session 47), and with a rotated one its predecessor 2-4% (session 48;
+  docs/signaling_gemm.md). Every process of a multi-process run takes the same order (it
+  depends on r only)."""
   for fn, args in variants.values():
     for _ in range(warmup):
       fn(*args).block_until_ready()
@@ -490,8 +504,8 @@ def main(argv=None) -> int:
       "git_commit": git_commit(),
       "env": {k: v for k, v in os.environ.items() if k.startswith(("JAX_FLASHOVERLAP", "FLASHOVERLAP_", "NCCL_"))},
       "method": f"median of {args.samples} samples, each the mean of {args.calls} "
-                "back-to-back calls, variants interleaved (each round starting one variant "
-                "further on), after 3 warm-up calls",
+                "back-to-back calls, variants interleaved (the rounds' orders a balanced "
+                "Latin square: each place and each predecessor alike), after 3 warm-up calls",
   }
   if args.out and is_main_process() and not is_stream(args.out):
     # rewritten after every row (a run cut short keeps its rows); a stream gets the end only

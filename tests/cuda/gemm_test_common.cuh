@@ -421,18 +421,26 @@ struct Problem {
 
 // ---------------------------------------------------------------- timing
 // Median times (ms) of several launch sequences on `s`, interleaved (one of each per round,
-// so the power cap's clock drift reaches them alike), after two warm-up rounds. `rotate`:
-// round i starts at sequence i (mod their count), so each takes each place in the round
-// alike (through JAX on an H100 the place alone moved a GEMM's time by up to 6%, session 47).
+// so the power cap's clock drift reaches them alike), after two warm-up rounds. `balanced`:
+// round i runs them in row i of a balanced Latin square (BalancedRoundIndex), so each takes
+// each place and follows each other sequence alike. Through JAX on an H100 one fixed order's
+// place moved a GEMM's time by up to 6% (session 47), a rotated order's predecessor 2-4%
+// (session 48); jax_flashoverlap.bench.round_order is the same square.
+inline size_t BalancedRoundIndex(size_t n, size_t round, size_t place) {
+  if (n % 2 == 1 && (round / n) % 2 == 1) place = n - 1 - place;  // odd n: every other square reversed
+  const size_t first = place == 0 ? 0 : place % 2 == 1 ? (place + 1) / 2 : n - place / 2;  // 0, 1, n-1, 2, ...
+  return (first + round) % n;
+}
+
 std::vector<float> TimeInterleaved(const std::vector<std::function<void()>>& runs, cudaStream_t s, int iters,
-                                   bool rotate = false) {
+                                   bool balanced = false) {
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
   std::vector<std::vector<float>> ms(runs.size());
   for (int i = 0; i < iters + 2; ++i) {
     for (size_t j = 0; j < runs.size(); ++j) {
-      const size_t r = rotate ? (j + size_t(i)) % runs.size() : j;
+      const size_t r = balanced ? BalancedRoundIndex(runs.size(), size_t(i), j) : j;
       CK(cudaEventRecord(a, s));
       runs[r]();
       CK(cudaEventRecord(b, s));

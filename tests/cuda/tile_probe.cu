@@ -6,8 +6,8 @@
 // changes the rows every group plan aligns to), this probe asks the same question of stock
 // CUTLASS, whose mainloop collective ours uses: does CUTLASS's own kernel gain from 256 x 128
 // tiles here, and with which cluster shape? Variants, interleaved per round (a batch of
-// back-to-back launches each, CUDA events, median over rounds; each round starts one variant
-// further on, so none keeps one place in the round):
+// back-to-back launches each, CUDA events, median over rounds; the rounds' orders a balanced
+// Latin square, so none keeps one place in the round or one predecessor):
 //   cublas                     cublasGemmEx (its heuristic's kernel)
 //   ours                       our signaling GEMM, 4 groups, signals on, comm_sms 0, tile queue
 //   ours_<what>                the same with settings changed (kOursVariants: one group, the
@@ -171,7 +171,7 @@ int main(int argc, char** argv) {
     std::vector<std::function<void()>> runs;
     for (Variant& v : vs)
       runs.push_back([&v, batch] { for (int b = 0; b < batch; ++b) CK(v.launch()); });
-    const std::vector<float> med = TimeInterleaved(runs, s, 21, /*rotate=*/true);
+    const std::vector<float> med = TimeInterleaved(runs, s, 21, /*balanced=*/true);
     const double flop = 2.0 * sh.m * sh.n * sh.k;
     for (size_t i = 0; i < vs.size(); ++i) {
       Variant& v = vs[i];
@@ -188,7 +188,7 @@ int main(int argc, char** argv) {
       table += line;
     }
   }
-  printf("==== tile shapes (bf16; median of 21 interleaved, rotated rounds of batched launches) ====\n%s",
+  printf("==== tile shapes (bf16; median of 21 interleaved rounds, balanced order, of batched launches) ====\n%s",
          table.c_str());
   return FinishTest(d, "tile_probe", json_path ? json_path : "",
                     std::string(",\"device\":\"") + prop.name + "\",\"sms\":" +
