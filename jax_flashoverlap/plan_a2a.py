@@ -31,7 +31,6 @@ import math
 from jax_flashoverlap import plan as plan_lib, tile_schedule
 
 MAX_GROUPS = 64
-NUM_SMS = 132
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +94,8 @@ class AllGatherPlan:
 
 def _kernel(m: int, n: int, comm_sms: int, transpose_w: bool = False):
   """(rows per work unit, block_n, clusters) as signaling_gemm.cu's ChooseTileShape (the
-  collectives' model's mirror of it, tile_schedule.kernel_geometry; transpose_w: w is [N, K])."""
+  collectives' model's mirror of it, tile_schedule.kernel_geometry; transpose_w: w is
+  [N, K])."""
   kern = tile_schedule.kernel_geometry(m, n, comm_sms, transpose_w)
   return kern.rows_per_unit, kern.block_n, kern.grid
 
@@ -123,7 +123,7 @@ def a2a_shape(m: int, n: int, world: int, split_axis: int) -> tuple:
 
 
 def a2a_baseline(m, n, k, world, itemsize=2, p: CommProfile = DEFAULT_PROFILE) -> float:
-  gemm = 2.0 * m * n * k / (p.sm_flops * NUM_SMS)
+  gemm = 2.0 * m * n * k / (p.sm_flops * tile_schedule.NUM_SMS)
   return gemm + p.comm_latency + m * n * itemsize * (world - 1) / world / p.xla_all_to_all_bw
 
 
@@ -190,8 +190,8 @@ def _comm_sms_candidates(m: int, n: int, p: CommProfile, k: int | None = None,
   if p.comm_sms is not None:
     return [p.comm_sms]
   return tile_schedule.raised_comm_sms_candidates(m, n, p.comm_sms_candidates,
-                                             max(c for c, _ in p.p2p_bw), k, blocks,
-                                             transpose_w)
+                                                  max(c for c, _ in p.p2p_bw), k, blocks,
+                                                  transpose_w)
 
 
 @tile_schedule.cached_per_kernel_switches
@@ -207,7 +207,7 @@ def default_a2a_plan(m, n, k, world, split_axis, concat_axis, itemsize=2,
 
 
 def _all_gather_gemm_time(rows, n, k, world, p: CommProfile) -> float:
-  return 2.0 * world * rows * n * k / (p.sm_flops * NUM_SMS)
+  return 2.0 * world * rows * n * k / (p.sm_flops * tile_schedule.NUM_SMS)
 
 
 def all_gather_baseline(rows, n, k, world, itemsize=2, p: CommProfile = DEFAULT_PROFILE) -> float:

@@ -326,8 +326,9 @@ def check_sm_count(name, comm_sms, sms=None):
   """The GEMM leaves comm_sms SMs free and keeps at least one 2-SM cluster: on a GPU with
   other than the 132 SMs of an H100 / H200 SXM (an H100 PCIe has 114), a comm_sms its
   launcher would refuse at run time is an error here, naming the GPU's count; and the plans'
-  wave arithmetic (tile_schedule.NUM_SMS) is off there: warned once per count (tuning measures the
-  real GPU). `sms`: the local GPUs' fewest (default: _ext.local_gpu_sms(); None: unknown)."""
+  wave arithmetic (tile_schedule.NUM_SMS) is off there: warned once per count (tuning
+  measures the real GPU). `sms`: the local GPUs' fewest (default: _ext.local_gpu_sms();
+  None: unknown)."""
   sms = _ext.local_gpu_sms() if sms is None else sms
   if sms is None or sms == tile_schedule.NUM_SMS:
     return

@@ -41,7 +41,7 @@ class KernelGeometry:
     return min(SPLIT_PARTIAL_BYTES // per_slot, SPLIT_MAX_FLAGS // self.cluster_m)
 
 
-# FLASHOVERLAP_GEMM_SCHEDULE (_ext.GEMMSCHEDULE_ENV; validated at lowering): 'pingpong'
+# FLASHOVERLAP_GEMM_SCHEDULE (_ext.GEMM_SCHEDULE_ENV; validated at lowering): 'pingpong'
 # replaces the 128x256 tiles by 128x128 ones in the same 2x1 clusters. A ping-pong CTA
 # computes its two warpgroups' tiles in turn, so a unit of 256 x 128 takes half the time
 # of a 256 x 256 one and the wave model below holds with block_n = 128. [N, K] weights

@@ -25,8 +25,8 @@ import itertools
 import math
 
 from jax_flashoverlap import plan as plan_lib
-from jax_flashoverlap import tile_schedule
 from jax_flashoverlap import plan_search
+from jax_flashoverlap import tile_schedule
 
 EXHAUSTIVE_CUTS = 12   # <= 4096 plans per comm_sms
 MAX_EVEN = 12

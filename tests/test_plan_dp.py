@@ -220,7 +220,7 @@ def test_baseline_uses_xlas_bandwidth_of_its_own_collective(collective):
   own bus bandwidth: the reduce-scatter's is not the all-reduce's."""
   m, n, k, world = 8192, 8192, 4096, 4
   p = P.MachineProfile(xla_all_reduce_busbw=100e9, xla_reduce_scatter_busbw=400e9)
-  gemm = 2.0 * m * n * k / (p.sm_flops * P.NUM_SMS)
+  gemm = 2.0 * m * n * k / (p.sm_flops * ts.NUM_SMS)
   nbytes = m * n * 2
   wire = (nbytes * 2 * (world - 1) / world / 100e9 if collective == "all_reduce"
           else nbytes * (world - 1) / world / 400e9)

@@ -427,8 +427,10 @@ struct Problem {
 // place moved a GEMM's time by up to 6% (session 47), a rotated order's predecessor 2-4%
 // (session 48); jax_flashoverlap.bench.round_order is the same square.
 inline size_t BalancedRoundIndex(size_t n, size_t round, size_t place) {
-  if (n % 2 == 1 && (round / n) % 2 == 1) place = n - 1 - place;  // odd n: every other square reversed
-  const size_t first = place == 0 ? 0 : place % 2 == 1 ? (place + 1) / 2 : n - place / 2;  // 0, 1, n-1, 2, ...
+  // odd n: every other square reversed (a Williams design needs 2n rows there)
+  if (n % 2 == 1 && (round / n) % 2 == 1) place = n - 1 - place;
+  // the first row: 0, 1, n-1, 2, n-2, ... (every difference between neighbours once)
+  const size_t first = place == 0 ? 0 : place % 2 == 1 ? (place + 1) / 2 : n - place / 2;
   return (first + round) % n;
 }
 
