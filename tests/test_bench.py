@@ -509,6 +509,29 @@ def test_round_order_is_a_balanced_latin_square(n):
     assert rows == [bench.round_order(list(names), r) for r in range(rounds)]
 
 
+def test_the_tile_probes_round_order_is_the_benchs(tmp_path):
+    """tests/cuda/round_order.h (the standalone timing programs' TimeInterleaved) and
+    bench.round_order give the same square, so the probe and the bench time alike."""
+    import shutil
+    from jax_flashoverlap import bench
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("needs g++")
+    src = tmp_path / "order.cc"
+    src.write_text('#include <cstdio>\n#include "round_order.h"\nint main() {\n'
+                   '  for (size_t n = 1; n <= 12; ++n)\n'
+                   '    for (size_t r = 0; r < 4 * n; ++r) {\n'
+                   '      for (size_t p = 0; p < n; ++p) printf("%zu ", BalancedRoundIndex(n, r, p));\n'
+                   '      printf("\\n");\n    }\n}\n')
+    exe = tmp_path / "order"
+    build = subprocess.run([gxx, "-std=c++17", f"-I{REPO}/tests/cuda", str(src), "-o", str(exe)],
+                           capture_output=True, text=True, timeout=120)
+    assert build.returncode == 0, build.stderr[-3000:]
+    got = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60).stdout.splitlines()
+    want = [bench.round_order(list(range(n)), r) for n in range(1, 13) for r in range(4 * n)]
+    assert [list(map(int, line.split())) for line in got] == want
+
+
 @pytest.mark.parametrize("own", [None, "off"])
 def test_the_helpers_variant_runs_under_its_switch_and_every_other_under_the_users(monkeypatch,
                                                                                    own):

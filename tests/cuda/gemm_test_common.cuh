@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "../../xla_ffi/kernels/signaling_gemm.h"
+#include "round_order.h"
 
 using namespace flashoverlap;
 
@@ -422,18 +423,8 @@ struct Problem {
 // ---------------------------------------------------------------- timing
 // Median times (ms) of several launch sequences on `s`, interleaved (one of each per round,
 // so the power cap's clock drift reaches them alike), after two warm-up rounds. `balanced`:
-// round i runs them in row i of a balanced Latin square (BalancedRoundIndex), so each takes
-// each place and follows each other sequence alike. Through JAX on an H100 one fixed order's
-// place moved a GEMM's time by up to 6% (session 47), a rotated order's predecessor 2-4%
-// (session 48); jax_flashoverlap.bench.round_order is the same square.
-inline size_t BalancedRoundIndex(size_t n, size_t round, size_t place) {
-  // odd n: every other square reversed (a Williams design needs 2n rows there)
-  if (n % 2 == 1 && (round / n) % 2 == 1) place = n - 1 - place;
-  // the first row: 0, 1, n-1, 2, n-2, ... (every difference between neighbours once)
-  const size_t first = place == 0 ? 0 : place % 2 == 1 ? (place + 1) / 2 : n - place / 2;
-  return (first + round) % n;
-}
-
+// round i runs them in row i of a balanced Latin square (round_order.h), so each takes each
+// place and follows each other sequence alike.
 std::vector<float> TimeInterleaved(const std::vector<std::function<void()>>& runs, cudaStream_t s, int iters,
                                    bool balanced = false) {
   cudaEvent_t a, b;
