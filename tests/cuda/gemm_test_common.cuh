@@ -422,18 +422,18 @@ struct Problem {
 
 // ---------------------------------------------------------------- timing
 // Median times (ms) of several launch sequences on `s`, interleaved (one of each per round,
-// so the power cap's clock drift reaches them alike), after two warm-up rounds. `balanced`:
-// round i runs them in row i of a balanced Latin square (round_order.h), so each takes each
-// place and follows each other sequence alike.
-std::vector<float> TimeInterleaved(const std::vector<std::function<void()>>& runs, cudaStream_t s, int iters,
-                                   bool balanced = false) {
+// so the power cap's clock drift reaches them alike), after two warm-up rounds; round i runs
+// them in row i of a balanced Latin square (round_order.h), so each takes each place and
+// follows each other sequence alike (until session 48 one fixed order; each sequence is
+// self-contained: it resets whatever it uses).
+std::vector<float> TimeInterleaved(const std::vector<std::function<void()>>& runs, cudaStream_t s, int iters) {
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
   std::vector<std::vector<float>> ms(runs.size());
   for (int i = 0; i < iters + 2; ++i) {
     for (size_t j = 0; j < runs.size(); ++j) {
-      const size_t r = balanced ? BalancedRoundIndex(runs.size(), size_t(i), j) : j;
+      const size_t r = BalancedRoundIndex(runs.size(), size_t(i), j);
       CK(cudaEventRecord(a, s));
       runs[r]();
       CK(cudaEventRecord(b, s));

@@ -171,7 +171,7 @@ int main(int argc, char** argv) {
     std::vector<std::function<void()>> runs;
     for (Variant& v : vs)
       runs.push_back([&v, batch] { for (int b = 0; b < batch; ++b) CK(v.launch()); });
-    const std::vector<float> med = TimeInterleaved(runs, s, 21, /*balanced=*/true);
+    const std::vector<float> med = TimeInterleaved(runs, s, 21);
     const double flop = 2.0 * sh.m * sh.n * sh.k;
     for (size_t i = 0; i < vs.size(); ++i) {
       Variant& v = vs[i];
