@@ -38,8 +38,9 @@ def main() -> None:
   parser.add_argument("--epilogues", nargs="+", choices=EPILOGUES, default=list(EPILOGUES))
   parser.add_argument("--calls", type=int, default=10)
   parser.add_argument("--samples", type=int, default=15,
-                      help="rounds (a multiple of the variant count puts each variant at each "
-                           "place in the round equally often)")
+                      help="rounds (a multiple of the variant count, twice it for an odd "
+                           "count, puts each variant at each place in the round and after each "
+                           "other variant equally often)")
   parser.add_argument("--out")
   args = parser.parse_args()
   for name in ("calls", "samples"):

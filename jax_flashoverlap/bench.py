@@ -104,10 +104,8 @@ def round_order(names: list, r: int) -> list:
   on an H100 the epilogue right after XLA's dot stayed 2-4% ahead whichever it was (session
   48, docs/signaling_gemm.md). Depends on r alone: every process takes the same order."""
   n = len(names)
-  first, low, high = [0], 1, n - 1  # 0, 1, n-1, 2, n-2, ...: every difference once
-  while len(first) < n:
-    first.append(low if len(first) % 2 else high)
-    low, high = (low + 1, high) if len(first) % 2 == 0 else (low, high - 1)
+  # the first row 0, 1, n-1, 2, n-2, ... (every difference between neighbours once), shifted by r
+  first = [0 if p == 0 else (p + 1) // 2 if p % 2 else n - p // 2 for p in range(n)]
   row = [names[(i + r) % n] for i in first]
   return row[::-1] if n % 2 and (r // n) % 2 else row
 
