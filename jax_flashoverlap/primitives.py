@@ -25,7 +25,7 @@ import numpy as np
 from jax import lax
 
 from jax_flashoverlap import _compat, _environment, _ext, comm, plan as plan_lib, plan_peer
-from jax_flashoverlap import tile_schedule
+from jax_flashoverlap import primitives_batching, tile_schedule
 
 # --- reference compositions (also the CPU lowering) --------------------------------------
 
@@ -216,6 +216,11 @@ _REFERENCES = {}
 def is_ours(prim) -> bool:
   """True for every primitive make_primitive made (remat.ops_as_dots asks)."""
   return prim in _REFERENCES
+
+
+def reference_of(prim):
+  """(reference composition, its params filter) of a primitive make_primitive made."""
+  return _REFERENCES[prim]
 
 
 def make_primitive(name, reference, reference_keys=("axis_name", "transpose_w"),
@@ -522,71 +527,15 @@ _compat.mlir.register_lowering(
     _collective_cuda_lowering(gemm_reduce_scatter_p, _rs_reference_lowering, "reduce_scatter"),
     platform="cuda")
 
-# --- batching (vmap) -------------------------------------------------------------------------
-# x batched, w not: fold the batch into M (for reduce-scatter, rank-major so each rank still
-# gets its own rows of every batch element). w batched, x not: fold the batch into N (w
-# [B, K, N] -> [K, B*N]; transposed, w [B, N, K] -> [B*N, K] is a free reshape). Both
-# batched: one call per batch element (lax.map).
-
-
-def _fold_x_rows(x, world):
-  """x [B, M, K] -> [B*M, K] ordered [world, B, M/world] so a tiled scatter stays per batch."""
-  b, m, k = x.shape
-  if world == 1:
-    return x.reshape(b * m, k)
-  return x.reshape(b, world, m // world, k).transpose(1, 0, 2, 3).reshape(b * m, k)
-
-
-def empty_batch(prim, args, dims, params):
-  """The batching rule's answer for a batch of size 0, else None. Nothing to compute or
-  overlap (and folding would divide by 0): XLA's composition, vmapped, returns the empty
-  result with the primitive's own output type."""
-  size = next(a.shape[d] for a, d in zip(args, dims) if d is not _compat.not_mapped)
-  if size:
-    return None
-  reference, reference_params = _REFERENCES[prim]
-  in_axes = tuple(None if d is _compat.not_mapped else d for d in dims)
-  out = jax.vmap(lambda x, w: reference(x, w, **reference_params(params)), in_axes)(*args)
-  return (list(out), [0] * len(out)) if prim.multiple_results else (out, 0)
-
-
-def _batch_rule(prim, world_of):
-  def rule(args, dims, **params):
-    empty = empty_batch(prim, args, dims, params)
-    if empty is not None:
-      return empty
-    x, w = args
-    bx, bw = dims
-    not_mapped = _compat.not_mapped
-    world = world_of(params)
-    if bx is not not_mapped and bw is not_mapped:
-      x = jnp.moveaxis(x, bx, 0)
-      b = x.shape[0]
-      out = prim.bind(_fold_x_rows(x, world), w, **params)
-      rows = out.shape[0] // b
-      return out.reshape(b, rows, out.shape[1]), 0
-    if bx is not_mapped and bw is not not_mapped:
-      w = jnp.moveaxis(w, bw, 0)
-      if params["transpose_w"]:
-        b, n, k = w.shape
-        folded = w.reshape(b * n, k)
-      else:
-        b, k, n = w.shape
-        folded = w.transpose(1, 0, 2).reshape(k, b * n)
-      out = prim.bind(x, folded, **params)
-      return out.reshape(out.shape[0], b, n).transpose(1, 0, 2), 0
-    x = jnp.moveaxis(x, bx, 0)
-    w = jnp.moveaxis(w, bw, 0)
-    return lax.map(lambda xw: prim.bind(xw[0], xw[1], **params), (x, w)), 0
-  return rule
+# --- batching (vmap): primitives_batching ---------------------------------------------------
 
 
 def _collective_world(params):
   return _compat.axis_size(params["axis_name"])
 
 
-_compat.batching.primitive_batchers[gemm_p] = _batch_rule(gemm_p, lambda params: 1)
-_compat.batching.primitive_batchers[gemm_all_reduce_p] = _batch_rule(
-    gemm_all_reduce_p, lambda params: 1)
-_compat.batching.primitive_batchers[gemm_reduce_scatter_p] = _batch_rule(
-    gemm_reduce_scatter_p, _collective_world)
+primitives_batching.register_fold(gemm_p, reference_of(gemm_p), lambda params: 1)
+primitives_batching.register_fold(gemm_all_reduce_p, reference_of(gemm_all_reduce_p),
+                                  lambda params: 1)
+primitives_batching.register_fold(gemm_reduce_scatter_p, reference_of(gemm_reduce_scatter_p),
+                                  _collective_world)

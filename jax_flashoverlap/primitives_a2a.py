@@ -20,11 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_flashoverlap import _compat, comm, plan_a2a
-from jax_flashoverlap.primitives import (cuda_path, dot, emit_call, empty_batch,
-                                         keep_reference, lowering_problem, make_primitive,
-                                         on_each_platform, prepare_communicators,
-                                         publish_decision)
+from jax_flashoverlap import _compat, comm, plan_a2a, primitives_batching
+from jax_flashoverlap.primitives import (cuda_path, dot, emit_call, keep_reference,
+                                         lowering_problem, make_primitive, on_each_platform,
+                                         prepare_communicators, publish_decision, reference_of)
 
 # --- reference compositions (also the CPU lowering) --------------------------------------
 
@@ -143,30 +142,6 @@ def _ag_cuda_lowering(ctx, x, w, *, axis_name, comm_sms, transpose_w, return_gat
 _compat.mlir.register_lowering(gemm_all_to_all_p, _a2a_cuda_lowering, platform="cuda")
 _compat.mlir.register_lowering(all_gather_gemm_p, _ag_cuda_lowering, platform="cuda")
 
-# --- batching (vmap): one call per batch element ------------------------------------------
-
-
-def _map_batch_rule(prim):
-  def rule(args, dims, **params):
-    empty = empty_batch(prim, args, dims, params)
-    if empty is not None:
-      return empty
-    x, w = args
-    bx, bw = dims
-    not_mapped = _compat.not_mapped
-    if bw is not_mapped:
-      x = jnp.moveaxis(x, bx, 0)
-      out = lax.map(lambda a: prim.bind(a, w, **params), x)
-    elif bx is not_mapped:
-      w = jnp.moveaxis(w, bw, 0)
-      out = lax.map(lambda b: prim.bind(x, b, **params), w)
-    else:
-      x = jnp.moveaxis(x, bx, 0)
-      w = jnp.moveaxis(w, bw, 0)
-      out = lax.map(lambda ab: prim.bind(ab[0], ab[1], **params), (x, w))
-    return out, ([0] * len(out) if prim.multiple_results else 0)
-  return rule
-
-
-_compat.batching.primitive_batchers[gemm_all_to_all_p] = _map_batch_rule(gemm_all_to_all_p)
-_compat.batching.primitive_batchers[all_gather_gemm_p] = _map_batch_rule(all_gather_gemm_p)
+# --- batching (vmap): one call per batch element (primitives_batching) --------------------
+primitives_batching.register_map(gemm_all_to_all_p, reference_of(gemm_all_to_all_p))
+primitives_batching.register_map(all_gather_gemm_p, reference_of(all_gather_gemm_p))
