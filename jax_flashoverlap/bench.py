@@ -110,6 +110,14 @@ def round_order(names: list, r: int) -> list:
   return row[::-1] if n % 2 and (r // n) % 2 else row
 
 
+def balanced_rounds(count: int, samples: int) -> bool:
+  """Whether `samples` rounds of round_order over `count` variants are whole squares (count
+  rounds, 2 x count for an odd count): only then does each variant take each place and follow
+  each other variant equally often. 20 rounds over the 12 variants of a 2-GPU overlap row are
+  one square and 8 rows of the next (each place and predecessor once or twice)."""
+  return count < 2 or samples % (count if count % 2 == 0 else 2 * count) == 0
+
+
 def time_variants(variants: dict, *, calls: int, samples: int, warmup: int = 3) -> dict:
   """{name: (fn, args)} -> {name: {"median_ms", "samples_ms"}}, interleaved: every round times
   each variant once, in round_order's order, so each variant takes each place in the round and
@@ -369,6 +377,8 @@ def bench_overlap(args) -> dict:
                         and not v.endswith("_chain")},
            "chain_speedup": (t["xla_chain"] / t["ours_chain"]) if "ours_chain" in t else None,
            "uses_custom_call": custom_call, "xla_windowed": windowed,
+           "rounds": {"variants": len(variants), "samples": args.samples,
+                      "balanced": balanced_rounds(len(variants), args.samples)},
            "plan": {"band_rows": list(plan.band_rows), "comm_sms": plan.comm_sms,
                     "overlap": plan.overlap, "transport": plan.transport,
                     "predicted_ms": plan.predicted_s * 1e3,
@@ -502,8 +512,10 @@ def main(argv=None) -> int:
       "git_commit": git_commit(),
       "env": {k: v for k, v in os.environ.items() if k.startswith(("JAX_FLASHOVERLAP", "FLASHOVERLAP_", "NCCL_"))},
       "method": f"median of {args.samples} samples, each the mean of {args.calls} "
-                "back-to-back calls, variants interleaved (the rounds' orders a balanced "
-                "Latin square: each place and each predecessor alike), after 3 warm-up calls",
+                "back-to-back calls, variants interleaved (the rounds' orders rows of a "
+                "balanced Latin square: each place and each predecessor alike over whole "
+                "squares, samples a multiple of the variants timed, twice it for an odd count; "
+                "an overlap row's `rounds` says), after 3 warm-up calls",
   }
   if args.out and is_main_process() and not is_stream(args.out):
     # rewritten after every row (a run cut short keeps its rows); a stream gets the end only

@@ -252,3 +252,37 @@ def test_a_failed_windowed_subprocess_is_a_failed_variant_not_the_end(kind, tmp_
   captured = capsys.readouterr()
   assert captured.out.count("VARIANT FAILED: ") == 2
   assert "`variant_failures` in the rows): exit 1" in captured.err
+
+
+@pytest.mark.parametrize("samples, balanced", [(20, False), (14, True)])
+def test_an_overlap_row_records_whether_its_rounds_were_whole_squares(samples, balanced,
+                                                                      tmp_path, monkeypatch):
+    """The rounds balance each place and each predecessor over whole squares only (a multiple
+    of the variants timed, twice it for an odd count): call B's default 20 rounds over the 12
+    variants a row times on 2 GPUs are one square and 8 rows of the next, and the JSON's
+    method said 'each place and each predecessor alike' all the same. Each row says now."""
+    _stub_times(monkeypatch, {"xla_dot": 1.0, "xla_collective": 0.6, "xla_dot_collective": 2.0,
+                              "ours": 1.25, "two_chunk": 1.6, "xla_chain": 24.0,
+                              "ours_chain": 16.0})
+    out = tmp_path / "o.json"
+    assert bench.main(["overlap", "--shapes", "64x64x256", "--world", "2", "--collectives",
+                       "all_reduce", "--variants", "two_chunk", "chain", "--trace", "0",
+                       "--samples", str(samples), "--calls", "1", "--out", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["rows"][0]["rounds"] == {"variants": 7, "samples": samples, "balanced": balanced}
+    assert "each place and each predecessor alike)" not in d["method"], d["method"]
+
+
+def test_balanced_rounds_is_true_exactly_where_the_square_balances():
+    """bench.balanced_rounds against round_order's own rows: places and ordered neighbours."""
+    import collections
+    for n in range(1, 13):
+        names = list(range(n))
+        for samples in range(1, 3 * n + 1):
+            rows = [bench.round_order(names, r) for r in range(samples)]
+            places = collections.Counter((v, row.index(v)) for row in rows for v in row)
+            follows = collections.Counter((row[i], row[i + 1]) for row in rows
+                                          for i in range(n - 1))
+            even = (len(set(places.values())) == 1 and len(places) == n * n and
+                    (n < 2 or (len(set(follows.values())) == 1 and len(follows) == n * (n - 1))))
+            assert bench.balanced_rounds(n, samples) == even, (n, samples)
