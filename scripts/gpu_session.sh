@@ -3,8 +3,8 @@
 #   bash scripts/gpu_session.sh [STEP ...]   steps: build info tests gpu_tests gpu_k gpu_files gpu_part mesh_tests gemm_bench
 #     tune overlap_bench overlap_all sweep procs stress fuzz flax_example sanitize_overlap harness
 #     harness_peer sanitize_harness gemm_epilogue transpose_w helpers quickstart
-#     global_view diagnose a2a_tests a2a_bench readme_tests cuda_tests launch_smoke bench_smoke peer peer_bench
-#     peer_tune peer_spin peer_groups epilogue_ab tile_probe
+#     global_view diagnose a2a_tests a2a_bench readme_tests cuda_tests launch_smoke bench_smoke peer peer_programs
+#     peer_bench peer_tune peer_spin peer_groups epilogue_ab tile_probe
 #     pack (last: one archive of $OUT)
 #     (default: build info tests)
 # Carry: .whl (nvidia-cutlass wheel; the machine has no index) and build/obj (object cache).
@@ -41,7 +41,7 @@ KNOWN_STEPS=" build info tests gpu_tests gpu_k gpu_part gpu_files mesh_tests gem
   overlap_bench sweep overlap_all procs tune stress fuzz flax_example sanitize_overlap harness
   harness_peer sanitize_harness gemm_epilogue transpose_w helpers quickstart launch_smoke
   bench_smoke global_view a2a_tests diagnose a2a_bench readme_tests pack cuda_tests peer_groups
-  peer_spin peer peer_bench peer_tune epilogue_ab tile_probe "
+  peer_spin peer peer_programs peer_bench peer_tune epilogue_ab tile_probe "
 for step in "${steps[@]}"; do  # arguments checked before any setup (and before any step runs)
   if [[ ! " $(echo $KNOWN_STEPS) " == *" $step "* ]]; then
     echo "unknown step $step; the steps:$(echo $KNOWN_STEPS | sed 's/^/ /')"; exit 2
@@ -88,6 +88,20 @@ failed=0  # any step with rc != 0: the script's exit status
 gpu_pytest() {  # NAME PYTEST_ARGS...: the GPU-marked tests, our kernels at every shape
   local name="$1"; shift
   run_step "$name" env JAX_FLASHOVERLAP_FALLBACK=0 python3 -m pytest -q -ra -m "gpu or multigpu" "$@"
+}
+peer_programs() {  # the peer stores' standalone checks (.build/: tests/cuda/build_overlap_harness.sh)
+  run_step peer_reduce .build/peer_reduce_test all --json "$OUT/peer_reduce.json"
+  run_step peer_reduce_2gpu .build/peer_reduce_2gpu_test all --json "$OUT/peer_reduce_2gpu.json"
+  ngpu=$(gpu_count)
+  for pw in 4 8; do  # the whole group where the machine has 4 or 8 GPUs
+    [ "$ngpu" -ge "$pw" ] && run_step "peer_reduce_${pw}gpu" .build/peer_reduce_2gpu_test all --world "$pw" --json "$OUT/peer_reduce_${pw}gpu.json"
+  done
+  # ranks in processes of their own (CUDA IPC): the sequence, the handler (harness)
+  run_step peer_reduce_ipc .build/peer_reduce_ipc_test check --world "$((ngpu < 8 ? ngpu : 8))" --json "$OUT/peer_reduce_ipc.json"
+  run_step peer_staged .build/peer_reduce_ipc_test bench_staged --json "$OUT/peer_staged.json"
+  [[ -n "${harness_built:-}" ]] || { run_step harness_build bash tests/cuda/build_overlap_harness.sh && harness_built=1; }
+  run_step hpeer_procs bash tests/cuda/run_overlap_harness.sh none "$OUT/hpeer_procs" --ops pr_rs,pr_ar --calls 4
+  run_step hpeer_procs_odd bash tests/cuda/run_overlap_harness.sh none "$OUT/hpeer_procs_odd" --ops pr_rs,pr_ar --m 320 --n 272 --k 200
 }
 for step in "${steps[@]}"; do
   case "$step" in
@@ -245,18 +259,9 @@ for step in "${steps[@]}"; do
       # tests and the standalone checks (.build/ from tests/cuda/build_overlap_harness.sh); the
       # timings are peer_bench's (two steps: one device call of 600 s does not hold both)
       STEP_TIMEOUT="${STEP_TIMEOUT:-400}" gpu_pytest peer_tests tests/test_gpu_peer.py
-      run_step peer_reduce .build/peer_reduce_test all --json "$OUT/peer_reduce.json"
-      run_step peer_reduce_2gpu .build/peer_reduce_2gpu_test all --json "$OUT/peer_reduce_2gpu.json"
-      ngpu=$(gpu_count)
-      for pw in 4 8; do  # the whole group where the machine has 4 or 8 GPUs
-        [ "$ngpu" -ge "$pw" ] && run_step "peer_reduce_${pw}gpu" .build/peer_reduce_2gpu_test all --world "$pw" --json "$OUT/peer_reduce_${pw}gpu.json"
-      done
-      # ranks in processes of their own (CUDA IPC): the sequence, the handler (harness)
-      run_step peer_reduce_ipc .build/peer_reduce_ipc_test check --world "$((ngpu < 8 ? ngpu : 8))" --json "$OUT/peer_reduce_ipc.json"
-      run_step peer_staged .build/peer_reduce_ipc_test bench_staged --json "$OUT/peer_staged.json"
-      [[ -n "${harness_built:-}" ]] || { run_step harness_build bash tests/cuda/build_overlap_harness.sh && harness_built=1; }
-      run_step hpeer_procs bash tests/cuda/run_overlap_harness.sh none "$OUT/hpeer_procs" --ops pr_rs,pr_ar --calls 4
-      run_step hpeer_procs_odd bash tests/cuda/run_overlap_harness.sh none "$OUT/hpeer_procs_odd" --ops pr_rs,pr_ar --m 320 --n 272 --k 200 ;;
+      peer_programs ;;
+    peer_programs)  # the standalone checks alone (gpu_part 3 runs tests/test_gpu_peer.py)
+      peer_programs ;;
     peer_bench)  # the bench's ours_peer beside the NCCL path and XLA (one process, then one per
       # GPU under the launcher)
       run_step peer_bench python3 -m jax_flashoverlap.bench overlap --world 2 --variants peer --out "$OUT/peer_bench_$TAG.json"

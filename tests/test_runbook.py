@@ -39,15 +39,73 @@ def test_the_object_snippet_succeeds_when_nothing_is_new(tmp_path):
   assert _bring_back(tmp_path, ["k.1.o"], ["k.1.o"]) == (0, None)
 
 
+SESSION = (ROOT / "scripts" / "gpu_session.sh").read_text()
+
+
+def _step_seconds(step: str, step_timeout: int, gpus: int = 2) -> int:
+  """The longest one gpu_session.sh step takes under STEP_TIMEOUT on `gpus` GPUs: each
+  run_step / gpu_pytest of its arm (a shell function it calls expanded; a for loop's body once
+  per word, a loop over GPU counts only for those the machine has) at STEP_TIMEOUT, or at the
+  fixed `STEP_TIMEOUT=N` it gives one."""
+  arm = re.search(rf"^    {step}\)(.*?);;[ \t]*$", SESSION, flags=re.M | re.S)
+  assert arm, step
+  text = arm.group(1)
+  for name, body in re.findall(r"^(\w+)\(\) \{[^\n]*\n(.*?)^\}", SESSION, flags=re.M | re.S):
+    if name not in ("run_step", "gpu_pytest"):
+      text = re.sub(rf"^(\s*){name}\b.*$", lambda m: body, text, flags=re.M)
+  total, loops = 0, []
+  for line in text.splitlines():
+    code = line.split(" # ")[0].strip()
+    loop = re.match(r"for (\w+) in ([^;]+); do", code)
+    if loop:
+      loops.append((loop.group(1), loop.group(2).split()))
+      continue
+    if code.startswith("done"):
+      loops.pop()
+      continue
+    runs = len(re.findall(r"\b(?:run_step|gpu_pytest) ", code))
+    for var, words in loops:
+      counted = [w for w in words if not re.search(rf'-ge "\${var}"', code) or int(w) <= gpus]
+      runs *= len(counted)
+    fixed = re.search(r"STEP_TIMEOUT=(\d+) run_step", code)
+    total += runs * (int(fixed.group(1)) if fixed else step_timeout)
+  return total
+
+
+def _commands():
+  """(STEP_TIMEOUT, steps) of every gpu_session.sh command the runbook gives, and each
+  command that names steps but no STEP_TIMEOUT."""
+  text = " ".join(RUNBOOK.split())
+  spans = re.findall(r"`([^`]*gpu_session\.sh [^`]*)`", text)
+  bounded = [re.search(r"STEP_TIMEOUT=(\d+)[^`]*?gpu_session\.sh ((?:[a-z_0-9]+ ?)+)", c)
+             for c in spans]
+  steps = [re.search(r"bash scripts/gpu_session\.sh ((?:[a-z_0-9]+ ?)+)", c) for c in spans]
+  return ([(int(m.group(1)), m.group(2).split()) for m in bounded if m],
+          [c for c, m, named in zip(spans, bounded, steps)
+           if not m and named and set(named.group(1).split()) - {"build"}])
+
+
 def test_every_call_fits_the_wrapper_timeout():
   """Each call runs `timeout 570 bash scripts/gpu_session.sh STEPS` with STEP_TIMEOUT bounding
-  every step: build + N x STEP_TIMEOUT over 570 s let the wrapper cut the last step (call C's
-  three steps at 200 s, call B's 560 s after build)."""
-  calls = re.findall(r"STEP_TIMEOUT=(\d+)[^`\n]*?gpu_session\.sh ((?:[a-z_0-9]+ ?)+)", RUNBOOK)
-  assert len(calls) >= 3, calls  # calls A, B, C
-  for timeout, steps in calls:
-    steps = [s for s in steps.split() if s != "build"]
-    assert int(timeout) * len(steps) <= 540, (timeout, steps)
+  every run inside a step: build + the steps' runs past 570 s let the wrapper cut the last one
+  (call C's three steps at 200 s, call B's 560 s after build; the second session's
+  sanitize_overlap, three runs, and `build peer`, nine, had no STEP_TIMEOUT at all)."""
+  commands, unbounded = _commands()
+  assert len(commands) >= 9, commands  # calls A, B, C and the second session's
+  for timeout, steps in commands:
+    seconds = sum(_step_seconds(s, timeout) for s in steps if s != "build")
+    assert seconds <= 540, (timeout, steps, seconds)
+  assert unbounded == [], unbounded
+
+
+def test_the_step_counter_counts_runs_loops_and_functions():
+  """_step_seconds against steps whose runs are known by hand."""
+  assert _step_seconds("overlap_all", 100) == 100
+  assert _step_seconds("sanitize_overlap", 100) == 300  # a loop over three tools
+  assert _step_seconds("peer_spin", 100) == 180  # two runs at a fixed 90 s
+  assert _step_seconds("peer_programs", 10) == 70  # a function; no 4- or 8-GPU run on 2
+  assert _step_seconds("peer_programs", 10, gpus=8) == 90
+  assert _step_seconds("peer", 10) == 80  # its tests and the same function
 
 
 def _call_budgets() -> dict:
@@ -63,7 +121,7 @@ def _call_budgets() -> dict:
     timeout, steps = found[0]
     steps = [s for s in steps.split() if s != "build"]
     own = sum(int(t) for t in re.findall(r"(?<![\w-])timeout (\d+) ", text) if t != "570")
-    budgets[name] = own + int(timeout) * len(steps)
+    budgets[name] = own + sum(_step_seconds(s, int(timeout)) for s in steps)
   return budgets
 
 
