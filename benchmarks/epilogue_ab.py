@@ -37,12 +37,15 @@ def main() -> None:
   parser.add_argument("--comm-sms", nargs="+", type=int, default=[0, 8, 16])
   parser.add_argument("--epilogues", nargs="+", choices=EPILOGUES, default=list(EPILOGUES))
   parser.add_argument("--calls", type=int, default=10)
-  parser.add_argument("--samples", type=int, default=15,
-                      help="rounds (a multiple of the variant count, twice it for an odd "
-                           "count, puts each variant at each place in the round and after each "
-                           "other variant equally often)")
+  parser.add_argument("--samples", type=int,
+                      help="rounds (default: the fewest whole balanced squares of at least 15: "
+                           "a multiple of the variant count, twice it for an odd count, puts "
+                           "each variant at each place in the round and after each other "
+                           "variant equally often; 20 for the default 10 variants)")
   parser.add_argument("--out")
   args = parser.parse_args()
+  count = 1 + len(set(args.comm_sms)) * len(set(args.epilogues))  # XLA's dot, ours per pair
+  args.samples = bench.square_rounds(count, 15) if args.samples is None else args.samples
   for name in ("calls", "samples"):
     if getattr(args, name) < 1:
       parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
@@ -106,6 +109,8 @@ def main() -> None:
     bench.write_json(args.out, {"kind": "epilogue_ab", "device": jax.devices()[0].device_kind,
                                 "git_commit": bench.git_commit(), "command": " ".join(
                                     ["python", "benchmarks/epilogue_ab.py", *sys.argv[1:]]),
+                                "samples": args.samples, "balanced_rounds":
+                                    bench.balanced_rounds(count, args.samples),
                                 "failures": failures, "rows": rows})
   print(f"epilogue_ab: {len(failures)} value failure(s)")
   raise SystemExit(1 if failures else 0)

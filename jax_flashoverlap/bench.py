@@ -118,6 +118,13 @@ def balanced_rounds(count: int, samples: int) -> bool:
   return count < 2 or samples % (count if count % 2 == 0 else 2 * count) == 0
 
 
+def square_rounds(count: int, at_least: int) -> int:
+  """The fewest rounds, at least `at_least`, that are whole squares of round_order over
+  `count` variants (balanced_rounds holds)."""
+  size = 1 if count < 2 else count if count % 2 == 0 else 2 * count
+  return size * -(-at_least // size)
+
+
 def time_variants(variants: dict, *, calls: int, samples: int, warmup: int = 3) -> dict:
   """{name: (fn, args)} -> {name: {"median_ms", "samples_ms"}}, interleaved: every round times
   each variant once, in round_order's order, so each variant takes each place in the round and

@@ -286,3 +286,14 @@ def test_balanced_rounds_is_true_exactly_where_the_square_balances():
             even = (len(set(places.values())) == 1 and len(places) == n * n and
                     (n < 2 or (len(set(follows.values())) == 1 and len(follows) == n * (n - 1))))
             assert bench.balanced_rounds(n, samples) == even, (n, samples)
+
+
+def test_square_rounds_is_the_fewest_whole_squares_of_at_least_the_rounds_asked():
+  """bench.square_rounds (epilogue_ab.py's default --samples: 20 for its 10 variants, where
+  its old default 15 was one square and a half)."""
+  for n in range(1, 13):
+    for at_least in range(1, 31):
+      got = bench.square_rounds(n, at_least)
+      assert got >= at_least and bench.balanced_rounds(n, got), (n, at_least, got)
+      assert not any(bench.balanced_rounds(n, s) for s in range(at_least, got)), (n, at_least)
+  assert bench.square_rounds(10, 15) == 20 and bench.square_rounds(5, 15) == 20
