@@ -40,3 +40,20 @@ def test_no_iostreams_in_the_extension_sources():
                         if pattern.search(line) and not line.lstrip().startswith("//"):
                             found.append(f"{os.path.relpath(path, REPO)}:{i}: {line.strip()}")
     assert not found, "iostreams in the extension (error paths must not use them):\n" + "\n".join(found)
+
+
+def test_every_handler_symbol_lets_no_exception_out():
+    """XLA calls a handler through a C function and catches nothing: each handler symbol is
+    its implementation wrapped in check.h's NoThrow (a std::bad_alloc from an error message or
+    a vector, a std::system_error from a mutex, would otherwise end the process)."""
+    found, unwrapped = 0, []
+    for folder, _, files in os.walk(os.path.join(REPO, "xla_ffi")):
+        for name in files:
+            if not name.endswith((".cc", ".cu")):
+                continue
+            text = open(os.path.join(folder, name)).read()
+            for m in re.finditer(r"XLA_FFI_DEFINE_HANDLER_SYMBOL\(\s*(\w+),\s*([^,]+)", text):
+                found += 1
+                if not m.group(2).strip().startswith("flashoverlap::NoThrow("):
+                    unwrapped.append(f"{name}: {m.group(1)} -> {m.group(2).strip()}")
+    assert found == 6 and not unwrapped, (found, unwrapped)

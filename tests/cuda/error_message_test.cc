@@ -4,6 +4,8 @@
 // point (ErrorMessage, no iostreams). Prints one line per failed check; exit status 1 then.
 #include <cstdint>
 #include <cstdio>
+#include <new>
+#include <stdexcept>
 #include <string>
 
 #include "xla_ffi/ffi/check.h"
@@ -40,6 +42,14 @@ ffi::Error Propagate(int64_t m) {
   return ffi::Error::Internal("not reached");
 }
 
+ffi::Error Throwing(int kind, ffi::Error* out) {
+  if (kind == 1) throw std::bad_alloc();
+  if (kind == 2) throw std::runtime_error("boom");
+  if (kind == 3) throw 7;  // not a std::exception
+  *out = ffi::Error::Success();
+  return ffi::Error::InvalidArgument("returned, not thrown");
+}
+
 bool StartsWith(const std::string& s, const std::string& prefix) {
   return s.compare(0, prefix.size(), prefix) == 0;
 }
@@ -73,6 +83,23 @@ int main() {
   const char* null_text = nullptr;
   const std::string with_null = (flashoverlap::ErrorMessage() << "x=" << null_text).str();
   Expect(with_null == "x=(null)", "a null C string prints as (null): '" + with_null + "'");
+
+  // NoThrow: a handler's exception becomes INTERNAL naming the op; a returned error passes.
+  auto handler = flashoverlap::NoThrow("flashoverlap_test_op", Throwing);
+  ffi::Error unused = ffi::Error::Internal("unset");
+  ffi::Error returned = handler(0, &unused);
+  Expect(returned.errc() == ffi::ErrorCode::kInvalidArgument &&
+             returned.message() == "returned, not thrown" && unused.success(),
+         "NoThrow passes a returned error on: '" + returned.message() + "'");
+  const char* wants[] = {"flashoverlap_test_op: C++ exception in the handler: std::bad_alloc",
+                         "flashoverlap_test_op: C++ exception in the handler: boom",
+                         "flashoverlap_test_op: unknown C++ exception in the handler"};
+  for (int kind = 1; kind <= 3; ++kind) {
+    ffi::Error caught = handler(kind, &unused);
+    Expect(caught.errc() == ffi::ErrorCode::kInternal && caught.message() == wants[kind - 1],
+           "NoThrow turns exception " + std::to_string(kind) + " into '" + wants[kind - 1] +
+               "': got '" + caught.message() + "'");
+  }
 
   std::printf("%s (%d failures)\n", failures ? "FAILED" : "OK", failures);
   return failures ? 1 : 0;

@@ -87,15 +87,23 @@ Status LaunchGemmHelpers(Communicator& comm, SignalingGemmArgs args, int until_g
 
 namespace {
 
+// Every step is tried whatever an earlier one said (the first failure is returned): a join
+// left out after one that failed would let `stream` run ahead of a stream still in flight.
 Status JoinBack(Communicator& comm, cudaStream_t stream, bool copies) {
-  FO_RETURN_IF_CUDA(cudaEventRecord(comm.comm_done, comm.stream));
-  FO_RETURN_IF_CUDA(cudaStreamWaitEvent(stream, comm.comm_done, 0));
+  Status first = Status::Ok();
+  auto keep = [&first](Status s) {
+    if (first.ok() && !s.ok()) first = s;
+  };
+  keep(CudaStatus(cudaEventRecord(comm.comm_done, comm.stream), "cudaEventRecord (comm_done)"));
+  keep(CudaStatus(cudaStreamWaitEvent(stream, comm.comm_done, 0), "cudaStreamWaitEvent (comm_done)"));
   if (copies) {
-    FO_RETURN_IF_CUDA(cudaEventRecord(comm.copies_done, comm.copy_stream));
-    FO_RETURN_IF_CUDA(cudaStreamWaitEvent(stream, comm.copies_done, 0));
+    keep(CudaStatus(cudaEventRecord(comm.copies_done, comm.copy_stream),
+                    "cudaEventRecord (copies_done)"));
+    keep(CudaStatus(cudaStreamWaitEvent(stream, comm.copies_done, 0),
+                    "cudaStreamWaitEvent (copies_done)"));
   }
-  FO_RETURN_IF_CUDA(cudaEventRecord(comm.call_done, stream));
-  return Status::Ok();
+  keep(CudaStatus(cudaEventRecord(comm.call_done, stream), "cudaEventRecord (call_done)"));
+  return first;
 }
 
 }  // namespace

@@ -175,16 +175,23 @@ constexpr uint32_t kBrokenCallsAhead = 1u << 30;
 Status EnqueueBreakPeers(const PeerReduceRank& rank, cudaStream_t stream) {
   const PeerReduceBuffers& r = rank.buffers;
   const int32_t broken = static_cast<int32_t>(rank.calls + kBrokenCallsAhead);
+  // Every word is tried whatever an earlier write said (the first failure is returned): a
+  // rank whose words were left out would wait for ever.
+  Status first = Status::Ok();
+  auto write = [&first, &rank, stream](int32_t* word, int32_t value) {
+    Status s = EnqueueWriteFlag(stream, word, value, rank.write_method);
+    if (first.ok() && !s.ok()) first = s;
+  };
   for (int i = 0; i < r.world; ++i) {
     int32_t* signals = i == r.rank ? r.signals : r.peers_signals[i];
     if (signals == nullptr) continue;  // no group set up: nothing waits
-    FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, signals + kPeerFailed, 1, rank.write_method));
+    write(signals + kPeerFailed, 1);
     for (int s = 0; s < r.world - 1; ++s) {
-      FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, signals + kPeerCredit + s, broken, rank.write_method));
-      FO_RETURN_IF_NOT_OK(EnqueueWriteFlag(stream, signals + kPeerDone + s, broken, rank.write_method));
+      write(signals + kPeerCredit + s, broken);
+      write(signals + kPeerDone + s, broken);
     }
   }
-  return Status::Ok();
+  return first;
 }
 
 Status EnqueuePeerReduce(PeerReduceRank& rank, cudaStream_t stream, PeerReduceKind kind,

@@ -83,5 +83,6 @@ auto BindAllGatherGemm() {
 }  // namespace
 }  // namespace flashoverlap
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(FlashoverlapAllGatherGemm, flashoverlap::AllGatherGemmImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FlashoverlapAllGatherGemm,
+                              flashoverlap::NoThrow(flashoverlap::kOp, flashoverlap::AllGatherGemmImpl),
                               flashoverlap::BindAllGatherGemm());

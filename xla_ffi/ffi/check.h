@@ -11,9 +11,11 @@
 
 #include <cuda_runtime.h>
 
+#include <exception>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -54,6 +56,25 @@ class ErrorMessage {
 // Builds "<op>: <what> [<file>:<line>]" so the Python exception names the op.
 inline std::string FormatError(const char* file, int line, const std::string& what) {
   return (ErrorMessage() << what << " [" << file << ":" << line << "]").str();
+}
+
+// A handler's implementation that lets no C++ exception out: XLA calls a handler through a C
+// function (XLA_FFI_DEFINE_HANDLER_SYMBOL) and catches nothing, so a std::bad_alloc (an error
+// message, a vector) or a std::system_error (a mutex) escaping it would end the process. Here
+// it becomes ffi::Error::Internal naming `op`. Every handler symbol is defined with it:
+// XLA_FFI_DEFINE_HANDLER_SYMBOL(Symbol, NoThrow("target", Impl), binding).
+template <typename Impl>
+auto NoThrow(const char* op, Impl impl) {
+  return [op, impl](auto... args) -> ::xla::ffi::Error {
+    try {
+      return impl(std::move(args)...);
+    } catch (const std::exception& e) {
+      return ::xla::ffi::Error::Internal(std::string(op) + ": C++ exception in the handler: " +
+                                         e.what());
+    } catch (...) {
+      return ::xla::ffi::Error::Internal(std::string(op) + ": unknown C++ exception in the handler");
+    }
+  };
 }
 
 }  // namespace flashoverlap

@@ -52,7 +52,9 @@ ffi::Error CollectiveImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer y,
 }  // namespace
 }  // namespace flashoverlap
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(FlashoverlapCollective, flashoverlap::CollectiveImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FlashoverlapCollective,
+                              flashoverlap::NoThrow("flashoverlap_collective",
+                                                    flashoverlap::CollectiveImpl),
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<xla::ffi::DeviceOrdinal>()

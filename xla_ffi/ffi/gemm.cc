@@ -65,7 +65,9 @@ ffi::Error GemmImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::Any
                             "queue (" << kCounterBytes + kGemmQueueBytes << " bytes) failed");
   args.counters = static_cast<int32_t*>(*mem);
   args.queue = static_cast<char*>(*mem) + kCounterBytes;
-  FO_CHECK_CUDA(cudaMemsetAsync(args.counters, 0, sizeof(int32_t) * groups, stream));
+  const cudaError_t zeroed = cudaMemsetAsync(args.counters, 0, sizeof(int32_t) * groups, stream);
+  FO_CHECK(zeroed == cudaSuccess, kOp << ": zeroing the group counters (cudaMemsetAsync) failed: "
+                                      << cudaGetErrorName(zeroed) << " (" << cudaGetErrorString(zeroed) << ")");
 
   const cudaError_t e = LaunchSignalingGemm(args, stream);
   FO_CHECK_ARG(e != cudaErrorInvalidValue, "flashoverlap_gemm: " << LastSignalingGemmError());
@@ -80,7 +82,8 @@ ffi::Error GemmImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::Any
 }  // namespace
 }  // namespace flashoverlap
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(FlashoverlapGemm, flashoverlap::GemmImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FlashoverlapGemm,
+                              flashoverlap::NoThrow("flashoverlap_gemm", flashoverlap::GemmImpl),
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<xla::ffi::ScratchAllocator>()

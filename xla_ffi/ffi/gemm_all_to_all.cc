@@ -102,5 +102,6 @@ auto BindGemmAllToAll() {
 }  // namespace
 }  // namespace flashoverlap
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(FlashoverlapGemmAllToAll, flashoverlap::GemmAllToAllImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FlashoverlapGemmAllToAll,
+                              flashoverlap::NoThrow(flashoverlap::kOp, flashoverlap::GemmAllToAllImpl),
                               flashoverlap::BindGemmAllToAll());

@@ -129,7 +129,11 @@ auto BindCollective() {
 }  // namespace
 }  // namespace flashoverlap
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(FlashoverlapGemmAllReduce, flashoverlap::GemmAllReduceImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FlashoverlapGemmAllReduce,
+                              flashoverlap::NoThrow("flashoverlap_gemm_all_reduce",
+                                                    flashoverlap::GemmAllReduceImpl),
                               flashoverlap::BindCollective().Attr<int32_t>("in_place"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FlashoverlapGemmReduceScatter,
-                              flashoverlap::GemmReduceScatterImpl, flashoverlap::BindCollective());
+                              flashoverlap::NoThrow("flashoverlap_gemm_reduce_scatter",
+                                                    flashoverlap::GemmReduceScatterImpl),
+                              flashoverlap::BindCollective());

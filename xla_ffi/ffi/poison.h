@@ -32,7 +32,8 @@ inline ffi::Error PoisonResults(const char* op, int32_t poison_outputs, cudaStre
   if (poison_outputs == 0) return ffi::Error::Success();
   for (const ffi::AnyBuffer* result : results) {
     if (result != nullptr) {
-      FO_RETURN_IF_ERROR(PoisonBytes(result->untyped_data(), result->size_bytes(), stream));
+      const ffi::Error poisoned = PoisonBytes(result->untyped_data(), result->size_bytes(), stream);
+      FO_CHECK(poisoned.success(), op << ": filling a result with NaN (poison_outputs): " << poisoned.message());
     }
   }
   return ffi::Error::Success();
