@@ -404,6 +404,17 @@ def _collective_cuda_lowering(prim, reference_lowering, collective):
 _warned_peer_stores = set()
 
 
+def _peer_tile_inputs(mesh) -> dict:
+  """What the launcher's tile shape depends on besides the problem (signaling_gemm.cu:
+  ChooseTileShape), for the decision every process checks: a peer-store rank waits for as
+  many of a source's tiles as its own tile shape makes, so a process with another forced
+  tile, schedule or SM count would be waited for too early (a race, not an error)."""
+  tile = os.environ.get("FLASHOVERLAP_GEMM_TILE", "").strip() or "0"
+  return {"FLASHOVERLAP_GEMM_TILE": str(int(tile)) if tile.isdigit() else tile,
+          _ext.GEMM_SCHEDULE_ENV: os.environ.get(_ext.GEMM_SCHEDULE_ENV) or "cooperative",
+          "sms": _ext.local_gpu_sms() if comm.mesh_is_local_gpu(mesh) else None}
+
+
 def _peer_store_lowering(prim, ctx, x, w, collective, mesh, axis_name, world, dtype, mnk,
                          comm_sms, transpose_w, transport):
   """The custom call with a peer-store plan where JAX_FLASHOVERLAP_TRANSPORT asks for one:
@@ -435,7 +446,8 @@ def _peer_store_lowering(prim, ctx, x, w, collective, mesh, axis_name, world, dt
   plan = tuned or plan_peer.plan(collective, m, n, k, dtype.itemsize, bool(transpose_w), world,
                                  staged=staged)
   comm_id = prepare_communicators(
-      prim.name, mesh, axis_name, {"band_rows": list(plan.band_rows), "transport": "peer"},
+      prim.name, mesh, axis_name,
+      {"band_rows": list(plan.band_rows), "transport": "peer", "tiles": _peer_tile_inputs(mesh)},
       plan_peer.NCCL_CTAS, 0, ctx,
       peer_store_bytes=plan_peer.recv_bytes(m, n, dtype.itemsize, world, staged=staged))
   attrs = {"in_place": np.int32(0)} if collective == "all_reduce" else {}
