@@ -387,8 +387,12 @@ __device__ __forceinline__ void MirrorStagedRows(const typename Cfg::Params& par
   constexpr int kStepRows = kCopyOutThreads / kChunksPerRow;  // rows all copy-out warps copy per step
   static_assert(32 % kChunksPerRow == 0 && kCopyOutThreads % 32 == 0, "a staged row must be one warp's");
   FenceProxyAsyncShared();  // this lane's write-backs before the async proxy reads them
+  // Every lane's fenced write-backs before the elected lane's copies: __syncwarp orders
+  // memory among the warp's lanes; shfl.sync / elect.sync are documented to converge them
+  // only (the ordering held in the SASS, but by no rule).
+  __syncwarp();
   const int warp = __shfl_sync(0xffffffff, thread / 32, 0);  // warp-uniform
-  if (!cute::elect_one_sync()) return;  // also the warp's barrier: every lane has fenced
+  if (!cute::elect_one_sync()) return;
   const int col = w.n_tile * Cfg::BN;
   const int bytes = MinInt(Cfg::BN, params.sched.n - col) * 2;
   const int pitch = int(params.sched.n) * 2;  // bytes per row of out
