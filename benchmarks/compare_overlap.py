@@ -29,8 +29,13 @@ def main(argv) -> int:
   if len(argv) != 2:
     print("usage: python benchmarks/compare_overlap.py OLD.json NEW.json", file=sys.stderr)
     return 2
-  old, new = (json.load(open(path)) for path in argv)
-  if old.get("kind") != "overlap" or new.get("kind") != "overlap":
+  try:
+    old, new = (json.loads(open(path).read()) for path in argv)
+  except (OSError, ValueError) as err:
+    print(f"compare_overlap: {type(err).__name__}: {err}", file=sys.stderr)
+    return 2
+  if not isinstance(old, dict) or not isinstance(new, dict) or \
+      old.get("kind") != "overlap" or new.get("kind") != "overlap":
     print("compare_overlap: both files must be `bench overlap` results", file=sys.stderr)
     return 2
   if gpu_model(old) is None or gpu_model(old) != gpu_model(new):
