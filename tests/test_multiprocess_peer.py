@@ -38,7 +38,8 @@ SCRIPT = textwrap.dedent('''
         result = "NO MISMATCH " + ("peer" if "transport = 1 : i32" in text else "other")
     except distributed.DistributedMismatchError as err:
         assert time.monotonic() - start < 20, "a peer waited"
-        result = "MISMATCH " + ("names it" if name in str(err) else "silent: " + str(err))
+        shown = f'"{name}": "{value}"' in str(err)  # process 1's value, in the message
+        result = "MISMATCH " + ("names it" if shown else "silent: " + str(err))
     with open(os.path.join(os.path.dirname(__file__), f"p{me}.txt"), "w") as fh:
         fh.write(result)
 ''')
