@@ -160,22 +160,31 @@ def check_kernel_integers() -> None:
   (PlanLaunch; communicator creation for the wait) and says why; checked here too, so a typo is
   an error at lowering, naming the variable, not a failed call. (The C++ once read the integers
   with atoi: 'true' turned the serpentine order *off*.)"""
-  for env, accepted, meaning in _GEMM_INTEGERS:
-    raw = os.environ.get(env)
-    if raw is None or raw == "":  # EnvInt: unset or empty is the default
-      continue
-    # ASCII digits and spaces, as the launcher's strtol / isdigit: re's \d also took other
-    # scripts' digits ('\u0661' passed here as 1, and every launch refused it: a failed call at
-    # run time instead of this error at lowering)
-    value = int(raw) if re.fullmatch(r"\s*[+-]?\d{1,10}\s*", raw, re.ASCII) else None
-    if value not in accepted:
-      raise ValueError(f"jax_flashoverlap: environment variable {env}={raw!r} must be "
-                       f"{meaning} (the kernel reads an integer: a word would count as 0)")
+  for env, _, _ in _GEMM_INTEGERS:
+    kernel_integer(env)
   raw = os.environ.get(WAIT_ENV)
   if raw not in (None, "", "spin"):
     raise ValueError(f"jax_flashoverlap: environment variable {WAIT_ENV}={raw!r} must be "
                      "'spin' (spin-kernel waits and flag writes) or unset (the default: CUDA "
                      "stream memory operations)")
+
+
+def kernel_integer(env: str) -> int | None:
+  """One of the launcher's integer variables (_GEMM_INTEGERS) as the launcher reads it: None
+  where unset or empty (EnvInt: the launcher's default), else the accepted integer; anything
+  else raises a ValueError naming the variable."""
+  accepted, meaning = next((a, m) for e, a, m in _GEMM_INTEGERS if e == env)
+  raw = os.environ.get(env)
+  if raw is None or raw == "":
+    return None
+  # ASCII digits and spaces, as the launcher's strtol / isdigit: re's \d also took other
+  # scripts' digits ('\u0661' passed here as 1, and every launch refused it: a failed call at
+  # run time instead of this error at lowering)
+  value = int(raw) if re.fullmatch(r"\s*[+-]?\d{1,10}\s*", raw, re.ASCII) else None
+  if value not in accepted:
+    raise ValueError(f"jax_flashoverlap: environment variable {env}={raw!r} must be "
+                     f"{meaning} (the kernel reads an integer: a word would count as 0)")
+  return value
 
 
 # signaling_gemm.cu EnvInt / PlanLaunch: (variable, accepted integers, what they mean).

@@ -110,18 +110,24 @@ def round_order(names: list, r: int) -> list:
   return row[::-1] if n % 2 and (r // n) % 2 else row
 
 
+def _square_rounds(count: int) -> int:
+  """Rounds in one whole square of round_order over `count` variants: count, 2 x count for an
+  odd count (1 where there is nothing to balance)."""
+  return 1 if count < 2 else count if count % 2 == 0 else 2 * count
+
+
 def balanced_rounds(count: int, samples: int) -> bool:
-  """Whether `samples` rounds of round_order over `count` variants are whole squares (count
-  rounds, 2 x count for an odd count): only then does each variant take each place and follow
-  each other variant equally often. 20 rounds over the 12 variants of a 2-GPU overlap row are
-  one square and 8 rows of the next (each place and predecessor once or twice)."""
-  return count < 2 or samples % (count if count % 2 == 0 else 2 * count) == 0
+  """Whether `samples` rounds of round_order over `count` variants are whole squares: only
+  then does each variant take each place and follow each other variant equally often. 20
+  rounds over the 12 variants of a 2-GPU overlap row are one square and 8 rows of the next
+  (each place and predecessor once or twice)."""
+  return samples % _square_rounds(count) == 0
 
 
 def square_rounds(count: int, at_least: int) -> int:
   """The fewest rounds, at least `at_least`, that are whole squares of round_order over
   `count` variants (balanced_rounds holds)."""
-  size = 1 if count < 2 else count if count % 2 == 0 else 2 * count
+  size = _square_rounds(count)
   return size * -(-at_least // size)
 
 

@@ -409,8 +409,7 @@ def _peer_tile_inputs(mesh) -> dict:
   ChooseTileShape), for the decision every process checks: a peer-store rank waits for as
   many of a source's tiles as its own tile shape makes, so a process with another forced
   tile, schedule or SM count would be waited for too early (a race, not an error)."""
-  tile = os.environ.get("FLASHOVERLAP_GEMM_TILE", "").strip() or "0"
-  return {"FLASHOVERLAP_GEMM_TILE": str(int(tile)) if tile.isdigit() else tile,
+  return {"FLASHOVERLAP_GEMM_TILE": str(_ext.kernel_integer("FLASHOVERLAP_GEMM_TILE") or 0),
           _ext.GEMM_SCHEDULE_ENV: os.environ.get(_ext.GEMM_SCHEDULE_ENV) or "cooperative",
           "sms": _ext.local_gpu_sms() if comm.mesh_is_local_gpu(mesh) else None}
 
