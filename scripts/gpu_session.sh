@@ -151,7 +151,8 @@ for step in "${steps[@]}"; do
         run_step "harness_inject_$kind" bash tests/cuda/run_overlap_harness.sh none "$OUT/harness_inject_$kind" --inject "$kind" --ops ar,ar_out,rs,a2a,a2a11,ag,ag_ce,ag_g,ag_ce_g
       done ;;
     harness_peer)  # the peer-store calls without JAX, one rank its own peer (world 1, any GPU count):
-      # RunGemmPeerReduce's frame, growth between calls, the watchdog's waits, a broken pair's refusal
+      # RunGemmPeerReduce's frame, growth between calls, the watchdog's waits, a broken pair's refusal,
+      # a failed growth's
       [[ -n "${harness_built:-}" ]] || { run_step harness_build bash tests/cuda/build_overlap_harness.sh && harness_built=1; }
       H=(env WORLD=1 bash tests/cuda/run_overlap_harness.sh)
       run_step hpeer "${H[@]}" none "$OUT/hpeer" --ops pr_rs,pr_ar --calls 4
@@ -162,6 +163,8 @@ for step in "${steps[@]}"; do
       run_step hpeer_grow "${H[@]}" none "$OUT/hpeer_grow" --ops pr_rs,pr_ar,ar --calls 8 --grow 6
       run_step hpeer_inject_cuda "${H[@]}" none "$OUT/hpeer_inject_cuda" --inject cuda --ops pr_rs
       run_step hpeer_inject_nccl "${H[@]}" none "$OUT/hpeer_inject_nccl" --inject nccl --ops pr_ar
+      # a failed growth of the buffers: the next call refused without breaking the pair, then regrown
+      run_step hpeer_inject_grow "${H[@]}" none "$OUT/hpeer_inject_grow" --inject grow --ops pr_ar
       run_step hpeer_memcheck env SANITIZER_ARGS="--report-api-errors no" "${H[@]}" memcheck "$OUT/hpeer_san" --ops pr_rs,pr_ar --m 320 --n 272 --k 200 --calls 1 ;;
     sanitize_harness)  # the same under compute-sanitizer (small, unaligned shapes: the tools are slow)
       hargs=(--m 320 --n 272 --k 200 --calls 1 --ops "${HARNESS_SAN_OPS:-ar,ar_out,rs,a2a,a2a11,ag,ag_ce,ag_g,ag_ce_g}")

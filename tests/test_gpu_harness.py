@@ -95,6 +95,22 @@ def test_harness_failed_peer_call_breaks_the_pair(harness, tmp_path, kind, op):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", ["pr_rs", "pr_ar"])
+def test_harness_failed_peer_store_growth_is_refused_then_regrown(harness, tmp_path, op):
+    """A growth of the peer-store buffers that fails (32 TiB) drops the buffer; the next call
+    is refused as not connected without breaking the pair (before, it ran on and broke it,
+    refusing every later call), and a growth of the right size connects it again: the calls
+    after it right."""
+    rc, out = run_harness(harness, tmp_path, "--inject", "grow", "--ops", op, world=1)
+    assert rc == 0, out[-6000:]
+    failed = [line for line in out.splitlines() if " failed growth: " in line]
+    assert len(failed) == 1 and failed[0].endswith(" OK"), out[-6000:]
+    assert "cudaMalloc" in failed[0] and "not connected" in failed[0], out[-6000:]
+    calls = [line for line in ok_lines(out) if " mismatches 0 " in line]
+    assert len(calls) == 1 and calls[0].split()[2] == op, out[-6000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["pr_rs", "pr_ar"])
 def test_harness_watchdog_ends_a_peer_that_never_comes(harness, tmp_path, op):
     """A peer-store call whose peer never comes (an injected wait that no rank ends): the
     watchdog reports it after its seconds, naming the op, and its abort ends the call (the

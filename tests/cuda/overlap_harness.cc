@@ -5,7 +5,7 @@
 //
 //   overlap_harness --rank R --world N --id-file PATH [--device D]
 //                   [--ops ar,ar_out,rs,a2a,a2a11,ag,ag_ce,ag_g,ag_ce_g,pr_rs,pr_ar]
-//                   [--calls C] [--m M --n N --k K] [--comm-sms S] [--inject nccl|cuda|hang]
+//                   [--calls C] [--m M --n N --k K] [--comm-sms S] [--inject nccl|cuda|hang|grow]
 //                   [--trace 1] [--grow G] [--watchdog S] [--stage-mirrors 1] [--hold-mutex H]
 //
 // Start one process per rank (tests/cuda/run_overlap_harness.sh does). Rank 0 writes the
@@ -39,6 +39,9 @@
 // the all-reduce mirrors into the staging area and copies it out (looped back, our own mirror
 // lands in the one staging slot, copied out as the other rank's block: block 1 of the result
 // must then equal block 0).
+// --inject grow (one pr op, --world 1): before its calls, a growth of its peer-store buffers
+// fails; the next call must be refused as not connected without breaking the pair, and a
+// growth of the right size must connect it again (the calls after it checked as usual).
 // --inject hang (one pr op, --watchdog S): its first call waits for a peer that never comes
 // (fault_injection.h, kHang); the watchdog must report it after S s and end it (its abort
 // makes the waits trap: the stream fails, the process must restart, so the harness exits
@@ -64,6 +67,7 @@
 #include <vector>
 
 #include "tests/cuda/overlap_harness_data.h"
+#include "tests/cuda/overlap_harness_options.h"
 #include "xla_ffi/comm/communicator.h"
 #include "xla_ffi/comm/fault_injection.h"
 #include "xla_ffi/comm/overlap_calls.h"
@@ -75,73 +79,12 @@ namespace fo = flashoverlap;
 
 namespace {
 
-struct Options {
-  int rank = -1, world = 0, device = -1, calls = 2, comm_sms = 16, grow = 0;
-  double watchdog = 0, hold_mutex = 0;
-  bool trace = false;
-  bool stage_mirrors = false;  // pr ops at world 1: the all-reduce staged as in one process
-  int64_t m = 512, n = 512, k = 512;
-  std::string id_file, ops = "ar,ar_out,rs,a2a,ag,ag_ce,ag_g,ag_ce_g", inject;  // inject: "", "nccl", "cuda" or "hang"
-};
-
-[[noreturn]] void Fail(const std::string& what) {
-  std::fprintf(stderr, "overlap_harness: %s\n", what.c_str());
-  std::exit(2);
-}
-
-void Check(const fo::Status& s, const char* what) {
-  if (!s.ok()) Fail(std::string(what) + ": " + s.message);
-}
-
-void CheckCuda(cudaError_t err, const char* what) { Check(fo::CudaStatus(err, what), what); }
-
-bool HasPeerOps(const Options& o) { return ("," + o.ops).find(",pr_") != std::string::npos; }
-
-Options Parse(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string key = argv[i], value = argv[i + 1];
-    if (key == "--rank") o.rank = std::stoi(value);
-    else if (key == "--world") o.world = std::stoi(value);
-    else if (key == "--device") o.device = std::stoi(value);
-    else if (key == "--calls") o.calls = std::stoi(value);
-    else if (key == "--comm-sms") o.comm_sms = std::stoi(value);
-    else if (key == "--m") o.m = std::stoll(value);
-    else if (key == "--n") o.n = std::stoll(value);
-    else if (key == "--k") o.k = std::stoll(value);
-    else if (key == "--id-file") o.id_file = value;
-    else if (key == "--ops") o.ops = value;
-    else if (key == "--inject") o.inject = value;
-    else if (key == "--trace") o.trace = value == "1";
-    else if (key == "--stage-mirrors") o.stage_mirrors = value == "1";
-    else if (key == "--grow") o.grow = std::stoi(value);
-    else if (key == "--watchdog") o.watchdog = std::stod(value);
-    else if (key == "--hold-mutex") o.hold_mutex = std::stod(value);
-    else Fail("unknown option " + key);
-  }
-  if (!o.inject.empty() && o.inject != "nccl" && o.inject != "cuda" && o.inject != "hang") {
-    Fail("--inject: nccl, cuda or hang");
-  }
-  if (o.inject == "hang" && (o.ops.find(',') != std::string::npos || !HasPeerOps(o) || o.watchdog <= 0)) {
-    Fail("--inject hang: one pr op (--ops pr_rs or pr_ar) and --watchdog S (only the watchdog ends it)");
-  }
-  if (o.hold_mutex != 0 && !(o.inject == "hang" && o.hold_mutex > o.watchdog + 2)) {
-    Fail("--hold-mutex H: with --inject hang, H > the watchdog's S + 2");
-  }
-  if (o.grow < 0) Fail("--grow: a count >= 0");
-  if (!(o.watchdog >= 0)) Fail("--watchdog: seconds >= 0 (0: off)");
-  if (o.world != 1 && HasPeerOps(o) && o.grow > 0) {
-    Fail("--grow with pr ops: --world 1 only (a group spanning processes grows collectively, "
-         "each growth followed by the exchange JAX's lowering makes; this thread would not)");
-  }
-  if (o.world < 1 || o.rank < 0 || o.rank >= o.world || o.id_file.empty()) {
-    Fail("need --rank R --world N (0 <= R < N) and --id-file PATH");
-  }
-  if (o.m % (2 * o.world) != 0 || o.n % (8 * o.world) != 0 || o.k % 8 != 0 || o.m < 64 * o.world) {
-    Fail("need M a multiple of 2 * world and >= 64 * world, N of 8 * world, K of 8");
-  }
-  return o;
-}
+using overlap_harness::Check;
+using overlap_harness::CheckCuda;
+using overlap_harness::Fail;
+using overlap_harness::HasPeerOps;
+using overlap_harness::Options;
+using overlap_harness::Parse;
 
 // Three NCCL unique ids (the collective group, the point-to-point group and the collective
 // group with CTA policy ZERO), from rank 0.
@@ -345,6 +288,29 @@ int64_t RefusedAfterFailure(const std::string& op, const Options& o, fo::Communi
   return says ? 0 : 1;
 }
 
+// --inject grow, before a pr op's calls: growing its peer-store buffers fails (no GPU has
+// 32 TiB), leaving the member without a buffer and not connected; the next call must then be
+// refused as not connected, without breaking the pair (no program with the call ran
+// anywhere: the growth is a lowering's), and a growth of the right size must connect it
+// again, the calls after it right. Returns 1 if any of that did not hold.
+int64_t FailedGrowthRefusedThenRegrown(const std::string& op, const Options& o, fo::Communicator& coll,
+                                       fo::Communicator& p2p, fo::Communicator& zero,
+                                       cudaStream_t stream, const DeviceBuffers& d) {
+  const fo::Status grown = fo::EnsurePeerStoresLoopback(1, size_t{1} << 45, o.stage_mirrors);
+  const bool dropped = !grown.ok() && coll.peer.buffers.recv == nullptr && !coll.peer_connected;
+  const fo::Status refused = CallOp(op, o, coll, p2p, zero, stream, d);
+  CheckCuda(cudaStreamSynchronize(stream), "synchronize after the refused call");
+  const bool says = !refused.ok() && refused.message.find("not connected") != std::string::npos;
+  const bool broken = coll.peer_broken.load();
+  Check(fo::EnsurePeerStoresLoopback(1, PeerRecvBytes(o), o.stage_mirrors), "peer stores (regrown)");
+  const bool ok = dropped && says && !broken && coll.peer_connected;
+  std::printf("rank %d %-5s failed growth: %s | buffer dropped: %s | next call: %s | broken: %s  %s\n",
+              o.rank, op.c_str(), grown.ok() ? "NOT REPORTED" : grown.message.c_str(),
+              dropped ? "yes" : "NO", refused.ok() ? "NOT REFUSED" : refused.message.c_str(),
+              broken ? "YES" : "no", ok ? "OK" : "FAIL");
+  return ok ? 0 : 1;
+}
+
 // --inject hang: the call's wait for its peer never ends but by the watchdog, whose abort
 // makes the wait trap: the stream fails, the CUDA context is gone, so the process ends here
 // (0: the stream failed after the watchdog's S s and within S + 30 s).
@@ -412,7 +378,8 @@ int64_t RunOp(const std::string& op, const Options& o, fo::Communicator& coll,
     CheckCuda(cudaMemset(d.out, 0xff, p.expected.size() * 2), "poison out");  // bf16 NaN
     CheckCuda(cudaMemset(d.gathered, 0xff, o.m * o.k * 2), "poison gathered");
     if (o.inject == "hang") HangEndedByWatchdog(op, o, coll, p2p, zero, stream, d);
-    if (!o.inject.empty()) {  // first an injected failure: it must name the op, then clear
+    if (o.inject == "grow" && call == 0) bad += FailedGrowthRefusedThenRegrown(op, o, coll, p2p, zero, stream, d);
+    if (o.inject == "nccl" || o.inject == "cuda") {  // first an injected failure: it must name the op, then clear
       fo::SetFaultInjection(o.inject == "nccl" ? fo::FaultKind::kNccl : fo::FaultKind::kCuda, 1);
       fo::Status failed = CallOp(op, o, coll, p2p, zero, stream, d);
       fo::SetFaultInjection(fo::FaultKind::kNone, 0);

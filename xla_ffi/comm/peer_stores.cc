@@ -167,6 +167,10 @@ Status GrowGroup(const std::vector<Communicator*>& comms, size_t bytes, bool loo
     for (Communicator* c : comms) {  // best effort: `status` is the error reported
       cudaSetDevice(c->device);
       FreeRecv(*c);  // drops the buffer's pointer whatever cudaFree says
+      // Its peers' pointers are gone too: a call is refused (CheckPeerStores), not run and
+      // then broken (no program with it ran anywhere: this lowering failed) until the next
+      // growth connects the group again.
+      c->peer_connected = false;
     }
     cudaGetLastError();  // no stale error of the cleanup stays behind
     return status;
