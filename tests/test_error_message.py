@@ -1,6 +1,7 @@
 """The FFI handlers' error macros (xla_ffi/ffi/check.h) on the CPU: tests/cuda/error_message_test.cc
-checks the code each macro returns and the message it builds (built with g++ against the CUDA
-and XLA FFI headers; skipped, saying why, where g++ or the CUDA headers are missing). And no
+checks the code each macro returns and the message it builds, and the handlers' and the
+calls' exception guards (built with g++ against the CUDA, NCCL and XLA FFI headers; skipped,
+saying why, where g++ or the headers are missing). And no
 handler source formats with iostreams: on the H200 machine a number formatted by
 std::ostringstream in a handler's error message crashed the process
 (benchmarks/results/logs/ffi_error_h200x1/)."""
@@ -11,7 +12,7 @@ import subprocess
 
 import pytest
 
-from _util import REPO, cuda_include
+from _util import REPO, cuda_include, nccl_include
 
 
 def test_error_macros_codes_and_messages(tmp_path):
@@ -20,8 +21,11 @@ def test_error_macros_codes_and_messages(tmp_path):
     if gxx is None or inc is None:
         pytest.skip(f"needs g++ ({gxx}) and the CUDA headers ({inc})")
     exe = tmp_path / "error_message_test"
-    build = subprocess.run([gxx, "-std=c++17", "-O1", f"-I{inc}", f"-I{jax.ffi.include_dir()}",
-                            f"-I{REPO}", os.path.join(REPO, "tests", "cuda", "error_message_test.cc"),
+    nccl = nccl_include()
+    if nccl is None:
+        pytest.skip("needs the NCCL headers (the nvidia-nccl wheel: scripts/setup_env.sh)")
+    build = subprocess.run([gxx, "-std=c++17", "-O1", f"-I{inc}", f"-I{nccl}",
+                            f"-I{jax.ffi.include_dir()}", f"-I{REPO}", os.path.join(REPO, "tests", "cuda", "error_message_test.cc"),
                             "-o", str(exe)], capture_output=True, text=True, timeout=240)
     assert build.returncode == 0, build.stderr[-4000:]
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
@@ -57,3 +61,24 @@ def test_every_handler_symbol_lets_no_exception_out():
                 if not m.group(2).strip().startswith("flashoverlap::NoThrow("):
                     unwrapped.append(f"{name}: {m.group(1)} -> {m.group(2).strip()}")
     assert found == 6 and not unwrapped, (found, unwrapped)
+
+
+def test_every_call_sequence_joins_back_after_an_exception():
+    """Between StartCall (our streams ordered after XLA's) and FinishCall (XLA's stream
+    joined back to ours), every overlapped call's steps run inside call_frame.h's
+    CatchExceptions: an exception unwound past FinishCall to the handler's NoThrow would let
+    XLA's stream run ahead of our queued work (and leave a peer-store group waiting)."""
+    calls, outside = 0, []
+    folder = os.path.join(REPO, "xla_ffi", "comm")
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith("_call.cc"):
+            continue
+        text = open(os.path.join(folder, name)).read()
+        guarded = []  # (start, end) of each lambda body: to its "});" at the line's indent
+        for m in re.finditer(r"\n( *)[^\n]*CatchExceptions\(\[&\]\(\) -> Status \{", text):
+            guarded.append((m.end(), text.index("\n" + m.group(1) + "});\n", m.end())))
+        for m in re.finditer(r"\bStartCall\(", text):
+            calls += 1
+            if not any(a <= m.start() < b for a, b in guarded):
+                outside.append(f"{name}: StartCall at offset {m.start()}")
+    assert calls == 5 and not outside, (calls, outside)

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "xla_ffi/comm/call_frame.h"
 #include "xla_ffi/ffi/check.h"
 
 namespace {
@@ -100,6 +101,22 @@ int main() {
            "NoThrow turns exception " + std::to_string(kind) + " into '" + wants[kind - 1] +
                "': got '" + caught.message() + "'");
   }
+
+  // CatchExceptions: a call's steps that throw give an error status (FinishCall still runs).
+  for (int kind = 0; kind <= 3; ++kind) {
+    ffi::Error ignored = ffi::Error::Internal("unset");
+    const flashoverlap::Status s = flashoverlap::CatchExceptions([&]() -> flashoverlap::Status {
+      const ffi::Error e = Throwing(kind, &ignored);  // kind 0: returns
+      return flashoverlap::Status::Error("returned: " + e.message());
+    });
+    const char* steps_want[] = {"returned: returned, not thrown", "C++ exception: std::bad_alloc",
+                                "C++ exception: boom", "unknown C++ exception"};
+    Expect(s.message == steps_want[kind], "CatchExceptions gives '" + std::string(steps_want[kind]) +
+                                              "' for kind " + std::to_string(kind) + ": got '" +
+                                              s.message + "'");
+  }
+  Expect(flashoverlap::CatchExceptions([] { return flashoverlap::Status::Ok(); }).ok(),
+         "CatchExceptions passes Ok on");
 
   std::printf("%s (%d failures)\n", failures ? "FAILED" : "OK", failures);
   return failures ? 1 : 0;

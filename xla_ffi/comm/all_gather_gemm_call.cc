@@ -122,44 +122,47 @@ Status RunAllGatherGemm(Communicator& comm, cudaStream_t stream, const void* x, 
 
   // Collective mode: x's block is in the window before C (ordered after S by StartCall)
   // gathers it.
-  Status status = collective ? CopyLocalBlock(stream, gathered + rank * block_bytes, x,
-                                              block_bytes)
-                             : Status::Ok();
-  if (status.ok()) status = StartCall(comm, stream, n * chunks, /*copies=*/false);
-  if (status.ok()) status = TakeInjectedFault(comm.device);
-  if (status.ok()) {
-    status = collective
-                 ? EnqueueCollectiveGather(comm, gathered, rows, k, value, NcclType(gemm.dtype))
-                 : EnqueueExchange(comm, static_cast<const char*>(x), gathered, rows, k, chunks,
-                                   value, NcclType(gemm.dtype));
-  }
-  if (status.ok() && collective && gathered_out != nullptr) {
-    status = CudaStatus(cudaMemcpyAsync(gathered_out, gathered, n * block_bytes,
-                                        cudaMemcpyDeviceToDevice, comm.stream),
-                        "cudaMemcpyAsync (gathered rows)");
-  }
-  if (status.ok() && !collective) {
-    status = CopyLocalBlock(stream, gathered + rank * block_bytes, x, block_bytes);
-  }
-  for (int c = 0; c < chunks && status.ok(); ++c) {
-    status = EnqueueWriteFlag(stream, comm.counters + rank * chunks + c, value, comm.write_method);
-  }
-  if (status.ok()) {
-    // Nothing follows the GEMM: no signal (counters null); it waits on the input flags.
-    const int chunk_rows = static_cast<int>(rows / chunks);
-    gemm.x = gathered;
-    gemm.m = n * rows;
-    gemm.out = out;
-    gemm.counters = nullptr;
-    gemm.layout.num_blocks = 1;
-    gemm.layout.num_groups = n * chunks;
-    for (int g = 0; g <= n * chunks; ++g) gemm.layout.band_rows[g] = g * chunk_rows;
-    gemm.row_rotation = static_cast<int>(rank * rows);
-    gemm.in_flags = comm.counters;
-    gemm.in_flag_rows = chunk_rows;
-    gemm.in_flag_value = value;
-    status = LaunchGemm(comm, gemm, stream);
-  }
+  Status status = CatchExceptions([&]() -> Status {
+    Status steps = collective ? CopyLocalBlock(stream, gathered + rank * block_bytes, x,
+                                               block_bytes)
+                              : Status::Ok();
+    if (steps.ok()) steps = StartCall(comm, stream, n * chunks, /*copies=*/false);
+    if (steps.ok()) steps = TakeInjectedFault(comm.device);
+    if (steps.ok()) {
+      steps = collective
+                  ? EnqueueCollectiveGather(comm, gathered, rows, k, value, NcclType(gemm.dtype))
+                  : EnqueueExchange(comm, static_cast<const char*>(x), gathered, rows, k, chunks,
+                                    value, NcclType(gemm.dtype));
+    }
+    if (steps.ok() && collective && gathered_out != nullptr) {
+      steps = CudaStatus(cudaMemcpyAsync(gathered_out, gathered, n * block_bytes,
+                                         cudaMemcpyDeviceToDevice, comm.stream),
+                         "cudaMemcpyAsync (gathered rows)");
+    }
+    if (steps.ok() && !collective) {
+      steps = CopyLocalBlock(stream, gathered + rank * block_bytes, x, block_bytes);
+    }
+    for (int c = 0; c < chunks && steps.ok(); ++c) {
+      steps = EnqueueWriteFlag(stream, comm.counters + rank * chunks + c, value, comm.write_method);
+    }
+    if (steps.ok()) {
+      // Nothing follows the GEMM: no signal (counters null); it waits on the input flags.
+      const int chunk_rows = static_cast<int>(rows / chunks);
+      gemm.x = gathered;
+      gemm.m = n * rows;
+      gemm.out = out;
+      gemm.counters = nullptr;
+      gemm.layout.num_blocks = 1;
+      gemm.layout.num_groups = n * chunks;
+      for (int g = 0; g <= n * chunks; ++g) gemm.layout.band_rows[g] = g * chunk_rows;
+      gemm.row_rotation = static_cast<int>(rank * rows);
+      gemm.in_flags = comm.counters;
+      gemm.in_flag_rows = chunk_rows;
+      gemm.in_flag_value = value;
+      steps = LaunchGemm(comm, gemm, stream);
+    }
+    return steps;
+  });
   // Join back even after an error (a failed launch leaves C's sends queued: wait for them).
   return FinishCall(comm, stream, /*copies=*/false, status, op);
 }

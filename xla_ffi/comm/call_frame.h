@@ -7,6 +7,9 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <exception>
+#include <string>
+
 #include "xla_ffi/comm/communicator.h"
 #include "xla_ffi/comm/status.h"
 #include "xla_ffi/kernels/signaling_gemm.h"
@@ -54,6 +57,21 @@ int HelperClusters();
 Status WaitForQueueReset(Communicator& comm);
 // One helper launch on the comm stream: units of groups <= until_group (LaunchGemm's args).
 Status LaunchGemmHelpers(Communicator& comm, SignalingGemmArgs args, int until_group);
+
+// The steps of a call between BeginCall and FinishCall, an exception out of them (a failed
+// allocation: a message, a trace record, the launcher's plan) turned into an error: unwound
+// to the handler's NoThrow, it would skip FinishCall's join-back (XLA's stream running ahead
+// of our queued work) and a peer-store call's release of its group (the others waiting).
+template <typename Steps>
+Status CatchExceptions(Steps steps) {
+  try {
+    return steps();
+  } catch (const std::exception& e) {
+    return Status::Error(std::string("C++ exception: ") + e.what());
+  } catch (...) {
+    return Status::Error("unknown C++ exception");
+  }
+}
 
 // Watches the call (watchdog on, `status` ok), then makes `stream` wait for our comm stream
 // (and the copy stream when `copies`) whatever `status` says, so the compute stream never

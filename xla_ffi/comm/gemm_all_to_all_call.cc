@@ -110,19 +110,22 @@ Status RunGemmAllToAll(Communicator& comm, cudaStream_t stream, const AllToAllSh
   gemm.out = workspace;
   const int groups = gemm.layout.num_groups;
   CallTrace trace;
-  Status status = StartCall(comm, stream, groups, /*copies=*/true);
-  if (status.ok()) status = trace.Begin(comm, stream, op, gemm.layout, /*gemm=*/true, true);
-  if (status.ok()) status = LaunchGemm(comm, gemm, stream);
-  if (status.ok()) status = trace.GemmDone(stream);
-  if (status.ok()) status = TakeInjectedFault(comm.device);
+  Status status = CatchExceptions([&]() -> Status {
+    Status steps = StartCall(comm, stream, groups, /*copies=*/true);
+    if (steps.ok()) steps = trace.Begin(comm, stream, op, gemm.layout, /*gemm=*/true, true);
+    if (steps.ok()) steps = LaunchGemm(comm, gemm, stream);
+    if (steps.ok()) steps = trace.GemmDone(stream);
+    if (steps.ok()) steps = TakeInjectedFault(comm.device);
 
-  char* send = static_cast<char*>(gemm.out);
-  char* out = static_cast<char*>(result);
-  char* recv = shape.concat == 0 ? out : send + y_bytes;
-  const ncclDataType_t dtype = NcclType(gemm.dtype);
-  for (int g = 0; g < groups && status.ok(); ++g) {
-    status = EnqueueGroup(comm, shape, gemm, g, send, recv, out, dtype, trace);
-  }
+    char* send = static_cast<char*>(gemm.out);
+    char* out = static_cast<char*>(result);
+    char* recv = shape.concat == 0 ? out : send + y_bytes;
+    const ncclDataType_t dtype = NcclType(gemm.dtype);
+    for (int g = 0; g < groups && steps.ok(); ++g) {
+      steps = EnqueueGroup(comm, shape, gemm, g, send, recv, out, dtype, trace);
+    }
+    return steps;
+  });
   // Both streams join back (parts may still be sent or copied).
   return trace.End(FinishCall(comm, stream, /*copies=*/true, status, op));
 }

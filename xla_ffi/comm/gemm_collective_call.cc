@@ -74,37 +74,40 @@ Status RunGemmCollective(Communicator& comm, cudaStream_t stream, CollectiveKind
   const bool copies = kind == CollectiveKind::kAllReduce && !in_place;
   const int groups = gemm.layout.num_groups;
   CallTrace trace;
-  Status status = PrepareGemmHelpers(comm, gemm);
-  if (status.ok()) status = StartCall(comm, stream, groups, copies);
-  if (status.ok()) status = trace.Begin(comm, stream, op, gemm.layout, /*gemm=*/true, copies);
-  if (status.ok()) status = LaunchGemm(comm, gemm, stream);
-  // Helpers (signaling_gemm.h): before each group's wait, a small grid on the SMs the
-  // collectives leave idle takes units up to that group's end, then frees them for its NCCL
-  // call (stream order).
-  const bool helpers = status.ok() && gemm.helpers && HelperClusters() > 0;
-  if (status.ok()) status = trace.GemmDone(stream);
-  if (status.ok()) status = TakeInjectedFault(comm.device);
-  if (status.ok() && helpers) status = WaitForQueueReset(comm);
+  Status status = CatchExceptions([&]() -> Status {
+    Status steps = PrepareGemmHelpers(comm, gemm);
+    if (steps.ok()) steps = StartCall(comm, stream, groups, copies);
+    if (steps.ok()) steps = trace.Begin(comm, stream, op, gemm.layout, /*gemm=*/true, copies);
+    if (steps.ok()) steps = LaunchGemm(comm, gemm, stream);
+    // Helpers (signaling_gemm.h): before each group's wait, a small grid on the SMs the
+    // collectives leave idle takes units up to that group's end, then frees them for its NCCL
+    // call (stream order).
+    const bool helpers = steps.ok() && gemm.helpers && HelperClusters() > 0;
+    if (steps.ok()) steps = trace.GemmDone(stream);
+    if (steps.ok()) steps = TakeInjectedFault(comm.device);
+    if (steps.ok() && helpers) steps = WaitForQueueReset(comm);
 
-  const int64_t blocks = gemm.layout.num_blocks;
-  const size_t row_bytes = static_cast<size_t>(gemm.n) * 2;
-  char* gemm_out = static_cast<char*>(gemm.out);
-  char* out = static_cast<char*>(result);
-  for (int g = 0; g < groups && status.ok(); ++g) {
-    const int64_t b0 = gemm.layout.band_rows[g];
-    const int64_t band = gemm.layout.band_rows[g + 1] - b0;
-    if (helpers) status = LaunchGemmHelpers(comm, gemm, g);
-    if (status.ok()) {
-      status = EnqueueWaitGeq(comm.stream, comm.counters + g,
-                              static_cast<int32_t>(TilesInGroup(gemm, g)), comm.wait_method,
-                              comm.abort_flag);
+    const int64_t blocks = gemm.layout.num_blocks;
+    const size_t row_bytes = static_cast<size_t>(gemm.n) * 2;
+    char* gemm_out = static_cast<char*>(gemm.out);
+    char* out = static_cast<char*>(result);
+    for (int g = 0; g < groups && steps.ok(); ++g) {
+      const int64_t b0 = gemm.layout.band_rows[g];
+      const int64_t band = gemm.layout.band_rows[g + 1] - b0;
+      if (helpers) steps = LaunchGemmHelpers(comm, gemm, g);
+      if (steps.ok()) {
+        steps = EnqueueWaitGeq(comm.stream, comm.counters + g,
+                               static_cast<int32_t>(TilesInGroup(gemm, g)), comm.wait_method,
+                               comm.abort_flag);
+      }
+      if (steps.ok()) steps = trace.Ready(g);
+      if (steps.ok()) {
+        steps = EnqueueGroupCollective(comm, kind, gemm_out + blocks * b0 * row_bytes,
+                                       out + b0 * row_bytes, band * gemm.n, gemm.dtype, g, trace);
+      }
     }
-    if (status.ok()) status = trace.Ready(g);
-    if (status.ok()) {
-      status = EnqueueGroupCollective(comm, kind, gemm_out + blocks * b0 * row_bytes,
-                                      out + b0 * row_bytes, band * gemm.n, gemm.dtype, g, trace);
-    }
-  }
+    return steps;
+  });
   // The all-reduce's copy stream joins too: the next call's GEMM must not overwrite a span
   // still being copied.
   return trace.End(FinishCall(comm, stream, copies, status, op));
@@ -124,18 +127,21 @@ Status RunCollectiveOnly(Communicator& comm, cudaStream_t stream, CollectiveKind
   const int64_t out_elems = kind == CollectiveKind::kReduceScatter ? group_elems / comm.world_size
                                                                    : group_elems;
   CallTrace trace;
-  Status status = StartCall(comm, stream, /*counters=*/0, copies);
-  if (status.ok()) {
-    status = trace.Begin(comm, stream, op, EqualBands(groups, out_elems / n), /*gemm=*/false,
-                         copies);
-  }
-  for (int g = 0; g < groups && status.ok(); ++g) {
-    status = trace.Ready(g);
-    if (status.ok()) {
-      status = EnqueueGroupCollective(comm, kind, workspace + g * group_elems * 2,
-                                      out + g * out_elems * 2, out_elems, dtype, g, trace);
+  Status status = CatchExceptions([&]() -> Status {
+    Status steps = StartCall(comm, stream, /*counters=*/0, copies);
+    if (steps.ok()) {
+      steps = trace.Begin(comm, stream, op, EqualBands(groups, out_elems / n), /*gemm=*/false,
+                          copies);
     }
-  }
+    for (int g = 0; g < groups && steps.ok(); ++g) {
+      steps = trace.Ready(g);
+      if (steps.ok()) {
+        steps = EnqueueGroupCollective(comm, kind, workspace + g * group_elems * 2,
+                                       out + g * out_elems * 2, out_elems, dtype, g, trace);
+      }
+    }
+    return steps;
+  });
   return trace.End(FinishCall(comm, stream, copies, status, op));
 }
 

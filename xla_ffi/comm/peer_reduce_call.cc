@@ -88,15 +88,21 @@ Status RunGemmPeerReduce(Communicator& comm, cudaStream_t stream, CollectiveKind
   if (!status.ok() && (comm.peer_broken || !comm.peer_connected)) return status;
   gemm.queue = comm.gemm_queue;  // ordered on `stream`: one call at a time per communicator
   gemm.counters = nullptr;       // EnqueuePeerReduce sets which counters each group signals
-  if (status.ok() && kind == CollectiveKind::kAllReduce && !comm.peer.buffers.mirror_staged) {
-    status = CheckResultWritable(comm, result);
+  if (status.ok()) {
+    status = CatchExceptions([&]() -> Status {
+      Status steps = Status::Ok();
+      if (kind == CollectiveKind::kAllReduce && !comm.peer.buffers.mirror_staged) {
+        steps = CheckResultWritable(comm, result);
+      }
+      if (steps.ok()) steps = StartCall(comm, stream, /*counters=*/0, /*copies=*/false);
+      if (steps.ok()) steps = TakeInjectedFault(comm.device);
+      if (steps.ok() && TakeInjectedHang(comm.device)) steps = EnqueueInjectedHang(comm.peer, stream);
+      if (steps.ok()) steps = EnqueuePeerReduce(comm.peer, stream, peer_kind, gemm, result);
+      // Everything above ran on `stream`: the watchdog's end of the call must follow it.
+      if (steps.ok()) steps = FollowOnCommStream(comm, stream);
+      return steps;
+    });
   }
-  if (status.ok()) status = StartCall(comm, stream, /*counters=*/0, /*copies=*/false);
-  if (status.ok()) status = TakeInjectedFault(comm.device);
-  if (status.ok() && TakeInjectedHang(comm.device)) status = EnqueueInjectedHang(comm.peer, stream);
-  if (status.ok()) status = EnqueuePeerReduce(comm.peer, stream, peer_kind, gemm, result);
-  // Everything above ran on `stream`: the watchdog's end of the call must follow it.
-  if (status.ok()) status = FollowOnCommStream(comm, stream);
   if (!status.ok()) {
     // The others may be in this very call or further on (their host threads ahead of ours),
     // and we may have launched part of ours: let every call of the group end.
