@@ -4,6 +4,10 @@
 #   .build/overlap_harness_mut   watchdog_abort_without_mutex.patch: the watchdog's abort goes
 #                                ahead after 1 s without the call mutex (before 6d1ac36);
 #                                `run_overlap_harness.sh ... --hold-mutex 5` must FAIL with it
+#   .build/overlap_harness_mut_grow  peer_growth_keeps_connected.patch: a failed peer-store
+#                                growth leaves its member connected (before 9fcb634);
+#                                `WORLD=1 run_overlap_harness.sh ... --inject grow --ops pr_ar`
+#                                must FAIL with it
 #   .build/peer_reduce_test_mut  stream_write_ignores_wait_env.patch: flag writes ignore
 #                                JAX_FLASHOVERLAP_WAIT; `peer_reduce_test_mut write_methods`
 #                                must FAIL
@@ -45,6 +49,11 @@ objects overlap_harness.objs watchdog
 g++ -o "$BUILD/overlap_harness_mut" "$BUILD/overlap_harness.o" "${objs[@]}" \
   -L"$CUDA/lib64" -lcudart_static -ldl -lrt -lpthread -L"$NCCL/lib" -l:libnccl.so.2 -Wl,-rpath,"$NCCL/lib"
 echo "built $BUILD/overlap_harness_mut"
+mutant xla_ffi/comm/peer_stores.cc peer_growth_keeps_connected.patch
+objects overlap_harness.objs peer_stores
+g++ -o "$BUILD/overlap_harness_mut_grow" "$BUILD/overlap_harness.o" "${objs[@]}" \
+  -L"$CUDA/lib64" -lcudart_static -ldl -lrt -lpthread -L"$NCCL/lib" -l:libnccl.so.2 -Wl,-rpath,"$NCCL/lib"
+echo "built $BUILD/overlap_harness_mut_grow"
 mutant xla_ffi/comm/stream_write.cc stream_write_ignores_wait_env.patch
 objects peer_reduce.objs stream_write
 "$NVCC" -o "$BUILD/peer_reduce_test_mut" "$BUILD/peer_reduce_test.o" "${objs[@]}" -ldl
