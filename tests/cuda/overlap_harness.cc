@@ -302,13 +302,14 @@ int64_t FailedGrowthRefusedThenRegrown(const std::string& op, const Options& o, 
   CheckCuda(cudaStreamSynchronize(stream), "synchronize after the refused call");
   const bool says = !refused.ok() && refused.message.find("not connected") != std::string::npos;
   const bool broken = coll.peer_broken.load();
-  Check(fo::EnsurePeerStoresLoopback(1, PeerRecvBytes(o), o.stage_mirrors), "peer stores (regrown)");
-  const bool ok = dropped && says && !broken && coll.peer_connected;
+  const bool ok = dropped && says && !broken;
   std::printf("rank %d %-5s failed growth: %s | buffer dropped: %s | next call: %s | broken: %s  %s\n",
               o.rank, op.c_str(), grown.ok() ? "NOT REPORTED" : grown.message.c_str(),
               dropped ? "yes" : "NO", refused.ok() ? "NOT REFUSED" : refused.message.c_str(),
               broken ? "YES" : "no", ok ? "OK" : "FAIL");
-  return ok ? 0 : 1;
+  std::fflush(stdout);  // before the regrowth, which a broken pair may refuse (exit 2)
+  Check(fo::EnsurePeerStoresLoopback(1, PeerRecvBytes(o), o.stage_mirrors), "peer stores (regrown)");
+  return ok && coll.peer_connected ? 0 : 1;
 }
 
 // --inject hang: the call's wait for its peer never ends but by the watchdog, whose abort
