@@ -24,9 +24,10 @@ def test_error_macros_codes_and_messages(tmp_path):
     nccl = nccl_include()
     if nccl is None:
         pytest.skip("needs the NCCL headers (the nvidia-nccl wheel: scripts/setup_env.sh)")
+    source = os.path.join(REPO, "tests", "cuda", "error_message_test.cc")
     build = subprocess.run([gxx, "-std=c++17", "-O1", f"-I{inc}", f"-I{nccl}",
-                            f"-I{jax.ffi.include_dir()}", f"-I{REPO}", os.path.join(REPO, "tests", "cuda", "error_message_test.cc"),
-                            "-o", str(exe)], capture_output=True, text=True, timeout=240)
+                            f"-I{jax.ffi.include_dir()}", f"-I{REPO}", source, "-o", str(exe)],
+                           capture_output=True, text=True, timeout=240)
     assert build.returncode == 0, build.stderr[-4000:]
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and run.stdout.strip().endswith("OK (0 failures)"), run.stdout
