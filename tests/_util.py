@@ -264,7 +264,10 @@ def cuda_include():
 def nccl_include():
     """The NCCL headers' include folder (the nvidia-nccl wheel setup.py builds with), or None."""
     import importlib.util
-    spec = importlib.util.find_spec("nvidia.nccl") if importlib.util.find_spec("nvidia") else None
+    try:
+        spec = importlib.util.find_spec("nvidia.nccl")
+    except ModuleNotFoundError:  # no nvidia package at all
+        return None
     for base in (spec.submodule_search_locations or []) if spec else []:
         if os.path.exists(os.path.join(base, "include", "nccl.h")):
             return os.path.join(base, "include")

@@ -127,6 +127,10 @@ Status FreeRecv(Communicator& c) {
   }
   c.peer.buffers.recv = nullptr;
   c.peer_recv_bytes = 0;
+  // Nor does it point at its peers' current buffers any more: until a growth or an import
+  // connects it again, a call is refused (CheckPeerStores) instead of run and then breaking
+  // the group (after a failed growth no program with the call ran anywhere).
+  c.peer_connected = false;
   return s;
 }
 
@@ -166,11 +170,7 @@ Status GrowGroup(const std::vector<Communicator*>& comms, size_t bytes, bool loo
   if (!status.ok()) {  // all or nothing: no member keeps a buffer another lacks
     for (Communicator* c : comms) {  // best effort: `status` is the error reported
       cudaSetDevice(c->device);
-      FreeRecv(*c);  // drops the buffer's pointer whatever cudaFree says
-      // Its peers' pointers are gone too: a call is refused (CheckPeerStores), not run and
-      // then broken (no program with it ran anywhere: this lowering failed) until the next
-      // growth connects the group again.
-      c->peer_connected = false;
+      FreeRecv(*c);  // drops the buffer's pointer whatever cudaFree says; not connected
     }
     cudaGetLastError();  // no stale error of the cleanup stays behind
     return status;
@@ -180,8 +180,7 @@ Status GrowGroup(const std::vector<Communicator*>& comms, size_t bytes, bool loo
     me.peer.buffers.rank = me.rank;
     me.peer.buffers.world = me.world_size;
     me.peer.buffers.mirror_staged = true;  // the others' results live in their processes
-    me.peer_connected = false;
-    return Status::Ok();
+    return Status::Ok();  // not connected (FreeRecv) until ImportPeerStores
   }
   // Loopback: a group of 2 whose rank 1 is rank 0 itself (its stores land in its own buffers).
   const int world = loopback ? 2 : static_cast<int>(comms.size());
@@ -426,8 +425,7 @@ void MarkPeerStoresBroken(Communicator& c) {
 
 Status FreePeerStores(Communicator& c) {
   Status status = ClosePeerMappings(&c.peer_mapped);  // the others' first: ours may go after
-  c.peer_connected = false;
-  Status freed = FreeRecv(c);
+  Status freed = FreeRecv(c);  // and no longer connected
   if (status.ok()) status = freed;
   if (c.peer.buffers.signals != nullptr) {
     Status s = CudaStatus(cudaFree(c.peer.buffers.signals), "cudaFree (peer-store signals)");
