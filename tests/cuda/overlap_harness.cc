@@ -275,14 +275,22 @@ int64_t CheckTrace(const std::string& op, const Options& o) {
   return bad;
 }
 
+// A call that must be refused: its status, and whether it was refused saying `reason`.
+std::pair<fo::Status, bool> RefusedCall(const std::string& op, const Options& o, fo::Communicator& coll,
+                                        fo::Communicator& p2p, fo::Communicator& zero,
+                                        cudaStream_t stream, const DeviceBuffers& d, const char* reason) {
+  fo::Status refused = CallOp(op, o, coll, p2p, zero, stream, d);
+  CheckCuda(cudaStreamSynchronize(stream), "synchronize after the refused call");
+  const bool says = !refused.ok() && refused.message.find(reason) != std::string::npos;
+  return {std::move(refused), says};
+}
+
 // --inject with a pr op, after the injected failure: the pair is broken for good, so the next
 // call must be refused, saying to restart. Returns 1 if it was not.
 int64_t RefusedAfterFailure(const std::string& op, const Options& o, fo::Communicator& coll,
                             fo::Communicator& p2p, fo::Communicator& zero, cudaStream_t stream,
                             const DeviceBuffers& d) {
-  fo::Status refused = CallOp(op, o, coll, p2p, zero, stream, d);
-  CheckCuda(cudaStreamSynchronize(stream), "synchronize after the refused call");
-  const bool says = !refused.ok() && refused.message.find("restart the process") != std::string::npos;
+  const auto [refused, says] = RefusedCall(op, o, coll, p2p, zero, stream, d, "restart the process");
   std::printf("rank %d %-5s next call: %s  %s\n", o.rank, op.c_str(),
               refused.ok() ? "NOT REFUSED" : refused.message.c_str(), says ? "OK" : "FAIL");
   return says ? 0 : 1;
@@ -298,9 +306,7 @@ int64_t FailedGrowthRefusedThenRegrown(const std::string& op, const Options& o, 
                                        cudaStream_t stream, const DeviceBuffers& d) {
   const fo::Status grown = fo::EnsurePeerStoresLoopback(1, size_t{1} << 45, o.stage_mirrors);
   const bool dropped = !grown.ok() && coll.peer.buffers.recv == nullptr && !coll.peer_connected;
-  const fo::Status refused = CallOp(op, o, coll, p2p, zero, stream, d);
-  CheckCuda(cudaStreamSynchronize(stream), "synchronize after the refused call");
-  const bool says = !refused.ok() && refused.message.find("not connected") != std::string::npos;
+  const auto [refused, says] = RefusedCall(op, o, coll, p2p, zero, stream, d, "not connected");
   const bool broken = coll.peer_broken.load();
   const bool ok = dropped && says && !broken;
   std::printf("rank %d %-5s failed growth: %s | buffer dropped: %s | next call: %s | broken: %s  %s\n",
