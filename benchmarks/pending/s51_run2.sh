@@ -11,7 +11,9 @@ STEP_TIMEOUT=150 bash scripts/gpu_session.sh build > $OUT/session_build.txt 2>&1
 echo "build rc=$? $((SECONDS - T0)) s" >> $OUT/summary.txt
 for order in "overlap halves sync" "sync halves overlap"; do
   tag=$(echo $order | tr ' ' _); mkdir -p $OUT/$tag
-  OUT=$OUT/$tag TAG=$tag AB_ARGS="--samples 20 --epilogues $order" STEP_TIMEOUT=120 \
+  left=$((LIMIT - (SECONDS - T0) - 30))  # two steps of 120 s each per order pass LIMIT after a slow build
+  [ $left -ge 60 ] || { echo "== $tag not run: $left s left" >> $OUT/summary.txt; continue; }
+  OUT=$OUT/$tag TAG=$tag AB_ARGS="--samples 20 --epilogues $order" STEP_TIMEOUT=120 timeout $left \
     bash scripts/gpu_session.sh epilogue_ab tile_probe > $OUT/$tag/session.txt 2>&1
   { echo "== $tag rc=$?"; sed -n '/==== summary/,$p' $OUT/$tag/session.txt; } >> $OUT/summary.txt
 done
