@@ -9,6 +9,11 @@ MODE:
               misses during that compile, whether the compiled program calls our custom call,
               and the result's error against float32.
   cache_global  the same with the global view `row_parallel_matmul` under plain jit.
+  guard       the test suite's shared cache (tests/conftest.py): with
+              `_compat.persistent_cache_skips_custom_partitioning()` in place (unless WORKDIR
+              ends in "unguarded"), compile the all-reduce program, then the global view, each
+              twice with jax.clear_caches() between: each compile's hits and misses, and the
+              cache's entries after each program.
   lower_cuda  cross-lower each op for CUDA (a mesh of the local devices, abstract DESIGN.md-size
               inputs; nothing compiled): {op: StableHLO text}, what the cache key hashes.
   serialize   compile, write the serialized executable and the inputs and result to WORKDIR.
@@ -82,6 +87,32 @@ def cache(workdir, global_view=False):
             "misses": seen.count("/jax/compilation_cache/cache_misses"),
             "custom_call": TARGET in compiled.as_text(),
             "finite": bool(jnp.all(jnp.isfinite(y))), "rel_err": _rel_err(y, x, w)}
+
+
+def guard(workdir):
+    from jax_flashoverlap import _compat
+    installed = (not workdir.endswith("unguarded")
+                 and _compat.persistent_cache_skips_custom_partitioning())
+    path = os.path.join(workdir, "cache")
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    events = []
+    jax.monitoring.register_event_listener(lambda name, **_: events.append(name))
+    seen = {"installed": installed}
+    for name, global_view in (("plain", False), ("global", True)):
+        mesh, f = _program(global_view)
+        x, w = _inputs(mesh)
+        compiles = []
+        for _ in range(2):
+            jax.clear_caches()  # JAX's in-memory caches: the next compile asks the persistent one
+            events.clear()
+            f.lower(x, w).compile()
+            compiles.append([events.count("/jax/compilation_cache/cache_hits"),
+                             events.count("/jax/compilation_cache/cache_misses")])
+        seen[name] = compiles
+        seen[name + "_entries"] = len(os.listdir(path)) if os.path.isdir(path) else 0
+    return seen
 
 
 def serialize(workdir):
@@ -173,6 +204,6 @@ def lower_cuda(_):
 if __name__ == "__main__":
     mode, workdir = sys.argv[1], sys.argv[2]
     print(json.dumps({"cache": cache, "cache_global": lambda d: cache(d, global_view=True),
-                      "serialize": serialize, "load": load,
+                      "guard": guard, "serialize": serialize, "load": load,
                       "lower_load": lower_load, "lower_cuda": lower_cuda,
                       "destroy": destroy}[mode](workdir)))

@@ -28,7 +28,32 @@ import zlib  # noqa: E402
 from _util import make_mesh_1d, make_mesh_2d  # noqa: E402
 
 
+def _use_the_runs_compile_cache():
+    """scripts/run_tests.sh without a GPU names one directory for the whole run in
+    JAX_FLASHOVERLAP_TEST_CACHE_DIR: every worker compiles through it (programs of any size),
+    so a program several tests compile alike is compiled once. Programs holding our global
+    views stay out of it (`_compat.persistent_cache_skips_custom_partitioning` says why).
+    Subprocesses the tests start do not use it: they run without this conftest."""
+    path = os.environ.get("JAX_FLASHOVERLAP_TEST_CACHE_DIR")
+    if not path:
+        return
+    try:
+        from jax_flashoverlap import _compat
+        why = None if _compat.persistent_cache_skips_custom_partitioning() else (
+            "this JAX has no hook to keep custom_partitioning programs out of it")
+    except Exception as e:  # noqa: BLE001  (a broken package fails its tests, not this hook)
+        why = f"{type(e).__name__}: {e}"
+    if why:
+        import warnings
+        warnings.warn(f"JAX_FLASHOVERLAP_TEST_CACHE_DIR={path}: not used ({why})")
+        return
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
 def pytest_configure(config):
+    _use_the_runs_compile_cache()
     config.addinivalue_line("markers", "gpu: needs an NVIDIA GPU and the built CUDA extension")
     config.addinivalue_line("markers", "multigpu: needs >= 2 GPUs and the built CUDA extension")
     config.addinivalue_line("markers", "slow: slower CPU tests (subprocesses)")

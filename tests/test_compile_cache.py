@@ -11,8 +11,12 @@ new process (JAX's design; README says so).
 Each check runs tests/_cache_child.py in fresh processes on 2 simulated CPU devices.
 """
 import json
+import os
 import subprocess
 import sys
+
+import jax
+import pytest
 
 from _util import REPO, repo_env
 
@@ -68,7 +72,6 @@ def test_importing_the_package_registers_the_handlers_and_starts_no_backend():
     FFI handlers: before, they were registered at the first lowering only, and such a process
     got XLA's "No FFI handler registered for flashoverlap_gemm_all_reduce" (H100, session 42).
     Registering at import must not start a backend (XLA_FLAGS set after the import still count)."""
-    import pytest
     from jax_flashoverlap import _ext
     if not _ext.HAS_CUDA_EXT:
         pytest.skip(f"the CUDA extension is not built here ({_ext.EXT_IMPORT_ERROR})")
@@ -80,3 +83,32 @@ def test_importing_the_package_registers_the_handlers_and_starts_no_backend():
                        cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(r.stdout.strip().splitlines()[-1]) == [True, False]
+
+
+def test_the_suites_shared_cache_keeps_global_views_out(tmp_path):
+    """The cache tests/conftest.py gives a run (scripts/run_tests.sh without a GPU): with
+    `_compat.persistent_cache_skips_custom_partitioning()`, a program compiled again after
+    jax.clear_caches() comes from the cache, a global view is neither looked up nor stored
+    (JAX keys it by an id that can come back for another partitioner: README). Without it (the
+    control) the global view is looked up and stored."""
+    seen = _child("guard", tmp_path)
+    assert seen["installed"], seen
+    assert seen["plain"] == [[0, 1], [1, 0]], seen
+    assert seen["global"] == [[0, 0], [0, 0]], seen
+    assert seen["global_entries"] == seen["plain_entries"] > 0, seen
+    (tmp_path / "unguarded").mkdir()
+    control = _child("guard", tmp_path / "unguarded")
+    assert not control["installed"] and control["plain"] == [[0, 1], [1, 0]], control
+    assert all(hits + misses == 1 for hits, misses in control["global"]), control
+    assert control["global_entries"] > control["plain_entries"], control
+
+
+def test_this_run_compiles_through_the_cache_it_was_given():
+    """tests/conftest.py turns the run's cache on in every worker, guarded."""
+    from jax._src import compilation_cache
+    path = os.environ.get("JAX_FLASHOVERLAP_TEST_CACHE_DIR")
+    if not path:
+        pytest.skip("run without a cache for the run (scripts/run_tests.sh gives one without a GPU)")
+    assert jax.config.jax_compilation_cache_dir == path
+    assert jax.config.jax_persistent_cache_min_compile_time_secs == 0
+    assert getattr(compilation_cache.get_cache_key, "skips_custom_partitioning", False)
