@@ -14,6 +14,8 @@ MODE:
               ends in "unguarded"), compile the all-reduce program, then the global view, each
               twice with jax.clear_caches() between: each compile's hits and misses, and the
               cache's entries after each program.
+  reuse       no guard: compile the global view 30 times with jax.clear_caches() between and
+              count the cache's hits (each one an id JAX's key holds that came back: README).
   lower_cuda  cross-lower each op for CUDA (a mesh of the local devices, abstract DESIGN.md-size
               inputs; nothing compiled): {op: StableHLO text}, what the cache key hashes.
   serialize   compile, write the serialized executable and the inputs and result to WORKDIR.
@@ -115,6 +117,25 @@ def guard(workdir):
     return seen
 
 
+def reuse(workdir):
+    import gc
+    jax.config.update("jax_compilation_cache_dir", os.path.join(workdir, "cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    events = []
+    jax.monitoring.register_event_listener(lambda name, **_: events.append(name))
+    mesh, _ = _program(global_view=True)
+    x, w = _inputs(mesh)
+    hits = 0
+    for _ in range(30):
+        jax.clear_caches()
+        gc.collect()  # frees the last lowering's callback object: its id may be given again
+        events.clear()
+        _program(global_view=True)[1].lower(x, w).compile()  # a new jit each time, as a user's
+        hits += events.count("/jax/compilation_cache/cache_hits")
+    return {"compiles": 30, "hits": hits}
+
+
 def serialize(workdir):
     from jax.experimental import serialize_executable as se
     mesh, f = _program()
@@ -204,6 +225,6 @@ def lower_cuda(_):
 if __name__ == "__main__":
     mode, workdir = sys.argv[1], sys.argv[2]
     print(json.dumps({"cache": cache, "cache_global": lambda d: cache(d, global_view=True),
-                      "guard": guard, "serialize": serialize, "load": load,
+                      "guard": guard, "reuse": reuse, "serialize": serialize, "load": load,
                       "lower_load": lower_load, "lower_cuda": lower_cuda,
                       "destroy": destroy}[mode](workdir)))
