@@ -30,6 +30,11 @@ elif ! [[ "$workers" =~ ^[0-9]+$ ]]; then
   exit 2
 fi
 
+given="${JAX_FLASHOVERLAP_TEST_CACHE_DIR:-}"
+if [ -n "$given" ] && [ -e "$given" ] && [ ! -d "$given" ]; then
+  echo "run_tests: JAX_FLASHOVERLAP_TEST_CACHE_DIR=$given is not a directory" >&2
+  exit 2
+fi
 if [ "$gpus" -eq 0 ] && [ -z "${JAX_FLASHOVERLAP_TEST_CACHE_DIR+set}" ]; then
   cache_dir="$(mktemp -d "${TMPDIR:-/tmp}/jax_flashoverlap_tests.XXXXXX")"
   trap 'rm -rf "$cache_dir"' EXIT

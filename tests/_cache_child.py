@@ -39,6 +39,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from _util import CACHE_HITS, CACHE_MISSES, compile_events, use_persistent_cache
+
 M, N, K = 1024, 2048, 2048
 TARGET = "flashoverlap_gemm_all_reduce"
 
@@ -74,19 +76,16 @@ def _rel_err(y, x, w):
 
 
 def cache(workdir, global_view=False):
-    jax.config.update("jax_compilation_cache_dir", os.path.join(workdir, "cache"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    events = []
-    jax.monitoring.register_event_listener(lambda name, **_: events.append(name))
+    use_persistent_cache(os.path.join(workdir, "cache"))
+    events = compile_events()
     mesh, f = _program(global_view)
     x, w = _inputs(mesh)
     events.clear()  # count only the program's compile, not the inputs'
     compiled = f.lower(x, w).compile()
     seen = list(events)
     y = compiled(x, w)
-    return {"hits": seen.count("/jax/compilation_cache/cache_hits"),
-            "misses": seen.count("/jax/compilation_cache/cache_misses"),
+    return {"hits": seen.count(CACHE_HITS),
+            "misses": seen.count(CACHE_MISSES),
             "custom_call": TARGET in compiled.as_text(),
             "finite": bool(jnp.all(jnp.isfinite(y))), "rel_err": _rel_err(y, x, w)}
 
@@ -96,11 +95,8 @@ def guard(workdir):
     installed = (not workdir.endswith("unguarded")
                  and _compat.persistent_cache_skips_custom_partitioning())
     path = os.path.join(workdir, "cache")
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    events = []
-    jax.monitoring.register_event_listener(lambda name, **_: events.append(name))
+    use_persistent_cache(path)
+    events = compile_events()
     seen = {"installed": installed}
     for name, global_view in (("plain", False), ("global", True)):
         mesh, f = _program(global_view)
@@ -110,8 +106,7 @@ def guard(workdir):
             jax.clear_caches()  # JAX's in-memory caches: the next compile asks the persistent one
             events.clear()
             f.lower(x, w).compile()
-            compiles.append([events.count("/jax/compilation_cache/cache_hits"),
-                             events.count("/jax/compilation_cache/cache_misses")])
+            compiles.append([events.count(CACHE_HITS), events.count(CACHE_MISSES)])
         seen[name] = compiles
         seen[name + "_entries"] = len(os.listdir(path)) if os.path.isdir(path) else 0
     return seen
@@ -119,11 +114,8 @@ def guard(workdir):
 
 def reuse(workdir):
     import gc
-    jax.config.update("jax_compilation_cache_dir", os.path.join(workdir, "cache"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    events = []
-    jax.monitoring.register_event_listener(lambda name, **_: events.append(name))
+    use_persistent_cache(os.path.join(workdir, "cache"))
+    events = compile_events()
     mesh, _ = _program(global_view=True)
     x, w = _inputs(mesh)
     hits = 0
@@ -132,7 +124,7 @@ def reuse(workdir):
         gc.collect()  # frees the last lowering's callback object: its id may be given again
         events.clear()
         _program(global_view=True)[1].lower(x, w).compile()  # a new jit each time, as a user's
-        hits += events.count("/jax/compilation_cache/cache_hits")
+        hits += events.count(CACHE_HITS)
     return {"compiles": 30, "hits": hits}
 
 

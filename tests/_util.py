@@ -23,6 +23,26 @@ _SAME_DTYPE_TOL = {jnp.dtype(jnp.bfloat16): 2.0**-5, jnp.dtype(jnp.float16): 2.0
 REL_FRO_TOL = 1e-2
 
 
+# ----------------------------------------------------------------------------- compile cache
+
+CACHE_HITS, CACHE_MISSES = "/jax/compilation_cache/cache_hits", "/jax/compilation_cache/cache_misses"
+
+
+def use_persistent_cache(path: str) -> None:
+  """JAX's persistent compilation cache in `path` for this process, every program in it
+  whatever its compile time or size (the tests' programs are small)."""
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def compile_events() -> list:
+  """A list JAX's monitoring events are appended to from now on (CACHE_HITS, CACHE_MISSES...)."""
+  events = []
+  jax.monitoring.register_event_listener(lambda name, **_: events.append(name))
+  return events
+
+
 # ----------------------------------------------------------------------------- meshes
 
 def cpu_devices():

@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import zlib  # noqa: E402
 
-from _util import make_mesh_1d, make_mesh_2d  # noqa: E402
+from _util import make_mesh_1d, make_mesh_2d, use_persistent_cache  # noqa: E402
 
 
 def _use_the_runs_compile_cache():
@@ -47,9 +47,7 @@ def _use_the_runs_compile_cache():
         import warnings
         warnings.warn(f"JAX_FLASHOVERLAP_TEST_CACHE_DIR={path}: not used ({why})")
         return
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    use_persistent_cache(path)
 
 
 def pytest_configure(config):

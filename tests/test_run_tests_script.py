@@ -117,3 +117,11 @@ def test_a_compile_cache_given_is_used_as_is_and_kept(tmp_path, given):
               env_extra={"JAX_FLASHOVERLAP_TEST_CACHE_DIR": path})[0] == 0
   assert _seen(tmp_path) == [path, "exists" if given else "absent"]
   assert not given or (tmp_path / given).is_dir()
+
+
+def test_a_compile_cache_that_is_a_file_is_refused(tmp_path):
+  (tmp_path / "file").write_text("")
+  code, out, err = _run(tmp_path, gpu=False, workers="0",
+                        env_extra={"JAX_FLASHOVERLAP_TEST_CACHE_DIR": str(tmp_path / "file")})
+  assert (code, out) == (2, "")
+  assert err == f"run_tests: JAX_FLASHOVERLAP_TEST_CACHE_DIR={tmp_path / 'file'} is not a directory"
