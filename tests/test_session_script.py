@@ -34,7 +34,8 @@ def test_gpu_part_refuses_a_part_it_does_not_have(tmp_path):
 
 
 def _fake_gpu(tmp_path, model="NVIDIA H200", count=1):
-    """A PATH whose nvidia-smi lists `count` GPUs (the steps that need one run)."""
+    """A PATH whose nvidia-smi lists `count` GPUs (the steps that need one run; 0: none, as
+    on a CPU machine, which /usr/bin:/bin alone is not on a GPU machine)."""
     smi = tmp_path / "smi" / "nvidia-smi"
     smi.parent.mkdir(exist_ok=True)
     smi.write_text("#!/bin/bash\n" + "".join(f'echo "GPU {i}: {model} (UUID: GPU-{i})"\n'
@@ -87,8 +88,9 @@ def test_without_a_gpu_only_the_steps_that_need_none_run(tmp_path):
     """On a machine without a GPU the benchmark steps ran XLA's composition on CPU, exit 0, and
     filed it as overlap_h200x0.json; now refused before anything runs. build (a CPU machine
     with nvcc), info, tests and pack still run there."""
+    no_gpu = _fake_gpu(tmp_path, count=0)  # a GPU machine's own nvidia-smi is in /usr/bin
     for steps in (("info", "overlap_bench"), ("gemm_bench",), ("gpu_part",)):
-        r = _session(tmp_path, *steps, GPU_PART="1")
+        r = _session(tmp_path, *steps, GPU_PART="1", PATH=no_gpu)
         assert r.returncode == 2, (steps, r.stdout, r.stderr)
         assert f"{steps[-1]} needs a GPU (nvidia-smi lists none here)" in r.stdout, r.stdout
         assert not (tmp_path / "caller" / "out" / "info.log").exists()  # nothing ran
@@ -96,7 +98,7 @@ def test_without_a_gpu_only_the_steps_that_need_none_run(tmp_path):
     tools.mkdir()
     (tools / "python3").write_text("#!/bin/bash\necho ran\n")
     (tools / "python3").chmod(0o755)
-    r = _session(tmp_path, "info", "tests", PATH=f"{tools}:/usr/bin:/bin")
+    r = _session(tmp_path, "info", "tests", PATH=f"{tools}:{no_gpu}")
     assert r.returncode == 0 and "info           rc=0 " in r.stdout, (r.stdout, r.stderr)
 
 
