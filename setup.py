@@ -67,14 +67,29 @@ def _build_mode() -> str:
 
 
 def _find_nvcc() -> str | None:
+  """$CUDA_HOME / $CUDA_PATH, then PATH, then the CUDA toolkit pip installs into this
+  environment (`pip install "cuda-toolkit[nvcc,cudart,crt,nvvm,cccl]"`: nvidia/cu13/bin/nvcc,
+  never on PATH), then /usr/local/cuda."""
   cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
   if cuda_home and (Path(cuda_home) / "bin" / "nvcc").exists():
     return str(Path(cuda_home) / "bin" / "nvcc")
   found = shutil.which("nvcc")
   if found:
     return found
+  wheel = _package_dir("nvidia.cu13")  # CUDA 12's nvcc wheels hold ptxas only, no nvcc
+  if wheel is not None and (wheel / "bin" / "nvcc").exists():
+    return str(wheel / "bin" / "nvcc")
   default = Path("/usr/local/cuda/bin/nvcc")
   return str(default) if default.exists() else None
+
+
+def _cuda_lib_dir(cuda_home: Path) -> Path | None:
+  """Where the toolkit keeps libcudart_static.a, which the extension links: lib64 in NVIDIA's
+  installers, lib in pip's toolkit (nvidia/cu13/lib) and conda's; None where neither has it."""
+  for name in ("lib64", "lib"):
+    if (cuda_home / name / "libcudart_static.a").exists():
+      return cuda_home / name
+  return None
 
 
 def _cuda_home(nvcc: str) -> Path:
@@ -116,6 +131,10 @@ def _dependency_dirs(nvcc: str) -> dict:
   nccl = _package_dir("nvidia.nccl")
   if nccl is None or not (nccl / "include" / "nccl.h").exists():
     missing.append("nvidia-nccl-cu13 (or -cu12) for NCCL headers and libnccl.so.2")
+  cuda_lib = _cuda_lib_dir(cuda_home)
+  if cuda_lib is None:
+    missing.append(f"the CUDA runtime's static library (libcudart_static.a in {cuda_home}/lib64 "
+                   "or lib)")
   cutlass = _package_dir("cutlass_library")
   cutlass_include = cutlass / "source" / "include" if cutlass else None
   if cutlass_include is None or not (cutlass_include / "cutlass" / "cutlass.h").exists():
@@ -126,7 +145,7 @@ def _dependency_dirs(nvcc: str) -> dict:
                        "--no-build-isolation .`: its default build environment has none)")
   return {
       "cuda_include": cuda_home / "include",
-      "cuda_lib": cuda_home / "lib64",
+      "cuda_lib": cuda_lib,
       "xla": xla_include,
       "pybind11": pybind_include,
       "python": Path(sysconfig.get_paths()["include"]),

@@ -153,6 +153,35 @@ def test_nvcc_and_the_cuda_toolkit_are_found_where_they_are(tmp_path, monkeypatc
   assert home(str(toolkit_nvcc)) == tmp_path / "cuda_path"
 
 
+def test_the_cuda_toolkit_pip_installs_is_found_after_path(tmp_path, monkeypatch):
+  """`pip install "cuda-toolkit[nvcc,...]"` puts nvcc in site-packages/nvidia/cu13/bin, never
+  on PATH, and its libcudart_static.a in nvidia/cu13/lib (the build looked in lib64 only, so
+  a CUDA_HOME pointing there failed to link, session 54). Found after $CUDA_HOME and PATH;
+  a CUDA 12 wheel's folder (ptxas only) is passed over."""
+  mod = _setup_module(tmp_path)
+  find = mod["_find_nvcc"]
+  wheel = tmp_path / "site" / "nvidia" / "cu13"
+  pip_nvcc = _executable(wheel / "bin" / "nvcc")
+  (wheel / "include").mkdir()
+  (wheel / "include" / "cuda_runtime.h").write_text("")
+  (wheel / "lib").mkdir()
+  (wheel / "lib" / "libcudart_static.a").write_text("")
+  mod["_package_dir"] = {"nvidia.cu13": wheel}.get
+  (tmp_path / "no_nvcc").mkdir()
+  monkeypatch.setenv("PATH", str(tmp_path / "no_nvcc"))
+  monkeypatch.delenv("CUDA_HOME", raising=False)
+  monkeypatch.delenv("CUDA_PATH", raising=False)
+  assert find() == str(pip_nvcc)
+  assert mod["_cuda_home"](find()) == wheel
+  assert mod["_cuda_lib_dir"](wheel) == wheel / "lib"
+  on_path = _executable(tmp_path / "path_bin" / "nvcc")  # PATH first
+  monkeypatch.setenv("PATH", str(on_path.parent))
+  assert find() == str(on_path)
+  monkeypatch.setenv("PATH", str(tmp_path / "no_nvcc"))
+  pip_nvcc.unlink()  # as CUDA 12's wheels: bin/ptxas only
+  assert find() != str(pip_nvcc)
+
+
 def test_dependency_dirs_and_versions(tmp_path, monkeypatch):
   """The include / library dirs of the build's dependencies (NCCL from a namespace package as
   the nvidia wheels are), each missing one named; NCCL's version from whichever wheel is in."""
@@ -171,9 +200,16 @@ def test_dependency_dirs_and_versions(tmp_path, monkeypatch):
   (nccl / "include" / "nccl.h").write_text("")
   mod["_cuda_home"] = lambda nvcc: tmp_path / "cuda"
   mod["_package_dir"] = {"nvidia.nccl": nccl, "cutlass_library": cutlass}.get
-  dirs = mod["_dependency_dirs"]("nvcc")
+  # the static CUDA runtime the link takes: none, then in lib (pip's, conda's), then lib64 too
+  with pytest.raises(RuntimeError, match=r"missing: the CUDA runtime's static library "
+                     r"\(libcudart_static.a in .*/cuda/lib64 or lib\)"):
+    mod["_dependency_dirs"]("nvcc")
+  for name in ("lib", "lib64"):
+    (tmp_path / "cuda" / name).mkdir(parents=True)
+    (tmp_path / "cuda" / name / "libcudart_static.a").write_text("")
+    dirs = mod["_dependency_dirs"]("nvcc")
+    assert dirs["cuda_lib"] == tmp_path / "cuda" / name  # lib64 wherever it has one
   assert dirs["cuda_include"] == tmp_path / "cuda" / "include"
-  assert dirs["cuda_lib"] == tmp_path / "cuda" / "lib64"
   assert (dirs["nccl_include"], dirs["nccl_lib"]) == (nccl / "include", nccl / "lib")
   assert dirs["cutlass"] == cutlass / "source" / "include"
   assert dirs["cutlass_util"] == cutlass / "source" / "tools" / "util" / "include"
