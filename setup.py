@@ -66,21 +66,47 @@ def _build_mode() -> str:
   return words[mode]
 
 
+# The CUDA toolkit pip installs (`pip install "cuda-toolkit[nvcc,cudart,crt,nvvm,cccl]"`) lands
+# in site-packages/nvidia/cu13, one wheel per part; `jax[cuda13]` brings nvcc, cudart and nvvm
+# but not crt or cccl, without which nvcc cannot compile. CUDA 12's nvcc wheels hold no nvcc.
+PIP_TOOLKIT = "cuda-toolkit[nvcc,cudart,crt,nvvm,cccl]"
+PIP_TOOLKIT_PARTS = {"nvcc": "bin/nvcc", "cudart": "lib/libcudart_static.a",
+                     "crt": "include/crt/host_defines.h", "nvvm": "nvvm/bin/cicc",
+                     "cccl": "include/cccl/cuda/std/version"}
+
+
+def _pip_toolkit() -> tuple[Path | None, list]:
+  """(nvidia/cu13 in this environment or None, the parts of PIP_TOOLKIT it lacks)."""
+  home = _package_dir("nvidia.cu13")
+  if home is None:
+    return None, list(PIP_TOOLKIT_PARTS)
+  return home, [part for part, path in PIP_TOOLKIT_PARTS.items() if not (home / path).exists()]
+
+
 def _find_nvcc() -> str | None:
-  """$CUDA_HOME / $CUDA_PATH, then PATH, then the CUDA toolkit pip installs into this
-  environment (`pip install "cuda-toolkit[nvcc,cudart,crt,nvvm,cccl]"`: nvidia/cu13/bin/nvcc,
-  never on PATH), then /usr/local/cuda."""
+  """$CUDA_HOME / $CUDA_PATH, then PATH, then the CUDA toolkit pip installed into this
+  environment where it is whole (its nvcc is never on PATH), then /usr/local/cuda."""
   cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
   if cuda_home and (Path(cuda_home) / "bin" / "nvcc").exists():
     return str(Path(cuda_home) / "bin" / "nvcc")
   found = shutil.which("nvcc")
   if found:
     return found
-  wheel = _package_dir("nvidia.cu13")  # CUDA 12's nvcc wheels hold ptxas only, no nvcc
-  if wheel is not None and (wheel / "bin" / "nvcc").exists():
-    return str(wheel / "bin" / "nvcc")
+  home, lacking = _pip_toolkit()
+  if home is not None and not lacking:
+    return str(home / "bin" / "nvcc")
   default = Path("/usr/local/cuda/bin/nvcc")
   return str(default) if default.exists() else None
+
+
+def _nvcc_not_found() -> str:
+  """Why no nvcc was found, with the fix; names what pip's toolkit here lacks, if it is here."""
+  home, lacking = _pip_toolkit()
+  why = ("nvcc not found: set CUDA_HOME or put nvcc on PATH, or `pip install "
+         f"\"{PIP_TOOLKIT}\"`, then reinstall")
+  if home is not None and "nvcc" not in lacking:
+    why += f" (pip's CUDA toolkit in {home} lacks {', '.join(lacking)})"
+  return why
 
 
 def _cuda_lib_dir(cuda_home: Path) -> Path | None:
@@ -241,15 +267,13 @@ class CudaBuildExt(build_ext):
     note = Path(self.get_ext_fullpath(ext.name)).parent / BUILD_NOTE
     note.unlink(missing_ok=True)
     if mode == "0" or (mode == "auto" and nvcc is None):
-      why = ("disabled by JAX_FLASHOVERLAP_BUILD_CUDA=0" if mode == "0" else
-             "nvcc not found: set CUDA_HOME or put nvcc on PATH, then reinstall")
+      why = "disabled by JAX_FLASHOVERLAP_BUILD_CUDA=0" if mode == "0" else _nvcc_not_found()
       _log(f"skipping the CUDA extension ({why}); ops will use the reference path")
       self._write_note(note, f"skipped: {why}")
       return
     try:
       if nvcc is None:
-        raise RuntimeError("JAX_FLASHOVERLAP_BUILD_CUDA=1 but nvcc was not found "
-                           "(set CUDA_HOME or put nvcc on PATH)")
+        raise RuntimeError("JAX_FLASHOVERLAP_BUILD_CUDA=1 but " + _nvcc_not_found())
       self._build(ext, nvcc)
     except Exception as err:
       if mode == "1":

@@ -159,18 +159,24 @@ def test_the_cuda_toolkit_pip_installs_is_found_after_path(tmp_path, monkeypatch
   a CUDA_HOME pointing there failed to link, session 54). Found after $CUDA_HOME and PATH;
   a CUDA 12 wheel's folder (ptxas only) is passed over."""
   mod = _setup_module(tmp_path)
-  find = mod["_find_nvcc"]
+  find, why = mod["_find_nvcc"], mod["_nvcc_not_found"]
   wheel = tmp_path / "site" / "nvidia" / "cu13"
-  pip_nvcc = _executable(wheel / "bin" / "nvcc")
-  (wheel / "include").mkdir()
-  (wheel / "include" / "cuda_runtime.h").write_text("")
-  (wheel / "lib").mkdir()
-  (wheel / "lib" / "libcudart_static.a").write_text("")
   mod["_package_dir"] = {"nvidia.cu13": wheel}.get
   (tmp_path / "no_nvcc").mkdir()
   monkeypatch.setenv("PATH", str(tmp_path / "no_nvcc"))
   monkeypatch.delenv("CUDA_HOME", raising=False)
   monkeypatch.delenv("CUDA_PATH", raising=False)
+  # what `jax[cuda13]` brings: nvcc, cudart, nvvm; no crt, no cccl, so nvcc cannot compile
+  pip_nvcc = _executable(wheel / "bin" / "nvcc")
+  for part in ("include/cuda_runtime.h", "lib/libcudart_static.a", "nvvm/bin/cicc"):
+    (wheel / part).parent.mkdir(parents=True, exist_ok=True)
+    (wheel / part).write_text("")
+  assert find() != str(pip_nvcc)
+  assert why().endswith(f'`pip install "cuda-toolkit[nvcc,cudart,crt,nvvm,cccl]"`, then '
+                        f"reinstall (pip's CUDA toolkit in {wheel} lacks crt, cccl)")
+  for part in ("include/crt/host_defines.h", "include/cccl/cuda/std/version"):
+    (wheel / part).parent.mkdir(parents=True, exist_ok=True)
+    (wheel / part).write_text("")
   assert find() == str(pip_nvcc)
   assert mod["_cuda_home"](find()) == wheel
   assert mod["_cuda_lib_dir"](wheel) == wheel / "lib"
@@ -180,6 +186,7 @@ def test_the_cuda_toolkit_pip_installs_is_found_after_path(tmp_path, monkeypatch
   monkeypatch.setenv("PATH", str(tmp_path / "no_nvcc"))
   pip_nvcc.unlink()  # as CUDA 12's wheels: bin/ptxas only
   assert find() != str(pip_nvcc)
+  assert why().endswith('`pip install "cuda-toolkit[nvcc,cudart,crt,nvvm,cccl]"`, then reinstall')
 
 
 def test_dependency_dirs_and_versions(tmp_path, monkeypatch):
@@ -377,11 +384,13 @@ def test_build_errors_and_the_build_cuda_switch(tmp_path, monkeypatch, capsys):
   assert b.build() == ({}, [])
   assert "disabled by JAX_FLASHOVERLAP_BUILD_CUDA=0" in capsys.readouterr().out
   b.mod["_find_nvcc"] = lambda: None
+  b.mod["_pip_toolkit"] = lambda: (None, list(b.mod["PIP_TOOLKIT_PARTS"]))  # none in this env
   monkeypatch.setenv("JAX_FLASHOVERLAP_BUILD_CUDA", "auto")
   assert b.build() == ({}, [])
   assert "skipping the CUDA extension (nvcc not found: set CUDA_HOME" in capsys.readouterr().out
   monkeypatch.setenv("JAX_FLASHOVERLAP_BUILD_CUDA", "1")
-  with pytest.raises(RuntimeError, match="JAX_FLASHOVERLAP_BUILD_CUDA=1 but nvcc was not found"):
+  with pytest.raises(RuntimeError, match="JAX_FLASHOVERLAP_BUILD_CUDA=1 but nvcc not found: set "
+                     "CUDA_HOME or put nvcc on PATH, or `pip install"):
     b.build()
 
 
@@ -452,12 +461,13 @@ def test_an_unbuilt_extension_leaves_a_note_saying_why(tmp_path, monkeypatch, ca
   note = b.root / "jax_flashoverlap" / "_build_note.txt"
   monkeypatch.setenv("JAX_FLASHOVERLAP_BUILD_CUDA", "auto")
   b.mod["_find_nvcc"] = lambda: None
+  b.mod["_pip_toolkit"] = lambda: (None, list(b.mod["PIP_TOOLKIT_PARTS"]))  # none in this env
   b.build()
-  assert note.read_text() == ("skipped: nvcc not found: set CUDA_HOME or put nvcc on PATH, then "
-                              "reinstall\n")
+  said = ('skipped: nvcc not found: set CUDA_HOME or put nvcc on PATH, or `pip install '
+          '"cuda-toolkit[nvcc,cudart,crt,nvvm,cccl]"`, then reinstall')
+  assert note.read_text() == said + "\n"
   reason = ext.not_built_reason(str(note))
-  assert reason == ("not built (no jax_flashoverlap/_xla_ffi*.so; setup.py said: skipped: nvcc "
-                    "not found: set CUDA_HOME or put nvcc on PATH, then reinstall)")
+  assert reason == f"not built (no jax_flashoverlap/_xla_ffi*.so; setup.py said: {said})"
   b.mod["_find_nvcc"] = lambda: b.nvcc
   b.build()  # links
   assert not note.exists()
