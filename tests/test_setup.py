@@ -166,17 +166,17 @@ def test_the_cuda_toolkit_pip_installs_is_found_after_path(tmp_path, monkeypatch
   monkeypatch.setenv("PATH", str(tmp_path / "no_nvcc"))
   monkeypatch.delenv("CUDA_HOME", raising=False)
   monkeypatch.delenv("CUDA_PATH", raising=False)
-  # what `jax[cuda13]` brings: nvcc, cudart, nvvm; no crt, no cccl, so nvcc cannot compile
+  # what `jax[cuda13]` brings: nvcc and what its wheel requires (cudart, nvvm, crt), no cccl
   pip_nvcc = _executable(wheel / "bin" / "nvcc")
-  for part in ("include/cuda_runtime.h", "lib/libcudart_static.a", "nvvm/bin/cicc"):
+  for part in ("include/cuda_runtime.h", "lib/libcudart_static.a", "nvvm/bin/cicc",
+               "include/crt/host_defines.h"):
     (wheel / part).parent.mkdir(parents=True, exist_ok=True)
     (wheel / part).write_text("")
   assert find() != str(pip_nvcc)
   assert why().endswith(f'`pip install "cuda-toolkit[nvcc,cudart,crt,nvvm,cccl]"`, then '
-                        f"reinstall (pip's CUDA toolkit in {wheel} lacks crt, cccl)")
-  for part in ("include/crt/host_defines.h", "include/cccl/cuda/std/version"):
-    (wheel / part).parent.mkdir(parents=True, exist_ok=True)
-    (wheel / part).write_text("")
+                        f"reinstall (pip's CUDA toolkit in {wheel} lacks cccl)")
+  (wheel / "include/cccl/cuda/std").mkdir(parents=True)
+  (wheel / "include/cccl/cuda/std/version").write_text("")
   assert find() == str(pip_nvcc)
   assert mod["_cuda_home"](find()) == wheel
   assert mod["_cuda_lib_dir"](wheel) == wheel / "lib"
