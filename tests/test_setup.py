@@ -320,7 +320,6 @@ def test_build_compiles_what_changed_with_its_flags(tmp_path, monkeypatch, capsy
   module.cc with the kernel build's digest, links; then recompiles only what a change touches:
   kernels/ not for other headers nor NCCL's version, host code for jaxlib's; stale objects of
   these sources go, other files stay."""
-  import pathlib
   import re
   monkeypatch.delenv("JAX_FLASHOVERLAP_BUILD_CUDA", raising=False)
   b = _FakeBuild(tmp_path, monkeypatch)
@@ -421,7 +420,6 @@ def test_another_cuda_toolkit_or_compiler_compiles_again(tmp_path, monkeypatch):
   """The object cache (carried between machines) is keyed by the CUDA toolkit the headers
   belong to (CUDART_VERSION) and by each compiler's name: CUDA 12.8 -> 13.0 rebuilt nothing
   (every object reused, module.cc still reporting the old runtime), nor did a switch of $CXX."""
-  import pathlib
   import re
   monkeypatch.setenv("JAX_FLASHOVERLAP_BUILD_CUDA", "1")
   b = _FakeBuild(tmp_path, monkeypatch)
