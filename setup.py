@@ -6,8 +6,8 @@ always (=1: a build failure is an error, as in CI) or never (=0). Headers come f
   NCCL      the nvidia-nccl-cu13 / -cu12 wheel (nvidia/nccl/include)
   CUTLASS   the nvidia-cutlass wheel (cutlass_library/source/include)
 Objects are cached under build/obj by a hash of their source, the project's headers, the
-compiler's name and flags, the dependencies' versions and the CUDA toolkit's (CUDART_VERSION),
-so a rebuild (or a build on the GPU machine with build/ carried over) only compiles what
+compiler's name and flags, the dependencies' versions and the CUDA toolkit's (CUDART_VERSION,
+which must be nvcc's own release), so a rebuild (or a build on the GPU machine with build/ carried over) only compiles what
 changed; an object enters the cache only once its compile passed.
 JAX_FLASHOVERLAP_NVCC_THREADS sets parallel compile jobs.
 """
@@ -69,10 +69,10 @@ def _build_mode() -> str:
 # The CUDA toolkit pip installs (`pip install "cuda-toolkit[nvcc,cudart,crt,nvvm,cccl]"`) lands
 # in site-packages/nvidia/cu13, one wheel per part; `jax[cuda13]` brings nvcc (with cudart, nvvm
 # and crt) but not cccl, whose headers CUTLASS includes. CUDA 12's nvcc wheels hold no nvcc.
-PIP_TOOLKIT = "cuda-toolkit[nvcc,cudart,crt,nvvm,cccl]"
 PIP_TOOLKIT_PARTS = {"nvcc": "bin/nvcc", "cudart": "lib/libcudart_static.a",
                      "crt": "include/crt/host_defines.h", "nvvm": "nvvm/bin/cicc",
                      "cccl": "include/cccl/cuda/std/version"}
+PIP_TOOLKIT = f"cuda-toolkit[{','.join(PIP_TOOLKIT_PARTS)}]"
 
 
 def _pip_toolkit() -> tuple[Path | None, list]:
@@ -107,6 +107,35 @@ def _nvcc_not_found() -> str:
   if home is not None and "nvcc" not in lacking:
     why += f" (pip's CUDA toolkit in {home} lacks {', '.join(lacking)})"
   return why
+
+
+def _nvcc_release(nvcc: str) -> str | None:
+  """The CUDA release nvcc reports (`nvcc --version`: "release 13.0, V13.0.88" -> "13.0");
+  None where it says none or does not run."""
+  try:
+    proc = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60)
+  except (OSError, subprocess.SubprocessError):
+    return None
+  found = re.search(r"release (\d+)\.(\d+)", proc.stdout)
+  return f"{found.group(1)}.{found.group(2)}" if found else None
+
+
+def _check_toolkit_matches(nvcc: str, cuda_include: Path, runtime: str) -> None:
+  """nvcc and the headers (and static runtime) the build takes must be one CUDA release:
+  $CUDA_HOME / $CUDA_PATH holding headers but no bin/nvcc, with nvcc found elsewhere (PATH,
+  pip's toolkit), would compile one release's device code against another's runtime API,
+  under an object key that names the headers' release only."""
+  release = _nvcc_release(nvcc)
+  found = re.fullmatch(r"cuda-(\d+)", runtime)
+  if release is None or found is None:
+    return  # neither says (an unusual toolkit): nothing to compare
+  version = int(found.group(1))
+  headers = f"{version // 1000}.{version % 1000 // 10}"
+  if headers != release:
+    raise RuntimeError(
+        f"CUDA toolkit mismatch: {nvcc} is CUDA {release} but the headers in {cuda_include} "
+        f"are CUDA {headers}; point CUDA_HOME at one toolkit (its bin/nvcc, include/ and "
+        "lib64/ or lib/)")
 
 
 def _cuda_lib_dir(cuda_home: Path) -> Path | None:
@@ -315,6 +344,7 @@ class CudaBuildExt(build_ext):
 
     versions = _dependency_versions()
     cuda = _cuda_runtime_version(dirs["cuda_include"])
+    _check_toolkit_matches(nvcc, dirs["cuda_include"], cuda)
     # module.cc reports it; as a flag it is in module.cc's object key, so that rebuilds. The
     # toolchain as the kernels' object keys see it (their flags, CUTLASS, the CUDA toolkit), so
     # a digest matches the objects in use wherever they were compiled (build/ carried to the

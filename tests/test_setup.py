@@ -263,6 +263,8 @@ def test_sources_and_header_digest(tmp_path):
 _FAKE_COMPILER = """#!{python}
 import json, os, sys
 args = sys.argv[1:]
+if args == ["--version"]:  # as nvcc's: "Cuda compilation tools, release 13.0, V13.0.88"
+  print(os.environ.get("FAKE_CC_VERSION", "")); sys.exit(0)
 with open(os.environ["FAKE_CC_LOG"], "a") as f:
   f.write(json.dumps([os.path.basename(sys.argv[0])] + args) + "\\n")
 if any(os.environ.get("FAKE_CC_FAIL", "@never@") in a for a in args):
@@ -447,6 +449,39 @@ def test_another_cuda_toolkit_or_compiler_compiles_again(tmp_path, monkeypatch):
   moved = _executable(tmp_path / "elsewhere" / "clang++", clang.read_text())
   monkeypatch.setenv("CXX", str(moved))
   assert b.build()[0] == {}
+
+
+def test_nvcc_and_headers_of_two_cuda_releases_are_refused(tmp_path, monkeypatch, capsys):
+  """$CUDA_HOME with headers but no bin/nvcc, and nvcc found elsewhere (PATH, pip's toolkit),
+  compiled one release's device code against another's headers, under an object key naming
+  the headers' release only: now an error naming both (with auto, the note says why)."""
+  import pytest
+  monkeypatch.setenv("JAX_FLASHOVERLAP_BUILD_CUDA", "1")
+  b = _FakeBuild(tmp_path, monkeypatch)
+  header = tmp_path / "cuda_include" / "cuda_runtime_api.h"
+  header.parent.mkdir(parents=True, exist_ok=True)
+  header.write_text("#define CUDART_VERSION 13000\n")
+  monkeypatch.setenv("FAKE_CC_VERSION", "nvcc: NVIDIA (R) Cuda compiler driver\n"
+                     "Cuda compilation tools, release 13.5, V13.5.37")
+  assert b.mod["_nvcc_release"](b.nvcc) == "13.5"
+  with pytest.raises(RuntimeError, match=r"CUDA toolkit mismatch: .*nvcc is CUDA 13.5 but the "
+                     r"headers in .*cuda_include are CUDA 13.0; point CUDA_HOME at one toolkit"):
+    b.build()
+  assert b.objects() == []  # refused before compiling anything
+  monkeypatch.setenv("JAX_FLASHOVERLAP_BUILD_CUDA", "auto")
+  capsys.readouterr()
+  b.build()
+  assert "CUDA extension NOT built: CUDA toolkit mismatch" in capsys.readouterr().out
+  note = b.root / "jax_flashoverlap" / b.mod["BUILD_NOTE"]
+  assert note.read_text().startswith("failed: CUDA toolkit mismatch")
+  header.write_text("#define CUDART_VERSION 13050\n")  # one release: built
+  compiled, links = b.build()
+  assert "gemm.cu" in compiled and len(links) == 1 and not note.exists()
+  # nothing to compare where either says no release: built as before
+  monkeypatch.setenv("FAKE_CC_VERSION", "")
+  header.write_text("#define CUDART_VERSION 12080\n")
+  assert "gemm.cu" in b.build()[0]
+  assert b.mod["_nvcc_release"](str(tmp_path / "no_such_nvcc")) is None
 
 
 def test_an_unbuilt_extension_leaves_a_note_saying_why(tmp_path, monkeypatch, capsys):
