@@ -18,6 +18,9 @@ NCCL="$(python3 -c "import importlib.util; print(importlib.util.find_spec('nvidi
 NVCC="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
 CUDA="${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$NVCC")")")}"
 [[ -f "$CUDA/include/cuda_runtime.h" ]] || CUDA=/usr/local/cuda
+# libcudart_static.a: lib64 in NVIDIA's installers, lib in pip's toolkit and conda's (setup.py)
+CUDA_LIB="$CUDA/lib64"
+[[ -f "$CUDA_LIB/libcudart_static.a" ]] || CUDA_LIB="$CUDA/lib"
 objs=()
 for src in xla_ffi/comm/*.cc xla_ffi/comm/*.cu xla_ffi/kernels/*.cu; do
   stem="$(basename "${src%.*}")"
@@ -31,13 +34,13 @@ printf '%s\n' "${objs[@]}" > "$BUILD/overlap_harness.objs"
 g++ -std=c++17 -O2 -Wall -I"$ROOT" -I"$CUDA/include" -I"$NCCL/include" \
   -c tests/cuda/overlap_harness.cc -o "$BUILD/overlap_harness.o"
 g++ -o "$BUILD/overlap_harness" "$BUILD/overlap_harness.o" "${objs[@]}" \
-  -L"$CUDA/lib64" -lcudart_static -ldl -lrt -lpthread \
+  -L"$CUDA_LIB" -lcudart_static -ldl -lrt -lpthread \
   -L"$NCCL/lib" -l:libnccl.so.2 -Wl,-rpath,"$NCCL/lib"
 echo "built $BUILD/overlap_harness"
 g++ -std=c++17 -O2 -Wall -I"$ROOT" -I"$CUDA/include" -I"$NCCL/include" \
   -c tests/cuda/agreement_test.cc -o "$BUILD/agreement_test.o"
 g++ -o "$BUILD/agreement_test" "$BUILD/agreement_test.o" "${objs[@]}" \
-  -L"$CUDA/lib64" -lcudart_static -ldl -lrt -lpthread \
+  -L"$CUDA_LIB" -lcudart_static -ldl -lrt -lpthread \
   -L"$NCCL/lib" -l:libnccl.so.2 -Wl,-rpath,"$NCCL/lib"
 echo "built $BUILD/agreement_test"
 # The peer-store programs need the kernels and the stream waits / writes only (no NCCL).
