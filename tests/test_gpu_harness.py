@@ -1,9 +1,10 @@
 """The overlapped ops without JAX (tests/cuda/overlap_harness.cc) on every GPU, one process
 each: the framework-free sequences the FFI handlers run, checked element by element against a
 float32 host reference (fresh random inputs, poisoned outputs). Builds the harness from the
-extension's objects (build/obj). The peer-store calls run on one GPU too, the rank its own
+extension's objects (build/obj), or takes HARNESS_BIN's. The peer-store calls run on one GPU too, the rank its own
 peer (EnsurePeerStoresLoopback)."""
 import os
+import pathlib
 import subprocess
 import time
 
@@ -17,6 +18,12 @@ pytestmark = [requires_gpu]
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory):
+    # HARNESS_BIN (as tests/cuda/run_overlap_harness.sh reads it): programs built elsewhere, the
+    # others beside it (e.g. with another CUDA toolkit than this machine's); else built here.
+    prebuilt = os.environ.get("HARNESS_BIN")
+    if prebuilt:
+        assert os.access(prebuilt, os.X_OK), f"HARNESS_BIN={prebuilt} is not an executable"
+        return pathlib.Path(prebuilt).resolve()
     build = tmp_path_factory.mktemp("harness")
     r = subprocess.run(["bash", "tests/cuda/build_overlap_harness.sh", str(build)], cwd=REPO,
                        capture_output=True, text=True, timeout=300)
