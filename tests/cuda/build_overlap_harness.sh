@@ -26,7 +26,7 @@ for src in xla_ffi/comm/*.cc xla_ffi/comm/*.cu xla_ffi/kernels/*.cu; do
   stem="$(basename "${src%.*}")"
   found=(build/obj/"$stem".$(printf '[0-9a-f]%.0s' {1..20}).o)  # not a cut-off .partial.o
   [[ -e "${found[0]}" ]] || { echo "missing build/obj/$stem.*.o: run 'JAX_FLASHOVERLAP_BUILD_CUDA=1 python setup.py build_ext --inplace' first"; exit 1; }
-  [[ ${#found[@]} -eq 1 ]] || { echo "several objects for $stem in build/obj"; exit 1; }
+  [[ ${#found[@]} -eq 1 ]] || { echo "several objects for $stem in build/obj (a carried or old cache: 'JAX_FLASHOVERLAP_BUILD_CUDA=1 python setup.py build_ext --inplace' keeps only the current ones)"; exit 1; }
   objs+=("${found[0]}")
 done
 # The link lists, for programs built against a changed copy of one object (tests/cuda/mutants).
