@@ -7,8 +7,9 @@ always (=1: a build failure is an error, as in CI) or never (=0). Headers come f
   CUTLASS   the nvidia-cutlass wheel (cutlass_library/source/include)
 Objects are cached under build/obj by a hash of their source, the project's headers, the
 compiler's name and flags, the dependencies' versions and the CUDA toolkit's (CUDART_VERSION,
-which must be nvcc's own release), so a rebuild (or a build on the GPU machine with build/ carried over) only compiles what
-changed; an object enters the cache only once its compile passed.
+which must be nvcc's own release), so a rebuild (or a build on the GPU machine with build/
+carried over) only compiles what changed; an object enters the cache only once its compile
+passed.
 JAX_FLASHOVERLAP_NVCC_THREADS sets parallel compile jobs.
 """
 
@@ -128,7 +129,7 @@ def _check_toolkit_matches(nvcc: str, cuda_include: Path, runtime: str) -> None:
   release = _nvcc_release(nvcc)
   found = re.fullmatch(r"cuda-(\d+)", runtime)
   if release is None or found is None:
-    return  # neither says (an unusual toolkit): nothing to compare
+    return  # one of them names no release (an unusual toolkit): nothing to compare
   version = int(found.group(1))
   headers = f"{version // 1000}.{version % 1000 // 10}"
   if headers != release:

@@ -1,8 +1,8 @@
 """The overlapped ops without JAX (tests/cuda/overlap_harness.cc) on every GPU, one process
 each: the framework-free sequences the FFI handlers run, checked element by element against a
 float32 host reference (fresh random inputs, poisoned outputs). Builds the harness from the
-extension's objects (build/obj), or takes HARNESS_BIN's. The peer-store calls run on one GPU too, the rank its own
-peer (EnsurePeerStoresLoopback)."""
+extension's objects (build/obj), or takes the programs HARNESS_BIN names. The peer-store calls
+run on one GPU too, the rank its own peer (EnsurePeerStoresLoopback)."""
 import os
 import pathlib
 import subprocess
