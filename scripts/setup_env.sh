@@ -72,4 +72,12 @@ echo "[setup_env] building jax_flashoverlap (JAX_FLASHOVERLAP_BUILD_CUDA=${JAX_F
 # Make the checkout importable from the venv (like an editable install, without pip).
 site_dir="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 echo "$(pwd)" > "$site_dir/jax_flashoverlap_checkout.pth"
-"$PY" -c "import jax_flashoverlap as fo, json; i = fo.info(); print('[setup_env] extension built:', i['extension_built'], '| backend:', i['default_backend'], '| gpus:', i['gpus'])"
+# On GPUs without the extension the ops run XLA's composition (no overlap): say why and how to
+# fix it here, where the build's own output went by (setup.py's note, e.g. no nvcc found).
+"$PY" -c "
+import jax_flashoverlap as fo
+i = fo.info()
+print('[setup_env] extension built:', i['extension_built'], '| backend:', i['default_backend'], '| gpus:', i['gpus'])
+if i['gpus'] and not i['extension_built']:
+  print('[setup_env] WARNING: GPUs here but no CUDA extension, so every op runs as XLA dot + collective, with no overlap:', i.get('extension_error'))
+"

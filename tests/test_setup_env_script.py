@@ -61,9 +61,11 @@ ALL = ("jax", "pytest", "pybind11", "flax", "matplotlib", "nvidia.nccl", "cutlas
        "setuptools", "xdist")
 
 
-def _setup(tmp_path, *, have=(), gpu=False, wheels=(), pip_rc=0, in_venv=False, **env):
+def _setup(tmp_path, *, have=(), gpu=False, wheels=(), pip_rc=0, in_venv=False, info=None,
+           **env):
   """(returncode, stdout, stderr, logged calls, repo) of setup_env.sh copied into a repository
-  of its own; have: the modules the venv already imports; wheels: the packages .whl/ holds."""
+  of its own; have: the modules the venv already imports; wheels: the packages .whl/ holds;
+  info: what the built package's info() says (default: built, on a CPU)."""
   repo = tmp_path / "repo"
   (repo / "scripts").mkdir(parents=True)
   for script in ("setup_env.sh", "_gpus.sh"):
@@ -77,8 +79,8 @@ def _setup(tmp_path, *, have=(), gpu=False, wheels=(), pip_rc=0, in_venv=False, 
     (stubs / mod.replace(".", "/")).mkdir(parents=True)
     (stubs / mod.replace(".", "/") / "__init__.py").write_text("")
   (stubs / "jax_flashoverlap").mkdir(parents=True)
-  (stubs / "jax_flashoverlap" / "__init__.py").write_text(
-      "def info():\n  return dict(extension_built=True, default_backend='cpu', gpus=0)\n")
+  info = info or dict(extension_built=True, default_backend="cpu", gpus=0)
+  (stubs / "jax_flashoverlap" / "__init__.py").write_text(f"def info():\n  return {info!r}\n")
   tools = tmp_path / "tools"
   tools.mkdir()
   py = {"py": sys.executable}
@@ -119,6 +121,28 @@ def test_a_fresh_cpu_machine_gets_everything_and_a_built_importable_checkout(tmp
   assert (repo / ".venv" / "site" / "jax_flashoverlap_checkout.pth").read_text() == f"{repo}\n"
   assert not (repo / ".venv" / "site" / "zz_parent_env.pth").exists()
   assert "[setup_env] extension built: True | backend: cpu | gpus: 0" in out
+
+
+def test_gpus_without_the_extension_are_a_warning_saying_why(tmp_path):
+  """A GPU machine where setup.py built no extension (no nvcc, say) runs every op as XLA's
+  composition: the setup's last lines say so with setup.py's reason, which pip and the build
+  log had let go by; with the extension built, or without GPUs, no warning."""
+  why = ("not built (no jax_flashoverlap/_xla_ffi*.so; setup.py said: skipped: nvcc not found: "
+         'set CUDA_HOME or put nvcc on PATH, or `pip install "cuda-toolkit[nvcc]"`, then reinstall)')
+  gpus = ["NVIDIA H100 80GB HBM3"]
+  code, out, err, _, _ = _setup(tmp_path, have=ALL, gpu=True, info=dict(
+      extension_built=False, extension_error=why, default_backend="gpu", gpus=gpus))
+  assert code == 0, (out, err)
+  assert f"[setup_env] extension built: False | backend: gpu | gpus: {gpus}" in out
+  warning = [line for line in out.splitlines() if "WARNING" in line]
+  assert warning == ["[setup_env] WARNING: GPUs here but no CUDA extension, so every op runs as "
+                     f"XLA dot + collective, with no overlap: {why}"], out
+  for info in (dict(extension_built=True, extension_error=None, default_backend="gpu", gpus=gpus),
+               dict(extension_built=False, extension_error=why, default_backend="cpu", gpus=[])):
+    shutil.rmtree(tmp_path)
+    tmp_path.mkdir()
+    code, out, err, _, _ = _setup(tmp_path, have=ALL, gpu=True, info=info)
+    assert code == 0 and "WARNING" not in out, (out, err)
 
 
 def test_without_the_build_switch_setup_py_decides(tmp_path):
