@@ -121,16 +121,14 @@ def _nvcc_release(nvcc: str) -> str | None:
   return f"{found.group(1)}.{found.group(2)}" if found else None
 
 
-def _check_toolkit_matches(nvcc: str, cuda_include: Path, runtime: str) -> None:
+def _check_toolkit_matches(nvcc: str, cuda_include: Path) -> None:
   """nvcc and the headers (and static runtime) the build takes must be one CUDA release:
   $CUDA_HOME / $CUDA_PATH holding headers but no bin/nvcc, with nvcc found elsewhere (PATH,
   pip's toolkit), would compile one release's device code against another's runtime API,
   under an object key that names the headers' release only."""
-  release = _nvcc_release(nvcc)
-  found = re.fullmatch(r"cuda-(\d+)", runtime)
-  if release is None or found is None:
+  release, version = _nvcc_release(nvcc), _cudart_version(cuda_include)
+  if release is None or version is None:
     return  # one of them names no release (an unusual toolkit): nothing to compare
-  version = int(found.group(1))
   headers = f"{version // 1000}.{version % 1000 // 10}"
   if headers != release:
     raise RuntimeError(
@@ -226,16 +224,22 @@ def _dependency_versions() -> dict:
           "nccl": "nccl-" + nccl}
 
 
+def _cudart_version(cuda_include: Path) -> int | None:
+  """CUDART_VERSION as the headers define it (e.g. 13000); None where no header says."""
+  try:
+    text = (Path(cuda_include) / "cuda_runtime_api.h").read_text(errors="replace")
+  except OSError:
+    return None
+  found = re.search(r"^#define\s+CUDART_VERSION\s+(\d+)", text, re.M)
+  return int(found.group(1)) if found else None
+
+
 def _cuda_runtime_version(cuda_include: Path) -> str:
   """The CUDA toolkit the build compiles against, as its headers say (CUDART_VERSION, e.g.
   13000; module.cc reports it): part of every object's key, so that another toolkit (CUDA 12
   -> 13 with build/ carried over) compiles everything again. "cuda-?" where no header says."""
-  try:
-    text = (Path(cuda_include) / "cuda_runtime_api.h").read_text(errors="replace")
-  except OSError:
-    text = ""
-  found = re.search(r"^#define\s+CUDART_VERSION\s+(\d+)", text, re.M)
-  return "cuda-" + (found.group(1) if found else "?")
+  version = _cudart_version(cuda_include)
+  return f"cuda-{'?' if version is None else version}"
 
 
 def _sources() -> list:
@@ -345,7 +349,7 @@ class CudaBuildExt(build_ext):
 
     versions = _dependency_versions()
     cuda = _cuda_runtime_version(dirs["cuda_include"])
-    _check_toolkit_matches(nvcc, dirs["cuda_include"], cuda)
+    _check_toolkit_matches(nvcc, dirs["cuda_include"])
     # module.cc reports it; as a flag it is in module.cc's object key, so that rebuilds. The
     # toolchain as the kernels' object keys see it (their flags, CUTLASS, the CUDA toolkit), so
     # a digest matches the objects in use wherever they were compiled (build/ carried to the
