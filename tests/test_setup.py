@@ -453,7 +453,7 @@ def test_another_cuda_toolkit_or_compiler_compiles_again(tmp_path, monkeypatch):
 
 def test_nvcc_and_headers_of_two_cuda_releases_are_refused(tmp_path, monkeypatch, capsys):
   """$CUDA_HOME with headers but no bin/nvcc, and nvcc found elsewhere (PATH, pip's toolkit),
-  compiled one release's device code against another's headers, under an object key naming
+  would compile one release's device code against another's headers, under an object key naming
   the headers' release only: now an error naming both (with auto, the note says why)."""
   import pytest
   monkeypatch.setenv("JAX_FLASHOVERLAP_BUILD_CUDA", "1")
