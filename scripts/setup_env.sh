@@ -47,19 +47,37 @@ pip_install() {
   "$PY" -m pip install -q "$@"
 }
 
+# JAX itself: where the driver lists GPUs, the CUDA build for the CUDA release the driver runs
+# (plain `jax` is the CPU build: every op would run on the CPU with the GPUs idle);
+# jax[cuda13] needs a CUDA 13 driver (580 or newer), jax[cuda12] a CUDA 12 one.
+gpus_listed=$(gpu_count)
+jax_cuda="" nccl_wheel=nvidia-nccl-cu13 cuda_major=""
+if [ "$gpus_listed" -gt 0 ]; then
+  cuda_major=$(driver_cuda_major)
+  if [ "${cuda_major:-0}" -ge 13 ]; then
+    jax_cuda=cuda13
+  elif [ "${cuda_major:-0}" -eq 12 ]; then
+    jax_cuda=cuda12 nccl_wheel=nvidia-nccl-cu12
+  elif ! have jax; then
+    echo "[setup_env] WARNING: nvidia-smi lists $gpus_listed GPU(s), but its driver runs CUDA" \
+         "${cuda_major:-(not said)}; JAX's CUDA builds need a CUDA 12 or 13 driver: installing" \
+         "the CPU build of jax" >&2
+  fi
+fi
+
 need=()
-have jax || need+=("jax>=0.10")
+have jax || need+=("jax${jax_cuda:+[$jax_cuda]}>=0.10")
 have pytest || need+=(pytest)
 have pybind11 || need+=(pybind11)
 have flax || need+=(flax)
 have matplotlib || need+=(matplotlib)
 "$PY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('nvidia.nccl') is None)" 2>/dev/null \
-  || need+=(nvidia-nccl-cu13)
+  || need+=("$nccl_wheel")
 have cutlass_library || need+=(nvidia-cutlass)
 have setuptools || need+=(setuptools)
 # pytest-xdist: the parallel test workers of a machine without a GPU (scripts/run_tests.sh);
 # a GPU machine runs its tests one at a time, and may have no index to install from.
-if ! have xdist && [ "$(gpu_count)" -eq 0 ]; then
+if ! have xdist && [ "$gpus_listed" -eq 0 ]; then
   need+=(pytest-xdist)
 fi
 if [ ${#need[@]} -gt 0 ]; then
@@ -72,12 +90,24 @@ echo "[setup_env] building jax_flashoverlap (JAX_FLASHOVERLAP_BUILD_CUDA=${JAX_F
 # Make the checkout importable from the venv (like an editable install, without pip).
 site_dir="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 echo "$(pwd)" > "$site_dir/jax_flashoverlap_checkout.pth"
-# On GPUs without the extension the ops run XLA's composition (no overlap): say why and how to
-# fix it here, where the build's own output went by (setup.py's note, e.g. no nvcc found).
-"$PY" -c "
+# Two ways a GPU machine ends up without the overlap, said here where the build's and pip's own
+# output went by: JAX sees none of the GPUs nvidia-smi lists (its CPU build, or a CUDA plugin
+# that failed to start; unless JAX_PLATFORMS leaves the GPU out on purpose), or JAX sees them
+# but no extension was built (setup.py's note says why, e.g. no nvcc found).
+GPUS_LISTED="$gpus_listed" JAX_CUDA="$jax_cuda" DRIVER_CUDA="${cuda_major:-}" PY_PATH="$(cd "$(dirname "$PY")" && pwd)/${PY##*/}" "$PY" -c "
+import importlib.util, os
 import jax_flashoverlap as fo
 i = fo.info()
 print('[setup_env] extension built:', i['extension_built'], '| backend:', i['default_backend'], '| gpus:', i['gpus'])
-if i['gpus'] and not i['extension_built']:
+listed, platforms = int(os.environ['GPUS_LISTED']), os.environ.get('JAX_PLATFORMS', '')
+if listed and not i['gpus'] and (not platforms or 'cuda' in platforms or 'gpu' in platforms):
+  plugins = [p for p in ('jax_cuda13_plugin', 'jax_cuda12_plugin') if importlib.util.find_spec(p)]
+  cuda, driver = os.environ['JAX_CUDA'], os.environ['DRIVER_CUDA'] or 'not said'
+  fix = ('for the GPUs: %s -m pip install \'jax[%s]\'' % (os.environ['PY_PATH'], cuda) if cuda else
+         'JAX\'s CUDA builds need a CUDA 12 or 13 driver (nvidia-smi\'s CUDA version: %s)' % driver)
+  why = ('its CUDA plugin (%s) did not start: JAX said why above' % ', '.join(plugins) if plugins
+         else 'it is the CPU build (no jax-cuda13-plugin or jax-cuda12-plugin); ' + fix)
+  print('[setup_env] WARNING: nvidia-smi lists %d GPU(s) but JAX sees none, so every op runs on %s, not on the GPUs: %s' % (listed, i['default_backend'], why))
+elif i['gpus'] and not i['extension_built']:
   print('[setup_env] WARNING: GPUs here but no CUDA extension, so every op runs as XLA dot + collective, with no overlap:', i.get('extension_error'))
 "

@@ -61,6 +61,14 @@ ALL = ("jax", "pytest", "pybind11", "flax", "matplotlib", "nvidia.nccl", "cutlas
        "setuptools", "xdist")
 
 
+def _smi(cuda, gpus=1):
+  """A fake nvidia-smi's script: `-L` lists the GPUs, plain the table's header line, which
+  names the CUDA release the driver runs (cuda None: a header without it)."""
+  listed = "".join(f"echo 'GPU {i}: NVIDIA H200 (UUID: GPU-{i})'\n" for i in range(gpus))
+  header = f"Driver Version: 580.95.05      CUDA Version: {cuda}" if cuda else "Driver Version: 580"
+  return f"if [ \"$1\" = -L ]; then\n{listed}else\necho '| NVIDIA-SMI 580.95.05  {header} |'\nfi\n"
+
+
 def _setup(tmp_path, *, have=(), gpu=False, wheels=(), pip_rc=0, in_venv=False, info=None,
            **env):
   """(returncode, stdout, stderr, logged calls, repo) of setup_env.sh copied into a repository
@@ -87,8 +95,8 @@ def _setup(tmp_path, *, have=(), gpu=False, wheels=(), pip_rc=0, in_venv=False, 
   (tools / "venv_python").write_text(_VENV_PYTHON % py)
   (tools / "base_python").write_text(_BASE_PYTHON % py)
   (tools / "python3").write_text("#!/bin/bash\nexit 97\n")  # never the machine's own
-  # gpu: one GPU listed, or an nvidia-smi script's text
-  smi = gpu if isinstance(gpu, str) else "echo 'GPU 0: Tesla V100-SXM2-16GB (UUID: GPU-0)'\n"
+  # gpu: one GPU listed (a CUDA 13.0 driver's), or an nvidia-smi script's text
+  smi = gpu if isinstance(gpu, str) else _smi("13.0")
   (tools / "nvidia-smi").write_text(
       "#!/bin/bash\n" + (smi if gpu else "echo 'No devices were found'; exit 6\n"))
   for f in tools.iterdir():
@@ -137,12 +145,62 @@ def test_gpus_without_the_extension_are_a_warning_saying_why(tmp_path):
   warning = [line for line in out.splitlines() if "WARNING" in line]
   assert warning == ["[setup_env] WARNING: GPUs here but no CUDA extension, so every op runs as "
                      f"XLA dot + collective, with no overlap: {why}"], out
-  for info in (dict(extension_built=True, extension_error=None, default_backend="gpu", gpus=gpus),
-               dict(extension_built=False, extension_error=why, default_backend="cpu", gpus=[])):
+  for gpu, info in (
+      (True, dict(extension_built=True, extension_error=None, default_backend="gpu", gpus=gpus)),
+      (False, dict(extension_built=False, extension_error=why, default_backend="cpu", gpus=[]))):
     shutil.rmtree(tmp_path)
     tmp_path.mkdir()
-    code, out, err, _, _ = _setup(tmp_path, have=ALL, gpu=True, info=info)
+    code, out, err, _, _ = _setup(tmp_path, have=ALL, gpu=gpu, info=info)
     assert code == 0 and "WARNING" not in out, (out, err)
+
+
+def test_a_fresh_gpu_machine_gets_the_jax_build_of_its_drivers_cuda(tmp_path):
+  """Plain `jax` is the CPU build: on a machine whose driver lists GPUs the setup installs
+  jax[cuda13] or jax[cuda12] (and the NCCL wheel of that release), by the CUDA release
+  nvidia-smi says the driver runs; a driver for neither gets the CPU build, said on stderr."""
+  have = set(ALL) - {"jax", "nvidia.nccl"}
+  seen = dict(extension_built=True, default_backend="gpu", gpus=["NVIDIA H200"] * 2)
+  for cuda, jax, nccl in (("13.0", "jax[cuda13]>=0.10", "nvidia-nccl-cu13"),
+                          ("13.5", "jax[cuda13]>=0.10", "nvidia-nccl-cu13"),
+                          ("12.8", "jax[cuda12]>=0.10", "nvidia-nccl-cu12")):
+    code, out, err, calls, _ = _setup(tmp_path / cuda, have=have, gpu=_smi(cuda, gpus=2), info=seen)
+    assert (code, _pip(calls)) == (0, [["-q", jax, nccl]]), (cuda, out, err)
+    assert "WARNING" not in out + err, (cuda, out, err)
+  for cuda, said in (("11.8", "11"), (None, "(not said)")):
+    code, out, err, calls, _ = _setup(tmp_path / str(cuda), have=have, gpu=_smi(cuda))
+    assert (code, _pip(calls)) == (0, [["-q", "jax>=0.10", "nvidia-nccl-cu13"]]), (cuda, out)
+    assert (f"[setup_env] WARNING: nvidia-smi lists 1 GPU(s), but its driver runs CUDA {said}; "
+            "JAX's CUDA builds need a CUDA 12 or 13 driver: installing the CPU build of jax") in err
+  # JAX already there: never replaced, whatever its build (the last lines warn instead, below)
+  code, out, err, calls, _ = _setup(tmp_path / "have", have=ALL, gpu=_smi("13.0"))
+  assert (code, _pip(calls)) == (0, []), (out, err)
+
+
+def test_gpus_that_jax_cannot_see_are_a_warning_with_the_fix(tmp_path):
+  """nvidia-smi lists GPUs but JAX runs on the CPU: the CPU build of jaxlib (the fix: the
+  pip command for the driver's CUDA release), or a CUDA plugin that did not start (JAX's own
+  warning says why). No warning where JAX_PLATFORMS leaves the GPU out on purpose."""
+  info = dict(extension_built=True, extension_error=None, default_backend="cpu", gpus=[])
+  start = "[setup_env] WARNING: nvidia-smi lists 2 GPU(s) but JAX sees none, so every op runs on cpu, not on the GPUs: "
+
+  def warnings(name, cuda="13.0", have=ALL, **env):
+    code, out, err, _, repo = _setup(tmp_path / name, have=have, gpu=_smi(cuda, gpus=2), info=info, **env)
+    assert code == 0, (out, err)
+    return [line for line in out.splitlines() if "WARNING" in line], repo
+
+  got, repo = warnings("cpu_build")
+  assert got == [start + "it is the CPU build (no jax-cuda13-plugin or jax-cuda12-plugin); for the "
+                 f"GPUs: {repo / '.venv' / 'bin' / 'python'} -m pip install 'jax[cuda13]'"], got
+  got, repo = warnings("cuda12", cuda="12.4")
+  assert got and got[0].endswith("-m pip install 'jax[cuda12]'"), got
+  got, _ = warnings("old_driver", cuda="11.8")
+  assert got == [start + "it is the CPU build (no jax-cuda13-plugin or jax-cuda12-plugin); JAX's "
+                 "CUDA builds need a CUDA 12 or 13 driver (nvidia-smi's CUDA version: 11)"], got
+  got, _ = warnings("plugin", have=set(ALL) | {"jax_cuda13_plugin"})
+  assert got == [start + "its CUDA plugin (jax_cuda13_plugin) did not start: JAX said why above"], got
+  for platforms, warned in (("cpu", False), ("cuda,cpu", True), ("gpu", True)):
+    got, _ = warnings(f"platforms_{platforms}", JAX_PLATFORMS=platforms)
+    assert bool(got) == warned, (platforms, got)
 
 
 def test_without_the_build_switch_setup_py_decides(tmp_path):
