@@ -9,16 +9,7 @@ Inputs are fresh random values; every variant's result is checked against float3
 it is timed: one off by more than VALUE_TOLERANCE is printed, recorded (`failed_value_check`)
 and left untimed (ours: timed and flagged), and the run exits 1.
 
-  gemm     jax_flashoverlap.matmul (signals on) vs XLA's dot on one GPU, per comm_sms
-           (--transpose-w: w stored [N, K], ours with transpose_w=True, ours on an XLA
-           transpose of w, i.e. what `matmul(x, w.T)` costs, and the [K, N] kernel on a
-           weight stored [K, N])
-  overlap  matmul_all_reduce / matmul_reduce_scatter vs XLA's dot, collective, dot+collective
-           on a 1-D mesh over all GPUs; speedup and overlap efficiency E = (baseline - ours)
-           / (baseline - max(dot, collective)), undefined (null in the JSON) where the
-           baseline is no slower than max(dot, collective)
-  sweep    our op under forced plans (comm_sms x groups)
-  a2a      matmul_all_to_all / all_gather_matmul vs XLA's composition (jax_flashoverlap.bench_a2a)
+The subcommands are listed below (SUBCOMMANDS); `bench SUBCOMMAND --help` gives one's options.
 
 `overlap` and `sweep` also run as several processes (one GPU each):
   python -m jax_flashoverlap.launch -n 2 --gpus-per-process 1 -m jax_flashoverlap.bench overlap
@@ -443,12 +434,31 @@ def default_shapes_hint(world: int) -> str:
           "that do with --shapes, or a --world they split over)")
 
 
+# Each subcommand's line in `bench --help` and the opening of its own --help.
+SUBCOMMANDS = {
+    "gemm": "jax_flashoverlap.matmul (signals on) against XLA's dot on one GPU, at each "
+            "--comm-sms (--transpose-w: w stored [N, K], ours with transpose_w=True against "
+            "ours on an XLA transpose of w, i.e. what `matmul(x, w.T)` costs, and the [K, N] "
+            "kernel on a weight stored [K, N])",
+    "overlap": "matmul_all_reduce / matmul_reduce_scatter against XLA's dot, collective and "
+               "dot + collective on a 1-D mesh over all GPUs, and the other --variants: "
+               "speedup and overlap efficiency E = (baseline - ours) / (baseline - max(dot, "
+               "collective)), undefined (null in the JSON) where the baseline is no slower "
+               "than max(dot, collective)",
+    "sweep": "the overlapped ops under forced plans (--comm-sms x --groups) against XLA's "
+             "dot + collective (GPUs only)",
+    "a2a": "matmul_all_to_all / all_gather_matmul against XLA's composition and its "
+           "windowed-einsum flags (jax_flashoverlap.bench_a2a)",
+}
+
+
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m jax_flashoverlap.bench",
-                                   description=__doc__.splitlines()[0])
-  sub = parser.add_subparsers(dest="kind", required=True)
-  for name in ("gemm", "overlap", "sweep", "a2a"):
-    p = sub.add_parser(name, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  parser = argparse.ArgumentParser(prog="python -m jax_flashoverlap.bench", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  sub = parser.add_subparsers(dest="kind", required=True, metavar="{gemm,overlap,sweep,a2a}")
+  for name, about in SUBCOMMANDS.items():
+    p = sub.add_parser(name, help=about, description=about + ".",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--shapes", type=_parse_shape, nargs="+", default=argparse.SUPPRESS,
                    help="global MxNxK shapes (default: DESIGN.md's table on GPUs, "
                         f"{' '.join('x'.join(map(str, s)) for s in NO_GPU_SHAPES)} without one, "

@@ -115,3 +115,22 @@ def test_a_closed_pipe_ends_the_run_quietly():
   err = proc.stderr.read()
   assert proc.wait(timeout=300) == 141, err[-3000:]
   assert first.startswith("WARNING: no GPU") and "Traceback" not in err, err[-3000:]
+
+
+def test_help_says_what_each_subcommand_measures(capsys):
+  """`bench --help` listed the four subcommands' names only ({gemm,overlap,sweep,a2a}) and
+  each one's --help opened with its usage: nothing said what any of them times."""
+  from jax_flashoverlap import bench
+  with pytest.raises(SystemExit) as exit_:
+    bench.main(["--help"])
+  assert exit_.value.code == 0
+  text = " ".join(capsys.readouterr().out.split())  # argparse wraps at the terminal's width
+  for name, about in bench.SUBCOMMANDS.items():
+    assert f"{name} {' '.join(about.split())}" in text, name
+  assert "python -m jax_flashoverlap.launch -n 2" in text  # the module's docstring, whole
+  for name, about in bench.SUBCOMMANDS.items():
+    with pytest.raises(SystemExit):
+      bench.main([name, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"{' '.join(about.split())}. options:" in text, name
+    assert "--shapes" in text and "--samples" in text
