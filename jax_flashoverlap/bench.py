@@ -454,11 +454,11 @@ SUBCOMMANDS = {
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m jax_flashoverlap.bench", description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+                                   formatter_class=bench_args.DocHelpFormatter)
   sub = parser.add_subparsers(dest="kind", required=True, metavar="{gemm,overlap,sweep,a2a}")
   for name, about in SUBCOMMANDS.items():
     p = sub.add_parser(name, help=about, description=about + ".",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=bench_args.DefaultsHelpFormatter)
     p.add_argument("--shapes", type=_parse_shape, nargs="+", default=argparse.SUPPRESS,
                    help="global MxNxK shapes (default: DESIGN.md's table on GPUs, "
                         f"{' '.join('x'.join(map(str, s)) for s in NO_GPU_SHAPES)} without one, "

@@ -1,11 +1,25 @@
 """Checks of `python -m jax_flashoverlap.bench`'s arguments that need no devices: run before
-any device work, each a parser error (exit 2) naming the option."""
+any device work, each a parser error (exit 2) naming the option; the --help formatters of
+bench and tune."""
 
 from __future__ import annotations
 
+import argparse
 import os
 
 from jax_flashoverlap.bench_record import is_stream
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+  """Each option's default in --help, but not "(default: None)" (an option that is off or
+  whose help says what stands in for it)."""
+
+  def _get_help_string(self, action):
+    return action.help if action.default is None else super()._get_help_string(action)
+
+
+class DocHelpFormatter(argparse.RawDescriptionHelpFormatter, DefaultsHelpFormatter):
+  """As DefaultsHelpFormatter, with the description (a module docstring) as written."""
 
 
 def check_numbers(parser, args) -> None:

@@ -384,9 +384,8 @@ def check_output_paths(parser, out, report, gpu: str, world: int, what: str = "-
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m jax_flashoverlap.tune",
-                                   description=__doc__.splitlines()[0],
-                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  parser = argparse.ArgumentParser(prog="python -m jax_flashoverlap.tune", description=__doc__,
+                                   formatter_class=bench_args.DocHelpFormatter)
   parser.add_argument("--shapes", type=bench._parse_shape, nargs="+",
                       help="global MxNxK shapes (default: DESIGN.md's table, "
                            f"{' '.join('x'.join(map(str, s)) for s in bench.DESIGN_SHAPES)})")

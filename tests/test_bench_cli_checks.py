@@ -1,6 +1,6 @@
 """`python -m jax_flashoverlap.bench` / `.tune` as a user meets them beyond the bad-input table
 (tests/_bad_rows_tools.py): default shapes on any device count, nothing left behind by a
-refused run, an option named twice, the plot's folder and title."""
+refused run, an option named twice, the plot's folder and title, what --help says."""
 import argparse
 import json
 import os
@@ -134,3 +134,18 @@ def test_help_says_what_each_subcommand_measures(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert f"{' '.join(about.split())}. options:" in text, name
     assert "--shapes" in text and "--samples" in text
+    assert "(default: None)" not in text and "(default: 20)" in text, name  # --samples'
+
+
+def test_tune_help_prints_its_steps_as_written(capsys):
+  """`tune --help` printed the docstring's first line: the four steps it takes (what it
+  measures, for how long) were in the source only; options without a default said
+  "(default: None)"."""
+  from jax_flashoverlap import tune
+  with pytest.raises(SystemExit) as exit_:
+    tune.main(["--help"])
+  assert exit_.value.code == 0
+  out = capsys.readouterr().out
+  for step in ("  1. calibrate: ", "  2. search: ", "  3. measure: ", "  4. keep the fastest: "):
+    assert "\n" + step in out, step  # its own line, indented as in the docstring
+  assert "(default: None)" not in out and "(default: bfloat16)" in out
