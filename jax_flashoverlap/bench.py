@@ -455,7 +455,8 @@ SUBCOMMANDS = {
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m jax_flashoverlap.bench", description=__doc__,
                                    formatter_class=bench_args.DocHelpFormatter)
-  sub = parser.add_subparsers(dest="kind", required=True, metavar="{gemm,overlap,sweep,a2a}")
+  # (the metavar: a missing subcommand's error names them all, not the dest "kind")
+  sub = parser.add_subparsers(dest="kind", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}")
   for name, about in SUBCOMMANDS.items():
     p = sub.add_parser(name, help=about, description=about + ".",
                        formatter_class=bench_args.DefaultsHelpFormatter)

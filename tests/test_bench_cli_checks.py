@@ -135,6 +135,10 @@ def test_help_says_what_each_subcommand_measures(capsys):
     assert f"{' '.join(about.split())}. options:" in text, name
     assert "--shapes" in text and "--samples" in text
     assert "(default: None)" not in text and "(default: 20)" in text, name  # --samples'
+  with pytest.raises(SystemExit) as exit_:
+    bench.main([])
+  assert exit_.value.code == 2
+  assert "the following arguments are required: {gemm,overlap,sweep,a2a}" in capsys.readouterr().err
 
 
 def test_tune_help_prints_its_steps_as_written(capsys):
