@@ -59,12 +59,13 @@ else
 fi
 { echo "gpu_session rc=$rc after $((SECONDS - T0)) s"; sed -n '/==== summary/,$p' "$OUT/session.txt"; } >> "$OUT/summary.txt"
 
-new=(); for o in build/obj/*.o; do [ -e ".gpu_obj/${o##*/}" ] || new+=("${o##*/}"); done
+new=(); for o in build/obj/*.o; do [ -e "$o" ] && [ ! -e ".gpu_obj/${o##*/}" ] && new+=("${o##*/}"); done
 objs="$(mktemp "${TMPDIR:-/tmp}/fo_obj.XXXXXX")"; rm -f "$objs"
 [ ${#new[@]} -eq 0 ] || tar -czf "$objs" -C build/obj "${new[@]}"
 cat "$OUT/gpu.txt" "$OUT/summary.txt"
 logs="$(mktemp "${TMPDIR:-/tmp}/fo_logs.XXXXXX")"
-tar -czf "$logs" -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv "$logs" "$OUT/logs.tgz"
-[ -e "$objs" ] && mv "$objs" "$OUT/obj.tgz"
+# (644 as gpu_session.sh's pack makes its archive: mktemp's file is private to its owner)
+tar -czf "$logs" -C "$OUT" . && chmod 644 "$logs" && find "$OUT" -mindepth 1 -delete && mv "$logs" "$OUT/logs.tgz"
+[ -e "$objs" ] && chmod 644 "$objs" && mv "$objs" "$OUT/obj.tgz"
 ls -la "$OUT"
 exit $rc

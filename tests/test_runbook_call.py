@@ -89,6 +89,7 @@ def test_call_a_tunes_with_the_peer_stores_only_where_their_check_passed(tmp_pat
     # to the tune after a check taking its whole 60 s
     assert 500 <= int(env["STEP_TIMEOUT"]) <= 530
     assert sorted(p.name for p in outdir.iterdir()) == ["logs.tgz", "obj.tgz"]
+    assert {oct(p.stat().st_mode & 0o777) for p in outdir.iterdir()} == {"0o644"}
     assert _read(outdir / "logs.tgz", "pr2.log").startswith("peer check check --json")
     summary = _read(outdir / "logs.tgz", "summary.txt")
     assert f"TUNE_ARGS='{want or ''}'" in summary and "gpu_session rc=0" in summary
