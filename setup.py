@@ -68,8 +68,9 @@ def _build_mode() -> str:
 
 
 # The CUDA toolkit pip installs (`pip install "cuda-toolkit[nvcc,cudart,crt,nvvm,cccl]"`) lands
-# in site-packages/nvidia/cu13, one wheel per part; `jax[cuda13]` brings nvcc (with cudart, nvvm
-# and crt) but not cccl, whose headers CUTLASS includes. CUDA 12's nvcc wheels hold no nvcc.
+# in site-packages/nvidia/cu13, one wheel per part; `jax[cuda13]` requires nvcc (with cudart, nvvm
+# and crt), and cccl, whose headers CUTLASS includes, only through another package (nvshmem 3.8
+# on 2026-12-07; not every environment has it). CUDA 12's nvcc wheels hold no nvcc.
 PIP_TOOLKIT_PARTS = {"nvcc": "bin/nvcc", "cudart": "lib/libcudart_static.a",
                      "crt": "include/crt/host_defines.h", "nvvm": "nvvm/bin/cicc",
                      "cccl": "include/cccl/cuda/std/version"}
