@@ -6,6 +6,7 @@ import pathlib
 import subprocess
 
 import pytest
+from _fake_tools import nvidia_smi, write_nvidia_smi
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -27,10 +28,8 @@ def _run(tmp_path, *args, gpu, xdist=True, workers=None, pytest_rc=0, env_extra=
       f"exit {pytest_rc}\n")
   tools = tmp_path / "tools"
   tools.mkdir()
-  smi = gpu if isinstance(gpu, str) else "echo 'GPU 0: NVIDIA H200 (UUID: GPU-0)'\n"
-  (tools / "nvidia-smi").write_text("#!/bin/bash\n" + (smi if gpu else "exit 9\n"))
-  for f in (venv_bin / "python", tools / "nvidia-smi"):
-    f.chmod(0o755)
+  write_nvidia_smi(tools, (gpu if isinstance(gpu, str) else nvidia_smi()) if gpu else "exit 9\n")
+  (venv_bin / "python").chmod(0o755)
   env = {"PATH": f"{tools}:/usr/bin:/bin", "VENV": str(tmp_path / "venv")}
   if workers is not None:
     env["JAX_FLASHOVERLAP_TEST_WORKERS"] = workers

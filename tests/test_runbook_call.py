@@ -10,6 +10,8 @@ import subprocess
 import tarfile
 import time
 
+from _fake_tools import nvidia_smi, write_nvidia_smi
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # Logs its arguments and environment, "builds" one new object, prints a summary as
@@ -37,11 +39,7 @@ def _call(tmp_path, *args, gpus=2, peer_rc=0, **env):
   check.write_text(f"#!/bin/bash\necho \"peer check $*\"; exit {peer_rc}\n")
   check.chmod(0o755)
   tools = tmp_path / "tools"
-  tools.mkdir()
-  smi = tools / "nvidia-smi"
-  smi.write_text("#!/bin/bash\n[ \"$1\" = -L ] || exit 0\n" + "".join(
-      f"echo 'GPU {i}: NVIDIA H200 (UUID: GPU-{i})'\n" for i in range(gpus)))
-  smi.chmod(0o755)
+  write_nvidia_smi(tools, nvidia_smi(gpus))
   out, log = tmp_path / "out", tmp_path / "session.json"
   full = {"PATH": f"{tools}:/usr/bin:/bin", "OUT": str(out), "FAKE_SESSION_LOG": str(log),
           "TMPDIR": str(tmp_path), **env}

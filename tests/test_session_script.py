@@ -4,6 +4,8 @@ GPU machine. Read from the script itself (bash expands its GPU_PARTS array)."""
 import pathlib
 import subprocess
 
+from _fake_tools import nvidia_smi, write_nvidia_smi
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -36,11 +38,7 @@ def test_gpu_part_refuses_a_part_it_does_not_have(tmp_path):
 def _fake_gpu(tmp_path, model="NVIDIA H200", count=1):
     """A PATH whose nvidia-smi lists `count` GPUs (the steps that need one run; 0: none, as
     on a CPU machine, which /usr/bin:/bin alone is not on a GPU machine)."""
-    smi = tmp_path / "smi" / "nvidia-smi"
-    smi.parent.mkdir(exist_ok=True)
-    smi.write_text("#!/bin/bash\n" + "".join(f'echo "GPU {i}: {model} (UUID: GPU-{i})"\n'
-                                             for i in range(count)))
-    smi.chmod(0o755)
+    smi = write_nvidia_smi(tmp_path / "smi", nvidia_smi(count, model))
     return f"{smi.parent}:/usr/bin:/bin"
 
 

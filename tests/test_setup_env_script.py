@@ -13,6 +13,8 @@ import subprocess
 import sys
 import sysconfig
 
+from _fake_tools import nvidia_smi, write_nvidia_smi
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 _VENV_PYTHON = r'''#!%(py)s -S
@@ -62,11 +64,8 @@ ALL = ("jax", "pytest", "pybind11", "flax", "matplotlib", "nvidia.nccl", "cutlas
 
 
 def _smi(cuda, gpus=1):
-  """A fake nvidia-smi's script: `-L` lists the GPUs, plain the table's header line, which
-  names the CUDA release the driver runs (cuda None: a header without it)."""
-  listed = "".join(f"echo 'GPU {i}: NVIDIA H200 (UUID: GPU-{i})'\n" for i in range(gpus))
-  header = f"Driver Version: 580.95.05      CUDA Version: {cuda}" if cuda else "Driver Version: 580"
-  return f"if [ \"$1\" = -L ]; then\n{listed}else\necho '| NVIDIA-SMI 580.95.05  {header} |'\nfi\n"
+  """A fake nvidia-smi whose driver runs CUDA `cuda` (None: its header says no release)."""
+  return nvidia_smi(gpus, cuda=cuda)
 
 
 def _setup(tmp_path, *, have=(), gpu=False, wheels=(), pip_rc=0, in_venv=False, info=None,
@@ -97,8 +96,7 @@ def _setup(tmp_path, *, have=(), gpu=False, wheels=(), pip_rc=0, in_venv=False, 
   (tools / "python3").write_text("#!/bin/bash\nexit 97\n")  # never the machine's own
   # gpu: one GPU listed (a CUDA 13.0 driver's), or an nvidia-smi script's text
   smi = gpu if isinstance(gpu, str) else _smi("13.0")
-  (tools / "nvidia-smi").write_text(
-      "#!/bin/bash\n" + (smi if gpu else "echo 'No devices were found'; exit 6\n"))
+  write_nvidia_smi(tools, smi if gpu else "echo 'No devices were found'; exit 6\n")
   for f in tools.iterdir():
     f.chmod(0o755)
   log = tmp_path / "calls.jsonl"
