@@ -63,11 +63,6 @@ ALL = ("jax", "pytest", "pybind11", "flax", "matplotlib", "nvidia.nccl", "cutlas
        "setuptools", "xdist")
 
 
-def _smi(cuda, gpus=1):
-  """A fake nvidia-smi whose driver runs CUDA `cuda` (None: its header says no release)."""
-  return nvidia_smi(gpus, cuda=cuda)
-
-
 def _setup(tmp_path, *, have=(), gpu=False, wheels=(), pip_rc=0, in_venv=False, info=None,
            **env):
   """(returncode, stdout, stderr, logged calls, repo) of setup_env.sh copied into a repository
@@ -95,7 +90,7 @@ def _setup(tmp_path, *, have=(), gpu=False, wheels=(), pip_rc=0, in_venv=False, 
   (tools / "base_python").write_text(_BASE_PYTHON % py)
   (tools / "python3").write_text("#!/bin/bash\nexit 97\n")  # never the machine's own
   # gpu: one GPU listed (a CUDA 13.0 driver's), or an nvidia-smi script's text
-  smi = gpu if isinstance(gpu, str) else _smi("13.0")
+  smi = gpu if isinstance(gpu, str) else nvidia_smi()
   write_nvidia_smi(tools, smi if gpu else "echo 'No devices were found'; exit 6\n")
   for f in tools.iterdir():
     f.chmod(0o755)
@@ -161,16 +156,17 @@ def test_a_fresh_gpu_machine_gets_the_jax_build_of_its_drivers_cuda(tmp_path):
   for cuda, jax, nccl in (("13.0", "jax[cuda13]>=0.10", "nvidia-nccl-cu13"),
                           ("13.5", "jax[cuda13]>=0.10", "nvidia-nccl-cu13"),
                           ("12.8", "jax[cuda12]>=0.10", "nvidia-nccl-cu12")):
-    code, out, err, calls, _ = _setup(tmp_path / cuda, have=have, gpu=_smi(cuda, gpus=2), info=seen)
+    code, out, err, calls, _ = _setup(tmp_path / cuda, have=have, gpu=nvidia_smi(2, cuda=cuda),
+                                      info=seen)
     assert (code, _pip(calls)) == (0, [["-q", jax, nccl]]), (cuda, out, err)
     assert "WARNING" not in out + err, (cuda, out, err)
   for cuda, said in (("11.8", "11"), (None, "(not said)")):
-    code, out, err, calls, _ = _setup(tmp_path / str(cuda), have=have, gpu=_smi(cuda))
+    code, out, err, calls, _ = _setup(tmp_path / str(cuda), have=have, gpu=nvidia_smi(cuda=cuda))
     assert (code, _pip(calls)) == (0, [["-q", "jax>=0.10", "nvidia-nccl-cu13"]]), (cuda, out)
     assert (f"[setup_env] WARNING: nvidia-smi lists 1 GPU(s), but its driver runs CUDA {said}; "
             "JAX's CUDA builds need a CUDA 12 or 13 driver: installing the CPU build of jax") in err
   # JAX already there: never replaced, whatever its build (the last lines warn instead, below)
-  code, out, err, calls, _ = _setup(tmp_path / "have", have=ALL, gpu=_smi("13.0"))
+  code, out, err, calls, _ = _setup(tmp_path / "have", have=ALL, gpu=nvidia_smi())
   assert (code, _pip(calls)) == (0, []), (out, err)
 
 
@@ -182,7 +178,8 @@ def test_gpus_that_jax_cannot_see_are_a_warning_with_the_fix(tmp_path):
   start = "[setup_env] WARNING: nvidia-smi lists 2 GPU(s) but JAX sees none, so every op runs on cpu, not on the GPUs: "
 
   def warnings(name, cuda="13.0", have=ALL, **env):
-    code, out, err, _, repo = _setup(tmp_path / name, have=have, gpu=_smi(cuda, gpus=2), info=info, **env)
+    code, out, err, _, repo = _setup(tmp_path / name, have=have, gpu=nvidia_smi(2, cuda=cuda),
+                                     info=info, **env)
     assert code == 0, (out, err)
     return [line for line in out.splitlines() if "WARNING" in line], repo
 
