@@ -61,12 +61,15 @@ def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--m", type=int, default=None, help="rows (tokens; default: 8192 on GPUs, "
                   "256 on CPU, rounded up to a multiple of the devices)")
-  ap.add_argument("--d", type=int, default=4096 if gpu else 128, help="model dim")
+  ap.add_argument("--d", type=int, default=4096 if gpu else 128,
+                  help="model dim (default: 4096 on GPUs, 128 on CPU)")
   ap.add_argument("--f", type=int, default=None, help="hidden dim (default: 14336 on GPUs, "
                   "512 on CPU, rounded up to split into multiples of 8 over tp)")
   ap.add_argument("--dp", type=int, default=0, help="size of 'dp' (default: 2 on an even count of >= 4 devices, else 1)")
-  ap.add_argument("--reduce", choices=("all_reduce", "reduce_scatter"), default="all_reduce")
-  ap.add_argument("--iters", type=int, default=20 if gpu else 3, help="timed calls per program")
+  ap.add_argument("--reduce", choices=("all_reduce", "reduce_scatter"), default="all_reduce",
+                  help="the row-parallel layer's collective (default: all_reduce)")
+  ap.add_argument("--iters", type=int, default=20 if gpu else 3,
+                  help="timed calls per program (default: 20 on GPUs, 3 on CPU)")
   args = ap.parse_args()
 
   devices = jax.devices()

@@ -38,12 +38,15 @@ def timed(fn, *args, iters):
 def main():
   gpu = jax.default_backend() == "gpu"
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--m", type=int, default=4096 if gpu else 256, help="rows of x and y")
-  parser.add_argument("--n", type=int, default=8192 if gpu else 512, help="columns of w and y")
+  parser.add_argument("--m", type=int, default=4096 if gpu else 256,
+                      help="rows of x and y (default: 4096 on GPUs, 256 on CPU)")
+  parser.add_argument("--n", type=int, default=8192 if gpu else 512,
+                      help="columns of w and y (default: 8192 on GPUs, 512 on CPU)")
   parser.add_argument("--k", type=int, default=None,
                       help="global K (default: 8192 on GPUs, 1024 on CPU, rounded up to split "
                       "into multiples of 8 over the devices)")
-  parser.add_argument("--iters", type=int, default=20 if gpu else 3, help="timed calls per program")
+  parser.add_argument("--iters", type=int, default=20 if gpu else 3,
+                      help="timed calls per program (default: 20 on GPUs, 3 on CPU)")
   args = parser.parse_args()
 
   devices = jax.devices()

@@ -187,20 +187,27 @@ def fits(args, tp):
 def main():
   gpu = jax.default_backend() == "gpu"
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--steps", type=int, default=10 if gpu else 5)
-  ap.add_argument("--batch", type=int, default=4 if gpu else 4)
-  ap.add_argument("--seq", type=int, default=2048 if gpu else 32)
-  ap.add_argument("--dim", type=int, default=4096 if gpu else 128)
-  ap.add_argument("--heads", type=int, default=32 if gpu else 8)
-  ap.add_argument("--ffn", type=int, default=14336 if gpu else 256)
-  ap.add_argument("--layers", type=int, default=2)
+  ap.add_argument("--steps", type=int, default=10 if gpu else 5,
+                  help="training steps per model (default: 10 on GPUs, 5 on CPU)")
+  ap.add_argument("--batch", type=int, default=4, help="sequences per step (default: 4)")
+  ap.add_argument("--seq", type=int, default=2048 if gpu else 32,
+                  help="tokens per sequence (default: 2048 on GPUs, 32 on CPU)")
+  ap.add_argument("--dim", type=int, default=4096 if gpu else 128,
+                  help="model width (default: 4096 on GPUs, 128 on CPU)")
+  ap.add_argument("--heads", type=int, default=32 if gpu else 8,
+                  help="attention heads, split over tp (default: 32 on GPUs, 8 on CPU)")
+  ap.add_argument("--ffn", type=int, default=14336 if gpu else 256,
+                  help="SwiGLU hidden width (default: 14336 on GPUs, 256 on CPU)")
+  ap.add_argument("--layers", type=int, default=2, help="transformer blocks (default: 2)")
   # Small enough that training is stable at the GPU sizes: then the two models' losses (equal
   # up to bf16 summation order in the backward) stay comparable step after step.
-  ap.add_argument("--lr", type=float, default=1e-4 if gpu else 1e-3)
+  ap.add_argument("--lr", type=float, default=1e-4 if gpu else 1e-3,
+                  help="learning rate (default: 1e-4 on GPUs, 1e-3 on CPU)")
   ap.add_argument("--tp", type=int, default=0,
                   help="devices on the 'tp' axis (default: all, or the most the sizes split over)")
-  ap.add_argument("--seed", type=int, default=0)
-  ap.add_argument("--rtol", type=float, default=2e-2, help="allowed relative loss difference")
+  ap.add_argument("--seed", type=int, default=0, help="parameters' and data's seed (default: 0)")
+  ap.add_argument("--rtol", type=float, default=2e-2,
+                  help="allowed relative loss difference between the two models (default: 0.02)")
   ap.add_argument("--overlap-backward", action="store_true",
                   help="also overlap the backward's collectives (the column layers' all-reduce; "
                   "on 2 x H200 at the default sizes it was slower: see benchmarks/results)")

@@ -568,3 +568,42 @@ def test_examples_refuse_to_run_as_several_processes(name):
   assert ("this example runs in one process over all local devices; under "
           "jax_flashoverlap.launch each of the 2 processes would run a copy of its own"
           in proc.stderr), proc.stderr[-2000:]
+
+
+class _Parsed(Exception):
+  """Raised in place of parse_args: carries the example's parser out of its main()."""
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+@pytest.mark.parametrize("name", ["quickstart.py", "global_view_jit.py", "tp_transformer_block.py"])
+def test_examples_help_states_each_default(name, backend, monkeypatch):
+  """Every option with a default says it in --help, and the value it states for the backend
+  (or the only one) is the parser's default there (the GPU's: main() asked with
+  jax.default_backend() answering "gpu", the parser its only use before parse_args): the
+  transformer's --steps / --seq / --dim ... printed no default at all, and a stated one
+  drifting from the code would mislead."""
+  if name == "tp_transformer_block.py":
+    pytest.importorskip("flax")
+  example = load_example(name, monkeypatch)
+  monkeypatch.setattr(example.jax, "default_backend", lambda: backend)
+
+  def capture(parser, *args, **kwargs):
+    raise _Parsed(parser)
+
+  monkeypatch.setattr(example.argparse.ArgumentParser, "parse_args", capture)
+  with pytest.raises(_Parsed) as parsed:
+    example.main()
+  options = [a for a in parsed.value.args[0]._actions if a.dest != "help"]
+  assert len(options) >= 4
+  for action in options:
+    if action.const is True or action.default is None:
+      continue  # off unless given (--json), or computed from the devices (--k's help says how)
+    said = re.search(r"default: ([^,)]+?)(?: on GPUs, ([^,)]+?) on CPU)?[,)]", action.help or "")
+    assert said, f"{name} {action.option_strings[0]}: no default in its help {action.help!r}"
+    stated = said.group(1) if backend == "gpu" or not said.group(2) else said.group(2)
+    try:
+      value = action.type(stated) if action.type else stated
+    except ValueError:  # 0 meaning "from the devices" (--tp, --dp): the help says what instead
+      assert action.default == 0, (name, action.option_strings[0], stated, action.default)
+      continue
+    assert value == action.default, (name, action.option_strings[0], stated, action.default)
