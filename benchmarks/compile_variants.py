@@ -113,11 +113,11 @@ def child(args) -> None:
 
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--m", type=int, default=8192)
-  parser.add_argument("--n", type=int, default=8192)
-  parser.add_argument("--k", type=int, default=8192)
+  parser.add_argument("--m", type=int, default=8192, help="global M (default: 8192)")
+  parser.add_argument("--n", type=int, default=8192, help="global N (default: 8192)")
+  parser.add_argument("--k", type=int, default=8192, help="global K (default: 8192)")
   parser.add_argument("--windowed", action="store_true", help="add XLA's windowed-einsum flags")
-  parser.add_argument("--json")
+  parser.add_argument("--json", help="write each program's schedule as JSON here")
   args = parser.parse_args()
   from jax_flashoverlap import bench_args, bench_variants, distributed, launch
   # Checked here, before two processes start (a bad one was a child's traceback after them).

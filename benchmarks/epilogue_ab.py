@@ -34,9 +34,12 @@ def main() -> None:
                       default=[(4096, 8192, 4096), (8192, 8192, 4096), (16384, 8192, 8192),
                                (8192, 28672, 4096), (8192, 8192, 14336)],
                       help="per-device MxNxK (default: DESIGN.md's per-GPU shapes)")
-  parser.add_argument("--comm-sms", nargs="+", type=int, default=[0, 8, 16])
-  parser.add_argument("--epilogues", nargs="+", choices=EPILOGUES, default=list(EPILOGUES))
-  parser.add_argument("--calls", type=int, default=10)
+  parser.add_argument("--comm-sms", nargs="+", type=int, default=[0, 8, 16],
+                      help="comm_sms: SMs the GEMM leaves free (default: 0 8 16)")
+  parser.add_argument("--epilogues", nargs="+", choices=EPILOGUES, default=list(EPILOGUES),
+                      help="(default: all)")
+  parser.add_argument("--calls", type=int, default=10,
+                      help="back-to-back calls per sample (default: 10)")
   parser.add_argument("--samples", type=int,
                       help="rounds (default: the fewest whole balanced squares of at least 15: "
                            "a multiple of the variant count, twice it for an odd count, puts "

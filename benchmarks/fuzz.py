@@ -342,16 +342,19 @@ def fuzz(mesh, cases: int, seed: int, ops=OPS, switches_per_case: int = 2, log=p
 def main():
   gpu = jax.default_backend() == "gpu"
   ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-  ap.add_argument("--cases", type=int, default=120)
-  ap.add_argument("--seed", type=int, default=int(time.time()))
-  ap.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS))
+  ap.add_argument("--cases", type=int, default=120, help="random cases drawn (default: 120)")
+  ap.add_argument("--seed", type=int, default=int(time.time()),
+                  help="the draws' seed, printed and recorded (default: the current time)")
+  ap.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS),
+                  help="ops the cases draw from (default: all)")
   ap.add_argument("--switches-per-case", type=int, default=2,
                   help="calls per compiled case, each under other launch-time switches "
-                       "(the first: the defaults)")
+                       "(the first: the defaults; default: 2)")
   ap.add_argument("--large", type=int, default=12288 if gpu else 96,
-                  help="largest M, N, K drawn (per device)")
+                  help="largest M, N, K drawn, per device (default: 12288 on GPUs, 96 on CPU)")
   ap.add_argument("--max-flops", type=int, default=MAX_FLOPS if gpu else 1 << 20,
-                  help="largest per-device M * N * K drawn")
+                  help=f"largest per-device M * N * K drawn (default: {MAX_FLOPS} on GPUs, "
+                       f"{1 << 20} on CPU)")
   ap.add_argument("--seconds", type=float,
                   help="start no case after this many seconds (the report covers those run)")
   ap.add_argument("--out", help="write the report as JSON here")

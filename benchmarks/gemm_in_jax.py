@@ -56,10 +56,13 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   from jax_flashoverlap import bench, bench_args, bench_problem
   parser.add_argument("--shapes", nargs="+", type=bench._parse_shape,
-                      default=[(8192, 8192, 4096), (16384, 8192, 8192)], help="per-device MxNxK")
-  parser.add_argument("--calls", type=int, default=10)
-  parser.add_argument("--samples", type=int, default=10)
-  parser.add_argument("--out")
+                      default=[(8192, 8192, 4096), (16384, 8192, 8192)],
+                      help="per-device MxNxK (default: 8192x8192x4096 16384x8192x8192)")
+  parser.add_argument("--calls", type=int, default=10,
+                      help="back-to-back calls per sample (default: 10)")
+  parser.add_argument("--samples", type=int, default=10,
+                      help="timed samples, the median reported (default: 10)")
+  parser.add_argument("--out", help="write the results as JSON here")
   args = parser.parse_args()
   for name in ("calls", "samples"):  # checked before any work (--calls 0 failed at the end)
     if getattr(args, name) < 1:

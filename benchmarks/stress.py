@@ -255,13 +255,20 @@ def scan_model(mesh, layers, tokens, dim, ffn, steps, seed):
 def main():
   gpu = jax.default_backend() == "gpu"
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--calls", type=int, default=2000 if gpu else 12)
-  ap.add_argument("--scan-steps", type=int, default=200 if gpu else 3)
-  ap.add_argument("--layers", type=int, default=32 if gpu else 4)
-  ap.add_argument("--tokens", type=int, default=2048 if gpu else 16)
-  ap.add_argument("--dim", type=int, default=2048 if gpu else 64)
-  ap.add_argument("--ffn", type=int, default=4096 if gpu else 128)
-  ap.add_argument("--seed", type=int, default=int(time.time()))
+  ap.add_argument("--calls", type=int, default=2000 if gpu else 12,
+                  help="calls of each op in part 1 (default: 2000 on GPUs, 12 on CPU)")
+  ap.add_argument("--scan-steps", type=int, default=200 if gpu else 3,
+                  help="steps of the scan model, part 2 (default: 200 on GPUs, 3 on CPU)")
+  ap.add_argument("--layers", type=int, default=32 if gpu else 4,
+                  help="the scan model's layers (default: 32 on GPUs, 4 on CPU)")
+  ap.add_argument("--tokens", type=int, default=2048 if gpu else 16,
+                  help="the scan model's rows (default: 2048 on GPUs, 16 on CPU)")
+  ap.add_argument("--dim", type=int, default=2048 if gpu else 64,
+                  help="the scan model's width (default: 2048 on GPUs, 64 on CPU)")
+  ap.add_argument("--ffn", type=int, default=4096 if gpu else 128,
+                  help="the scan model's hidden width (default: 4096 on GPUs, 128 on CPU)")
+  ap.add_argument("--seed", type=int, default=int(time.time()),
+                  help="inputs' seed, printed and recorded (default: the current time)")
   # none: the scan model alone (a run cut in it had finished every op; it runs after them)
   ap.add_argument("--ops", nargs="*", choices=OPS, default=list(OPS),
                   help="the ops of part 1 (default: all; none: the scan model only)")

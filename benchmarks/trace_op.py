@@ -21,15 +21,18 @@ def main(argv=None) -> int:
   from jax_flashoverlap import bench, bench_problem
   parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
   parser.add_argument("--collective", default="all_reduce",
-                      choices=("all_reduce", "reduce_scatter"))
+                      choices=("all_reduce", "reduce_scatter"), help="(default: all_reduce)")
   parser.add_argument("--shape", type=bench._parse_shape, default=(8192, 8192, 8192),
-                      help="global MxNxK")
-  parser.add_argument("--world", type=int, default=0)
-  parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
-  parser.add_argument("--comm-sms", type=int)
+                      help="global MxNxK (default: 8192x8192x8192)")
+  parser.add_argument("--world", type=int, default=0,
+                      help="GPUs in the mesh (default: 0, every GPU)")
+  parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"),
+                      help="(default: bfloat16)")
+  parser.add_argument("--comm-sms", type=int, help="SMs left to NCCL (default: the op's own plan)")
   parser.add_argument("--groups", type=int, help="even bands (default: the op's own plan)")
-  parser.add_argument("--calls", type=int, default=20)
-  parser.add_argument("--out")
+  parser.add_argument("--calls", type=int, default=20,
+                      help="isolated calls traced; the medians are printed (default: 20)")
+  parser.add_argument("--out", help="write the trace's report as JSON here")
   args = parser.parse_args(argv)
   from jax_flashoverlap import bench_args, plan as plan_lib
   if args.calls < 1:
