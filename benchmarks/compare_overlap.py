@@ -13,6 +13,7 @@ change since. Runs on different GPU models (an H100 pair lent for nvidia-h200-x2
 exit 2: their times say nothing about each other.
 """
 
+import argparse
 import json
 import sys
 
@@ -26,9 +27,14 @@ def gpu_model(data: dict):
 
 
 def main(argv) -> int:
-  if len(argv) != 2:
-    print("usage: python benchmarks/compare_overlap.py OLD.json NEW.json", file=sys.stderr)
-    return 2
+  parser = argparse.ArgumentParser(
+      prog="python benchmarks/compare_overlap.py",
+      description=" ".join(__doc__.split("\n\n")[0].split()) + " Exit status 1 when no row "
+      "is in both, 2 when the files cannot be compared.")
+  parser.add_argument("old", metavar="OLD.json", help="the earlier `bench overlap` JSON")
+  parser.add_argument("new", metavar="NEW.json", help="the later one, on the same GPU model")
+  args = parser.parse_args(argv)
+  argv = [args.old, args.new]
   try:
     old, new = (json.loads(open(path).read()) for path in argv)
   except (OSError, ValueError) as err:

@@ -13,6 +13,7 @@ measurement) and the issue targets the row missed (bench_targets, evaluated agai
 files written before rows carried them).
 """
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -104,14 +105,16 @@ def header(data: dict) -> str:
 
 
 def main(argv) -> int:
-  if len(argv) != 1:
-    print("usage: python benchmarks/results_table.py RESULTS.json", file=sys.stderr)
-    return 2
+  parser = argparse.ArgumentParser(prog="python benchmarks/results_table.py",
+                                   description=__doc__.splitlines()[0].rstrip(",") + ".")
+  parser.add_argument("results", metavar="RESULTS.json",
+                      help="a `python -m jax_flashoverlap.bench overlap` (or `a2a`) JSON")
+  path = parser.parse_args(argv).results
   try:
-    data = json.loads(Path(argv[0]).read_text())
+    data = json.loads(Path(path).read_text())
     text = table(data)
   except (OSError, ValueError, KeyError, TypeError) as err:
-    print(f"results_table: {argv[0]}: {type(err).__name__}: {err}", file=sys.stderr)
+    print(f"results_table: {path}: {type(err).__name__}: {err}", file=sys.stderr)
     return 2
   print(header(data) + "\n\n" + text)
   return 0
