@@ -568,4 +568,3 @@ def test_examples_refuse_to_run_as_several_processes(name):
   assert ("this example runs in one process over all local devices; under "
           "jax_flashoverlap.launch each of the 2 processes would run a copy of its own"
           in proc.stderr), proc.stderr[-2000:]
-
