@@ -65,7 +65,8 @@ def main():
                   help="model dim (default: 4096 on GPUs, 128 on CPU)")
   ap.add_argument("--f", type=int, default=None, help="hidden dim (default: 14336 on GPUs, "
                   "512 on CPU, rounded up to split into multiples of 8 over tp)")
-  ap.add_argument("--dp", type=int, default=0, help="size of 'dp' (default: 2 on an even count of >= 4 devices, else 1)")
+  ap.add_argument("--dp", type=int, default=0,
+                  help="size of 'dp' (default: 2 on an even count of >= 4 devices, else 1)")
   ap.add_argument("--reduce", choices=("all_reduce", "reduce_scatter"), default="all_reduce",
                   help="the row-parallel layer's collective (default: all_reduce)")
   ap.add_argument("--iters", type=int, default=20 if gpu else 3,

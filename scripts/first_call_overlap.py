@@ -8,7 +8,10 @@ first call's waits began only after its GEMM until the communicator loaded them 
     JAX_FLASHOVERLAP_FALLBACK=0 JAX_FLASHOVERLAP_WAIT=spin FLASHOVERLAP_TRACE=1 \
       python3 scripts/first_call_overlap.py      (optionally CUDA_MODULE_LOADING=EAGER)
 """
-import os, json, sys
+import argparse, os, json, sys
+# Arguments first, before JAX starts: --help answers on any machine (the probe takes none).
+argparse.ArgumentParser(description=__doc__,
+                        formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 import jax_flashoverlap as fo

@@ -112,3 +112,15 @@ def test_first_call_overlap_refuses_a_cpu_backend_even_with_tracing_on():
   r = _script("scripts/first_call_overlap.py", FLASHOVERLAP_TRACE="1", timeout=90)
   assert r.returncode == 1 and "needs a GPU and FLASHOVERLAP_TRACE=1" in r.stderr, r.stderr
   assert "'cpu'" in r.stderr
+
+
+@pytest.mark.parametrize("args, code, text", [
+    (["--help"], 0, "Does the first overlapped call of a process overlap?"),
+    (["--groups", "4"], 2, "unrecognized arguments: --groups 4")])
+def test_first_call_overlap_answers_help_and_refuses_arguments_before_jax(args, code, text):
+  """The probe takes no arguments: --help prints what it measures and how to run it (it
+  said "needs a GPU"), and an argument is argparse's exit 2, not silently dropped."""
+  r = _script("scripts/first_call_overlap.py", *args)
+  assert r.returncode == code, (r.stdout, r.stderr)
+  assert text in (r.stdout if code == 0 else r.stderr)
+  assert "needs a GPU" not in r.stdout + r.stderr
