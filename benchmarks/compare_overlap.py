@@ -34,9 +34,9 @@ def main(argv) -> int:
   parser.add_argument("old", metavar="OLD.json", help="the earlier `bench overlap` JSON")
   parser.add_argument("new", metavar="NEW.json", help="the later one, on the same GPU model")
   args = parser.parse_args(argv)
-  argv = [args.old, args.new]
+  old_path, new_path = args.old, args.new
   try:
-    old, new = (json.loads(open(path).read()) for path in argv)
+    old, new = (json.loads(open(path).read()) for path in (old_path, new_path))
   except (OSError, ValueError) as err:
     print(f"compare_overlap: {type(err).__name__}: {err}", file=sys.stderr)
     return 2
@@ -45,18 +45,18 @@ def main(argv) -> int:
     print("compare_overlap: both files must be `bench overlap` results", file=sys.stderr)
     return 2
   if gpu_model(old) is None or gpu_model(old) != gpu_model(new):
-    print(f"compare_overlap: not comparable: {argv[0]} ran on {gpu_model(old)}, {argv[1]} on "
+    print(f"compare_overlap: not comparable: {old_path} ran on {gpu_model(old)}, {new_path} on "
           f"{gpu_model(new)}", file=sys.stderr)
     return 2
   key = lambda row: (row["collective"], row["m"], row["n"], row["k"], row["world"])
   before = {key(row): row for row in old["rows"]}
-  print(f"{argv[1]} ({new.get('git_commit')}, {new.get('date')}) over {argv[0]} "
+  print(f"{new_path} ({new.get('git_commit')}, {new.get('date')}) over {old_path} "
         f"({old.get('git_commit')}, {old.get('date')}), {gpu_model(new)}; new / old time:")
   matched = 0
   for row in new["rows"]:
     was = before.pop(key(row), None)
     if was is None:
-      print(f"  {row['collective']} {row['m']}x{row['n']}x{row['k']}: not in {argv[0]}")
+      print(f"  {row['collective']} {row['m']}x{row['n']}x{row['k']}: not in {old_path}")
       continue
     matched += 1
     ratio = lambda names: " ".join(f"{v} {row['times_ms'][v] / was['times_ms'][v]:.3f}"
@@ -66,11 +66,11 @@ def main(argv) -> int:
           f"{ratio(XLA_OWN)} | {ratio(ours)} | speedup {was['speedup']:.3f} -> "
           f"{row['speedup']:.3f}" + (f" | rounds {row['rounds']}" if "rounds" in row else ""))
   for k in before:
-    print(f"  {k[0]} {k[1]}x{k[2]}x{k[3]}: not in {argv[1]}")
+    print(f"  {k[0]} {k[1]}x{k[2]}x{k[3]}: not in {new_path}")
   fixed = not any("rounds" in row for row in old["rows"]) and not any(
       word in old.get("method", "") for word in ("Latin", "rotat"))
   if fixed and old["rows"]:  # before session 47: the order of times_ms, every round
-    print(f"{argv[0]}'s rounds, one fixed order: " + " ".join(
+    print(f"{old_path}'s rounds, one fixed order: " + " ".join(
         v for v in old["rows"][0]["times_ms"] if v != "xla_windowed"))
   return 0 if matched else 1
 
